@@ -1,0 +1,86 @@
+"""Steps per second of the generate loop (Lightning) against a bare PyTorch loop.
+
+Same masked model, same device-resident data, same batch size and batch order; the ratio is
+bare / Lightning time per step (1.0 = no overhead). Target ≤ 1.2.
+
+    python benchmarks/bench_generate.py [--dataset mnist] [--steps 1000] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from dpltm.batches import ShuffledBatches
+from dpltm.data import load_dataset
+from dpltm.devices import resolve_device
+from dpltm.model import MaskedMLP, build_architecture
+from dpltm.pruning import paper_prune_rates, prune_layerwise
+from dpltm.training import train_classifier
+
+
+def bare_loop(model: MaskedMLP, batches: ShuffledBatches, lr: float) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=400)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    data = load_dataset(args.dataset, split=args.split, device=device)
+    arch = build_architecture(data.num_features, data.num_classes, (300, 100), None)
+    model = MaskedMLP(arch, torch.Generator().manual_seed(0)).to(device)
+    # A ticket of the kind generate trains: one pruning round applied.
+    model.set_masks(prune_layerwise(model.weights(), model.masks(),
+                                    paper_prune_rates(model.mask_names())))
+    theta0 = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def time_bare() -> float:
+        model.load_state_dict(theta0)
+        batches = ShuffledBatches(data.train, args.batch_size, args.steps, seed=1)
+        synchronize(device)
+        start = time.perf_counter()
+        bare_loop(model, batches, 0.1)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    def time_lightning() -> float:
+        model.load_state_dict(theta0)
+        synchronize(device)
+        start = time.perf_counter()
+        train_classifier(model, data.train, steps=args.steps, batch_size=args.batch_size,
+                         lr=0.1, seed=1)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    time_bare(), time_lightning()  # warm-up
+    bare = min(time_bare() for _ in range(args.repeats))
+    lightning = min(time_lightning() for _ in range(args.repeats))
+    print(f"device={device} dataset={args.dataset} batch={args.batch_size} steps={args.steps} "
+          f"threads={torch.get_num_threads()}")
+    print(f"{'loop':<22}{'steps/s':>10}{'ms/step':>10}")
+    print(f"{'bare PyTorch':<22}{args.steps / bare:>10.1f}{1e3 * bare / args.steps:>10.3f}")
+    print(f"{'dpltm generate (L)':<22}{args.steps / lightning:>10.1f}{1e3 * lightning / args.steps:>10.3f}")
+    print(f"ratio (Lightning / bare time per step): {lightning / bare:.3f}  (target <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()

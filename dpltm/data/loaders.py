@@ -1,0 +1,164 @@
+"""`load_dataset`: one entry point from a dataset name to train/val/test tensors.
+
+Split rule: with split="train" the pool is the official training portion and the official
+test portion is the test set. Otherwise ("test", "all", or data without an official split)
+the pool is divided by a seeded stratified 80/20 split, the paper's rule for such data.
+A stratified `val_fraction` of the training rows is then held out as the validation set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpltm.data import mnist, tabular
+from dpltm.data.sources import Portion
+from dpltm.data.splits import derive_seed, stratified_split
+from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.errors import DpltmUserError
+from dpltm.paths import resolve_data_dir
+
+DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "kmnist", "har", "isolet", "digits")
+SPLITS: tuple[str, ...] = ("train", "test", "all")
+POOL_TEST_FRACTION = 0.2
+MAX_VAL_FRACTION = 0.5
+# Bump when the split or normalisation rules change, so old fingerprints stop matching.
+SPLIT_SCHEME = "dpltm-split-v1"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What is fixed about a dataset, and how to read one official portion of it."""
+
+    num_features: int
+    num_classes: int
+    load_portion: Callable[[Path, str], Portion]
+
+
+SPECS: dict[str, DatasetSpec] = {
+    "mnist": DatasetSpec(784, 10, partial(mnist.load_portion, "mnist")),
+    "fashion-mnist": DatasetSpec(784, 10, partial(mnist.load_portion, "fashion-mnist")),
+    "kmnist": DatasetSpec(784, 10, partial(mnist.load_portion, "kmnist")),
+    "har": DatasetSpec(tabular.HAR_FEATURES, tabular.HAR_CLASSES, tabular.load_har),
+    "isolet": DatasetSpec(tabular.ISOLET_FEATURES, tabular.ISOLET_CLASSES, tabular.load_isolet),
+    "digits": DatasetSpec(tabular.DIGITS_FEATURES, tabular.DIGITS_CLASSES, tabular.load_digits),
+}
+
+
+def _check_options(name: str, split: str, val_fraction: float, seed: int) -> None:
+    """Reject bad options with one line that lists what is allowed."""
+    if name not in SPECS:
+        raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    if split not in SPLITS:
+        raise DpltmUserError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
+    if (
+        isinstance(val_fraction, bool)
+        or not isinstance(val_fraction, numbers.Real)
+        or not 0.0 <= float(val_fraction) < MAX_VAL_FRACTION
+    ):
+        raise DpltmUserError(
+            f"val_fraction must be a number in [0, {MAX_VAL_FRACTION}), got {val_fraction!r}"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise DpltmUserError(f"seed must be an integer, got {seed!r}")
+
+
+def _subset(portion: Portion, rows: np.ndarray) -> Portion:
+    return Portion(portion.features[rows], portion.labels[rows], portion.files)
+
+
+def _concat(first: Portion, second: Portion) -> Portion:
+    return Portion(
+        np.concatenate([first.features, second.features]),
+        np.concatenate([first.labels, second.labels]),
+        first.files + second.files,
+    )
+
+
+def _train_and_test(
+    spec: DatasetSpec, root: Path, split: str, seed: int
+) -> tuple[Portion, Portion]:
+    """The training pool and the test set, by the split rule in the module docstring."""
+    if split == "train":
+        return spec.load_portion(root, "train"), spec.load_portion(root, "test")
+    if split == "test":
+        pool = spec.load_portion(root, "test")
+    else:
+        pool = _concat(spec.load_portion(root, "train"), spec.load_portion(root, "test"))
+    train_rows, test_rows = stratified_split(
+        pool.labels, POOL_TEST_FRACTION, derive_seed(seed, "test")
+    )
+    return _subset(pool, train_rows), _subset(pool, test_rows)
+
+
+def fingerprint(
+    name: str, split: str, val_fraction: float, seed: int, files: tuple[tuple[str, str], ...]
+) -> str:
+    """16 hex digits over the options and the md5 of every raw file used (not their paths)."""
+    payload = {
+        "scheme": SPLIT_SCHEME,
+        "dataset": name,
+        "split": split,
+        "val_fraction": float(val_fraction).hex(),
+        "seed": int(seed),
+        "files": sorted(set(files)),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _own_tensor(array: np.ndarray, dtype: type) -> torch.Tensor:
+    """A tensor that never aliases the (read-only) decode cache."""
+    array = np.ascontiguousarray(array, dtype=dtype)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def _tensors(portion: Portion, device: torch.device) -> LabeledTensors:
+    features = _own_tensor(portion.features, np.float32)
+    labels = _own_tensor(portion.labels, np.int64)
+    return LabeledTensors(features.to(device), labels.to(device))
+
+
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise DpltmUserError(f"bad device {device!r}: {exc}") from None
+
+
+def load_dataset(
+    name: str,
+    *,
+    split: str = "train",
+    data_dir: str | Path | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> DatasetSplits:
+    """Load dataset `name` as train/val/test tensors on `device` (rules: module docstring)."""
+    _check_options(name, split, val_fraction, seed)
+    target = _device(device)
+    spec = SPECS[name]
+    root = resolve_data_dir(data_dir)
+    train, test = _train_and_test(spec, root, split, int(seed))
+    kept, held = stratified_split(train.labels, float(val_fraction), derive_seed(seed, "val"))
+    try:
+        return DatasetSplits(
+            name=name,
+            source_split=split,
+            train=_tensors(_subset(train, kept), target),
+            val=_tensors(_subset(train, held), target),
+            test=_tensors(test, target),
+            num_features=spec.num_features,
+            num_classes=spec.num_classes,
+            fingerprint=fingerprint(name, split, val_fraction, int(seed), train.files + test.files),
+        )
+    except (RuntimeError, AssertionError) as exc:
+        raise DpltmUserError(f"cannot put {name} on device {target}: {exc}") from None

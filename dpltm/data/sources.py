@@ -1,0 +1,126 @@
+"""Raw files on disk: finding them, hashing them, decoding them once per process.
+
+Every decoder is keyed by (resolved path, size, mtime), so a second `load_dataset` call in the
+same process reuses the decoded arrays, while a replaced file is decoded afresh.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dpltm.data.idx import gunzip_if_named
+from dpltm.errors import DpltmUserError
+
+Decoder = Callable[[bytes, Path], tuple[np.ndarray, ...]]
+
+
+@dataclass(frozen=True)
+class Portion:
+    """One official portion (train or test) of a dataset, normalised, on the CPU.
+
+    `files` pairs each raw file's role with the md5 of its bytes, for the fingerprint.
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+    files: tuple[tuple[str, str], ...]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Read-only decoded arrays of one file and the md5 of the file's bytes on disk."""
+
+    arrays: tuple[np.ndarray, ...]
+    md5: str
+
+
+def find_file(candidates: Sequence[Path]) -> Path | None:
+    """The first candidate that exists: archives differ in folder names and compression."""
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def missing_file(path: Path, hint: str = "") -> DpltmUserError:
+    """The one-line error for a file the loader needs and did not find."""
+    return DpltmUserError(f"missing file {path}" + (f" ({hint})" if hint else ""))
+
+
+def load_decoded(path: Path, decode: Decoder, expected_md5: str | None = None) -> Decoded:
+    """Decode `path` with `decode`, once per process per file version.
+
+    With `expected_md5`, the bytes on disk must hash to it (checked before decoding).
+    """
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise DpltmUserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return _load_decoded(str(path.resolve()), stat.st_size, stat.st_mtime_ns, decode, expected_md5)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_decoded(
+    path: str, size: int, mtime_ns: int, decode: Decoder, expected_md5: str | None
+) -> Decoded:
+    """The cached body of `load_decoded`; size and mtime are only part of the key."""
+    del size, mtime_ns
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise DpltmUserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    md5 = hashlib.md5(raw).hexdigest()
+    if expected_md5 is not None and md5 != expected_md5:
+        raise DpltmUserError(
+            f"corrupt file {path}: md5 {md5} differs from the official {expected_md5}; "
+            f"download it again"
+        )
+    arrays = decode(gunzip_if_named(raw, path), Path(path))
+    for array in arrays:
+        array.setflags(write=False)
+    return Decoded(arrays=arrays, md5=md5)
+
+
+def clear_cache() -> None:
+    """Forget every decoded file (tests, or to free memory)."""
+    _load_decoded.cache_clear()
+
+
+def parse_table(data: bytes, path: Path, *, delimiter: str | None, columns: int) -> np.ndarray:
+    """A text table as float64 [rows, columns]; any unparseable row names the file."""
+    try:
+        text = data.decode("ascii")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an empty file is reported below, not warned
+            table = np.loadtxt(io.StringIO(text), delimiter=delimiter, dtype=np.float64, ndmin=2)
+    except (ValueError, UnicodeDecodeError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise DpltmUserError(f"corrupt file {path}: {reason}") from None
+    if table.shape[0] == 0:
+        raise DpltmUserError(f"corrupt file {path}: no data rows")
+    if table.shape[1] != columns:
+        raise DpltmUserError(
+            f"corrupt file {path}: expected {columns} values per row, found {table.shape[1]}"
+        )
+    if not np.isfinite(table).all():
+        raise DpltmUserError(f"corrupt file {path}: contains non-finite values")
+    return table
+
+
+def integer_labels(
+    values: np.ndarray, path: Path, low: int, high: int, what: str = "labels"
+) -> np.ndarray:
+    """Values as int64, checked to be whole numbers in [low, high] (as the archive defines)."""
+    if values.size and (
+        not np.array_equal(values, np.round(values)) or values.min() < low or values.max() > high
+    ):
+        raise DpltmUserError(f"corrupt file {path}: {what} must be whole numbers {low}..{high}")
+    return values.astype(np.int64)

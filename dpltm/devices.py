@@ -1,0 +1,23 @@
+"""Device selection: one place that turns `--device` into a `torch.device`."""
+
+from __future__ import annotations
+
+import torch
+
+from dpltm.errors import DpltmUserError
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """`auto` picks CUDA when present; asking for an absent device is a user error."""
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DpltmUserError(f"unknown device '{name}' (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DpltmUserError(f"device '{name}' requested but CUDA is not available here")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise DpltmUserError(f"unsupported device '{name}' (use auto, cpu, cuda or cuda:N)")
+    return device

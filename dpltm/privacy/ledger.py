@@ -1,0 +1,343 @@
+"""The privacy record of a run: stored in checkpoints, printed to users.
+
+A `PrivacyLedger` says what touched the private data and how (PRIVACY.md §1):
+
+* phase 1 (ticket generation) on the SAME private data is recorded as
+  `NonPrivateDpEvent`: its masks leak (the winner's zero pattern is visible in the released
+  weights), so the paper's Theorem 3 (ε = ε1 + ε2) does not hold and the run is not
+  end-to-end DP (overall ε = ∞). On public data it is `NoOpDpEvent`.
+* phase 2 (selection) is `ZCDpEvent(ε1²/8)` when the exponential mechanism ran on private
+  data, `NoOpDpEvent` when it touched none (public tickets chosen on public data), and
+  `NonPrivateDpEvent` for a non-private pick among same-data tickets.
+* phase 3 (training) is `SelfComposed(PoissonSampled(q, Gaussian(σ)), T)`, or
+  `NonPrivateDpEvent` when training was not private.
+
+The ε reported for the DP part (selection and training) is the best valid bound of
+`accounting.composition_bounds`; when the run is not end-to-end DP the report says so and
+gives the overall ε as infinite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from dp_accounting import (  # type: ignore[import-untyped]
+    ComposedDpEvent,
+    NonPrivateDpEvent,
+    NoOpDpEvent,
+)
+
+from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import (
+    ACCOUNTANT_LABELS,
+    BASIC_COMPOSITION,
+    NEIGHBORING_LABELS,
+    RDP_COMPOSITION,
+    Bound,
+    best_bound,
+    check_accountant,
+    check_delta,
+    check_neighboring,
+    composition_bounds,
+)
+from dpltm.privacy.events import (
+    DpEvent,
+    dpsgd_event,
+    event_from_json,
+    event_to_json,
+    selection_event,
+)
+
+FORMAT_VERSION = 1
+PHASE1_MODES = ("public", "same-data", "none")
+NOISES = ("gaussian",)
+TRAINING_REQUIRED = ("q", "sigma", "steps")
+TRAINING_OPTIONAL = ("clip", "expected_batch_size", "dataset_size")
+
+_COMPOSITION_TEXT = {
+    "training-only": "training only (selection spent nothing on the private data)",
+    BASIC_COMPOSITION: "basic (ε1 + ε_train)",
+    RDP_COMPOSITION: "RDP (selection as ε1²/8-zCDP + training)",
+}
+
+
+def training_record(
+    q: float,
+    sigma: float,
+    steps: int,
+    clip: float | None = None,
+    expected_batch_size: float | None = None,
+    dataset_size: int | None = None,
+) -> dict[str, float | int]:
+    """The `training` dict of a ledger, with only the keys that are known."""
+    out: dict[str, float | int] = {"q": float(q), "sigma": float(sigma), "steps": int(steps)}
+    if clip is not None:
+        out["clip"] = float(clip)
+    if expected_batch_size is not None:
+        out["expected_batch_size"] = float(expected_batch_size)
+    if dataset_size is not None:
+        out["dataset_size"] = int(dataset_size)
+    return out
+
+
+def _round_up(value: float, digits: int = 3) -> str:
+    """`value` to `digits` significant digits, rounded UP: a displayed ε never understates."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    if value <= 0.0:
+        return "0"
+    exponent = math.floor(math.log10(value)) - digits + 1
+    exact = Decimal(repr(float(value)))  # repr: the shortest decimal that round-trips
+    rounded = exact.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_CEILING)
+    return format(rounded.normalize(), "f")
+
+
+def _json_float(value: float) -> float | str:
+    """Finite floats as they are; ±∞ as "inf"/"-inf" so reports are strict JSON."""
+    if math.isfinite(value):
+        return float(value)
+    return "inf" if value > 0 else "-inf"
+
+
+@dataclass(frozen=True)
+class PrivacyLedger:
+    """What ran on the private data, and the (ε, δ) it supports. See the module docstring.
+
+    `selection_eps1` None means no private selection (public tickets chosen on public
+    data, or a non-private `--best` pick). `training` holds q, sigma, steps and optionally
+    clip, expected_batch_size, dataset_size (see `training_record`), or is None for
+    non-private training.
+    """
+
+    phase1: str
+    phase1_dataset: str | None
+    private_dataset: str
+    selection_eps1: float | None
+    training: dict[str, float | int] | None
+    delta: float
+    neighboring: str = "add_remove"
+    accountant: str = "pld"
+    noise: str = "gaussian"
+
+    def __post_init__(self) -> None:
+        if self.phase1 not in PHASE1_MODES:
+            raise DpltmUserError(f"phase1 must be one of {PHASE1_MODES}, got {self.phase1!r}")
+        if self.phase1 == "none" and self.selection_eps1 is not None:
+            raise DpltmUserError("a run without tickets (phase1 'none') has no selection eps1")
+        if self.selection_eps1 is not None:
+            e = float(self.selection_eps1)
+            if not (math.isfinite(e) and e > 0.0):
+                raise DpltmUserError(f"selection eps1 must be positive and finite, got {e}")
+            object.__setattr__(self, "selection_eps1", e)
+        object.__setattr__(self, "delta", check_delta(self.delta))
+        check_neighboring(self.neighboring)
+        check_accountant(self.accountant)
+        if self.noise not in NOISES:
+            raise DpltmUserError(f"noise must be one of {NOISES}, got {self.noise!r}")
+        if self.training is not None:
+            object.__setattr__(self, "training", self._checked_training(self.training))
+
+    @staticmethod
+    def _checked_training(training: Mapping[str, Any]) -> dict[str, float | int]:
+        missing = [k for k in TRAINING_REQUIRED if k not in training]
+        unknown = sorted(set(training) - set(TRAINING_REQUIRED) - set(TRAINING_OPTIONAL))
+        if missing or unknown:
+            raise DpltmUserError(
+                f"training record needs {list(TRAINING_REQUIRED)} (optional "
+                f"{list(TRAINING_OPTIONAL)}); missing {missing}, unknown {unknown}"
+            )
+        rec = training_record(**{k: training[k] for k in training})
+        dpsgd_event(rec["q"], rec["sigma"], int(rec["steps"]))  # validates q, sigma, steps
+        n, batch = rec.get("dataset_size"), rec.get("expected_batch_size")
+        if n is not None and batch is not None and not math.isclose(
+            rec["q"], batch / n, rel_tol=1e-9
+        ):
+            raise DpltmUserError(
+                f"training q = {rec['q']:g} disagrees with expected_batch_size/dataset_size "
+                f"= {batch:g}/{n}"
+            )
+        return rec
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def phase1_event(self) -> DpEvent:
+        """Same-data tickets leak (PRIVACY.md §1): NonPrivate; public or none: NoOp."""
+        return NonPrivateDpEvent() if self.phase1 == "same-data" else NoOpDpEvent()
+
+    def selection_event(self) -> DpEvent:
+        """ε1-DP exponential mechanism as ε1²/8-zCDP; NoOp when no private data was used."""
+        if self.selection_eps1 is not None:
+            return selection_event(self.selection_eps1)
+        # A non-private pick among tickets built and scored on the private data.
+        return NonPrivateDpEvent() if self.phase1 == "same-data" else NoOpDpEvent()
+
+    def training_event(self) -> DpEvent:
+        if self.training is None:
+            return NonPrivateDpEvent()
+        t = self.training
+        return dpsgd_event(t["q"], t["sigma"], int(t["steps"]))
+
+    def dp_event(self) -> DpEvent:
+        """The whole run: `ComposedDpEvent([phase 1, selection, training])`."""
+        return ComposedDpEvent([self.phase1_event(), self.selection_event(), self.training_event()])
+
+    # ---- guarantees ------------------------------------------------------------------------
+
+    @property
+    def end_to_end_dp(self) -> bool:
+        """False when tickets came from the private data without privacy, or training was not DP."""
+        return self.phase1 != "same-data" and self.training is not None
+
+    def bounds(self) -> list[Bound]:
+        """Every valid bound for selection + training (`accounting.composition_bounds`).
+
+        Cheap to call again: `accounting.epsilon` caches on the event.
+        """
+        return composition_bounds(
+            self.selection_eps1, self.training_event(), self.delta, self.accountant,
+            self.neighboring,
+        )
+
+    def best_bound(self) -> Bound:
+        return best_bound(self.bounds())
+
+    @property
+    def overall_epsilon(self) -> float:
+        """ε of the whole run: ∞ unless end-to-end DP (dp-accounting: NonPrivate ⇒ ε = ∞)."""
+        return self.best_bound().epsilon if self.end_to_end_dp else math.inf
+
+    def warning(self) -> str | None:
+        if self.training is None:
+            return (
+                f"NOT differentially private: training ran without privacy on the private "
+                f"data ({self.private_dataset}); overall epsilon is infinite."
+            )
+        if self.phase1 == "same-data":
+            return (
+                f"NOT end-to-end differentially private: tickets were generated without "
+                f"privacy on the private training data ({self.private_dataset}); the ε below "
+                f"covers only selection and training (phases 2-3); overall epsilon is infinite."
+            )
+        return None
+
+    def report(self) -> dict[str, Any]:
+        """Strict-JSON summary (∞ written as "inf"): ε, δ, how it was derived, every bound."""
+        best = self.best_bound()
+        return {
+            "format_version": FORMAT_VERSION,
+            "end_to_end_dp": self.end_to_end_dp,
+            "epsilon": _json_float(best.epsilon),
+            "epsilon_scope": (
+                "whole run" if self.end_to_end_dp else "selection and training only (phases 2-3)"
+            ),
+            "overall_epsilon": _json_float(self.overall_epsilon),
+            "delta": self.delta,
+            "neighboring": self.neighboring,
+            "accountant": self.accountant,
+            "composition": best.name,
+            "bounds": [
+                {
+                    "name": b.name,
+                    "epsilon": _json_float(b.epsilon),
+                    "delta": b.delta,
+                    "accountant": b.accountant,
+                    "neighboring": b.neighboring,
+                    "description": b.description,
+                }
+                for b in self.bounds()
+            ],
+            "phase1": self.phase1,
+            "phase1_dataset": self.phase1_dataset,
+            "private_dataset": self.private_dataset,
+            "selection_eps1": self.selection_eps1,
+            "training": dict(self.training) if self.training is not None else None,
+            "noise": self.noise,
+            "warning": self.warning(),
+        }
+
+    def statement(self) -> str:
+        """Plain-English lines for the terminal. ε is rounded up, never down."""
+        best = self.best_bound()
+        lines: list[str] = []
+        warning = self.warning()
+        if warning is not None:
+            lines.append(warning)
+        relation = NEIGHBORING_LABELS[self.neighboring]
+        lines.append(
+            f"(ε = {_round_up(best.epsilon)}, δ = {self.delta:.3g})-DP for {self.private_dataset} "
+            f"under {relation} adjacency, {ACCOUNTANT_LABELS[best.accountant]} accountant, "
+            f"composition: {_COMPOSITION_TEXT.get(best.name, best.name)}"
+            + ("" if self.end_to_end_dp else " [phases 2-3 only]")
+            + "."
+        )
+        if self.selection_eps1 is not None:
+            lines.append(f"Selection: exponential mechanism, ε1 = {self.selection_eps1:g}.")
+        elif self.phase1 == "public":
+            lines.append(
+                f"Selection: tickets from public data ({self.phase1_dataset}); "
+                "no private data spent on choosing one."
+            )
+        elif self.phase1 == "same-data":
+            lines.append("Selection: non-private pick among tickets from the private data.")
+        if self.training is not None:
+            t = self.training
+            extra = f", clip {t['clip']:g}" if "clip" in t else ""
+            lines.append(
+                f"Training: DP-SGD with Poisson sampling q = {t['q']:.4g}, noise multiplier "
+                f"σ = {t['sigma']:g}, {int(t['steps'])} steps{extra}."
+            )
+        else:
+            lines.append("Training: not private.")
+        others = [b for b in self.bounds() if b != best]
+        for b in others:
+            lines.append(
+                f"Also valid: ε = {_round_up(b.epsilon)} by {_COMPOSITION_TEXT.get(b.name, b.name)}"
+                f" ({ACCOUNTANT_LABELS[b.accountant]})."
+            )
+        return "\n".join(lines)
+
+    # ---- storage ---------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON dict for a checkpoint, with the DpEvent tree for any future accountant."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "phase1": self.phase1,
+            "phase1_dataset": self.phase1_dataset,
+            "private_dataset": self.private_dataset,
+            "selection_eps1": self.selection_eps1,
+            "training": dict(self.training) if self.training is not None else None,
+            "delta": self.delta,
+            "neighboring": self.neighboring,
+            "accountant": self.accountant,
+            "noise": self.noise,
+            "dp_event": event_to_json(self.dp_event()),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PrivacyLedger:
+        """The ledger `to_json` wrote; the stored DpEvent tree must match the fields."""
+        if not isinstance(data, Mapping):
+            raise DpltmUserError("privacy record must be a JSON object")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DpltmUserError(
+                f"privacy record format {version!r} is not supported (expected {FORMAT_VERSION})"
+            )
+        names = ("phase1", "phase1_dataset", "private_dataset", "selection_eps1", "training",
+                 "delta", "neighboring", "accountant", "noise")
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise DpltmUserError(f"privacy record lacks {missing}")
+        ledger = cls(**{n: data[n] for n in names})
+        if "dp_event" in data and event_from_json(data["dp_event"]) != ledger.dp_event():
+            raise DpltmUserError(
+                "privacy record is inconsistent: its DpEvent does not match its fields"
+            )
+        return ledger

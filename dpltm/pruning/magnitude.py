@@ -1,0 +1,75 @@
+"""Layer-wise magnitude pruning (Frankle & Carbin 2019; DPLTM paper Alg. 1 line 9, §4.2).
+
+Each round removes a fixed fraction of the weights that *survive* in each layer: the ones
+of smallest magnitude. The number removed is ceil(rate × survivors), as in open_lth, so a
+layer always shrinks while it has weights left; ties are broken by position, so the result
+is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from dpltm.errors import DpltmUserError
+
+Masks = dict[str, Tensor]
+
+
+def paper_prune_rates(layer_names: Sequence[str], hidden_rate: float = 0.3,
+                      output_rate: float = 0.2) -> dict[str, float]:
+    """The paper's rates (§4.2): 30 % per round for every layer but the output, 20 % there."""
+    names = list(layer_names)
+    return {n: (output_rate if i == len(names) - 1 else hidden_rate) for i, n in enumerate(names)}
+
+
+def check_rates(rates: Mapping[str, float]) -> None:
+    for name, rate in rates.items():
+        if not 0.0 < float(rate) < 1.0:
+            raise DpltmUserError(f"prune rate for {name} must lie in (0, 1), got {rate}")
+
+
+def prune_layerwise(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
+                    rates: Mapping[str, float]) -> Masks:
+    """A new mask per layer, inside the old one, without the smallest surviving weights.
+
+    `weights` are the trained weights, `masks` the current bool masks, `rates` the fraction of
+    each layer's survivors to remove. Layers missing from `rates` are left as they are.
+    """
+    check_rates(rates)
+    unknown = sorted(set(rates) - set(masks))
+    if unknown:
+        raise DpltmUserError(f"prune rates name unknown layers: {unknown}")
+    new: Masks = {}
+    for name, mask in masks.items():
+        mask = mask.to(torch.bool)
+        rate = rates.get(name)
+        survivors = int(mask.sum())
+        if rate is None or survivors == 0:
+            new[name] = mask.clone()
+            continue
+        n_prune = min(survivors, math.ceil(float(rate) * survivors))
+        magnitude = weights[name].detach().abs().flatten().to(torch.float64)
+        # Pruned weights must never be picked again: give them +inf magnitude.
+        magnitude = torch.where(mask.flatten(), magnitude, torch.full_like(magnitude, math.inf))
+        # Stable sort: equal magnitudes are removed in index order (deterministic).
+        order = torch.sort(magnitude, stable=True).indices
+        flat = mask.flatten().clone()
+        flat[order[:n_prune]] = False
+        new[name] = flat.view_as(mask)
+    return new
+
+
+def random_masks_like(masks: Mapping[str, Tensor], generator: torch.Generator) -> Masks:
+    """Control ticket: a random mask with each layer's density kept exactly (Frankle & Carbin §2)."""
+    out: Masks = {}
+    for name, mask in masks.items():
+        kept = int(mask.sum())
+        order = torch.randperm(mask.numel(), generator=generator, device="cpu")
+        flat = torch.zeros(mask.numel(), dtype=torch.bool)
+        flat[order[:kept]] = True
+        out[name] = flat.view(mask.shape).to(mask.device)
+    return out

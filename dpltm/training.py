@@ -1,0 +1,142 @@
+"""Non-private training of a masked network: a LightningModule run by a Lightning Trainer.
+
+Used by ticket generation (phase 1) and the non-private baseline. The loop is the plain one
+(cross-entropy, SGD); per-step work is kept to the forward/backward pass and one in-place
+accumulation of the loss, with no host synchronisation, so Lightning's overhead stays small
+(measured in benchmarks/bench_generate.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
+from torch import Tensor
+from torchmetrics.classification import MulticlassAccuracy
+
+from dpltm.batches import ShuffledBatches
+from dpltm.data.types import LabeledTensors
+from dpltm.model import MaskedMLP
+
+
+class ClassifierModule(L.LightningModule):
+    """Cross-entropy classifier around a `MaskedMLP`, trained with plain SGD."""
+
+    def __init__(self, model: MaskedMLP, lr: float, steps: int) -> None:
+        super().__init__()
+        self.model = model
+        self.lr = lr
+        self.register_buffer("step_losses", torch.zeros(steps), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.model(x), y)
+        self.step_losses[batch_idx] = loss.detach()
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.model.parameters(), lr=self.lr)
+
+
+class RoundProgressBar(TQDMProgressBar):
+    """Lightning's bar, labelled with the IMP round it belongs to."""
+
+    def __init__(self, label: str, refresh_rate: int = 50) -> None:
+        super().__init__(refresh_rate=refresh_rate)
+        self.label = label
+
+    def init_train_tqdm(self):  # type: ignore[no-untyped-def]
+        bar = super().init_train_tqdm()
+        bar.set_description(self.label)
+        return bar
+
+    def on_train_epoch_start(self, trainer, *args):  # type: ignore[no-untyped-def]
+        super().on_train_epoch_start(trainer, *args)
+        self.train_progress_bar.set_description(self.label)
+
+
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's info chatter and advice that does not apply to in-memory tensors."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for pattern in (".*does not have many workers.*", ".*`max_epochs` was not set.*",
+                            ".*GPU available but not used.*", ".*IterableDataset.*has `__len__`.*",
+                            ".*LeafSpec.*", ".*TreeSpec.*"):
+                warnings.filterwarnings("ignore", pattern)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    losses: list[float]
+    """Mean training loss over each block of `log_every` steps."""
+
+
+def lightning_accelerator(device: torch.device) -> str:
+    return "gpu" if device.type == "cuda" else device.type
+
+
+def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batch_size: int,
+                     lr: float, seed: int, log_every: int = 100,
+                     progress_label: str | None = None) -> TrainResult:
+    """Train `model` in place for `steps` SGD steps on device-resident `data`."""
+    device = data.labels.device
+    module = ClassifierModule(model, lr, steps)
+    batches = torch.utils.data.DataLoader(
+        ShuffledBatches(data, batch_size, steps, seed), batch_size=None, num_workers=0
+    )
+    callbacks = [RoundProgressBar(progress_label)] if progress_label is not None else []
+    with quiet_lightning():
+        trainer = L.Trainer(
+            accelerator=lightning_accelerator(device),
+            devices=[device.index or 0] if device.type == "cuda" else 1,
+            max_steps=steps,
+            max_epochs=-1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=progress_label is not None,
+            callbacks=callbacks,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            deterministic=False,
+        )
+    with quiet_lightning():
+        trainer.fit(module, train_dataloaders=batches)
+    losses = module.step_losses.cpu()
+    blocks = [losses[i : i + log_every].mean().item() for i in range(0, steps, log_every)]
+    return TrainResult(losses=blocks)
+
+
+@torch.no_grad()
+def accuracy(model: MaskedMLP, data: LabeledTensors, batch_size: int = 8192) -> float:
+    """Top-1 accuracy on device-resident data, accumulated by torchmetrics in batches."""
+    if len(data) == 0:
+        return float("nan")
+    was_training = model.training
+    model.eval()
+    metric = MulticlassAccuracy(num_classes=model.arch.num_classes, average="micro")
+    metric = metric.to(data.labels.device)
+    for start in range(0, len(data), batch_size):
+        metric.update(model(data.features[start : start + batch_size]),
+                      data.labels[start : start + batch_size])
+    model.train(was_training)
+    return float(metric.compute())

@@ -1,0 +1,26 @@
+"""Shared fixtures: tiny synthetic datasets so training tests take seconds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpltm.data.types import DatasetSplits, LabeledTensors
+
+
+def make_blobs(n: int, features: int, classes: int, seed: int) -> LabeledTensors:
+    """Linearly separable-ish Gaussian blobs: learnable in a few dozen steps."""
+    centres = torch.randn(classes, features, generator=torch.Generator().manual_seed(99)) * 2.0
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    features_ = centres[labels] + torch.randn(n, features, generator=g)
+    return LabeledTensors(features_.float(), labels)
+
+
+@pytest.fixture
+def tiny_splits() -> DatasetSplits:
+    return DatasetSplits(
+        name="blobs", source_split="train",
+        train=make_blobs(512, 20, 4, 0), val=make_blobs(128, 20, 4, 1),
+        test=make_blobs(128, 20, 4, 2), num_features=20, num_classes=4, fingerprint="blobs-v1",
+    )

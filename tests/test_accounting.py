@@ -1,0 +1,251 @@
+"""ε from dp-accounting, checked against PRIVACY.md's figures and against Opacus.
+
+Reference setting (PRIVACY.md §3): N = 60000, L = 400 (q = L/N), 7500 steps, δ = 1e-5,
+add/remove adjacency. PRIVACY.md quotes its figures to two or three significant digits, so
+they are checked to 1 % relative.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import dp_accounting as dpa
+import pytest
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.analysis import gdp as opacus_gdp
+from opacus.accountants.analysis import rdp as opacus_rdp
+
+from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import (
+    BASIC_COMPOSITION,
+    RDP_COMPOSITION,
+    TRAINING_ONLY,
+    best_bound,
+    composition_bounds,
+    delta_for_epsilon,
+    epsilon,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu,
+)
+from dpltm.privacy.calibration import calibrate_noise_multiplier
+from dpltm.privacy.events import dpsgd_event, selection_event
+
+Q = 400 / 60000
+STEPS = 7500
+DELTA = 1e-5
+REFERENCE = [  # σ, PLD ε, RDP ε, GDP-CLT ε  (PRIVACY.md §3)
+    (2.49, 0.90, 0.99, 0.892),
+    (10.43, 0.180, 0.200, 0.179),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _pld(sigma: float, steps: int = STEPS) -> float:
+    return epsilon(dpsgd_event(Q, sigma, steps), DELTA, "pld")
+
+
+@functools.lru_cache(maxsize=None)
+def _rdp(sigma: float, steps: int = STEPS) -> float:
+    return epsilon(dpsgd_event(Q, sigma, steps), DELTA, "rdp")
+
+
+# ---- reference figures --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sigma", "pld_ref", "rdp_ref", "_gdp"), REFERENCE)
+def test_reference_figures(sigma: float, pld_ref: float, rdp_ref: float, _gdp: float) -> None:
+    assert _pld(sigma) == pytest.approx(pld_ref, rel=0.01)
+    assert _rdp(sigma) == pytest.approx(rdp_ref, rel=0.01)
+    assert _pld(sigma) < _rdp(sigma)  # PLD is the tighter of the two sound accountants
+
+
+# ---- independent implementations (Opacus) -------------------------------------------------
+
+
+@pytest.mark.parametrize(("sigma", "steps"), [(2.49, STEPS), (10.43, STEPS), (1.1, 1000)])
+def test_rdp_agrees_with_opacus(sigma: float, steps: int) -> None:
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    rdp = opacus_rdp.compute_rdp(q=Q, noise_multiplier=sigma, steps=steps, orders=orders)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "optimal order is the largest alpha"
+        eps_opacus, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=DELTA)
+    assert _rdp(sigma, steps) == pytest.approx(eps_opacus, rel=0.02)
+
+
+@pytest.mark.parametrize(("sigma", "steps"), [(2.49, STEPS), (10.43, STEPS), (1.1, 1000)])
+def test_pld_agrees_with_opacus_prv(sigma: float, steps: int) -> None:
+    # Gopi, Lee & Wutschitz (2021) PRV accountant: a separate numerical composition.
+    prv = PRVAccountant()
+    prv.history = [(sigma, Q, steps)]
+    eps_prv = prv.get_epsilon(DELTA, eps_error=0.003)  # its upper estimate
+    assert _pld(sigma, steps) == pytest.approx(eps_prv, rel=0.03)
+
+
+# ---- Gaussian DP: an approximation, not a bound -------------------------------------------
+
+
+@pytest.mark.parametrize(("sigma", "_pld_ref", "_rdp_ref", "gdp_ref"), REFERENCE)
+def test_gdp_clt(sigma: float, _pld_ref: float, _rdp_ref: float, gdp_ref: float) -> None:
+    mu = gdp_mu(Q, sigma, STEPS)
+    assert mu == pytest.approx(Q * math.sqrt(STEPS * (math.exp(sigma**-2) - 1)), rel=1e-12)
+    assert mu == pytest.approx(
+        opacus_gdp.compute_mu_poisson(steps=STEPS, noise_multiplier=sigma, sample_rate=Q),
+        rel=1e-12,
+    )
+    eps = gdp_epsilon(mu, DELTA)
+    assert gdp_delta(eps, mu) == pytest.approx(DELTA, rel=1e-6)
+    assert eps == pytest.approx(opacus_gdp.eps_from_mu(mu=mu, delta=DELTA), rel=1e-6)
+    assert eps == pytest.approx(gdp_ref, abs=5e-4)
+    # The CLT falls BELOW the PLD upper bound (which is tight to ~1e-3 here): GDP would
+    # understate ε, which is why it is never the default (PRIVACY.md §3, §5).
+    assert eps < _pld(sigma)
+
+
+def test_gdp_edge_cases() -> None:
+    assert gdp_epsilon(0.0, DELTA) == 0.0
+    assert gdp_epsilon(math.inf, DELTA) == math.inf
+    assert gdp_mu(Q, 0.01, 10) == math.inf  # e^{1/σ²} overflows: no privacy to speak of
+    with pytest.raises(DpltmUserError):
+        gdp_epsilon(1.0, 0.0)
+
+
+# ---- ε and δ, errors ----------------------------------------------------------------------
+
+
+def test_delta_for_epsilon_inverts_epsilon() -> None:
+    event = dpsgd_event(Q, 1.1, 1000)
+    for acc in ("pld", "rdp"):
+        eps = epsilon(event, DELTA, acc)
+        assert delta_for_epsilon(event, eps, acc) <= DELTA * 1.01
+        assert delta_for_epsilon(event, 0.9 * eps, acc) > DELTA
+
+
+def test_non_private_event_has_infinite_epsilon() -> None:
+    event = dpa.ComposedDpEvent([dpa.NonPrivateDpEvent(), dpsgd_event(Q, 1.1, 100)])
+    assert epsilon(event, DELTA, "pld") == math.inf
+    assert epsilon(event, DELTA, "rdp") == math.inf
+
+
+def test_pld_refuses_zcdp_by_name() -> None:
+    with pytest.raises(DpltmUserError, match=r"PLD.*ZCDpEvent"):
+        epsilon(selection_event(0.1), DELTA, "pld")
+    composed = dpa.ComposedDpEvent([selection_event(0.1), dpsgd_event(Q, 1.1, 100)])
+    with pytest.raises(DpltmUserError, match=r"PLD.*ZCDpEvent"):
+        epsilon(composed, DELTA, "pld")
+    assert math.isfinite(epsilon(composed, DELTA, "rdp"))
+
+
+def test_rdp_refuses_poisson_sampling_under_replace_one() -> None:
+    with pytest.raises(DpltmUserError, match=r"RDP.*PoissonSampledDpEvent.*replace-one"):
+        epsilon(dpsgd_event(Q, 1.1, 100), DELTA, "rdp", "replace_one")
+    # PLD handles it, and the RDP composition bound is then simply not offered.
+    bounds = composition_bounds(0.1, dpsgd_event(Q, 1.1, 100), DELTA, "pld", "replace_one")
+    assert [b.name for b in bounds] == [BASIC_COMPOSITION]
+    assert bounds[0].neighboring == "replace_one"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"accountant": "gdp"},
+        {"neighboring": "replace_special"},
+        {"delta": 0.0},
+        {"delta": 1.0},
+    ],
+)
+def test_bad_arguments_raise_user_error(kwargs: dict[str, object]) -> None:
+    args: dict[str, object] = {"delta": DELTA, "accountant": "pld", "neighboring": "add_remove"}
+    args.update(kwargs)
+    with pytest.raises(DpltmUserError):
+        epsilon(dpsgd_event(Q, 1.1, 10), **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "steps"), [(0.0, 1.0, 10), (1.5, 1.0, 10), (0.1, 0.0, 10), (0.1, 1.0, 0)]
+)
+def test_bad_dpsgd_event_raises_user_error(q: float, sigma: float, steps: int) -> None:
+    with pytest.raises(DpltmUserError):
+        dpsgd_event(q, sigma, steps)
+
+
+# ---- composition of selection and training ------------------------------------------------
+
+
+def test_public_tickets_give_the_training_bound_alone() -> None:
+    (bound,) = composition_bounds(None, dpsgd_event(Q, 2.49, STEPS), DELTA)
+    assert bound.name == TRAINING_ONLY
+    assert bound.epsilon == _pld(2.49)
+    assert (bound.delta, bound.accountant, bound.neighboring) == (DELTA, "pld", "add_remove")
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_composition_bounds(accountant: str) -> None:
+    training = dpsgd_event(Q, 2.49, STEPS)
+    eps_train = _pld(2.49) if accountant == "pld" else _rdp(2.49)
+    bounds = {b.name: b for b in composition_bounds(0.1, training, DELTA, accountant)}
+    assert set(bounds) == {BASIC_COMPOSITION, RDP_COMPOSITION}
+    assert bounds[BASIC_COMPOSITION].epsilon == pytest.approx(0.1 + eps_train, rel=1e-12)
+    assert bounds[RDP_COMPOSITION].accountant == "rdp"
+    best = best_bound(list(bounds.values()))
+    assert best.epsilon <= bounds[BASIC_COMPOSITION].epsilon
+    assert best.epsilon == min(b.epsilon for b in bounds.values())
+    if accountant == "rdp":
+        # Same accountant for training: adding ε1²/8·α to the RDP curve costs less than ε1.
+        assert bounds[RDP_COMPOSITION].epsilon < bounds[BASIC_COMPOSITION].epsilon
+        assert best.name == RDP_COMPOSITION
+
+
+def test_basic_composition_wins_for_a_large_eps1() -> None:
+    bounds = composition_bounds(3.0, dpsgd_event(Q, 2.49, STEPS), DELTA, "rdp")
+    assert best_bound(bounds).name == BASIC_COMPOSITION
+
+
+# ---- calibration --------------------------------------------------------------------------
+
+CAL_STEPS = 1000
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+@pytest.mark.parametrize("target", [0.5, 1.0, 4.0])
+def test_calibrated_sigma_meets_the_target_tightly(accountant: str, target: float) -> None:
+    sigma = calibrate_noise_multiplier(Q, CAL_STEPS, target, DELTA, accountant)
+    eps = epsilon(dpsgd_event(Q, sigma, CAL_STEPS), DELTA, accountant)
+    assert eps <= target
+    assert epsilon(dpsgd_event(Q, 0.98 * sigma, CAL_STEPS), DELTA, accountant) > target
+
+
+@pytest.mark.parametrize(
+    ("accountant", "composition"), [("pld", "best"), ("pld", "basic"), ("rdp", "rdp")]
+)
+def test_calibration_with_selection(accountant: str, composition: str) -> None:
+    target, eps1 = 1.0, 0.1
+
+    def reported(sigma: float) -> float:
+        bounds = composition_bounds(eps1, dpsgd_event(Q, sigma, CAL_STEPS), DELTA, accountant)
+        if composition != "best":
+            bounds = [b for b in bounds if b.name == f"{composition}-composition"]
+        return best_bound(bounds).epsilon
+
+    sigma = calibrate_noise_multiplier(
+        Q, CAL_STEPS, target, DELTA, accountant, selection_eps1=eps1,
+        composition=composition,  # type: ignore[arg-type]
+    )
+    assert reported(sigma) <= target
+    assert reported(0.98 * sigma) > target
+    # Spending ε1 on selection needs more noise than training alone.
+    assert sigma > calibrate_noise_multiplier(Q, CAL_STEPS, target, DELTA, accountant)
+
+
+def test_calibration_errors() -> None:
+    with pytest.raises(DpltmUserError):
+        calibrate_noise_multiplier(Q, CAL_STEPS, 0.0, DELTA)
+    with pytest.raises(DpltmUserError):
+        calibrate_noise_multiplier(Q, CAL_STEPS, -1.0, DELTA)
+    # Selection alone already exceeds the target under every composition.
+    with pytest.raises(DpltmUserError, match="selection"):
+        calibrate_noise_multiplier(Q, CAL_STEPS, 0.1, DELTA, selection_eps1=0.2)
+    with pytest.raises(DpltmUserError):
+        calibrate_noise_multiplier(Q, CAL_STEPS, 1.0, DELTA, accountant="moments")

@@ -1,0 +1,400 @@
+"""Dataset loaders: real files when present (skipped otherwise), small archive-format fixtures."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpltm.data import DATASETS, SPLITS, load_dataset, mnist, sources
+from dpltm.data.idx import read_idx, write_idx
+from dpltm.data.splits import derive_seed, stratified_split
+from dpltm.errors import DpltmUserError
+from dpltm.paths import DATA_DIR_ENV, resolve_data_dir
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _real_root(*relative: str) -> Path:
+    """The real data directory, or skip the test when it or any of `relative` is absent."""
+    try:
+        root = resolve_data_dir(None)
+    except DpltmUserError as exc:
+        pytest.skip(f"no real data directory: {exc}")
+    for rel in relative:
+        if not (root / rel).is_file():
+            pytest.skip(f"real data file {root / rel} is absent")
+    return root
+
+
+def _uci_float(value: float) -> str:
+    """HAR's number format: `2.8858451e-001` (three exponent digits)."""
+    mantissa, exponent = f"{value:.7e}".split("e")
+    return f"{mantissa}e{int(exponent):+04d}"
+
+
+def _write_har(root: Path, folder: str = "UCI HAR Dataset", n_train: int = 30, n_test: int = 12):
+    """Tiny X/y files in the UCI HAR archive layout; returns {portion: (X, y)} as written."""
+    rng = np.random.default_rng(0)
+    written = {}
+    for portion, rows in (("train", n_train), ("test", n_test)):
+        cells = [[_uci_float(v) for v in row] for row in rng.uniform(-1, 1, (rows, 561)).tolist()]
+        y = np.arange(rows) % 6 + 1
+        directory = root / folder / portion
+        directory.mkdir(parents=True)
+        lines = ("  " + " ".join(row) for row in cells)
+        (directory / f"X_{portion}.txt").write_text("\n".join(lines) + "\n")
+        (directory / f"y_{portion}.txt").write_text("".join(f"{v}\n" for v in y))
+        written[portion] = (np.array(cells, dtype=np.float64).astype(np.float32), y)
+    return written
+
+
+def _write_isolet(root: Path, *, gz: bool, subdir: str = "ISOLET"):
+    """ISOLET files (617 values then ` N.`): 52 training rows, 26 test rows."""
+    rng = np.random.default_rng(1)
+    written = {}
+    for name, rows in (("isolet1+2+3+4.data", 52), ("isolet5.data", 26)):
+        x = np.round(rng.uniform(-1, 1, size=(rows, 617)), 4)
+        y = np.arange(rows) % 26 + 1
+        text = "".join(
+            ",".join(f"{v:.4f}" for v in row) + f", {label}.\n"
+            for row, label in zip(x.tolist(), y, strict=True)
+        ).encode()
+        directory = root / subdir
+        directory.mkdir(parents=True, exist_ok=True)
+        if gz:
+            (directory / f"{name}.gz").write_bytes(gzip.compress(text))
+        else:
+            (directory / name).write_bytes(text)
+        written[name] = (x.astype(np.float32), y - 1)
+    return written
+
+
+def _write_mnist(root: Path, folder: str = "MNIST", n_train: int = 50, n_test: int = 20, gz=True):
+    """IDX fixtures in torchvision's layout; returns {portion: (images, labels)}."""
+    rng = np.random.default_rng(2)
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True)
+    suffix = ".gz" if gz else ""
+    written = {}
+    for prefix, portion, n in (("train", "train", n_train), ("t10k", "test", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        write_idx(raw / f"{prefix}-images-idx3-ubyte{suffix}", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte{suffix}", labels)
+        written[portion] = (images, labels)
+    return written
+
+
+def _assert_partition(pool: np.ndarray, *parts: np.ndarray) -> None:
+    """The parts' rows together are the pool's rows (as multisets of distinct random rows)."""
+    joined = np.concatenate(parts)
+    assert joined.shape == pool.shape
+    as_rows = lambda a: sorted(map(bytes, np.ascontiguousarray(a)))  # noqa: E731
+    assert as_rows(joined) == as_rows(pool)
+
+
+# ---- IDX ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a.idx", "a.idx.gz"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float32])
+def test_idx_round_trip(tmp_path: Path, name: str, dtype: type) -> None:
+    array = (np.arange(2 * 3 * 4) - 5).reshape(2, 3, 4)
+    array = array.astype(dtype) if dtype is not np.uint8 else np.abs(array).astype(np.uint8)
+    back = read_idx(write_idx(tmp_path / name, array))
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)
+
+
+def test_idx_bad_magic_and_truncation(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.idx"
+    bad.write_bytes(b"\x12\x34\x08\x01" + bytes(8))
+    with pytest.raises(DpltmUserError, match=r"bad\.idx: bad IDX magic"):
+        read_idx(bad)
+    good = write_idx(tmp_path / "short.idx", np.zeros((4, 5), dtype=np.uint8))
+    good.write_bytes(good.read_bytes()[:-3])
+    with pytest.raises(DpltmUserError, match=r"short\.idx: IDX header says shape \(4, 5\)"):
+        read_idx(good)
+    (tmp_path / "x.gz").write_bytes(b"not gzip")
+    with pytest.raises(DpltmUserError, match=r"x\.gz: not a valid gzip"):
+        read_idx(tmp_path / "x.gz")
+
+
+def test_idx_reader_matches_torchvision_on_real_mnist(tmp_path: Path) -> None:
+    root = _real_root("MNIST/raw/t10k-images-idx3-ubyte.gz", "MNIST/raw/t10k-labels-idx1-ubyte.gz")
+    tv = pytest.importorskip("torchvision.datasets.mnist", reason="torchvision not importable")
+    for stem, reader in (
+        ("t10k-images-idx3-ubyte", tv.read_image_file),
+        ("t10k-labels-idx1-ubyte", tv.read_label_file),
+    ):
+        plain = tmp_path / stem
+        with gzip.open(root / "MNIST" / "raw" / f"{stem}.gz") as src, plain.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        ours = read_idx(plain)
+        np.testing.assert_array_equal(ours, reader(str(plain)).numpy())
+        np.testing.assert_array_equal(ours, read_idx(root / "MNIST" / "raw" / f"{stem}.gz"))
+
+
+# ---- real data (skipped when absent) ------------------------------------------------------
+
+
+def test_real_mnist_train() -> None:
+    root = _real_root(*(f"MNIST/raw/{f}" for f in mnist.OFFICIAL["MNIST"]))
+    data = load_dataset("mnist", split="train", data_dir=root, val_fraction=0.1, seed=0)
+    assert (data.num_features, data.num_classes, data.source_split) == (784, 10, "train")
+    assert len(data.train) + len(data.val) == 60000 and len(data.val) == 6000
+    assert len(data.test) == 10000
+    for part in (data.train, data.val, data.test):
+        assert part.features.dtype == torch.float32 and part.labels.dtype == torch.int64
+        assert part.features.shape[1] == 784
+        assert 0.0 <= float(part.features.min()) and float(part.features.max()) <= 1.0
+    assert set(data.train.labels.unique().tolist()) == set(range(10))
+    # train + val is exactly the official training pool, split by disjoint index sets.
+    pool = mnist.load_portion("mnist", root, "train")
+    kept, held = stratified_split(pool.labels, 0.1, derive_seed(0, "val"))
+    assert np.intersect1d(kept, held).size == 0 and kept.size + held.size == 60000
+    np.testing.assert_array_equal(data.train.labels.numpy(), pool.labels[kept])
+    np.testing.assert_array_equal(data.val.features.numpy(), pool.features[held])
+    again = load_dataset("mnist", split="train", data_dir=root)
+    assert again.fingerprint == data.fingerprint and len(data.fingerprint) == 16
+    assert load_dataset("mnist", data_dir=root, seed=1).fingerprint != data.fingerprint
+
+
+def test_real_fashion_mnist_test_split() -> None:
+    root = _real_root("FashionMNIST/raw/t10k-images-idx3-ubyte.gz")
+    data = load_dataset("fashion-mnist", split="test", data_dir=root, val_fraction=0.1)
+    assert data.train.features.shape == (7200, 784) and data.val.features.shape == (800, 784)
+    assert data.test.features.shape == (2000, 784) and data.test.labels.shape == (2000,)
+
+
+def test_real_kmnist_test_works_and_train_names_missing_file() -> None:
+    root = _real_root(
+        "KMNIST/raw/t10k-images-idx3-ubyte.gz", "KMNIST/raw/t10k-labels-idx1-ubyte.gz"
+    )
+    data = load_dataset("kmnist", split="test", data_dir=root, val_fraction=0.1)
+    assert len(data.train) + len(data.val) == 8000 and len(data.test) == 2000
+    assert torch.bincount(data.test.labels, minlength=10).tolist() == [200] * 10
+    assert torch.bincount(data.val.labels, minlength=10).tolist() == [80] * 10
+    if (root / "KMNIST/raw/train-images-idx3-ubyte.gz").exists():
+        pytest.skip("KMNIST train images are present; the missing-file case cannot be shown")
+    with pytest.raises(
+        DpltmUserError, match=r"train-images-idx3-ubyte\.gz.*bdb82020997e1d708af4cf47b453dcf7"
+    ):
+        load_dataset("kmnist", split="train", data_dir=root)
+
+
+def test_real_digits_stratified() -> None:
+    root = _real_root("DIGITS/digits.csv.gz")
+    data = load_dataset("digits", data_dir=root, val_fraction=0.0)
+    assert (data.num_features, data.num_classes) == (64, 10)
+    assert data.train.features.shape[1] == 64 and len(data.train) + len(data.test) == 1797
+    assert 0.0 <= float(data.train.features.min()) and float(data.train.features.max()) <= 1.0
+    per_class = torch.bincount(torch.cat([data.train.labels, data.test.labels]), minlength=10)
+    test_counts = torch.bincount(data.test.labels, minlength=10)
+    assert (test_counts.double() - 0.2 * per_class.double()).abs().max() <= 1.0
+    # The official stand-in split is fixed (seed 0), whatever `seed` is.
+    other = load_dataset("digits", data_dir=root, val_fraction=0.0, seed=5)
+    assert torch.equal(other.test.features, data.test.features)
+    pooled = load_dataset("digits", split="all", data_dir=root, val_fraction=0.1)
+    assert len(pooled.train) + len(pooled.val) + len(pooled.test) == 1797
+
+
+# ---- fixtures in the archive formats ------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", ["UCI HAR Dataset", "UCIHAR"])
+def test_har_fixture(tmp_path: Path, folder: str) -> None:
+    written = _write_har(tmp_path, folder)
+    data = load_dataset("har", data_dir=tmp_path, val_fraction=0.1)
+    assert (data.num_features, data.num_classes) == (561, 6)
+    assert len(data.train) + len(data.val) == 30 and len(data.val) == 3
+    x_test, y_test = written["test"]
+    np.testing.assert_array_equal(data.test.features.numpy(), x_test)
+    np.testing.assert_array_equal(data.test.labels.numpy(), y_test - 1)
+    assert data.train.labels.min() >= 0 and data.train.labels.max() <= 5
+    x_train, _ = written["train"]
+    _assert_partition(x_train, data.train.features.numpy(), data.val.features.numpy())
+
+
+def test_har_row_mismatch_and_bad_row(tmp_path: Path) -> None:
+    _write_har(tmp_path)
+    y = tmp_path / "UCI HAR Dataset" / "test" / "y_test.txt"
+    y.write_text(y.read_text() + "3\n")
+    with pytest.raises(DpltmUserError, match=r"X_test\.txt has 12 rows but .*y_test\.txt has 13"):
+        load_dataset("har", split="test", data_dir=tmp_path)
+    y.write_text("1\n" * 11 + "one\n")
+    with pytest.raises(DpltmUserError, match=r"corrupt file .*y_test\.txt"):
+        load_dataset("har", split="test", data_dir=tmp_path)
+    y.write_text("7\n" * 12)
+    with pytest.raises(DpltmUserError, match=r"y_test\.txt: labels must be whole numbers 1\.\.6"):
+        load_dataset("har", split="test", data_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("gz", "subdir"), [(False, "ISOLET"), (True, "ISOLET"), (False, ".")])
+def test_isolet_fixture(tmp_path: Path, gz: bool, subdir: str) -> None:
+    written = _write_isolet(tmp_path, gz=gz, subdir=subdir)
+    data = load_dataset("isolet", data_dir=tmp_path, val_fraction=0.0)
+    assert (data.num_features, data.num_classes) == (617, 26)
+    x_test, y_test = written["isolet5.data"]
+    np.testing.assert_array_equal(data.test.features.numpy(), x_test)
+    np.testing.assert_array_equal(data.test.labels.numpy(), y_test)
+    assert sorted(data.train.labels.unique().tolist()) == list(range(26))
+    assert data.val.features.shape == (0, 617) and data.val.labels.shape == (0,)
+
+
+def test_isolet_unparseable_row(tmp_path: Path) -> None:
+    _write_isolet(tmp_path, gz=False)
+    path = tmp_path / "ISOLET" / "isolet5.data"
+    path.write_text(path.read_text().replace(",", ";", 5))
+    with pytest.raises(DpltmUserError, match=r"corrupt file .*isolet5\.data"):
+        load_dataset("isolet", split="test", data_dir=tmp_path)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_mnist_family_fixture(tmp_path: Path, gz: bool) -> None:
+    written = _write_mnist(tmp_path, "KMNIST", gz=gz)
+    data = load_dataset("kmnist", data_dir=tmp_path, val_fraction=0.2)
+    images, labels = written["test"]
+    np.testing.assert_allclose(data.test.features.numpy(), images.reshape(20, 784) / 255.0)
+    np.testing.assert_array_equal(data.test.labels.numpy(), labels)
+    assert len(data.train) == 40 and len(data.val) == 10
+    assert torch.bincount(data.val.labels, minlength=10).tolist() == [1] * 10
+    train_images = written["train"][0].reshape(50, 784).astype(np.float32) / 255.0
+    _assert_partition(train_images, data.train.features.numpy(), data.val.features.numpy())
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_split_sizes_add_up(tmp_path: Path, split: str) -> None:
+    _write_mnist(tmp_path)
+    train_and_val, test = {"train": (50, 20), "test": (16, 4), "all": (56, 14)}[split]
+    data = load_dataset("mnist", split=split, data_dir=tmp_path, val_fraction=0.1)
+    assert (len(data.train) + len(data.val), len(data.test)) == (train_and_val, test)
+    assert len(data.val) == round(0.1 * train_and_val) and data.source_split == split
+
+
+def test_corrupt_magic_names_file(tmp_path: Path) -> None:
+    _write_mnist(tmp_path)
+    path = tmp_path / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(b"\x00\x00\x99\x03" + bytes(16)))
+    with pytest.raises(DpltmUserError, match=r"t10k-images-idx3-ubyte\.gz: bad IDX magic"):
+        load_dataset("mnist", split="test", data_dir=tmp_path)
+
+
+def test_md5_checked_for_official_name_and_size(tmp_path: Path) -> None:
+    _write_mnist(tmp_path)
+    md5, size = mnist.OFFICIAL["MNIST"]["t10k-labels-idx1-ubyte.gz"]
+    path = tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz"
+    path.write_bytes(bytes(size))
+    with pytest.raises(DpltmUserError, match=rf"t10k-labels-idx1-ubyte\.gz: md5 .* {md5}"):
+        load_dataset("mnist", split="test", data_dir=tmp_path)
+
+
+def test_missing_file_names_path_and_md5(tmp_path: Path) -> None:
+    expected = tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte.gz"
+    with pytest.raises(DpltmUserError, match=r"8d4fb7e6c68d591d4c3dfef9ec88bf0d") as info:
+        load_dataset("fashion-mnist", data_dir=tmp_path)
+    assert f"missing file {expected}" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(DpltmUserError, match=r"missing file .*UCIHAR.*X_train\.txt"):
+        load_dataset("har", data_dir=tmp_path)
+    with pytest.raises(DpltmUserError, match=r"missing file .*ISOLET.*isolet5\.data"):
+        load_dataset("isolet", split="test", data_dir=tmp_path)
+    with pytest.raises(DpltmUserError, match=r"missing file .*DIGITS.*digits\.csv\.gz"):
+        load_dataset("digits", data_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "cifar"}, "choose one of: " + ", ".join(DATASETS)),
+        ({"name": "mnist", "split": "val"}, "choose one of: train, test, all"),
+        ({"name": "mnist", "val_fraction": 0.5}, r"val_fraction must be a number in \[0, 0\.5\)"),
+        ({"name": "mnist", "val_fraction": -0.1}, "val_fraction"),
+        ({"name": "mnist", "val_fraction": float("nan")}, "val_fraction"),
+        ({"name": "mnist", "seed": 1.5}, "seed must be an integer"),
+    ],
+)
+def test_bad_options(tmp_path: Path, kwargs: dict, message: str) -> None:
+    name = kwargs.pop("name")
+    with pytest.raises(DpltmUserError, match=message):
+        load_dataset(name, data_dir=tmp_path, **kwargs)
+
+
+def test_env_var_and_data_dir_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture, empty = tmp_path / "fixture", tmp_path / "empty"
+    empty.mkdir()
+    _write_har(fixture)
+    monkeypatch.setenv(DATA_DIR_ENV, str(fixture))
+    assert len(load_dataset("har").test) == 12
+    with pytest.raises(DpltmUserError, match=f"missing file {empty}"):
+        load_dataset("har", data_dir=empty)
+    monkeypatch.setenv(DATA_DIR_ENV, str(empty))
+    assert len(load_dataset("har", data_dir=fixture).test) == 12
+
+
+def test_fingerprint_tracks_options_and_bytes(tmp_path: Path) -> None:
+    _write_har(tmp_path)
+    base = load_dataset("har", data_dir=tmp_path).fingerprint
+    assert load_dataset("har", data_dir=tmp_path).fingerprint == base
+    variants = [
+        load_dataset("har", data_dir=tmp_path, seed=1).fingerprint,
+        load_dataset("har", data_dir=tmp_path, val_fraction=0.2).fingerprint,
+        load_dataset("har", data_dir=tmp_path, split="all").fingerprint,
+    ]
+    assert len({base, *variants}) == 4
+    y = tmp_path / "UCI HAR Dataset" / "test" / "y_test.txt"
+    y.write_text("\n".join(["2"] + y.read_text().split()[1:]) + "\n")
+    os.utime(y, ns=(1, 1))
+    assert load_dataset("har", data_dir=tmp_path).fingerprint != base
+
+
+def test_decoding_is_cached_and_rng_untouched(tmp_path: Path) -> None:
+    _write_isolet(tmp_path, gz=True)
+    sources.clear_cache()
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
+    first = load_dataset("isolet", data_dir=tmp_path)
+    original = first.test.features.clone()
+    first.test.features.zero_()  # callers may write to their tensors: the cache must not see it
+    misses = sources._load_decoded.cache_info().misses
+    second = load_dataset("isolet", data_dir=tmp_path, seed=3)
+    assert sources._load_decoded.cache_info().misses == misses
+    assert torch.equal(second.test.features, original)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert np.array_equal(np.random.get_state()[1], numpy_state)
+
+
+def test_device_option(tmp_path: Path) -> None:
+    _write_har(tmp_path)
+    data = load_dataset("har", data_dir=tmp_path, device=torch.device("cpu"))
+    assert data.train.features.device.type == "cpu"
+    with pytest.raises(DpltmUserError, match="bad device"):
+        load_dataset("har", data_dir=tmp_path, device="nonsense")
+
+
+# ---- stratified split property ------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    labels=st.lists(st.integers(0, 4), max_size=120),
+    fraction=st.floats(0.0, 0.95),
+    seed=st.integers(0, 2**32),
+)
+def test_stratified_split_property(labels: list[int], fraction: float, seed: int) -> None:
+    labels_array = np.array(labels, dtype=np.int64)
+    kept, held = stratified_split(labels_array, fraction, seed)
+    assert np.intersect1d(kept, held).size == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([kept, held])), np.arange(len(labels)))
+    kept2, held2 = stratified_split(torch.from_numpy(labels_array), fraction, seed)
+    np.testing.assert_array_equal(kept, kept2)
+    np.testing.assert_array_equal(held, held2)
+    for value in set(labels):
+        count = int((labels_array == value).sum())
+        assert abs(int((labels_array[held] == value).sum()) - fraction * count) <= 1.0

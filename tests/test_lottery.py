@@ -1,0 +1,85 @@
+"""Iterative magnitude pruning end to end on tiny data: schedule, records, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpltm.checkpoint import load_checkpoint
+from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
+from dpltm.errors import DpltmUserError
+from dpltm.lottery import generate_tickets
+
+
+def small_config(**generate: object) -> GenerateConfig:
+    settings = {"rounds": 3, "iterations": 30, "batch_size": 64, "lr": 0.2, "log_every": 10}
+    settings.update(generate)
+    return GenerateConfig(data=DataSettings(dataset="blobs"), model=ModelSettings(hidden=(16, 8)),
+                          generate=GenerateSettings(**settings), seed=7)  # type: ignore[arg-type]
+
+
+def test_schedule_records_and_phase1_label(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "t.pt"
+    payload = generate_tickets(small_config(), tiny_splits, out, progress=False)
+    tickets = payload["tickets"]
+    assert [t["round"] for t in tickets] == [0, 1, 2, 3]
+    assert tickets[0]["density"] == 1.0
+    # paper schedule: 30 % of survivors per hidden layer, 20 % for the output layer
+    for t in tickets:
+        k = t["round"]
+        assert t["layer_density"]["hidden.0.weight"] == pytest.approx(0.7**k, abs=0.02)
+        assert t["layer_density"]["output.weight"] == pytest.approx(0.8**k, abs=0.04)
+    for earlier, later in zip(tickets, tickets[1:]):
+        for name, mask in later["masks"].items():
+            assert not bool((mask & ~earlier["masks"][name]).any())  # nested
+    assert all(0.0 <= t["val_accuracy"] <= 1.0 for t in tickets)
+    assert len(tickets[0]["loss_curve"]) == 3
+    assert payload["privacy"]["phase1"] == "non-private"
+    assert payload["privacy"]["dp_event"] == {"type": "NonPrivateDpEvent"}
+    body = load_checkpoint(out, "tickets")
+    assert body["complete"] and body["data"]["fingerprint"] == "blobs-v1"
+    assert set(body["theta0"]) >= {"layers.hidden_0.weight", "layers.output.bias"}
+
+
+def test_resume_after_interruption_gives_identical_tickets(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = small_config()
+    whole = generate_tickets(cfg, tiny_splits, tmp_path / "whole.pt", progress=False)
+    part = tmp_path / "part.pt"
+    first = generate_tickets(cfg, tiny_splits, part, progress=False, stop_after=2)
+    assert not first["complete"] and len(first["tickets"]) == 2
+    resumed = generate_tickets(cfg, tiny_splits, part, progress=False)
+    assert resumed["complete"]
+    assert len(resumed["tickets"]) == len(whole["tickets"])
+    for a, b in zip(whole["tickets"], resumed["tickets"]):
+        assert a["val_accuracy"] == b["val_accuracy"]
+        for name in a["masks"]:
+            assert torch.equal(a["masks"][name], b["masks"][name])
+
+
+def test_other_settings_do_not_silently_resume(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "t.pt"
+    generate_tickets(small_config(rounds=1), tiny_splits, out, progress=False)
+    with pytest.raises(DpltmUserError, match="--overwrite"):
+        generate_tickets(small_config(rounds=1, lr=0.3), tiny_splits, out, progress=False)
+    again = generate_tickets(small_config(rounds=1, lr=0.3), tiny_splits, out, progress=False,
+                             overwrite=True)
+    assert again["config"]["generate"]["lr"] == 0.3
+
+
+def test_min_density_floor_and_controls(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    payload = generate_tickets(small_config(rounds=10, min_density=0.45, controls=True),
+                               tiny_splits, tmp_path / "t.pt", progress=False)
+    densities = [t["density"] for t in payload["tickets"]]
+    assert min(densities) >= 0.45 and len(densities) < 11
+    assert "below --min-density" in payload["stop_reason"]
+    assert "controls" not in payload["tickets"][0]
+    controls = payload["tickets"][1]["controls"]
+    assert set(controls) == {"reinit", "random_mask"}
+
+
+def test_prune_rates_must_match_layers(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DpltmUserError, match="one per layer"):
+        generate_tickets(small_config(prune_rates=(0.3, 0.2)), tiny_splits, tmp_path / "t.pt",
+                         progress=False)
