@@ -199,3 +199,84 @@ def resolve_generate_config(cli: Mapping[str, Any], config_file: Path | None) ->
     tree = layered_config(cli, config_file, ("data", "model", "generate"))
     tree = {k: v for k, v in tree.items() if k in ("data", "model", "generate", "seed")}
     return from_dict(GenerateConfig, tree)
+
+
+@dataclass(frozen=True)
+class SelectSettings:
+    """Phase 2 (paper §4.2): ε1 = 10 % of the budget, ν = 50."""
+
+    eps1: float = 0.1
+    nu: float = 50.0
+
+    def __post_init__(self) -> None:
+        if not self.eps1 > 0:
+            raise DpltmUserError(f"--eps1 must be positive, got {self.eps1}")
+        if not self.nu >= 0:
+            raise DpltmUserError(f"--nu must be ≥ 0, got {self.nu}")
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Phase 3 (paper §4.2): 50 epochs, expected batch 400, clip 1, lr 0.1, δ = 1e-5."""
+
+    epochs: int = 50
+    batch_size: int = 400
+    clip: float = 1.0
+    lr: float = 0.1
+    optimizer: str = "sgd"
+    noise: str = "gaussian"
+    eps2: float | None = 0.9
+    sigma: float | None = None
+    delta: float = 1e-5
+    accountant: str = "pld"
+    neighboring: str = "add_remove"
+    target_eps: float | None = None
+    patience: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0:
+            raise DpltmUserError(f"--epochs must be positive, got {self.epochs}")
+        if self.batch_size <= 0:
+            raise DpltmUserError(f"--batch-size must be positive, got {self.batch_size}")
+        if not self.clip > 0:
+            raise DpltmUserError(f"--clip must be positive, got {self.clip}")
+        if not self.lr > 0:
+            raise DpltmUserError(f"--lr must be positive, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            raise DpltmUserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
+        if self.eps2 is not None and not self.eps2 > 0:
+            raise DpltmUserError(f"--eps2 must be positive, got {self.eps2}")
+        if self.sigma is not None and not self.sigma > 0:
+            raise DpltmUserError(f"--sigma must be positive, got {self.sigma}")
+        if not 0 < self.delta < 1:
+            raise DpltmUserError(f"--delta must lie in (0, 1), got {self.delta}")
+        if self.target_eps is not None and not self.target_eps > 0:
+            raise DpltmUserError(f"--target-eps must be positive, got {self.target_eps}")
+        if self.patience is not None and self.patience <= 0:
+            raise DpltmUserError(f"--patience must be positive, got {self.patience}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: DataSettings = field(default_factory=lambda: DataSettings(dataset="mnist"))
+    train: TrainSettings = field(default_factory=TrainSettings)
+    seed: int = 0
+
+
+def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> SelectSettings:
+    tree = layered_config(cli, config_file, ("select",))
+    return from_dict(SelectSettings, tree.get("select", {}), "select")
+
+
+def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None) -> TrainConfig:
+    """Training reads `data:` and `train:`. Its dataset is the private one: --dataset, else the
+    --config file's `data.dataset`, else MNIST (defaults.yaml's dataset is for generation)."""
+    user = read_yaml(config_file) if config_file is not None else {}
+    user_data = user.get("data") if isinstance(user.get("data"), Mapping) else {}
+    dataset = cli.get("data", {}).get("dataset") or user_data.get("dataset") or "mnist"
+    cli = {**cli, "data": {**cli.get("data", {}), "dataset": dataset}}
+    tree = layered_config(cli, config_file, ("data", "train"))
+    return from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "seed") if k in tree})

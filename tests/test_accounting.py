@@ -42,12 +42,12 @@ REFERENCE = [  # σ, PLD ε, RDP ε, GDP-CLT ε  (PRIVACY.md §3)
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pld(sigma: float, steps: int = STEPS) -> float:
     return epsilon(dpsgd_event(Q, sigma, steps), DELTA, "pld")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rdp(sigma: float, steps: int = STEPS) -> float:
     return epsilon(dpsgd_event(Q, sigma, steps), DELTA, "rdp")
 
@@ -67,6 +67,8 @@ def test_reference_figures(sigma: float, pld_ref: float, rdp_ref: float, _gdp: f
 
 @pytest.mark.parametrize(("sigma", "steps"), [(2.49, STEPS), (10.43, STEPS), (1.1, 1000)])
 def test_rdp_agrees_with_opacus(sigma: float, steps: int) -> None:
+    # Opacus computes the subsampled-Gaussian RDP curve with its own code and orders; the
+    # RDP → (ε, δ) conversion is the same formula in both (Balle et al. 2020, Thm 21).
     orders = RDPAccountant.DEFAULT_ALPHAS
     rdp = opacus_rdp.compute_rdp(q=Q, noise_multiplier=sigma, steps=steps, orders=orders)
     with warnings.catch_warnings():
@@ -80,7 +82,9 @@ def test_pld_agrees_with_opacus_prv(sigma: float, steps: int) -> None:
     # Gopi, Lee & Wutschitz (2021) PRV accountant: a separate numerical composition.
     prv = PRVAccountant()
     prv.history = [(sigma, Q, steps)]
-    eps_prv = prv.get_epsilon(DELTA, eps_error=0.003)  # its upper estimate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its domain-size RDP step warns about alphas
+        eps_prv = prv.get_epsilon(DELTA, eps_error=0.003)  # its upper estimate
     assert _pld(sigma, steps) == pytest.approx(eps_prv, rel=0.03)
 
 
@@ -116,7 +120,7 @@ def test_gdp_edge_cases() -> None:
 
 
 def test_delta_for_epsilon_inverts_epsilon() -> None:
-    event = dpsgd_event(Q, 1.1, 1000)
+    event = dpsgd_event(Q, 2.49, STEPS)
     for acc in ("pld", "rdp"):
         eps = epsilon(event, DELTA, acc)
         assert delta_for_epsilon(event, eps, acc) <= DELTA * 1.01
@@ -139,10 +143,11 @@ def test_pld_refuses_zcdp_by_name() -> None:
 
 
 def test_rdp_refuses_poisson_sampling_under_replace_one() -> None:
+    event = dpsgd_event(Q, 2.49, 100)
     with pytest.raises(DpltmUserError, match=r"RDP.*PoissonSampledDpEvent.*replace-one"):
-        epsilon(dpsgd_event(Q, 1.1, 100), DELTA, "rdp", "replace_one")
+        epsilon(event, DELTA, "rdp", "replace_one")
     # PLD handles it, and the RDP composition bound is then simply not offered.
-    bounds = composition_bounds(0.1, dpsgd_event(Q, 1.1, 100), DELTA, "pld", "replace_one")
+    bounds = composition_bounds(0.1, event, DELTA, "pld", "replace_one")
     assert [b.name for b in bounds] == [BASIC_COMPOSITION]
     assert bounds[0].neighboring == "replace_one"
 
@@ -205,11 +210,13 @@ def test_basic_composition_wins_for_a_large_eps1() -> None:
 
 # ---- calibration --------------------------------------------------------------------------
 
-CAL_STEPS = 1000
+# The reference setting keeps σ* above 1, where one PLD evaluation takes ~0.1 s (at
+# σ ≈ 0.6 it takes ~1 s).
+CAL_STEPS = STEPS
 
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
-@pytest.mark.parametrize("target", [0.5, 1.0, 4.0])
+@pytest.mark.parametrize("target", [0.3, 1.0, 2.0])
 def test_calibrated_sigma_meets_the_target_tightly(accountant: str, target: float) -> None:
     sigma = calibrate_noise_multiplier(Q, CAL_STEPS, target, DELTA, accountant)
     eps = epsilon(dpsgd_event(Q, sigma, CAL_STEPS), DELTA, accountant)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+from datafiles import write_digits
 from typer.testing import CliRunner
 
 from dpltm.cli import app
@@ -17,17 +16,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def digits_dir(tmp_path: Path) -> Path:
-    """A small file in DIGITS' own format (64 ints in 0..16, then the label)."""
-    rng = np.random.default_rng(0)
-    labels = np.repeat(np.arange(10), 20)
-    protos = rng.integers(0, 17, size=(10, 64))
-    rows = np.clip(protos[labels] + rng.integers(-2, 3, size=(200, 64)), 0, 16)
-    root = tmp_path / "data"
-    (root / "DIGITS").mkdir(parents=True)
-    text = "\n".join(",".join(map(str, [*r, y])) for r, y in zip(rows, labels)) + "\n"
-    with gzip.open(root / "DIGITS" / "digits.csv.gz", "wt") as handle:
-        handle.write(text)
-    return root
+    return write_digits(tmp_path / "data")
 
 
 def run(*args: str):  # type: ignore[no-untyped-def]

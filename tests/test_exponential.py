@@ -139,14 +139,15 @@ def test_secure_rng_path() -> None:
     data=st.data(),
     k=st.integers(min_value=1, max_value=10),
     eps1=st.floats(min_value=1e-3, max_value=20.0),
-    delta=st.floats(min_value=1e-3, max_value=100.0),
+    delta=st.floats(min_value=1e-2, max_value=100.0),
 )
 def test_neighbouring_scores_change_probabilities_by_at_most_e_eps1(
     data: st.DataObject, k: int, eps1: float, delta: float
 ) -> None:
-    # McSherry & Talwar (2007), Thm 6: if every score moves by at most Δ, every
+    # McSherry & Talwar (2007): if every score moves by at most Δ, every
     # probability changes by at most a factor e^{ε1}.
-    scores = np.array(data.draw(st.lists(st.floats(-1e3, 1e3), min_size=k, max_size=k)))
+    # |logits| ≤ 1e5, so float64 rounding stays far below the 1e-9 slack.
+    scores = np.array(data.draw(st.lists(st.floats(-100.0, 100.0), min_size=k, max_size=k)))
     moves = np.array(data.draw(st.lists(st.floats(-1.0, 1.0), min_size=k, max_size=k)))
     neighbour = scores + delta * moves
     lp = selection_log_probabilities(scores, eps1, delta)
@@ -200,7 +201,7 @@ def test_holdout_sensitivity_makes_selection_sharp_at_small_eps1() -> None:
         lambda: ticket_scores([0.5], [0.0], 1.0),
         lambda: ticket_scores([0.5], [1.2], 1.0),
         lambda: ticket_scores([0.5], [1.0], -1.0),
-        lambda: ticket_scores([[0.5]], [[1.0]], 1.0),
+        lambda: ticket_scores([[0.5]], [[1.0]], 1.0),  # type: ignore[list-item]
         lambda: ticket_scores([float("nan")], [1.0], 1.0),
         lambda: score_sensitivity([1.0], 2.0, accuracy_sensitivity=0.0),
         lambda: score_sensitivity([1.0], 2.0, accuracy_sensitivity=2.0),

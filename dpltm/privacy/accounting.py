@@ -3,15 +3,17 @@
 Two sound accountants from dp-accounting 0.6.0, both upper bounds on the true ε:
 
 * ``"pld"`` — privacy loss distributions (Meiser & Mohammad 2018; Koskela, Jälkö & Honkela
-  2020; Doroshenko et al. 2022 "connect the dots"). dp-accounting discretises the loss with
-  pessimistic rounding, so the ε it reports is an upper bound, and nearly tight. We use a
-  value discretisation interval of 1e-4 (dp-accounting's default): at the reference
-  setting of PRIVACY.md §3 it is within 5e-4 of the 1e-5 result, whereas 1e-3 overstates
-  ε = 0.18 as 0.216. Default accountant.
+  2020; Doroshenko et al. 2022 "connect the dots"). dp-accounting's `PLDAccountant` builds
+  each PLD with `pessimistic_estimate=True`: losses are rounded up and the truncated tail
+  is counted as infinite loss, so the ε it reports is an upper bound, and nearly tight.
+  We use a value discretisation interval of 1e-4 (dp-accounting's default): at the
+  reference setting of PRIVACY.md §3 it is within 5e-4 of the 1e-5 result, whereas 1e-3
+  overstates ε = 0.180 as 0.216. Default accountant.
 * ``"rdp"`` — Rényi DP (Mironov 2017; subsampled Gaussian per Mironov, Talwar & Zhang
-  2019), converted to (ε, δ) with the improved bound dp-accounting implements. Looser
-  than PLD (about 10 % at the reference setting), but it also accepts `ZCDpEvent`, which is
-  how the exponential mechanism enters an RDP composition.
+  2019), converted to (ε, δ) by Canonne, Kamath & Steinke (2020), Prop. 12 (the same bound
+  as Balle et al. 2020, Thm 21). Looser than PLD (about 10 % at the reference setting), but
+  it also accepts `ZCDpEvent`, which is how the exponential mechanism enters an RDP
+  composition.
 
 The Gaussian-DP central limit theorem (Bu, Dong, Long & Su 2020) is offered separately as
 a labelled *approximation* (`gdp_mu`, `gdp_epsilon`): it can fall below the true ε.

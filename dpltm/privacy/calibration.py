@@ -1,10 +1,15 @@
 """Choose the noise multiplier σ for a privacy budget.
 
-Calibration takes a callback from parameter to `DpEvent` (dp-accounting's
-`mechanism_calibration.calibrate_dp_mechanism`, which we use for the root search) and
-returns the smallest σ whose *reported* ε does not exceed the target. The result is then
-re-checked with the same accountant and nudged up if discretisation made it overshoot, so
-ε(σ_returned) ≤ target always holds; it is within `rel_tol` of the tightest such σ.
+Calibration takes a callback from parameter to `DpEvent`, as dp-accounting's
+`mechanism_calibration.calibrate_dp_mechanism` does, and returns the smallest σ whose
+*reported* ε does not exceed the target. The result is re-checked with the same accountant
+and nudged up if discretisation made it overshoot, so ε(σ_returned) ≤ target always holds;
+it is within `rel_tol` of the tightest such σ. (We run the root search ourselves rather
+than through `calibrate_dp_mechanism` because that function re-evaluates its bracket and
+root without caching, and one PLD evaluation at small σ takes seconds.)
+
+For the PLD accountant the search starts from the RDP-calibrated σ, which costs little and
+lies just above the PLD answer (RDP is the looser bound).
 
 With a private selection (ε1 given), the reported ε is the best valid bound of
 `accounting.composition_bounds`, so σ* is the smaller of the σ that meets the target by
@@ -18,7 +23,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import dp_accounting  # type: ignore[import-untyped]
-from dp_accounting import mechanism_calibration
+from scipy import optimize  # type: ignore[import-untyped]
 
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
@@ -55,14 +60,19 @@ def calibrate_parameter(
     neighboring: str = "add_remove",
     initial_guess: float = 1.0,
     rel_tol: float = 1e-3,
+    step: float = 2.0,
 ) -> float:
     """The smallest x with ε(make_event(x)) ≤ target, for ε non-increasing in x (e.g. σ).
 
-    Brackets the root by factors of 2 from `initial_guess` (never evaluating far below the
-    answer, where a PLD for a huge ε would be expensive), then hands the bracket to
-    dp-accounting's `calibrate_dp_mechanism` with absolute tolerance `rel_tol`·(lower end),
-    which is at most `rel_tol` relative to the answer. Finally verifies and, if needed,
-    steps x up by (1 + rel_tol) until ε(x) ≤ target.
+    The same contract as dp-accounting's `mechanism_calibration.calibrate_dp_mechanism`
+    (a callback from parameter to event, a bracket, a root search, a final check that the
+    returned parameter does not overshoot), but with every ε cached and the root sought in
+    log-log space, where ε(σ) is close to a straight line, so Brent's method needs only a
+    few evaluations (one PLD evaluation at σ < 1 takes about a second).
+
+    Brackets the root by factors of `step` from `initial_guess`, then runs Brent's method
+    on log ε(e^u) − log target to a relative tolerance `rel_tol` in x. Returns the upper
+    end, verified: ε(x_returned) ≤ target always holds.
     """
     check_accountant(accountant)
     check_neighboring(neighboring)
@@ -70,47 +80,85 @@ def calibrate_parameter(
     t = _check_target(target_epsilon)
     if not (0.0 < rel_tol < 0.5):
         raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
-    require_support(make_event(max(initial_guess, _MIN_PARAM)), accountant, neighboring)
+    if not step > 1.0:
+        raise DpltmUserError(f"step must exceed 1, got {step}")
+    x = min(max(float(initial_guess), _MIN_PARAM), _MAX_PARAM)
+    require_support(make_event(x), accountant, neighboring)
 
-    def eps_at(x: float) -> float:
-        return epsilon(make_event(x), d, accountant, neighboring)
+    def eps_at(value: float) -> float:
+        return epsilon(make_event(value), d, accountant, neighboring)
 
-    x = max(float(initial_guess), _MIN_PARAM)
     if eps_at(x) <= t:
-        hi = x
-        lo = x / 2.0
+        hi, lo = x, x / step
         while eps_at(lo) <= t:
-            hi, lo = lo, lo / 2.0
+            hi, lo = lo, lo / step
             if lo < _MIN_PARAM:
                 return hi  # anything this small meets the target; no need to be tighter
     else:
-        lo = x
-        hi = 2.0 * x
+        lo, hi = x, x * step
         while eps_at(hi) > t:
-            lo, hi = hi, 2.0 * hi
+            lo, hi = hi, hi * step
             if hi > _MAX_PARAM:
                 raise DpltmUserError(
                     f"cannot reach epsilon {t:g} at delta {d:g}: even a parameter of "
                     f"{_MAX_PARAM:g} gives epsilon {eps_at(hi):.4g}"
                 )
-    try:
-        root = float(
-            mechanism_calibration.calibrate_dp_mechanism(
-                lambda: make_accountant(accountant, neighboring),
-                make_event,
-                t,
-                d,
-                bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
-                tol=rel_tol * lo,
-            )
-        )
-    except (ValueError, mechanism_calibration.NoBracketIntervalFoundError) as exc:
-        raise DpltmUserError(f"calibration failed between {lo:g} and {hi:g}: {exc}") from None
-    for _ in range(100):
-        if eps_at(root) <= t:
-            return root
-        root *= 1.0 + rel_tol
-    raise DpltmUserError(f"calibration could not meet epsilon {t:g}; last parameter {root:g}")
+    # Invariant: ε(lo) > t >= ε(hi). ε(lo) may be infinite; then bisect in log space.
+    log_t = math.log(t)
+
+    def gap(u: float) -> float:
+        e = eps_at(math.exp(u))
+        return math.inf if e == math.inf else (math.log(e) - log_t if e > 0 else -math.inf)
+
+    u_lo, u_hi = math.log(lo), math.log(hi)
+    xtol = math.log1p(rel_tol) / 2.0
+    if math.isfinite(gap(u_lo)) and math.isfinite(gap(u_hi)):
+        try:
+            root = float(optimize.brentq(gap, u_lo, u_hi, xtol=xtol))
+        except ValueError as exc:
+            raise DpltmUserError(f"calibration failed between {lo:g} and {hi:g}: {exc}") from None
+        # Brent: the crossing lies within xtol of `root`. Keep the bracket verified on the
+        # safe side (u_hi meets the target); u_lo only bounds how tight the answer is.
+        if gap(root) <= 0.0:
+            u_lo, u_hi = max(u_lo, root - 2.0 * xtol), root
+        elif gap(root + xtol) <= 0.0:
+            u_lo, u_hi = root, root + xtol
+        else:
+            u_lo = root
+    while u_hi - u_lo > 2.0 * xtol:
+        mid = 0.5 * (u_lo + u_hi)
+        if gap(mid) <= 0.0:
+            u_hi = mid
+        else:
+            u_lo = mid
+    result = math.exp(u_hi)
+    for _ in range(100):  # guard against ε that is not quite monotone (discretisation)
+        if eps_at(result) <= t:
+            return result
+        result *= 1.0 + rel_tol
+    raise DpltmUserError(f"calibration could not meet epsilon {t:g}; last parameter {result:g}")
+
+
+def _calibrate(
+    make_event: Callable[[float], DpEvent],
+    target: float,
+    delta: float,
+    accountant: str,
+    neighboring: str,
+    rel_tol: float,
+) -> float:
+    """`calibrate_parameter`, started for PLD from the (cheap) RDP answer.
+
+    RDP's ε is the larger, so its σ lies a little above PLD's (about 7 % at the reference
+    setting of PRIVACY.md §3): a bracket of ±25 % around it costs two PLD evaluations.
+    """
+    rdp_supported = make_accountant("rdp", neighboring).supports(make_event(1.0))
+    if accountant != "pld" or not rdp_supported:
+        return calibrate_parameter(make_event, target, delta, accountant, neighboring,
+                                   rel_tol=rel_tol)
+    guess = calibrate_parameter(make_event, target, delta, "rdp", neighboring, rel_tol=1e-2)
+    return calibrate_parameter(make_event, target, delta, "pld", neighboring,
+                               initial_guess=guess, rel_tol=rel_tol, step=1.25)
 
 
 def calibrate_noise_multiplier(
@@ -145,7 +193,7 @@ def calibrate_noise_multiplier(
         return dpsgd_event(sample_rate, sigma, steps)
 
     if selection_eps1 is None:
-        return calibrate_parameter(training, t, d, accountant, neighboring, rel_tol=rel_tol)
+        return _calibrate(training, t, d, accountant, neighboring, rel_tol)
     if composition not in ("best", "basic", "rdp"):
         raise DpltmUserError(f"unknown composition {composition!r}; choose best, basic or rdp")
     eps1 = float(selection_eps1)
@@ -154,9 +202,7 @@ def calibrate_noise_multiplier(
     reasons: list[str] = []
     if composition in ("best", "basic"):
         if eps1 < t:
-            candidates.append(
-                calibrate_parameter(training, t - eps1, d, accountant, neighboring, rel_tol=rel_tol)
-            )
+            candidates.append(_calibrate(training, t - eps1, d, accountant, neighboring, rel_tol))
         else:
             reasons.append(f"basic composition needs eps1 ({eps1:g}) below the target")
     rdp_ok = make_accountant("rdp", neighboring).supports(
@@ -165,15 +211,10 @@ def calibrate_noise_multiplier(
     if composition in ("best", "rdp") and rdp_ok:
         floor = epsilon(sel, d, "rdp", neighboring)
         if floor < t:
-            guess = candidates[0] if candidates else 1.0
-
             def both(sigma: float) -> DpEvent:
                 return dp_accounting.ComposedDpEvent([sel, training(sigma)])
 
-            candidates.append(
-                calibrate_parameter(both, t, d, "rdp", neighboring, initial_guess=guess,
-                                    rel_tol=rel_tol)
-            )
+            candidates.append(_calibrate(both, t, d, "rdp", neighboring, rel_tol))
         else:
             reasons.append(f"the selection alone costs epsilon {floor:.4g} by RDP")
     elif composition == "rdp":

@@ -150,6 +150,8 @@ def selection_log_probabilities(
     e = _check_positive(eps1, "eps1")
     d = _check_positive(sensitivity, "sensitivity")
     logits = (e / (2.0 * d)) * s
+    if not np.all(np.isfinite(logits)):
+        raise DpltmUserError(f"eps1·score/(2·sensitivity) overflows for eps1={e:g}, Δ={d:g}")
     shifted = logits - np.max(logits)
     log_norm = math.log(float(np.sum(np.exp(shifted))))
     out: FloatArray = (shifted - log_norm).astype(np.float64)

@@ -1,0 +1,151 @@
+"""Time of one DP-SGD step against the non-private step and against Opacus, in one run.
+
+Same masked MLP (784-300-100-10, a ticket after `--rounds` pruning rounds), same batch (400
+MNIST-shaped rows). Printed as ratios to the non-private masked step:
+
+* dpltm DP step: masked ghost norms + clipped sum + noise on surviving weights (target ≤ 1.4×);
+* Opacus 1.x default (per-sample gradients by hooks), and Opacus ghost clipping
+  (`grad_sample_mode="ghost"`), both on the same masked network.
+
+    python benchmarks/bench_dp_step.py [--rounds 7] [--batch-size 400] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpltm.devices import resolve_device
+from dpltm.dp.ghost import MaskLayout
+from dpltm.dp.noise import GaussianNoise
+from dpltm.dp.step import apply_gradients, private_gradients
+from dpltm.model import MaskedMLP, build_architecture, density
+from dpltm.pruning import paper_prune_rates, prune_layerwise
+
+
+def make_ticket(rounds: int, device: torch.device) -> MaskedMLP:
+    model = MaskedMLP(build_architecture(784, 10, (300, 100), None), torch.Generator().manual_seed(0))
+    for _ in range(rounds):
+        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    return model.to(device)
+
+
+def opacus_model(ticket: MaskedMLP) -> nn.Module:
+    """The same network as an nn.Sequential of nn.Linear (pruned weights are zero already).
+
+    Opacus cannot restrict clipping or noise to the mask; its cost is what matters here.
+    """
+    layers: list[nn.Module] = []
+    for index, (_, layer, mask) in enumerate(ticket.layers_in_order()):
+        copy = nn.Linear(layer.in_features, layer.out_features).to(layer.weight.device)
+        with torch.no_grad():
+            copy.weight.copy_(layer.weight * mask)
+            copy.bias.copy_(layer.bias)
+        layers.append(copy)
+        if ticket.is_activation_after(index):
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def timed(step: Callable[[], None], device: torch.device, repeats: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="pruning rounds of the ticket (7: C ≈ 0.08)")
+    parser.add_argument("--batch-size", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-opacus", action="store_true")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.rand(args.batch_size, 784, device=device, generator=g)
+    y = torch.randint(0, 10, (args.batch_size,), device=device, generator=g)
+
+    plain_model = make_ticket(args.rounds, device)
+    plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.1)
+
+    def plain_step() -> None:
+        plain_opt.zero_grad(set_to_none=True)
+        F.cross_entropy(plain_model(x), y).backward()
+        plain_opt.step()
+
+    dp_model = make_ticket(args.rounds, device)
+    dp_opt = torch.optim.SGD(dp_model.parameters(), lr=0.1)
+    layout = MaskLayout.of(dp_model)
+    noise = GaussianNoise(1.0)
+
+    def dp_step() -> None:
+        grads, _, _ = private_gradients(dp_model, x, y, clip=1.0, noise=noise,
+                                        expected_batch_size=args.batch_size, generator=g, layout=layout)
+        apply_gradients(dp_model, grads, dp_opt)
+
+    results = {"non-private masked step": timed(plain_step, device, args.repeats),
+               "dpltm DP step": timed(dp_step, device, args.repeats)}
+    if not args.no_opacus:
+        results.update(opacus_steps(plain_model, x, y, args.batch_size, device, args.repeats))
+    base = results["non-private masked step"]
+    print(f"device={device} batch={args.batch_size} ticket density C={density(dp_model.masks()):.3f} "
+          f"threads={torch.get_num_threads()}")
+    print(f"{'step':<34}{'ms/step':>10}{'× non-private':>16}")
+    for name, seconds in results.items():
+        print(f"{name:<34}{1e3 * seconds:>10.3f}{seconds / base:>16.2f}")
+    print("target: dpltm DP step <= 1.4x non-private")
+
+
+def opacus_steps(ticket: MaskedMLP, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+                 device: torch.device, repeats: int) -> dict[str, float]:
+    from opacus import PrivacyEngine
+
+    out: dict[str, float] = {}
+    data = torch.utils.data.TensorDataset(x.cpu(), y.cpu())
+    for mode, label in (("hooks", "Opacus (per-sample, hooks)"), ("ghost", "Opacus ghost clipping")):
+        model = opacus_model(ticket)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(data, batch_size=batch_size)
+        criterion = nn.CrossEntropyLoss()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine = PrivacyEngine(accountant="rdp")
+            made = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                       noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
+                                       grad_sample_mode=mode, **({"criterion": criterion} if mode == "ghost" else {}))
+        if mode == "ghost":
+            private_model, private_opt, dp_criterion, _ = made
+
+            def step(m=private_model, o=private_opt, c=dp_criterion) -> None:  # type: ignore[no-untyped-def]
+                o.zero_grad(set_to_none=True)
+                c(m(x), y).backward()
+                o.step()
+        else:
+            private_model, private_opt, _ = made
+
+            def step(m=private_model, o=private_opt) -> None:  # type: ignore[no-untyped-def]
+                o.zero_grad(set_to_none=True)
+                F.cross_entropy(m(x), y).backward()
+                o.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out[label] = timed(step, device, max(repeats // 5, 5) if mode == "hooks" else repeats)
+    return out
+
+
+if __name__ == "__main__":
+    main()

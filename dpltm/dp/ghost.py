@@ -1,0 +1,114 @@
+"""Per-sample gradient norms and clipped gradient sums for a masked MLP, without per-sample
+gradient tensors.
+
+For a linear layer z = (W ⊙ M) a + b, sample i's weight gradient is (g_i a_iᵀ) ⊙ M with
+g_i = ∂ℓ_i/∂z_i. Its squared norm over the *surviving* weights is
+
+    ‖(g_i a_iᵀ) ⊙ M‖² = Σ_jk g_ij² M_jk a_ik² = (g_i ⊙ g_i)ᵀ M (a_i ⊙ a_i)
+
+— one batched matmul per layer (the "ghost norm" of Goodfellow 2015 / Li et al. 2022,
+restricted to the mask; shared/PRIVACY.md §3). The unmasked bias adds ‖g_i‖². With clip
+factors c_i = min(1, C/‖g_i‖), the clipped sum Σ_i c_i g_i a_iᵀ is (c ⊙ G)ᵀ A: the same
+matmul a plain backward pass does. So a DP step costs one extra matmul per layer.
+
+Output gradients come from one autograd call on Σ_i ℓ_i with respect to the pre-activations:
+z_i influences only ℓ_i, so ∂(Σ ℓ)/∂z_i = ∂ℓ_i/∂z_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dpltm.model import MaskedMLP
+
+
+@dataclass(frozen=True)
+class MaskLayout:
+    """What a DP step needs to know about the masks, computed once per training run.
+
+    `norm_masks[l]` is layer l's mask as a float (in, out) matrix, laid out for the norm
+    matmul; `surviving[name]` holds the flat indices of a parameter's surviving coordinates
+    (None: all survive — biases and dense layers), so noise is drawn only where it can act.
+    """
+
+    norm_masks: list[Tensor | None]
+    weight_masks: list[Tensor | None]
+    surviving: dict[str, Tensor | None]
+
+    @classmethod
+    def of(cls, model: MaskedMLP, dtype: torch.dtype = torch.float32) -> MaskLayout:
+        norm_masks: list[Tensor | None] = []
+        weight_masks: list[Tensor | None] = []
+        surviving: dict[str, Tensor | None] = {}
+        for mask_name, _, mask in model.layers_in_order():
+            prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
+            dense = bool(mask.all())
+            norm_masks.append(None if dense else mask.to(dtype).T.contiguous())
+            weight_masks.append(None if dense else mask.to(dtype))
+            surviving[f"{prefix}.weight"] = None if dense else mask.flatten().nonzero().squeeze(1)
+            surviving[f"{prefix}.bias"] = None
+        return cls(norm_masks, weight_masks, surviving)
+
+
+@dataclass(frozen=True)
+class ClippedBatch:
+    """Σ_i clip_i(∇ℓ_i) per parameter (masked), the per-sample norms, and the summed loss."""
+
+    grad_sums: dict[str, Tensor]
+    """Keyed by parameter name as in `model.named_parameters()`."""
+    norms: Tensor
+    loss_sum: Tensor
+
+
+def clip_factors(norms: Tensor, clip: float) -> Tensor:
+    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6); C = inf disables clipping."""
+    if clip == float("inf"):
+        return torch.ones_like(norms)
+    return (clip / (norms + 1e-12)).clamp(max=1.0)
+
+
+def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
+                         layout: MaskLayout | None = None) -> ClippedBatch:
+    """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
+
+    A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all).
+    """
+    layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
+    layers = model.layers_in_order()
+    inputs: list[Tensor] = []
+    outputs: list[Tensor] = []
+    h = x
+    for index, (_, layer, mask) in enumerate(layers):
+        inputs.append(h)
+        z = F.linear(h, layer.weight * mask, layer.bias)
+        outputs.append(z)
+        h = F.relu(z) if model.is_activation_after(index) else z
+    loss_sum = F.cross_entropy(h, y, reduction="sum")
+    if x.shape[0] == 0:
+        zero = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
+        return ClippedBatch(zero, x.new_zeros(0), loss_sum.detach())
+    out_grads = torch.autograd.grad(loss_sum, outputs)
+    with torch.no_grad():
+        sq_norms = x.new_zeros(x.shape[0])
+        for a, g, norm_mask in zip(inputs, out_grads, layout.norm_masks):
+            g2 = g * g
+            g2_sum = g2.sum(dim=1)
+            if norm_mask is None:
+                sq_norms += g2_sum * (a * a).sum(dim=1)
+            else:  # (a_i ⊙ a_i) Mᵀ · (g_i ⊙ g_i): the cheaper association for in > out
+                sq_norms += ((a * a) @ norm_mask).mul_(g2).sum(dim=1)
+            sq_norms += g2_sum  # bias
+        norms = sq_norms.sqrt()
+        factors = clip_factors(norms, clip)
+        sums: dict[str, Tensor] = {}
+        for a, g, (mask_name, _, _), weight_mask in zip(inputs, out_grads, layers, layout.weight_masks):
+            scaled = g * factors[:, None]
+            prefix = mask_name.removesuffix(".weight").replace(".", "_")
+            weight_sum = scaled.T @ a
+            sums[f"layers.{prefix}.weight"] = weight_sum if weight_mask is None else weight_sum.mul_(weight_mask)
+            sums[f"layers.{prefix}.bias"] = scaled.sum(dim=0)
+    return ClippedBatch(sums, norms, loss_sum.detach())

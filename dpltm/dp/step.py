@@ -1,0 +1,40 @@
+"""One DP-SGD step on a masked network, as a pure-ish function of (model, batch, generator).
+
+    ĝ = (Σ_i clip_C(∇ℓ_i) ⊙ M + noise ⊙ M) / L
+
+with L the *expected* batch size q·N (what the Poisson accountant assumes; dividing by the
+realised batch size would leak it). The optimiser then applies ĝ; pruned coordinates get a
+zero gradient and, because the forward pass multiplies by the mask, stay exactly zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+from dpltm.dp.noise import NoiseMechanism
+from dpltm.model import MaskedMLP
+
+
+def private_gradients(model: MaskedMLP, x: Tensor, y: Tensor, *, clip: float,
+                      noise: NoiseMechanism, expected_batch_size: float,
+                      generator: torch.Generator,
+                      layout: MaskLayout | None = None) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
+
+    Pass `layout` (MaskLayout.of(model), computed once) in a training loop; masks are fixed.
+    """
+    layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
+    batch = clipped_gradient_sum(model, x, y, clip, layout)
+    noisy = noise.perturb(batch.grad_sums, layout.surviving, clip, generator)
+    scale = 1.0 / expected_batch_size
+    return {k: v.mul_(scale) for k, v in noisy.items()}, batch.norms, batch.loss_sum
+
+
+def apply_gradients(model: MaskedMLP, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
+    """Install ĝ as .grad and step (Opacus' guard against stale gradients is implicit: we overwrite)."""
+    for name, param in model.named_parameters():
+        param.grad = grads[name]
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

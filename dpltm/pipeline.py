@@ -1,0 +1,173 @@
+"""The stages as library calls: select a winner, train it (privately or not), report.
+
+The CLI is a thin layer over these functions; `dpltm run` chains them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpltm import __version__
+from dpltm.checkpoint import check_writable, load_checkpoint, save_atomic
+from dpltm.config import TrainConfig, to_dict
+from dpltm.data.types import DatasetSplits
+from dpltm.errors import DpltmUserError
+from dpltm.model import MaskedMLP, build_architecture, density
+from dpltm.privacy.ledger import PrivacyLedger, training_record
+from dpltm.private_training import (
+    TrainOutcome,
+    TrainPlan,
+    epochs_within_budget,
+    plan_training,
+    run_non_private,
+    run_private,
+)
+from dpltm.transfer import model_from_ticket
+
+
+@dataclass(frozen=True)
+class TicketOrigin:
+    """How the ticket relates to the private data: decides end-to-end DP (PRIVACY.md §1)."""
+
+    phase1: str  # "public" | "same-data" | "none"
+    phase1_dataset: str | None
+    selection_eps1: float | None
+    explanation: str
+
+
+def ticket_origin(ticket: dict[str, Any] | None, private_dataset: str, assert_public: bool) -> TicketOrigin:
+    """Same dataset name ⇒ same data (conservative), unless the user asserts the tickets are public."""
+    if ticket is None:
+        return TicketOrigin("none", None, None, "dense network: no ticket")
+    source = ticket["source"]["data"]
+    generated_on = f"{source['dataset']} ({source['split']} split)"
+    selection = ticket["selection"]
+    if source["dataset"] == private_dataset and not assert_public:
+        eps1 = selection["eps1"] if selection["method"] == "exponential" else None
+        return TicketOrigin("same-data", generated_on, eps1,
+                            f"tickets generated without privacy on {generated_on}, the private dataset")
+    why = ("asserted public by --public-tickets" if source["dataset"] == private_dataset
+           else "another dataset than the private one")
+    return TicketOrigin("public", generated_on, None, f"tickets from {generated_on}: {why}")
+
+
+def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
+                seed: int) -> tuple[MaskedMLP, dict[str, Any]]:
+    if ticket is None:
+        arch = build_architecture(data.num_features, data.num_classes, hidden, None)
+        return MaskedMLP(arch, torch.Generator().manual_seed(seed)), {"mode": "dense"}
+    return model_from_ticket(ticket, data.num_features, data.num_classes, seed)
+
+
+def load_ticket(path: Path) -> dict[str, Any]:
+    body = load_checkpoint(path, ("ticket", "tickets"))
+    if body["kind"] == "tickets":
+        raise DpltmUserError(f"{path} is a ticket set: pick a winner with `dpltm select --tickets {path}` first")
+    return body
+
+
+def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str, Any] | None,
+          ticket_path: Path | None, private: bool, assert_public: bool = False,
+          hidden: tuple[int, ...] = (300, 100), progress: bool = True) -> dict[str, Any]:
+    """Train and write the model checkpoint; returns the final report (JSON-able)."""
+    check_writable(out)
+    s = cfg.train
+    origin = ticket_origin(ticket, data.name, assert_public)
+    model, transfer = build_model(ticket, data, hidden, cfg.seed)
+    model.to(data.train.labels.device)
+    n = len(data.train)
+    plan = plan_training(s, n, origin.selection_eps1) if private else None
+
+    def ledger_for(steps: int) -> PrivacyLedger:
+        training = (training_record(plan.sample_rate, plan.noise_multiplier, steps, s.clip,
+                                    plan.expected_batch_size, n) if plan is not None else None)
+        return PrivacyLedger(phase1=origin.phase1, phase1_dataset=origin.phase1_dataset,
+                             private_dataset=data.name, selection_eps1=origin.selection_eps1,
+                             training=training, delta=s.delta, neighboring=s.neighboring,
+                             accountant=s.accountant, noise=s.noise)
+
+    def epsilon_after(steps: int) -> float:
+        return ledger_for(steps).best_bound().epsilon
+
+    budget_note = None
+    if plan is not None and s.target_eps is not None:
+        allowed = epochs_within_budget(plan, s.target_eps, epsilon_after)
+        if allowed < plan.epochs:
+            budget_note = (f"--target-eps {s.target_eps:g}: stopped after {allowed} of {plan.epochs} epochs; "
+                           f"one more would spend ε = {epsilon_after((allowed + 1) * plan.steps_per_epoch):.4g}")
+            plan = replace(plan, epochs=allowed)
+    log_dir = out.parent / f"{out.stem}-logs"
+    if plan is not None:
+        outcome = run_private(model, data, plan, s, seed=cfg.seed, log_dir=log_dir,
+                              epsilon_after=epsilon_after, progress=progress)
+    else:
+        outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
+    if budget_note is not None and outcome.stop_reason.startswith("finished"):
+        outcome = replace(outcome, stop_reason=budget_note)
+    adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
+    # An adaptively chosen stopping time is covered by the budget of the planned run
+    # (post-processing of all T iterates), not by the ε at the stopping point.
+    guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
+    ledger = ledger_for(guarantee_steps)
+    report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
+    payload = {
+        "dpltm_version": __version__,
+        "architecture": model.arch.to_dict(),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "ledger": ledger.to_json(),
+        "report": report,
+        "history": outcome.history,
+        "config": to_dict(cfg),
+        "ticket": None if ticket is None else {
+            "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
+            "source": ticket["source"]["data"], "selection": ticket["selection"],
+        },
+        "transfer": transfer,
+        "data": data.summary(),
+    }
+    save_atomic(payload, out, "model")
+    return report
+
+
+def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSplits, model: MaskedMLP,
+                 origin: TicketOrigin, transfer: dict[str, Any], plan: TrainPlan | None, out: Path,
+                 adaptive_stop: bool) -> dict[str, Any]:
+    last = outcome.history[-1] if outcome.history else {}
+    privacy = ledger.report()
+    caveats = []
+    if adaptive_stop:
+        caveats.append(
+            f"early stopping (--patience) chose the stopping epoch from validation accuracy on "
+            f"{len(data.val)} held-out private records without privacy: those records are not "
+            f"protected; the guarantee for the training records is the planned run's budget")
+    end_to_end = privacy["end_to_end_dp"] and not caveats
+    return {
+        "test_accuracy": last.get("test_accuracy"),
+        "val_accuracy": last.get("val_accuracy"),
+        "epochs_run": len(outcome.history),
+        "steps": outcome.steps,
+        "stop_reason": outcome.stop_reason,
+        "epsilon": privacy["epsilon"],
+        "epsilon_spent_at_stop": last.get("epsilon"),
+        "delta": privacy["delta"],
+        "accountant": privacy["accountant"],
+        "composition": privacy["composition"],
+        "neighboring": privacy["neighboring"],
+        "end_to_end_dp": end_to_end,
+        "private": ledger.training is not None,
+        "caveats": caveats,
+        "statement": "\n".join([*(f"CAVEAT: {c}" for c in caveats), ledger.statement()]),
+        "privacy": privacy,
+        "tickets": origin.explanation,
+        "density": density(model.masks()),
+        "transfer": transfer,
+        "noise_multiplier": plan.noise_multiplier if plan is not None else None,
+        "sigma_calibrated": plan.calibrated if plan is not None else None,
+        "sample_rate": plan.sample_rate if plan is not None else None,
+        "dataset": data.name,
+        "output": str(out),
+    }

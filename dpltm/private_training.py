@@ -1,0 +1,221 @@
+"""Phase 3: DP-SGD on the masked winner (or the dense network, or non-private baselines).
+
+A Lightning stage with manual optimisation: each step draws a Poisson batch of record indices
+(q = L/N), computes masked per-sample norms and the clipped sum (dpltm.dp.ghost), lets the
+noise plug-in perturb it on the surviving weights, divides by the expected batch size L and
+steps the optimiser. After every epoch it logs validation/test accuracy and the ε spent so far
+(from the same accountant that reports the final guarantee) through Lightning's CSV logger.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch import Tensor
+
+from dpltm.config import TrainSettings
+from dpltm.data.types import DatasetSplits
+from dpltm.dp.ghost import MaskLayout
+from dpltm.dp.noise import NoiseMechanism, make_noise
+from dpltm.dp.sampling import PoissonBatches
+from dpltm.dp.step import apply_gradients, private_gradients
+from dpltm.errors import DpltmUserError
+from dpltm.model import MaskedMLP
+from dpltm.privacy.calibration import calibrate_noise_multiplier
+from dpltm.training import RoundProgressBar, accuracy, lightning_accelerator, quiet_lightning, train_classifier
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """The mechanism that will run, fixed before any private data is touched."""
+
+    dataset_size: int
+    expected_batch_size: int
+    sample_rate: float
+    steps_per_epoch: int
+    epochs: int
+    noise_multiplier: float
+    calibrated: bool
+
+    @property
+    def steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+
+def plan_training(settings: TrainSettings, dataset_size: int, selection_eps1: float | None) -> TrainPlan:
+    """q = L/N, ⌈N/L⌉ steps per epoch, and σ: given, or the smallest σ meeting eps2 at δ.
+
+    σ is calibrated on the training mechanism alone (ε_train ≤ eps2); the final report composes
+    it with the selection. Calibration never overshoots the target (dpltm.privacy.calibration).
+    """
+    L_ = settings.batch_size
+    if L_ >= dataset_size:
+        raise DpltmUserError(f"--batch-size {L_} must be smaller than the training set ({dataset_size} records)")
+    q = L_ / dataset_size
+    steps_per_epoch = math.ceil(dataset_size / L_)
+    steps = steps_per_epoch * settings.epochs
+    if settings.sigma is not None:
+        sigma, calibrated = settings.sigma, False
+    elif settings.eps2 is not None:
+        sigma = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
+                                           settings.neighboring)
+        calibrated = True
+    else:
+        raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma")
+    return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, sigma, calibrated)
+
+
+def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Callable[[int], float]) -> int:
+    """The most epochs whose ε stays ≤ target (ε grows with steps; σ and q are fixed, so this is
+    decided before training and depends on no data)."""
+    if epsilon_after(plan.steps_per_epoch) > target_eps:
+        raise DpltmUserError(f"--target-eps {target_eps:g} is spent within the first epoch "
+                             f"(one epoch costs ε = {epsilon_after(plan.steps_per_epoch):.4g})")
+    lo, hi = 1, plan.epochs  # ε(lo) ≤ target
+    if epsilon_after(hi * plan.steps_per_epoch) <= target_eps:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if epsilon_after(mid * plan.steps_per_epoch) <= target_eps:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class DPTrainingModule(L.LightningModule):
+    """One DP-SGD step per Poisson batch; per-epoch evaluation, ε bookkeeping and stopping."""
+
+    def __init__(self, model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
+                 noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float]) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.model = model
+        self.data = data
+        self.plan = plan
+        self.settings = settings
+        self.noise = noise
+        self.epsilon_after = epsilon_after
+        device = data.train.labels.device
+        self.noise_generator = torch.Generator(device=device).manual_seed(seed)
+        self.layout = MaskLayout.of(model, data.train.features.dtype)  # masks never change
+        self.history: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None
+        self._best_val = -1.0
+        self._epochs_without_gain = 0
+        self._loss = torch.zeros((), device=device)
+        self._clipped = torch.zeros((), device=device)
+        self._seen = torch.zeros((), device=device)
+        self._started = time.perf_counter()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.settings.optimizer == "adam":  # NoisyAdam (Bu et al. 2020): Adam on ĝ
+            return torch.optim.Adam(self.model.parameters(), lr=self.settings.lr)
+        return torch.optim.SGD(self.model.parameters(), lr=self.settings.lr)
+
+    def training_step(self, index: Tensor, batch_idx: int) -> None:
+        train = self.data.train
+        x = train.features.index_select(0, index)
+        y = train.labels.index_select(0, index)
+        grads, norms, loss_sum = private_gradients(
+            self.model, x, y, clip=self.settings.clip, noise=self.noise,
+            expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,
+            layout=self.layout,
+        )
+        optimizer = self.optimizers()
+        apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
+        self._loss += loss_sum
+        self._clipped += (norms > self.settings.clip).sum()
+        self._seen += norms.numel()
+
+    def on_train_epoch_end(self) -> None:
+        epoch = self.current_epoch + 1
+        steps = epoch * self.plan.steps_per_epoch
+        seen = max(float(self._seen), 1.0)
+        record = {
+            "epoch": epoch,
+            "steps": steps,
+            "train_loss": float(self._loss) / seen,
+            "clipped_fraction": float(self._clipped) / seen,
+            "val_accuracy": accuracy(self.model, self.data.val),
+            "test_accuracy": accuracy(self.model, self.data.test),
+            "epsilon": self.epsilon_after(steps),
+            "seconds": time.perf_counter() - self._started,
+        }
+        self.history.append(record)
+        self.log_dict({k: float(v) for k, v in record.items()}, on_epoch=True, prog_bar=False)
+        self._loss.zero_()
+        self._clipped.zero_()
+        self._seen.zero_()
+        self._maybe_stop(record)
+
+    def _maybe_stop(self, record: dict[str, Any]) -> None:
+        s = self.settings
+        if s.patience is not None and not math.isnan(record["val_accuracy"]):
+            if record["val_accuracy"] > self._best_val:
+                self._best_val, self._epochs_without_gain = record["val_accuracy"], 0
+            else:
+                self._epochs_without_gain += 1
+                if self._epochs_without_gain >= s.patience:
+                    self.stop_reason = f"--patience {s.patience}: validation accuracy stopped improving"
+                    self.trainer.should_stop = True
+
+
+@dataclass
+class TrainOutcome:
+    history: list[dict[str, Any]]
+    steps: int
+    stop_reason: str
+
+
+def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
+                seed: int, log_dir: Path, epsilon_after: Callable[[int], float],
+                progress: bool) -> TrainOutcome:
+    device = data.train.labels.device
+    noise = make_noise(settings.noise, plan.noise_multiplier)
+    module = DPTrainingModule(model, data, plan, settings, noise, seed, epsilon_after)
+    batches = torch.utils.data.DataLoader(
+        PoissonBatches(len(data.train), plan.sample_rate, plan.steps_per_epoch, seed + 1, device),
+        batch_size=None, num_workers=0,
+    )
+    with quiet_lightning():
+        trainer = L.Trainer(
+            accelerator=lightning_accelerator(device),
+            devices=[device.index or 0] if device.type == "cuda" else 1,
+            max_epochs=plan.epochs,
+            logger=CSVLogger(save_dir=str(log_dir), name="", version=""),
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=progress,
+            callbacks=[RoundProgressBar("DP training")] if progress else [],
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            log_every_n_steps=max(plan.steps_per_epoch, 1),
+        )
+        trainer.fit(module, train_dataloaders=batches)
+    steps = len(module.history) * plan.steps_per_epoch
+    reason = module.stop_reason or f"finished {plan.epochs} epochs"
+    return TrainOutcome(module.history, steps, reason)
+
+
+def run_non_private(model: MaskedMLP, data: DatasetSplits, settings: TrainSettings, *, seed: int,
+                    progress: bool) -> TrainOutcome:
+    """The non-private baseline: the same network and epochs, plain SGD on shuffled batches."""
+    steps_per_epoch = math.ceil(len(data.train) / settings.batch_size)
+    history = []
+    for epoch in range(1, settings.epochs + 1):
+        train_classifier(model, data.train, steps=steps_per_epoch, batch_size=settings.batch_size,
+                         lr=settings.lr, seed=seed * 100_003 + epoch,
+                         progress_label=f"non-private epoch {epoch}" if progress else None)
+        history.append({"epoch": epoch, "steps": epoch * steps_per_epoch,
+                        "val_accuracy": accuracy(model, data.val),
+                        "test_accuracy": accuracy(model, data.test), "epsilon": math.inf})
+    return TrainOutcome(history, settings.epochs * steps_per_epoch, f"finished {settings.epochs} epochs")

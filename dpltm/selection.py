@@ -1,0 +1,100 @@
+"""Phase 2: choose the winning ticket (exponential mechanism, or a non-private best pick).
+
+The winner is written as a 'ticket' file: θ0, its mask and C, where it came from, and how it
+was chosen (ε1, ν, Δ, the probability table) so that training can state the guarantee.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpltm import __version__
+from dpltm.checkpoint import load_checkpoint
+from dpltm.errors import DpltmUserError
+from dpltm.privacy.exponential import (
+    decisive_eps1,
+    make_selection_rng,
+    near_uniform,
+    sample_exponential,
+    score_sensitivity,
+    selection_probabilities,
+    ticket_scores,
+)
+
+
+def newest_ticket_set(directory: Path) -> Path:
+    """The most recently written ticket set in `directory` (what `select` uses by default)."""
+    candidates = sorted(directory.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in candidates:
+        try:
+            load_checkpoint(path, "tickets")
+        except DpltmUserError:
+            continue
+        return path
+    raise DpltmUserError(f"no ticket set in {directory}/: run `dpltm generate` first or pass --tickets")
+
+
+@dataclass(frozen=True)
+class Selection:
+    index: int
+    scores: np.ndarray
+    probabilities: np.ndarray
+    sensitivity: float
+    near_uniform: bool
+    decisive_eps1: float
+
+
+def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int | None) -> Selection:
+    """Score S = A·(1 − ν·C) per ticket; sample with the exponential mechanism, or argmax."""
+    tickets = payload["tickets"]
+    if not tickets:
+        raise DpltmUserError("the ticket set holds no tickets")
+    if not payload.get("complete", False):
+        raise DpltmUserError("the ticket set is incomplete: rerun `dpltm generate` to finish it")
+    accuracies = np.array([t["val_accuracy"] for t in tickets], dtype=np.float64)
+    densities = np.array([t["density"] for t in tickets], dtype=np.float64)
+    scores = ticket_scores(accuracies, densities, nu)
+    sensitivity = score_sensitivity(densities, nu)
+    if eps1 is None:
+        best = int(np.argmax(scores))
+        probs = np.zeros_like(scores)
+        probs[best] = 1.0
+        return Selection(best, scores, probs, sensitivity, False, float("nan"))
+    probs = selection_probabilities(scores, eps1, sensitivity)
+    index = sample_exponential(scores, eps1, sensitivity, make_selection_rng(seed))
+    return Selection(index, scores, probs, sensitivity, near_uniform(probs),
+                     decisive_eps1(scores, sensitivity))
+
+
+def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, *,
+                   eps1: float | None, nu: float, seeded: bool) -> dict[str, Any]:
+    ticket = payload["tickets"][selection.index]
+    return {
+        "dpltm_version": __version__,
+        "architecture": payload["architecture"],
+        "theta0": payload["theta0"],
+        "masks": ticket["masks"],
+        "density": ticket["density"],
+        "layer_density": ticket["layer_density"],
+        "round": ticket["round"],
+        "val_accuracy": ticket["val_accuracy"],
+        "test_accuracy": ticket["test_accuracy"],
+        "source": {"tickets": str(source), "data": payload["data"], "config": payload["config"]},
+        "privacy": payload["privacy"],
+        "selection": {
+            "method": "exponential" if eps1 is not None else "best",
+            "eps1": eps1,
+            "nu": nu,
+            "sensitivity": selection.sensitivity,
+            "scores": selection.scores.tolist(),
+            "probabilities": selection.probabilities.tolist(),
+            "near_uniform": selection.near_uniform,
+            "randomness": "seeded (reproducible; not secret)" if seeded else "OS CSPRNG",
+            "dp_event": ({"type": "ZCDpEvent", "rho": eps1**2 / 8} if eps1 is not None
+                         else {"type": "NonPrivateDpEvent"}),
+        },
+    }

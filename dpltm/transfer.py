@@ -1,0 +1,54 @@
+"""Build the network to train from a ticket, for the dataset at hand (paper §4.5).
+
+* Same input size and classes: the ticket's θ0 and masks load as they are (KMNIST → MNIST).
+* Otherwise (§4.5.2): the projection layer and the output layer are dropped, a fresh output
+  layer for the new classes is added (dense, seeded init), and the hidden layers' masks and θ0
+  carry over. The data's input size must then equal the first kept layer's input size: the
+  ticket's projection width (`generate --project-to D`) or its original input size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dpltm.errors import DpltmUserError
+from dpltm.model import Architecture, MaskedMLP
+
+
+def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: int,
+                      seed: int) -> tuple[MaskedMLP, dict[str, Any]]:
+    arch = Architecture.from_dict(ticket["architecture"])
+    masks = {k: v.to(torch.bool) for k, v in ticket["masks"].items()}
+    theta0 = ticket["theta0"]
+    if arch.in_features == num_features and arch.num_classes == num_classes:
+        model = MaskedMLP(arch)
+        model.load_state_dict(theta0, strict=False)
+        model.set_masks(masks)
+        return model, {"mode": "direct", "kept_layers": arch.layer_names()}
+    first_in = arch.project_to if arch.project_to is not None else arch.in_features
+    if num_features != first_in:
+        hint = (f"generate tickets with --project-to {num_features}" if arch.project_to is None
+                else f"its projection width is {arch.project_to}")
+        raise DpltmUserError(
+            f"the ticket's first hidden layer takes {first_in} inputs but the data has "
+            f"{num_features} features ({hint})"
+        )
+    new_arch = Architecture(num_features, arch.hidden, num_classes, None)
+    model = MaskedMLP(new_arch, torch.Generator().manual_seed(seed))  # fresh output layer
+    kept = [f"hidden.{i}" for i in range(len(arch.hidden))]
+    with torch.no_grad():
+        state = model.state_dict()
+        for name in kept:
+            for part in ("weight", "bias"):
+                key = f"layers.{name.replace('.', '_')}.{part}"
+                state[key].copy_(theta0[key])
+        model.load_state_dict(state)
+        new_masks = model.masks()
+        for name in kept:
+            new_masks[f"{name}.weight"] = masks[f"{name}.weight"]
+        model.set_masks(new_masks)
+    dropped = ["output"] + (["project"] if arch.project_to is not None else [])
+    return model, {"mode": "cross-architecture", "kept_layers": kept, "dropped_layers": dropped,
+                   "new_output_classes": num_classes}

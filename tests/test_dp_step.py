@@ -1,0 +1,155 @@
+"""DP-SGD step on a masked MLP: norms, clipping, noise, sampling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+from torch.func import functional_call, grad, vmap
+
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+from dpltm.dp.noise import GaussianNoise
+from dpltm.dp.sampling import PoissonBatches, poisson_sample
+from dpltm.dp.step import apply_gradients, private_gradients
+from dpltm.model import MaskedMLP, build_architecture
+from dpltm.pruning import paper_prune_rates, prune_layerwise
+
+
+def model_with(rounds: int, project_to: int | None = None, seed: int = 0) -> MaskedMLP:
+    model = MaskedMLP(build_architecture(12, 5, (10, 7), project_to), torch.Generator().manual_seed(seed))
+    for _ in range(rounds):
+        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    return model.double()
+
+
+def batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 12, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g)
+
+
+def loop_norms(model: MaskedMLP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Reference: one backward pass per sample, norm of the masked gradient."""
+    norms = []
+    for i in range(x.shape[0]):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1], reduction="sum").backward()
+        sq = sum(float((p.grad**2).sum()) for p in model.parameters())
+        norms.append(math.sqrt(sq))
+    return torch.tensor(norms, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("rounds", [0, 3])
+@pytest.mark.parametrize("project_to", [None, 9])
+def test_ghost_norms_equal_single_sample_loop(rounds: int, project_to: int | None) -> None:
+    model = model_with(rounds, project_to)
+    x, y = batch(17)
+    ghost = clipped_gradient_sum(model, x, y, clip=float("inf")).norms
+    torch.testing.assert_close(ghost, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
+
+
+def test_clipped_sum_equals_torch_func_per_sample_gradients() -> None:
+    model = model_with(2)
+    x, y = batch(23)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = dict(model.named_buffers())
+
+    def loss(p, xi, yi):  # type: ignore[no-untyped-def]
+        out = functional_call(model, (p, buffers), (xi[None],))
+        return F.cross_entropy(out, yi[None])
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
+    clip = float(norms.median())
+    factors = (clip / norms).clamp(max=1.0)
+    expected = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
+    got = clipped_gradient_sum(model, x, y, clip=clip)
+    torch.testing.assert_close(got.norms, norms)
+    for name, value in expected.items():
+        torch.testing.assert_close(got.grad_sums[name], value)
+    clipped_norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values())) * factors
+    assert float(clipped_norms.max()) <= clip * (1 + 1e-9)
+
+
+def test_no_noise_no_clipping_equals_plain_masked_sgd() -> None:
+    dp_model, plain = model_with(2), model_with(2)
+    x, y = batch(32)
+    opt_dp = torch.optim.SGD(dp_model.parameters(), lr=0.3)
+    opt_plain = torch.optim.SGD(plain.parameters(), lr=0.3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        grads, _, _ = private_gradients(dp_model, x, y, clip=float("inf"), noise=GaussianNoise(0.0),
+                                        expected_batch_size=32, generator=g)
+        apply_gradients(dp_model, grads, opt_dp)
+        opt_plain.zero_grad()
+        F.cross_entropy(plain(x), y).backward()
+        opt_plain.step()
+    for (name, a), b in zip(dp_model.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_noise_scale_on_zero_gradients_and_none_on_pruned() -> None:
+    model = model_with(3).float()
+    layout = MaskLayout.of(model)
+    masks = {f"layers.{n.removesuffix('.weight').replace('.', '_')}.{part}": (m if part == "weight" else None)
+             for n, _, m in model.layers_in_order() for part in ("weight", "bias")}
+    sigma, clip, expected_batch = 1.7, 0.8, 50.0
+    zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    draws = [GaussianNoise(sigma).perturb(dict(zeros), layout.surviving, clip, g) for _ in range(400)]
+    for name, mask in masks.items():
+        stacked = torch.stack([d[name] for d in draws]) / expected_batch
+        if mask is None:
+            surviving = stacked.flatten()
+        else:
+            assert torch.count_nonzero(stacked[:, ~mask]) == 0, name
+            surviving = stacked[:, mask].flatten()
+        std = float(surviving.std())
+        assert std == pytest.approx(sigma * clip / expected_batch, rel=0.05), name
+
+
+def test_pruned_weights_stay_zero_under_noisy_adam() -> None:
+    model = model_with(3)
+    masks = {k: v.clone() for k, v in model.masks().items()}
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    for step in range(5):
+        x, y = batch(20, seed=step)
+        grads, _, _ = private_gradients(model, x, y, clip=1.0, noise=GaussianNoise(2.0),
+                                        expected_batch_size=20, generator=g)
+        apply_gradients(model, grads, opt)
+    for name, weight in model.weights().items():
+        assert torch.count_nonzero(weight[~masks[name]]) == 0
+
+
+def test_empty_batch_is_a_legal_noise_only_step() -> None:
+    model = model_with(1)
+    x, y = batch(0)
+    grads, norms, _ = private_gradients(model, x, y, clip=1.0, noise=GaussianNoise(1.0),
+                                        expected_batch_size=10, generator=torch.Generator().manual_seed(0))
+    assert norms.numel() == 0
+    assert all(torch.isfinite(v).all() for v in grads.values())
+    assert any(torch.count_nonzero(v) > 0 for v in grads.values())
+
+
+def test_poisson_batch_sizes_are_binomial() -> None:
+    n, q = 1000, 0.02
+    sizes = [len(b) for b in PoissonBatches(n, q, steps=3000, seed=0)]
+    # Chi-square goodness of fit against Binomial(n, q), tails pooled so every bin expects ≥ 5.
+    binom = stats.binom(n, q)
+    edges = list(range(int(binom.ppf(0.005)), int(binom.ppf(0.995)) + 1))
+    observed = [sum(1 for s in sizes if s <= edges[0])]
+    expected = [binom.cdf(edges[0])]
+    for k in edges[1:-1]:
+        observed.append(sizes.count(k))
+        expected.append(binom.pmf(k))
+    observed.append(sum(1 for s in sizes if s >= edges[-1]))
+    expected.append(binom.sf(edges[-1] - 1))
+    expected = [e * len(sizes) / sum(expected) for e in expected]
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    small = [len(poisson_sample(5, 0.05, torch.Generator().manual_seed(s))) for s in range(400)]
+    assert small.count(0) > 0  # empty batches happen and are returned as such
+    indices = poisson_sample(100, 0.5, torch.Generator().manual_seed(0))
+    assert indices.unique().numel() == indices.numel()  # no record twice in a batch

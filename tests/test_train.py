@@ -1,0 +1,162 @@
+"""select → train end to end on small files: the privacy statement in each mode, transfer,
+baselines, budget stopping, and the stored ledger re-deriving the printed ε."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datafiles import write_digits, write_har, write_mnist
+from typer.testing import CliRunner
+
+from dpltm.checkpoint import load_checkpoint
+from dpltm.cli import app
+from dpltm.privacy.accounting import epsilon
+from dpltm.privacy.ledger import PrivacyLedger
+
+runner = CliRunner()
+FAST_GEN = ["--rounds", "2", "--iterations", "15", "--batch-size", "16", "--device", "cpu", "--no-progress"]
+FAST_TRAIN = ["--epochs", "2", "--batch-size", "16", "--device", "cpu", "--no-progress", "--json"]
+
+
+def invoke(*args: str) -> dict:  # type: ignore[type-arg]
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout) if "--json" in args else {"stderr": result.stderr}
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    write_digits(root)
+    write_mnist(root, "MNIST", n_train=120, n_test=30)
+    write_mnist(root, "FashionMNIST", n_train=120, n_test=30)
+    write_har(root, n_train=60, n_test=20)
+    return root
+
+
+@pytest.fixture(scope="module")
+def digits_winner(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("digits")
+    invoke("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN,
+           "--out", str(folder / "t.pt"))
+    result = runner.invoke(app, ["select", "--tickets", str(folder / "t.pt"), "--eps1", "0.1", "--seed", "3",
+                                 "--out", str(folder / "w.pt")])
+    assert result.exit_code == 0, result.output
+    assert "close to uniform" in result.stderr  # ν = 50 ⇒ Δ = 49: the paper's selection is a coin toss
+    return folder / "w.pt"
+
+
+def test_same_data_mode_is_labelled_not_end_to_end(data_root: Path, digits_winner: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.pt"
+    result = runner.invoke(app, ["train", "--ticket", str(digits_winner), "--dataset", "digits", "--data-dir",
+                                 str(data_root), "--eps2", "0.9", "--out", str(out), *FAST_TRAIN])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["end_to_end_dp"] is False
+    assert "NOT end-to-end" in result.stderr
+    assert report["privacy"]["overall_epsilon"] == "inf"
+    # the DP part: ε1 = 0.1 selection + training calibrated to 0.9, composed no worse than basic
+    assert report["epsilon"] <= 1.0 + 1e-9
+    body = load_checkpoint(out, "model")
+    ledger = PrivacyLedger.from_json(body["ledger"])
+    assert ledger.phase1 == "same-data" and ledger.selection_eps1 == 0.1
+    assert body["ledger"]["dp_event"]["events"][0]["type"] == "NonPrivateDpEvent"
+    assert ledger.best_bound().epsilon == pytest.approx(report["epsilon"])
+    assert len(body["history"]) == 2 and (out.parent / "m-logs" / "metrics.csv").exists()
+    state = body["state_dict"]
+    for name in ("hidden_0", "hidden_1", "output"):
+        mask = state[f"mask_{name}_weight"]
+        assert torch.count_nonzero(state[f"layers.{name}.weight"][~mask]) == 0
+
+
+def test_public_tickets_are_end_to_end_and_calibrated(data_root: Path, tmp_path: Path) -> None:
+    invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
+    invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))
+    report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "fashion-mnist", "--data-dir",
+                    str(data_root), "--eps2", "0.5", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
+    assert report["end_to_end_dp"] is True and report["composition"] == "training-only"
+    assert report["transfer"]["mode"] == "direct"
+    assert report["epsilon"] <= 0.5
+    # the printed ε is the accountant's ε for exactly what ran (q, σ, steps)
+    training = report["privacy"]["training"]
+    event = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["ledger"]).training_event()
+    assert training["steps"] == report["steps"]
+    assert epsilon(event, 1e-5, "pld") == pytest.approx(report["epsilon"])
+    assert report["epsilon"] > 0.45  # calibration is tight, not wildly conservative
+
+
+def test_cross_architecture_transfer_keeps_hidden_masks(data_root: Path, tmp_path: Path) -> None:
+    invoke("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN, "--project-to", "561",
+           "--out", str(tmp_path / "t.pt"))
+    invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))
+    report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "har", "--data-dir", str(data_root),
+                    "--sigma", "1.0", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
+    assert report["transfer"]["mode"] == "cross-architecture"
+    assert set(report["transfer"]["dropped_layers"]) == {"project", "output"}
+    winner = load_checkpoint(tmp_path / "w.pt", "ticket")
+    model = load_checkpoint(tmp_path / "m.pt", "model")
+    assert torch.equal(model["state_dict"]["mask_hidden_0_weight"], winner["masks"]["hidden.0.weight"])
+    assert bool(model["state_dict"]["mask_output_weight"].all())  # fresh output layer for 6 classes
+    assert model["architecture"]["num_classes"] == 6 and model["architecture"]["in_features"] == 561
+
+
+def test_incompatible_ticket_is_a_clear_error(data_root: Path, digits_winner: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["train", "--ticket", str(digits_winner), "--dataset", "har", "--data-dir",
+                                 str(data_root), "--out", str(tmp_path / "m.pt"), *FAST_TRAIN])
+    assert result.exit_code == 2 and "--project-to 561" in result.stderr
+
+
+def test_dense_and_non_private_baselines(data_root: Path, tmp_path: Path) -> None:
+    dense = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--eps2", "1.0",
+                   "--out", str(tmp_path / "d.pt"), *FAST_TRAIN)
+    assert dense["end_to_end_dp"] is True and dense["density"] == 1.0
+    plain = invoke("train", "--dense", "--non-private", "--dataset", "digits", "--data-dir", str(data_root),
+                   "--out", str(tmp_path / "n.pt"), *FAST_TRAIN)
+    assert plain["private"] is False and plain["end_to_end_dp"] is False
+    assert plain["privacy"]["overall_epsilon"] == "inf"
+
+
+def test_target_eps_stops_before_overspending(data_root: Path, tmp_path: Path) -> None:
+    report = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "1.5",
+                    "--target-eps", "2.0", "--out", str(tmp_path / "d.pt"), "--epochs", "30", "--batch-size", "16",
+                    "--device", "cpu", "--no-progress", "--json")
+    assert report["epochs_run"] < 30 and "--target-eps" in report["stop_reason"]
+    assert report["epsilon"] <= 2.0
+    result = runner.invoke(app, ["train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma",
+                                 "1.5", "--target-eps", "0.5", "--batch-size", "16", "--device", "cpu"])
+    assert result.exit_code == 2 and "within the first epoch" in result.stderr
+
+
+def test_patience_reports_its_caveat(data_root: Path, tmp_path: Path) -> None:
+    report = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "50",
+                    "--lr", "0.001", "--patience", "1", "--out", str(tmp_path / "d.pt"), "--epochs", "8",
+                    "--batch-size", "16", "--device", "cpu", "--no-progress", "--json")
+    if report["epochs_run"] < 8:  # stopped adaptively: the guarantee is the planned run's
+        assert report["caveats"] and report["end_to_end_dp"] is False
+        assert report["epsilon"] >= report["epsilon_spent_at_stop"]
+
+
+def test_train_user_errors(data_root: Path, digits_winner: Path, tmp_path: Path) -> None:
+    for args, message in (
+        (["train", "--dataset", "digits"], "--ticket"),
+        (["train", "--dense", "--ticket", str(digits_winner)], "drop --ticket"),
+        (["train", "--ticket", str(tmp_path / "none.pt")], "does not exist"),
+        (["train", "--dense", "--eps2", "-1"], "--eps2 must be positive"),
+        (["train", "--dense", "--optimizer", "rmsprop"], "--optimizer"),
+        (["train", "--dense", "--dataset", "digits", "--batch-size", "100000"], "smaller than the training set"),
+    ):
+        result = runner.invoke(app, [*args, "--data-dir", str(data_root), "--device", "cpu"])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_run_chains_the_three_stages(data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    report = invoke("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
+                    "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
+                    "--eps", "1.0", "--batch-size", "16", "--device", "cpu", "--no-progress", "--json")
+    assert report["end_to_end_dp"] is True and report["epsilon"] <= 1.0
+    assert (tmp_path / "checkpoints" / "fashion-mnist-dpltm.pt").exists()
