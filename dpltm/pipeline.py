@@ -15,6 +15,7 @@ from dpltm import __version__
 from dpltm.checkpoint import check_writable, load_checkpoint, save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.types import DatasetSplits
+from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.privacy.ledger import PrivacyLedger, training_record
@@ -102,8 +103,9 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             plan = replace(plan, epochs=allowed)
     log_dir = out.parent / f"{out.stem}-logs"
     if plan is not None:
+        context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name)
         outcome = run_private(model, data, plan, s, seed=cfg.seed, log_dir=log_dir,
-                              epsilon_after=epsilon_after, progress=progress)
+                              epsilon_after=epsilon_after, progress=progress, noise_context=context)
     else:
         outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
     if budget_note is not None and outcome.stop_reason.startswith("finished"):
@@ -166,6 +168,7 @@ def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSpli
         "density": density(model.masks()),
         "transfer": transfer,
         "noise_multiplier": plan.noise_multiplier if plan is not None else None,
+        "noise_parameter": plan.noise_parameter if plan is not None else None,
         "sigma_calibrated": plan.calibrated if plan is not None else None,
         "sample_rate": plan.sample_rate if plan is not None else None,
         "dataset": data.name,

@@ -24,7 +24,7 @@ from torch import Tensor
 from dpltm.config import TrainSettings
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.ghost import MaskLayout
-from dpltm.dp.noise import NoiseMechanism, make_noise
+from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
 from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
@@ -43,6 +43,9 @@ class TrainPlan:
     steps_per_epoch: int
     epochs: int
     noise_multiplier: float
+    """Effective Gaussian multiplier under add/remove (what the accountant sees)."""
+    noise_parameter: float
+    """The plug-in's own parameter (equal to the above for `gaussian`)."""
     calibrated: bool
 
     @property
@@ -62,15 +65,17 @@ def plan_training(settings: TrainSettings, dataset_size: int, selection_eps1: fl
     q = L_ / dataset_size
     steps_per_epoch = math.ceil(dataset_size / L_)
     steps = steps_per_epoch * settings.epochs
+    mechanism = noise_class(settings.noise)
     if settings.sigma is not None:
-        sigma, calibrated = settings.sigma, False
+        parameter, calibrated = settings.sigma, False
+        effective = mechanism.effective_for(parameter)
     elif settings.eps2 is not None:
-        sigma = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
-                                           settings.neighboring)
-        calibrated = True
+        effective = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
+                                               settings.neighboring)
+        parameter, calibrated = mechanism.parameter_for(effective), True
     else:
         raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma")
-    return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, sigma, calibrated)
+    return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, effective, parameter, calibrated)
 
 
 def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Callable[[int], float]) -> int:
@@ -106,7 +111,8 @@ class DPTrainingModule(L.LightningModule):
         self.epsilon_after = epsilon_after
         device = data.train.labels.device
         self.noise_generator = torch.Generator(device=device).manual_seed(seed)
-        self.layout = MaskLayout.of(model, data.train.features.dtype)  # masks never change
+        # masks (and any noise geometry) never change during training
+        self.layout = MaskLayout.of(model, data.train.features.dtype, noise.coordinate_scales())
         self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self._best_val = -1.0
@@ -149,6 +155,7 @@ class DPTrainingModule(L.LightningModule):
             "test_accuracy": accuracy(self.model, self.data.test),
             "epsilon": self.epsilon_after(steps),
             "seconds": time.perf_counter() - self._started,
+            **self.noise.epoch_metrics(self.model, self.settings.clip),
         }
         self.history.append(record)
         self.log_dict({k: float(v) for k, v in record.items()}, on_epoch=True, prog_bar=False)
@@ -178,9 +185,11 @@ class TrainOutcome:
 
 def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
                 seed: int, log_dir: Path, epsilon_after: Callable[[int], float],
-                progress: bool) -> TrainOutcome:
+                progress: bool, noise_context: NoiseContext) -> TrainOutcome:
     device = data.train.labels.device
-    noise = make_noise(settings.noise, plan.noise_multiplier)
+    noise = make_noise(settings.noise, plan.noise_parameter, noise_context)
+    if abs(noise.effective_noise_multiplier - plan.noise_multiplier) > 1e-12 * max(1.0, plan.noise_multiplier):
+        raise RuntimeError("noise plug-in disagrees with the plan's effective multiplier")
     module = DPTrainingModule(model, data, plan, settings, noise, seed, epsilon_after)
     batches = torch.utils.data.DataLoader(
         PoissonBatches(len(data.train), plan.sample_rate, plan.steps_per_epoch, seed + 1, device),

@@ -30,28 +30,46 @@ from dpltm.model import MaskedMLP
 class MaskLayout:
     """What a DP step needs to know about the masks, computed once per training run.
 
-    `norm_masks[l]` is layer l's mask as a float (in, out) matrix, laid out for the norm
-    matmul; `surviving[name]` holds the flat indices of a parameter's surviving coordinates
-    (None: all survive — biases and dense layers), so noise is drawn only where it can act.
+    `norm_masks[l]` is layer l's mask (divided by s² under a noise geometry s) as a float
+    (in, out) matrix laid out for the norm matmul, None for a dense unscaled layer;
+    `bias_weights[l]` is 1/s² for a scaled bias; `weight_masks[l]` the float mask for the
+    clipped sum; `surviving[name]` the flat indices of a parameter's surviving coordinates
+    (None: all survive), so noise is drawn only where it can act.
     """
 
     norm_masks: list[Tensor | None]
     weight_masks: list[Tensor | None]
     surviving: dict[str, Tensor | None]
+    bias_weights: list[Tensor | None]
 
     @classmethod
-    def of(cls, model: MaskedMLP, dtype: torch.dtype = torch.float32) -> MaskLayout:
+    def of(cls, model: MaskedMLP, dtype: torch.dtype = torch.float32,
+           scales: dict[str, Tensor | None] | None = None) -> MaskLayout:
+        """`scales` (per-parameter, positive) turn the clipping norm into ‖g / s‖: a noise plug-in
+        that adds N(0, σ²C²s²) is then exactly the Gaussian mechanism in the rescaled space."""
         norm_masks: list[Tensor | None] = []
         weight_masks: list[Tensor | None] = []
+        bias_weights: list[Tensor | None] = []
         surviving: dict[str, Tensor | None] = {}
+        scales = scales or {}
         for mask_name, _, mask in model.layers_in_order():
             prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
+            weight_scale = scales.get(f"{prefix}.weight")
+            bias_scale = scales.get(f"{prefix}.bias")
+            dense = bool(mask.all()) and weight_scale is None
+            if dense:
+                norm_masks.append(None)
+            else:
+                norm_weight = mask.to(dtype)
+                if weight_scale is not None:
+                    norm_weight = norm_weight / weight_scale.to(dtype) ** 2
+                norm_masks.append(norm_weight.T.contiguous())
+            bias_weights.append(None if bias_scale is None else (1.0 / bias_scale.to(dtype) ** 2))
             dense = bool(mask.all())
-            norm_masks.append(None if dense else mask.to(dtype).T.contiguous())
             weight_masks.append(None if dense else mask.to(dtype))
             surviving[f"{prefix}.weight"] = None if dense else mask.flatten().nonzero().squeeze(1)
             surviving[f"{prefix}.bias"] = None
-        return cls(norm_masks, weight_masks, surviving)
+        return cls(norm_masks, weight_masks, surviving, bias_weights)
 
 
 @dataclass(frozen=True)
@@ -94,14 +112,14 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
     out_grads = torch.autograd.grad(loss_sum, outputs)
     with torch.no_grad():
         sq_norms = x.new_zeros(x.shape[0])
-        for a, g, norm_mask in zip(inputs, out_grads, layout.norm_masks):
+        for a, g, norm_mask, bias_weight in zip(inputs, out_grads, layout.norm_masks, layout.bias_weights):
             g2 = g * g
             g2_sum = g2.sum(dim=1)
             if norm_mask is None:
                 sq_norms += g2_sum * (a * a).sum(dim=1)
             else:  # (a_i ⊙ a_i) Mᵀ · (g_i ⊙ g_i): the cheaper association for in > out
                 sq_norms += ((a * a) @ norm_mask).mul_(g2).sum(dim=1)
-            sq_norms += g2_sum  # bias
+            sq_norms += g2_sum if bias_weight is None else g2 @ bias_weight  # bias
         norms = sq_norms.sqrt()
         factors = clip_factors(norms, clip)
         sums: dict[str, Tensor] = {}

@@ -1,27 +1,61 @@
 """Noise plug-ins: how the clipped-gradient sum is perturbed, and how that is accounted.
 
 A mechanism perturbs Σ_i clip(∇ℓ_i) on the *surviving* coordinates only (noise on pruned
-coordinates would be discarded by the mask anyway: post-processing, no privacy cost), and
-describes itself to the accountant as a dp-accounting event. Adding a mechanism is one class
-plus one line in `NOISE_MECHANISMS`.
+coordinates would be discarded by the mask anyway: post-processing, no privacy cost) and
+states what it is to an accountant. Every plug-in here reduces, exactly, to the Poisson-
+subsampled Gaussian mechanism under add/remove-one adjacency with some *effective* noise
+multiplier (noise std / per-record sensitivity); that multiplier is what the ledger records, so
+all accountants apply unchanged.
+
+Adding a mechanism: one module with a class satisfying `NoiseMechanism`, and one line in
+`NOISE_MECHANISMS` (see `dpltm/dp/noises/`). Every registered plug-in runs through the shared
+suite in tests/test_noise_plugins.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 import torch
 from dp_accounting import dp_event
 from torch import Tensor
 
+from dpltm.data.types import LabeledTensors
 from dpltm.errors import DpltmUserError
+from dpltm.model import MaskedMLP
 from dpltm.privacy.events import dpsgd_event
+
+
+@dataclass(frozen=True)
+class NoiseContext:
+    """What a plug-in may need to build itself: the network, and public data if any."""
+
+    model: MaskedMLP
+    clip: float
+    private_dataset: str
+    public_data: LabeledTensors | None = None
+    public_dataset: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class NoiseMechanism(Protocol):
     name: ClassVar[str]
-    noise_multiplier: float
+
+    @property
+    def parameter(self) -> float:
+        """The plug-in's own noise parameter (what `--sigma` sets)."""
+        ...
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """Gaussian noise multiplier under add/remove-one adjacency: what the accountant sees."""
+        ...
+
+    def coordinate_scales(self) -> dict[str, Tensor | None] | None:
+        """Per-parameter positive scales s (noise ∝ s, clipping in the norm ‖g / s‖), or None."""
+        ...
 
     def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
                 generator: torch.Generator) -> dict[str, Tensor]:
@@ -31,9 +65,34 @@ class NoiseMechanism(Protocol):
         """
         ...
 
-    def dp_event(self, sample_rate: float, steps: int) -> dp_event.DpEvent:
-        """What `steps` Poisson-sampled applications of this mechanism are, for an accountant."""
+    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
+        """Extra per-epoch figures to log (e.g. DPD's implied dropout rates); may be empty."""
         ...
+
+    def description(self) -> str:
+        """One line for the privacy statement."""
+        ...
+
+
+def dp_event_of(mechanism: NoiseMechanism, sample_rate: float, steps: int) -> dp_event.DpEvent:
+    """`steps` Poisson-sampled applications: SelfComposed(PoissonSampled(q, Gaussian(σ_eff)), T)."""
+    return dpsgd_event(sample_rate, mechanism.effective_noise_multiplier, steps)
+
+
+def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator,
+                 scale: Tensor | None = None) -> Tensor:
+    """total + N(0, std²·scale²) on the surviving coordinates only (drawn only there: cheaper)."""
+    out = total.clone()
+    if surviving is None:
+        noise = torch.randn(total.shape, generator=generator, device=total.device, dtype=total.dtype)
+        if scale is not None:
+            noise.mul_(scale)
+        return out.add_(noise, alpha=std)
+    noise = torch.randn(surviving.numel(), generator=generator, device=total.device, dtype=total.dtype)
+    if scale is not None:
+        noise.mul_(scale.reshape(-1).index_select(0, surviving))
+    out.view(-1).index_add_(0, surviving, noise, alpha=std)
+    return out
 
 
 @dataclass(frozen=True)
@@ -41,11 +100,34 @@ class GaussianNoise:
     """DP-SGD's Gaussian mechanism (Abadi et al. 2016, Alg. 1): N(0, σ²C²) per coordinate.
 
     With per-sample L2 clipping to C, adding or removing one record moves the sum by at most C
-    (add/remove adjacency), so this is the subsampled Gaussian mechanism with noise multiplier σ.
+    (add/remove adjacency), so this is the subsampled Gaussian mechanism with multiplier σ.
     """
 
     noise_multiplier: float
     name: ClassVar[str] = "gaussian"
+
+    @classmethod
+    def build(cls, parameter: float, context: NoiseContext | None = None) -> GaussianNoise:
+        return cls(parameter)
+
+    @classmethod
+    def parameter_for(cls, effective: float) -> float:
+        return effective
+
+    @classmethod
+    def effective_for(cls, parameter: float) -> float:
+        return parameter
+
+    @property
+    def parameter(self) -> float:
+        return self.noise_multiplier
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        return self.noise_multiplier
+
+    def coordinate_scales(self) -> dict[str, Tensor | None] | None:
+        return None
 
     def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
                 generator: torch.Generator) -> dict[str, Tensor]:
@@ -56,29 +138,27 @@ class GaussianNoise:
         return {name: add_gaussian(total, surviving.get(name), self.noise_multiplier * clip, generator)
                 for name, total in grad_sums.items()}
 
-    def dp_event(self, sample_rate: float, steps: int) -> dp_event.DpEvent:
-        return dpsgd_event(sample_rate, self.noise_multiplier, steps)
+    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
+        return {}
+
+    def description(self) -> str:
+        return f"Gaussian DP-SGD noise, multiplier σ = {self.noise_multiplier:.4g}"
 
 
-def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator) -> Tensor:
-    """total + N(0, std²) on the surviving coordinates only (drawn only there: cheaper)."""
-    out = total.clone()
-    if surviving is None:
-        noise = torch.randn(total.shape, generator=generator, device=total.device, dtype=total.dtype)
-        return out.add_(noise, alpha=std)
-    noise = torch.randn(surviving.numel(), generator=generator, device=total.device, dtype=total.dtype)
-    out.view(-1).index_add_(0, surviving, noise, alpha=std)
-    return out
+NoiseFactory = Callable[[float, NoiseContext], NoiseMechanism]
+NOISE_MECHANISMS: dict[str, Any] = {"gaussian": GaussianNoise}
+"""name → class with `build(parameter, context)`, and the pure maps between its parameter and
+the effective multiplier: `effective_for(parameter)`, `parameter_for(effective)`."""
 
 
-NOISE_MECHANISMS: dict[str, type] = {"gaussian": GaussianNoise}
-
-
-def make_noise(name: str, noise_multiplier: float) -> NoiseMechanism:
+def noise_class(name: str) -> Any:
     try:
-        cls = NOISE_MECHANISMS[name]
+        return NOISE_MECHANISMS[name]
     except KeyError:
         raise DpltmUserError(f"unknown noise '{name}' (choose from {', '.join(NOISE_MECHANISMS)})") from None
-    if noise_multiplier < 0:
-        raise DpltmUserError(f"noise multiplier must be ≥ 0, got {noise_multiplier}")
-    return cls(noise_multiplier)  # type: ignore[no-any-return]
+
+
+def make_noise(name: str, parameter: float, context: NoiseContext | None = None) -> NoiseMechanism:
+    if parameter < 0:
+        raise DpltmUserError(f"noise parameter must be ≥ 0, got {parameter}")
+    return noise_class(name).build(parameter, context)  # type: ignore[no-any-return]
