@@ -1,0 +1,241 @@
+"""Reproduction of the paper's grid: every (dataset, method, ε, seed) run, resumably.
+
+Methods:
+* `dpltm-same` — the paper's mode: tickets generated (non-privately) on the private training
+  data, selected with the exponential mechanism (ε1 = selection_fraction·ε), trained with
+  ε2 = ε − ε1. NOT end-to-end DP (PRIVACY.md §1); reported ε covers phases 2–3 only.
+* `dpltm-public` — the sound mode (paper §4.5): tickets from a public dataset (projection
+  layer when input sizes differ), best score picked without touching private data, all of ε to
+  training. End-to-end (ε, δ)-DP.
+* `dpsgd` — dense DP-SGD with the same settings. `nonprivate` — dense, no noise.
+* `random-ticket` (at `random_ticket_eps`) — a same-data ticket drawn uniformly (Table 2).
+
+Each run appends one row to `results.csv` (a run already there is skipped, so an interrupted
+reproduction resumes) and its per-epoch history to `curves.csv`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpltm.checkpoint import load_checkpoint
+from dpltm.config import (
+    DataSettings,
+    GenerateConfig,
+    GenerateSettings,
+    ModelSettings,
+    TrainConfig,
+    TrainSettings,
+    read_yaml,
+)
+from dpltm.data import load_dataset
+from dpltm.data.types import DatasetSplits
+from dpltm.errors import DpltmUserError
+from dpltm.lottery import generate_tickets
+from dpltm.pipeline import train
+from dpltm.selection import Selection, choose, winner_payload
+
+RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
+                 "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
+                 "epochs_run", "seconds"]
+
+
+@dataclass(frozen=True)
+class Run:
+    dataset: str
+    split: str
+    method: str
+    epsilon: float
+    seed: int
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.dataset, self.method, f"{self.epsilon:g}", self.seed)
+
+
+class Experiment:
+    def __init__(self, spec: dict[str, Any], out_dir: Path, data_dir: Path | None, device: torch.device) -> None:
+        self.spec = spec
+        self.out_dir = out_dir
+        self.data_dir = data_dir
+        self.device = device
+        self.ticket_dir = out_dir / "tickets"
+        self.model_dir = out_dir / "models"
+        self.ticket_dir.mkdir(parents=True, exist_ok=True)
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        self._data: dict[tuple[str, str, int], DatasetSplits] = {}
+
+    @classmethod
+    def from_file(cls, path: Path, out_dir: Path | None, data_dir: Path | None, device: torch.device) -> Experiment:
+        spec = read_yaml(path)
+        return cls(spec, out_dir or Path("runs") / spec["name"], data_dir, device)
+
+    # ---- the grid ------------------------------------------------------------------------
+    def available_datasets(self) -> list[dict[str, Any]]:
+        out = []
+        for entry in self.spec["datasets"]:
+            try:
+                self.data(entry["name"], entry["split"], 0)
+            except DpltmUserError as exc:
+                if entry.get("optional"):
+                    print(f"skipping {entry['name']}: {exc}", flush=True)
+                    continue
+                raise
+            out.append(entry)
+        return out
+
+    def runs(self) -> Iterator[Run]:
+        for entry in self.available_datasets():
+            for seed in self.spec["seeds"]:
+                for method in self.spec["methods"]:
+                    epsilons = [math.inf] if method == "nonprivate" else self.spec["epsilons"]
+                    for eps in epsilons:
+                        yield Run(entry["name"], entry["split"], method, eps, seed)
+                if "random_ticket_eps" in self.spec:
+                    yield Run(entry["name"], entry["split"], "random-ticket", self.spec["random_ticket_eps"], seed)
+
+    # ---- pieces --------------------------------------------------------------------------
+    def data(self, name: str, split: str, seed: int) -> DatasetSplits:
+        key = (name, split, seed)
+        if key not in self._data:
+            self._data[key] = load_dataset(name, split=split, data_dir=self.data_dir, seed=seed, device=self.device)
+        return self._data[key]
+
+    def tickets(self, name: str, split: str, project_to: int | None) -> Path:
+        """Ticket set (generated once, seed 0, resumable) for a dataset, optionally with a projection."""
+        g = self.spec["generate"]
+        suffix = f"-proj{project_to}" if project_to else ""
+        path = self.ticket_dir / f"{name}-{split}{suffix}.pt"
+        cfg = GenerateConfig(data=DataSettings(dataset=name, split=split),
+                             model=ModelSettings(project_to=project_to),
+                             generate=GenerateSettings(rounds=g["rounds"], iterations=g["iterations"],
+                                                       batch_size=g["batch_size"], lr=g["lr"]), seed=0)
+        if path.exists() and load_checkpoint(path, "tickets")["complete"]:
+            return path
+        print(f"generating tickets: {name} ({split}){suffix}", flush=True)
+        generate_tickets(cfg, self.data(name, split, 0), path, progress=False)
+        return path
+
+    def winner(self, tickets: Path, run: Run, how: str) -> Path:
+        payload = load_checkpoint(tickets, "tickets")
+        nu = float(self.spec["nu"])
+        eps1 = None
+        if how == "exponential":
+            eps1 = self.spec["selection_fraction"] * run.epsilon
+            selection = choose(payload, eps1=eps1, nu=nu, seed=run.seed)
+        elif how == "best":
+            selection = choose(payload, eps1=None, nu=nu, seed=None)
+        else:  # uniformly random ticket (Table 2's control)
+            rng = np.random.default_rng(run.seed)
+            index = int(rng.integers(len(payload["tickets"])))
+            base = choose(payload, eps1=None, nu=nu, seed=None)
+            selection = Selection(index, base.scores, np.full(len(payload["tickets"]), 1 / len(payload["tickets"])),
+                                  base.sensitivity, True, math.nan)
+        winner = winner_payload(payload, tickets, selection, eps1=eps1, nu=nu, seeded=True)
+        if how == "random":
+            winner["selection"]["method"] = "random"
+        path = self.model_dir / f"winner-{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
+        from dpltm.checkpoint import save_atomic
+
+        save_atomic(winner, path, "ticket")
+        return path
+
+    def train_settings(self, n_train: int, **overrides: Any) -> TrainSettings:
+        t = dict(self.spec["train"])
+        if n_train < 5000:
+            t["batch_size"] = self.spec.get("small_dataset_batch", t["batch_size"])
+        t.update(overrides)
+        return TrainSettings(**t)
+
+    # ---- one run -------------------------------------------------------------------------
+    def execute(self, run: Run) -> dict[str, Any]:
+        data = self.data(run.dataset, run.split, run.seed)
+        n = len(data.train)
+        ticket_path: Path | None = None
+        private, assert_public = True, False
+        frac = self.spec["selection_fraction"]
+        if run.method == "nonprivate":
+            settings = self.train_settings(n, eps2=None, sigma=None)
+            private = False
+        elif run.method == "dpsgd":
+            settings = self.train_settings(n, eps2=run.epsilon)
+        elif run.method in ("dpltm-same", "random-ticket"):
+            tickets = self.tickets(run.dataset, run.split, None)
+            ticket_path = self.winner(tickets, run, "exponential" if run.method == "dpltm-same" else "random")
+            eps2 = run.epsilon * (1 - frac)
+            settings = self.train_settings(n, eps2=eps2)
+        elif run.method == "dpltm-public":
+            public = self.spec["public"].get(run.dataset, self.spec["public"]["default"])
+            pub_data = self.data(public["name"], public["split"], 0)
+            project = data.num_features if pub_data.num_features != data.num_features else None
+            tickets = self.tickets(public["name"], public["split"], project)
+            ticket_path = self.winner(tickets, run, "best")
+            settings = self.train_settings(n, eps2=run.epsilon)
+        else:
+            raise DpltmUserError(f"unknown method {run.method}")
+        cfg = TrainConfig(data=DataSettings(dataset=run.dataset, split=run.split), train=settings, seed=run.seed)
+        out = self.model_dir / f"{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
+        ticket = load_checkpoint(ticket_path, "ticket") if ticket_path else None
+        started = time.perf_counter()
+        report = train(cfg, data, out, ticket=ticket, ticket_path=ticket_path, private=private,
+                       assert_public=assert_public, progress=False)
+        report["seconds"] = time.perf_counter() - started
+        history = load_checkpoint(out, "model")["history"]
+        ticket_round = ticket["round"] if ticket else None
+        row = {
+            "dataset": run.dataset, "method": run.method, "epsilon_target": f"{run.epsilon:g}", "seed": run.seed,
+            "test_accuracy": report["test_accuracy"], "val_accuracy": report["val_accuracy"],
+            "epsilon": report["epsilon"], "end_to_end_dp": report["end_to_end_dp"],
+            "composition": report["composition"], "accountant": report["accountant"],
+            "noise_multiplier": report["noise_multiplier"], "density": report["density"],
+            "ticket_round": ticket_round, "epochs_run": report["epochs_run"], "seconds": round(report["seconds"], 2),
+        }
+        return {"row": row, "history": history}
+
+
+def completed_keys(results: Path) -> set[tuple[str, str, str, int]]:
+    if not results.exists():
+        return set()
+    with results.open() as handle:
+        return {(r["dataset"], r["method"], r["epsilon_target"], int(r["seed"])) for r in csv.DictReader(handle)}
+
+
+def append_row(path: Path, fields: list[str], row: dict[str, Any]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+        handle.flush()
+
+
+def run_grid(exp: Experiment, shard: tuple[int, int] = (0, 1)) -> None:
+    results = exp.out_dir / f"results-{shard[0]}of{shard[1]}.csv"
+    curves = exp.out_dir / f"curves-{shard[0]}of{shard[1]}.csv"
+    done = set().union(*(completed_keys(p) for p in exp.out_dir.glob("results-*.csv")))
+    runs = list(exp.runs())
+    mine = [r for i, r in enumerate(runs) if i % shard[1] == shard[0]]
+    for run in mine:
+        if run.key in done:
+            continue
+        print(f"run {run.dataset} {run.method} ε={run.epsilon:g} seed={run.seed}", flush=True)
+        outcome = exp.execute(run)
+        append_row(results, RESULT_FIELDS, outcome["row"])
+        for record in outcome["history"]:
+            append_row(curves, ["dataset", "method", "epsilon_target", "seed", "epoch", "test_accuracy",
+                                "val_accuracy", "epsilon"],
+                       {"dataset": run.dataset, "method": run.method, "epsilon_target": f"{run.epsilon:g}",
+                        "seed": run.seed, "epoch": record["epoch"], "test_accuracy": record["test_accuracy"],
+                        "val_accuracy": record["val_accuracy"], "epsilon": record["epsilon"]})
+        print(json.dumps(outcome["row"]), flush=True)

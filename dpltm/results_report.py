@@ -1,0 +1,139 @@
+"""Aggregate a reproduction's CSVs into tables, figures and docs/results.md."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PAPER_TABLE2 = {"mnist": 0.84, "har": 0.61, "fashion-mnist": 0.77, "kmnist": 0.60, "isolet": 0.58}
+"""DPLTM test accuracy at ε = 0.2 in the paper's Table 2 (same-data mode)."""
+METHOD_LABELS = {
+    "dpltm-same": "DPLTM same-data (paper's mode; NOT end-to-end DP)",
+    "dpltm-public": "DPLTM public tickets (end-to-end DP)",
+    "dpsgd": "dense DP-SGD",
+    "nonprivate": "non-private",
+    "random-ticket": "random same-data ticket",
+}
+
+
+def read_rows(out_dir: Path, prefix: str) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for path in sorted(out_dir.glob(f"{prefix}-*.csv")):
+        with path.open() as handle:
+            rows.extend(csv.DictReader(handle))
+    return rows
+
+
+def summarise(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["dataset"], r["method"], r["epsilon_target"])].append(r)
+    out = {}
+    for key, members in groups.items():
+        acc = np.array([float(m["test_accuracy"]) for m in members])
+        eps = [float(m["epsilon"]) if m["epsilon"] not in ("inf", "") else math.inf for m in members]
+        out[key] = {"mean": float(acc.mean()), "std": float(acc.std(ddof=1)) if acc.size > 1 else 0.0,
+                    "n": int(acc.size), "epsilon": max(eps),
+                    "end_to_end": all(m["end_to_end_dp"] == "True" for m in members),
+                    "seconds": float(np.mean([float(m["seconds"]) for m in members]))}
+    return out
+
+
+def _cell(stats: dict[str, Any] | None) -> str:
+    if stats is None:
+        return "–"
+    return f"{stats['mean']:.3f} ± {stats['std']:.3f}" if stats["n"] > 1 else f"{stats['mean']:.3f}"
+
+
+def make_figures(summary: dict[tuple[str, str, str], dict[str, Any]], curves: list[dict[str, str]],
+                 epsilons: list[float], curve_eps: float, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted({k[0] for k in summary})
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
+    colours = {"dpltm-same": "tab:red", "dpltm-public": "tab:purple", "dpsgd": "tab:blue", "nonprivate": "tab:green"}
+    for ax, dataset in zip(axes[0], datasets):
+        xs = [f"{e:g}" for e in epsilons]
+        for method in ("dpltm-same", "dpltm-public", "dpsgd"):
+            stats = [summary.get((dataset, method, x)) for x in xs]
+            if not any(stats):
+                continue
+            means = [s["mean"] if s else np.nan for s in stats]
+            stds = [s["std"] if s else 0.0 for s in stats]
+            ax.errorbar(range(len(xs)), means, yerr=stds, marker="o", capsize=3, color=colours[method],
+                        label=METHOD_LABELS[method].split(" (")[0])
+        np_stats = summary.get((dataset, "nonprivate", "inf"))
+        if np_stats:
+            ax.axhline(np_stats["mean"], color=colours["nonprivate"], linestyle="--", label="non-private")
+        ax.set_xticks(range(len(xs)), xs)
+        ax.set_xlabel("ε")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(dataset)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("Accuracy against ε (δ = 1e-5): DPLTM vs DP-SGD (cf. paper Fig. 1)")
+    fig.tight_layout()
+    fig1 = out_dir / "fig1_accuracy_vs_eps.png"
+    fig.savefig(fig1, dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        for method in ("dpltm-same", "dpltm-public", "dpsgd"):
+            pts = [c for c in curves if c["dataset"] == dataset and c["method"] == method
+                   and c["epsilon_target"] == f"{curve_eps:g}" and c["seed"] == "0"]
+            if not pts:
+                continue
+            pts.sort(key=lambda c: int(c["epoch"]))
+            ax.plot([int(c["epoch"]) for c in pts], [float(c["test_accuracy"]) for c in pts],
+                    color=colours[method], label=METHOD_LABELS[method].split(" (")[0])
+            for c in pts:
+                if float(c["epsilon"]) >= 0.3 * curve_eps / 1.0:
+                    ax.plot(int(c["epoch"]), float(c["test_accuracy"]), "k.", markersize=6)
+                    break
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(f"{dataset} (ε = {curve_eps:g}; • where ε spent ≥ {0.3 * curve_eps:g})")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig2 = out_dir / "fig2_convergence.png"
+    fig.savefig(fig2, dpi=120)
+    plt.close(fig)
+    return [fig1, fig2]
+
+
+def write_markdown(summary: dict[tuple[str, str, str], dict[str, Any]], epsilons: list[float], random_eps: float,
+                   figures: list[Path], doc: Path, header: str) -> None:
+    datasets = sorted({k[0] for k in summary})
+    xs = [f"{e:g}" for e in epsilons]
+    lines = [header, "", "## Test accuracy against ε (mean ± std over seeds; δ = 1e-5)", ""]
+    for dataset in datasets:
+        lines += [f"### {dataset}", "", "| method | " + " | ".join(f"ε = {x}" for x in xs) + " |",
+                  "| --- | " + " | ".join("---" for _ in xs) + " |"]
+        for method in ("dpltm-same", "dpltm-public", "dpsgd"):
+            lines.append(f"| {METHOD_LABELS[method]} | " + " | ".join(_cell(summary.get((dataset, method, x)))
+                                                                     for x in xs) + " |")
+        lines.append(f"| non-private | {_cell(summary.get((dataset, 'nonprivate', 'inf')))} |"
+                     + " |" * (len(xs) - 1))
+        lines.append("")
+    lines += [f"## Winner against a random ticket at ε = {random_eps:g} (cf. paper Table 2)", "",
+              "| dataset | DPLTM winner (same-data) | random ticket | DPLTM public | DP-SGD | paper's DPLTM |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    r = f"{random_eps:g}"
+    for dataset in datasets:
+        paper = PAPER_TABLE2.get(dataset)
+        lines.append(f"| {dataset} | {_cell(summary.get((dataset, 'dpltm-same', r)))} | "
+                     f"{_cell(summary.get((dataset, 'random-ticket', r)))} | "
+                     f"{_cell(summary.get((dataset, 'dpltm-public', r)))} | {_cell(summary.get((dataset, 'dpsgd', r)))} | "
+                     f"{paper if paper is not None else '–'} |")
+    lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures]
+    doc.write_text("\n".join(lines) + "\n")
