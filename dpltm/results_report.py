@@ -133,7 +133,8 @@ def write_markdown(summary: dict[tuple[str, str, str], dict[str, Any]], epsilons
         paper = PAPER_TABLE2.get(dataset)
         lines.append(f"| {dataset} | {_cell(summary.get((dataset, 'dpltm-same', r)))} | "
                      f"{_cell(summary.get((dataset, 'random-ticket', r)))} | "
-                     f"{_cell(summary.get((dataset, 'dpltm-public', r)))} | {_cell(summary.get((dataset, 'dpsgd', r)))} | "
+                     f"{_cell(summary.get((dataset, 'dpltm-public', r)))} | "
+                     f"{_cell(summary.get((dataset, 'dpsgd', r)))} | "
                      f"{paper if paper is not None else '–'} |")
     lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures]
     doc.write_text("\n".join(lines) + "\n")
