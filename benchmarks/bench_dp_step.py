@@ -13,6 +13,7 @@ MNIST-shaped rows). Printed as ratios to the non-private masked step:
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -66,11 +67,24 @@ def timed(step: Callable[[], None], device: torch.device, repeats: int, warmup: 
     return (time.perf_counter() - start) / repeats
 
 
+def interleaved(steps: dict[str, Callable[[], None]], device: torch.device, rounds: int,
+                per_round: int) -> dict[str, float]:
+    """Median seconds per step over `rounds` rounds that time each step function in turn, so
+    drifts in machine speed (shared VMs drift by ±15 %) hit every contender alike."""
+    for step in steps.values():
+        timed(step, device, 1, warmup=5)
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            samples[name].append(timed(step, device, per_round, warmup=0))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="pruning rounds of the ticket (7: C ≈ 0.08)")
     parser.add_argument("--batch-size", type=int, default=400)
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=30, help="interleaved rounds of 10 steps each")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-opacus", action="store_true")
     args = parser.parse_args()
@@ -97,8 +111,8 @@ def main() -> None:
                                         expected_batch_size=args.batch_size, generator=g, layout=layout)
         apply_gradients(dp_model, grads, dp_opt)
 
-    results = {"non-private masked step": timed(plain_step, device, args.repeats),
-               "dpltm DP step": timed(dp_step, device, args.repeats)}
+    results = interleaved({"non-private masked step": plain_step, "dpltm DP step": dp_step}, device,
+                          rounds=args.repeats, per_round=10)
     if not args.no_opacus:
         results.update(opacus_steps(plain_model, x, y, args.batch_size, device, args.repeats))
     base = results["non-private masked step"]
@@ -143,7 +157,7 @@ def opacus_steps(ticket: MaskedMLP, x: torch.Tensor, y: torch.Tensor, batch_size
                 o.step()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out[label] = timed(step, device, max(repeats // 5, 5) if mode == "hooks" else repeats)
+            out[label] = timed(step, device, 5 if mode == "hooks" else 10 * repeats)
     return out
 
 

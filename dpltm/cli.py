@@ -253,7 +253,7 @@ def train(
     clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).")] = None,
     lr: Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).")] = None,
     optimizer: Annotated[str | None, typer.Option(help="sgd or adam (NoisyAdam).")] = None,
-    noise: Annotated[str | None, typer.Option(help="Noise plug-in: gaussian.")] = None,
+    noise: Annotated[str | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-data).")] = None,
     accountant: Annotated[str | None, typer.Option(help="pld (default) or rdp.")] = None,
     target_eps: Annotated[float | None, typer.Option("--target-eps", help="Stop before spending more than this.")] = None,
     patience: Annotated[int | None, typer.Option(help="Early-stop after this many epochs without validation gain.")] = None,
@@ -261,6 +261,7 @@ def train(
     non_private: Annotated[bool, typer.Option("--non-private", help="Train without privacy (baseline).")] = False,
     public_tickets: Annotated[bool, typer.Option("--public-tickets", help="Assert the ticket's generation data is public even though it has the private dataset's name.")] = False,
     val_fraction: Annotated[float | None, typer.Option(help="Fraction held out for validation.")] = None,
+    public_data: Annotated[str | None, typer.Option("--public-data", help="Public DATASET[:SPLIT] for noise plug-ins that need it (shaped); never the private dataset.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for sampling, noise and any fresh layer.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
@@ -281,13 +282,14 @@ def train(
                   "target_eps": target_eps, "patience": patience},
         "seed": seed,
     }
-    report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress)
+    report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
+                         public_data=public_data)
     _finish_training_report(report, json_out)
 
 
 def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
-                progress: bool) -> dict[str, Any]:
+                progress: bool, public_data: str | None = None) -> dict[str, Any]:
     from dpltm import pipeline
     from dpltm.checkpoint import check_writable
     from dpltm.config import resolve_train_config
@@ -301,13 +303,19 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     check_writable(target)
     torch_device = resolve_device(device)
+    public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
+    if public_name is not None and public_name == cfg.data.dataset:
+        raise DpltmUserError(f"--public-data must be public: it names the private dataset {cfg.data.dataset}")
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    public = None if public_name is None else load_dataset(
+        public_name, split=public_split, data_dir=data_dir, device=torch_device).train
     err_console.print(f"training on {data.name} ({len(data.train)} records) on {torch_device}: "
                       f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
                       f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
     return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
-                          assert_public=public_tickets, progress=progress)
+                          assert_public=public_tickets, progress=progress, public_data=public,
+                          public_dataset=public_name)
 
 
 def _finish_training_report(report: dict[str, Any], json_out: bool) -> None:
@@ -315,6 +323,8 @@ def _finish_training_report(report: dict[str, Any], json_out: bool) -> None:
                       f"after {report['epochs_run']} epochs, {report['steps']} steps: {report['stop_reason']}")
     if report["noise_multiplier"] is not None:
         how = "calibrated" if report["sigma_calibrated"] else "given"
+        if report["noise_parameter"] != report["noise_multiplier"]:
+            how = f"effective; plug-in parameter {report['noise_parameter']:.4f}, {how}"
         err_console.print(f"noise multiplier σ = {report['noise_multiplier']:.4f} ({how}), q = {report['sample_rate']:.5f}")
     err_console.print(report["statement"], markup=False, highlight=False)
     err_console.print(f"model: {report['output']}")
@@ -334,13 +344,14 @@ def account(
     epochs: Annotated[int | None, typer.Option(help="Epochs (⌈N/L⌉ steps each).")] = None,
     eps: Annotated[float | None, typer.Option("--eps", help="Solve for σ reaching this ε instead.")] = None,
     eps1: Annotated[float | None, typer.Option(help="Also compose with an ε1 exponential-mechanism selection.")] = None,
+    noise: Annotated[str, typer.Option(help="Noise plug-in --sigma belongs to: gaussian, dpd (accounted as 2σ; adds the DPD paper's own zCDP figure as a labelled comparison) or shaped.")] = "gaussian",
     json_out: Json = False,
 ) -> None:
     """ε of Poisson-subsampled Gaussian DP-SGD by each accountant, side by side (or σ for a target ε)."""
     from dpltm.accounting_report import account_report, print_account_report
 
     report = account_report(q=q, sigma=sigma, steps=steps, delta=delta, dataset_size=dataset_size,
-                            batch_size=batch_size, epochs=epochs, eps=eps, eps1=eps1)
+                            batch_size=batch_size, epochs=epochs, eps=eps, eps1=eps1, noise=noise)
     if json_out:
         emit_json(report)
     else:

@@ -5,6 +5,7 @@ The CLI is a thin layer over these functions; `dpltm run` chains them.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import torch
 from dpltm import __version__
 from dpltm.checkpoint import check_writable, load_checkpoint, save_atomic
 from dpltm.config import TrainConfig, to_dict
-from dpltm.data.types import DatasetSplits
+from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
@@ -73,8 +74,13 @@ def load_ticket(path: Path) -> dict[str, Any]:
 
 def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str, Any] | None,
           ticket_path: Path | None, private: bool, assert_public: bool = False,
-          hidden: tuple[int, ...] = (300, 100), progress: bool = True) -> dict[str, Any]:
-    """Train and write the model checkpoint; returns the final report (JSON-able)."""
+          hidden: tuple[int, ...] = (300, 100), progress: bool = True,
+          public_data: LabeledTensors | None = None, public_dataset: str | None = None) -> dict[str, Any]:
+    """Train and write the model checkpoint; returns the final report (JSON-able).
+
+    `public_data` (records of `public_dataset`, never the private one) is handed to the noise
+    plug-in, e.g. for the sensitivity-shaped noise (PRIVACY.md §6).
+    """
     check_writable(out)
     s = cfg.train
     origin = ticket_origin(ticket, data.name, assert_public)
@@ -103,9 +109,11 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             plan = replace(plan, epochs=allowed)
     log_dir = out.parent / f"{out.stem}-logs"
     if plan is not None:
-        context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name)
+        context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
+                               public_data=public_data, public_dataset=public_dataset)
         outcome = run_private(model, data, plan, s, seed=cfg.seed, log_dir=log_dir,
-                              epsilon_after=epsilon_after, progress=progress, noise_context=context)
+                              epsilon_after=epsilon_after, progress=progress, noise_context=context,
+                              on_epoch=_print_epoch if progress else None)
     else:
         outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
     if budget_note is not None and outcome.stop_reason.startswith("finished"):
@@ -133,6 +141,11 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     }
     save_atomic(payload, out, "model")
     return report
+
+
+def _print_epoch(record: dict[str, Any]) -> None:
+    print(f"epoch {record['epoch']}: val acc {record['val_accuracy']:.4f}, test acc {record['test_accuracy']:.4f}, "
+          f"ε spent {record['epsilon']:.4f}", file=sys.stderr, flush=True)
 
 
 def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSplits, model: MaskedMLP,

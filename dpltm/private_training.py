@@ -100,7 +100,8 @@ class DPTrainingModule(L.LightningModule):
     """One DP-SGD step per Poisson batch; per-epoch evaluation, ε bookkeeping and stopping."""
 
     def __init__(self, model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
-                 noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float]) -> None:
+                 noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
+                 on_epoch: Callable[[dict[str, Any]], None] | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
@@ -109,6 +110,7 @@ class DPTrainingModule(L.LightningModule):
         self.settings = settings
         self.noise = noise
         self.epsilon_after = epsilon_after
+        self.on_epoch = on_epoch
         device = data.train.labels.device
         self.noise_generator = torch.Generator(device=device).manual_seed(seed)
         # masks (and any noise geometry) never change during training
@@ -163,6 +165,8 @@ class DPTrainingModule(L.LightningModule):
         self._clipped.zero_()
         self._seen.zero_()
         self._maybe_stop(record)
+        if self.on_epoch is not None:
+            self.on_epoch(record)
 
     def _maybe_stop(self, record: dict[str, Any]) -> None:
         s = self.settings
@@ -185,12 +189,13 @@ class TrainOutcome:
 
 def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
                 seed: int, log_dir: Path, epsilon_after: Callable[[int], float],
-                progress: bool, noise_context: NoiseContext) -> TrainOutcome:
+                progress: bool, noise_context: NoiseContext,
+                on_epoch: Callable[[dict[str, Any]], None] | None = None) -> TrainOutcome:
     device = data.train.labels.device
     noise = make_noise(settings.noise, plan.noise_parameter, noise_context)
     if abs(noise.effective_noise_multiplier - plan.noise_multiplier) > 1e-12 * max(1.0, plan.noise_multiplier):
         raise RuntimeError("noise plug-in disagrees with the plan's effective multiplier")
-    module = DPTrainingModule(model, data, plan, settings, noise, seed, epsilon_after)
+    module = DPTrainingModule(model, data, plan, settings, noise, seed, epsilon_after, on_epoch)
     batches = torch.utils.data.DataLoader(
         PoissonBatches(len(data.train), plan.sample_rate, plan.steps_per_epoch, seed + 1, device),
         batch_size=None, num_workers=0,

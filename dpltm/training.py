@@ -13,6 +13,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import torch
@@ -27,22 +28,40 @@ from dpltm.model import MaskedMLP
 
 
 class ClassifierModule(L.LightningModule):
-    """Cross-entropy classifier around a `MaskedMLP`, trained with plain SGD."""
+    """Cross-entropy classifier around a `MaskedMLP`, trained with plain SGD.
+
+    Manual optimisation: the step is the textbook zero_grad/backward/step, without the closure
+    machinery automatic optimisation wraps around it (a measurable share of a 4 ms step).
+    """
 
     def __init__(self, model: MaskedMLP, lr: float, steps: int) -> None:
         super().__init__()
+        self.automatic_optimization = False
         self.model = model
         self.lr = lr
         self.register_buffer("step_losses", torch.zeros(steps), persistent=False)
+        self.steps_done = 0
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
+        optimizer = self._optimizer
+        optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        optimizer.step()
         self.step_losses[batch_idx] = loss.detach()
-        return loss
+        self.steps_done = batch_idx + 1
+
+    def on_train_start(self) -> None:
+        optimizer = self.optimizers()
+        self._optimizer = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer  # type: ignore[union-attr]
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Batches are slices of tensors that already live on the device: nothing to move."""
+        return batch
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=self.lr)
@@ -108,8 +127,7 @@ def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batc
         trainer = L.Trainer(
             accelerator=lightning_accelerator(device),
             devices=[device.index or 0] if device.type == "cuda" else 1,
-            max_steps=steps,
-            max_epochs=-1,
+            max_epochs=1,  # one pass over the stream, which holds exactly `steps` batches
             logger=False,
             enable_checkpointing=False,
             enable_model_summary=False,
@@ -121,6 +139,8 @@ def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batc
         )
     with quiet_lightning():
         trainer.fit(module, train_dataloaders=batches)
+    if module.steps_done != steps:
+        raise RuntimeError(f"training ran {module.steps_done} steps, expected {steps}")
     losses = module.step_losses.cpu()
     blocks = [losses[i : i + log_every].mean().item() for i in range(0, steps, log_every)]
     return TrainResult(losses=blocks)

@@ -44,3 +44,17 @@ def test_bad_values_are_user_errors(tmp_path: Path) -> None:
         resolve_generate_config({"generate": {"min_density": 1.5}}, None)
     with pytest.raises(DpltmUserError, match="not a valid int"):
         resolve_generate_config({"generate": {"rounds": "many"}}, None)
+
+
+@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "experiments").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_experiment_profile_is_complete(path: Path) -> None:
+    """The reproduction's profiles name only known methods and build valid settings."""
+    from dpltm.config import GenerateSettings, TrainSettings
+    from dpltm.data import DATASETS
+
+    spec = read_yaml(path)
+    assert set(spec["methods"]) <= {"dpltm-same", "dpltm-public", "dpsgd", "nonprivate"}
+    assert all(entry["name"] in DATASETS for entry in spec["datasets"])
+    assert all(0 < e for e in spec["epsilons"]) and 0 < spec["selection_fraction"] < 1
+    GenerateSettings(**spec["generate"])
+    TrainSettings(**spec["train"])

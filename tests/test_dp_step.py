@@ -50,6 +50,19 @@ def test_ghost_norms_equal_single_sample_loop(rounds: int, project_to: int | Non
     torch.testing.assert_close(ghost, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
 
 
+def test_sparse_and_dense_norm_operators_agree() -> None:
+    """Big sparse layers take the CSR path; it must give the same norms as the dense one."""
+    model = MaskedMLP(build_architecture(400, 5, (60,), None), torch.Generator().manual_seed(0)).double()
+    for _ in range(6):  # density 0.7**6 ≈ 0.12 on the first layer: below SPARSE_BELOW_DENSITY
+        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    layout = MaskLayout.of(model, torch.float64)
+    assert layout.norm_masks[0] is not None and layout.norm_masks[0].layout == torch.sparse_csr
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(9, 400, generator=g, dtype=torch.float64), torch.randint(0, 5, (9,), generator=g)
+    ghost = clipped_gradient_sum(model, x, y, clip=float("inf"), layout=layout).norms
+    torch.testing.assert_close(ghost, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
+
+
 def test_clipped_sum_equals_torch_func_per_sample_gradients() -> None:
     model = model_with(2)
     x, y = batch(23)
@@ -98,7 +111,8 @@ def test_noise_scale_on_zero_gradients_and_none_on_pruned() -> None:
     sigma, clip, expected_batch = 1.7, 0.8, 50.0
     zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
     g = torch.Generator().manual_seed(0)
-    draws = [GaussianNoise(sigma).perturb(dict(zeros), layout.surviving, clip, g) for _ in range(400)]
+    draws = [GaussianNoise(sigma).perturb({k: v.clone() for k, v in zeros.items()}, layout.surviving, clip, g)
+             for _ in range(400)]
     for name, mask in masks.items():
         stacked = torch.stack([d[name] for d in draws]) / expected_batch
         if mask is None:

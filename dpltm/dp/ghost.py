@@ -17,6 +17,7 @@ z_i influences only ℓ_i, so ∂(Σ ℓ)/∂z_i = ∂ℓ_i/∂z_i.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,8 @@ from dpltm.model import MaskedMLP
 class MaskLayout:
     """What a DP step needs to know about the masks, computed once per training run.
 
-    `norm_masks[l]` is layer l's mask (divided by s² under a noise geometry s) as a float
-    (in, out) matrix laid out for the norm matmul, None for a dense unscaled layer;
+    `norm_masks[l]` is layer l's mask (divided by s² under a noise geometry s) laid out for the
+    norm matmul (see `_norm_operator`), None for a dense unscaled layer;
     `bias_weights[l]` is 1/s² for a scaled bias; `weight_masks[l]` the float mask for the
     clipped sum; `surviving[name]` the flat indices of a parameter's surviving coordinates
     (None: all survive), so noise is drawn only where it can act.
@@ -63,13 +64,36 @@ class MaskLayout:
                 norm_weight = mask.to(dtype)
                 if weight_scale is not None:
                     norm_weight = norm_weight / weight_scale.to(dtype) ** 2
-                norm_masks.append(norm_weight.T.contiguous())
+                norm_masks.append(_norm_operator(norm_weight))
             bias_weights.append(None if bias_scale is None else (1.0 / bias_scale.to(dtype) ** 2))
             dense = bool(mask.all())
             weight_masks.append(None if dense else mask.to(dtype))
             surviving[f"{prefix}.weight"] = None if dense else mask.flatten().nonzero().squeeze(1)
             surviving[f"{prefix}.bias"] = None
         return cls(norm_masks, weight_masks, surviving, bias_weights)
+
+
+SPARSE_BELOW_DENSITY = 0.2
+"""Below this density a big layer's norm matmul uses a sparse (CSR) mask: fewer flops than dense
+GEMM by more than the sparse kernel's per-flop cost (benchmarks/bench_dp_step.py)."""
+
+
+def _norm_operator(norm_weight: Tensor) -> Tensor:
+    """(out, in) weights → the operator `_masked_sq_norms` multiplies with: sparse CSR (out, in)
+    for sparse big layers, else the dense transpose (in, out)."""
+    kept = float((norm_weight != 0).float().mean())
+    if kept < SPARSE_BELOW_DENSITY and norm_weight.numel() >= 10_000:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            return norm_weight.to_sparse_csr()
+    return norm_weight.T.contiguous()
+
+
+def _masked_sq_norms(a2: Tensor, g2: Tensor, operator: Tensor) -> Tensor:
+    """Σ_jk g_ij² W_jk a_ik² per row i, with W the (scaled) mask: see the module docstring."""
+    if operator.layout == torch.sparse_csr:
+        return (operator @ a2.T.contiguous()).T.mul_(g2).sum(dim=1)
+    return (a2 @ operator).mul_(g2).sum(dim=1)
 
 
 @dataclass(frozen=True)
@@ -117,8 +141,8 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
             g2_sum = g2.sum(dim=1)
             if norm_mask is None:
                 sq_norms += g2_sum * (a * a).sum(dim=1)
-            else:  # (a_i ⊙ a_i) Mᵀ · (g_i ⊙ g_i): the cheaper association for in > out
-                sq_norms += ((a * a) @ norm_mask).mul_(g2).sum(dim=1)
+            else:
+                sq_norms += _masked_sq_norms(a * a, g2, norm_mask)
             sq_norms += g2_sum if bias_weight is None else g2 @ bias_weight  # bias
         norms = sq_norms.sqrt()
         factors = clip_factors(norms, clip)

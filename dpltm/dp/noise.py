@@ -7,8 +7,8 @@ subsampled Gaussian mechanism under add/remove-one adjacency with some *effectiv
 multiplier (noise std / per-record sensitivity); that multiplier is what the ledger records, so
 all accountants apply unchanged.
 
-Adding a mechanism: one module with a class satisfying `NoiseMechanism`, and one line in
-`NOISE_MECHANISMS` (see `dpltm/dp/noises/`). Every registered plug-in runs through the shared
+Adding a mechanism: one module with a class satisfying `NoiseMechanism` (like `dpltm/dp/dpd.py`,
+`dpltm/dp/shaped.py`), and one line in `NOISE_MECHANISMS`. Every registered plug-in runs through the shared
 suite in tests/test_noise_plugins.py.
 """
 
@@ -81,8 +81,10 @@ def dp_event_of(mechanism: NoiseMechanism, sample_rate: float, steps: int) -> dp
 
 def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator,
                  scale: Tensor | None = None) -> Tensor:
-    """total + N(0, std²·scale²) on the surviving coordinates only (drawn only there: cheaper)."""
-    out = total.clone()
+    """total + N(0, std²·scale²) on the surviving coordinates only (drawn only there: cheaper).
+
+    Adds in place: `total` is a fresh gradient sum owned by the caller."""
+    out = total
     if surviving is None:
         noise = torch.randn(total.shape, generator=generator, device=total.device, dtype=total.dtype)
         if scale is not None:
@@ -146,7 +148,17 @@ class GaussianNoise:
 
 
 NoiseFactory = Callable[[float, NoiseContext], NoiseMechanism]
-NOISE_MECHANISMS: dict[str, Any] = {"gaussian": GaussianNoise}
+
+# The plug-ins import this module's helpers, so they are imported here, after them (and
+# dpltm/dp/__init__.py imports this module first, whichever plug-in is imported first).
+from dpltm.dp.dpd import DropoutNoise  # noqa: E402
+from dpltm.dp.shaped import ShapedNoise  # noqa: E402
+
+NOISE_MECHANISMS: dict[str, Any] = {
+    "gaussian": GaussianNoise,
+    "dpd": DropoutNoise,
+    "shaped": ShapedNoise,
+}
 """name → class with `build(parameter, context)`, and the pure maps between its parameter and
 the effective multiplier: `effective_for(parameter)`, `parameter_for(effective)`."""
 

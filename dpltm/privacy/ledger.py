@@ -54,7 +54,15 @@ from dpltm.privacy.events import (
 
 FORMAT_VERSION = 1
 PHASE1_MODES = ("public", "same-data", "none")
-NOISES = ("gaussian",)
+NOISES = ("gaussian", "dpd", "shaped")
+"""Noise plug-ins a ledger may name (dpltm.dp.noise.NOISE_MECHANISMS). Each reduces exactly to
+the Poisson-subsampled Gaussian mechanism with the *effective* multiplier that `training`
+records as sigma, so the accounting does not depend on which one ran."""
+_NOISE_TEXT = {
+    "gaussian": "Gaussian noise",
+    "dpd": "differentially private dropout noise (Ermiş & Cemgil; effective multiplier = 2 × its σ)",
+    "shaped": "sensitivity-shaped noise (scales from public data, clipping in the rescaled norm)",
+}
 TRAINING_REQUIRED = ("q", "sigma", "steps")
 TRAINING_OPTIONAL = ("clip", "expected_batch_size", "dataset_size")
 
@@ -289,7 +297,9 @@ class PrivacyLedger:
             t = self.training
             extra = f", clip {t['clip']:g}" if "clip" in t else ""
             lines.append(
-                f"Training: DP-SGD with Poisson sampling q = {t['q']:.4g}, noise multiplier "
+                f"Training: DP-SGD with Poisson sampling q = {t['q']:.4g}, noise plug-in "
+                f"'{self.noise}' ({_NOISE_TEXT.get(self.noise, self.noise)}), "
+                f"{'effective ' if self.noise != 'gaussian' else ''}noise multiplier "
                 f"σ = {t['sigma']:g}, {int(t['steps'])} steps{extra}."
             )
         else:
