@@ -83,6 +83,10 @@ class MaskedMLP(nn.Module):
         self.reset_parameters(generator)
         for name in self.mask_names():
             self.register_buffer(_buffer_name(name), torch.ones_like(self._weight(name), dtype=torch.bool))
+            # The same mask in the weights' dtype, for the forward pass: multiplying by a bool
+            # mask converts it to float on every call. Derived state, so not saved.
+            self.register_buffer(_float_buffer_name(name), torch.ones_like(self._weight(name)), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._refresh_float_masks())
         self._layer_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()]
         self._has_projection = arch.project_to is not None
 
@@ -121,6 +125,16 @@ class MaskedMLP(nn.Module):
             buf = getattr(self, _buffer_name(name))
             buf.copy_(mask.to(device=buf.device, dtype=torch.bool))
             self._weight(name).mul_(buf)
+        self._refresh_float_masks()
+
+    @torch.no_grad()
+    def _refresh_float_masks(self) -> None:
+        for name in self.mask_names():
+            getattr(self, _float_buffer_name(name)).copy_(getattr(self, _buffer_name(name)))
+
+    def forward_masks(self) -> list[Tensor]:
+        """The masks in the weights' dtype, input to output (what the forward pass multiplies by)."""
+        return [getattr(self, _float_buffer_name(f"{n}.weight")) for _, n in self._layer_list]
 
     def masked_weights(self) -> dict[str, Tensor]:
         return {n: w * m for (n, w), m in zip(self.weights().items(), self.masks().values())}
@@ -128,7 +142,7 @@ class MaskedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         last = len(self._layer_list) - 1
         for i, (layer, name) in enumerate(self._layer_list):
-            mask = getattr(self, _buffer_name(f"{name}.weight"))
+            mask = getattr(self, _float_buffer_name(f"{name}.weight"))
             x = F.linear(x, layer.weight * mask, layer.bias)
             if i != last and not (self._has_projection and i == 0):
                 x = F.relu(x)
@@ -148,6 +162,10 @@ class MaskedMLP(nn.Module):
 
 def _buffer_name(mask_name: str) -> str:
     return "mask_" + mask_name.replace(".", "_")
+
+
+def _float_buffer_name(mask_name: str) -> str:
+    return "fmask_" + mask_name.replace(".", "_")
 
 
 def check_masks(masks: Masks, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -59,8 +59,14 @@ def test_sparse_and_dense_norm_operators_agree() -> None:
     assert layout.norm_masks[0] is not None and layout.norm_masks[0].layout == torch.sparse_csr
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(9, 400, generator=g, dtype=torch.float64), torch.randint(0, 5, (9,), generator=g)
-    ghost = clipped_gradient_sum(model, x, y, clip=float("inf"), layout=layout).norms
-    torch.testing.assert_close(ghost, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
+    assert layout.sum_masks[0] is not None  # the clipped sum takes the sampled-matmul path too
+    batch = clipped_gradient_sum(model, x, y, clip=float("inf"), layout=layout)
+    torch.testing.assert_close(batch.norms, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
+    # with no clipping the sum is the gradient of the summed loss (masked)
+    model.zero_grad()
+    F.cross_entropy(model(x), y, reduction="sum").backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(batch.grad_sums[name], param.grad, msg=name)
 
 
 def test_clipped_sum_equals_torch_func_per_sample_gradients() -> None:

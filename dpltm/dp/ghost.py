@@ -42,6 +42,11 @@ class MaskLayout:
     weight_masks: list[Tensor | None]
     surviving: dict[str, Tensor | None]
     bias_weights: list[Tensor | None]
+    parameter_names: list[tuple[str, str]]
+    """(weight, bias) parameter names per layer, input to output."""
+    sum_masks: list[Tensor | None]
+    """CSR 0/1 mask for sparse big layers: their clipped sum is computed only where it survives
+    (sampled dense-dense matmul), None for the rest."""
 
     @classmethod
     def of(cls, model: MaskedMLP, dtype: torch.dtype = torch.float32,
@@ -70,7 +75,10 @@ class MaskLayout:
             weight_masks.append(None if dense else mask.to(dtype))
             surviving[f"{prefix}.weight"] = None if dense else mask.flatten().nonzero().squeeze(1)
             surviving[f"{prefix}.bias"] = None
-        return cls(norm_masks, weight_masks, surviving, bias_weights)
+        names = [(f"layers.{n.removesuffix('.weight').replace('.', '_')}.weight",
+                  f"layers.{n.removesuffix('.weight').replace('.', '_')}.bias") for n, _, _ in model.layers_in_order()]
+        sum_masks = [_sparse_or_none(mask.to(dtype)) for _, _, mask in model.layers_in_order()]
+        return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks)
 
 
 SPARSE_BELOW_DENSITY = 0.2
@@ -89,10 +97,19 @@ def _norm_operator(norm_weight: Tensor) -> Tensor:
     return norm_weight.T.contiguous()
 
 
+def _sparse_or_none(mask: Tensor) -> Tensor | None:
+    if float(mask.mean()) < SPARSE_BELOW_DENSITY and mask.numel() >= 10_000:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return mask.to_sparse_csr()
+    return None
+
+
 def _masked_sq_norms(a2: Tensor, g2: Tensor, operator: Tensor) -> Tensor:
     """Σ_jk g_ij² W_jk a_ik² per row i, with W the (scaled) mask: see the module docstring."""
     if operator.layout == torch.sparse_csr:
         return (operator @ a2.T.contiguous()).T.mul_(g2).sum(dim=1)
+
     return (a2 @ operator).mul_(g2).sum(dim=1)
 
 
@@ -124,7 +141,7 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
     h = x
-    for index, (_, layer, mask) in enumerate(layers):
+    for index, ((_, layer, _), mask) in enumerate(zip(layers, model.forward_masks())):
         inputs.append(h)
         z = F.linear(h, layer.weight * mask, layer.bias)
         outputs.append(z)
@@ -141,16 +158,27 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
             g2_sum = g2.sum(dim=1)
             if norm_mask is None:
                 sq_norms += g2_sum * (a * a).sum(dim=1)
+            elif norm_mask.layout == torch.sparse_csr:
+                # square straight into the (in, batch) layout the sparse product wants: one pass
+                a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
+                sq_norms += (norm_mask @ a2t).T.mul_(g2).sum(dim=1)
             else:
                 sq_norms += _masked_sq_norms(a * a, g2, norm_mask)
             sq_norms += g2_sum if bias_weight is None else g2 @ bias_weight  # bias
         norms = sq_norms.sqrt()
         factors = clip_factors(norms, clip)
         sums: dict[str, Tensor] = {}
-        for a, g, (mask_name, _, _), weight_mask in zip(inputs, out_grads, layers, layout.weight_masks):
+        for a, g, (weight_name, bias_name), weight_mask, sum_mask in zip(
+                inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks):
             scaled = g * factors[:, None]
-            prefix = mask_name.removesuffix(".weight").replace(".", "_")
-            weight_sum = scaled.T @ a
-            sums[f"layers.{prefix}.weight"] = weight_sum if weight_mask is None else weight_sum.mul_(weight_mask)
-            sums[f"layers.{prefix}.bias"] = scaled.sum(dim=0)
+            if sum_mask is not None:  # only the surviving entries of (c ⊙ G)ᵀ A, then scattered
+                kept = torch.sparse.sampled_addmm(sum_mask, scaled.T.contiguous(), a, beta=0.0).values()
+                weight_sum = a.new_zeros(sum_mask.shape)
+                weight_sum.view(-1).index_copy_(0, layout.surviving[weight_name], kept)  # type: ignore[arg-type]
+            else:
+                weight_sum = scaled.T @ a
+                if weight_mask is not None:
+                    weight_sum.mul_(weight_mask)
+            sums[weight_name] = weight_sum
+            sums[bias_name] = scaled.sum(dim=0)
     return ClippedBatch(sums, norms, loss_sum.detach())
