@@ -47,6 +47,9 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
             torch.save(body, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
     except BaseException:
         try:

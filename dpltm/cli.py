@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -66,8 +67,19 @@ def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
     return tuple(int(v) for v in values)
 
 
+def _strict(value: Any) -> Any:
+    """JSON has no inf/NaN: write them as strings, as the privacy report does."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def emit_json(report: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(_strict(report), indent=2, default=str, allow_nan=False) + "\n")
 
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root (else $DPLTM_DATA_DIR, else ../shared/data).")]
@@ -262,7 +274,8 @@ def train(
     public_tickets: Annotated[bool, typer.Option("--public-tickets", help="Assert the ticket's generation data is public even though it has the private dataset's name.")] = False,
     val_fraction: Annotated[float | None, typer.Option(help="Fraction held out for validation.")] = None,
     public_data: Annotated[str | None, typer.Option("--public-data", help="Public DATASET[:SPLIT] for noise plug-ins that need it (shaped); never the private dataset.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for sampling, noise and any fresh layer.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
     data_dir: DataDir = None,
@@ -273,6 +286,8 @@ def train(
     """Phase 3: DP-SGD on the masked winner (or --dense / --non-private baselines)."""
     if dense and ticket is not None:
         raise DpltmUserError("--dense trains the full network: drop --ticket")
+    if sigma is not None and eps2 is not None:
+        raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma (ε is reported), not both")
     if not dense and ticket is None:
         raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
     cli = {
@@ -283,13 +298,13 @@ def train(
         "seed": seed,
     }
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
-                         public_data=public_data)
+                         public_data=public_data, noise_seed=noise_seed)
     _finish_training_report(report, json_out)
 
 
 def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
-                progress: bool, public_data: str | None = None) -> dict[str, Any]:
+                progress: bool, public_data: str | None = None, noise_seed: int | None = None) -> dict[str, Any]:
     from dpltm import pipeline
     from dpltm.checkpoint import check_writable
     from dpltm.config import resolve_train_config
@@ -299,11 +314,13 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
 
     cfg = resolve_train_config(cli, config)
     ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
-    mode = "nonprivate" if non_private else ("dpltm" if ticket is not None else "dense")
+    mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     check_writable(target)
     torch_device = resolve_device(device)
     public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
+    if public_name is not None and cfg.train.noise != "shaped":
+        raise DpltmUserError(f"--public-data is only used by --noise shaped (this run uses {cfg.train.noise})")
     if public_name is not None and public_name == cfg.data.dataset:
         raise DpltmUserError(f"--public-data must be public: it names the private dataset {cfg.data.dataset}")
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
@@ -315,7 +332,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                       f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
     return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
                           assert_public=public_tickets, progress=progress, public_data=public,
-                          public_dataset=public_name)
+                          public_dataset=public_name, noise_seed=noise_seed)
 
 
 def _finish_training_report(report: dict[str, Any], json_out: bool) -> None:
@@ -384,7 +401,12 @@ def run(
     if public_dataset == dataset:
         raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
                              "(for the paper's same-data mode run generate, select and train yourself)")
+    from dpltm.config import resolve_train_config
+
     folder = default_checkpoint_dir()
+    train_cli = {"data": {"dataset": dataset}, "train": {"eps2": eps, "delta": delta, "epochs": epochs,
+                                                         "batch_size": batch_size}, "seed": seed}
+    resolve_train_config(train_cli, config)  # validate before the (long) ticket generation
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)")
     gen_cli = {"data": {"dataset": public_dataset, "split": public_split},
                "generate": {"rounds": rounds, "iterations": iterations}, "seed": seed}
@@ -394,15 +416,26 @@ def run(
     winner_path = folder / f"{public_dataset}-{public_split}-winner.pt"
     stage_select({"select": {}}, config, tickets_path, True, seed, winner_path)
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
-    train_cli = {"data": {"dataset": dataset}, "train": {"eps2": eps, "delta": delta, "epochs": epochs, "batch_size": batch_size},
-                 "seed": seed}
     report = stage_train(train_cli, config, winner_path, False, False, data_dir, device,
                          out or folder / f"{dataset}-dpltm.pt", progress)
     _finish_training_report(report, json_out)
 
 
 def main() -> None:
-    app()
+    """Entry point: the parser's own usage errors become one line too."""
+    from typer.exceptions import Abort, TyperException
+
+    try:
+        code = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
+    except Abort:
+        typer.echo("dpltm: interrupted", err=True)
+        raise SystemExit(130) from None
+    except TyperException as exc:  # usage errors: bad option, bad value, missing argument
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"dpltm: error: {message}", err=True)
+        raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
+    if isinstance(code, int) and code != 0:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -257,6 +257,10 @@ class TrainSettings:
             raise DpltmUserError(f"--target-eps must be positive, got {self.target_eps}")
         if self.patience is not None and self.patience <= 0:
             raise DpltmUserError(f"--patience must be positive, got {self.patience}")
+        if self.accountant not in ("pld", "rdp"):
+            raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")
+        if self.neighboring not in ("add_remove", "replace_one"):
+            raise DpltmUserError(f"neighboring must be add_remove or replace_one, got {self.neighboring}")
 
 
 @dataclass(frozen=True)

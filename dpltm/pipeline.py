@@ -19,11 +19,13 @@ from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
-from dpltm.privacy.ledger import PrivacyLedger, training_record
+from dpltm.privacy.accounting import require_support
+from dpltm.privacy.ledger import PrivacyLedger, _round_up, training_record
 from dpltm.private_training import (
     TrainOutcome,
     TrainPlan,
     epochs_within_budget,
+    mechanism_seed,
     plan_training,
     run_non_private,
     run_private,
@@ -39,22 +41,37 @@ class TicketOrigin:
     phase1_dataset: str | None
     selection_eps1: float | None
     explanation: str
+    data_independent_selection: bool = False
+    caveat: str | None = None
 
 
-def ticket_origin(ticket: dict[str, Any] | None, private_dataset: str, assert_public: bool) -> TicketOrigin:
-    """Same dataset name ⇒ same data (conservative), unless the user asserts the tickets are public."""
+def ticket_origin(ticket: dict[str, Any] | None, private_dataset: str, assert_public: bool,
+                  private_split: str = "train") -> TicketOrigin:
+    """Same dataset name ⇒ same data (conservative), unless the user asserts the tickets are public
+    (refused when the tickets' split overlaps the private pool)."""
     if ticket is None:
         return TicketOrigin("none", None, None, "dense network: no ticket")
     source = ticket["source"]["data"]
     generated_on = f"{source['dataset']} ({source['split']} split)"
     selection = ticket["selection"]
-    if source["dataset"] == private_dataset and not assert_public:
+    same_name = source["dataset"] == private_dataset
+    if same_name and assert_public and (source["split"] == private_split or "all" in (source["split"], private_split)):
+        raise DpltmUserError(
+            f"--public-tickets refused: the tickets come from {generated_on}, which overlaps the private "
+            f"{private_dataset} ({private_split} split)"
+        )
+    if same_name and not assert_public:
         eps1 = selection["eps1"] if selection["method"] == "exponential" else None
         return TicketOrigin("same-data", generated_on, eps1,
-                            f"tickets generated without privacy on {generated_on}, the private dataset")
-    why = ("asserted public by --public-tickets" if source["dataset"] == private_dataset
-           else "another dataset than the private one")
-    return TicketOrigin("public", generated_on, None, f"tickets from {generated_on}: {why}")
+                            f"tickets generated without privacy on {generated_on}, the private dataset",
+                            data_independent_selection=selection["method"] == "random")
+    if same_name:
+        return TicketOrigin("public", generated_on, None,
+                            f"tickets from {generated_on}: asserted public by --public-tickets",
+                            caveat=f"the tickets' data ({generated_on}) was asserted public by the user "
+                                   "(--public-tickets); the end-to-end guarantee rests on that assertion")
+    return TicketOrigin("public", generated_on, None, f"tickets from {generated_on}: another dataset than the "
+                                                      "private one")
 
 
 def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
@@ -75,15 +92,17 @@ def load_ticket(path: Path) -> dict[str, Any]:
 def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str, Any] | None,
           ticket_path: Path | None, private: bool, assert_public: bool = False,
           hidden: tuple[int, ...] = (300, 100), progress: bool = True,
-          public_data: LabeledTensors | None = None, public_dataset: str | None = None) -> dict[str, Any]:
+          public_data: LabeledTensors | None = None, public_dataset: str | None = None,
+          noise_seed: int | None = None) -> dict[str, Any]:
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
-    plug-in, e.g. for the sensitivity-shaped noise (PRIVACY.md §6).
+    plug-in, e.g. for the sensitivity-shaped noise (PRIVACY.md §6). `noise_seed` seeds the noise
+    and Poisson sampling (default: a fresh OS-CSPRNG seed; never stored).
     """
     check_writable(out)
     s = cfg.train
-    origin = ticket_origin(ticket, data.name, assert_public)
+    origin = ticket_origin(ticket, data.name, assert_public, data.source_split)
     model, transfer = build_model(ticket, data, hidden, cfg.seed)
     model.to(data.train.labels.device)
     n = len(data.train)
@@ -95,7 +114,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         return PrivacyLedger(phase1=origin.phase1, phase1_dataset=origin.phase1_dataset,
                              private_dataset=data.name, selection_eps1=origin.selection_eps1,
                              training=training, delta=s.delta, neighboring=s.neighboring,
-                             accountant=s.accountant, noise=s.noise)
+                             accountant=s.accountant, noise=s.noise,
+                             data_independent_selection=origin.data_independent_selection)
 
     def epsilon_after(steps: int) -> float:
         return ledger_for(steps).best_bound().epsilon
@@ -107,11 +127,16 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             budget_note = (f"--target-eps {s.target_eps:g}: stopped after {allowed} of {plan.epochs} epochs; "
                            f"one more would spend ε = {epsilon_after((allowed + 1) * plan.steps_per_epoch):.4g}")
             plan = replace(plan, epochs=allowed)
+    if plan is not None:  # refuse an accountant that cannot state this run before any step
+        ledger = ledger_for(plan.steps)
+        require_support(ledger.training_event(), s.accountant, s.neighboring)
+        ledger.best_bound()
     log_dir = out.parent / f"{out.stem}-logs"
+    seed, randomness = mechanism_seed(noise_seed)
     if plan is not None:
         context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
                                public_data=public_data, public_dataset=public_dataset)
-        outcome = run_private(model, data, plan, s, seed=cfg.seed, log_dir=log_dir,
+        outcome = run_private(model, data, plan, s, seed=seed, log_dir=log_dir,
                               epsilon_after=epsilon_after, progress=progress, noise_context=context,
                               on_epoch=_print_epoch if progress else None)
     else:
@@ -139,13 +164,15 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         "transfer": transfer,
         "data": data.summary(),
     }
+    report["randomness"] = randomness if plan is not None else None
+    payload["report"] = report
     save_atomic(payload, out, "model")
     return report
 
 
 def _print_epoch(record: dict[str, Any]) -> None:
     print(f"epoch {record['epoch']}: val acc {record['val_accuracy']:.4f}, test acc {record['test_accuracy']:.4f}, "
-          f"ε spent {record['epsilon']:.4f}", file=sys.stderr, flush=True)
+          f"ε spent ≤ {_round_up(record['epsilon'], 4)} (DP part)", file=sys.stderr, flush=True)
 
 
 def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSplits, model: MaskedMLP,
@@ -153,20 +180,24 @@ def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSpli
                  adaptive_stop: bool) -> dict[str, Any]:
     last = outcome.history[-1] if outcome.history else {}
     privacy = ledger.report()
-    caveats = []
+    caveats = [origin.caveat] if origin.caveat else []
     if adaptive_stop:
         caveats.append(
             f"early stopping (--patience) chose the stopping epoch from validation accuracy on "
             f"{len(data.val)} held-out private records without privacy: those records are not "
             f"protected; the guarantee for the training records is the planned run's budget")
-    end_to_end = privacy["end_to_end_dp"] and not caveats
+    end_to_end = privacy["end_to_end_dp"] and not adaptive_stop
     return {
         "test_accuracy": last.get("test_accuracy"),
         "val_accuracy": last.get("val_accuracy"),
         "epochs_run": len(outcome.history),
         "steps": outcome.steps,
         "stop_reason": outcome.stop_reason,
-        "epsilon": privacy["epsilon"],
+        # top-level ε is the whole run's: infinite unless end-to-end DP
+        "epsilon": privacy["epsilon"] if end_to_end else "inf",
+        "epsilon_dp_part": privacy["epsilon"],
+        "epsilon_scope": privacy["epsilon_scope"],
+        "warning": privacy["warning"],
         "epsilon_spent_at_stop": last.get("epsilon"),
         "delta": privacy["delta"],
         "accountant": privacy["accountant"],

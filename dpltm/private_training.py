@@ -10,7 +10,7 @@ steps the optimiser. After every epoch it logs validation/test accuracy and the 
 from __future__ import annotations
 
 import math
-import time
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,20 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.training import RoundProgressBar, accuracy, lightning_accelerator, quiet_lightning, train_classifier
+
+
+def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
+    """The seed of the noise and Poisson-sampling generators, and how it was obtained.
+
+    Anyone who knows this seed and holds all records but one can replay every batch and every
+    noise draw, which voids the guarantee. So by default it comes from the OS CSPRNG and is
+    never stored. A user-given seed (reproducible runs, tests) is not stored either, and the
+    report says the guarantee then assumes it stays secret. (The generator itself is PyTorch's
+    Philox/MT19937, not a CSPRNG, as in Opacus without `secure_mode`.)
+    """
+    if noise_seed is None:
+        return secrets.randbits(63), "OS CSPRNG seed, not stored"
+    return int(noise_seed), "user-given seed (reproducible; DP only while the seed stays secret; not stored)"
 
 
 @dataclass(frozen=True)
@@ -119,10 +133,6 @@ class DPTrainingModule(L.LightningModule):
         self.stop_reason: str | None = None
         self._best_val = -1.0
         self._epochs_without_gain = 0
-        self._loss = torch.zeros((), device=device)
-        self._clipped = torch.zeros((), device=device)
-        self._seen = torch.zeros((), device=device)
-        self._started = time.perf_counter()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.settings.optimizer == "adam":  # NoisyAdam (Bu et al. 2020): Adam on ĝ
@@ -133,37 +143,29 @@ class DPTrainingModule(L.LightningModule):
         train = self.data.train
         x = train.features.index_select(0, index)
         y = train.labels.index_select(0, index)
-        grads, norms, loss_sum = private_gradients(
+        grads, _, _ = private_gradients(
             self.model, x, y, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,
             layout=self.layout,
         )
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
-        self._loss += loss_sum
-        self._clipped += (norms > self.settings.clip).sum()
-        self._seen += norms.numel()
 
     def on_train_epoch_end(self) -> None:
         epoch = self.current_epoch + 1
         steps = epoch * self.plan.steps_per_epoch
-        seen = max(float(self._seen), 1.0)
+        # Only what the released model or held-out data determine: no training loss, clipping
+        # rate or timing of the private batches (they would be releases outside the accountant).
         record = {
             "epoch": epoch,
             "steps": steps,
-            "train_loss": float(self._loss) / seen,
-            "clipped_fraction": float(self._clipped) / seen,
             "val_accuracy": accuracy(self.model, self.data.val),
             "test_accuracy": accuracy(self.model, self.data.test),
             "epsilon": self.epsilon_after(steps),
-            "seconds": time.perf_counter() - self._started,
             **self.noise.epoch_metrics(self.model, self.settings.clip),
         }
         self.history.append(record)
         self.log_dict({k: float(v) for k, v in record.items()}, on_epoch=True, prog_bar=False)
-        self._loss.zero_()
-        self._clipped.zero_()
-        self._seen.zero_()
         self._maybe_stop(record)
         if self.on_epoch is not None:
             self.on_epoch(record)

@@ -23,8 +23,10 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
     masks = {k: v.to(torch.bool) for k, v in ticket["masks"].items()}
     theta0 = ticket["theta0"]
     if arch.in_features == num_features and arch.num_classes == num_classes:
-        model = MaskedMLP(arch)
-        model.load_state_dict(theta0, strict=False)
+        model = MaskedMLP(arch, torch.Generator().manual_seed(seed))
+        missing, unexpected = model.load_state_dict(theta0, strict=False)
+        if unexpected or any(not k.startswith("mask_") for k in missing):
+            raise DpltmUserError("the ticket's θ0 does not fit its architecture (damaged or foreign ticket)")
         model.set_masks(masks)
         return model, {"mode": "direct", "kept_layers": arch.layer_names()}
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
@@ -43,6 +45,8 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
         for name in kept:
             for part in ("weight", "bias"):
                 key = f"layers.{name.replace('.', '_')}.{part}"
+                if key not in theta0 or theta0[key].shape != state[key].shape:
+                    raise DpltmUserError(f"the ticket's θ0 lacks a usable {key} (damaged or foreign ticket)")
                 state[key].copy_(theta0[key])
         model.load_state_dict(state)
         new_masks = model.masks()

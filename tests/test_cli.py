@@ -90,3 +90,20 @@ def test_output_that_is_a_directory(digits_dir: Path, tmp_path: Path) -> None:
     result = run("generate", "--dataset", "digits", "--data-dir", str(digits_dir), "--out",
                  str(tmp_path))
     assert result.exit_code == 2 and "is a directory" in result.stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["dpltm", "train", "--epochs", "abc"], "Invalid value for '--epochs'"),
+    (["dpltm", "generate", "--no-such-option"], "No such option"),
+    (["dpltm", "inspect", "/nonexistent.pt"], "does not exist"),
+])
+def test_entry_point_errors_are_one_line(argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from dpltm.cli import main
+
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dpltm: error:") and message in err[0]

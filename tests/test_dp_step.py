@@ -173,3 +173,15 @@ def test_poisson_batch_sizes_are_binomial() -> None:
     assert small.count(0) > 0  # empty batches happen and are returned as such
     indices = poisson_sample(100, 0.5, torch.Generator().manual_seed(0))
     assert indices.unique().numel() == indices.numel()  # no record twice in a batch
+
+
+def test_non_finite_record_is_dropped_not_spread() -> None:
+    """One record with an infinite input must not turn the released sum into NaN."""
+    model = model_with(2)
+    x, y = batch(6)
+    x[2, 0] = float("inf")
+    result = clipped_gradient_sum(model, x, y, clip=1.0)
+    assert all(torch.isfinite(v).all() for v in result.grad_sums.values())
+    clean = clipped_gradient_sum(model, torch.cat([x[:2], x[3:]]), torch.cat([y[:2], y[3:]]), clip=1.0)
+    for name, value in clean.grad_sums.items():
+        torch.testing.assert_close(result.grad_sums[name], value)

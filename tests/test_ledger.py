@@ -126,7 +126,7 @@ def test_same_data_ledger_is_not_end_to_end_dp() -> None:
     text = ledger.statement()
     assert text.splitlines()[0].startswith("NOT end-to-end differentially private")
     assert "(mnist)" in text.splitlines()[0]
-    assert "only selection and training" in text
+    assert "covers selection and training only (phases 2-3)" in text
 
     report = ledger.report()
     json.dumps(report, allow_nan=False)
@@ -265,3 +265,15 @@ def test_invalid_ledgers_raise_user_error(overrides: dict[str, Any]) -> None:
 )
 def test_displayed_epsilon_is_rounded_up(value: float, text: str) -> None:
     assert _round_up(value) == text
+
+
+def test_non_private_pick_among_same_data_tickets_claims_training_only() -> None:
+    """`select --best` on same-data tickets: phase 2 was not DP, so ε may not claim it."""
+    ledger = _ledger(phase1="same-data", phase1_dataset="mnist", selection_eps1=None)
+    assert isinstance(ledger.selection_event(), dpa.NonPrivateDpEvent)
+    assert ledger.epsilon_scope.startswith("training only (phase 3)")
+    assert "phases 2-3" not in ledger.statement()
+    random_pick = _ledger(phase1="same-data", phase1_dataset="mnist", selection_eps1=None,
+                          data_independent_selection=True)
+    assert isinstance(random_pick.selection_event(), dpa.NoOpDpEvent)
+    assert PrivacyLedger.from_json(random_pick.to_json()) == random_pick

@@ -124,10 +124,15 @@ class ClippedBatch:
 
 
 def clip_factors(norms: Tensor, clip: float) -> Tensor:
-    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6); C = inf disables clipping."""
+    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6); C = inf disables clipping.
+
+    A record whose gradient is not finite gets factor 0 (its contribution is dropped): an
+    inf·0 = NaN would otherwise spread through the sum and unbound the sensitivity.
+    """
     if clip == float("inf"):
         return torch.ones_like(norms)
-    return (clip / (norms + 1e-12)).clamp(max=1.0)
+    factors = (clip / (norms + 1e-12)).clamp(max=1.0)
+    return torch.where(torch.isfinite(norms), factors, torch.zeros_like(factors))
 
 
 def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
@@ -167,10 +172,15 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
             sq_norms += g2_sum if bias_weight is None else g2 @ bias_weight  # bias
         norms = sq_norms.sqrt()
         factors = clip_factors(norms, clip)
+        finite = torch.isfinite(norms)
+        all_finite = bool(finite.all())
         sums: dict[str, Tensor] = {}
         for a, g, (weight_name, bias_name), weight_mask, sum_mask in zip(
                 inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks):
             scaled = g * factors[:, None]
+            if not all_finite:  # rare: zero the dropped records' rows (inputs too: 0·inf = NaN)
+                scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))
+                a = torch.where(finite[:, None], a, torch.zeros_like(a))
             if sum_mask is not None:  # only the surviving entries of (c ⊙ G)ᵀ A, then scattered
                 kept = torch.sparse.sampled_addmm(sum_mask, scaled.T.contiguous(), a, beta=0.0).values()
                 weight_sum = a.new_zeros(sum_mask.shape)

@@ -37,6 +37,7 @@ from dpltm.privacy.accounting import (
     BASIC_COMPOSITION,
     NEIGHBORING_LABELS,
     RDP_COMPOSITION,
+    TRAINING_ONLY,
     Bound,
     best_bound,
     check_accountant,
@@ -67,7 +68,7 @@ TRAINING_REQUIRED = ("q", "sigma", "steps")
 TRAINING_OPTIONAL = ("clip", "expected_batch_size", "dataset_size")
 
 _COMPOSITION_TEXT = {
-    "training-only": "training only (selection spent nothing on the private data)",
+    TRAINING_ONLY: "training only (no ε1 spent on selection)",
     BASIC_COMPOSITION: "basic (ε1 + ε_train)",
     RDP_COMPOSITION: "RDP (selection as ε1²/8-zCDP + training)",
 }
@@ -132,6 +133,9 @@ class PrivacyLedger:
     neighboring: str = "add_remove"
     accountant: str = "pld"
     noise: str = "gaussian"
+    data_independent_selection: bool = False
+    """True when no ε1 was spent because the pick did not look at the data (a uniformly random
+    ticket): the selection is then a NoOp even among same-data tickets."""
 
     def __post_init__(self) -> None:
         if self.phase1 not in PHASE1_MODES:
@@ -183,7 +187,20 @@ class PrivacyLedger:
         if self.selection_eps1 is not None:
             return selection_event(self.selection_eps1)
         # A non-private pick among tickets built and scored on the private data.
-        return NonPrivateDpEvent() if self.phase1 == "same-data" else NoOpDpEvent()
+        if self.phase1 == "same-data" and not self.data_independent_selection:
+            return NonPrivateDpEvent()
+        return NoOpDpEvent()
+
+    @property
+    def epsilon_scope(self) -> str:
+        """What the reported ε covers: it must never claim a phase that was not DP."""
+        if self.training is None:
+            return "nothing (training was not private)"
+        if self.end_to_end_dp:
+            return "whole run"
+        if isinstance(self.selection_event(), NonPrivateDpEvent):
+            return "training only (phase 3), given the ticket chosen without privacy"
+        return "selection and training only (phases 2-3)"
 
     def training_event(self) -> DpEvent:
         if self.training is None:
@@ -230,7 +247,7 @@ class PrivacyLedger:
             return (
                 f"NOT end-to-end differentially private: tickets were generated without "
                 f"privacy on the private training data ({self.private_dataset}); the ε below "
-                f"covers only selection and training (phases 2-3); overall epsilon is infinite."
+                f"covers {self.epsilon_scope}; overall epsilon is infinite."
             )
         return None
 
@@ -241,9 +258,7 @@ class PrivacyLedger:
             "format_version": FORMAT_VERSION,
             "end_to_end_dp": self.end_to_end_dp,
             "epsilon": _json_float(best.epsilon),
-            "epsilon_scope": (
-                "whole run" if self.end_to_end_dp else "selection and training only (phases 2-3)"
-            ),
+            "epsilon_scope": self.epsilon_scope,
             "overall_epsilon": _json_float(self.overall_epsilon),
             "delta": self.delta,
             "neighboring": self.neighboring,
@@ -281,9 +296,15 @@ class PrivacyLedger:
             f"(ε = {_round_up(best.epsilon)}, δ = {self.delta:.3g})-DP for {self.private_dataset} "
             f"under {relation} adjacency, {ACCOUNTANT_LABELS[best.accountant]} accountant, "
             f"composition: {_COMPOSITION_TEXT.get(best.name, best.name)}"
-            + ("" if self.end_to_end_dp else " [phases 2-3 only]")
+            + ("" if self.end_to_end_dp else f" [{self.epsilon_scope}]")
             + "."
         )
+        if self.training is not None and "dataset_size" in self.training:
+            lines.append(
+                f"Protected: the {int(self.training['dataset_size'])} training records of "
+                f"{self.private_dataset} (their number is treated as public). Validation and test "
+                "records are held out; their accuracies are reported without privacy."
+            )
         if self.selection_eps1 is not None:
             lines.append(f"Selection: exponential mechanism, ε1 = {self.selection_eps1:g}.")
         elif self.phase1 == "public":
@@ -291,6 +312,8 @@ class PrivacyLedger:
                 f"Selection: tickets from public data ({self.phase1_dataset}); "
                 "no private data spent on choosing one."
             )
+        elif self.phase1 == "same-data" and self.data_independent_selection:
+            lines.append("Selection: a uniformly random ticket (looks at no data).")
         elif self.phase1 == "same-data":
             lines.append("Selection: non-private pick among tickets from the private data.")
         if self.training is not None:
@@ -327,6 +350,7 @@ class PrivacyLedger:
             "neighboring": self.neighboring,
             "accountant": self.accountant,
             "noise": self.noise,
+            "data_independent_selection": self.data_independent_selection,
             "dp_event": event_to_json(self.dp_event()),
         }
 
@@ -345,7 +369,8 @@ class PrivacyLedger:
         missing = [n for n in names if n not in data]
         if missing:
             raise DpltmUserError(f"privacy record lacks {missing}")
-        ledger = cls(**{n: data[n] for n in names})
+        ledger = cls(**{n: data[n] for n in names},
+                     data_independent_selection=bool(data.get("data_independent_selection", False)))
         if "dp_event" in data and event_from_json(data["dp_event"]) != ledger.dp_event():
             raise DpltmUserError(
                 "privacy record is inconsistent: its DpEvent does not match its fields"

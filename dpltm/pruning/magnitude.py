@@ -45,7 +45,7 @@ def prune_layerwise(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
         raise DpltmUserError(f"prune rates name unknown layers: {unknown}")
     new: Masks = {}
     for name, mask in masks.items():
-        mask = mask.to(torch.bool)
+        mask = mask.to(device=weights[name].device, dtype=torch.bool)
         rate = rates.get(name)
         survivors = int(mask.sum())
         if rate is None or survivors == 0:
