@@ -23,8 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from dpltm.dp.noise import NoiseContext, add_gaussian
-from dpltm.errors import DpltmUserError
+from dpltm.dp.noise import NoiseContext, ScaledGaussianNoise
 from dpltm.model import MaskedMLP
 
 #: torch.quantile refuses very large inputs; larger layers are summarised on an even stride.
@@ -58,45 +57,17 @@ def dropout_rates(model: MaskedMLP, clip: float, sigma: float) -> dict[str, Tens
 
 
 @dataclass(frozen=True)
-class DropoutNoise:
-    """DPD noise N(0, 4C²σ²) on the surviving coordinates; effective multiplier 2σ (add/remove)."""
+class DropoutNoise(ScaledGaussianNoise):
+    """DPD noise N(0, 4C²σ²) on the surviving coordinates (Alg. 1 line 7); effective multiplier
+    2σ under add/remove adjacency (std 2Cσ over sensitivity C; module docstring)."""
 
     sigma: float
     name: ClassVar[str] = "dpd"
+    PER_PARAMETER: ClassVar[float] = 2.0
 
     @classmethod
     def build(cls, parameter: float, context: NoiseContext | None = None) -> DropoutNoise:
         return cls(float(parameter))
-
-    @classmethod
-    def parameter_for(cls, effective: float) -> float:
-        """σ_DPD = σ_eff / 2: std 2Cσ over add/remove sensitivity C (module docstring)."""
-        return effective / 2.0
-
-    @classmethod
-    def effective_for(cls, parameter: float) -> float:
-        return 2.0 * parameter
-
-    @property
-    def parameter(self) -> float:
-        return self.sigma
-
-    @property
-    def effective_noise_multiplier(self) -> float:
-        return 2.0 * self.sigma
-
-    def coordinate_scales(self) -> dict[str, Tensor | None] | None:
-        return None
-
-    def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
-                generator: torch.Generator) -> dict[str, Tensor]:
-        """Alg. 1 line 7: ξ' ~ N(0, 4C²σ²) added to the clipped sum, surviving coordinates only."""
-        if self.sigma == 0.0:
-            return dict(grad_sums)
-        if clip == float("inf"):
-            raise DpltmUserError("DPD noise needs a finite clipping norm")
-        std = 2.0 * self.sigma * clip
-        return {name: add_gaussian(total, surviving.get(name), std, generator) for name, total in grad_sums.items()}
 
     def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
         """Median and quartiles of the implied dropout rates α per layer (PRIVACY.md §4)."""

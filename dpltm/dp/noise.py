@@ -97,54 +97,75 @@ def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator:
     return out
 
 
-@dataclass(frozen=True)
-class GaussianNoise:
-    """DP-SGD's Gaussian mechanism (Abadi et al. 2016, Alg. 1): N(0, σ²C²) per coordinate.
+class ScaledGaussianNoise:
+    """Shared body of the plug-ins that add Gaussian noise of std `PER_PARAMETER`·σ·C·s.
 
-    With per-sample L2 clipping to C, adding or removing one record moves the sum by at most C
-    (add/remove adjacency), so this is the subsampled Gaussian mechanism with multiplier σ.
+    A subclass sets `PER_PARAMETER` (noise std per unit of its own σ, in units of C) and, if it
+    shapes the noise, `coordinate_scales`. With per-sample clipping to C (in ‖g/s‖ when scaled)
+    the add/remove sensitivity of the clipped sum is C, so the effective multiplier — noise std
+    over sensitivity, what the accountant sees (Abadi et al. 2016; Mironov et al. 2019) — is
+    `PER_PARAMETER`·σ.
     """
 
-    noise_multiplier: float
-    name: ClassVar[str] = "gaussian"
-
-    @classmethod
-    def build(cls, parameter: float, context: NoiseContext | None = None) -> GaussianNoise:
-        return cls(parameter)
+    sigma: float
+    PER_PARAMETER: ClassVar[float] = 1.0
 
     @classmethod
     def parameter_for(cls, effective: float) -> float:
-        return effective
+        return effective / cls.PER_PARAMETER
 
     @classmethod
     def effective_for(cls, parameter: float) -> float:
-        return parameter
+        return cls.PER_PARAMETER * parameter
 
     @property
     def parameter(self) -> float:
-        return self.noise_multiplier
+        return self.sigma
 
     @property
     def effective_noise_multiplier(self) -> float:
-        return self.noise_multiplier
+        return self.PER_PARAMETER * self.sigma
 
     def coordinate_scales(self) -> dict[str, Tensor | None] | None:
         return None
 
     def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
                 generator: torch.Generator) -> dict[str, Tensor]:
-        if self.noise_multiplier == 0.0:
+        if self.sigma == 0.0:
             return dict(grad_sums)
         if clip == float("inf"):
-            raise DpltmUserError("Gaussian noise needs a finite clipping norm")
-        return {name: add_gaussian(total, surviving.get(name), self.noise_multiplier * clip, generator)
-                for name, total in grad_sums.items()}
+            raise DpltmUserError(f"{type(self).__name__} needs a finite clipping norm")
+        std = self.PER_PARAMETER * self.sigma * clip
+        scales = self.coordinate_scales() or {}
+        out = {}
+        for name, total in grad_sums.items():
+            scale = scales.get(name)
+            if scale is not None:
+                scale = scale.to(device=total.device, dtype=total.dtype)
+            out[name] = add_gaussian(total, surviving.get(name), std, generator, scale=scale)
+        return out
 
     def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
         return {}
 
+
+@dataclass(frozen=True)
+class GaussianNoise(ScaledGaussianNoise):
+    """DP-SGD's Gaussian mechanism (Abadi et al. 2016, Alg. 1): N(0, σ²C²) per coordinate.
+
+    With per-sample L2 clipping to C, adding or removing one record moves the sum by at most C
+    (add/remove adjacency), so this is the subsampled Gaussian mechanism with multiplier σ.
+    """
+
+    sigma: float
+    name: ClassVar[str] = "gaussian"
+
+    @classmethod
+    def build(cls, parameter: float, context: NoiseContext | None = None) -> GaussianNoise:
+        return cls(float(parameter))
+
     def description(self) -> str:
-        return f"Gaussian DP-SGD noise, multiplier σ = {self.noise_multiplier:.4g}"
+        return f"Gaussian DP-SGD noise, multiplier σ = {self.sigma:.4g}"
 
 
 NoiseFactory = Callable[[float, NoiseContext], NoiseMechanism]

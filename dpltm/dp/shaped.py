@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dpltm.dp.dpd import quantiles
-from dpltm.dp.noise import NoiseContext, add_gaussian
+from dpltm.dp.noise import NoiseContext, ScaledGaussianNoise
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 
@@ -113,7 +113,7 @@ def scales_from_sensitivity(sensitivity: dict[str, Tensor], surviving: dict[str,
 
 
 @dataclass(frozen=True, eq=False)
-class ShapedNoise:
+class ShapedNoise(ScaledGaussianNoise):
     """N(0, σ²C²s²) on surviving coordinates, clipping in ‖g/s‖ ≤ C; effective multiplier σ."""
 
     sigma: float
@@ -146,34 +146,8 @@ class ShapedNoise:
         summary = {"shaped_scale_min": q_min, "shaped_scale_median": q_med, "shaped_scale_max": q_max}
         return cls(float(parameter), scales, context.public_dataset, summary)
 
-    @classmethod
-    def parameter_for(cls, effective: float) -> float:
-        return effective
-
-    @classmethod
-    def effective_for(cls, parameter: float) -> float:
-        return parameter
-
-    @property
-    def parameter(self) -> float:
-        return self.sigma
-
-    @property
-    def effective_noise_multiplier(self) -> float:
-        return self.sigma
-
     def coordinate_scales(self) -> dict[str, Tensor | None] | None:
         return dict(self.scales)
-
-    def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
-                generator: torch.Generator) -> dict[str, Tensor]:
-        if self.sigma == 0.0:
-            return dict(grad_sums)
-        if clip == float("inf"):
-            raise DpltmUserError("shaped noise needs a finite clipping norm")
-        return {name: add_gaussian(total, surviving.get(name), self.sigma * clip, generator,
-                                   scale=self.scales[name].to(device=total.device, dtype=total.dtype))
-                for name, total in grad_sums.items()}
 
     def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
         return dict(self.summary)
