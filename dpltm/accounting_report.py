@@ -20,6 +20,7 @@ from dpltm.privacy.accounting import composition_bounds, epsilon, gdp_epsilon, g
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_paper_sigma
 from dpltm.privacy.events import dpsgd_event
+from dpltm.privacy.ledger import _round_up
 
 SOUND = ("pld", "rdp")
 
@@ -88,9 +89,11 @@ def print_account_report(report: dict[str, Any], console: Console) -> None:
         table.add_column(f"ε with ε1 = {report['eps1']:g} selection", justify="right")
     table.add_column("status")
     for row in report["rows"]:
-        cells = [row["accountant"], f"{row['sigma' if solving else 'epsilon']:.4f}"]
+        # ε and σ shown rounded up: a displayed ε never understates, a displayed σ always suffices
+        cells = [row["accountant"], _round_up(row["sigma" if solving else "epsilon"], 5)]
         if report.get("eps1") is not None and not solving:
-            cells.append(f"{row['with_selection']:.4f} ({row['composition']})" if "with_selection" in row else "-")
+            cells.append(f"{_round_up(row['with_selection'], 5)} ({row['composition']})" if "with_selection" in row
+                         else "-")
         cells.append(row["kind"])
         table.add_row(*cells)
     console.print(table)
