@@ -136,9 +136,6 @@ class MaskedMLP(nn.Module):
         """The masks in the weights' dtype, input to output (what the forward pass multiplies by)."""
         return [getattr(self, _float_buffer_name(f"{n}.weight")) for _, n in self._layer_list]
 
-    def masked_weights(self) -> dict[str, Tensor]:
-        return {n: w * m for (n, w), m in zip(self.weights().items(), self.masks().values())}
-
     def forward(self, x: Tensor) -> Tensor:
         last = len(self._layer_list) - 1
         for i, (layer, name) in enumerate(self._layer_list):

@@ -106,7 +106,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     model, transfer = build_model(ticket, data, hidden, cfg.seed)
     model.to(data.train.labels.device)
     n = len(data.train)
-    plan = plan_training(s, n, origin.selection_eps1) if private else None
+    plan = plan_training(s, n) if private else None
 
     def ledger_for(steps: int) -> PrivacyLedger:
         training = (training_record(plan.sample_rate, plan.noise_multiplier, steps, s.clip,

@@ -67,7 +67,7 @@ class TrainPlan:
         return self.steps_per_epoch * self.epochs
 
 
-def plan_training(settings: TrainSettings, dataset_size: int, selection_eps1: float | None) -> TrainPlan:
+def plan_training(settings: TrainSettings, dataset_size: int) -> TrainPlan:
     """q = L/N, ⌈N/L⌉ steps per epoch, and σ: given, or the smallest σ meeting eps2 at δ.
 
     σ is calibrated on the training mechanism alone (ε_train ≤ eps2); the final report composes

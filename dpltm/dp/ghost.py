@@ -32,7 +32,7 @@ class MaskLayout:
     """What a DP step needs to know about the masks, computed once per training run.
 
     `norm_masks[l]` is layer l's mask (divided by s² under a noise geometry s) laid out for the
-    norm matmul (see `_norm_operator`), None for a dense unscaled layer;
+    norm matmul (see `_masked_sq_norms`), None for a dense unscaled layer;
     `bias_weights[l]` is 1/s² for a scaled bias; `weight_masks[l]` the float mask for the
     clipped sum; `surviving[name]` the flat indices of a parameter's surviving coordinates
     (None: all survive), so noise is drawn only where it can act.
@@ -56,28 +56,28 @@ class MaskLayout:
         norm_masks: list[Tensor | None] = []
         weight_masks: list[Tensor | None] = []
         bias_weights: list[Tensor | None] = []
+        sum_masks: list[Tensor | None] = []
+        names: list[tuple[str, str]] = []
         surviving: dict[str, Tensor | None] = {}
         scales = scales or {}
         for mask_name, _, mask in model.layers_in_order():
             prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
-            weight_scale = scales.get(f"{prefix}.weight")
-            bias_scale = scales.get(f"{prefix}.bias")
-            dense = bool(mask.all()) and weight_scale is None
-            if dense:
+            weight_name, bias_name = f"{prefix}.weight", f"{prefix}.bias"
+            names.append((weight_name, bias_name))
+            weight_scale, bias_scale = scales.get(weight_name), scales.get(bias_name)
+            float_mask = mask.to(dtype)
+            all_kept = bool(mask.all())
+            if all_kept and weight_scale is None:
                 norm_masks.append(None)
             else:
-                norm_weight = mask.to(dtype)
-                if weight_scale is not None:
-                    norm_weight = norm_weight / weight_scale.to(dtype) ** 2
-                norm_masks.append(_norm_operator(norm_weight))
+                norm_weight = float_mask if weight_scale is None else float_mask / weight_scale.to(dtype) ** 2
+                sparse = _csr_if_sparse(norm_weight)
+                norm_masks.append(sparse if sparse is not None else norm_weight.T.contiguous())
             bias_weights.append(None if bias_scale is None else (1.0 / bias_scale.to(dtype) ** 2))
-            dense = bool(mask.all())
-            weight_masks.append(None if dense else mask.to(dtype))
-            surviving[f"{prefix}.weight"] = None if dense else mask.flatten().nonzero().squeeze(1)
-            surviving[f"{prefix}.bias"] = None
-        names = [(f"layers.{n.removesuffix('.weight').replace('.', '_')}.weight",
-                  f"layers.{n.removesuffix('.weight').replace('.', '_')}.bias") for n, _, _ in model.layers_in_order()]
-        sum_masks = [_sparse_or_none(mask.to(dtype)) for _, _, mask in model.layers_in_order()]
+            weight_masks.append(None if all_kept else float_mask)
+            sum_masks.append(_csr_if_sparse(float_mask))
+            surviving[weight_name] = None if all_kept else mask.flatten().nonzero().squeeze(1)
+            surviving[bias_name] = None
         return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks)
 
 
@@ -86,31 +86,24 @@ SPARSE_BELOW_DENSITY = 0.2
 GEMM by more than the sparse kernel's per-flop cost (benchmarks/bench_dp_step.py)."""
 
 
-def _norm_operator(norm_weight: Tensor) -> Tensor:
-    """(out, in) weights → the operator `_masked_sq_norms` multiplies with: sparse CSR (out, in)
-    for sparse big layers, else the dense transpose (in, out)."""
-    kept = float((norm_weight != 0).float().mean())
-    if kept < SPARSE_BELOW_DENSITY and norm_weight.numel() >= 10_000:
+def _csr_if_sparse(weights: Tensor) -> Tensor | None:
+    """A big layer's (out, in) mask weights as sparse CSR when few survive, else None."""
+    if weights.numel() >= 10_000 and float((weights != 0).float().mean()) < SPARSE_BELOW_DENSITY:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-            return norm_weight.to_sparse_csr()
-    return norm_weight.T.contiguous()
-
-
-def _sparse_or_none(mask: Tensor) -> Tensor | None:
-    if float(mask.mean()) < SPARSE_BELOW_DENSITY and mask.numel() >= 10_000:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return mask.to_sparse_csr()
+            return weights.to_sparse_csr()
     return None
 
 
-def _masked_sq_norms(a2: Tensor, g2: Tensor, operator: Tensor) -> Tensor:
-    """Σ_jk g_ij² W_jk a_ik² per row i, with W the (scaled) mask: see the module docstring."""
-    if operator.layout == torch.sparse_csr:
-        return (operator @ a2.T.contiguous()).T.mul_(g2).sum(dim=1)
+def _masked_sq_norms(a: Tensor, g2: Tensor, operator: Tensor) -> Tensor:
+    """Σ_jk g_ij² W_jk a_ik² per row i, with W the (scaled) mask: see the module docstring.
 
-    return (a2 @ operator).mul_(g2).sum(dim=1)
+    `operator` is W as sparse CSR (out, in) or dense Wᵀ (in, out)."""
+    if operator.layout == torch.sparse_csr:
+        # square straight into the (in, batch) layout the sparse product wants: one pass
+        a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
+        return (operator @ a2t).T.mul_(g2).sum(dim=1)
+    return ((a * a) @ operator).mul_(g2).sum(dim=1)
 
 
 @dataclass(frozen=True)
@@ -163,12 +156,8 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
             g2_sum = g2.sum(dim=1)
             if norm_mask is None:
                 sq_norms += g2_sum * (a * a).sum(dim=1)
-            elif norm_mask.layout == torch.sparse_csr:
-                # square straight into the (in, batch) layout the sparse product wants: one pass
-                a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
-                sq_norms += (norm_mask @ a2t).T.mul_(g2).sum(dim=1)
             else:
-                sq_norms += _masked_sq_norms(a * a, g2, norm_mask)
+                sq_norms += _masked_sq_norms(a, g2, norm_mask)
             sq_norms += g2_sum if bias_weight is None else g2 @ bias_weight  # bias
         norms = sq_norms.sqrt()
         factors = clip_factors(norms, clip)

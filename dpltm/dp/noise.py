@@ -14,7 +14,6 @@ suite in tests/test_noise_plugins.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -167,8 +166,6 @@ class GaussianNoise(ScaledGaussianNoise):
     def description(self) -> str:
         return f"Gaussian DP-SGD noise, multiplier σ = {self.sigma:.4g}"
 
-
-NoiseFactory = Callable[[float, NoiseContext], NoiseMechanism]
 
 # The plug-ins import this module's helpers, so they are imported here, after them (and
 # dpltm/dp/__init__.py imports this module first, whichever plug-in is imported first).
