@@ -24,6 +24,12 @@ from dpltm.errors import DpltmUserError
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+def _require_positive(option: str, value: float | None) -> None:
+    """One-line user error unless `value` (when given) is > 0 (NaN fails too)."""
+    if value is not None and not value > 0:
+        raise DpltmUserError(f"{option} must be positive, got {value}")
+
+
 @dataclass(frozen=True)
 class DataSettings:
     dataset: str = "kmnist"
@@ -53,16 +59,12 @@ class GenerateSettings:
     def __post_init__(self) -> None:
         if self.rounds < 0:
             raise DpltmUserError(f"--rounds must be ≥ 0, got {self.rounds}")
-        if self.iterations <= 0:
-            raise DpltmUserError(f"--iterations must be positive, got {self.iterations}")
-        if self.batch_size <= 0:
-            raise DpltmUserError(f"--batch-size must be positive, got {self.batch_size}")
-        if not self.lr > 0:
-            raise DpltmUserError(f"--lr must be positive, got {self.lr}")
+        _require_positive("--iterations", self.iterations)
+        _require_positive("--batch-size", self.batch_size)
+        _require_positive("--lr", self.lr)
         if not 0.0 <= self.min_density < 1.0:
             raise DpltmUserError(f"--min-density must lie in [0, 1), got {self.min_density}")
-        if self.log_every <= 0:
-            raise DpltmUserError(f"log_every must be positive, got {self.log_every}")
+        _require_positive("log_every", self.log_every)
         for rate in self.prune_rates or ():
             if not 0.0 < rate < 1.0:
                 raise DpltmUserError(f"prune rates must lie in (0, 1), got {rate}")
@@ -209,8 +211,7 @@ class SelectSettings:
     nu: float = 50.0
 
     def __post_init__(self) -> None:
-        if not self.eps1 > 0:
-            raise DpltmUserError(f"--eps1 must be positive, got {self.eps1}")
+        _require_positive("--eps1", self.eps1)
         if not self.nu >= 0:
             raise DpltmUserError(f"--nu must be ≥ 0, got {self.nu}")
 
@@ -237,26 +238,18 @@ class TrainSettings:
     patience: int | None = None
 
     def __post_init__(self) -> None:
-        if self.epochs <= 0:
-            raise DpltmUserError(f"--epochs must be positive, got {self.epochs}")
-        if self.batch_size <= 0:
-            raise DpltmUserError(f"--batch-size must be positive, got {self.batch_size}")
-        if not self.clip > 0:
-            raise DpltmUserError(f"--clip must be positive, got {self.clip}")
-        if not self.lr > 0:
-            raise DpltmUserError(f"--lr must be positive, got {self.lr}")
+        _require_positive("--epochs", self.epochs)
+        _require_positive("--batch-size", self.batch_size)
+        _require_positive("--clip", self.clip)
+        _require_positive("--lr", self.lr)
         if self.optimizer not in OPTIMIZERS:
             raise DpltmUserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
-        if self.eps2 is not None and not self.eps2 > 0:
-            raise DpltmUserError(f"--eps2 must be positive, got {self.eps2}")
-        if self.sigma is not None and not self.sigma > 0:
-            raise DpltmUserError(f"--sigma must be positive, got {self.sigma}")
+        _require_positive("--eps2", self.eps2)
+        _require_positive("--sigma", self.sigma)
         if not 0 < self.delta < 1:
             raise DpltmUserError(f"--delta must lie in (0, 1), got {self.delta}")
-        if self.target_eps is not None and not self.target_eps > 0:
-            raise DpltmUserError(f"--target-eps must be positive, got {self.target_eps}")
-        if self.patience is not None and self.patience <= 0:
-            raise DpltmUserError(f"--patience must be positive, got {self.patience}")
+        _require_positive("--target-eps", self.target_eps)
+        _require_positive("--patience", self.patience)
         if self.accountant not in ("pld", "rdp"):
             raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")
         if self.neighboring not in ("add_remove", "replace_one"):
