@@ -8,8 +8,12 @@ one, never half of one (open_lth's plain `torch.save` does not).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,135 @@ from dpltm.errors import DpltmUserError
 FORMAT_VERSION = 1
 KINDS = ("tickets", "ticket", "model")
 """tickets: a generated ticket set; ticket: one selected winner; model: a trained network."""
+
+
+SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "tickets": {"data": dict, "data.dataset": str, "data.split": str, "data.fingerprint": str,
+                "architecture": dict, "theta0": dict, "config": dict, "privacy": dict,
+                "tickets": list, "complete": bool, "seed": int},
+    "ticket": {"architecture": dict, "theta0": dict, "masks": dict, "density": float, "round": int,
+               "layer_density": dict, "source": dict, "source.data": dict, "source.data.dataset": str,
+               "source.data.split": str, "selection": dict, "selection.method": str, "privacy": dict},
+    "model": {"architecture": dict, "state_dict": dict, "ledger": dict, "report": dict, "history": list,
+              "config": dict, "data": dict},
+}
+"""Keys each kind must hold (dotted paths into nested dicts) and their types: a file that
+claims to be a dpltm checkpoint but lacks its body is refused in one line, not a KeyError."""
+TICKET_RECORD = {"round": int, "masks": dict, "density": float, "layer_density": dict,
+                 "val_accuracy": float, "loss_curve": list}
+
+
+def _lookup(body: dict[str, Any], dotted: str) -> Any:
+    value: Any = body
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(dotted)
+        value = value[part]
+    return value
+
+
+def _check_schema(body: dict[str, Any], kind: str, path: Path) -> None:
+    def check(record: dict[str, Any], schema: dict[str, Any], where: str) -> None:
+        for key, expected in schema.items():
+            try:
+                value = _lookup(record, key)
+            except KeyError:
+                raise DpltmUserError(f"{path} is a damaged '{kind}' checkpoint: it lacks '{where}{key}'") from None
+            types_ = expected if isinstance(expected, tuple) else (expected,)
+            if float in types_:
+                types_ = (*types_, int)
+            if isinstance(value, bool) and bool not in types_ or not isinstance(value, types_):
+                raise DpltmUserError(f"{path} is a damaged '{kind}' checkpoint: '{where}{key}' has the wrong type")
+
+    check(body, SCHEMA[kind], "")
+    if kind == "tickets":
+        for i, record in enumerate(body["tickets"]):
+            if not isinstance(record, dict):
+                raise DpltmUserError(f"{path} is a damaged 'tickets' checkpoint: ticket {i} is not a record")
+            check(record, TICKET_RECORD, f"tickets[{i}].")
+
+
+def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None] = (),
+                   option: str = "--out") -> None:
+    """Before any work: refuse an output that would destroy an input or an existing result.
+
+    An output equal to one of the command's inputs is always refused (the input would be lost);
+    an existing output is replaced only with `--overwrite`.
+    """
+    for source in inputs:
+        if source is not None and same_file(path, source):
+            raise DpltmUserError(f"{option} {path} is also this command's input: write the result elsewhere")
+    if path.exists() and not path.is_dir() and not overwrite:
+        raise DpltmUserError(f"{path} already exists: pass --overwrite to replace it, or {option} to write elsewhere")
+    check_writable(path)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (resolved, or by inode when both exist)."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def output_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on writing `path` for the duration of a command.
+
+    Two dpltm processes writing the same output at once (say two `generate` runs with different
+    seeds) would silently replace each other's work: the second is refused in one line. Once the
+    lock is held, temp files of `path` left by a killed run (`.NAME.*.tmp`) are stale and removed.
+    The lock is `flock` on a hidden `.NAME.lock` beside the output, removed on release.
+    """
+    check_writable(path)
+    lock_path = path.parent / f".{path.name}.lock"
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DpltmUserError(f"another dpltm process is writing {path}: wait, or write elsewhere") from None
+            raise
+        try:  # the lock file may have been unlinked by its previous holder between open and flock
+            if os.fstat(fd).st_ino == os.stat(lock_path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        os.close(fd)
+
+
+def write_text_atomic(text: str, path: Path) -> None:
+    """A text file (e.g. a metrics log) written with the same temp-file-then-rename rule."""
+    check_writable(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _publish(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _publish(tmp: str, path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
+    os.replace(tmp, path)
 
 
 def check_writable(path: Path) -> None:
@@ -47,15 +180,10 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
             torch.save(body, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 
@@ -82,4 +210,5 @@ def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
         raise DpltmUserError(
             f"{path} holds a '{body.get('kind')}' checkpoint, expected {' or '.join(kinds)}"
         )
+    _check_schema(body, body["kind"], path)
     return body

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from dpltm.errors import DpltmUserError
+from dpltm.errors import DpltmUserError, Interrupted
 
 app = typer.Typer(
     name="dpltm",
@@ -30,23 +31,39 @@ err_console = Console(stderr=True)
 out_console = Console()
 
 F = TypeVar("F", bound=Callable[..., Any])
+_kept_on_interrupt = ["nothing was written"]
+"""What an interrupted command leaves behind; each command says so once its output is known."""
+
+
+def on_interrupt_kept(note: str) -> None:
+    _kept_on_interrupt[0] = note
 
 
 def user_errors(func: F) -> F:
-    """Turn user mistakes into one clear line and a non-zero exit."""
+    """Turn user mistakes into one clear line and exit 2; a signal into one line and 128 + signum."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        on_interrupt_kept("nothing was written")
         try:
             return func(*args, **kwargs)
         except DpltmUserError as exc:
             typer.echo(f"dpltm: error: {exc}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            typer.echo("dpltm: interrupted; finished rounds are saved, rerun to resume", err=True)
-            raise typer.Exit(130) from None
+        except (KeyboardInterrupt, Interrupted) as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            typer.echo(f"dpltm: interrupted ({signal.Signals(signum).name}); {_kept_on_interrupt[0]}", err=True)
+            raise typer.Exit(128 + signum) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    """Signal handler: unwind the run as an exception (temp files are cleaned on the way out).
+    Further signals are ignored while it unwinds, so the clean-up itself is not cut short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(signum)
 
 
 def _floats(text: str | None, option: str) -> tuple[float, ...] | None:
@@ -135,7 +152,7 @@ def generate(
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
                    out: Path | None, overwrite: bool, progress: bool) -> tuple[dict[str, Any], Path]:
-    from dpltm.checkpoint import check_writable
+    from dpltm.checkpoint import check_writable, output_lock, same_file
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
@@ -144,6 +161,8 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
 
     cfg = resolve_generate_config(cli, config)
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-tickets.pt"
+    if config is not None and same_file(target, config):
+        raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
     check_writable(target)
     torch_device = resolve_device(device)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
@@ -157,10 +176,12 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     def on_round(record: dict[str, Any]) -> None:
         err_console.print(
             f"round {record['round']}: C={record['density']:.4f} "
-            f"val acc={record['val_accuracy']:.4f} test acc={record['test_accuracy']:.4f}"
+            f"val acc={record['val_accuracy']:.4f}"
         )
 
-    payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round)
+    with output_lock(target):
+        on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
+        payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round)
     return payload, target
 
 
@@ -207,46 +228,81 @@ def _print_selection(payload: dict[str, Any], selection: Any, eps1: float | None
 @app.command()
 @user_errors
 def select(
-    tickets: Annotated[Path | None, typer.Option(help="Ticket set (default: the newest in checkpoints/).")] = None,
+    tickets: Annotated[Path | None, typer.Option(help="Ticket set (default: the newest in checkpoints/, named on screen).")] = None,
     eps1: Annotated[float | None, typer.Option(help="Selection budget ε1 (paper: 0.1).")] = None,
     nu: Annotated[float | None, typer.Option(help="Score weight ν in S = A·(1 − ν·C) (paper: 50).")] = None,
     best: Annotated[bool, typer.Option("--best", help="Pick the best score without privacy (for tickets from public data).")] = False,
+    reselect: Annotated[bool, typer.Option("--reselect", help="Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's ledger composes every draw.")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed the draw (reproducible, not secret); default: OS CSPRNG.")] = None,
     config: ConfigFile = None,
     out: Annotated[Path | None, typer.Option(help="Winner file (default checkpoints/<dataset>-winner.pt).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing winner file.")] = False,
     json_out: Json = False,
 ) -> None:
     """Phase 2: choose the winning ticket with the exponential mechanism (or --best)."""
-    winner, target = stage_select({"select": {"eps1": eps1, "nu": nu}}, config, tickets, best, seed, out)
+    if best and eps1 is not None:
+        raise DpltmUserError("--best picks without privacy and spends no ε1: drop --eps1, or drop --best for the "
+                             "exponential mechanism")
+    winner, target = stage_select({"select": {"eps1": eps1, "nu": nu}}, config, tickets, best, seed, out,
+                                  overwrite=overwrite, reselect=reselect)
     if json_out:
         emit_json({"winner_round": winner["round"], "density": winner["density"],
                    "val_accuracy": winner["val_accuracy"], "selection": winner["selection"],
-                   "tickets": winner["source"]["tickets"], "output": str(target)})
+                   "tickets": winner["source"]["tickets"], "ticket_data": winner["source"]["data"],
+                   "same_data_note": same_data_note(winner["source"]["data"]), "output": str(target)})
+
+
+def same_data_note(data: dict[str, Any]) -> str:
+    return (f"these tickets were generated WITHOUT privacy on {data['dataset']} ({data['split']} split): a model "
+            f"trained on that data from them is NOT end-to-end differentially private; on other data they are public")
 
 
 def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None, best: bool,
-                 seed: int | None, out: Path | None) -> tuple[dict[str, Any], Path]:
-    from dpltm.checkpoint import check_writable, load_checkpoint, save_atomic
+                 seed: int | None, out: Path | None, *, overwrite: bool = False,
+                 reselect: bool = False) -> tuple[dict[str, Any], Path]:
+    import contextlib
+
+    from dpltm.checkpoint import load_checkpoint, output_lock, prepare_output, save_atomic
     from dpltm.config import resolve_select_config
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.selection import choose, newest_ticket_set, winner_payload
+    from dpltm.selection import choose, newest_ticket_set, previous_draws, winner_payload
 
     settings = resolve_select_config(cli, config)
-    source = tickets or newest_ticket_set(default_checkpoint_dir())
+    source = tickets
+    if source is None:
+        source = newest_ticket_set(default_checkpoint_dir())
+        err_console.print(f"using the newest ticket set in {default_checkpoint_dir()}/: {source} (--tickets to choose)")
     payload = load_checkpoint(source, "tickets")
     target = out or default_checkpoint_dir() / f"{payload['data']['dataset']}-winner.pt"
-    check_writable(target)
+    prepare_output(target, overwrite=overwrite, inputs=[source, config])
     chosen_eps1 = None if best else settings.eps1
-    selection = choose(payload, eps1=chosen_eps1, nu=settings.nu, seed=seed)
-    winner = winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu, seeded=seed is not None)
-    save_atomic(winner, target, "ticket")
+    with contextlib.ExitStack() as stack:
+        if chosen_eps1 is not None:  # the draw is recorded in the ticket file: lock it, re-read it
+            stack.enter_context(output_lock(source))
+            payload = load_checkpoint(source, "tickets")
+            draws = previous_draws(payload)
+            if draws and not reselect:
+                raise DpltmUserError(
+                    f"{source} was already drawn from {len(draws)} time(s) (ε1 = {sum(draws):g} in all): another "
+                    f"draw spends ε1 again on {payload['data']['dataset']}; pass --reselect to draw again "
+                    f"(the winner's ledger then composes every draw)")
+        stack.enter_context(output_lock(target))
+        selection = choose(payload, eps1=chosen_eps1, nu=settings.nu, seed=seed)
+        winner = winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu, seeded=seed is not None)
+        if chosen_eps1 is not None:  # recorded before the winner is released, so no draw goes uncounted
+            payload["selection_draws"] = [*previous_draws(payload), chosen_eps1]
+            save_atomic(payload, source, "tickets")
+        save_atomic(winner, target, "ticket")
     _print_selection(payload, selection, chosen_eps1, settings.nu)
     data = payload["data"]
     spend = ("no privacy: the best score, for tickets from public data (if the ticket data is your private "
              "data, this selection is non-private)" if best else
-             f"spends ε1 = {settings.eps1:g} on {data['dataset']} ({data['split']}), the data that made the tickets")
+             f"spends ε1 = {settings.eps1:g} on {data['dataset']} ({data['split']}), the data that made the tickets"
+             + (f"; {winner['selection']['draws']} draws from this ticket set, ε1 = "
+                f"{winner['selection']['eps1_total']:g} in all" if winner["selection"]["draws"] > 1 else ""))
     err_console.print(f"winner: round {winner['round']} (C = {winner['density']:.4f}, A = {winner['val_accuracy']:.4f}); "
                       f"selection {spend}")
+    err_console.print(same_data_note(data), markup=False)
     err_console.print(f"ticket file: {target}")
     return winner, target
 
@@ -271,7 +327,7 @@ def train(
     patience: Annotated[int | None, typer.Option(help="Early-stop after this many epochs without validation gain.")] = None,
     dense: Annotated[bool, typer.Option("--dense", help="DP-SGD baseline on the full network (no ticket).")] = False,
     non_private: Annotated[bool, typer.Option("--non-private", help="Train without privacy (baseline).")] = False,
-    public_tickets: Annotated[bool, typer.Option("--public-tickets", help="Assert the ticket's generation data is public even though it has the private dataset's name.")] = False,
+    public_tickets: Annotated[bool, typer.Option("--public-tickets", help="Assert the ticket's generation data is public even though it has the private dataset's name (checked record by record).")] = False,
     val_fraction: Annotated[float | None, typer.Option(help="Fraction held out for validation.")] = None,
     public_data: Annotated[str | None, typer.Option("--public-data", help="Public DATASET[:SPLIT] for noise plug-ins that need it (shaped); never the private dataset.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.")] = None,
@@ -280,14 +336,19 @@ def train(
     config: ConfigFile = None,
     data_dir: DataDir = None,
     out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-<mode>.pt).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing model file.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
     json_out: Json = False,
 ) -> None:
     """Phase 3: DP-SGD on the masked winner (or --dense / --non-private baselines)."""
     if dense and ticket is not None:
         raise DpltmUserError("--dense trains the full network: drop --ticket")
+    if dense and public_tickets:
+        raise DpltmUserError("--public-tickets is about a ticket's data: drop it with --dense")
     if sigma is not None and eps2 is not None:
         raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma (ε is reported), not both")
+    if non_private and (eps2 is not None or sigma is not None):
+        raise DpltmUserError("--non-private trains without noise: drop --eps2/--sigma")
     if not dense and ticket is None:
         raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
     cli = {
@@ -298,15 +359,16 @@ def train(
         "seed": seed,
     }
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
-                         public_data=public_data, noise_seed=noise_seed)
+                         public_data=public_data, noise_seed=noise_seed, overwrite=overwrite)
     _finish_training_report(report, json_out)
 
 
 def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
-                progress: bool, public_data: str | None = None, noise_seed: int | None = None) -> dict[str, Any]:
+                progress: bool, public_data: str | None = None, noise_seed: int | None = None,
+                overwrite: bool = False) -> dict[str, Any]:
     from dpltm import pipeline
-    from dpltm.checkpoint import check_writable
+    from dpltm.checkpoint import output_lock, prepare_output
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
@@ -316,7 +378,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
-    check_writable(target)
+    prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
     torch_device = resolve_device(device)
     public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
     if public_name is not None and cfg.train.noise != "shaped":
@@ -327,12 +389,18 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     public = None if public_name is None else load_dataset(
         public_name, split=public_split, data_dir=data_dir, device=torch_device).train
+    ticket_data = None
+    if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
+        ticket_data = pipeline.reload_ticket_data(ticket_body, data_dir)
     err_console.print(f"training on {data.name} ({len(data.train)} records) on {torch_device}: "
                       f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
                       f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
-    return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
-                          assert_public=public_tickets, progress=progress, public_data=public,
-                          public_dataset=public_name, noise_seed=noise_seed)
+    with output_lock(target):
+        on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
+                                                    if target.exists() else ""))
+        return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
+                              assert_public=public_tickets, progress=progress, public_data=public,
+                              public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data)
 
 
 def _finish_training_report(report: dict[str, Any], json_out: bool) -> None:
@@ -387,44 +455,73 @@ def run(
     batch_size: Annotated[int | None, typer.Option(help="Expected DP batch size L (paper: 400).")] = None,
     rounds: Annotated[int | None, typer.Option(help="Pruning rounds (paper-style default: 10).")] = None,
     iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
+    project_to: Annotated[int | None, typer.Option("--project-to", help="Input projection width of the tickets (default: added automatically when the two datasets' input sizes differ).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
     data_dir: DataDir = None,
-    out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-dpltm.pt).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-dpltm.pt); the tickets and winner go beside it as <stem>-tickets.pt and <stem>-winner.pt.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing outputs (finished tickets made with the same settings are reused).")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
     json_out: Json = False,
 ) -> None:
     """All three stages with the paper's defaults, in the sound mode: public tickets → DP training."""
+    from dpltm.checkpoint import prepare_output
+    from dpltm.config import resolve_generate_config, resolve_train_config
+    from dpltm.data import load_dataset
+    from dpltm.data.loaders import DATASETS, SPECS
+    from dpltm.devices import resolve_device
     from dpltm.paths import default_checkpoint_dir
 
     if public_dataset == dataset:
         raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
                              "(for the paper's same-data mode run generate, select and train yourself)")
-    from dpltm.config import resolve_train_config
-
-    folder = default_checkpoint_dir()
+    for name in (dataset, public_dataset):
+        if name not in SPECS:
+            raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    private_spec, public_spec = SPECS[dataset], SPECS[public_dataset]
+    if project_to is None and private_spec.num_features != public_spec.num_features:
+        project_to = private_spec.num_features  # the paper's §4.5.2 transfer between input sizes
+    first_layer_inputs = project_to if project_to is not None else public_spec.num_features
+    if first_layer_inputs != private_spec.num_features:
+        raise DpltmUserError(f"--project-to {project_to} cannot transfer: {dataset} has {private_spec.num_features} "
+                             f"features, so the tickets' projection width must be {private_spec.num_features}")
+    # every check before the (long) ticket generation: settings, outputs, both datasets
+    model_out = out or default_checkpoint_dir() / f"{dataset}-dpltm.pt"
+    tickets_path = model_out.with_name(f"{model_out.stem}-tickets.pt")
+    winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
     train_cli = {"data": {"dataset": dataset}, "train": {"eps2": eps, "delta": delta, "epochs": epochs,
                                                          "batch_size": batch_size}, "seed": seed}
-    resolve_train_config(train_cli, config)  # validate before the (long) ticket generation
-    err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)")
     gen_cli = {"data": {"dataset": public_dataset, "split": public_split},
+               "model": {"project_to": project_to},
                "generate": {"rounds": rounds, "iterations": iterations}, "seed": seed}
-    tickets_path = folder / f"{public_dataset}-{public_split}-tickets.pt"
-    stage_generate(gen_cli, config, data_dir, device, tickets_path, False, progress)
+    train_cfg = resolve_train_config(train_cli, config)
+    gen_cfg = resolve_generate_config(gen_cli, config)
+    for path in (model_out, winner_path):
+        prepare_output(path, overwrite=overwrite, inputs=[config])
+    torch_device = resolve_device(device)
+    load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir, val_fraction=train_cfg.data.val_fraction,
+                 seed=train_cfg.seed, device=torch_device)
+    load_dataset(public_dataset, split=gen_cfg.data.split, data_dir=data_dir, val_fraction=gen_cfg.data.val_fraction,
+                 seed=gen_cfg.seed, device=torch_device)
+    err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
+                      + (f", input projection to {project_to}" if project_to is not None else ""))
+    stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress)
     err_console.print("[bold]2/3[/bold] selection on public tickets (best score; spends nothing on private data)")
-    winner_path = folder / f"{public_dataset}-{public_split}-winner.pt"
-    stage_select({"select": {}}, config, tickets_path, True, seed, winner_path)
+    stage_select({"select": {}}, config, tickets_path, True, seed, winner_path, overwrite=overwrite)
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
-    report = stage_train(train_cli, config, winner_path, False, False, data_dir, device,
-                         out or folder / f"{dataset}-dpltm.pt", progress)
+    report = stage_train(train_cli, config, winner_path, False, False, data_dir, device, model_out, progress,
+                         overwrite=overwrite)
     _finish_training_report(report, json_out)
 
 
 def main() -> None:
-    """Entry point: the parser's own usage errors become one line too."""
+    """Entry point: the parser's own usage errors become one line too; SIGINT and SIGTERM stop a
+    run cleanly with one line and exit 130 / 143."""
     from typer.exceptions import Abort, TyperException
 
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupted)
     try:
         code = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
     except Abort:
@@ -432,6 +529,8 @@ def main() -> None:
         raise SystemExit(130) from None
     except TyperException as exc:  # usage errors: bad option, bad value, missing argument
         message = " ".join(exc.format_message().split())
+        if not message:  # `dpltm` alone: the help was printed, there is no error to add
+            raise SystemExit(0) from None
         typer.echo(f"dpltm: error: {message}", err=True)
         raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
     if isinstance(code, int) and code != 0:

@@ -7,6 +7,9 @@ dense network.
 
 This phase sees its data without any privacy. The ticket file says so: tickets generated on
 the data later trained with DP make that training not end-to-end DP (shared/PRIVACY.md §1).
+Accuracy is measured on the validation hold-out only: a test accuracy on the ticket data
+(possibly the private pool) would be one more non-private release in every ticket and winner
+file, and no stage needs it.
 
 The ticket file is rewritten atomically after every round, so an interrupted run resumes at
 the first unfinished round and, with the same seed, produces the same tickets.
@@ -194,7 +197,6 @@ def _run_round(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks,
         "density": density(masks),
         "layer_density": layer_densities(masks),
         "val_accuracy": accuracy(model, data.val),
-        "test_accuracy": accuracy(model, data.test),
         "loss_curve": result.losses,
         "loss_every": g.log_every,
     }
@@ -214,5 +216,5 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     for name, net in (("reinit", reinit), ("random_mask", rand)):
         train_classifier(net, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
                          seed=round_seed(cfg.seed, k), log_every=g.log_every)
-        out[name] = {"val_accuracy": accuracy(net, data.val), "test_accuracy": accuracy(net, data.test)}
+        out[name] = {"val_accuracy": accuracy(net, data.val)}
     return out

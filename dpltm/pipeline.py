@@ -5,6 +5,9 @@ The CLI is a thin layer over these functions; `dpltm run` chains them.
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,14 +16,14 @@ from typing import Any
 import torch
 
 from dpltm import __version__
-from dpltm.checkpoint import check_writable, load_checkpoint, save_atomic
+from dpltm.checkpoint import check_writable, load_checkpoint, save_atomic, write_text_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.privacy.accounting import require_support
-from dpltm.privacy.ledger import PrivacyLedger, _round_up, training_record
+from dpltm.privacy.ledger import PrivacyLedger, round_up, training_record
 from dpltm.private_training import (
     TrainOutcome,
     TrainPlan,
@@ -43,33 +46,74 @@ class TicketOrigin:
     explanation: str
     data_independent_selection: bool = False
     caveat: str | None = None
+    selection_draws: int = 1
 
 
-def ticket_origin(ticket: dict[str, Any] | None, private_dataset: str, assert_public: bool,
-                  private_split: str = "train") -> TicketOrigin:
-    """Same dataset name ⇒ same data (conservative), unless the user asserts the tickets are public
-    (refused when the tickets' split overlaps the private pool)."""
+def record_digests(data: LabeledTensors) -> set[bytes]:
+    """One digest per record (its feature bytes and label): equal records, equal digests."""
+    features = data.features.detach().cpu().contiguous().numpy()
+    labels = data.labels.detach().cpu().numpy()
+    return {hashlib.blake2b(row.tobytes() + int(label).to_bytes(8, "little"), digest_size=16).digest()
+            for row, label in zip(features, labels)}
+
+
+def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensors) -> int:
+    """How many private training records the ticket generation also saw."""
+    private_keys = record_digests(private)
+    return sum(len(record_digests(part) & private_keys) for part in seen_by_tickets)
+
+
+def reload_ticket_data(ticket: dict[str, Any], data_dir: Path | None) -> DatasetSplits:
+    """The tickets' own data, loaded again as generation saw it (same split, seed and hold-out)."""
+    from dpltm.data import load_dataset
+
+    source, config = ticket["source"]["data"], ticket["source"].get("config", {})
+    settings = config.get("data", {}) if isinstance(config, dict) else {}
+    data = load_dataset(source["dataset"], split=source["split"], data_dir=data_dir,
+                        val_fraction=settings.get("val_fraction", 0.1), seed=config.get("seed", 0))
+    if data.fingerprint != source.get("fingerprint"):
+        raise DpltmUserError(f"--public-tickets cannot be checked: the tickets' data ({source['dataset']}, "
+                             f"{source['split']} split) no longer matches its fingerprint in the ticket file")
+    return data
+
+
+def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_public: bool,
+                  ticket_data: DatasetSplits | None = None) -> TicketOrigin:
+    """Same dataset name ⇒ same data (conservative), unless the user asserts the tickets are public.
+
+    The assertion is checked, not trusted: it is refused when the tickets' data fingerprint is the
+    private data's, or when the records the generation saw (its train and validation parts, which
+    the caller reloads as `ticket_data`) include any private training record.
+    """
     if ticket is None:
         return TicketOrigin("none", None, None, "dense network: no ticket")
     source = ticket["source"]["data"]
     generated_on = f"{source['dataset']} ({source['split']} split)"
     selection = ticket["selection"]
+    private_dataset = private.name
     same_name = source["dataset"] == private_dataset
-    if same_name and assert_public and (source["split"] == private_split or "all" in (source["split"], private_split)):
-        raise DpltmUserError(
-            f"--public-tickets refused: the tickets come from {generated_on}, which overlaps the private "
-            f"{private_dataset} ({private_split} split)"
-        )
+    if same_name and assert_public:
+        refused = f"--public-tickets refused: the tickets come from {generated_on}, which"
+        if source.get("fingerprint") == private.fingerprint:
+            raise DpltmUserError(f"{refused} is the private data itself (same data fingerprint)")
+        if ticket_data is None:
+            raise DpltmUserError(f"{refused} cannot be checked against the private data (reload it)")
+        overlap = shared_records([ticket_data.train, ticket_data.val], private.train)
+        if overlap:
+            raise DpltmUserError(f"{refused} includes {overlap} of the private training records of "
+                                 f"{private_dataset} ({private.source_split} split)")
     if same_name and not assert_public:
-        eps1 = selection["eps1"] if selection["method"] == "exponential" else None
+        eps1 = selection.get("eps1_total", selection["eps1"]) if selection["method"] == "exponential" else None
         return TicketOrigin("same-data", generated_on, eps1,
                             f"tickets generated without privacy on {generated_on}, the private dataset",
-                            data_independent_selection=selection["method"] == "random")
+                            data_independent_selection=selection["method"] == "random",
+                            selection_draws=int(selection.get("draws", 1)) if eps1 is not None else 1)
     if same_name:
         return TicketOrigin("public", generated_on, None,
                             f"tickets from {generated_on}: asserted public by --public-tickets",
                             caveat=f"the tickets' data ({generated_on}) was asserted public by the user "
-                                   "(--public-tickets); the end-to-end guarantee rests on that assertion")
+                                   "(--public-tickets; no private training record found among them); the "
+                                   "end-to-end guarantee rests on that assertion")
     return TicketOrigin("public", generated_on, None, f"tickets from {generated_on}: another dataset than the "
                                                       "private one")
 
@@ -93,16 +137,17 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
           ticket_path: Path | None, private: bool, assert_public: bool = False,
           hidden: tuple[int, ...] = (300, 100), progress: bool = True,
           public_data: LabeledTensors | None = None, public_dataset: str | None = None,
-          noise_seed: int | None = None) -> dict[str, Any]:
+          noise_seed: int | None = None, ticket_data: DatasetSplits | None = None) -> dict[str, Any]:
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
     plug-in, e.g. for the sensitivity-shaped noise (PRIVACY.md §6). `noise_seed` seeds the noise
-    and Poisson sampling (default: a fresh OS-CSPRNG seed; never stored).
+    and Poisson sampling (default: a fresh OS-CSPRNG seed; never stored). `ticket_data` is the
+    tickets' own data, reloaded to check a `--public-tickets` assertion record by record.
     """
     check_writable(out)
     s = cfg.train
-    origin = ticket_origin(ticket, data.name, assert_public, data.source_split)
+    origin = ticket_origin(ticket, data, assert_public, ticket_data)
     model, transfer = build_model(ticket, data, hidden, cfg.seed)
     model.to(data.train.labels.device)
     n = len(data.train)
@@ -115,7 +160,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                              private_dataset=data.name, selection_eps1=origin.selection_eps1,
                              training=training, delta=s.delta, neighboring=s.neighboring,
                              accountant=s.accountant, noise=s.noise,
-                             data_independent_selection=origin.data_independent_selection)
+                             data_independent_selection=origin.data_independent_selection,
+                             selection_draws=origin.selection_draws)
 
     def epsilon_after(steps: int) -> float:
         return ledger_for(steps).best_bound().epsilon
@@ -131,12 +177,11 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         ledger = ledger_for(plan.steps)
         require_support(ledger.training_event(), s.accountant, s.neighboring)
         ledger.best_bound()
-    log_dir = out.parent / f"{out.stem}-logs"
     seed, randomness = mechanism_seed(noise_seed)
     if plan is not None:
         context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
                                public_data=public_data, public_dataset=public_dataset)
-        outcome = run_private(model, data, plan, s, seed=seed, log_dir=log_dir,
+        outcome = run_private(model, data, plan, s, seed=seed,
                               epsilon_after=epsilon_after, progress=progress, noise_context=context,
                               on_epoch=_print_epoch if progress else None)
     else:
@@ -167,12 +212,35 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     report["randomness"] = randomness if plan is not None else None
     payload["report"] = report
     save_atomic(payload, out, "model")
+    # the log is written only once the model it describes is kept: an interrupted run never
+    # replaces the log of the model already at `out`
+    write_text_atomic(metrics_csv(outcome.history, report), metrics_path(out))
     return report
+
+
+def metrics_path(out: Path) -> Path:
+    return out.parent / f"{out.stem}-logs" / "metrics.csv"
+
+
+def metrics_csv(history: list[dict[str, Any]], report: dict[str, Any]) -> str:
+    """Per-epoch log. ε is written as text of the float64 value rounded UP (never through a
+    float32 logger, which can round it down), beside what that ε covers."""
+    extra = sorted({k for r in history for k in r} - {"epoch", "steps", "val_accuracy", "test_accuracy", "epsilon"})
+    fields = ["epoch", "steps", "val_accuracy", "test_accuracy", "epsilon", "end_to_end_dp", "epsilon_scope", *extra]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for record in history:
+        eps = record.get("epsilon")
+        writer.writerow({**{k: record.get(k) for k in fields},
+                         "epsilon": "inf" if eps is None else round_up(float(eps), 6).replace("∞", "inf"),
+                         "end_to_end_dp": report["end_to_end_dp"], "epsilon_scope": report["epsilon_scope"]})
+    return buffer.getvalue()
 
 
 def _print_epoch(record: dict[str, Any]) -> None:
     print(f"epoch {record['epoch']}: val acc {record['val_accuracy']:.4f}, test acc {record['test_accuracy']:.4f}, "
-          f"ε spent ≤ {_round_up(record['epsilon'], 4)} (DP part)", file=sys.stderr, flush=True)
+          f"ε spent ≤ {round_up(record['epsilon'], 4)} (DP part)", file=sys.stderr, flush=True)
 
 
 def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSplits, model: MaskedMLP,
@@ -198,7 +266,8 @@ def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSpli
         "epsilon_dp_part": privacy["epsilon"],
         "epsilon_scope": privacy["epsilon_scope"],
         "warning": privacy["warning"],
-        "epsilon_spent_at_stop": last.get("epsilon"),
+        # ε of the steps actually run; null after an adaptive stop, where it is no guarantee
+        "epsilon_spent_at_stop": None if adaptive_stop else last.get("epsilon"),
         "delta": privacy["delta"],
         "accountant": privacy["accountant"],
         "composition": privacy["composition"],

@@ -13,12 +13,10 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
 from dpltm.config import TrainSettings
@@ -30,7 +28,7 @@ from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 from dpltm.privacy.calibration import calibrate_noise_multiplier
-from dpltm.training import RoundProgressBar, accuracy, lightning_accelerator, quiet_lightning, train_classifier
+from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer, train_classifier
 
 
 def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
@@ -165,7 +163,6 @@ class DPTrainingModule(L.LightningModule):
             **self.noise.epoch_metrics(self.model, self.settings.clip),
         }
         self.history.append(record)
-        self.log_dict({k: float(v) for k, v in record.items()}, on_epoch=True, prog_bar=False)
         self._maybe_stop(record)
         if self.on_epoch is not None:
             self.on_epoch(record)
@@ -190,7 +187,7 @@ class TrainOutcome:
 
 
 def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
-                seed: int, log_dir: Path, epsilon_after: Callable[[int], float],
+                seed: int, epsilon_after: Callable[[int], float],
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None) -> TrainOutcome:
     device = data.train.labels.device
@@ -202,21 +199,16 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
         PoissonBatches(len(data.train), plan.sample_rate, plan.steps_per_epoch, seed + 1, device),
         batch_size=None, num_workers=0,
     )
-    with quiet_lightning():
-        trainer = L.Trainer(
-            accelerator=lightning_accelerator(device),
-            devices=[device.index or 0] if device.type == "cuda" else 1,
-            max_epochs=plan.epochs,
-            logger=CSVLogger(save_dir=str(log_dir), name="", version=""),
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=progress,
-            callbacks=[RoundProgressBar("DP training")] if progress else [],
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            log_every_n_steps=max(plan.steps_per_epoch, 1),
-        )
-        trainer.fit(module, train_dataloaders=batches)
+    # No Lightning logger: the per-epoch history is written beside the model only once the model
+    # is kept (dpltm.pipeline), so an interrupted run never clobbers the logs of a kept one.
+    trainer = lightning_trainer(
+        device,
+        max_epochs=plan.epochs,
+        logger=False,
+        enable_progress_bar=progress,
+        callbacks=[RoundProgressBar("DP training")] if progress else [],
+    )
+    fit_on_device(trainer, module, batches, device)
     steps = len(module.history) * plan.steps_per_epoch
     reason = module.stop_reason or f"finished {plan.epochs} epochs"
     return TrainOutcome(module.history, steps, reason)

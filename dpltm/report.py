@@ -17,7 +17,6 @@ def ticket_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
             "density": t["density"],
             "layer_density": t["layer_density"],
             "val_accuracy": t["val_accuracy"],
-            "test_accuracy": t["test_accuracy"],
             "final_loss": t["loss_curve"][-1] if t["loss_curve"] else None,
         }
         if "controls" in t:
@@ -51,7 +50,6 @@ def print_tickets(payload: dict[str, Any], console: Console) -> None:
     for name in layers:
         table.add_column(f"C {name.removesuffix('.weight')}", justify="right")
     table.add_column("val acc (A)", justify="right")
-    table.add_column("test acc", justify="right")
     has_controls = any("controls" in t for t in payload["tickets"])
     if has_controls:
         table.add_column("reinit val", justify="right")
@@ -59,7 +57,7 @@ def print_tickets(payload: dict[str, Any], console: Console) -> None:
     for t in payload["tickets"]:
         cells = [str(t["round"]), _fmt(t["density"])]
         cells += [_fmt(t["layer_density"][n]) for n in layers]
-        cells += [_fmt(t["val_accuracy"]), _fmt(t["test_accuracy"])]
+        cells += [_fmt(t["val_accuracy"])]
         if has_controls:
             c = t.get("controls", {})
             cells += [_fmt(c.get("reinit", {}).get("val_accuracy")),

@@ -70,9 +70,20 @@ def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int 
                      decisive_eps1(scores, sensitivity))
 
 
+def previous_draws(payload: dict[str, Any]) -> list[float]:
+    """ε1 of every exponential-mechanism draw already made from this ticket set (recorded in it)."""
+    draws = payload.get("selection_draws", [])
+    if not isinstance(draws, list) or not all(isinstance(e, (int, float)) and e > 0 for e in draws):
+        raise DpltmUserError("the ticket set's record of earlier selections is damaged")
+    return [float(e) for e in draws]
+
+
 def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, *,
                    eps1: float | None, nu: float, seeded: bool) -> dict[str, Any]:
+    """The winner file. An exponential draw composes with every earlier draw from the same ticket
+    set (`draws`, `eps1_total`): each released winner is a function of all of them."""
     ticket = payload["tickets"][selection.index]
+    earlier = previous_draws(payload) if eps1 is not None else []
     return {
         "dpltm_version": __version__,
         "architecture": payload["architecture"],
@@ -82,12 +93,13 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
         "layer_density": ticket["layer_density"],
         "round": ticket["round"],
         "val_accuracy": ticket["val_accuracy"],
-        "test_accuracy": ticket["test_accuracy"],
         "source": {"tickets": str(source), "data": payload["data"], "config": payload["config"]},
         "privacy": payload["privacy"],
         "selection": {
             "method": "exponential" if eps1 is not None else "best",
             "eps1": eps1,
+            "draws": len(earlier) + 1 if eps1 is not None else 0,
+            "eps1_total": sum(earlier) + eps1 if eps1 is not None else None,
             "nu": nu,
             "sensitivity": selection.sensitivity,
             "scores": selection.scores.tolist(),

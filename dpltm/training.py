@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -68,16 +70,19 @@ class ClassifierModule(L.LightningModule):
 
 
 class RoundProgressBar(TQDMProgressBar):
-    """Lightning's bar, labelled with the IMP round it belongs to."""
+    """Lightning's bar, labelled with the stage it belongs to, written to **stderr**.
+
+    Lightning's own bar writes to stdout, which would corrupt `--json` output (stdout holds
+    exactly one JSON document); progress is a log, and logs go to stderr.
+    """
 
     def __init__(self, label: str, refresh_rate: int = 50) -> None:
         super().__init__(refresh_rate=refresh_rate)
         self.label = label
 
-    def init_train_tqdm(self):  # type: ignore[no-untyped-def]
-        bar = super().init_train_tqdm()
-        bar.set_description(self.label)
-        return bar
+    def init_train_tqdm(self) -> Tqdm:
+        return Tqdm(desc=self.label, position=2 * self.process_position, disable=self.is_disabled,
+                    leave=True, dynamic_ncols=True, file=sys.stderr, smoothing=0, bar_format=self.BAR_FORMAT)
 
     def on_train_epoch_start(self, trainer, *args):  # type: ignore[no-untyped-def]
         super().on_train_epoch_start(trainer, *args)
@@ -109,8 +114,32 @@ class TrainResult:
     """Mean training loss over each block of `log_every` steps."""
 
 
-def lightning_accelerator(device: torch.device) -> str:
-    return "gpu" if device.type == "cuda" else device.type
+def lightning_trainer(device: torch.device, **kwargs: Any) -> L.Trainer:
+    """A single-device Trainer on `device` (in-memory tensors: no checkpoints, summary or validation)."""
+    with quiet_lightning():
+        return L.Trainer(
+            accelerator="gpu" if device.type == "cuda" else device.type,
+            devices=[device.index or 0] if device.type == "cuda" else 1,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            **kwargs,
+        )
+
+
+def fit_on_device(trainer: L.Trainer, module: L.LightningModule, batches: Any, device: torch.device) -> None:
+    """`trainer.fit`, leaving the module where the data live.
+
+    Lightning's teardown moves the LightningModule (and the wrapped model) to the CPU after
+    `fit`, while dpltm's datasets stay on their device; every later evaluation or pruning step
+    would then mix devices. This is the one place that puts the model back.
+    """
+    try:
+        with quiet_lightning():
+            trainer.fit(module, train_dataloaders=batches)
+    finally:
+        module.to(device)
 
 
 def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batch_size: int,
@@ -123,22 +152,15 @@ def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batc
         ShuffledBatches(data, batch_size, steps, seed), batch_size=None, num_workers=0
     )
     callbacks = [RoundProgressBar(progress_label)] if progress_label is not None else []
-    with quiet_lightning():
-        trainer = L.Trainer(
-            accelerator=lightning_accelerator(device),
-            devices=[device.index or 0] if device.type == "cuda" else 1,
-            max_epochs=1,  # one pass over the stream, which holds exactly `steps` batches
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=progress_label is not None,
-            callbacks=callbacks,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            deterministic=False,
-        )
-    with quiet_lightning():
-        trainer.fit(module, train_dataloaders=batches)
+    trainer = lightning_trainer(
+        device,
+        max_epochs=1,  # one pass over the stream, which holds exactly `steps` batches
+        logger=False,
+        enable_progress_bar=progress_label is not None,
+        callbacks=callbacks,
+        deterministic=False,
+    )
+    fit_on_device(trainer, module, batches, device)
     if module.steps_done != steps:
         raise RuntimeError(f"training ran {module.steps_done} steps, expected {steps}")
     losses = module.step_losses.cpu()

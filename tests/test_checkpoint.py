@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,15 @@ from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from dpltm.errors import DpltmUserError
 
 
+def tickets_body(**extra: object) -> dict[str, object]:
+    """The smallest body the 'tickets' schema accepts."""
+    return {"data": {"dataset": "digits", "split": "train", "fingerprint": "f"}, "architecture": {},
+            "theta0": {}, "config": {}, "privacy": {}, "tickets": [], "complete": True, "seed": 0, **extra}
+
+
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "a.pt"
-    payload = {"masks": {"w": torch.ones(2, 3, dtype=torch.bool)}, "x": [1.5, None, "s"]}
+    payload = tickets_body(masks={"w": torch.ones(2, 3, dtype=torch.bool)}, x=[1.5, None, "s"])
     save_atomic(payload, path, "tickets")
     body = load_checkpoint(path, "tickets")
     assert body["format_version"] == FORMAT_VERSION and body["kind"] == "tickets"
@@ -85,3 +92,54 @@ def test_unwritable_output_fails_early(tmp_path: Path) -> None:
         locked.chmod(0o700)
     with pytest.raises(DpltmUserError, match="is a directory"):
         checkpoint.check_writable(tmp_path)
+
+
+@pytest.mark.parametrize(("kind", "body", "missing"), [
+    ("tickets", {}, "'data'"),
+    ("tickets", tickets_body(data={"dataset": "digits"}), "'data.split'"),
+    ("tickets", tickets_body(tickets=[{"round": 0}]), "'tickets[0].masks'"),
+    ("tickets", tickets_body(complete="yes"), "'complete' has the wrong type"),
+    ("ticket", {}, "'architecture'"),
+    ("model", {"architecture": {}}, "'state_dict'"),
+])
+def test_a_headed_file_without_its_body_is_refused_in_one_line(tmp_path: Path, kind: str, body: dict,
+                                                               missing: str) -> None:
+    path = tmp_path / "x.pt"
+    save_atomic(body, path, kind)
+    with pytest.raises(DpltmUserError, match=f"damaged .{kind}. checkpoint.*{re.escape(missing)}"):
+        load_checkpoint(path, kind)
+
+
+def test_prepare_output_protects_inputs_and_existing_results(tmp_path: Path) -> None:
+    source = tmp_path / "t.pt"
+    source.write_bytes(b"tickets")
+    with pytest.raises(DpltmUserError, match="also this command's input"):
+        checkpoint.prepare_output(tmp_path / "." / "t.pt", overwrite=True, inputs=[source])
+    with pytest.raises(DpltmUserError, match="already exists: pass --overwrite"):
+        checkpoint.prepare_output(source, overwrite=False)
+    checkpoint.prepare_output(source, overwrite=True)
+    checkpoint.prepare_output(tmp_path / "new.pt", overwrite=False, inputs=[source, None])
+    assert source.read_bytes() == b"tickets"
+
+
+def test_output_lock_refuses_a_second_writer_and_clears_stale_temp_files(tmp_path: Path) -> None:
+    target = tmp_path / "t.pt"
+    stale = tmp_path / ".t.pt.abc123.tmp"
+    stale.write_bytes(b"left by a killed run")
+    other = tmp_path / ".u.pt.abc123.tmp"
+    other.write_bytes(b"another output's")
+    with checkpoint.output_lock(target):
+        assert not stale.exists() and other.exists()
+        with pytest.raises(DpltmUserError, match="another dpltm process is writing"):
+            with checkpoint.output_lock(target):
+                pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".u.pt.abc123.tmp"]  # the lock file is gone
+    with checkpoint.output_lock(target):  # free again
+        pass
+
+
+def test_write_text_atomic(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "metrics.csv"
+    checkpoint.write_text_atomic("a,b\n1,2\n", path)
+    assert path.read_text() == "a,b\n1,2\n"
+    assert [p.name for p in path.parent.iterdir()] == ["metrics.csv"]

@@ -18,7 +18,7 @@ from dpltm.privacy.accounting import (
     epsilon,
 )
 from dpltm.privacy.events import dpsgd_event, event_from_json, event_to_json, selection_event
-from dpltm.privacy.ledger import PrivacyLedger, _round_up, training_record
+from dpltm.privacy.ledger import PrivacyLedger, round_up, training_record
 
 Q = 400 / 60000
 DELTA = 1e-5
@@ -264,7 +264,7 @@ def test_invalid_ledgers_raise_user_error(overrides: dict[str, Any]) -> None:
      (1234.5, "1240"), (math.inf, "∞"), (0.00012341, "0.000124")],
 )
 def test_displayed_epsilon_is_rounded_up(value: float, text: str) -> None:
-    assert _round_up(value) == text
+    assert round_up(value) == text
 
 
 def test_non_private_pick_among_same_data_tickets_claims_training_only() -> None:

@@ -93,7 +93,7 @@ def training_record(
     return out
 
 
-def _round_up(value: float, digits: int = 3) -> str:
+def round_up(value: float, digits: int = 3) -> str:
     """`value` to `digits` significant digits, rounded UP: a displayed ε never understates."""
     if math.isnan(value):
         return "nan"
@@ -105,6 +105,9 @@ def _round_up(value: float, digits: int = 3) -> str:
     exact = Decimal(repr(float(value)))  # repr: the shortest decimal that round-trips
     rounded = exact.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_CEILING)
     return format(rounded.normalize(), "f")
+
+
+_round_up = round_up  # TODO(lead): drop once accounting_report imports round_up
 
 
 def _json_float(value: float) -> float | str:
@@ -136,6 +139,11 @@ class PrivacyLedger:
     data_independent_selection: bool = False
     """True when no ε1 was spent because the pick did not look at the data (a uniformly random
     ticket): the selection is then a NoOp even among same-data tickets."""
+    selection_draws: int = 1
+    """Exponential-mechanism draws made from the same ticket set; `selection_eps1` is their sum.
+    k draws of ε1_i-DP (each ε1_i-bounded-range) compose to (Σε1_i)-DP and (Σε1_i)-bounded range
+    (Dwork & Roth 2014, Thm 3.16; Durfee & Rogers 2019, Lemma 3.3), so the single selection event
+    with the sum is a valid, slightly conservative record of all of them."""
 
     def __post_init__(self) -> None:
         if self.phase1 not in PHASE1_MODES:
@@ -147,6 +155,9 @@ class PrivacyLedger:
             if not (math.isfinite(e) and e > 0.0):
                 raise DpltmUserError(f"selection eps1 must be positive and finite, got {e}")
             object.__setattr__(self, "selection_eps1", e)
+        if isinstance(self.selection_draws, bool) or not isinstance(self.selection_draws, int) \
+                or self.selection_draws < 1:
+            raise DpltmUserError(f"selection_draws must be a positive integer, got {self.selection_draws!r}")
         object.__setattr__(self, "delta", check_delta(self.delta))
         check_neighboring(self.neighboring)
         check_accountant(self.accountant)
@@ -279,6 +290,7 @@ class PrivacyLedger:
             "phase1_dataset": self.phase1_dataset,
             "private_dataset": self.private_dataset,
             "selection_eps1": self.selection_eps1,
+            "selection_draws": self.selection_draws,
             "training": dict(self.training) if self.training is not None else None,
             "noise": self.noise,
             "warning": self.warning(),
@@ -293,7 +305,7 @@ class PrivacyLedger:
             lines.append(warning)
         relation = NEIGHBORING_LABELS[self.neighboring]
         lines.append(
-            f"(ε = {_round_up(best.epsilon)}, δ = {self.delta:.3g})-DP for {self.private_dataset} "
+            f"(ε = {round_up(best.epsilon)}, δ = {self.delta:.3g})-DP for {self.private_dataset} "
             f"under {relation} adjacency, {ACCOUNTANT_LABELS[best.accountant]} accountant, "
             f"composition: {_COMPOSITION_TEXT.get(best.name, best.name)}"
             + ("" if self.end_to_end_dp else f" [{self.epsilon_scope}]")
@@ -305,7 +317,10 @@ class PrivacyLedger:
                 f"{self.private_dataset} (their number is treated as public). Validation and test "
                 "records are held out; their accuracies are reported without privacy."
             )
-        if self.selection_eps1 is not None:
+        if self.selection_eps1 is not None and self.selection_draws > 1:
+            lines.append(f"Selection: exponential mechanism, {self.selection_draws} draws from the same tickets, "
+                         f"ε1 = {self.selection_eps1:g} in all (basic composition of the draws).")
+        elif self.selection_eps1 is not None:
             lines.append(f"Selection: exponential mechanism, ε1 = {self.selection_eps1:g}.")
         elif self.phase1 == "public":
             lines.append(
@@ -330,7 +345,7 @@ class PrivacyLedger:
         others = [b for b in self.bounds() if b != best]
         for b in others:
             lines.append(
-                f"Also valid: ε = {_round_up(b.epsilon)} by {_COMPOSITION_TEXT.get(b.name, b.name)}"
+                f"Also valid: ε = {round_up(b.epsilon)} by {_COMPOSITION_TEXT.get(b.name, b.name)}"
                 f" ({ACCOUNTANT_LABELS[b.accountant]})."
             )
         return "\n".join(lines)
@@ -351,6 +366,7 @@ class PrivacyLedger:
             "accountant": self.accountant,
             "noise": self.noise,
             "data_independent_selection": self.data_independent_selection,
+            "selection_draws": self.selection_draws,
             "dp_event": event_to_json(self.dp_event()),
         }
 
@@ -370,7 +386,8 @@ class PrivacyLedger:
         if missing:
             raise DpltmUserError(f"privacy record lacks {missing}")
         ledger = cls(**{n: data[n] for n in names},
-                     data_independent_selection=bool(data.get("data_independent_selection", False)))
+                     data_independent_selection=bool(data.get("data_independent_selection", False)),
+                     selection_draws=data.get("selection_draws", 1))
         if "dp_event" in data and event_from_json(data["dp_event"]) != ledger.dp_event():
             raise DpltmUserError(
                 "privacy record is inconsistent: its DpEvent does not match its fields"
