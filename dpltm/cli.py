@@ -52,7 +52,8 @@ def user_errors(func: F) -> F:
             raise typer.Exit(2) from None
         except (KeyboardInterrupt, Interrupted) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            typer.echo(f"dpltm: interrupted ({signal.Signals(signum).name}); {_kept_on_interrupt[0]}", err=True)
+            # on a line of its own: a progress bar may have left the cursor at the end of its line
+            typer.echo(f"\ndpltm: interrupted ({signal.Signals(signum).name}); {_kept_on_interrupt[0]}", err=True)
             raise typer.Exit(128 + signum) from None
 
     return wrapper  # type: ignore[return-value]

@@ -8,6 +8,16 @@ import torch
 from dpltm.data.types import DatasetSplits, LabeledTensors
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests run where CUDA is present and are skipped, saying why, everywhere else."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def make_blobs(n: int, features: int, classes: int, seed: int) -> LabeledTensors:
     """Linearly separable-ish Gaussian blobs: learnable in a few dozen steps."""
     centres = torch.randn(classes, features, generator=torch.Generator().manual_seed(99)) * 2.0

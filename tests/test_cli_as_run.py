@@ -1,0 +1,109 @@
+"""The real CLI as users run it: a subprocess of `python -m dpltm.cli`, progress bars left ON.
+
+Every other CLI test passes `--no-progress` through typer's runner, which is how a progress bar
+on stdout once slipped past them and broke `--json`. Here stdout must be exactly one JSON
+document with the default progress bars, and the whole pipeline (generate → select → train →
+inspect) runs on the CPU and, in the `gpu` variant, on CUDA — the path that once crashed on
+the first GPU it met (Lightning's teardown moved the model back to the CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from datafiles import write_digits
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def dpltm(*args: str, cwd: Path, data: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DPLTM_DATA_DIR": str(data), "COLUMNS": "100"}
+    result = subprocess.run([sys.executable, "-m", "dpltm.cli", *args], cwd=cwd, env=env, text=True,
+                            capture_output=True, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def one_json_document(stdout: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(stdout)  # raises on anything before or after the document
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_digits(tmp_path_factory.mktemp("data"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pipeline_with_progress_bars_prints_one_json_document(device: str, data: Path, tmp_path: Path) -> None:
+    generated = dpltm("generate", "--dataset", "digits", "--rounds", "2", "--iterations", "60", "--batch-size", "32",
+                      "--device", device, "--out", "t.pt", "--json", cwd=tmp_path, data=data)
+    tickets = one_json_document(generated.stdout)
+    assert [t["round"] for t in tickets["tickets"]] == [0, 1, 2]
+    assert "round 2/2" in generated.stderr  # the progress bar ran, on stderr
+    chosen = one_json_document(dpltm("select", "--tickets", "t.pt", "--eps1", "1", "--out", "w.pt", "--json",
+                                     cwd=tmp_path, data=data).stdout)
+    assert chosen["selection"]["method"] == "exponential" and "NOT end-to-end" in chosen["same_data_note"]
+    trained = dpltm("train", "--ticket", "w.pt", "--dataset", "digits", "--eps2", "1", "--epochs", "2",
+                    "--batch-size", "32", "--device", device, "--out", "m.pt", "--json", cwd=tmp_path, data=data)
+    report = one_json_document(trained.stdout)
+    assert "DP training" in trained.stderr  # progress bar on stderr
+    assert report["end_to_end_dp"] is False and report["epsilon"] == "inf"  # same-data tickets
+    assert 0 < report["epsilon_dp_part"] <= 1.0 + 1.0 + 1e-9
+    assert 0.0 <= report["test_accuracy"] <= 1.0
+    shown = one_json_document(dpltm("inspect", "t.pt", "--json", cwd=tmp_path, data=data).stdout)
+    assert shown["tickets"] == tickets["tickets"]
+    dense = one_json_document(dpltm("train", "--dense", "--dataset", "digits", "--eps2", "1", "--epochs", "2",
+                                    "--batch-size", "32", "--device", device, "--json", cwd=tmp_path,
+                                    data=data).stdout)
+    assert dense["end_to_end_dp"] is True and dense["epsilon"] <= 1.0
+    metrics = (tmp_path / "m-logs" / "metrics.csv").read_text().splitlines()
+    assert metrics[0].startswith("epoch,steps,val_accuracy,test_accuracy,epsilon,end_to_end_dp,epsilon_scope")
+    assert len(metrics) == 3 and ",False," in metrics[1]
+
+
+def test_no_arguments_prints_help_and_no_empty_error(tmp_path: Path, data: Path) -> None:
+    result = dpltm(cwd=tmp_path, data=data, check=False)
+    assert "Usage" in result.stdout + result.stderr
+    assert "error" not in result.stderr
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("command", ["generate", "train"])
+def test_a_signal_stops_a_run_with_one_line_and_no_partial_output(command: str, signum: int, code: int,
+                                                                  data: Path, tmp_path: Path) -> None:
+    args = {"generate": ["generate", "--dataset", "digits", "--rounds", "3", "--iterations", "100000",
+                         "--batch-size", "32", "--out", "t.pt"],
+            "train": ["train", "--dense", "--dataset", "digits", "--eps2", "1", "--epochs", "5000",
+                      "--batch-size", "32", "--out", "m.pt"]}[command]
+    env = {**os.environ, "DPLTM_DATA_DIR": str(data)}
+    process = subprocess.Popen([sys.executable, "-m", "dpltm.cli", *args, "--device", "cpu"], cwd=tmp_path, env=env,
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    marker = "round 0" if command == "generate" else "DP training"
+    seen = ""
+    assert process.stderr is not None
+    while marker not in seen and time.monotonic() < deadline:  # wait until training is under way
+        seen += process.stderr.read(1) or ""
+        if process.poll() is not None:
+            break
+    process.send_signal(signum)
+    _, rest = process.communicate(timeout=120)
+    lines = [line for line in re.split(r"[\r\n]", seen + rest) if line.startswith("dpltm:")]
+    assert process.returncode == code, seen + rest
+    assert lines == [lines[0]] and lines[0].startswith(f"dpltm: interrupted ({signal.Signals(signum).name})")
+    assert "Traceback" not in seen + rest
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not [name for name in left if name.endswith((".tmp", ".lock"))]
+    if command == "train":
+        assert "m.pt" not in left and "no model was written" in lines[0]
+    else:
+        assert "rerun the same command to resume" in lines[0]
