@@ -12,6 +12,12 @@ Methods:
 
 Each run appends one row to `results.csv` (a run already there is skipped, so an interrupted
 reproduction resumes) and its per-epoch history to `curves.csv`.
+
+Randomness of the mechanisms: every run draws its DP-SGD noise / Poisson-sampling seed and its
+exponential-mechanism coins afresh from the OS CSPRNG (never stored; the row says "csprng").
+Seeds derived from the run seed would make every ε at one seed reuse the same normal draws,
+so the released models would not be independently private. The run seed still fixes the data
+split, the random-ticket control and the model initialisation.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ from dpltm.selection import Selection, choose, winner_payload
 
 RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
                  "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
-                 "epochs_run", "seconds"]
+                 "epochs_run", "seconds", "noise_seed", "selection_seed"]
+FRESH_SEED = "csprng"
+"""Value of the `noise_seed`/`selection_seed` columns: a fresh OS-CSPRNG seed, not stored."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,7 @@ class Experiment:
         eps1 = None
         if how == "exponential":
             eps1 = self.spec["selection_fraction"] * run.epsilon
-            selection = choose(payload, eps1=eps1, nu=nu, seed=run.seed)
+            selection = choose(payload, eps1=eps1, nu=nu, seed=None)  # fresh CSPRNG coins
         elif how == "best":
             selection = choose(payload, eps1=None, nu=nu, seed=None)
         else:  # uniformly random ticket (Table 2's control)
@@ -148,7 +156,7 @@ class Experiment:
             base = choose(payload, eps1=None, nu=nu, seed=None)
             selection = Selection(index, base.scores, np.full(len(payload["tickets"]), 1 / len(payload["tickets"])),
                                   base.sensitivity, True, math.nan)
-        winner = winner_payload(payload, tickets, selection, eps1=eps1, nu=nu, seeded=True)
+        winner = winner_payload(payload, tickets, selection, eps1=eps1, nu=nu, seeded=how != "exponential")
         if how == "random":
             winner["selection"]["method"] = "random"
         path = self.model_dir / f"winner-{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
@@ -194,9 +202,9 @@ class Experiment:
         out = self.model_dir / f"{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
         ticket = load_checkpoint(ticket_path, "ticket") if ticket_path else None
         started = time.perf_counter()
-        # seeded noise: reproducible runs (their guarantee assumes the seeds stay secret)
+        # noise_seed=None: a fresh OS-CSPRNG seed per run, never stored (module docstring)
         report = train(cfg, data, out, ticket=ticket, ticket_path=ticket_path, private=private,
-                       assert_public=assert_public, progress=False, noise_seed=10_000 + run.seed)
+                       assert_public=assert_public, progress=False, noise_seed=None)
         report["seconds"] = time.perf_counter() - started
         history = load_checkpoint(out, "model")["history"]
         ticket_round = ticket["round"] if ticket else None
@@ -207,6 +215,8 @@ class Experiment:
             "composition": report["composition"], "accountant": report["accountant"],
             "noise_multiplier": report["noise_multiplier"], "density": report["density"],
             "ticket_round": ticket_round, "epochs_run": report["epochs_run"], "seconds": round(report["seconds"], 2),
+            "noise_seed": FRESH_SEED if private else "",
+            "selection_seed": FRESH_SEED if run.method == "dpltm-same" else "",
         }
         return {"row": row, "history": history}
 
@@ -219,7 +229,14 @@ def completed_keys(results: Path) -> set[tuple[str, str, str, int]]:
 
 
 def append_row(path: Path, fields: list[str], row: dict[str, Any]) -> None:
+    """Append `row`; a file written with other columns (an older version) is refused, not mangled."""
     new = not path.exists()
+    if not new:
+        with path.open(newline="") as handle:
+            header = next(csv.reader(handle), [])
+        if header != fields:
+            raise DpltmUserError(f"{path} has columns {header}, expected {fields}: it was written by "
+                                 "another version; move it away (or delete it) and run again")
     with path.open("a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         if new:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import shutil
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 
 from dpltm.data import DATASETS, SPLITS, load_dataset, mnist, sources
 from dpltm.data.idx import read_idx, write_idx
-from dpltm.data.splits import derive_seed, stratified_split
+from dpltm.data.splits import derive_seed, holdout_mask, holdout_threshold, record_split
 from dpltm.errors import DpltmUserError
 from dpltm.paths import DATA_DIR_ENV, resolve_data_dir
 
@@ -41,8 +43,19 @@ def _assert_partition(pool: np.ndarray, *parts: np.ndarray) -> None:
     """The parts' rows together are the pool's rows (as multisets of distinct random rows)."""
     joined = np.concatenate(parts)
     assert joined.shape == pool.shape
-    as_rows = lambda a: sorted(map(bytes, np.ascontiguousarray(a)))  # noqa: E731
-    assert as_rows(joined) == as_rows(pool)
+    assert _rows(joined) == _rows(pool)
+
+
+def _rows(array: np.ndarray | torch.Tensor) -> list[bytes]:
+    """The rows of `array` as a sorted list of byte strings (a multiset of rows)."""
+    if isinstance(array, torch.Tensor):
+        array = array.numpy()
+    return sorted(map(bytes, np.ascontiguousarray(array)))
+
+
+def _near(count: int, n: int, fraction: float, sds: float = 5.0) -> bool:
+    """`count` is within `sds` binomial standard deviations (plus one) of fraction x n."""
+    return abs(count - fraction * n) <= sds * math.sqrt(n * fraction * (1 - fraction)) + 1.0
 
 
 # ---- IDX ----------------------------------------------------------------------------------
@@ -94,7 +107,7 @@ def test_real_mnist_train() -> None:
     root = _real_root(*(f"MNIST/raw/{f}" for f in mnist.OFFICIAL["MNIST"]))
     data = load_dataset("mnist", split="train", data_dir=root, val_fraction=0.1, seed=0)
     assert (data.num_features, data.num_classes, data.source_split) == (784, 10, "train")
-    assert len(data.train) + len(data.val) == 60000 and len(data.val) == 6000
+    assert len(data.train) + len(data.val) == 60000 and _near(len(data.val), 60000, 0.1)
     assert len(data.test) == 10000
     for part in (data.train, data.val, data.test):
         assert part.features.dtype == torch.float32 and part.labels.dtype == torch.int64
@@ -103,7 +116,7 @@ def test_real_mnist_train() -> None:
     assert set(data.train.labels.unique().tolist()) == set(range(10))
     # train + val is exactly the official training pool, split by disjoint index sets.
     pool = mnist.load_portion("mnist", root, "train")
-    kept, held = stratified_split(pool.labels, 0.1, derive_seed(0, "val"))
+    kept, held = record_split(pool.features, pool.labels, 0.1, derive_seed(0, "val"))
     assert np.intersect1d(kept, held).size == 0 and kept.size + held.size == 60000
     np.testing.assert_array_equal(data.train.labels.numpy(), pool.labels[kept])
     np.testing.assert_array_equal(data.val.features.numpy(), pool.features[held])
@@ -115,8 +128,11 @@ def test_real_mnist_train() -> None:
 def test_real_fashion_mnist_test_split() -> None:
     root = _real_root("FashionMNIST/raw/t10k-images-idx3-ubyte.gz")
     data = load_dataset("fashion-mnist", split="test", data_dir=root, val_fraction=0.1)
-    assert data.train.features.shape == (7200, 784) and data.val.features.shape == (800, 784)
-    assert data.test.features.shape == (2000, 784) and data.test.labels.shape == (2000,)
+    n_train, n_val, n_test = len(data.train), len(data.val), len(data.test)
+    assert n_train + n_val + n_test == 10000 and _near(n_test, 10000, 0.2)
+    assert _near(n_val, n_train + n_val, 0.1)
+    assert data.train.features.shape[1] == data.val.features.shape[1] == 784
+    assert data.test.features.shape == (n_test, 784) and data.test.labels.shape == (n_test,)
 
 
 def test_real_kmnist_test_works_and_train_names_missing_file() -> None:
@@ -124,9 +140,12 @@ def test_real_kmnist_test_works_and_train_names_missing_file() -> None:
         "KMNIST/raw/t10k-images-idx3-ubyte.gz", "KMNIST/raw/t10k-labels-idx1-ubyte.gz"
     )
     data = load_dataset("kmnist", split="test", data_dir=root, val_fraction=0.1)
-    assert len(data.train) + len(data.val) == 8000 and len(data.test) == 2000
-    assert torch.bincount(data.test.labels, minlength=10).tolist() == [200] * 10
-    assert torch.bincount(data.val.labels, minlength=10).tolist() == [80] * 10
+    assert len(data.train) + len(data.val) + len(data.test) == 10000
+    # Per-record hold-outs: per-class counts are binomial around the quota, not exact.
+    assert all(_near(c, 1000, 0.2) for c in torch.bincount(data.test.labels, minlength=10).tolist())
+    pool_counts = torch.bincount(torch.cat([data.train.labels, data.val.labels]), minlength=10)
+    val_counts = torch.bincount(data.val.labels, minlength=10)
+    assert all(_near(int(v), int(p), 0.1) for v, p in zip(val_counts, pool_counts, strict=True))
     if (root / "KMNIST/raw/train-images-idx3-ubyte.gz").exists():
         pytest.skip("KMNIST train images are present; the missing-file case cannot be shown")
     with pytest.raises(
@@ -159,7 +178,7 @@ def test_har_fixture(tmp_path: Path, folder: str) -> None:
     written = _write_har(tmp_path, folder)
     data = load_dataset("har", data_dir=tmp_path, val_fraction=0.1)
     assert (data.num_features, data.num_classes) == (561, 6)
-    assert len(data.train) + len(data.val) == 30 and len(data.val) == 3
+    assert len(data.train) + len(data.val) == 30 and 0 < len(data.val) < 30
     x_test, y_test = written["test"]
     np.testing.assert_array_equal(data.test.features.numpy(), x_test)
     np.testing.assert_array_equal(data.test.labels.numpy(), y_test - 1)
@@ -209,8 +228,7 @@ def test_mnist_family_fixture(tmp_path: Path, gz: bool) -> None:
     images, labels = written["test"]
     np.testing.assert_allclose(data.test.features.numpy(), images.reshape(20, 784) / 255.0)
     np.testing.assert_array_equal(data.test.labels.numpy(), labels)
-    assert len(data.train) == 40 and len(data.val) == 10
-    assert torch.bincount(data.val.labels, minlength=10).tolist() == [1] * 10
+    assert len(data.train) + len(data.val) == 50 and _near(len(data.val), 50, 0.2)
     train_images = written["train"][0].reshape(50, 784).astype(np.float32) / 255.0
     _assert_partition(train_images, data.train.features.numpy(), data.val.features.numpy())
 
@@ -220,8 +238,13 @@ def test_split_sizes_add_up(tmp_path: Path, split: str) -> None:
     _write_mnist(tmp_path)
     train_and_val, test = {"train": (50, 20), "test": (16, 4), "all": (56, 14)}[split]
     data = load_dataset("mnist", split=split, data_dir=tmp_path, val_fraction=0.1)
-    assert (len(data.train) + len(data.val), len(data.test)) == (train_and_val, test)
-    assert len(data.val) == round(0.1 * train_and_val) and data.source_split == split
+    assert len(data.train) + len(data.val) + len(data.test) == train_and_val + test
+    if split == "train":  # official test set
+        assert len(data.test) == test
+    else:  # per-record 80/20 of the pool
+        assert _near(len(data.test), train_and_val + test, 0.2)
+    assert _near(len(data.val), len(data.train) + len(data.val), 0.1)
+    assert data.source_split == split
 
 
 def test_corrupt_magic_names_file(tmp_path: Path) -> None:
@@ -322,23 +345,120 @@ def test_device_option(tmp_path: Path) -> None:
         load_dataset("har", data_dir=tmp_path, device="nonsense")
 
 
-# ---- stratified split property ------------------------------------------------------------
+# ---- per-record split properties ---------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    labels=st.lists(st.integers(0, 4), max_size=120),
-    fraction=st.floats(0.0, 0.95),
-    seed=st.integers(0, 2**32),
-)
-def test_stratified_split_property(labels: list[int], fraction: float, seed: int) -> None:
-    labels_array = np.array(labels, dtype=np.int64)
-    kept, held = stratified_split(labels_array, fraction, seed)
+def _records(n: int, seed: int, width: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.random((n, width), dtype=np.float32), rng.integers(0, 5, n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 150), fraction=st.floats(0.0, 0.95), seed=st.integers(0, 2**32))
+def test_record_split_partitions_and_is_deterministic(n: int, fraction: float, seed: int) -> None:
+    features, labels = _records(n, seed)
+    kept, held = record_split(features, labels, fraction, seed)
     assert np.intersect1d(kept, held).size == 0
-    np.testing.assert_array_equal(np.sort(np.concatenate([kept, held])), np.arange(len(labels)))
-    kept2, held2 = stratified_split(torch.from_numpy(labels_array), fraction, seed)
+    np.testing.assert_array_equal(np.sort(np.concatenate([kept, held])), np.arange(n))
+    assert np.all(np.diff(kept) > 0) and np.all(np.diff(held) > 0)
+    kept2, held2 = record_split(torch.from_numpy(features), torch.from_numpy(labels), fraction, seed)
     np.testing.assert_array_equal(kept, kept2)
     np.testing.assert_array_equal(held, held2)
-    for value in set(labels):
-        count = int((labels_array == value).sum())
-        assert abs(int((labels_array[held] == value).sum()) - fraction * count) <= 1.0
+    assert _near(held.size, n, fraction, sds=6.0)
+    if fraction == 0.0:
+        assert held.size == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 120),
+    fraction=st.floats(0.01, 0.9),
+    seed=st.integers(0, 2**32),
+    where=st.floats(0.0, 1.0),
+    duplicate=st.booleans(),
+)
+def test_neighbouring_datasets_change_one_assignment(
+    n: int, fraction: float, seed: int, where: float, duplicate: bool
+) -> None:
+    """Adding (or removing) one record anywhere leaves every other record's side unchanged."""
+    features, labels = _records(n, seed)
+    position = min(int(where * (n + 1)), n)
+    if duplicate:  # the new record may even copy an existing one
+        new_x, new_y = features[position % n], labels[position % n]
+    else:
+        new_x, new_y = np.full(features.shape[1], where, dtype=np.float32), np.int64(7)
+    bigger_x = np.insert(features, position, new_x, axis=0)
+    bigger_y = np.insert(labels, position, new_y)
+    small = holdout_mask(features, labels, fraction, seed)
+    big = holdout_mask(bigger_x, bigger_y, fraction, seed)
+    np.testing.assert_array_equal(np.delete(big, position), small)
+    # so the training sets differ in at most the one record
+    train_small = _rows(features[~small])
+    train_big = _rows(bigger_x[~big])
+    assert len(train_big) - len(train_small) in (0, 1)
+    assert all(row in train_big for row in train_small)
+
+
+def test_record_split_fraction_seed_and_content() -> None:
+    features, labels = _records(20000, 3)
+    for fraction in (0.1, 0.2, 0.45):
+        _, held = record_split(features, labels, fraction, 11)
+        assert _near(held.size, 20000, fraction)
+        for value in range(5):  # each class loses about `fraction` of its rows
+            in_class = labels == value
+            assert _near(int(in_class[held].sum()), int(in_class.sum()), fraction)
+    a = holdout_mask(features, labels, 0.2, 1)
+    assert not np.array_equal(a, holdout_mask(features, labels, 0.2, 2))  # the seed matters
+    # the side is a function of content: a permutation of the rows permutes the sides
+    order = np.random.default_rng(0).permutation(20000)
+    np.testing.assert_array_equal(holdout_mask(features[order], labels[order], 0.2, 1), a[order])
+    # and of the label too
+    assert not np.array_equal(holdout_mask(features, (labels + 1) % 5, 0.2, 1), a)
+    # a larger fraction holds out a superset (the same hashes against a higher threshold)
+    assert np.all(holdout_mask(features, labels, 0.3, 1)[a])
+
+
+@settings(max_examples=200, deadline=None)
+@given(fraction=st.floats(0.0, 1.0, exclude_max=True))
+def test_holdout_threshold_is_exact(fraction: float) -> None:
+    threshold = holdout_threshold(fraction)
+    assert Fraction(threshold, 2**64) <= Fraction(fraction) < Fraction(threshold + 1, 2**64)
+    assert 0 <= threshold < 2**64
+
+
+def _insert_har_row(root: Path, row: str, label: int) -> None:
+    folder = root / "UCI HAR Dataset" / "train"
+    for name, line in (("X_train.txt", row), ("y_train.txt", str(label))):
+        path = folder / name
+        path.write_text(line + "\n" + path.read_text())
+
+
+@pytest.mark.parametrize("split", ["train", "all"])
+def test_loader_neighbouring_datasets_differ_in_one_training_record(
+    tmp_path: Path, split: str
+) -> None:
+    """load_dataset on D and on D + one record (inserted first): train sets differ in ≤ 1 row."""
+    _write_har(tmp_path / "small", n_train=200)
+    _write_har(tmp_path / "big", n_train=200)
+    new_row = np.linspace(-0.9, 0.9, 561, dtype=np.float32)
+    _insert_har_row(tmp_path / "big", "  " + " ".join(f"{v:.7e}" for v in new_row), 4)
+    small = load_dataset("har", split=split, data_dir=tmp_path / "small", val_fraction=0.2, seed=3)
+    big = load_dataset("har", split=split, data_dir=tmp_path / "big", val_fraction=0.2, seed=3)
+    added = 0
+    for part in ("train", "val", "test"):
+        rows_small = _rows(getattr(small, part).features)
+        rows_big = _rows(getattr(big, part).features)
+        assert all(row in rows_big for row in rows_small)
+        added += len(rows_big) - len(rows_small)
+    assert added == 1
+    assert len(small.val) > 0 and len(small.train) > len(small.val)
+
+
+def test_stratified_split_kept_for_digits_only() -> None:
+    """The legacy class-quota split still partitions (tabular.py's DIGITS stand-in uses it)."""
+    from dpltm.data.splits import stratified_split
+
+    labels = np.arange(100) % 4
+    kept, held = stratified_split(labels, 0.2, 0)
+    np.testing.assert_array_equal(np.sort(np.concatenate([kept, held])), np.arange(100))
+    assert np.bincount(labels[held]).tolist() == [5, 5, 5, 5]

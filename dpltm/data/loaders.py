@@ -2,8 +2,14 @@
 
 Split rule: with split="train" the pool is the official training portion and the official
 test portion is the test set. Otherwise ("test", "all", or data without an official split)
-the pool is divided by a seeded stratified 80/20 split, the paper's rule for such data.
-A stratified `val_fraction` of the training rows is then held out as the validation set.
+the pool is divided 80/20 (in expectation) into training rows and test set. Then, in
+expectation, `val_fraction` of the training rows is held out as the validation set.
+
+Both hold-outs are per record (`splits.record_split`): a record's side is a keyed hash of its
+own content and the seed, so datasets that differ in one record give training sets that
+differ in at most that record, and the DP guarantee on the training set carries over to the
+data the user holds. (Scheme v1 used class-stratified quotas, which reassign many records
+when one is added.) Sizes are therefore binomial, not exact.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 
 from dpltm.data import mnist, tabular
 from dpltm.data.sources import Portion
-from dpltm.data.splits import derive_seed, stratified_split
+from dpltm.data.splits import derive_seed, record_split
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.paths import resolve_data_dir
@@ -31,7 +37,7 @@ SPLITS: tuple[str, ...] = ("train", "test", "all")
 POOL_TEST_FRACTION = 0.2
 MAX_VAL_FRACTION = 0.5
 # Bump when the split or normalisation rules change, so old fingerprints stop matching.
-SPLIT_SCHEME = "dpltm-split-v1"
+SPLIT_SCHEME = "dpltm-split-v2"  # v2: per-record keyed-hash hold-outs
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,8 @@ def _train_and_test(
         pool = spec.load_portion(root, "test")
     else:
         pool = _concat(spec.load_portion(root, "train"), spec.load_portion(root, "test"))
-    train_rows, test_rows = stratified_split(
-        pool.labels, POOL_TEST_FRACTION, derive_seed(seed, "test")
+    train_rows, test_rows = record_split(
+        pool.features, pool.labels, POOL_TEST_FRACTION, derive_seed(seed, "test")
     )
     return _subset(pool, train_rows), _subset(pool, test_rows)
 
@@ -148,7 +154,9 @@ def load_dataset(
     spec = SPECS[name]
     root = resolve_data_dir(data_dir)
     train, test = _train_and_test(spec, root, split, int(seed))
-    kept, held = stratified_split(train.labels, float(val_fraction), derive_seed(seed, "val"))
+    kept, held = record_split(
+        train.features, train.labels, float(val_fraction), derive_seed(seed, "val")
+    )
     try:
         return DatasetSplits(
             name=name,

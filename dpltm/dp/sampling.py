@@ -4,10 +4,17 @@ This is the sampling the Poisson-subsampled Gaussian accountant assumes (Abadi e
 Mironov et al. 2019; Zhu & Wang 2019). Batch sizes are Binomial(N, q); an empty batch is a
 legal step (it still adds noise and is still counted). Shuffled fixed-size batches are a
 different mechanism (Chua et al. 2024) and are not offered here.
+
+The accountant is told q, so each record's realised inclusion probability must never exceed
+q (PRIVACY.md §7): a larger rate is a weaker guarantee than the one reported. Comparing
+float32 uniforms with q does not ensure it: on CPU `torch.rand` gives multiples of 2⁻²⁴, so
+`u < q` holds with probability ⌈q·2²⁴⌉/2²⁴, which exceeds q whenever q is off that grid
+(for q = 2⁻⁶⁰ it is 2⁻²⁴). We compare uniform integers instead; see `inclusion_threshold`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -16,13 +23,36 @@ from torch.utils.data import IterableDataset
 
 from dpltm.errors import DpltmUserError
 
+RANDOM_BITS = 62
+"""k: each record draws an integer uniform on [0, 2^k). 2^62 fits an int64 `randint` bound."""
+
+
+def inclusion_threshold(sample_rate: float) -> int:
+    """t = ⌊q·2^k⌋: a record is in the batch iff its draw U ~ Uniform{0, …, 2^k − 1} is < t.
+
+    So the realised inclusion probability is exactly t/2^k, and t/2^k ≤ q < (t + 1)/2^k: never
+    above q, and below it by less than 2⁻⁶² (far below anything an accountant resolves).
+    Exactness: q is a binary64 number and 2^k a power of two, so q·2^k is computed without
+    rounding (no overflow for q ≤ 1; a subnormal q stays exact too, scaling only raises its
+    exponent), and `math.floor` of an exact float is exact. q = 1 gives t = 2^k: every record.
+    """
+    return math.floor(float(sample_rate) * 2**RANDOM_BITS)
+
 
 def poisson_sample(n: int, sample_rate: float, generator: torch.Generator,
                    device: torch.device | str = "cpu") -> Tensor:
-    """Indices of the records in one Poisson batch (sorted, possibly empty)."""
+    """Indices of the records in one Poisson batch (sorted, possibly empty).
+
+    One draw of n int64 uniforms on [0, 2^62) from `generator` (on its own device, CPU or
+    CUDA), compared with `inclusion_threshold(q)`: realised rate ≤ q exactly (see there).
+    `torch.randint` reduces 64 random bits modulo the range; the range 2^62 divides 2^64, so
+    the reduction is exactly uniform on both CPU and CUDA.
+    """
     if not 0.0 < sample_rate <= 1.0:
         raise DpltmUserError(f"sampling rate must lie in (0, 1], got {sample_rate}")
-    keep = torch.rand(n, generator=generator, device=generator.device) < sample_rate
+    draws = torch.randint(0, 2**RANDOM_BITS, (n,), generator=generator,
+                          device=generator.device, dtype=torch.int64)
+    keep = draws < inclusion_threshold(sample_rate)
     return keep.nonzero().squeeze(1).to(device)
 
 
