@@ -1,4 +1,5 @@
-# GPU image for dpltm: CUDA runtime + the pinned torch build + the package and its configs.
+# GPU image for dpltm: CUDA runtime + torch + the package, installed as a normal (non-editable)
+# package with its configs inside it.
 #   docker build -t dpltm .
 #   docker run --gpus all -v /path/to/data:/data -v $PWD/checkpoints:/opt/dpltm/checkpoints \
 #       dpltm generate --dataset kmnist --split test --device cuda
@@ -13,13 +14,12 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     DPLTM_DATA_DIR=/data \
     PYTHONUNBUFFERED=1
-# Dependencies first (cached layer), then the code.
+# Dependencies first (a cached layer: a stub package with the real metadata), then the code.
 COPY pyproject.toml README.md ./
-COPY dpltm/__init__.py dpltm/__init__.py
-RUN pip install --no-cache-dir -e . && pip uninstall -y dpltm
+RUN mkdir -p dpltm && echo '__version__ = "0"' > dpltm/__init__.py \
+    && pip install --no-cache-dir . && pip uninstall -y dpltm && rm -rf dpltm build
 COPY dpltm ./dpltm
-COPY configs ./configs
-RUN pip install --no-cache-dir --no-deps -e .
+RUN pip install --no-cache-dir --no-deps . && rm -rf build dpltm
 
 VOLUME ["/data", "/opt/dpltm/checkpoints"]
 ENTRYPOINT ["dpltm"]

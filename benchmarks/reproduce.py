@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     path = Path(args.profile)
     if not path.suffix:
-        path = CONFIG_DIR / "experiments" / f"{args.profile}.yaml"
+        path = Path(str(CONFIG_DIR / "experiments" / f"{args.profile}.yaml"))
     exp = Experiment.from_file(path, args.out, args.data_dir, resolve_device(args.device))
     shard = tuple(int(v) for v in args.shard.split("/"))
     started = time.perf_counter()
@@ -97,8 +97,9 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
         f"{spec['train']['epochs']} epochs, expected batch {spec['train']['batch_size']} (Poisson sampling; "
         f"{spec.get('small_dataset_batch')} for sets under 5000 records), clip {spec['train']['clip']}, "
         f"lr {spec['train']['lr']}, δ = {spec['delta']:g}, ν = {spec['nu']}; σ calibrated by the PLD "
-        "accountant. Ticket sets are generated once (seed 0); seeds vary the data split, selection, "
-        "sampling and noise.", "",
+        "accountant. Ticket sets are generated once (seed 0); the seed varies the (per-record) data "
+        "split and fresh layers, while every run draws its own OS-CSPRNG seed for selection, Poisson "
+        "sampling and noise (never stored), so the models are independently private.", "",
         "- **DPLTM same-data** is the paper's main mode: tickets from non-private training on the "
         "private set, selection with ε1 = 10 % of ε, training with the rest. It is **NOT end-to-end DP** "
         "(PRIVACY.md §1): the ε in its rows covers selection and training only.",

@@ -16,30 +16,69 @@ from rich.table import Table
 
 from dpltm.dp.noise import noise_class
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.accounting import composition_bounds, epsilon, gdp_epsilon, gdp_mu
+from dpltm.privacy.accounting import (
+    check_delta,
+    check_target_epsilon,
+    composition_bounds,
+    epsilon,
+    gdp_epsilon,
+    gdp_mu,
+)
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_paper_sigma
-from dpltm.privacy.events import dpsgd_event
-from dpltm.privacy.ledger import _round_up
+from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
+from dpltm.privacy.ledger import round_up
 
 SOUND = ("pld", "rdp")
 
 
+def _positive_int(option: str, value: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise DpltmUserError(f"{option} must be a positive integer, got {value}")
+    return int(value)
+
+
 def _mechanism(q: float | None, steps: int | None, dataset_size: int | None, batch_size: int | None,
                epochs: int | None) -> tuple[float, int]:
+    """(q, T) from exactly one of the two ways to give them; mixing the two is refused."""
+    direct = {"--q": q, "--steps": steps}
+    derived = {"--dataset-size": dataset_size, "--batch-size": batch_size, "--epochs": epochs}
+    given_direct = [k for k, v in direct.items() if v is not None]
+    given_derived = [k for k, v in derived.items() if v is not None]
+    if given_direct and given_derived:
+        raise DpltmUserError(f"give --q and --steps, or --dataset-size, --batch-size and --epochs, not both "
+                             f"(got {', '.join(given_direct + given_derived)})")
     if q is not None and steps is not None:
-        return q, steps
-    if dataset_size and batch_size and epochs:
-        if batch_size >= dataset_size:
+        rate = float(q)
+        if not (math.isfinite(rate) and 0.0 < rate <= 1.0):
+            raise DpltmUserError(f"--q must lie in (0, 1], got {q}")
+        return rate, check_steps(steps)
+    if dataset_size is not None and batch_size is not None and epochs is not None:
+        n = _positive_int("--dataset-size", dataset_size)
+        size = _positive_int("--batch-size", batch_size)
+        rounds = _positive_int("--epochs", epochs)
+        if size >= n:
             raise DpltmUserError("--batch-size must be smaller than --dataset-size")
-        return batch_size / dataset_size, epochs * math.ceil(dataset_size / batch_size)
+        return size / n, check_steps(rounds * math.ceil(n / size))
     raise DpltmUserError("give --q and --steps, or --dataset-size, --batch-size and --epochs")
 
 
 def account_report(*, q: float | None, sigma: float | None, steps: int | None, delta: float,
                    dataset_size: int | None, batch_size: int | None, epochs: int | None,
                    eps: float | None, eps1: float | None, noise: str = "gaussian") -> dict[str, Any]:
+    """Every input is validated here, once, before any accountant runs."""
+    if sigma is not None and eps is not None:
+        raise DpltmUserError("give --sigma (to get ε) or --eps (to get σ), not both")
+    if sigma is None and eps is None:
+        raise DpltmUserError("give --sigma (to get ε) or --eps (to get σ)")
     rate, n_steps = _mechanism(q, steps, dataset_size, batch_size, epochs)
+    delta = check_delta(delta)
+    if eps1 is not None:
+        selection_event(eps1)  # validates ε1
+    if eps is not None:
+        eps = check_target_epsilon(eps, "--eps")
+    if sigma is not None and not (math.isfinite(sigma) and sigma >= MIN_NOISE_MULTIPLIER):
+        raise DpltmUserError(f"--sigma must be a finite number ≥ {MIN_NOISE_MULTIPLIER:g}, got {sigma}")
     mechanism = noise_class(noise)
     rows: list[dict[str, Any]] = []
     if eps is not None:
@@ -52,8 +91,7 @@ def account_report(*, q: float | None, sigma: float | None, steps: int | None, d
                          "epsilon": eps, "kind": COMPARISON_LABEL})
         return {"q": rate, "steps": n_steps, "delta": delta, "target_epsilon": eps, "eps1": eps1, "noise": noise,
                 "rows": rows}
-    if sigma is None:
-        raise DpltmUserError("give --sigma (to get ε) or --eps (to get σ)")
+    assert sigma is not None
     parameter, sigma = sigma, mechanism.effective_for(sigma)  # the accountants see the effective multiplier
     event = dpsgd_event(rate, sigma, n_steps)
     for name in SOUND:
@@ -90,9 +128,9 @@ def print_account_report(report: dict[str, Any], console: Console) -> None:
     table.add_column("status")
     for row in report["rows"]:
         # ε and σ shown rounded up: a displayed ε never understates, a displayed σ always suffices
-        cells = [row["accountant"], _round_up(row["sigma" if solving else "epsilon"], 5)]
+        cells = [row["accountant"], round_up(row["sigma" if solving else "epsilon"], 5)]
         if report.get("eps1") is not None and not solving:
-            cells.append(f"{_round_up(row['with_selection'], 5)} ({row['composition']})" if "with_selection" in row
+            cells.append(f"{round_up(row['with_selection'], 5)} ({row['composition']})" if "with_selection" in row
                          else "-")
         cells.append(row["kind"])
         table.add_row(*cells)

@@ -105,6 +105,7 @@ def output_lock(path: Path) -> Iterator[None]:
     The lock is `flock` on a hidden `.NAME.lock` beside the output, removed on release.
     """
     check_writable(path)
+    _make_parent(path)
     lock_path = path.parent / f".{path.name}.lock"
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -135,6 +136,7 @@ def output_lock(path: Path) -> Iterator[None]:
 def write_text_atomic(text: str, path: Path) -> None:
     """A text file (e.g. a metrics log) written with the same temp-file-then-rename rule."""
     check_writable(path)
+    _make_parent(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -156,16 +158,24 @@ def _publish(tmp: str, path: Path) -> None:
 
 
 def check_writable(path: Path) -> None:
-    """Fail before any work is done if the output cannot be written."""
-    parent = path.parent if str(path.parent) else Path(".")
+    """Fail before any work is done if the output cannot be written. Creates nothing: the
+    nearest existing ancestor must be a writable directory (missing folders are made on save)."""
     if path.exists() and path.is_dir():
         raise DpltmUserError(f"output {path} is a directory")
+    ancestor = path.parent if str(path.parent) else Path(".")
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise DpltmUserError(f"cannot create output directory {path.parent}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK):
+        raise DpltmUserError(f"output directory {ancestor} is not writable")
+
+
+def _make_parent(path: Path) -> None:
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DpltmUserError(f"cannot create output directory {parent}: {exc.strerror}") from None
-    if not os.access(parent, os.W_OK):
-        raise DpltmUserError(f"output directory {parent} is not writable")
+        raise DpltmUserError(f"cannot create output directory {path.parent}: {exc.strerror}") from None
 
 
 def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
@@ -174,6 +184,7 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
         raise ValueError(f"unknown checkpoint kind {kind}")
     check_writable(path)
     body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION, **payload}
+    _make_parent(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "wb") as handle:

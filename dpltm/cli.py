@@ -369,7 +369,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
                 overwrite: bool = False) -> dict[str, Any]:
     from dpltm import pipeline
-    from dpltm.checkpoint import output_lock, prepare_output
+    from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
@@ -393,15 +393,18 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     ticket_data = None
     if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
         ticket_data = pipeline.reload_ticket_data(ticket_body, data_dir)
-    err_console.print(f"training on {data.name} ({len(data.train)} records) on {torch_device}: "
-                      f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
-                      f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
-    with output_lock(target):
-        on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
-                                                    if target.exists() else ""))
-        return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
-                              assert_public=public_tickets, progress=progress, public_data=public,
-                              public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data)
+    on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
+                                                if target.exists() else ""))
+
+    def announce() -> None:
+        err_console.print(f"training on {data.name} ({len(data.train)} records) on {torch_device}: "
+                          f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
+                          f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
+
+    return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
+                          assert_public=public_tickets, progress=progress, public_data=public,
+                          public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
+                          on_start=announce)
 
 
 def _finish_training_report(report: dict[str, Any], json_out: bool) -> None:
@@ -521,8 +524,7 @@ def main() -> None:
     run cleanly with one line and exit 130 / 143."""
     from typer.exceptions import Abort, TyperException
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _raise_interrupted)
+    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
     except Abort:
@@ -534,6 +536,9 @@ def main() -> None:
             raise SystemExit(0) from None
         typer.echo(f"dpltm: error: {message}", err=True)
         raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
+    finally:  # main() may run inside another program (tests): leave its handlers as they were
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if isinstance(code, int) and code != 0:
         raise SystemExit(code)
 

@@ -10,18 +10,42 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
+
+try:
+    from importlib.resources.abc import Traversable
+except ImportError:  # Python 3.10
+    from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 from dpltm.errors import DpltmUserError
+from dpltm.model import check_network_size
+from dpltm.privacy.accounting import check_target_epsilon
+from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
+from dpltm.privacy.exponential import check_eps1
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR: Traversable = resources.files("dpltm") / "configs"
+"""The packaged YAML (defaults, per-dataset, experiment profiles): shipped as package data, so an
+installed wheel reads the same settings as a checkout."""
+
+
+#: The largest learning rate accepted: far beyond any that trains (the paper uses 0.1); larger
+#: ones only turn the weights into inf/NaN.
+MAX_LR = 1e3
+
+#: The largest --config file read: a config is a few hundred bytes; this refuses /dev/zero.
+MAX_CONFIG_BYTES = 1 << 20
+
+#: Seeds are non-negative and fit in 63 bits (what torch and numpy generators accept).
+MAX_SEED = 2**63 - 1
 
 
 def _require_positive(option: str, value: float | None) -> None:
@@ -30,17 +54,49 @@ def _require_positive(option: str, value: float | None) -> None:
         raise DpltmUserError(f"{option} must be positive, got {value}")
 
 
+def _require_finite(settings: Any) -> None:
+    """One-line user error for any inf/NaN float field (or element of a float tuple)."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise DpltmUserError(f"--{f.name.replace('_', '-')} must be a finite number, got {v}")
+
+
+def _require_lr(lr: float) -> None:
+    if not 0.0 < lr <= MAX_LR:
+        raise DpltmUserError(f"--lr must lie in (0, {MAX_LR:g}], got {lr:g}")
+
+
+def _require_seed(seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise DpltmUserError(f"--seed must lie in [0, 2**63 - 1], got {seed}")
+
+
 @dataclass(frozen=True)
 class DataSettings:
     dataset: str = "kmnist"
     split: str = "train"
     val_fraction: float = 0.1
 
+    def __post_init__(self) -> None:
+        _require_finite(self)
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise DpltmUserError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
+
 
 @dataclass(frozen=True)
 class ModelSettings:
+    """Hidden widths (and an optional input projection); the size limit needs the dataset's input
+    width, so `resolve_generate_config` checks it (and `model.Architecture` checks it again)."""
+
     hidden: tuple[int, ...] = (300, 100)
     project_to: int | None = None
+
+    def __post_init__(self) -> None:
+        if any(h < 1 for h in self.hidden):
+            raise DpltmUserError(f"--hidden takes positive integers, got {list(self.hidden)}")
+        _require_positive("--project-to", self.project_to)
 
 
 @dataclass(frozen=True)
@@ -57,11 +113,12 @@ class GenerateSettings:
     log_every: int = 100
 
     def __post_init__(self) -> None:
+        _require_finite(self)
         if self.rounds < 0:
             raise DpltmUserError(f"--rounds must be ≥ 0, got {self.rounds}")
         _require_positive("--iterations", self.iterations)
         _require_positive("--batch-size", self.batch_size)
-        _require_positive("--lr", self.lr)
+        _require_lr(self.lr)
         if not 0.0 <= self.min_density < 1.0:
             raise DpltmUserError(f"--min-density must lie in [0, 1), got {self.min_density}")
         _require_positive("log_every", self.log_every)
@@ -76,6 +133,9 @@ class GenerateConfig:
     model: ModelSettings = field(default_factory=ModelSettings)
     generate: GenerateSettings = field(default_factory=GenerateSettings)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require_seed(self.seed)
 
 
 T = TypeVar("T")
@@ -94,64 +154,146 @@ def config_hash(settings: Any) -> str:
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
     """Build a (nested) frozen dataclass, refusing unknown keys and coercing simple types."""
     if not isinstance(data, Mapping):
-        raise DpltmUserError(f"config section '{where or cls.__name__}' must be a mapping")
+        raise DpltmUserError(f"config section '{where or cls.__name__}' must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
+    unknown = sorted(map(str, set(data) - names))
     if unknown:
         raise DpltmUserError(f"unknown config key(s) {unknown} in '{where or 'top level'}'")
     kwargs = {k: _coerce(hints[k], v, f"{where}.{k}".strip(".")) for k, v in data.items()}
     return cls(**kwargs)
 
 
+def _invalid(where: str, value: Any, what: str) -> DpltmUserError:
+    return DpltmUserError(f"config value {where}={value!r} is not a valid {what}")
+
+
+def _yaml_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
 def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """`value` as type `tp`, strictly: what YAML or the CLI gives must already mean that type.
+
+    bool only from booleans (or the strings "true"/"false"); int only from integers (not bool)
+    or whole floats; float from numbers (not bool) or numeric strings (PyYAML reads `1e-5`
+    as a string); str only from strings; a section (dataclass) only from a mapping (or
+    null: all defaults). Range checks (finite, positive, ...) are the settings' own.
+    """
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value or {}, where)  # type: ignore[arg-type]
+        return from_dict(tp, {} if value is None else value, where)  # type: ignore[arg-type]
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
         return _coerce(args[0], value, where)
     if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.replace(",", " ").split() if v]
+        if isinstance(value, str):  # "300,100": each piece read as the YAML scalar it spells
+            value = [_yaml_scalar(v) for v in value.replace(",", " ").split() if v]
         if not isinstance(value, (list, tuple)):
             value = [value]
         inner = typing.get_args(tp)[0]
         return tuple(_coerce(inner, v, where) for v in value)
-    try:
-        if tp is bool:
-            if isinstance(value, str):
-                return value.lower() in ("1", "true", "yes", "on")
-            return bool(value)
-        if tp is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        raise _invalid(where, value, "boolean (true or false)")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             return int(value)
-        if tp is float:
+        raise _invalid(where, value, "int")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if tp is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise DpltmUserError(f"config value {where}={value!r} is not a valid {tp.__name__}") from None
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _invalid(where, value, "float")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _invalid(where, value, "string")
     return value
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+#: What a config file may hold at the top level: the sections (one settings class each) and `seed`.
+SECTIONS: dict[str, type] = {}  # filled below, once every settings class exists
+TOP_LEVEL_SCALARS: dict[str, type] = {"seed": int}
+
+
+def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A user's config file, checked whole: known sections, known keys, valid values.
+
+    Every section is checked, not only those the running stage reads, so a typo (`trian:`) or
+    a wrong value in another stage's section is reported rather than silently ignored. A
+    section left empty (`train:` with nothing under it) means no overrides and is dropped.
+    """
+    known = ", ".join([*SECTIONS, *TOP_LEVEL_SCALARS])
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if key in TOP_LEVEL_SCALARS:
+            out[key] = _coerce(TOP_LEVEL_SCALARS[key], value, str(key))
+            continue
+        if key not in SECTIONS:
+            raise DpltmUserError(f"unknown section '{key}' in config file {source}; known: {known}")
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise DpltmUserError(f"config section '{key}' in {source} must be a mapping, got {value!r}")
+        cls = SECTIONS[key]
+        hints = typing.get_type_hints(cls)
+        unknown = sorted(map(str, set(value) - set(hints)))
+        if unknown:
+            raise DpltmUserError(f"unknown config key(s) {unknown} in section '{key}' of {source}")
+        section = {k: _coerce(hints[k], v, f"{key}.{k}") for k, v in value.items()}
+        cls(**section)  # the section's own range checks (the rest at their defaults)
+        out[key] = section
+    return out
+
+
+def read_yaml(path: Path | Traversable) -> dict[str, Any]:
+    """A YAML mapping from `path` (at most MAX_CONFIG_BYTES of UTF-8); any problem is one line.
+
+    Schema-free: the experiment profiles are read with it too. See `read_config_file`.
+    """
     try:
-        text = path.read_text()
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise DpltmUserError(f"config file {path} does not exist") from None
     except OSError as exc:
-        raise DpltmUserError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise DpltmUserError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise DpltmUserError(f"config file {path} is larger than {MAX_CONFIG_BYTES // 1024} KiB: not a config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DpltmUserError(f"config file {path} is not UTF-8 text") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise DpltmUserError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        first = (str(exc).splitlines() or ["syntax error"])[0]
+        raise DpltmUserError(f"config file {path} is not valid YAML: {first}") from None
+    except RecursionError:
+        raise DpltmUserError(f"config file {path} is nested too deeply") from None
     if not isinstance(data, dict):
         raise DpltmUserError(f"config file {path} must hold a mapping at the top level")
     return data
+
+
+def read_config_file(path: Path | Traversable) -> dict[str, Any]:
+    """`read_yaml` then `check_config_tree`: a settings file (defaults, dataset or --config)."""
+    return check_config_tree(read_yaml(path), str(path))
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -179,18 +321,31 @@ def drop_none(tree: Mapping[str, Any]) -> dict[str, Any]:
 
 def layered_config(cli: Mapping[str, Any], config_file: Path | None,
                    sections: tuple[str, ...]) -> dict[str, Any]:
-    """Merge the layers; keeps only `sections` (plus top-level scalars) of each YAML file."""
+    """Merge the layers; keeps only `sections` (plus top-level scalars) of each YAML file.
+
+    Every file is checked whole first (`check_config_tree`), so what is not kept here was
+    still validated."""
+    user = read_config_file(config_file) if config_file is not None else {}
+    return _merge_layers(cli, user, sections)
+
+
+def _is_plain_name(name: Any) -> bool:
+    """A dataset name that can only name a file inside configs/datasets/."""
+    return isinstance(name, str) and bool(name) and not name.startswith(".") and "/" not in name \
+        and "\\" not in name
+
+
+def _merge_layers(cli: Mapping[str, Any], user: Mapping[str, Any],
+                  sections: tuple[str, ...]) -> dict[str, Any]:
     def pick(tree: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in tree.items() if k in sections or not isinstance(v, Mapping)}
 
-    defaults = read_yaml(CONFIG_DIR / "defaults.yaml") if (CONFIG_DIR / "defaults.yaml").exists() else {}
-    user = read_yaml(config_file) if config_file is not None else {}
+    defaults = read_config_file(CONFIG_DIR / "defaults.yaml")
     cli_tree = drop_none(cli)
     merged = deep_merge(deep_merge(pick(defaults), pick(user)), cli_tree)
     dataset = merged.get("data", {}).get("dataset")
-    dataset_file = CONFIG_DIR / "datasets" / f"{dataset}.yaml"
-    if dataset and dataset_file.exists():
-        layers = [pick(defaults), pick(read_yaml(dataset_file)), pick(user), cli_tree]
+    if _is_plain_name(dataset) and (dataset_file := CONFIG_DIR / "datasets" / f"{dataset}.yaml").is_file():
+        layers = [pick(defaults), pick(read_config_file(dataset_file)), pick(user), cli_tree]
         merged = {}
         for layer in layers:
             merged = deep_merge(merged, layer)
@@ -198,9 +353,17 @@ def layered_config(cli: Mapping[str, Any], config_file: Path | None,
 
 
 def resolve_generate_config(cli: Mapping[str, Any], config_file: Path | None) -> GenerateConfig:
+    """The generation settings; the network's size is checked here against the dataset's input
+    width, before any data is read."""
     tree = layered_config(cli, config_file, ("data", "model", "generate"))
     tree = {k: v for k, v in tree.items() if k in ("data", "model", "generate", "seed")}
-    return from_dict(GenerateConfig, tree)
+    cfg = from_dict(GenerateConfig, tree)
+    from dpltm.data.loaders import SPECS  # the dataset's fixed shape, without reading any data
+
+    spec = SPECS.get(cfg.data.dataset)
+    if spec is not None:
+        check_network_size(spec.num_features, cfg.model.hidden, spec.num_classes, cfg.model.project_to)
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -211,7 +374,8 @@ class SelectSettings:
     nu: float = 50.0
 
     def __post_init__(self) -> None:
-        _require_positive("--eps1", self.eps1)
+        _require_finite(self)
+        check_eps1(self.eps1, "--eps1")
         if not self.nu >= 0:
             raise DpltmUserError(f"--nu must be ≥ 0, got {self.nu}")
 
@@ -238,17 +402,22 @@ class TrainSettings:
     patience: int | None = None
 
     def __post_init__(self) -> None:
+        _require_finite(self)
         _require_positive("--epochs", self.epochs)
         _require_positive("--batch-size", self.batch_size)
         _require_positive("--clip", self.clip)
-        _require_positive("--lr", self.lr)
+        _require_lr(self.lr)
         if self.optimizer not in OPTIMIZERS:
             raise DpltmUserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
-        _require_positive("--eps2", self.eps2)
-        _require_positive("--sigma", self.sigma)
+        if self.eps2 is not None:
+            check_target_epsilon(self.eps2, "--eps2")
+        if self.sigma is not None and not self.sigma >= MIN_NOISE_MULTIPLIER:
+            raise DpltmUserError(f"--sigma must be at least {MIN_NOISE_MULTIPLIER:g} (less gives no meaningful "
+                                 f"privacy), got {self.sigma:g}")
         if not 0 < self.delta < 1:
             raise DpltmUserError(f"--delta must lie in (0, 1), got {self.delta}")
-        _require_positive("--target-eps", self.target_eps)
+        if self.target_eps is not None:
+            check_target_epsilon(self.target_eps, "--target-eps")
         _require_positive("--patience", self.patience)
         if self.accountant not in ("pld", "rdp"):
             raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")
@@ -260,7 +429,16 @@ class TrainSettings:
 class TrainConfig:
     data: DataSettings = field(default_factory=lambda: DataSettings(dataset="mnist"))
     train: TrainSettings = field(default_factory=TrainSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    """The dense network's shape (--dense and --non-private baselines); a ticket brings its own."""
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require_seed(self.seed)
+
+
+SECTIONS.update(data=DataSettings, model=ModelSettings, generate=GenerateSettings, select=SelectSettings,
+                train=TrainSettings)
 
 
 def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> SelectSettings:
@@ -269,11 +447,11 @@ def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> S
 
 
 def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None) -> TrainConfig:
-    """Training reads `data:` and `train:`. Its dataset is the private one: --dataset, else the
-    --config file's `data.dataset`, else MNIST (defaults.yaml's dataset is for generation)."""
-    user = read_yaml(config_file) if config_file is not None else {}
-    user_data = user.get("data") if isinstance(user.get("data"), Mapping) else {}
-    dataset = cli.get("data", {}).get("dataset") or user_data.get("dataset") or "mnist"
+    """Training reads `data:`, `train:` and `model:` (the dense baselines' shape). Its dataset is the
+    private one: --dataset, else the --config file's `data.dataset`, else MNIST (defaults.yaml's
+    dataset is for generation)."""
+    user = read_config_file(config_file) if config_file is not None else {}
+    dataset = cli.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
     cli = {**cli, "data": {**cli.get("data", {}), "dataset": dataset}}
-    tree = layered_config(cli, config_file, ("data", "train"))
-    return from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "seed") if k in tree})
+    tree = _merge_layers(cli, user, ("data", "train", "model"))
+    return from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "model", "seed") if k in tree})

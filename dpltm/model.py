@@ -20,6 +20,32 @@ from dpltm.errors import DpltmUserError
 Masks = dict[str, Tensor]
 """Parameter name (e.g. ``hidden.0.weight``) -> bool tensor of the weight's shape."""
 
+#: The largest network dpltm builds. 10⁸ parameters are 400 MB of float32 weights, before the
+#: masks, the optimiser state and the θ0 and mask copies a ticket file keeps (the paper's
+#: LeNet-300-100 has 266 610); `--hidden 100000,100000` would ask for 40 GB.
+MAX_PARAMETERS = 10**8
+
+
+def parameter_count(in_features: int, hidden: Sequence[int], num_classes: int,
+                    project_to: int | None = None) -> int:
+    """Weights and biases of the network `Architecture` describes (exact Python ints)."""
+    widths = [int(in_features), *([int(project_to)] if project_to is not None else []),
+              *(int(h) for h in hidden), int(num_classes)]
+    return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(widths, widths[1:]))
+
+
+def check_network_size(in_features: int, hidden: Sequence[int], num_classes: int,
+                       project_to: int | None = None) -> None:
+    """One-line refusal, before anything is allocated, of a network over MAX_PARAMETERS."""
+    count = parameter_count(in_features, hidden, num_classes, project_to)
+    if count > MAX_PARAMETERS:
+        layers = ",".join(str(int(h)) for h in hidden)
+        extra = f" with --project-to {project_to}" if project_to is not None else ""
+        raise DpltmUserError(
+            f"--hidden {layers}{extra} makes a network of {count:.3g} parameters "
+            f"({in_features} inputs); dpltm builds at most {MAX_PARAMETERS:.0e}"
+        )
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -36,6 +62,7 @@ class Architecture:
             sizes.append(self.project_to)
         if any(int(s) <= 0 for s in sizes):
             raise DpltmUserError(f"layer sizes must be positive, got {sizes}")
+        check_network_size(self.in_features, self.hidden, self.num_classes, self.project_to)
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)

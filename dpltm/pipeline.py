@@ -9,6 +9,7 @@ import csv
 import hashlib
 import io
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from dpltm import __version__
-from dpltm.checkpoint import check_writable, load_checkpoint, save_atomic, write_text_atomic
+from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_atomic, write_text_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.noise import NoiseContext
@@ -135,20 +136,23 @@ def load_ticket(path: Path) -> dict[str, Any]:
 
 def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str, Any] | None,
           ticket_path: Path | None, private: bool, assert_public: bool = False,
-          hidden: tuple[int, ...] = (300, 100), progress: bool = True,
+          progress: bool = True,
           public_data: LabeledTensors | None = None, public_dataset: str | None = None,
-          noise_seed: int | None = None, ticket_data: DatasetSplits | None = None) -> dict[str, Any]:
+          noise_seed: int | None = None, ticket_data: DatasetSplits | None = None,
+          on_start: Callable[[], None] | None = None) -> dict[str, Any]:
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
     plug-in, e.g. for the sensitivity-shaped noise (PRIVACY.md §6). `noise_seed` seeds the noise
     and Poisson sampling (default: a fresh OS-CSPRNG seed; never stored). `ticket_data` is the
     tickets' own data, reloaded to check a `--public-tickets` assertion record by record.
+    `on_start` is called once every check has passed, just before training (the output is
+    locked from then on).
     """
     check_writable(out)
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
-    model, transfer = build_model(ticket, data, hidden, cfg.seed)
+    model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed)
     model.to(data.train.labels.device)
     n = len(data.train)
     plan = plan_training(s, n) if private else None
@@ -177,44 +181,47 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         ledger = ledger_for(plan.steps)
         require_support(ledger.training_event(), s.accountant, s.neighboring)
         ledger.best_bound()
-    seed, randomness = mechanism_seed(noise_seed)
-    if plan is not None:
-        context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
-                               public_data=public_data, public_dataset=public_dataset)
-        outcome = run_private(model, data, plan, s, seed=seed,
-                              epsilon_after=epsilon_after, progress=progress, noise_context=context,
-                              on_epoch=_print_epoch if progress else None)
-    else:
-        outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
-    if budget_note is not None and outcome.stop_reason.startswith("finished"):
-        outcome = replace(outcome, stop_reason=budget_note)
-    adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
-    # An adaptively chosen stopping time is covered by the budget of the planned run
-    # (post-processing of all T iterates), not by the ε at the stopping point.
-    guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
-    ledger = ledger_for(guarantee_steps)
-    report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
-    payload = {
-        "dpltm_version": __version__,
-        "architecture": model.arch.to_dict(),
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "ledger": ledger.to_json(),
-        "report": report,
-        "history": outcome.history,
-        "config": to_dict(cfg),
-        "ticket": None if ticket is None else {
-            "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
-            "source": ticket["source"]["data"], "selection": ticket["selection"],
-        },
-        "transfer": transfer,
-        "data": data.summary(),
-    }
-    report["randomness"] = randomness if plan is not None else None
-    payload["report"] = report
-    save_atomic(payload, out, "model")
-    # the log is written only once the model it describes is kept: an interrupted run never
-    # replaces the log of the model already at `out`
-    write_text_atomic(metrics_csv(outcome.history, report), metrics_path(out))
+    if on_start is not None:
+        on_start()
+    with output_lock(out):
+        seed, randomness = mechanism_seed(noise_seed)
+        if plan is not None:
+            context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
+                                   public_data=public_data, public_dataset=public_dataset)
+            outcome = run_private(model, data, plan, s, seed=seed,
+                                  epsilon_after=epsilon_after, progress=progress, noise_context=context,
+                                  on_epoch=_print_epoch if progress else None)
+        else:
+            outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
+        if budget_note is not None and outcome.stop_reason.startswith("finished"):
+            outcome = replace(outcome, stop_reason=budget_note)
+        adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
+        # An adaptively chosen stopping time is covered by the budget of the planned run
+        # (post-processing of all T iterates), not by the ε at the stopping point.
+        guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
+        ledger = ledger_for(guarantee_steps)
+        report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
+        payload = {
+            "dpltm_version": __version__,
+            "architecture": model.arch.to_dict(),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "ledger": ledger.to_json(),
+            "report": report,
+            "history": outcome.history,
+            "config": to_dict(cfg),
+            "ticket": None if ticket is None else {
+                "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
+                "source": ticket["source"]["data"], "selection": ticket["selection"],
+            },
+            "transfer": transfer,
+            "data": data.summary(),
+        }
+        report["randomness"] = randomness if plan is not None else None
+        payload["report"] = report
+        save_atomic(payload, out, "model")
+        # the log is written only once the model it describes is kept: an interrupted run never
+        # replaces the log of the model already at `out`
+        write_text_atomic(metrics_csv(outcome.history, report), metrics_path(out))
     return report
 
 

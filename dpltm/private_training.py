@@ -27,6 +27,7 @@ from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
+from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer, train_classifier
 
@@ -92,16 +93,24 @@ def plan_training(settings: TrainSettings, dataset_size: int) -> TrainPlan:
 
 def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Callable[[int], float]) -> int:
     """The most epochs whose ε stays ≤ target (ε grows with steps; σ and q are fixed, so this is
-    decided before training and depends on no data)."""
-    if epsilon_after(plan.steps_per_epoch) > target_eps:
+    decided before training and depends on no data). A step count whose ε is beyond what the
+    accountants are asked (`EpsilonOutOfRange`) is over any target."""
+
+    def spent(epochs: int) -> float:
+        try:
+            return epsilon_after(epochs * plan.steps_per_epoch)
+        except EpsilonOutOfRange:
+            return math.inf
+
+    if spent(1) > target_eps:
         raise DpltmUserError(f"--target-eps {target_eps:g} is spent within the first epoch "
-                             f"(one epoch costs ε = {epsilon_after(plan.steps_per_epoch):.4g})")
+                             f"(one epoch costs ε = {spent(1):.4g})")
     lo, hi = 1, plan.epochs  # ε(lo) ≤ target
-    if epsilon_after(hi * plan.steps_per_epoch) <= target_eps:
+    if spent(hi) <= target_eps:
         return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if epsilon_after(mid * plan.steps_per_epoch) <= target_eps:
+        if spent(mid) <= target_eps:
             lo = mid
         else:
             hi = mid

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dp_accounting import NonPrivateDpEvent  # type: ignore[import-untyped]
 
 from dpltm import __version__
 from dpltm.checkpoint import load_checkpoint
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.events import event_to_json, selection_event
 from dpltm.privacy.exponential import (
     decisive_eps1,
     make_selection_rng,
@@ -106,7 +108,6 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
             "probabilities": selection.probabilities.tolist(),
             "near_uniform": selection.near_uniform,
             "randomness": "seeded (reproducible; not secret)" if seeded else "OS CSPRNG",
-            "dp_event": ({"type": "ZCDpEvent", "rho": eps1**2 / 8} if eps1 is not None
-                         else {"type": "NonPrivateDpEvent"}),
+            "dp_event": event_to_json(selection_event(eps1) if eps1 is not None else NonPrivateDpEvent()),
         },
     }

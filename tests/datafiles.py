@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from dpltm.data.idx import write_idx
+from dpltm.data.tabular import DIGITS_CLASS_COUNTS
 
 
 def uci_float(value: float) -> str:
@@ -69,10 +70,13 @@ def write_mnist(root: Path, folder: str = "MNIST", n_train: int = 50, n_test: in
     return written
 
 
-def write_digits(root: Path, rows_per_class: int = 20) -> Path:
-    """DIGITS' format (64 ints in 0..16, then the label), learnable: noisy class prototypes."""
+def write_digits(root: Path) -> Path:
+    """DIGITS' format (64 ints in 0..16, then the label), learnable: noisy class prototypes.
+
+    The loader checks DIGITS' structure, so this writes its 1797 rows with the official
+    number per digit (other values, so not the official md5 or size)."""
     rng = np.random.default_rng(0)
-    labels = np.repeat(np.arange(10), rows_per_class)
+    labels = np.repeat(np.arange(10), DIGITS_CLASS_COUNTS)
     protos = rng.integers(0, 17, size=(10, 64))
     rows = np.clip(protos[labels] + rng.integers(-2, 3, size=(labels.size, 64)), 0, 16)
     (root / "DIGITS").mkdir(parents=True, exist_ok=True)

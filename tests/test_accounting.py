@@ -17,12 +17,17 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.analysis import gdp as opacus_gdp
 from opacus.accountants.analysis import rdp as opacus_rdp
 
+from dpltm.accounting_report import account_report
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
     BASIC_COMPOSITION,
+    MAX_EPSILON,
+    PLD_MAX_RDP_EPSILON,
     RDP_COMPOSITION,
     TRAINING_ONLY,
+    EpsilonOutOfRange,
     best_bound,
+    check_target_epsilon,
     composition_bounds,
     delta_for_epsilon,
     epsilon,
@@ -30,8 +35,8 @@ from dpltm.privacy.accounting import (
     gdp_epsilon,
     gdp_mu,
 )
-from dpltm.privacy.calibration import calibrate_noise_multiplier
-from dpltm.privacy.events import dpsgd_event, selection_event
+from dpltm.privacy.calibration import calibrate_noise_multiplier, calibrate_parameter
+from dpltm.privacy.events import MAX_STEPS, MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
 
 Q = 400 / 60000
 STEPS = 7500
@@ -256,3 +261,109 @@ def test_calibration_errors() -> None:
         calibrate_noise_multiplier(Q, CAL_STEPS, 0.1, DELTA, selection_eps1=0.2)
     with pytest.raises(DpltmUserError):
         calibrate_noise_multiplier(Q, CAL_STEPS, 1.0, DELTA, accountant="moments")
+
+
+# ---- bounds on what the accountants are asked ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "steps", "message"),
+    [
+        (0.1, MIN_NOISE_MULTIPLIER * 0.99, 10, "below 0.3"),
+        (0.1, 1e-9, 10, "below 0.3"),
+        (0.1, math.inf, 10, "finite"),
+        (0.1, math.nan, 10, "finite"),
+        (math.nan, 1.0, 10, "sample rate"),
+        (0.1, 1.0, MAX_STEPS + 1, "at most 1e\\+06"),
+        (0.1, 1.0, 10**12, "at most"),
+        (0.1, 1.0, 2.5, "positive integer"),
+        (0.1, 1.0, True, "positive integer"),
+    ],
+)
+def test_dpsgd_event_bounds(q: float, sigma: float, steps: int, message: str) -> None:
+    with pytest.raises(DpltmUserError, match=message):
+        dpsgd_event(q, sigma, steps)
+
+
+def test_dpsgd_event_at_the_bounds_is_accepted() -> None:
+    assert dpsgd_event(1.0, MIN_NOISE_MULTIPLIER, MAX_STEPS).count == MAX_STEPS
+    assert check_steps(10.0) == 10
+
+
+@pytest.mark.parametrize("target", [0.0, -1.0, MAX_EPSILON * 1.001, 1e9, math.inf, math.nan])
+def test_target_epsilon_bounds(target: float) -> None:
+    with pytest.raises(DpltmUserError, match=r"--eps must lie in \(0, 100\]"):
+        check_target_epsilon(target, "--eps")
+    with pytest.raises(DpltmUserError, match="target epsilon"):
+        calibrate_noise_multiplier(Q, 10, target, DELTA)
+    assert check_target_epsilon(MAX_EPSILON) == MAX_EPSILON
+
+
+def test_pld_is_not_run_where_rdp_already_puts_epsilon_out_of_range() -> None:
+    """q = 1, σ = 1, 10⁶ steps: RDP ε ≈ 5.5·10⁵; PLD would need tens of GB. Refused at once."""
+    event = dpsgd_event(1.0, 1.0, MAX_STEPS)
+    assert epsilon(event, DELTA, "rdp") > PLD_MAX_RDP_EPSILON  # RDP itself is cheap
+    with pytest.raises(EpsilonOutOfRange, match="no meaningful privacy"):
+        epsilon(event, DELTA, "pld")
+    with pytest.raises(EpsilonOutOfRange):
+        delta_for_epsilon(event, 1.0, "pld")
+    with pytest.raises(EpsilonOutOfRange):  # replace-one: RDP's add/remove bound stands in
+        epsilon(event, DELTA, "pld", "replace_one")
+
+
+def test_dp_accounting_failures_become_one_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(self: object, event: object, count: int = 1) -> None:
+        raise ValueError("Maximum allowed size exceeded\nmore detail")
+
+    monkeypatch.setattr(dpa.pld.PLDAccountant, "compose", fail)
+    with pytest.raises(DpltmUserError, match="PLD accountant failed at this setting: Maximum allowed size exceeded$"):
+        epsilon(dpsgd_event(0.5, 3.0, 17), DELTA, "pld")
+
+
+def test_calibration_stops_at_the_smallest_sigma() -> None:
+    """A loose target that even σ = MIN_NOISE_MULTIPLIER meets: that σ, without searching below."""
+    sigma = calibrate_noise_multiplier(1e-4, 10, MAX_EPSILON, DELTA)
+    assert sigma == MIN_NOISE_MULTIPLIER
+    assert epsilon(dpsgd_event(1e-4, sigma, 10), DELTA) <= MAX_EPSILON
+
+
+def test_calibration_climbs_out_of_the_refused_range() -> None:
+    """Started where PLD is refused (RDP ε > 1000), the search treats it as over target."""
+    def event(sigma: float) -> dpa.DpEvent:
+        return dpsgd_event(1.0, sigma, 300)
+
+    with pytest.raises(EpsilonOutOfRange):
+        epsilon(event(MIN_NOISE_MULTIPLIER), DELTA, "pld")
+    sigma = calibrate_parameter(event, 50.0, DELTA, "pld", initial_guess=MIN_NOISE_MULTIPLIER,
+                                lower=MIN_NOISE_MULTIPLIER)
+    assert epsilon(event(sigma), DELTA, "pld") <= 50.0 < epsilon(event(0.98 * sigma), DELTA, "pld")
+
+
+# ---- `dpltm account`: conflicting and out-of-range options --------------------------------
+
+ACCOUNT = {"q": None, "sigma": None, "steps": None, "delta": DELTA, "dataset_size": None, "batch_size": None,
+           "epochs": None, "eps": None, "eps1": None}
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"q": 0.01, "steps": 100, "sigma": 1.0, "eps": 1.0}, "not both"),
+        ({"q": 0.01, "steps": 100, "sigma": 1.0, "dataset_size": 1000}, "not both"),
+        ({"q": 0.01, "sigma": 1.0, "batch_size": 10, "epochs": 1, "dataset_size": 1000}, "not both"),
+        ({"steps": 100, "epochs": 2, "sigma": 1.0}, "not both"),
+        ({"q": 0.01, "steps": 100}, "give --sigma"),
+        ({"q": 0.01, "sigma": 1.0}, "give --q and --steps"),
+        ({"dataset_size": 0, "batch_size": 10, "epochs": 1, "sigma": 1.0}, "--dataset-size must be a positive"),
+        ({"dataset_size": 100, "batch_size": -1, "epochs": 1, "sigma": 1.0}, "--batch-size must be a positive"),
+        ({"dataset_size": 60000, "batch_size": 1, "epochs": 100, "sigma": 1.0}, "steps must be at most"),
+        ({"q": 0.01, "steps": 100, "sigma": 1e-9}, "--sigma must be a finite number ≥ 0.3"),
+        ({"q": 0.01, "steps": 100, "eps": 1e9}, r"--eps must lie in \(0, 100\]"),
+        ({"q": 0.01, "steps": 100, "sigma": 1.0, "eps1": 1e308}, r"eps1 must lie in \(0, 100\]"),
+        ({"q": 0.01, "steps": 100, "sigma": 1.0, "delta": math.nan}, "delta"),
+        ({"q": 1.0, "steps": MAX_STEPS, "sigma": 1.0}, "no meaningful privacy"),
+    ],
+)
+def test_account_report_refuses_in_one_line(given: dict[str, object], message: str) -> None:
+    with pytest.raises(DpltmUserError, match=message):
+        account_report(**{**ACCOUNT, **given})  # type: ignore[arg-type]

@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from dpltm.config import (
     CONFIG_DIR,
+    MAX_CONFIG_BYTES,
+    MAX_LR,
+    MAX_SEED,
+    DataSettings,
     GenerateConfig,
+    GenerateSettings,
+    ModelSettings,
+    SelectSettings,
+    TrainConfig,
+    TrainSettings,
+    _coerce,
+    check_config_tree,
     from_dict,
     read_yaml,
     resolve_generate_config,
+    resolve_select_config,
+    resolve_train_config,
     to_dict,
 )
 from dpltm.errors import DpltmUserError
+from dpltm.model import MAX_PARAMETERS, Architecture, check_network_size, parameter_count
+from dpltm.privacy.accounting import MAX_EPSILON
+from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
+from dpltm.privacy.exponential import MAX_EPS1
+
+
+def _yaml_files(group: str) -> list[Path]:
+    """The packaged YAML files of one group (read through importlib.resources, as installed)."""
+    return sorted(Path(str(p)) for p in (CONFIG_DIR / group).iterdir() if p.name.endswith(".yaml"))
 
 
 def test_defaults_yaml_matches_dataclass_defaults() -> None:
@@ -23,7 +46,7 @@ def test_defaults_yaml_matches_dataclass_defaults() -> None:
     assert to_dict(from_yaml) == to_dict(GenerateConfig())
 
 
-@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "datasets").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", _yaml_files("datasets"), ids=lambda p: p.name)
 def test_every_dataset_config_resolves(path: Path) -> None:
     cfg = resolve_generate_config({"data": {"dataset": path.stem}}, None)
     assert cfg.data.dataset == path.stem
@@ -46,10 +69,9 @@ def test_bad_values_are_user_errors(tmp_path: Path) -> None:
         resolve_generate_config({"generate": {"rounds": "many"}}, None)
 
 
-@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "experiments").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", _yaml_files("experiments"), ids=lambda p: p.name)
 def test_every_experiment_profile_is_complete(path: Path) -> None:
     """The reproduction's profiles name only known methods and build valid settings."""
-    from dpltm.config import GenerateSettings, TrainSettings
     from dpltm.data import DATASETS
 
     spec = read_yaml(path)
@@ -58,3 +80,158 @@ def test_every_experiment_profile_is_complete(path: Path) -> None:
     assert all(0 < e for e in spec["epsilons"]) and 0 < spec["selection_fraction"] < 1
     GenerateSettings(**spec["generate"])
     TrainSettings(**spec["train"])
+
+
+# ---- strict types, unknown sections and keys --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tp", "value", "expected"),
+    [
+        (bool, True, True), (bool, "false", False), (bool, "True", True),
+        (int, 5, 5), (int, 5.0, 5), (int, 2**70, 2**70),
+        (float, 1, 1.0), (float, "1e-5", 1e-5), (float, 0.5, 0.5),
+        (str, "mnist", "mnist"),
+        (tuple[int, ...], "300,100", (300, 100)), (tuple[int, ...], [300], (300,)),
+        (int | None, None, None),
+    ],
+)
+def test_coerce_accepts_what_means_the_type(tp: object, value: object, expected: object) -> None:
+    assert _coerce(tp, value, "x") == expected
+
+
+@pytest.mark.parametrize(
+    ("tp", "value"),
+    [
+        (bool, "maybe"), (bool, 1), (bool, "yes!"), (bool, None),
+        (int, True), (int, "5"), (int, 5.5), (int, math.inf), (int, "x"), (int, [1]),
+        (float, True), (float, "x"), (float, None), (float, [1.0]),
+        (str, 5), (str, None), (str, ["a"]),
+        (tuple[int, ...], [True]),
+    ],
+)
+def test_coerce_refuses_the_wrong_type(tp: object, value: object) -> None:
+    with pytest.raises(DpltmUserError, match=r"config value x=.* is not a valid"):
+        _coerce(tp, value, "x")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("generate: {controls: maybe}\n", "generate.controls='maybe' is not a valid boolean"),
+        ("seed: true\n", "seed=True is not a valid int"),
+        ('data: "x"\n', "section 'data'.*must be a mapping"),
+        ("train: {epochs: x}\n", "train.epochs='x' is not a valid int"),
+        ("trian: {epochs: 3}\n", "unknown section 'trian'.*known: data, model, generate, select, train, seed"),
+        ("select: {eps: 3}\n", r"unknown config key\(s\) \['eps'\] in section 'select'"),
+        ("model: {hidden: [0]}\n", "--hidden takes positive integers"),
+        ("- 1\n- 2\n", "mapping at the top level"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+@pytest.mark.parametrize("stage", ["generate", "select", "train"])
+def test_every_stage_checks_the_whole_config_file(tmp_path: Path, text: str, message: str, stage: str) -> None:
+    user = tmp_path / "u.yaml"
+    user.write_text(text)
+    resolve = {"generate": resolve_generate_config, "select": resolve_select_config,
+               "train": resolve_train_config}[stage]
+    with pytest.raises(DpltmUserError, match=message):
+        resolve({}, user)
+
+
+def test_empty_sections_mean_no_overrides(tmp_path: Path) -> None:
+    user = tmp_path / "u.yaml"
+    user.write_text("data:\ntrain:\nselect: {nu: 2}\n")
+    assert resolve_train_config({}, user).data.dataset == "mnist"
+    assert resolve_select_config({}, user).nu == 2.0
+
+
+def test_check_config_tree_passes_valid_trees_through() -> None:
+    tree = {"seed": 3, "train": {"delta": "1e-6", "epochs": 2}, "data": None}
+    assert check_config_tree(tree, "t") == {"seed": 3, "train": {"delta": 1e-6, "epochs": 2}}
+
+
+def test_binary_or_huge_config_files_are_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(DpltmUserError, match="is not UTF-8 text"):
+        read_yaml(binary)
+    huge = tmp_path / "h.yaml"
+    huge.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(DpltmUserError, match="larger than 1024 KiB"):
+        read_yaml(huge)
+    with pytest.raises(DpltmUserError, match="cannot read config file"):
+        read_yaml(tmp_path)  # a directory
+
+
+def test_a_dataset_name_cannot_reach_outside_the_config_folder(tmp_path: Path) -> None:
+    cfg = resolve_generate_config({"data": {"dataset": "../defaults"}}, None)
+    assert cfg.generate.iterations == 5000  # no dataset file was read; the loader refuses the name later
+
+
+# ---- bounds on numbers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        (GenerateSettings, {"lr": math.inf}, "--lr must be a finite number"),
+        (GenerateSettings, {"lr": math.nan}, "--lr must be a finite number"),
+        (GenerateSettings, {"lr": 1e30}, r"--lr must lie in \(0, 1000\]"),
+        (GenerateSettings, {"lr": 0.0}, r"--lr must lie in \(0, 1000\]"),
+        (GenerateSettings, {"prune_rates": (0.3, math.nan)}, "--prune-rates must be a finite"),
+        (GenerateSettings, {"min_density": math.nan}, "--min-density must be a finite"),
+        (TrainSettings, {"lr": 1e4}, r"--lr must lie in \(0, 1000\]"),
+        (TrainSettings, {"clip": math.inf}, "--clip must be a finite number"),
+        (TrainSettings, {"delta": math.nan}, "--delta must be a finite number"),
+        (TrainSettings, {"eps2": 1e6}, r"--eps2 must lie in \(0, 100\]"),
+        (TrainSettings, {"eps2": math.inf}, "--eps2 must be a finite number"),
+        (TrainSettings, {"eps2": None, "sigma": 1e-9}, "--sigma must be at least 0.3"),
+        (TrainSettings, {"eps2": None, "sigma": math.inf}, "--sigma must be a finite number"),
+        (TrainSettings, {"target_eps": 1e3}, r"--target-eps must lie in \(0, 100\]"),
+        (SelectSettings, {"eps1": 1e308}, r"--eps1 must lie in \(0, 100\]"),
+        (SelectSettings, {"eps1": math.nan}, "--eps1 must be a finite number"),
+        (SelectSettings, {"nu": math.inf}, "--nu must be a finite number"),
+        (DataSettings, {"val_fraction": math.nan}, "--val-fraction must be a finite number"),
+        (DataSettings, {"val_fraction": 1.0}, r"--val-fraction must lie in \[0, 1\)"),
+        (ModelSettings, {"hidden": (300, 0)}, "--hidden takes positive integers"),
+        (ModelSettings, {"project_to": 0}, "--project-to must be positive"),
+        (GenerateConfig, {"seed": -1}, "--seed must lie in"),
+        (TrainConfig, {"seed": 2**63}, "--seed must lie in"),
+    ],
+)
+def test_settings_refuse_non_finite_and_absurd_numbers(cls: type, kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(DpltmUserError, match=message):
+        cls(**kwargs)
+
+
+def test_settings_accept_the_bounds() -> None:
+    assert GenerateSettings(lr=MAX_LR).lr == MAX_LR
+    assert TrainSettings(eps2=MAX_EPSILON, target_eps=MAX_EPSILON).eps2 == MAX_EPSILON
+    assert TrainSettings(eps2=None, sigma=MIN_NOISE_MULTIPLIER).sigma == MIN_NOISE_MULTIPLIER
+    assert SelectSettings(eps1=MAX_EPS1).eps1 == MAX_EPS1
+    assert GenerateConfig(seed=MAX_SEED).seed == MAX_SEED
+
+
+def test_the_network_size_is_checked_against_the_dataset_before_any_data_is_read() -> None:
+    with pytest.raises(DpltmUserError, match=r"100000,100000 makes a network of 1e\+10 parameters"):
+        resolve_generate_config({"data": {"dataset": "digits"}, "model": {"hidden": (100000, 100000)}}, None)
+    # one wide layer: fine on DIGITS' 64 inputs, too big on MNIST's 784
+    assert resolve_generate_config({"data": {"dataset": "digits"}, "model": {"hidden": (200000,)}}, None)
+    with pytest.raises(DpltmUserError, match="784 inputs"):
+        resolve_generate_config({"data": {"dataset": "mnist"}, "model": {"hidden": (200000,)}}, None)
+    with pytest.raises(DpltmUserError, match="--project-to 1000000"):
+        resolve_generate_config({"data": {"dataset": "digits"}, "model": {"project_to": 1000000}}, None)
+
+
+def test_parameter_count_and_the_architecture_check() -> None:
+    assert parameter_count(784, (300, 100), 10) == 266_610  # LeNet-300-100
+    assert parameter_count(64, (300, 100), 10, project_to=784) == 64 * 784 + 784 + 266_610
+    check_network_size(784, (300, 100), 10)
+    with pytest.raises(DpltmUserError, match="dpltm builds at most 1e\\+08"):
+        Architecture(784, (100000, 100000), 10)
+    widest = (MAX_PARAMETERS - 1) // 3  # 1 → h → 1 has 3h + 1 parameters
+    assert parameter_count(1, (widest,), 1) == MAX_PARAMETERS
+    check_network_size(1, (widest,), 1)
+    with pytest.raises(DpltmUserError):
+        check_network_size(1, (widest + 1,), 1)

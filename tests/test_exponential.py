@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.events import selection_event
 from dpltm.privacy.exponential import (
+    MAX_EPS1,
+    check_eps1,
     decisive_eps1,
     make_selection_rng,
     near_uniform,
@@ -213,8 +216,33 @@ def test_holdout_sensitivity_makes_selection_sharp_at_small_eps1() -> None:
         lambda: decisive_eps1([1.0, 2.0], 1.0, 1.0),
         lambda: near_uniform([0.5, 0.5], tolerance=-1.0),
         lambda: make_selection_rng(1.5),  # type: ignore[arg-type]
+        lambda: sample_exponential([1.0, 2.0], 1e308, 1.0),
+        lambda: sample_exponential([1.0, 2.0], MAX_EPS1 * 1.01, 1.0),
     ],
 )
 def test_user_mistakes_raise_dpltm_user_error(call: object) -> None:
     with pytest.raises(DpltmUserError):
         call()  # type: ignore[operator]
+
+
+# ---- the bound on ε1 ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("eps1", [1e-9, 0.1, MAX_EPS1])
+def test_eps1_up_to_the_bound_is_accepted(eps1: float) -> None:
+    assert check_eps1(eps1) == eps1
+    assert selection_event(eps1).rho == pytest.approx(eps1**2 / 8)
+    assert 0 <= sample_exponential([0.1, 0.9], eps1, 1.0, make_selection_rng(0)) <= 1
+
+
+@pytest.mark.parametrize("eps1", [0.0, -1.0, MAX_EPS1 * 1.001, 1e308, math.inf, math.nan, "x"])
+def test_eps1_beyond_the_bound_is_one_user_error_not_an_overflow(eps1: object) -> None:
+    with pytest.raises(DpltmUserError, match=r"--eps1 must (lie in \(0, 100\]|be a number)"):
+        check_eps1(eps1, "--eps1")  # type: ignore[arg-type]
+    with pytest.raises(DpltmUserError, match="eps1"):
+        selection_event(eps1)  # type: ignore[arg-type]  # ε1²/8 would overflow at 1e308
+
+
+def test_decisive_eps1_may_exceed_the_bound() -> None:
+    """An informational figure (what ε1 would make the pick decisive), not a budget: unbounded."""
+    assert decisive_eps1(ticket_scores(ACCURACIES, DENSITIES, NU), score_sensitivity(DENSITIES, NU)) > MAX_EPS1

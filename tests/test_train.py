@@ -126,13 +126,13 @@ def test_dense_and_non_private_baselines(data_root: Path, tmp_path: Path) -> Non
 
 
 def test_target_eps_stops_before_overspending(data_root: Path, tmp_path: Path) -> None:
-    report = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "1.5",
+    report = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "1.0",
                     "--target-eps", "2.0", "--out", str(tmp_path / "d.pt"), "--epochs", "30", "--batch-size", "16",
                     "--device", "cpu", "--no-progress", "--json")
     assert report["epochs_run"] < 30 and "--target-eps" in report["stop_reason"]
     assert report["epsilon"] <= 2.0
     result = runner.invoke(app, ["train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma",
-                                 "1.5", "--target-eps", "0.5", "--batch-size", "16", "--device", "cpu"])
+                                 "0.7", "--target-eps", "0.5", "--batch-size", "16", "--device", "cpu"])
     assert result.exit_code == 2 and "within the first epoch" in result.stderr
 
 
@@ -152,7 +152,7 @@ def test_train_user_errors(data_root: Path, digits_winner: Path, tmp_path: Path)
         (["train", "--dataset", "digits"], "--ticket"),
         (["train", "--dense", "--ticket", str(digits_winner)], "drop --ticket"),
         (["train", "--ticket", str(tmp_path / "none.pt")], "does not exist"),
-        (["train", "--dense", "--eps2", "-1"], "--eps2 must be positive"),
+        (["train", "--dense", "--eps2", "-1"], "--eps2 must lie in (0, 100]"),
         (["train", "--dense", "--optimizer", "rmsprop"], "--optimizer"),
         (["train", "--dense", "--dataset", "digits", "--batch-size", "100000"], "smaller than the training set"),
     ):
@@ -168,3 +168,70 @@ def test_run_chains_the_three_stages(data_root: Path, tmp_path: Path, monkeypatc
                     "--eps", "1.0", "--batch-size", "16", "--device", "cpu", "--no-progress", "--json")
     assert report["end_to_end_dp"] is True and report["epsilon"] <= 1.0
     assert (tmp_path / "checkpoints" / "fashion-mnist-dpltm.pt").exists()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "fashion-mnist-dpltm-logs", "fashion-mnist-dpltm-tickets.pt", "fashion-mnist-dpltm-winner.pt",
+        "fashion-mnist-dpltm.pt"]  # beside the model, nowhere else
+    again = runner.invoke(app, ["run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--data-dir",
+                                str(data_root), "--device", "cpu"])
+    assert again.exit_code == 2 and "pass --overwrite" in again.stderr
+
+
+def test_run_adds_the_projection_when_input_sizes_differ(data_root: Path, tmp_path: Path) -> None:
+    report = invoke("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split", "train",
+                    "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
+                    "--batch-size", "16", "--device", "cpu", "--no-progress", "--json", "--out",
+                    str(tmp_path / "d.pt"))
+    assert report["transfer"]["mode"] == "cross-architecture" and report["end_to_end_dp"] is True
+    assert load_checkpoint(tmp_path / "d-tickets.pt", "tickets")["architecture"]["project_to"] == 64
+
+
+def test_run_checks_everything_before_generating(data_root: Path, tmp_path: Path) -> None:
+    for args, message in (
+        (["--dataset", "digits", "--project-to", "100"], "projection width must be 64"),
+        (["--dataset", "isolet"], "ISOLET"),  # the private data is missing: said before any ticket
+    ):
+        result = runner.invoke(app, ["run", *args, "--public-dataset", "mnist", "--public-split", "train",
+                                     "--data-dir", str(data_root), "--device", "cpu", "--out", str(tmp_path / "m.pt")])
+        assert result.exit_code == 2 and message in result.stderr, result.output
+        assert not list(tmp_path.iterdir())
+
+
+def test_every_selection_draw_is_counted(data_root: Path, tmp_path: Path) -> None:
+    invoke("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
+    first = invoke("select", "--tickets", str(tmp_path / "t.pt"), "--eps1", "0.1", "--out", str(tmp_path / "w1.pt"),
+                   "--json")
+    assert first["selection"]["draws"] == 1 and "test_accuracy" not in load_checkpoint(tmp_path / "w1.pt", "ticket")
+    before = (tmp_path / "t.pt").read_bytes()
+    refused = runner.invoke(app, ["select", "--tickets", str(tmp_path / "t.pt"), "--eps1", "0.2", "--out",
+                                  str(tmp_path / "w2.pt")])
+    assert refused.exit_code == 2 and "--reselect" in refused.stderr
+    assert (tmp_path / "t.pt").read_bytes() == before and not (tmp_path / "w2.pt").exists()
+    second = invoke("select", "--tickets", str(tmp_path / "t.pt"), "--eps1", "0.2", "--reselect", "--out",
+                    str(tmp_path / "w2.pt"), "--json")
+    assert second["selection"]["draws"] == 2 and second["selection"]["eps1_total"] == pytest.approx(0.3)
+    assert load_checkpoint(tmp_path / "t.pt", "tickets")["selection_draws"] == [0.1, 0.2]
+    report = invoke("train", "--ticket", str(tmp_path / "w2.pt"), "--dataset", "digits", "--data-dir",
+                    str(data_root), "--sigma", "2", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
+    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["ledger"])
+    assert ledger.selection_eps1 == pytest.approx(0.3) and ledger.selection_draws == 2
+    assert "2 draws" in ledger.statement() and report["epsilon"] == "inf"
+    # the basic-composition bound charges every draw: ε1 (0.1 + 0.2) + ε_train
+    basic = next(b for b in ledger.bounds() if b.name == "basic-composition")
+    training_only = epsilon(ledger.training_event(), 1e-5, "pld")
+    assert basic.epsilon == pytest.approx(0.3 + training_only)
+
+
+def test_public_tickets_assertion_is_checked_record_by_record(data_root: Path, tmp_path: Path) -> None:
+    # tickets from MNIST's official test split may train a model on MNIST's training split ...
+    invoke("generate", "--dataset", "mnist", "--split", "test", "--data-dir", str(data_root), *FAST_GEN,
+           "--val-fraction", "0.2", "--out", str(tmp_path / "t.pt"))
+    invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))
+    report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "mnist", "--public-tickets",
+                    "--data-dir", str(data_root), "--sigma", "2", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
+    assert report["end_to_end_dp"] is True and "asserted public" in report["caveats"][0]
+    # ... but not on a pool that contains those same records
+    result = runner.invoke(app, ["train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "mnist", "--split", "all",
+                                 "--public-tickets", "--data-dir", str(data_root), "--sigma", "2", "--out",
+                                 str(tmp_path / "m2.pt"), *FAST_TRAIN])
+    assert result.exit_code == 2 and "private training records" in result.stderr, result.output
+    assert not (tmp_path / "m2.pt").exists()

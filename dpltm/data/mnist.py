@@ -6,8 +6,9 @@ IDX reader (no torchvision at runtime, no per-image decoding).
 md5 verification: a file is checked against its official md5 (torchvision's list) only when
 its name is an official file name *and* its size equals the official file's size. A
 download truncated or cut short has another size and fails the structural checks instead;
-small fixture files written by tests have other sizes and are only checked structurally.
-Uncompressed files have no published md5 and are only checked structurally.
+small fixture files written by tests have other sizes and are only checked structurally
+(`sources.official_md5`). Uncompressed files have no published md5 and are only checked
+structurally. A `raw/` folder that cannot be read is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dpltm.data.idx import decode_idx
-from dpltm.data.sources import Portion, find_file, load_decoded, missing_file
+from dpltm.data.sources import Portion, find_file, load_decoded, missing_file, official_md5
 from dpltm.errors import DpltmUserError
 
 FOLDERS: dict[str, str] = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST", "kmnist": "KMNIST"}
@@ -58,14 +59,6 @@ def _decode_idx(data: bytes, path: Path) -> tuple[np.ndarray, ...]:
     return (decode_idx(data, path),)
 
 
-def _expected_md5(folder: str, path: Path) -> str | None:
-    """The official md5 to enforce for `path`, or None (see the module docstring)."""
-    official = OFFICIAL[folder].get(path.name)
-    if official is None or path.stat().st_size != official[1]:
-        return None
-    return official[0]
-
-
 def _read(root: Path, folder: str, stem: str) -> tuple[np.ndarray, str, Path]:
     """One IDX file of the dataset (.gz preferred): array, md5 of its bytes, and its path."""
     raw_dir = root / folder / "raw"
@@ -74,7 +67,7 @@ def _read(root: Path, folder: str, stem: str) -> tuple[np.ndarray, str, Path]:
         official = OFFICIAL[folder].get(f"{stem}.gz")
         hint = f"official md5 {official[0]}; " if official else ""
         raise missing_file(raw_dir / f"{stem}.gz", f"{hint}the uncompressed {stem} also works")
-    decoded = load_decoded(path, _decode_idx, _expected_md5(folder, path))
+    decoded = load_decoded(path, _decode_idx, official_md5(path, OFFICIAL[folder]))
     return decoded.arrays[0], decoded.md5, path
 
 

@@ -45,9 +45,49 @@ class Decoded:
     md5: str
 
 
+def _unreadable(path: Path, exc: OSError) -> DpltmUserError:
+    return DpltmUserError(f"cannot read {exc.filename or path}: {exc.strerror or exc}")
+
+
 def find_file(candidates: Sequence[Path]) -> Path | None:
-    """The first candidate that exists: archives differ in folder names and compression."""
-    return next((path for path in candidates if path.is_file()), None)
+    """The first candidate that exists: archives differ in folder names and compression.
+
+    A folder that cannot be searched (no permission) is a one-line error naming the path,
+    not a missing file: the data may well be there.
+    """
+    for path in candidates:
+        try:
+            if path.is_file():
+                return path
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+    return None
+
+
+def is_dir(path: Path) -> bool:
+    """`path.is_dir()`, with an unsearchable parent as a one-line error naming the path."""
+    try:
+        return path.is_dir()
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+
+
+def official_md5(path: Path, official: dict[str, tuple[str, int]]) -> str | None:
+    """The official md5 to enforce for `path`, or None.
+
+    `official` maps an archive's file names to (md5, size in bytes). A file is checked
+    against its official md5 only when its name is an official name *and* its size is the
+    official size: a file cut short has another size and fails the dataset's structural
+    checks instead, and small fixture files written by tests are only checked structurally.
+    """
+    entry = official.get(path.name)
+    if entry is None:
+        return None
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    return entry[0] if size == entry[1] else None
 
 
 def missing_file(path: Path, hint: str = "") -> DpltmUserError:
@@ -63,7 +103,7 @@ def load_decoded(path: Path, decode: Decoder, expected_md5: str | None = None) -
     try:
         stat = path.stat()
     except OSError as exc:
-        raise DpltmUserError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise _unreadable(path, exc) from None
     return _load_decoded(str(path.resolve()), stat.st_size, stat.st_mtime_ns, decode, expected_md5)
 
 

@@ -23,10 +23,6 @@ of `fraction`): the expected fraction, not an exact quota, and per-class counts 
 A tiny set can get an empty hold-out; guaranteeing a non-empty one would make a record's side
 depend on the others. Cost: one BLAKE2b per row, about 0.35 s for 70 000 × 784 float32 rows
 on a loaded 2-core CPU.
-
-`stratified_split` (per-class quotas) is NOT per-record. It remains only because `tabular.py`
-still uses it for DIGITS' fixed train/test stand-in split; that caller should move to
-`record_split`, and nothing new should use it.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import torch
 from torch import Tensor
 
 PERSON = b"dpltm-split-v2"
@@ -102,44 +97,3 @@ def record_split(features: np.ndarray | Tensor, labels: np.ndarray | Tensor, fra
     held = holdout_mask(features, labels, fraction, seed)
     return np.flatnonzero(~held).astype(np.int64), np.flatnonzero(held).astype(np.int64)
 
-
-def class_quotas(counts: np.ndarray, fraction: float, generator: torch.Generator) -> np.ndarray:
-    """Rows each class gives up: within 1 of fraction x count, summing to round(fraction x N).
-
-    Largest-remainder apportionment; ties between equal remainders are broken at random so
-    that no class is always the one rounded up.
-    """
-    exact = counts.astype(np.float64) * fraction
-    quotas = np.floor(exact).astype(np.int64)
-    total = int(np.floor(exact.sum() + 0.5))
-    extra = total - int(quotas.sum())
-    tiebreak = torch.rand(len(counts), generator=generator, dtype=torch.float64).numpy()
-    order = np.lexsort((tiebreak, -(exact - quotas)))
-    quotas[order[:extra]] += 1
-    return np.minimum(quotas, counts)
-
-
-def stratified_split(
-    labels: np.ndarray | Tensor, fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices (kept, held_out), each sorted, holding out `fraction` of every class.
-
-    NOT per-record: adding one row reassigns others (module docstring). Kept only for
-    `tabular.py`'s DIGITS stand-in split until that moves to `record_split`.
-    """
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
-    labels = _numpy(labels).reshape(-1)
-    generator = torch.Generator().manual_seed(int(seed))
-    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    quotas = class_quotas(counts, fraction, generator)
-    by_class = np.argsort(inverse.reshape(-1), kind="stable")
-    starts = np.cumsum(counts) - counts
-    held = [
-        by_class[start + torch.randperm(int(count), generator=generator).numpy()[:quota]]
-        for start, count, quota in zip(starts, counts, quotas, strict=True)
-    ]
-    held_out = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
-    keep = np.ones(labels.shape[0], dtype=bool)
-    keep[held_out] = False
-    return np.flatnonzero(keep).astype(np.int64), held_out.astype(np.int64)

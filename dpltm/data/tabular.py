@@ -3,6 +3,12 @@
 Every file may also be gzipped (`name.gz`). Features keep their authors' fixed scaling
 (HAR and ISOLET are already in [-1, 1]; DIGITS counts 0..16 are divided by 16): nothing is
 computed from the data, since data-dependent statistics would leak private information.
+
+DIGITS is checked as the MNIST files are (dpltm.data.mnist): its md5 when the file has the
+official name and size (scikit-learn's digits.csv.gz, or the csv inside it), and always its
+structure: exactly 1797 rows with the official number per digit, 64 counts in 0..16 and a
+label in 0..9. So a file cut short (300 of 1797 rows) is refused, while the synthetic files
+tests write (same structure, other bytes) are accepted.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from dpltm.data.sources import (
     Portion,
     find_file,
     integer_labels,
+    is_dir,
     load_decoded,
     missing_file,
+    official_md5,
     parse_table,
 )
-from dpltm.data.splits import stratified_split
+from dpltm.data.splits import record_split
 from dpltm.errors import DpltmUserError
 
 HAR_FEATURES, HAR_CLASSES = 561, 6
@@ -29,6 +37,13 @@ DIGITS_FEATURES, DIGITS_CLASSES = 64, 10
 HAR_DIRS = ("UCIHAR", "UCI HAR Dataset")
 ISOLET_FILES = {"train": "isolet1+2+3+4.data", "test": "isolet5.data"}
 DIGITS_FILE = Path("DIGITS") / "digits.csv.gz"
+DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)  # 1797 rows in all
+DIGITS_ROWS = sum(DIGITS_CLASS_COUNTS)
+#: scikit-learn's digits.csv.gz and the csv inside it: (md5, size in bytes).
+DIGITS_OFFICIAL: dict[str, tuple[str, int]] = {
+    "digits.csv.gz": ("9b335364a7bfd63947c7480a5bd51f2d", 57523),
+    "digits.csv": ("a0339c30a8a5312a1b6f9e5c719dcce5", 264712),
+}
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0  # DIGITS has no official split; this fixed one stands in for it
 
@@ -58,7 +73,7 @@ def _har_path(root: Path, relative: str) -> Path:
     found = find_file(candidates)
     if found is not None:
         return found
-    folder = next((f for f in HAR_DIRS if (root / f).is_dir()), HAR_DIRS[0])
+    folder = next((f for f in HAR_DIRS if is_dir(root / f)), HAR_DIRS[0])
     raise missing_file(
         root / folder / relative,
         f"UCI HAR Dataset archive; the folder may be named {' or '.join(map(repr, HAR_DIRS))}",
@@ -107,21 +122,27 @@ def load_isolet(root: Path, portion: str) -> Portion:
 
 
 def _decode_digits(data: bytes, path: Path) -> tuple[np.ndarray, ...]:
-    """scikit-learn's digits.csv: 64 counts 0..16 then the digit, no header."""
+    """scikit-learn's digits.csv: 64 counts 0..16 then the digit, no header; all 1797 rows."""
     table = parse_table(data, path, delimiter=",", columns=DIGITS_FEATURES + 1)
     counts = integer_labels(table[:, :-1], path, 0, 16, what="pixel counts")
     labels = integer_labels(table[:, -1], path, 0, DIGITS_CLASSES - 1)
+    per_class = tuple(np.bincount(labels, minlength=DIGITS_CLASSES).tolist())
+    if per_class != DIGITS_CLASS_COUNTS:
+        raise DpltmUserError(
+            f"corrupt file {path}: DIGITS has {DIGITS_ROWS} rows ({', '.join(map(str, DIGITS_CLASS_COUNTS))} "
+            f"per digit), found {labels.size} ({', '.join(map(str, per_class))}); download it again"
+        )
     return (counts / 16.0).astype(np.float32), labels
 
 
 def load_digits(root: Path, portion: str) -> Portion:
-    """A fixed (seed 0) stratified 80/20 split of the 1797 rows stands in for train/test."""
+    """A fixed (seed 0) per-record 80/20 split of the 1797 rows stands in for train/test."""
     path = root / DIGITS_FILE
     found = find_file([path, path.with_suffix("")])
     if found is None:
         raise missing_file(path, "scikit-learn's digits.csv.gz; uncompressed digits.csv works")
-    decoded = load_decoded(found, _decode_digits)
+    decoded = load_decoded(found, _decode_digits, official_md5(found, DIGITS_OFFICIAL))
     features, labels = decoded.arrays
-    train, test = stratified_split(labels, DIGITS_TEST_FRACTION, DIGITS_SPLIT_SEED)
+    train, test = record_split(features, labels, DIGITS_TEST_FRACTION, DIGITS_SPLIT_SEED)
     rows = train if portion == "train" else test
     return Portion(features[rows], labels[rows], (("digits/digits.csv", decoded.md5),))

@@ -24,10 +24,12 @@ Poisson sampling is analysed under) or ``"replace_one"``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from dp_accounting import (  # type: ignore[import-untyped]
@@ -58,6 +60,26 @@ NEIGHBORING_LABELS = {"add_remove": "add/remove-one", "replace_one": "replace-on
 
 
 # ---- checks -------------------------------------------------------------------------------
+#
+# Validation happens once, at the edge (settings, `dpltm account`, the public functions
+# below); the calibration search then calls `epsilon_unchecked`, which trusts its arguments.
+
+#: The largest target ε accepted (training budget, calibration target, --target-eps). ε = 100
+#: is already no privacy at all (e^100); larger targets only make the accountants work harder.
+MAX_EPSILON = 100.0
+
+#: The PLD accountant is run only where the (cheap) RDP bound on ε is at most this. PLD's cost
+#: grows with the range of the privacy loss (its support is a 1e-4 grid over that range):
+#: below this bound one evaluation takes seconds and under 1 GB (σ ≥ 0.3, T ≤ 10⁶); at
+#: q = 1, σ = 1, T = 10⁶ (RDP ε ≈ 5·10⁵) it would need tens of GB.
+PLD_MAX_RDP_EPSILON = 1000.0
+
+#: δ at which `delta_for_epsilon` measures PLD's cost (its cost does not depend on δ).
+_COST_REFERENCE_DELTA = 1e-5
+
+
+class EpsilonOutOfRange(DpltmUserError):
+    """ε is beyond what dpltm accounts for (see `PLD_MAX_RDP_EPSILON`)."""
 
 
 def check_accountant(accountant: str) -> str:
@@ -79,6 +101,14 @@ def check_delta(delta: float) -> float:
     if not (0.0 < d < 1.0):
         raise DpltmUserError(f"delta must lie strictly between 0 and 1, got {delta}")
     return d
+
+
+def check_target_epsilon(target_epsilon: float, option: str = "target epsilon") -> float:
+    """A target ε as a float in (0, MAX_EPSILON], or a DpltmUserError naming `option`."""
+    t = float(target_epsilon)
+    if not (math.isfinite(t) and 0.0 < t <= MAX_EPSILON):
+        raise DpltmUserError(f"{option} must lie in (0, {MAX_EPSILON:g}], got {target_epsilon}")
+    return t
 
 
 def make_accountant(accountant: str = "pld", neighboring: str = "add_remove") -> PrivacyAccountant:
@@ -120,6 +150,67 @@ def require_support(event: DpEvent, accountant: str, neighboring: str) -> None:
         )
 
 
+def _check_pld_cost(event: DpEvent, delta: float, neighboring: str) -> None:
+    """Refuse to run PLD where the RDP bound says ε > PLD_MAX_RDP_EPSILON (its cost grows with ε).
+
+    RDP's ε is an upper bound too, so the refusal never hides a small ε. Where RDP cannot
+    analyse the event under `neighboring` (Poisson sampling under replace-one), the
+    add/remove-one bound stands in: replace-one ε is at most about twice it.
+    """
+    relation = neighboring
+    if not make_accountant("rdp", relation).supports(event):
+        relation = "add_remove"
+        if not make_accountant("rdp", relation).supports(event):
+            return
+    acc = make_accountant("rdp", relation)
+    with _quiet_rdp_warnings():
+        acc.compose(event)
+        bound = float(acc.get_epsilon(delta))
+    if math.isfinite(bound) and bound > PLD_MAX_RDP_EPSILON:
+        raise EpsilonOutOfRange(
+            f"epsilon is {bound:.4g} by the RDP bound at delta {delta:g}: no meaningful privacy; dpltm "
+            f"accounts only up to epsilon {PLD_MAX_RDP_EPSILON:g} (use more noise or fewer steps)"
+        )
+
+
+@contextlib.contextmanager
+def _quiet_rdp_warnings() -> Iterator[None]:
+    """Hush dp-accounting's absl warnings while it computes.
+
+    At small σ its RDP code logs "failed to converge ... Excluding this order" and drops that
+    order: the bound stays valid (only looser), and the line would break the CLI's promise of
+    clean output (one line on stderr for an error, none for a report).
+    """
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _composed(event: DpEvent, accountant: str, neighboring: str, delta: float) -> PrivacyAccountant:
+    """A fresh accountant that has composed `event`; dp-accounting's failures become one line."""
+    require_support(event, accountant, neighboring)
+    if accountant == "pld":
+        _check_pld_cost(event, delta, neighboring)
+    acc = make_accountant(accountant, neighboring)
+    try:
+        with _quiet_rdp_warnings():
+            acc.compose(event)
+    except (ArithmeticError, ValueError, MemoryError) as exc:
+        raise DpltmUserError(
+            f"the {ACCOUNTANT_LABELS[accountant]} accountant failed at this setting: {_first_line(exc)}"
+        ) from None
+    return acc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 # ---- ε and δ ------------------------------------------------------------------------------
 
 
@@ -129,10 +220,22 @@ def _key(event: DpEvent) -> str:
 
 @functools.lru_cache(maxsize=512)
 def _epsilon_cached(key: str, delta: float, accountant: str, neighboring: str) -> float:
-    event = event_from_json(json.loads(key))
-    acc = make_accountant(accountant, neighboring)
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
+    acc = _composed(event_from_json(json.loads(key)), accountant, neighboring, delta)
+    try:
+        with _quiet_rdp_warnings():
+            return float(acc.get_epsilon(delta))
+    except (ArithmeticError, ValueError, MemoryError) as exc:
+        raise DpltmUserError(
+            f"the {ACCOUNTANT_LABELS[accountant]} accountant failed at this setting: {_first_line(exc)}"
+        ) from None
+
+
+def epsilon_unchecked(event: DpEvent, delta: float, accountant: str, neighboring: str) -> float:
+    """`epsilon` for arguments already validated at the edge (the calibration search's inner loop).
+
+    Support and cost are still checked, once per distinct event (the result is cached).
+    """
+    return _epsilon_cached(_key(event), delta, accountant, neighboring)
 
 
 def epsilon(
@@ -142,13 +245,12 @@ def epsilon(
 
     An upper bound on the true ε for both accountants (module docstring). `math.inf` when
     the event contains a `NonPrivateDpEvent`. Cached on the event's JSON form, so ledgers
-    and reports can ask repeatedly.
+    and reports can ask repeatedly. The PLD accountant refuses (`EpsilonOutOfRange`) where
+    the RDP bound exceeds `PLD_MAX_RDP_EPSILON`.
     """
     check_accountant(accountant)
     check_neighboring(neighboring)
-    d = check_delta(delta)
-    require_support(event, accountant, neighboring)
-    return _epsilon_cached(_key(event), d, accountant, neighboring)
+    return epsilon_unchecked(event, check_delta(delta), accountant, neighboring)
 
 
 def delta_for_epsilon(
@@ -158,10 +260,16 @@ def delta_for_epsilon(
     e = float(eps)
     if not (math.isfinite(e) and e >= 0.0):
         raise DpltmUserError(f"epsilon must be a finite number >= 0, got {eps}")
-    require_support(event, accountant, neighboring)
-    acc = make_accountant(accountant, neighboring)
-    acc.compose(event)
-    return float(min(1.0, acc.get_delta(e)))
+    check_accountant(accountant)
+    check_neighboring(neighboring)
+    acc = _composed(event, accountant, neighboring, _COST_REFERENCE_DELTA)
+    try:
+        with _quiet_rdp_warnings():
+            return float(min(1.0, acc.get_delta(e)))
+    except (ArithmeticError, ValueError, MemoryError) as exc:
+        raise DpltmUserError(
+            f"the {ACCOUNTANT_LABELS[accountant]} accountant failed at this setting: {_first_line(exc)}"
+        ) from None
 
 
 # ---- Gaussian DP (an approximation) -------------------------------------------------------
@@ -272,7 +380,7 @@ def composition_bounds(
     check_neighboring(neighboring)
     d = check_delta(delta)
     label = ACCOUNTANT_LABELS[accountant]
-    eps_train = epsilon(training_event, d, accountant, neighboring)
+    eps_train = epsilon_unchecked(training_event, d, accountant, neighboring)
     if selection_eps1 is None:
         return [
             Bound(
@@ -293,7 +401,7 @@ def composition_bounds(
     if make_accountant("rdp", neighboring).supports(composed):
         bounds.append(
             Bound(
-                RDP_COMPOSITION, epsilon(composed, d, "rdp", neighboring), d, "rdp", neighboring,
+                RDP_COMPOSITION, epsilon_unchecked(composed, d, "rdp", neighboring), d, "rdp", neighboring,
                 "RDP composition: selection as ε1²/8-zCDP (Cesar & Rogers 2021) + training "
                 "(Mironov 2017)",
             )

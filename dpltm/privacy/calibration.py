@@ -14,6 +14,12 @@ lies just above the PLD answer (RDP is the looser bound).
 With a private selection (ε1 given), the reported ε is the best valid bound of
 `accounting.composition_bounds`, so σ* is the smaller of the σ that meets the target by
 basic composition (ε_train ≤ target − ε1) and the σ that meets it by RDP composition.
+
+Bounded work: targets are at most `accounting.MAX_EPSILON`, σ is never sought below
+`events.MIN_NOISE_MULTIPLIER` (if that already meets the target, it is the answer) nor above
+1e6, and PLD is not run where RDP already puts ε beyond `accounting.PLD_MAX_RDP_EPSILON`
+(such a σ simply misses the target). Arguments are validated once, by the public functions;
+the search itself trusts them.
 """
 
 from __future__ import annotations
@@ -27,29 +33,22 @@ from scipy import optimize  # type: ignore[import-untyped]
 
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
+    EpsilonOutOfRange,
     check_accountant,
     check_delta,
     check_neighboring,
-    epsilon,
+    check_target_epsilon,
+    epsilon_unchecked,
     make_accountant,
     require_support,
 )
-from dpltm.privacy.events import DpEvent, dpsgd_event, selection_event
+from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, dpsgd_event, selection_event
 
 Composition = Literal["best", "basic", "rdp"]
 
 #: Parameters beyond this are treated as "no bracket": the target is not reachable.
 _MAX_PARAM = 1e6
 _MIN_PARAM = 1e-3
-
-
-def _check_target(target_epsilon: float) -> float:
-    t = float(target_epsilon)
-    if not (math.isfinite(t) and t > 0.0):
-        raise DpltmUserError(
-            f"target epsilon must be a positive finite number, got {target_epsilon}"
-        )
-    return t
 
 
 def calibrate_parameter(
@@ -61,8 +60,9 @@ def calibrate_parameter(
     initial_guess: float = 1.0,
     rel_tol: float = 1e-3,
     step: float = 2.0,
+    lower: float = _MIN_PARAM,
 ) -> float:
-    """The smallest x with ε(make_event(x)) ≤ target, for ε non-increasing in x (e.g. σ).
+    """The smallest x ≥ `lower` with ε(make_event(x)) ≤ target, for ε non-increasing in x (e.g. σ).
 
     The same contract as dp-accounting's `mechanism_calibration.calibrate_dp_mechanism`
     (a callback from parameter to event, a bracket, a root search, a final check that the
@@ -72,36 +72,64 @@ def calibrate_parameter(
 
     Brackets the root by factors of `step` from `initial_guess`, then runs Brent's method
     on log ε(e^u) − log target to a relative tolerance `rel_tol` in x. Returns the upper
-    end, verified: ε(x_returned) ≤ target always holds.
+    end, verified: ε(x_returned) ≤ target always holds. Returns `lower` when it already
+    meets the target. Arguments are validated here, once; the search trusts them.
     """
     check_accountant(accountant)
     check_neighboring(neighboring)
     d = check_delta(delta)
-    t = _check_target(target_epsilon)
+    t = check_target_epsilon(target_epsilon)
     if not (0.0 < rel_tol < 0.5):
         raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
     if not step > 1.0:
         raise DpltmUserError(f"step must exceed 1, got {step}")
-    x = min(max(float(initial_guess), _MIN_PARAM), _MAX_PARAM)
-    require_support(make_event(x), accountant, neighboring)
+    if not (math.isfinite(lower) and 0.0 < lower < _MAX_PARAM):
+        raise DpltmUserError(f"lower must lie in (0, {_MAX_PARAM:g}), got {lower}")
+    if not math.isfinite(initial_guess):
+        raise DpltmUserError(f"initial_guess must be finite, got {initial_guess}")
+    require_support(make_event(max(float(initial_guess), lower)), accountant, neighboring)
+    return _search(make_event, t, d, accountant, neighboring, float(initial_guess), rel_tol, step, lower)
+
+
+def _search(
+    make_event: Callable[[float], DpEvent],
+    t: float,
+    d: float,
+    accountant: str,
+    neighboring: str,
+    initial_guess: float,
+    rel_tol: float,
+    step: float,
+    lower: float,
+) -> float:
+    """`calibrate_parameter`'s search, on validated arguments. At most ~60 bracket steps
+    (from `lower` to `_MAX_PARAM` by factors of `step`), a bounded Brent search and bisection
+    to `rel_tol`, and at most 100 final nudges: its work is bounded whatever the target."""
 
     def eps_at(value: float) -> float:
-        return epsilon(make_event(value), d, accountant, neighboring)
+        try:
+            return epsilon_unchecked(make_event(value), d, accountant, neighboring)
+        except EpsilonOutOfRange:
+            return math.inf  # far above any target (targets are at most MAX_EPSILON)
 
+    x = min(max(initial_guess, lower), _MAX_PARAM)
     if eps_at(x) <= t:
-        hi, lo = x, x / step
-        while eps_at(lo) <= t:
-            hi, lo = lo, lo / step
-            if lo < _MIN_PARAM:
-                return hi  # anything this small meets the target; no need to be tighter
+        hi = x
+        while True:
+            if hi <= lower:
+                return hi  # the smallest parameter allowed meets the target
+            lo = max(hi / step, lower)
+            if eps_at(lo) > t:
+                break
+            hi = lo
     else:
         lo, hi = x, x * step
-        while eps_at(hi) > t:
+        while (eps_hi := eps_at(hi)) > t:
             lo, hi = hi, hi * step
             if hi > _MAX_PARAM:
                 raise DpltmUserError(
                     f"cannot reach epsilon {t:g} at delta {d:g}: even a parameter of "
-                    f"{_MAX_PARAM:g} gives epsilon {eps_at(hi):.4g}"
+                    f"{lo:g} gives epsilon {eps_hi:.4g}"
                 )
     # Invariant: ε(lo) > t >= ε(hi). ε(lo) may be infinite; then bisect in log space.
     log_t = math.log(t)
@@ -114,8 +142,8 @@ def calibrate_parameter(
     xtol = math.log1p(rel_tol) / 2.0
     if math.isfinite(gap(u_lo)) and math.isfinite(gap(u_hi)):
         try:
-            root = float(optimize.brentq(gap, u_lo, u_hi, xtol=xtol))
-        except ValueError as exc:
+            root = float(optimize.brentq(gap, u_lo, u_hi, xtol=xtol, maxiter=100))
+        except (ValueError, RuntimeError) as exc:
             raise DpltmUserError(f"calibration failed between {lo:g} and {hi:g}: {exc}") from None
         # Brent: the crossing lies within xtol of `root`. Keep the bracket verified on the
         # safe side (u_hi meets the target); u_lo only bounds how tight the answer is.
@@ -152,13 +180,14 @@ def _calibrate(
     RDP's ε is the larger, so its σ lies a little above PLD's (about 7 % at the reference
     setting of PRIVACY.md §3): a bracket of ±25 % around it costs two PLD evaluations.
     """
+    lower = MIN_NOISE_MULTIPLIER
     rdp_supported = make_accountant("rdp", neighboring).supports(make_event(1.0))
     if accountant != "pld" or not rdp_supported:
-        return calibrate_parameter(make_event, target, delta, accountant, neighboring,
-                                   rel_tol=rel_tol)
-    guess = calibrate_parameter(make_event, target, delta, "rdp", neighboring, rel_tol=1e-2)
-    return calibrate_parameter(make_event, target, delta, "pld", neighboring,
-                               initial_guess=guess, rel_tol=rel_tol, step=1.25)
+        require_support(make_event(1.0), accountant, neighboring)
+        return _search(make_event, target, delta, accountant, neighboring, 1.0, rel_tol, 2.0, lower)
+    guess = _search(make_event, target, delta, "rdp", neighboring, 1.0, 1e-2, 2.0, lower)
+    require_support(make_event(guess), "pld", neighboring)
+    return _search(make_event, target, delta, "pld", neighboring, guess, rel_tol, 1.25, lower)
 
 
 def calibrate_noise_multiplier(
@@ -172,7 +201,8 @@ def calibrate_noise_multiplier(
     composition: Composition = "best",
     rel_tol: float = 1e-3,
 ) -> float:
-    """The smallest σ (within `rel_tol`) for which DP-SGD meets (target_epsilon, delta).
+    """The smallest σ ≥ MIN_NOISE_MULTIPLIER (within `rel_tol`) for which DP-SGD meets
+    (target_epsilon, delta).
 
     * `selection_eps1` None: ε_train(σ) ≤ target with the chosen accountant.
     * `selection_eps1` given, `composition`:
@@ -182,11 +212,15 @@ def calibrate_noise_multiplier(
       - "best" (default): the smaller σ of the two, i.e. exactly the σ at which
         `composition_bounds(...)`'s best bound reaches the target.
 
-    Raises DpltmUserError when the target cannot be met (e.g. target ≤ 0, or selection
-    alone already costs at least the target).
+    Raises DpltmUserError when the target cannot be met (e.g. target ≤ 0 or above
+    MAX_EPSILON, or selection alone already costs at least the target).
     """
-    t = _check_target(target_epsilon)
+    t = check_target_epsilon(target_epsilon)
     d = check_delta(delta)
+    check_accountant(accountant)
+    check_neighboring(neighboring)
+    if not (0.0 < rel_tol < 0.5):
+        raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
 
     def training(sigma: float) -> DpEvent:
@@ -196,8 +230,8 @@ def calibrate_noise_multiplier(
         return _calibrate(training, t, d, accountant, neighboring, rel_tol)
     if composition not in ("best", "basic", "rdp"):
         raise DpltmUserError(f"unknown composition {composition!r}; choose best, basic or rdp")
+    sel = selection_event(selection_eps1)  # validates ε1
     eps1 = float(selection_eps1)
-    sel = selection_event(eps1)
     candidates: list[float] = []
     reasons: list[str] = []
     if composition in ("best", "basic"):
@@ -209,7 +243,7 @@ def calibrate_noise_multiplier(
         dp_accounting.ComposedDpEvent([sel, training(1.0)])
     )
     if composition in ("best", "rdp") and rdp_ok:
-        floor = epsilon(sel, d, "rdp", neighboring)
+        floor = epsilon_unchecked(sel, d, "rdp", neighboring)
         if floor < t:
             def both(sigma: float) -> DpEvent:
                 return dp_accounting.ComposedDpEvent([sel, training(sigma)])

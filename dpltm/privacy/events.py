@@ -9,6 +9,7 @@ fields beside it; nested events are nested dicts, lists stay lists.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +19,21 @@ from dp_accounting import dp_event
 from dp_accounting.dp_event import DpEvent as DpEvent  # type: ignore[import-untyped]
 
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.exponential import check_eps1
 
 JsonDict = dict[str, Any]
+
+#: The smallest noise multiplier σ dpltm accounts for. Below it DP-SGD gives no meaningful
+#: privacy (ε in the hundreds within a few full-batch steps: ε ≈ 60 after 5 steps at q = 1,
+#: σ = 0.3), and the PLD accountant's cost grows as 1/σ² (its support spans the privacy-loss
+#: range at a 1e-4 grid): at σ = 1e-9 it asks for more memory than exists.
+MIN_NOISE_MULTIPLIER = 0.3
+
+#: The most DP-SGD steps dpltm accounts for. The paper's runs take 7 500 (50 epochs of batch
+#: 400 on 60 000 records); 10⁶ is a thousand epochs at batch 64. Bounds what the accountants
+#: are asked: PLD's self-composition slows with T (at T = 10⁷ one evaluation can take 40 s,
+#: at 10⁶ about a second), and `account --steps 10**12` once asked for 2.2 TiB.
+MAX_STEPS = 10**6
 
 #: Every concrete event class dp-accounting 0.6.0 defines, by class name. Deserialisation
 #: only ever instantiates these: a checkpoint cannot make us import or call anything else.
@@ -47,11 +61,25 @@ def dpsgd_event(sample_rate: float, noise_multiplier: float, steps: int) -> DpEv
             f"noise multiplier must be positive and finite, got {noise_multiplier}"
             " (record non-private training as NonPrivateDpEvent instead)"
         )
-    if isinstance(steps, bool) or int(steps) != steps or int(steps) < 1:
-        raise DpltmUserError(f"steps must be a positive integer, got {steps}")
+    if sigma < MIN_NOISE_MULTIPLIER:
+        raise DpltmUserError(
+            f"noise multiplier σ = {sigma:g} is below {MIN_NOISE_MULTIPLIER:g}: no meaningful privacy, and "
+            f"too costly to account"
+        )
+    check_steps(steps)
     return dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), int(steps)
     )
+
+
+def check_steps(steps: int) -> int:
+    """`steps` as an int in [1, MAX_STEPS], or a DpltmUserError."""
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not math.isfinite(steps) \
+            or int(steps) != steps or int(steps) < 1:
+        raise DpltmUserError(f"steps must be a positive integer, got {steps}")
+    if int(steps) > MAX_STEPS:
+        raise DpltmUserError(f"steps must be at most {MAX_STEPS:.0e}, got {int(steps)}")
+    return int(steps)
 
 
 def selection_event(eps1: float) -> DpEvent:
@@ -65,9 +93,7 @@ def selection_event(eps1: float) -> DpEvent:
     rejects it. The pure ε1-DP fact is used separately for basic
     composition (see `accounting.composition_bounds`).
     """
-    e = float(eps1)
-    if not (math.isfinite(e) and e > 0.0):
-        raise DpltmUserError(f"selection eps1 must be positive and finite, got {eps1}")
+    e = check_eps1(eps1)
     return dp_accounting.ZCDpEvent(rho=e * e / 8.0)
 
 

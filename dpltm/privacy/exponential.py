@@ -48,6 +48,10 @@ SelectionRng = np.random.Generator | random.SystemRandom
 #: `near_uniform`'s default: every ticket within ±10 % of 1/k.
 NEAR_UNIFORM_TOLERANCE = 0.1
 
+#: The largest selection budget ε1 accepted. ε1 = 100 is already no privacy at all (e^100), and
+#: bounding it keeps ε1²/8 (the zCDP ρ of the selection) and ε1·S/(2Δ) far from overflow.
+MAX_EPS1 = 100.0
+
 
 # ---- validation ---------------------------------------------------------------------------
 
@@ -72,6 +76,17 @@ def _check_positive(value: float, name: str) -> float:
     if not (math.isfinite(v) and v > 0.0):
         raise DpltmUserError(f"{name} must be a positive finite number, got {value}")
     return v
+
+
+def check_eps1(eps1: float, name: str = "eps1") -> float:
+    """The selection budget ε1 as a float in (0, MAX_EPS1], or a DpltmUserError naming `name`."""
+    try:
+        e = float(eps1)
+    except (TypeError, ValueError):
+        raise DpltmUserError(f"{name} must be a number, got {eps1!r}") from None
+    if not (math.isfinite(e) and 0.0 < e <= MAX_EPS1):
+        raise DpltmUserError(f"{name} must lie in (0, {MAX_EPS1:g}], got {eps1}")
+    return e
 
 
 def _check_nu(nu: float) -> float:
@@ -205,7 +220,7 @@ def sample_exponential(
     push u past the last ticket). `rng=None` draws from the OS CSPRNG
     (`make_selection_rng(None)`).
     """
-    logp = selection_log_probabilities(scores, eps1, sensitivity)
+    logp = selection_log_probabilities(scores, check_eps1(eps1), sensitivity)
     source = make_selection_rng(None) if rng is None else rng
     cdf = np.cumsum(np.exp(logp))
     u = _uniform(source) * float(cdf[-1])

@@ -107,9 +107,6 @@ def round_up(value: float, digits: int = 3) -> str:
     return format(rounded.normalize(), "f")
 
 
-_round_up = round_up  # TODO(lead): drop once accounting_report imports round_up
-
-
 def _json_float(value: float) -> float | str:
     """Finite floats as they are; ±∞ as "inf"/"-inf" so reports are strict JSON."""
     if math.isfinite(value):

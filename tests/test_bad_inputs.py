@@ -1,0 +1,350 @@
+"""Every user mistake a tester found on the real CLI: one line, exit code 2, nothing written.
+
+Each case runs `dpltm.cli.main()` (the console entry point, the parser's own errors included)
+with `sys.argv`, the working directory and $DPLTM_DATA_DIR set as a user's shell would; a few
+run again as a real `python -m dpltm.cli` subprocess. For each: exit code 2, stderr exactly one
+non-empty line starting `dpltm: error:`, no traceback anywhere, and no file created or changed
+(names, sizes and mtimes of the working directory and the data directory, before and after).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pathlib
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from datafiles import write_digits, write_mnist
+
+from dpltm.cli import main
+from dpltm.errors import DpltmUserError
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    message: str  # a fragment the one line must contain
+    files: dict[str, bytes] = field(default_factory=dict)  # written into the working directory first
+    data: str = "good"  # "good" or "truncated-digits"
+
+
+GEN = ("generate", "--dataset", "digits", "--rounds", "1", "--iterations", "5", "--device", "cpu",
+       "--no-progress")
+TRAIN = ("train", "--dense", "--dataset", "digits", "--epochs", "1", "--device", "cpu", "--no-progress")
+ACCOUNT = ("account", "--q", "0.01", "--steps", "1000")
+
+
+def _headed_without_body(kind: str) -> bytes:
+    """A file with dpltm's header and nothing else (a tester's hand-made 'checkpoint')."""
+    buffer = io.BytesIO()
+    torch.save({"format": "dpltm", "kind": kind, "format_version": 1}, buffer)
+    return buffer.getvalue()
+
+CASES = [
+    # ---- --config files ------------------------------------------------------------------
+    Case("config-binary", (*GEN, "--config", "c.yaml"), "not UTF-8",
+         {"c.yaml": bytes(range(128, 256)) + b"\x00\x01"}),
+    Case("config-dev-zero", (*GEN, "--config", "/dev/zero"), "larger than"),
+    Case("config-bool-maybe", (*GEN, "--config", "c.yaml"), "generate.controls='maybe' is not a valid boolean",
+         {"c.yaml": b"generate: {controls: maybe}\n"}),
+    Case("config-bool-from-int", (*GEN, "--config", "c.yaml"), "generate.controls=1 is not a valid boolean",
+         {"c.yaml": b"generate: {controls: 1}\n"}),
+    Case("config-seed-true", (*GEN, "--config", "c.yaml"), "seed=True is not a valid int",
+         {"c.yaml": b"seed: true\n"}),
+    Case("config-data-string", (*GEN, "--config", "c.yaml"), "section 'data'",
+         {"c.yaml": b'data: "x"\n'}),
+    Case("config-data-string-select", ("select", "--config", "c.yaml"), "section 'data'",
+         {"c.yaml": b'data: "x"\n'}),
+    Case("config-epochs-x-train", (*TRAIN, "--config", "c.yaml"), "train.epochs='x' is not a valid int",
+         {"c.yaml": b"train: {epochs: x}\n"}),
+    Case("config-epochs-x-generate", (*GEN, "--config", "c.yaml"), "train.epochs='x' is not a valid int",
+         {"c.yaml": b"train: {epochs: x}\n"}),
+    Case("config-dataset-int", (*GEN, "--config", "c.yaml"), "data.dataset=5 is not a valid string",
+         {"c.yaml": b"data: {dataset: 5}\n"}),
+    Case("config-unknown-section", (*TRAIN, "--config", "c.yaml"), "unknown section 'trian'",
+         {"c.yaml": b"trian: {epochs: 3}\n"}),
+    Case("config-unknown-key", (*GEN, "--config", "c.yaml"), "unknown config key(s) ['epoch']",
+         {"c.yaml": b"train: {epoch: 3}\n"}),
+    Case("config-experiment-profile", (*GEN, "--config", "c.yaml"), "unknown section",
+         {"c.yaml": b"name: quick\nepsilons: [1.0]\n"}),
+    Case("config-lr-inf", (*GEN, "--config", "c.yaml"), "--lr must be a finite number",
+         {"c.yaml": b"generate: {lr: .inf}\n"}),
+    # ---- non-finite and absurd numbers -----------------------------------------------------
+    Case("generate-lr-inf", (*GEN, "--lr", "inf"), "--lr must be a finite number"),
+    Case("generate-lr-1e30", (*GEN, "--lr", "1e30"), "--lr must lie in (0, 1000]"),
+    Case("generate-lr-nan", (*GEN, "--lr", "nan"), "--lr must be a finite number"),
+    Case("generate-val-fraction-nan", (*GEN, "--val-fraction", "nan"), "--val-fraction must be a finite"),
+    Case("generate-prune-rate-inf", (*GEN, "--prune-rates", "inf"), "--prune-rates must be a finite"),
+    Case("generate-seed-negative", (*GEN, "--seed", "-1"), "--seed must lie in"),
+    Case("train-lr-inf", (*TRAIN, "--eps2", "1", "--lr", "inf"), "--lr must be a finite number"),
+    Case("train-lr-1e30", (*TRAIN, "--eps2", "1", "--lr", "1e30"), "--lr must lie in (0, 1000]"),
+    Case("train-clip-inf", (*TRAIN, "--eps2", "1", "--clip", "inf"), "--clip must be a finite number"),
+    Case("train-delta-nan", (*TRAIN, "--eps2", "1", "--delta", "nan"), "--delta must be a finite number"),
+    Case("train-sigma-inf", (*TRAIN, "--sigma", "inf"), "--sigma must be a finite number"),
+    Case("train-target-eps-inf", (*TRAIN, "--eps2", "1", "--target-eps", "inf"), "--target-eps must be"),
+    Case("select-nu-inf", ("select", "--nu", "inf"), "--nu must be a finite number"),
+    # ---- runaway model sizes ----------------------------------------------------------------
+    Case("hidden-huge", (*GEN, "--hidden", "100000,100000"), "dpltm builds at most 1e+08"),
+    Case("hidden-wide-first-layer", (*GEN, "--dataset", "mnist", "--hidden", "200000"), "784 inputs"),
+    Case("project-to-huge", (*GEN, "--project-to", "10000000"), "--project-to 10000000"),
+    # ---- data on disk -----------------------------------------------------------------------
+    Case("digits-300-of-1797-rows", GEN, "DIGITS has 1797 rows", data="truncated-digits"),
+    # ---- privacy parameters -----------------------------------------------------------------
+    Case("select-eps1-1e308", ("select", "--eps1", "1e308"), "--eps1 must lie in (0, 100]"),
+    Case("select-eps1-nan", ("select", "--eps1", "nan"), "--eps1 must be a finite number"),
+    Case("train-sigma-tiny", (*TRAIN, "--sigma", "1e-9"), "--sigma must be at least 0.3"),
+    Case("train-eps2-huge", (*TRAIN, "--eps2", "1e6"), "--eps2 must lie in (0, 100]"),
+    Case("account-sigma-tiny", (*ACCOUNT, "--sigma", "1e-9"), "--sigma must be a finite number ≥ 0.3"),
+    Case("account-sigma-nan", (*ACCOUNT, "--sigma", "nan"), "--sigma must be a finite number ≥ 0.3"),
+    Case("account-steps-1e12", ("account", "--q", "0.01", "--steps", "1000000000000", "--sigma", "1"),
+         "steps must be at most 1e+06"),
+    Case("account-epochs-too-many-steps",
+         ("account", "--dataset-size", "60000", "--batch-size", "1", "--epochs", "1000", "--sigma", "1"),
+         "steps must be at most"),
+    Case("account-eps-1e9", (*ACCOUNT, "--eps", "1e9"), "--eps must lie in (0, 100]"),
+    Case("account-eps1-1e308", (*ACCOUNT, "--sigma", "1", "--eps1", "1e308"), "eps1 must lie in (0, 100]"),
+    Case("account-delta-nan", (*ACCOUNT, "--sigma", "1", "--delta", "nan"), "delta must lie"),
+    Case("account-q-nan", ("account", "--q", "nan", "--steps", "10", "--sigma", "1"), "--q must lie in (0, 1]"),
+    Case("account-epsilon-beyond-range", ("account", "--q", "1", "--steps", "1000000", "--sigma", "1"),
+         "no meaningful privacy"),
+    Case("train-epsilon-beyond-range", (*TRAIN, "--sigma", "0.3", "--epochs", "500"), "no meaningful privacy"),
+    Case("account-sigma-and-eps", (*ACCOUNT, "--sigma", "1", "--eps", "1"), "not both"),
+    Case("account-q-and-dataset-size",
+         (*ACCOUNT, "--sigma", "1", "--dataset-size", "1000", "--batch-size", "10", "--epochs", "1"), "not both"),
+    Case("account-steps-and-epochs", ("account", "--steps", "100", "--epochs", "2", "--sigma", "1"), "not both"),
+    # ---- outputs that would destroy an input or an earlier result ({tickets}, {winner}: real files) --
+    Case("select-out-is-tickets", ("select", "--best", "--out", "{tickets}"), "also this command's input"),
+    Case("select-existing-output", ("select", "--best", "--out", "{winner}"), "already exists: pass --overwrite"),
+    Case("train-out-is-ticket", ("train", "--ticket", "{winner}", "--dataset", "digits", "--eps2", "1",
+                                 "--out", "{winner}", "--device", "cpu"), "also this command's input"),
+    Case("train-existing-output", (*TRAIN, "--eps2", "1", "--out", "{tickets}"), "already exists: pass --overwrite"),
+    Case("generate-out-is-config", (*GEN, "--config", "c.yaml", "--out", "c.yaml"), "--config file",
+         {"c.yaml": b"seed: 0\n"}),
+    # ---- conflicting options ----------------------------------------------------------------
+    Case("select-best-and-eps1", ("select", "--best", "--eps1", "0.1"), "drop --eps1"),
+    Case("train-non-private-with-eps2", (*TRAIN, "--non-private", "--eps2", "1"), "drop --eps2/--sigma"),
+    Case("train-non-private-with-sigma", (*TRAIN, "--non-private", "--sigma", "1"), "drop --eps2/--sigma"),
+    Case("train-dense-public-tickets", (*TRAIN, "--eps2", "1", "--public-tickets"), "drop it with --dense"),
+    # ---- files with dpltm's header and no body ------------------------------------------------
+    Case("inspect-headed-empty", ("inspect", "e.pt"), "damaged 'tickets' checkpoint",
+         {"e.pt": _headed_without_body("tickets")}),
+    Case("select-headed-empty", ("select", "--best", "--tickets", "e.pt"), "damaged 'tickets' checkpoint",
+         {"e.pt": _headed_without_body("tickets")}),
+    Case("train-headed-empty", ("train", "--ticket", "e.pt", "--dataset", "digits", "--eps2", "1"),
+         "damaged 'ticket' checkpoint", {"e.pt": _headed_without_body("ticket")}),
+    # ---- `run`: everything checked before the (long) ticket generation ---------------------------
+    Case("run-same-dataset", ("run", "--dataset", "mnist", "--public-dataset", "mnist"), "must differ"),
+    Case("run-projection-mismatch", ("run", "--dataset", "digits", "--public-dataset", "mnist", "--project-to", "100"),
+         "projection width must be 64"),
+    Case("run-unknown-dataset", ("run", "--dataset", "cifar"), "unknown dataset 'cifar'"),
+]
+
+#: Run again as a real subprocess (slower: each imports torch afresh).
+SUBPROCESS_IDS = ("config-binary", "generate-lr-inf", "hidden-huge", "digits-300-of-1797-rows",
+                  "account-steps-1e12", "select-eps1-1e308")
+
+
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    good = tmp_path_factory.mktemp("data")
+    write_digits(good)
+    write_mnist(good, "MNIST", n_train=50, n_test=20)
+    truncated = tmp_path_factory.mktemp("truncated")
+    write_digits(truncated)
+    digits = truncated / "DIGITS" / "digits.csv.gz"
+    rows = gzip.decompress(digits.read_bytes()).decode().splitlines(keepends=True)
+    digits.write_bytes(gzip.compress("".join(rows[:300]).encode()))
+    return {"good": good, "truncated-digits": truncated}
+
+
+@pytest.fixture(scope="module")
+def tickets(data_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ticket set, for `select` (which reads its settings before the ticket file)."""
+    folder = tmp_path_factory.mktemp("tickets")
+    path = folder / "t.pt"
+    code, _, err = _run_in_process([*GEN, "--batch-size", "16", "--data-dir", str(data_dirs["good"]),
+                                    "--out", str(path)], folder, data_dirs["good"])
+    assert code == 0, err
+    code, _, err = _run_in_process(["select", "--best", "--tickets", str(path), "--out", str(folder / "w.pt")],
+                                   folder, data_dirs["good"])
+    assert code == 0, err
+    return path
+
+
+def _run_in_process(args: list[str], cwd: Path, data: Path) -> tuple[int, str, str]:
+    """`main()` as the console script runs it; returns (exit code, stdout, stderr)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        mp.setenv("DPLTM_DATA_DIR", str(data))
+        mp.setattr(sys, "argv", ["dpltm", *args])
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+        try:
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            return code, sys.stdout.getvalue(), sys.stderr.getvalue()
+        finally:
+            sys.stdout, sys.stderr = out, err
+
+
+def _run_subprocess(args: list[str], cwd: Path, data: Path) -> tuple[int, str, str]:
+    env = {**os.environ, "DPLTM_DATA_DIR": str(data), "COLUMNS": "200"}
+    result = subprocess.run([sys.executable, "-m", "dpltm.cli", *args], cwd=cwd, env=env, text=True,
+                            capture_output=True, timeout=300)
+    return result.returncode, result.stdout, result.stderr
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    """Every path under `roots` with its mtime and size (directories included)."""
+    out = {}
+    for root in roots:
+        for path in [root, *root.rglob("*")]:
+            st = path.stat()
+            out[str(path)] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def assert_one_line_error(code: int, stdout: str, stderr: str, message: str) -> None:
+    assert "Traceback" not in stdout + stderr, stderr
+    assert code == 2, (code, stderr)
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), stderr
+    assert lines[0].startswith("dpltm: error: "), stderr
+    assert message in lines[0], lines[0]
+
+
+def _prepare(case: Case, cwd: Path, data_dirs: dict[str, Path], tickets: Path) -> list[str]:
+    for name, content in case.files.items():
+        (cwd / name).write_bytes(content)
+    args = [a.format(tickets=tickets, winner=tickets.parent / "w.pt") for a in case.args]
+    if args[0] == "select" and "--tickets" not in args:
+        args += ["--tickets", str(tickets)]
+    return args
+
+
+def _check(case: Case, runner, tmp_path: Path, data_dirs: dict[str, Path], tickets: Path,  # type: ignore[no-untyped-def]
+           also: tuple[str, ...] = ()) -> None:
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    data = data_dirs[case.data]
+    args = _prepare(case, cwd, data_dirs, tickets)
+    before = snapshot(tmp_path, data, tickets.parent)
+    code, stdout, stderr = runner(args, cwd, data)
+    assert_one_line_error(code, stdout, stderr, case.message)
+    assert all(fragment in stderr for fragment in also), stderr
+    after = snapshot(tmp_path, data, tickets.parent)
+    assert after == before
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_user_mistake_is_one_line_and_writes_nothing(case: Case, tmp_path: Path, data_dirs: dict[str, Path],
+                                                     tickets: Path) -> None:
+    _check(case, _run_in_process, tmp_path, data_dirs, tickets)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in SUBPROCESS_IDS], ids=list(SUBPROCESS_IDS))
+def test_user_mistake_as_a_real_subprocess(case: Case, tmp_path: Path, data_dirs: dict[str, Path],
+                                           tickets: Path) -> None:
+    _check(case, _run_subprocess, tmp_path, data_dirs, tickets)
+
+
+# ---- unreadable data folders ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dataset", "folder"), [("digits", "DIGITS"), ("mnist", "raw")])
+def test_unreadable_data_folder_is_one_line_naming_it(dataset: str, folder: str, tmp_path: Path,
+                                                      data_dirs: dict[str, Path], tickets: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """chmod 000 does not stop root (tests run as root here): stat() raising EACCES stands in."""
+    real_is_file = pathlib.Path.is_file
+
+    def denied(self: pathlib.Path) -> bool:
+        if folder in self.parts:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(pathlib.Path, "is_file", denied)
+    case = Case(f"unreadable-{folder}", (*GEN[:2], dataset, *GEN[3:]), "Permission denied")
+    named = str(data_dirs["good"] / ("DIGITS" if dataset == "digits" else "MNIST/raw"))
+    _check(case, _run_in_process, tmp_path, data_dirs, tickets, also=(f"cannot read {named}{os.sep}",))
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="chmod 000 does not stop root")
+def test_chmod_000_raw_folder_is_one_line(tmp_path: Path, data_dirs: dict[str, Path], tickets: Path) -> None:
+    data = tmp_path / "data"
+    write_mnist(data, "MNIST", n_train=50, n_test=20)
+    raw = data / "MNIST" / "raw"
+    raw.chmod(0)
+    try:
+        cwd = tmp_path / "work"
+        cwd.mkdir()
+        code, stdout, stderr = _run_subprocess([*GEN[:2], "mnist", *GEN[3:]], cwd, data)
+        assert_one_line_error(code, stdout, stderr, "Permission denied")
+        assert str(raw) in stderr
+        assert not list(cwd.iterdir())
+    finally:
+        raw.chmod(0o755)
+
+
+# ---- the pure checks behind the data cases ------------------------------------------------------
+
+
+def test_find_file_names_the_path_it_cannot_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpltm.data.sources import find_file
+
+    target = tmp_path / "raw" / "x.gz"
+
+    def denied(self: pathlib.Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "is_file", denied)
+    with pytest.raises(DpltmUserError, match=f"cannot read {re.escape(str(target))}: Permission denied"):
+        find_file([target])
+
+
+def test_official_md5_only_for_the_official_name_and_size(tmp_path: Path) -> None:
+    from dpltm.data.sources import official_md5
+
+    official = {"f.gz": ("0123", 5)}
+    (tmp_path / "f.gz").write_bytes(b"12345")
+    (tmp_path / "g.gz").write_bytes(b"12345")
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "f.gz").write_bytes(b"123")
+    assert official_md5(tmp_path / "f.gz", official) == "0123"
+    assert official_md5(tmp_path / "g.gz", official) is None  # not an official name
+    assert official_md5(tmp_path / "short" / "f.gz", official) is None  # cut short: checked structurally
+
+
+def test_digits_of_the_official_size_must_have_the_official_md5(tmp_path: Path) -> None:
+    from dpltm.data import load_dataset
+    from dpltm.data.tabular import DIGITS_OFFICIAL
+
+    (tmp_path / "DIGITS").mkdir()
+    size = DIGITS_OFFICIAL["digits.csv.gz"][1]
+    (tmp_path / "DIGITS" / "digits.csv.gz").write_bytes(bytes(size))
+    with pytest.raises(DpltmUserError, match="differs from the official 9b335364a7bfd63947c7480a5bd51f2d"):
+        load_dataset("digits", data_dir=tmp_path)
+
+
+def test_digits_must_have_the_official_rows_per_digit(tmp_path: Path) -> None:
+    from dpltm.data import load_dataset
+
+    write_digits(tmp_path)
+    path = tmp_path / "DIGITS" / "digits.csv.gz"
+    rows = gzip.decompress(path.read_bytes()).decode().splitlines()
+    rows[0] = rows[0].rsplit(",", 1)[0] + ",9"  # 1797 rows, but one digit relabelled
+    path.write_bytes(gzip.compress(("\n".join(rows) + "\n").encode()))
+    with pytest.raises(DpltmUserError, match=r"DIGITS has 1797 rows .* found 1797 \(177, "):
+        load_dataset("digits", data_dir=tmp_path)
+    assert load_dataset("digits", data_dir=write_digits(tmp_path / "ok")).num_features == 64

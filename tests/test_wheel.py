@@ -1,0 +1,49 @@
+"""An installed wheel, not the checkout: its configs ship as package data and are the ones read.
+
+A wheel once had no YAML at all (the configs sat outside the package), and `digits` then
+trained with the global defaults, silently. Built without network (no build isolation).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("setuptools")
+    out = tmp_path_factory.mktemp("wheel")
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                    "--wheel-dir", str(out), str(REPO)], check=True, timeout=300,
+                   env={**os.environ, "TMPDIR": str(build)})
+    (found,) = out.glob("dpltm-*.whl")
+    return found
+
+
+def test_wheel_ships_every_config(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {p.relative_to(REPO).as_posix() for p in (REPO / "dpltm" / "configs").rglob("*.yaml")}
+    assert shipped and shipped <= names
+
+
+def test_installed_wheel_reads_its_dataset_config(wheel: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(site),
+                    str(wheel)], check=True, timeout=300)
+    probe = ("import dpltm, dpltm.config as c; "
+             "cfg = c.resolve_generate_config({'data': {'dataset': 'digits'}}, None); "
+             "print(dpltm.__file__); print(cfg.generate.batch_size, cfg.generate.iterations)")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(site)}, timeout=120, check=True)
+    where, values = result.stdout.splitlines()
+    assert Path(where).is_relative_to(site)  # the wheel's copy, not the checkout
+    assert values == "100 2000"  # dpltm/configs/datasets/digits.yaml, not the global 400 / 5000
