@@ -235,3 +235,11 @@ def test_public_tickets_assertion_is_checked_record_by_record(data_root: Path, t
                                  str(tmp_path / "m2.pt"), *FAST_TRAIN])
     assert result.exit_code == 2 and "private training records" in result.stderr, result.output
     assert not (tmp_path / "m2.pt").exists()
+
+
+def test_dense_baseline_reads_the_model_section_of_a_config(data_root: Path, tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {hidden: [32]}\n")
+    invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "2", "--config",
+           str(config), "--out", str(tmp_path / "d.pt"), *FAST_TRAIN)
+    assert load_checkpoint(tmp_path / "d.pt", "model")["architecture"]["hidden"] == [32]
