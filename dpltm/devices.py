@@ -18,6 +18,11 @@ def resolve_device(name: str | None) -> torch.device:
         raise DpltmUserError(f"unknown device '{name}' (use auto, cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DpltmUserError(f"device '{name}' requested but CUDA is not available here")
+    # torch.device keeps the ordinal in 8 bits ("cuda:999" becomes cuda:-25): read it from the text
+    ordinal = name.partition(":")[2]
+    if device.type == "cuda" and ordinal and not (ordinal.isdigit() and int(ordinal) < torch.cuda.device_count()):
+        raise DpltmUserError(f"device '{name}' requested but this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     if device.type not in ("cpu", "cuda", "mps"):
         raise DpltmUserError(f"unsupported device '{name}' (use auto, cpu, cuda or cuda:N)")
     return device

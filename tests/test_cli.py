@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from datafiles import write_digits
 from typer.testing import CliRunner
 
@@ -48,7 +49,8 @@ def test_generate_then_inspect(digits_dir: Path, tmp_path: Path) -> None:
         (["generate", "--dataset", "digits", "--prune-rates", "0,0.3,0.2"], "(0, 1)"),
         (["generate", "--dataset", "digits", "--prune-rates", "a,b"], "comma-separated"),
         (["generate", "--dataset", "digits", "--iterations", "0"], "--iterations must be positive"),
-        (["generate", "--dataset", "digits", "--device", "cuda:3"], "CUDA is not available"),
+        (["generate", "--dataset", "digits", "--device", "cuda:99"],
+         "CUDA is not available" if not torch.cuda.is_available() else "CUDA device(s)"),
         (["generate", "--dataset", "digits", "--config", "/nonexistent.yaml"], "does not exist"),
         (["inspect", "/nonexistent/tickets.pt"], "does not exist"),
     ],
@@ -107,3 +109,16 @@ def test_entry_point_errors_are_one_line(argv: list[str], message: str, monkeypa
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dpltm: error:") and message in err[0]
+
+
+@pytest.mark.parametrize("name", ["cuda:1", "cuda:999"])
+def test_an_absent_gpu_ordinal_is_one_line(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a one-GPU machine (torch.device keeps ordinals in 8 bits: cuda:999 reads as cuda:-25)."""
+    from dpltm.devices import resolve_device
+    from dpltm.errors import DpltmUserError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DpltmUserError, match="has 1 CUDA device"):
+        resolve_device(name)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")

@@ -43,7 +43,9 @@ def test_installed_wheel_reads_its_dataset_config(wheel: Path, tmp_path: Path) -
              "cfg = c.resolve_generate_config({'data': {'dataset': 'digits'}}, None); "
              "print(dpltm.__file__); print(cfg.generate.batch_size, cfg.generate.iterations)")
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(site)}, timeout=120, check=True)
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [str(site), os.environ.get("PYTHONPATH")]))},
+                            timeout=120, check=True)
     where, values = result.stdout.splitlines()
     assert Path(where).is_relative_to(site)  # the wheel's copy, not the checkout
     assert values == "100 2000"  # dpltm/configs/datasets/digits.yaml, not the global 400 / 5000

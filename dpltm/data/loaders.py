@@ -169,4 +169,5 @@ def load_dataset(
             fingerprint=fingerprint(name, split, val_fraction, int(seed), train.files + test.files),
         )
     except (RuntimeError, AssertionError) as exc:
-        raise DpltmUserError(f"cannot put {name} on device {target}: {exc}") from None
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DpltmUserError(f"cannot put {name} on device {target}: {reason}") from None
