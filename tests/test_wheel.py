@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+OFFLINE = ("--no-index", "--disable-pip-version-check")
+"""Tests never need the network: where none is reachable, pip's index and version checks hang."""
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("setuptools")
     out = tmp_path_factory.mktemp("wheel")
     build = tmp_path_factory.mktemp("build")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", *OFFLINE, "--no-deps", "--no-build-isolation", "--quiet",
                     "--wheel-dir", str(out), str(REPO)], check=True, timeout=300,
                    env={**os.environ, "TMPDIR": str(build)})
     (found,) = out.glob("dpltm-*.whl")
@@ -37,7 +39,7 @@ def test_wheel_ships_every_config(wheel: Path) -> None:
 
 def test_installed_wheel_reads_its_dataset_config(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(site),
+    subprocess.run([sys.executable, "-m", "pip", "install", *OFFLINE, "--no-deps", "--quiet", "--target", str(site),
                     str(wheel)], check=True, timeout=300)
     probe = ("import dpltm, dpltm.config as c; "
              "cfg = c.resolve_generate_config({'data': {'dataset': 'digits'}}, None); "
