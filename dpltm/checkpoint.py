@@ -13,9 +13,9 @@ import errno
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -135,26 +135,28 @@ def output_lock(path: Path) -> Iterator[None]:
 
 def write_text_atomic(text: str, path: Path) -> None:
     """A text file (e.g. a metrics log) written with the same temp-file-then-rename rule."""
+    _write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write to a temp file beside `path`, fsync, then `os.replace`: a crash or a signal leaves
+    either the old file or the new one, never half of one, and no temp file behind."""
     check_writable(path)
     _make_parent(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        _publish(tmp, path)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def _publish(tmp: str, path: Path) -> None:
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-    os.replace(tmp, path)
 
 
 def check_writable(path: Path) -> None:
@@ -182,20 +184,8 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
     """Write `payload` (plus format header) to `path` atomically."""
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind}")
-    check_writable(path)
     body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION, **payload}
-    _make_parent(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(body, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        _publish(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    _write_atomic(path, lambda handle: torch.save(body, handle))
 
 
 def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
