@@ -16,6 +16,7 @@ from dp_accounting import NonPrivateDpEvent  # type: ignore[import-untyped]
 from dpltm import __version__
 from dpltm.checkpoint import load_checkpoint
 from dpltm.errors import DpltmUserError
+from dpltm.noise_aware import NoiseAwareChoice
 from dpltm.privacy.events import event_to_json, selection_event
 from dpltm.privacy.exponential import (
     decisive_eps1,
@@ -80,11 +81,21 @@ def previous_draws(payload: dict[str, Any]) -> list[float]:
     return [float(e) for e in draws]
 
 
+def noise_aware_selection(choice: NoiseAwareChoice) -> Selection:
+    """A noise-aware pick as a `Selection`: its scores are the public accuracies under the planned noise."""
+    scores = np.array([c.public_val_accuracy for c in choice.candidates], dtype=np.float64)
+    probabilities = np.zeros_like(scores)
+    probabilities[choice.index] = 1.0
+    return Selection(choice.index, scores, probabilities, float("nan"), False, float("nan"))
+
+
 def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, *,
-                   eps1: float | None, nu: float, seeded: bool) -> dict[str, Any]:
+                   eps1: float | None, nu: float, seeded: bool,
+                   noise_aware: NoiseAwareChoice | None = None) -> dict[str, Any]:
     """The winner file. An exponential draw composes with every earlier draw from the same ticket
     set (`draws`, `eps1_total`): each released winner is a function of all of them."""
     ticket = payload["tickets"][selection.index]
+    method = "exponential" if eps1 is not None else ("noise-aware" if noise_aware is not None else "best")
     earlier = previous_draws(payload) if eps1 is not None else []
     return {
         "dpltm_version": __version__,
@@ -98,7 +109,7 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
         "source": {"tickets": str(source), "data": payload["data"], "config": payload["config"]},
         "privacy": payload["privacy"],
         "selection": {
-            "method": "exponential" if eps1 is not None else "best",
+            "method": method,
             "eps1": eps1,
             "draws": len(earlier) + 1 if eps1 is not None else 0,
             "eps1_total": sum(earlier) + eps1 if eps1 is not None else None,
@@ -109,5 +120,6 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
             "near_uniform": selection.near_uniform,
             "randomness": "seeded (reproducible; not secret)" if seeded else "OS CSPRNG",
             "dp_event": event_to_json(selection_event(eps1) if eps1 is not None else NonPrivateDpEvent()),
+            "noise_aware": None if noise_aware is None else noise_aware.to_json(),
         },
     }

@@ -1,0 +1,122 @@
+"""Noise-aware ticket choice: which ticket trains best under the noise the private run will add?
+
+The paper's score S = A·(1 − ν·C) ignores the noise: at ν = 50 it always takes the sparsest
+public ticket, although a sparser ticket has less noise to absorb but also less capacity, and
+the best density moves with σ, q and the number of steps (issue 9). Here every candidate —
+always including the dense network (C = 1) — is trained from θ0 by the *planned* DP-SGD (same
+effective noise multiplier σ, expected batch L, number of steps T, clip C, learning rate and
+optimiser, so the noise per step σC/L is the one the private run will see) on the tickets' own
+public data, and the candidate with the best public validation accuracy wins.
+
+Privacy (PRIVACY.md §7): a function of public data and public hyperparameters (σ, L, T, C, lr,
+and the private set's size N, which dpltm treats as public) only. It reads no private record
+and spends no ε; the private ledger records the selection as touching no private data. The
+ticket data must be the public data it is run on (checked by fingerprint).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from dpltm.data.types import DatasetSplits
+from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
+from dpltm.dp.sampling import poisson_sample
+from dpltm.errors import DpltmUserError
+from dpltm.model import Architecture, MaskedMLP
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """The DP training the winner will get, as far as the noise it sees is concerned."""
+
+    noise_multiplier: float
+    """Effective Gaussian multiplier σ (what the accountant sees; `dpd`'s 2σ)."""
+    expected_batch_size: int
+    steps: int
+    clip: float
+    lr: float
+    optimizer: str = "sgd"
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
+            raise DpltmUserError(f"noise multiplier must be finite and ≥ 0, got {self.noise_multiplier}")
+        if self.expected_batch_size < 1 or self.steps < 1:
+            raise DpltmUserError("the planned run needs a positive batch size and number of steps")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    round: int
+    density: float
+    public_val_accuracy: float
+
+
+@dataclass(frozen=True)
+class NoiseAwareChoice:
+    index: int
+    """Index of the winner in the ticket set's `tickets` list."""
+    candidates: list[Candidate]
+    plan: PlannedRun
+    public_data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "candidates": [asdict(c) for c in self.candidates],
+                "plan": asdict(self.plan), "public_data": self.public_data}
+
+
+def candidate_models(payload: dict[str, Any], device: torch.device) -> list[MaskedMLP]:
+    """Every ticket of a ticket set as a network at θ0 with its mask (round 0 is the dense one)."""
+    arch = Architecture.from_dict(payload["architecture"])
+    models = []
+    for ticket in payload["tickets"]:
+        model = MaskedMLP(arch)
+        missing, unexpected = model.load_state_dict(payload["theta0"], strict=False)
+        if unexpected or any(not k.startswith("mask_") for k in missing):
+            raise DpltmUserError("θ0 in the ticket file does not fit its architecture (damaged ticket set)")
+        model.set_masks({k: v.to(torch.bool) for k, v in ticket["masks"].items()})
+        models.append(model.to(device))
+    return models
+
+
+def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: PlannedRun, *,
+                       seed: int | None = None,
+                       on_progress: Callable[[int, int], None] | None = None) -> NoiseAwareChoice:
+    """Train every ticket of `payload` under `plan` on `public` (its own data) and pick the best."""
+    if public.fingerprint != payload["data"]["fingerprint"]:
+        raise DpltmUserError("the noise-aware choice runs on the tickets' own (public) data: the data given "
+                             f"({public.name}, {public.source_split}) is not the data that made them")
+    if not payload["tickets"] or payload["tickets"][0]["density"] != 1.0:
+        raise DpltmUserError("the ticket set has no dense round 0: the dense network must be a candidate")
+    n = len(public.train)
+    if plan.expected_batch_size >= n:
+        raise DpltmUserError(f"the planned batch size {plan.expected_batch_size} is not below the public "
+                             f"training set ({n} records): no Poisson sampling to simulate")
+    device = public.train.labels.device
+    stack = StackedMLP(candidate_models(payload, device))
+    if plan.optimizer == "adam":
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(stack.parameters(), lr=plan.lr)
+    else:
+        optimizer = torch.optim.SGD(stack.parameters(), lr=plan.lr, momentum=plan.momentum)
+    generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
+    q = plan.expected_batch_size / n
+    x_all, y_all = public.train.features, public.train.labels
+    for step in range(plan.steps):
+        index = poisson_sample(n, q, generator, device)
+        noisy_step(stack, optimizer, x_all.index_select(0, index), y_all.index_select(0, index), clip=plan.clip,
+                   noise_multiplier=plan.noise_multiplier, expected_batch_size=plan.expected_batch_size,
+                   generator=generator)
+        if on_progress is not None:
+            on_progress(step + 1, plan.steps)
+    scores = accuracies(stack, public.val.features, public.val.labels)
+    candidates = [Candidate(t["round"], float(t["density"]), float(s))
+                  for t, s in zip(payload["tickets"], scores.tolist())]
+    best = max(range(len(candidates)), key=lambda i: (candidates[i].public_val_accuracy, -i))
+    return NoiseAwareChoice(best, candidates, plan, {"dataset": public.name, "split": public.source_split,
+                                                     "fingerprint": public.fingerprint})

@@ -1,0 +1,71 @@
+"""Noise-aware ticket choice: candidates trained side by side under the planned DP noise, on
+public data only, with the same per-sample clipping as the private step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
+from dpltm.data.types import DatasetSplits
+from dpltm.dp.batched import StackedMLP, clipped_sums, noisy_step
+from dpltm.dp.ghost import clipped_gradient_sum
+from dpltm.errors import DpltmUserError
+from dpltm.lottery import generate_tickets
+from dpltm.noise_aware import PlannedRun, candidate_models, noise_aware_choice
+
+
+@pytest.fixture
+def tickets(tiny_splits: DatasetSplits, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+    cfg = GenerateConfig(data=DataSettings(dataset="blobs"), model=ModelSettings(hidden=(16,)),
+                         generate=GenerateSettings(rounds=3, iterations=40, batch_size=32, prune_rates=(0.6,)))
+    return generate_tickets(cfg, tiny_splits, tmp_path / "t.pt", progress=False)
+
+
+def test_batched_clipped_sums_equal_the_single_model_dp_step(tickets: dict, tiny_splits: DatasetSplits) -> None:
+    models = candidate_models(tickets, torch.device("cpu"))
+    stack = StackedMLP(models)
+    x, y = tiny_splits.train.features[:50], tiny_splits.train.labels[:50]
+    weight_sums, bias_sums = clipped_sums(stack, x, y, clip=0.5)
+    for k, model in enumerate(models):
+        single = clipped_gradient_sum(model, x, y, 0.5)
+        for layer, (name, _, _) in enumerate(model.layers_in_order()):
+            prefix = f"layers.{name.removesuffix('.weight').replace('.', '_')}"
+            torch.testing.assert_close(weight_sums[layer][k], single.grad_sums[f"{prefix}.weight"],
+                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(bias_sums[layer][k], single.grad_sums[f"{prefix}.bias"], rtol=1e-4, atol=1e-5)
+
+
+def test_pruned_weights_stay_exactly_zero_under_noise(tickets: dict, tiny_splits: DatasetSplits) -> None:
+    stack = StackedMLP(candidate_models(tickets, torch.device("cpu")))
+    optimizer = torch.optim.SGD(stack.parameters(), lr=0.5, momentum=0.9)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        noisy_step(stack, optimizer, tiny_splits.train.features[:64], tiny_splits.train.labels[:64], clip=1.0,
+                   noise_multiplier=3.0, expected_batch_size=64, generator=generator)
+    for weight, mask in zip(stack.weights, stack.masks):
+        assert torch.count_nonzero(weight[mask == 0]) == 0
+
+
+def test_picks_the_dense_network_when_every_ticket_is_worse(tickets: dict, tiny_splits: DatasetSplits) -> None:
+    # cripple every pruned ticket: keep one input weight of the first layer, so it cannot learn
+    for ticket in tickets["tickets"][1:]:
+        first = ticket["masks"]["hidden.0.weight"]
+        first.zero_()
+        first[0, 0] = True
+        ticket["density"] = 0.05
+    plan = PlannedRun(noise_multiplier=0.5, expected_batch_size=64, steps=60, clip=1.0, lr=0.5)
+    choice = noise_aware_choice(tickets, tiny_splits, plan, seed=0)
+    assert choice.index == 0 and choice.candidates[0].density == 1.0
+    assert choice.candidates[0].public_val_accuracy > max(c.public_val_accuracy for c in choice.candidates[1:])
+    assert choice.public_data["fingerprint"] == tiny_splits.fingerprint
+
+
+def test_reads_only_the_tickets_own_public_data(tickets: dict, tiny_splits: DatasetSplits) -> None:
+    private = replace(tiny_splits, name="private", fingerprint="private-v1")
+    plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=64, steps=2, clip=1.0, lr=0.1)
+    with pytest.raises(DpltmUserError, match="not the data that made them"):
+        noise_aware_choice(tickets, private, plan, seed=0)
