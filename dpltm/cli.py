@@ -119,6 +119,7 @@ def generate(
     min_density: Annotated[float | None, typer.Option(help="Stop before a ticket would keep less than this fraction of weights.")] = None,
     hidden: Annotated[str | None, typer.Option(help="Hidden layer widths (paper: 300,100).")] = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Add an input projection layer to this width (paper §4.5.2 transfer).")] = None,
+    activation: Annotated[str | None, typer.Option(help="Hidden activation: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
     controls: Annotated[bool | None, typer.Option("--controls/--no-controls", help="Also train the random-reinit and random-mask control tickets.")] = None,
     val_fraction: Annotated[float | None, typer.Option(help="Fraction of the training pool held out for validation.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for θ0, data split and batch order.")] = None,
@@ -135,7 +136,7 @@ def generate(
 
     cli = {
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
-        "model": {"hidden": _ints(hidden, "--hidden"), "project_to": project_to},
+        "model": {"hidden": _ints(hidden, "--hidden"), "project_to": project_to, "activation": activation},
         "generate": {
             "rounds": rounds, "iterations": iterations, "batch_size": batch_size, "lr": lr,
             "prune_rates": _floats(prune_rates, "--prune-rates"), "min_density": min_density,
@@ -322,6 +323,9 @@ def train(
     clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).")] = None,
     lr: Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).")] = None,
     optimizer: Annotated[str | None, typer.Option(help="sgd or adam (NoisyAdam).")] = None,
+    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
+    ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
+    activation: Annotated[str | None, typer.Option(help="Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
     noise: Annotated[str | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-data).")] = None,
     accountant: Annotated[str | None, typer.Option(help="pld (default) or rdp.")] = None,
     target_eps: Annotated[float | None, typer.Option("--target-eps", help="Stop before spending more than this.")] = None,
@@ -356,7 +360,8 @@ def train(
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
         "train": {"eps2": eps2, "delta": delta, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
                   "clip": clip, "lr": lr, "optimizer": optimizer, "noise": noise, "accountant": accountant,
-                  "target_eps": target_eps, "patience": patience},
+                  "target_eps": target_eps, "patience": patience, "momentum": momentum, "ema": ema},
+        "model": {"activation": activation},
         "seed": seed,
     }
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
@@ -460,6 +465,9 @@ def run(
     rounds: Annotated[int | None, typer.Option(help="Pruning rounds (paper-style default: 10).")] = None,
     iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Input projection width of the tickets (default: added automatically when the two datasets' input sizes differ).")] = None,
+    activation: Annotated[str | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
+    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
+    ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
@@ -494,10 +502,12 @@ def run(
     model_out = out or default_checkpoint_dir() / f"{dataset}-dpltm.pt"
     tickets_path = model_out.with_name(f"{model_out.stem}-tickets.pt")
     winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
-    train_cli = {"data": {"dataset": dataset}, "train": {"eps2": eps, "delta": delta, "epochs": epochs,
-                                                         "batch_size": batch_size}, "seed": seed}
+    train_cli = {"data": {"dataset": dataset},
+                 "train": {"eps2": eps, "delta": delta, "epochs": epochs, "batch_size": batch_size,
+                           "momentum": momentum, "ema": ema},
+                 "model": {"activation": activation}, "seed": seed}
     gen_cli = {"data": {"dataset": public_dataset, "split": public_split},
-               "model": {"project_to": project_to},
+               "model": {"project_to": project_to, "activation": activation},
                "generate": {"rounds": rounds, "iterations": iterations}, "seed": seed}
     train_cfg = resolve_train_config(train_cli, config)
     gen_cfg = resolve_generate_config(gen_cli, config)

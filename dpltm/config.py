@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import yaml
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import check_network_size
+from dpltm.model import ACTIVATIONS, check_network_size
 from dpltm.privacy.accounting import check_target_epsilon
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
@@ -88,15 +88,21 @@ class DataSettings:
 @dataclass(frozen=True)
 class ModelSettings:
     """Hidden widths (and an optional input projection); the size limit needs the dataset's input
-    width, so `resolve_generate_config` checks it (and `model.Architecture` checks it again)."""
+    width, so `resolve_generate_config` checks it (and `model.Architecture` checks it again).
+
+    `activation` is the hidden layers' (relu, the paper's; or tanh, bounded: Papernot et al. 2021).
+    Training uses it for the network it trains, a ticket's included (dpltm.transfer)."""
 
     hidden: tuple[int, ...] = (300, 100)
     project_to: int | None = None
+    activation: str = "relu"
 
     def __post_init__(self) -> None:
         if any(h < 1 for h in self.hidden):
             raise DpltmUserError(f"--hidden takes positive integers, got {list(self.hidden)}")
         _require_positive("--project-to", self.project_to)
+        if self.activation not in ACTIVATIONS:
+            raise DpltmUserError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
 
 
 @dataclass(frozen=True)
@@ -146,8 +152,24 @@ def to_dict(settings: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(settings)))
 
 
+#: Settings added after configs were first hashed, with the value that reproduces the behaviour
+#: from before they existed. At that value they are left out of the hash, so files written
+#: earlier (ticket sets a resumed `generate` continues) keep their hash.
+HASH_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
+    "model": {"activation": "relu"},
+    "train": {"momentum": 0.0, "ema": None},
+}
+
+
 def config_hash(settings: Any) -> str:
-    blob = json.dumps(to_dict(settings), sort_keys=True).encode()
+    tree = to_dict(settings)
+    for section, omitted in HASH_OMITTED_AT_DEFAULT.items():
+        part = tree.get(section)
+        if isinstance(part, dict):
+            for key, value in omitted.items():
+                if key in part and part[key] == value:
+                    del part[key]
+    blob = json.dumps(tree, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -400,6 +422,11 @@ class TrainSettings:
     neighboring: str = "add_remove"
     target_eps: float | None = None
     patience: int | None = None
+    momentum: float = 0.0
+    """SGD momentum on the privatized gradients (post-processing); 0: plain SGD (sgd only)."""
+    ema: float | None = None
+    """Decay of an exponential moving average of the iterates, evaluated and released instead of
+    the final iterate (post-processing of the released iterates, PRIVACY.md §7); None: off."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
@@ -423,6 +450,12 @@ class TrainSettings:
             raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")
         if self.neighboring not in ("add_remove", "replace_one"):
             raise DpltmUserError(f"neighboring must be add_remove or replace_one, got {self.neighboring}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise DpltmUserError(f"--momentum must lie in [0, 1), got {self.momentum:g}")
+        if self.momentum and self.optimizer != "sgd":
+            raise DpltmUserError(f"--momentum is for --optimizer sgd ({self.optimizer} keeps its own moments)")
+        if self.ema is not None and not 0.0 < self.ema < 1.0:
+            raise DpltmUserError(f"--ema must lie in (0, 1), got {self.ema:g}")
 
 
 @dataclass(frozen=True)

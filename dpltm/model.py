@@ -1,4 +1,5 @@
-"""The paper's fully connected ReLU network with one binary mask per weight matrix.
+"""The paper's fully connected network (ReLU, or a bounded activation) with one binary mask per
+weight matrix.
 
 Masks are buffers, so they move with the model and live in its state_dict. The forward pass
 multiplies each weight by its mask, which makes pruned weights exactly zero in every forward
@@ -8,7 +9,7 @@ parameter (DP noise on a pruned coordinate is discarded by the mask: post-proces
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -24,6 +25,19 @@ Masks = dict[str, Tensor]
 #: masks, the optimiser state and the θ0 and mask copies a ticket file keeps (the paper's
 #: LeNet-300-100 has 266 610); `--hidden 100000,100000` would ask for 40 GB.
 MAX_PARAMETERS = 10**8
+
+#: The hidden layers' activation, by name. ReLU is the paper's; tanh is bounded, which helps under
+#: DP (Papernot et al. 2021, "Tempered sigmoid activations for deep learning with differential
+#: privacy": clipping loses less when activations cannot explode).
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "tanh": torch.tanh}
+
+
+def activation_function(name: str) -> Callable[[Tensor], Tensor]:
+    """The activation called `name`; an unknown name is one line."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise DpltmUserError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}") from None
 
 
 def parameter_count(in_features: int, hidden: Sequence[int], num_classes: int,
@@ -55,8 +69,11 @@ class Architecture:
     hidden: tuple[int, ...]
     num_classes: int
     project_to: int | None = None
+    activation: str = "relu"
+    """Hidden layers' activation (a key of ACTIVATIONS); files written before it existed: relu."""
 
     def __post_init__(self) -> None:
+        activation_function(self.activation)
         sizes = [self.in_features, *self.hidden, self.num_classes]
         if self.project_to is not None:
             sizes.append(self.project_to)
@@ -77,6 +94,7 @@ class Architecture:
             hidden=tuple(int(h) for h in d["hidden"]),  # type: ignore[union-attr]
             num_classes=int(d["num_classes"]),  # type: ignore[call-overload]
             project_to=None if project_to is None else int(project_to),  # type: ignore[call-overload]
+            activation=str(d.get("activation", "relu")),
         )
 
     def layer_names(self) -> list[str]:
@@ -95,7 +113,8 @@ class Architecture:
 
 
 class MaskedMLP(nn.Module):
-    """Linear → ReLU → … → Linear, each weight multiplied by its mask.
+    """Linear → activation → … → Linear, each weight multiplied by its mask (ReLU unless the
+    architecture names another activation).
 
     The optional ``project`` layer (paper §4.5.2) maps a dataset's own input size onto the
     ticket's input size, so tickets transfer across domains; it is followed by no activation.
@@ -116,6 +135,7 @@ class MaskedMLP(nn.Module):
         self.register_load_state_dict_post_hook(lambda module, _keys: module._refresh_float_masks())
         self._layer_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()]
         self._has_projection = arch.project_to is not None
+        self.activation = activation_function(arch.activation)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -169,7 +189,7 @@ class MaskedMLP(nn.Module):
             mask = getattr(self, _float_buffer_name(f"{name}.weight"))
             x = F.linear(x, layer.weight * mask, layer.bias)
             if i != last and not (self._has_projection and i == 0):
-                x = F.relu(x)
+                x = self.activation(x)
         return x
 
     def layers_in_order(self) -> list[tuple[str, nn.Linear, Tensor]]:
@@ -180,7 +200,7 @@ class MaskedMLP(nn.Module):
         ]
 
     def is_activation_after(self, index: int) -> bool:
-        """Whether a ReLU follows layer `index` (none after the projection or the output)."""
+        """Whether the activation follows layer `index` (none after the projection or the output)."""
         return index != len(self._layer_list) - 1 and not (self._has_projection and index == 0)
 
 
@@ -219,7 +239,9 @@ def layer_densities(masks: Masks) -> dict[str, float]:
 
 
 def build_architecture(
-    in_features: int, num_classes: int, hidden: Sequence[int], project_to: int | None
+    in_features: int, num_classes: int, hidden: Sequence[int], project_to: int | None,
+    activation: str = "relu",
 ) -> Architecture:
     """The ticket's network for a dataset: input and class counts come from the data."""
-    return Architecture(int(in_features), tuple(int(h) for h in hidden), int(num_classes), project_to)
+    return Architecture(int(in_features), tuple(int(h) for h in hidden), int(num_classes), project_to,
+                        activation)

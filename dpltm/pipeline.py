@@ -120,11 +120,13 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
 
 
 def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
-                seed: int) -> tuple[MaskedMLP, dict[str, Any]]:
+                seed: int, activation: str = "relu") -> tuple[MaskedMLP, dict[str, Any]]:
+    """The network to train: the dense one (`hidden`), or the ticket's. Both get `activation`,
+    so a ticket and the dense baseline of one config train the same network family."""
     if ticket is None:
-        arch = build_architecture(data.num_features, data.num_classes, hidden, None)
-        return MaskedMLP(arch, torch.Generator().manual_seed(seed)), {"mode": "dense"}
-    return model_from_ticket(ticket, data.num_features, data.num_classes, seed)
+        arch = build_architecture(data.num_features, data.num_classes, hidden, None, activation)
+        return MaskedMLP(arch, torch.Generator().manual_seed(seed)), {"mode": "dense", "activation": activation}
+    return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation)
 
 
 def load_ticket(path: Path) -> dict[str, Any]:
@@ -152,7 +154,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     check_writable(out)
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
-    model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed)
+    model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation)
     model.to(data.train.labels.device)
     n = len(data.train)
     plan = plan_training(s, n) if private else None
@@ -201,10 +203,11 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
         ledger = ledger_for(guarantee_steps)
         report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
+        released = outcome.released if outcome.released is not None else model  # the EMA when on
         payload = {
             "dpltm_version": __version__,
-            "architecture": model.arch.to_dict(),
-            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "architecture": released.arch.to_dict(),
+            "state_dict": {k: v.detach().cpu() for k, v in released.state_dict().items()},
             "ledger": ledger.to_json(),
             "report": report,
             "history": outcome.history,
@@ -287,6 +290,9 @@ def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSpli
         "tickets": origin.explanation,
         "density": density(model.masks()),
         "transfer": transfer,
+        # what the accuracies above and the checkpoint's state_dict are: the last iterate, or
+        # an EMA of the iterates (post-processing, PRIVACY.md §7)
+        "released_weights": outcome.released_weights,
         "noise_multiplier": plan.noise_multiplier if plan is not None else None,
         "noise_parameter": plan.noise_parameter if plan is not None else None,
         "sigma_calibrated": plan.calibrated if plan is not None else None,

@@ -5,6 +5,12 @@ A Lightning stage with manual optimisation: each step draws a Poisson batch of r
 noise plug-in perturb it on the surviving weights, divides by the expected batch size L and
 steps the optimiser. After every epoch it logs validation/test accuracy and the ε spent so far
 (from the same accountant that reports the final guarantee) through Lightning's CSV logger.
+
+The recipe options apply alike to tickets, the dense DP-SGD baseline and the non-private one:
+SGD momentum (`--momentum`) acts on the privatized gradients, and the optional exponential
+moving average of the iterates (`--ema`) is computed from the released iterates alone; both are
+post-processing (PRIVACY.md §7) and change nothing in the accounting. With EMA on, the average is
+what is evaluated every epoch and what the checkpoint releases.
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from dpltm.batches import ShuffledBatches
 from dpltm.config import TrainSettings
-from dpltm.data.types import DatasetSplits
+from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
 from dpltm.dp.sampling import PoissonBatches
@@ -29,7 +38,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_noise_multiplier
-from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer, train_classifier
+from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
 
 
 def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
@@ -117,6 +126,41 @@ def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Call
     return lo
 
 
+def make_optimizer(settings: TrainSettings, parameters: Any) -> torch.optim.Optimizer:
+    """The optimiser of the recipe: SGD (with `settings.momentum`) or Adam, for DP and non-private
+    runs alike. Under DP it only ever sees privatized gradients: post-processing."""
+    if settings.optimizer == "adam":  # NoisyAdam (Bu et al. 2020): Adam on ĝ
+        return torch.optim.Adam(parameters, lr=settings.lr)
+    return torch.optim.SGD(parameters, lr=settings.lr, momentum=settings.momentum)
+
+
+def make_averager(model: MaskedMLP, decay: float | None) -> AveragedModel | None:
+    """An EMA of `model`'s parameters (None when `decay` is None), to be updated after each step.
+
+    `AveragedModel` copies the model (masks included) and averages its *parameters* only:
+    EMA_1 = θ_1, EMA_t = decay·EMA_{t-1} + (1 − decay)·θ_t. Buffers (the masks) are not averaged
+    but copied from the model at each update (use_buffers=False), so the average keeps exactly
+    the model's masks; pruned coordinates, exactly 0 in every iterate, stay exactly 0.
+    """
+    if decay is None:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
+
+
+def released_model(model: MaskedMLP, averager: AveragedModel | None) -> MaskedMLP:
+    """What a run evaluates and releases: the EMA when there is one, else the current iterate."""
+    if averager is None:
+        return model
+    averaged = averager.module
+    assert isinstance(averaged, MaskedMLP)
+    return averaged
+
+
+def released_weights(decay: float | None) -> str:
+    """How the report names the released weights."""
+    return "final iterate" if decay is None else f"ema({decay:g})"
+
+
 class DPTrainingModule(L.LightningModule):
     """One DP-SGD step per Poisson batch; per-epoch evaluation, ε bookkeeping and stopping."""
 
@@ -136,15 +180,18 @@ class DPTrainingModule(L.LightningModule):
         self.noise_generator = torch.Generator(device=device).manual_seed(seed)
         # masks (and any noise geometry) never change during training
         self.layout = MaskLayout.of(model, data.train.features.dtype, noise.coordinate_scales())
+        self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self._best_val = -1.0
         self._epochs_without_gain = 0
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        if self.settings.optimizer == "adam":  # NoisyAdam (Bu et al. 2020): Adam on ĝ
-            return torch.optim.Adam(self.model.parameters(), lr=self.settings.lr)
-        return torch.optim.SGD(self.model.parameters(), lr=self.settings.lr)
+        return make_optimizer(self.settings, self.model.parameters())
+
+    @property
+    def released(self) -> MaskedMLP:
+        return released_model(self.model, self.averager)
 
     def training_step(self, index: Tensor, batch_idx: int) -> None:
         train = self.data.train
@@ -157,6 +204,8 @@ class DPTrainingModule(L.LightningModule):
         )
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
+        if self.averager is not None:  # from the released iterate only: post-processing
+            self.averager.update_parameters(self.model)
 
     def on_train_epoch_end(self) -> None:
         epoch = self.current_epoch + 1
@@ -166,8 +215,8 @@ class DPTrainingModule(L.LightningModule):
         record = {
             "epoch": epoch,
             "steps": steps,
-            "val_accuracy": accuracy(self.model, self.data.val),
-            "test_accuracy": accuracy(self.model, self.data.test),
+            "val_accuracy": accuracy(self.released, self.data.val),
+            "test_accuracy": accuracy(self.released, self.data.test),
             "epsilon": self.epsilon_after(steps),
             **self.noise.epoch_metrics(self.model, self.settings.clip),
         }
@@ -193,6 +242,9 @@ class TrainOutcome:
     history: list[dict[str, Any]]
     steps: int
     stop_reason: str
+    released: MaskedMLP | None = None
+    """The weights to release (the EMA, or the trained model itself); None: the trained model."""
+    released_weights: str = "final iterate"
 
 
 def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
@@ -220,19 +272,88 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
     fit_on_device(trainer, module, batches, device)
     steps = len(module.history) * plan.steps_per_epoch
     reason = module.stop_reason or f"finished {plan.epochs} epochs"
-    return TrainOutcome(module.history, steps, reason)
+    return TrainOutcome(module.history, steps, reason, module.released, released_weights(settings.ema))
+
+
+class _EpochBatches(torch.utils.data.IterableDataset[tuple[Tensor, Tensor]]):
+    """Every epoch's shuffled batches in one stream: epoch e reshuffles with seed·100003 + e."""
+
+    def __init__(self, data: LabeledTensors, batch_size: int, steps_per_epoch: int, epochs: int,
+                 seed: int) -> None:
+        self.data, self.batch_size, self.steps_per_epoch = data, batch_size, steps_per_epoch
+        self.epochs, self.seed = epochs, seed
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    def __iter__(self) -> Any:
+        for epoch in range(1, self.epochs + 1):
+            yield from ShuffledBatches(self.data, self.batch_size, self.steps_per_epoch,
+                                       self.seed * 100_003 + epoch)
+
+
+class NonPrivateModule(L.LightningModule):
+    """The non-private baseline with the same recipe (optimiser, momentum, EMA) as the DP run:
+    mean cross-entropy on shuffled batches, evaluated after every epoch."""
+
+    def __init__(self, model: MaskedMLP, data: DatasetSplits, settings: TrainSettings,
+                 steps_per_epoch: int) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.model = model
+        self.data = data
+        self.settings = settings
+        self.steps_per_epoch = steps_per_epoch
+        self.averager = make_averager(model, settings.ema)
+        self.history: list[dict[str, Any]] = []
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.settings, self.model.parameters())
+
+    @property
+    def released(self) -> MaskedMLP:
+        return released_model(self.model, self.averager)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Batches are slices of tensors that already live on the device: nothing to move."""
+        return batch
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        optimizer = self.optimizers().optimizer  # type: ignore[union-attr]
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(self.model(x), y).backward()
+        optimizer.step()
+        if self.averager is not None:
+            self.averager.update_parameters(self.model)
+        if (batch_idx + 1) % self.steps_per_epoch == 0:
+            epoch = (batch_idx + 1) // self.steps_per_epoch
+            self.history.append({"epoch": epoch, "steps": batch_idx + 1,
+                                 "val_accuracy": accuracy(self.released, self.data.val),
+                                 "test_accuracy": accuracy(self.released, self.data.test),
+                                 "epsilon": math.inf})
 
 
 def run_non_private(model: MaskedMLP, data: DatasetSplits, settings: TrainSettings, *, seed: int,
                     progress: bool) -> TrainOutcome:
-    """The non-private baseline: the same network and epochs, plain SGD on shuffled batches."""
+    """The non-private baseline: the same network, epochs and recipe, without clipping or noise."""
     steps_per_epoch = math.ceil(len(data.train) / settings.batch_size)
-    history = []
-    for epoch in range(1, settings.epochs + 1):
-        train_classifier(model, data.train, steps=steps_per_epoch, batch_size=settings.batch_size,
-                         lr=settings.lr, seed=seed * 100_003 + epoch,
-                         progress_label=f"non-private epoch {epoch}" if progress else None)
-        history.append({"epoch": epoch, "steps": epoch * steps_per_epoch,
-                        "val_accuracy": accuracy(model, data.val),
-                        "test_accuracy": accuracy(model, data.test), "epsilon": math.inf})
-    return TrainOutcome(history, settings.epochs * steps_per_epoch, f"finished {settings.epochs} epochs")
+    device = data.train.labels.device
+    module = NonPrivateModule(model, data, settings, steps_per_epoch)
+    batches = torch.utils.data.DataLoader(
+        _EpochBatches(data.train, settings.batch_size, steps_per_epoch, settings.epochs, seed),
+        batch_size=None, num_workers=0,
+    )
+    trainer = lightning_trainer(
+        device,
+        max_epochs=1,  # one pass over the stream, which holds every epoch's batches
+        logger=False,
+        enable_progress_bar=progress,
+        callbacks=[RoundProgressBar("non-private training")] if progress else [],
+        deterministic=False,
+    )
+    fit_on_device(trainer, module, batches, device)
+    if len(module.history) != settings.epochs:
+        raise RuntimeError(f"non-private training ran {len(module.history)} epochs, expected {settings.epochs}")
+    return TrainOutcome(module.history, settings.epochs * steps_per_epoch, f"finished {settings.epochs} epochs",
+                        module.released, released_weights(settings.ema))

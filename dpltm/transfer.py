@@ -5,10 +5,15 @@
   layer for the new classes is added (dense, seeded init), and the hidden layers' masks and θ0
   carry over. The data's input size must then equal the first kept layer's input size: the
   ticket's projection width (`generate --project-to D`) or its original input size.
+
+The activation is the training run's choice (`model.activation`), not necessarily the one the
+ticket was found with: masks and θ0 carry over either way, and the transfer record says when
+the two differ (so the dense baseline and the ticket train with the same network family).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,8 +23,12 @@ from dpltm.model import Architecture, MaskedMLP
 
 
 def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: int,
-                      seed: int) -> tuple[MaskedMLP, dict[str, Any]]:
-    arch = Architecture.from_dict(ticket["architecture"])
+                      seed: int, activation: str | None = None) -> tuple[MaskedMLP, dict[str, Any]]:
+    """The network to train, and how it relates to the ticket. `activation` (None: the ticket's
+    own) replaces the activation the ticket was generated with."""
+    ticket_arch = Architecture.from_dict(ticket["architecture"])
+    arch = ticket_arch if activation is None else replace(ticket_arch, activation=activation)
+    record = _activation_record(ticket_arch.activation, arch.activation)
     masks = {k: v.to(torch.bool) for k, v in ticket["masks"].items()}
     theta0 = ticket["theta0"]
     if arch.in_features == num_features and arch.num_classes == num_classes:
@@ -28,7 +37,7 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
         if unexpected or any(not k.startswith("mask_") for k in missing):
             raise DpltmUserError("the ticket's θ0 does not fit its architecture (damaged or foreign ticket)")
         model.set_masks(masks)
-        return model, {"mode": "direct", "kept_layers": arch.layer_names()}
+        return model, {"mode": "direct", "kept_layers": arch.layer_names(), **record}
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
     if num_features != first_in:
         hint = (f"generate tickets with --project-to {num_features}" if arch.project_to is None
@@ -37,7 +46,7 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
             f"the ticket's first hidden layer takes {first_in} inputs but the data has "
             f"{num_features} features ({hint})"
         )
-    new_arch = Architecture(num_features, arch.hidden, num_classes, None)
+    new_arch = Architecture(num_features, arch.hidden, num_classes, None, arch.activation)
     model = MaskedMLP(new_arch, torch.Generator().manual_seed(seed))  # fresh output layer
     kept = [f"hidden.{i}" for i in range(len(arch.hidden))]
     with torch.no_grad():
@@ -55,4 +64,11 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
         model.set_masks(new_masks)
     dropped = ["output"] + (["project"] if arch.project_to is not None else [])
     return model, {"mode": "cross-architecture", "kept_layers": kept, "dropped_layers": dropped,
-                   "new_output_classes": num_classes}
+                   "new_output_classes": num_classes, **record}
+
+
+def _activation_record(ticket_activation: str, used: str) -> dict[str, Any]:
+    """The activation trained with, and the ticket's own when it was overridden."""
+    if used == ticket_activation:
+        return {"activation": used}
+    return {"activation": used, "activation_override": {"ticket": ticket_activation, "used": used}}

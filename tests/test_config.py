@@ -21,6 +21,7 @@ from dpltm.config import (
     TrainSettings,
     _coerce,
     check_config_tree,
+    config_hash,
     from_dict,
     read_yaml,
     resolve_generate_config,
@@ -235,3 +236,48 @@ def test_parameter_count_and_the_architecture_check() -> None:
     check_network_size(1, (widest,), 1)
     with pytest.raises(DpltmUserError):
         check_network_size(1, (widest + 1,), 1)
+
+
+# ---- the recipe options: activation, momentum, EMA ---------------------------------------------
+
+
+def test_recipe_options_are_read_from_a_config_file(tmp_path: Path) -> None:
+    user = tmp_path / "recipe.yaml"
+    user.write_text("model: {activation: tanh}\ntrain: {momentum: 0.9, ema: 0.999}\n")
+    cfg = resolve_train_config({}, user)
+    assert (cfg.model.activation, cfg.train.momentum, cfg.train.ema) == ("tanh", 0.9, 0.999)
+    assert resolve_generate_config({}, user).model.activation == "tanh"
+    cli = resolve_train_config({"train": {"ema": 0.99}, "model": {"activation": "relu"}}, user)
+    assert (cli.model.activation, cli.train.ema) == ("relu", 0.99)  # CLI beats --config
+    defaults = resolve_train_config({}, None)  # defaults.yaml: the paper's recipe
+    assert (defaults.model.activation, defaults.train.momentum, defaults.train.ema) == ("relu", 0.0, None)
+    tree = read_yaml(CONFIG_DIR / "defaults.yaml")
+    assert from_dict(TrainSettings, tree["train"]) == TrainSettings()  # every key listed, same defaults
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        (TrainSettings, {"momentum": 1.0}, r"--momentum must lie in \[0, 1\)"),
+        (TrainSettings, {"momentum": -0.1}, r"--momentum must lie in \[0, 1\)"),
+        (TrainSettings, {"momentum": math.nan}, "--momentum must be a finite number"),
+        (TrainSettings, {"momentum": 0.9, "optimizer": "adam"}, "--momentum is for --optimizer sgd"),
+        (TrainSettings, {"ema": 1.0}, r"--ema must lie in \(0, 1\)"),
+        (TrainSettings, {"ema": 0.0}, r"--ema must lie in \(0, 1\)"),
+        (TrainSettings, {"ema": math.inf}, "--ema must be a finite number"),
+        (ModelSettings, {"activation": "gelu"}, "--activation must be one of relu, tanh"),
+    ],
+)
+def test_recipe_options_refuse_bad_values(cls: type, kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(DpltmUserError, match=message):
+        cls(**kwargs)
+
+
+def test_recipe_options_at_their_defaults_keep_old_config_hashes() -> None:
+    """Ticket sets written before the options existed still resume (same hash); a changed option
+    changes the hash."""
+    assert config_hash(GenerateConfig()) == "48e9bd96a4f0d481"
+    assert config_hash(TrainConfig()) == "338d6faf22926b3a"
+    assert config_hash(GenerateConfig(model=ModelSettings(activation="tanh"))) != "48e9bd96a4f0d481"
+    assert config_hash(TrainConfig(train=TrainSettings(ema=0.999))) != "338d6faf22926b3a"
+    assert to_dict(GenerateConfig())["model"]["activation"] == "relu"  # still stored in full

@@ -18,8 +18,8 @@ from dpltm.model import MaskedMLP, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 
 
-def model_with(rounds: int, project_to: int | None = None, seed: int = 0) -> MaskedMLP:
-    model = MaskedMLP(build_architecture(12, 5, (10, 7), project_to), torch.Generator().manual_seed(seed))
+def model_with(rounds: int, project_to: int | None = None, seed: int = 0, activation: str = "relu") -> MaskedMLP:
+    model = MaskedMLP(build_architecture(12, 5, (10, 7), project_to, activation), torch.Generator().manual_seed(seed))
     for _ in range(rounds):
         model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
     return model.double()
@@ -43,8 +43,9 @@ def loop_norms(model: MaskedMLP, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
 
 @pytest.mark.parametrize("rounds", [0, 3])
 @pytest.mark.parametrize("project_to", [None, 9])
-def test_ghost_norms_equal_single_sample_loop(rounds: int, project_to: int | None) -> None:
-    model = model_with(rounds, project_to)
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_ghost_norms_equal_single_sample_loop(rounds: int, project_to: int | None, activation: str) -> None:
+    model = model_with(rounds, project_to, activation=activation)
     x, y = batch(17)
     ghost = clipped_gradient_sum(model, x, y, clip=float("inf")).norms
     torch.testing.assert_close(ghost, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
@@ -69,8 +70,12 @@ def test_sparse_and_dense_norm_operators_agree() -> None:
         torch.testing.assert_close(batch.grad_sums[name], param.grad, msg=name)
 
 
-def test_clipped_sum_equals_torch_func_per_sample_gradients() -> None:
-    model = model_with(2)
+@pytest.mark.parametrize(("activation", "project_to"), [("relu", None), ("tanh", None), ("tanh", 9)])
+def test_clipped_sum_equals_torch_func_per_sample_gradients(activation: str, project_to: int | None) -> None:
+    """Masked ghost norms and the clipped sum match per-sample gradients from torch.func (vmap of
+    grad) whatever the activation: the identity does not depend on it."""
+    model = model_with(2, project_to, activation=activation)
+    assert model.arch.activation == activation
     x, y = batch(23)
     params = {k: v.detach() for k, v in model.named_parameters()}
     buffers = dict(model.named_buffers())

@@ -7,7 +7,7 @@ import torch
 
 from dpltm.errors import DpltmUserError
 from dpltm.lottery import _load_theta0
-from dpltm.model import MaskedMLP, build_architecture, density
+from dpltm.model import ACTIVATIONS, Architecture, MaskedMLP, activation_function, build_architecture, density
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training import accuracy, train_classifier
 
@@ -95,3 +95,31 @@ def test_same_seed_same_init() -> None:
     b = MaskedMLP(build_architecture(20, 4, (16,), None), torch.Generator().manual_seed(5))
     for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert ka == kb and torch.equal(va, vb)
+
+
+def test_activation_is_part_of_the_architecture() -> None:
+    arch = build_architecture(10, 3, (6, 5), None, activation="tanh")
+    assert Architecture.from_dict(arch.to_dict()) == arch
+    old_file = {k: v for k, v in arch.to_dict().items() if k != "activation"}  # written before the option
+    assert Architecture.from_dict(old_file).activation == "relu"
+    assert build_architecture(10, 3, (6,), None).activation == "relu"  # the default is the paper's
+    with pytest.raises(DpltmUserError, match="--activation must be one of relu, tanh, got 'gelu'"):
+        build_architecture(10, 3, (6,), None, activation="gelu")
+    with pytest.raises(DpltmUserError, match="--activation"):
+        activation_function("sigmoid")
+    assert set(ACTIVATIONS) == {"relu", "tanh"}
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_forward_uses_the_architectures_activation(activation: str) -> None:
+    model = MaskedMLP(build_architecture(10, 3, (6, 5), 8, activation), torch.Generator().manual_seed(0))
+    model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    act = {"relu": torch.relu, "tanh": torch.tanh}[activation]
+    x = torch.randn(4, 10, generator=torch.Generator().manual_seed(1))
+    layers = [(model.layers[n.removesuffix(".weight").replace(".", "_")], m) for n, m in model.masks().items()]
+    h = x
+    for i, (layer, mask) in enumerate(layers):
+        h = torch.nn.functional.linear(h, layer.weight * mask, layer.bias)
+        if i not in (0, len(layers) - 1):  # none after the projection or the output
+            h = act(h)
+    torch.testing.assert_close(model(x), h)

@@ -243,3 +243,79 @@ def test_dense_baseline_reads_the_model_section_of_a_config(data_root: Path, tmp
     invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "2", "--config",
            str(config), "--out", str(tmp_path / "d.pt"), *FAST_TRAIN)
     assert load_checkpoint(tmp_path / "d.pt", "model")["architecture"]["hidden"] == [32]
+
+
+def test_released_ema_is_recomputed_from_the_dp_iterates(data_root: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """EMA weights are a function of the DP iterates only (issue 9): record every iterate of a run
+    with a fixed noise seed, recompute the EMA by hand, and compare with the checkpoint."""
+    import dpltm.private_training as private_training
+
+    invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
+    invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))  # sparsest
+
+    iterates: list[dict[str, torch.Tensor]] = []
+    apply = private_training.apply_gradients
+
+    def recording(model, grads, optimizer):  # type: ignore[no-untyped-def]
+        apply(model, grads, optimizer)
+        iterates.append({k: v.detach().double().clone() for k, v in model.named_parameters()})
+
+    monkeypatch.setattr(private_training, "apply_gradients", recording)
+    out = tmp_path / "m.pt"
+    report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "fashion-mnist", "--data-dir",
+                    str(data_root), "--sigma", "1.0", "--ema", "0.9", "--momentum", "0.5", "--activation", "tanh",
+                    "--noise-seed", "5", "--out", str(out), *FAST_TRAIN)
+    assert report["released_weights"] == "ema(0.9)" and len(iterates) == report["steps"]
+    assert report["transfer"]["activation_override"] == {"ticket": "relu", "used": "tanh"}
+    ema = dict(iterates[0])
+    for theta in iterates[1:]:
+        ema = {k: 0.9 * ema[k] + 0.1 * theta[k] for k in ema}
+    body = load_checkpoint(out, "model")
+    assert body["architecture"]["activation"] == "tanh"
+    assert (body["config"]["train"]["ema"], body["config"]["train"]["momentum"]) == (0.9, 0.5)
+    state = body["state_dict"]
+    for name, value in ema.items():
+        torch.testing.assert_close(state[name].double(), value, rtol=1e-5, atol=1e-6, msg=name)
+        assert not torch.equal(state[name].double(), iterates[-1][name])  # not the final iterate
+    for layer in ("hidden_0", "hidden_1", "output"):
+        mask = state[f"mask_{layer}_weight"]
+        assert not bool(mask.all()) and torch.count_nonzero(state[f"layers.{layer}.weight"][~mask]) == 0
+    assert body["history"][-1]["test_accuracy"] == report["test_accuracy"]
+
+
+def test_recipe_options_reach_the_dense_baselines(data_root: Path, tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {activation: tanh}\ntrain: {momentum: 0.9, ema: 0.99}\n")
+    dense = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "2",
+                   "--config", str(config), "--out", str(tmp_path / "d.pt"), *FAST_TRAIN)
+    assert dense["released_weights"] == "ema(0.99)" and dense["transfer"] == {"mode": "dense", "activation": "tanh"}
+    body = load_checkpoint(tmp_path / "d.pt", "model")
+    assert body["architecture"]["activation"] == "tanh" and body["config"]["train"]["momentum"] == 0.9
+    plain = invoke("train", "--dense", "--non-private", "--dataset", "digits", "--data-dir", str(data_root),
+                   "--config", str(config), "--ema", "0.9", "--out", str(tmp_path / "n.pt"), *FAST_TRAIN)
+    assert plain["released_weights"] == "ema(0.9)" and plain["transfer"]["activation"] == "tanh"
+    default = invoke("train", "--dense", "--non-private", "--dataset", "digits", "--data-dir", str(data_root),
+                     "--out", str(tmp_path / "p.pt"), *FAST_TRAIN)
+    assert default["released_weights"] == "final iterate" and default["transfer"]["activation"] == "relu"
+    for args, message in (
+        (["--ema", "1.5"], r"--ema must lie in (0, 1)"),
+        (["--momentum", "1"], r"--momentum must lie in [0, 1)"),
+        (["--momentum", "0.9", "--optimizer", "adam"], "--momentum is for --optimizer sgd"),
+        (["--activation", "gelu"], "--activation must be one of relu, tanh"),
+    ):
+        result = runner.invoke(app, ["train", "--dense", "--dataset", "digits", "--data-dir", str(data_root),
+                                     "--device", "cpu", "--out", str(tmp_path / "x.pt"), *args])
+        assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output, args
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_generate_and_run_take_the_activation(data_root: Path, tmp_path: Path) -> None:
+    report = invoke("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
+                    "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
+                    "--batch-size", "16", "--activation", "tanh", "--ema", "0.9", "--momentum", "0.5",
+                    "--device", "cpu", "--no-progress", "--json", "--out", str(tmp_path / "m.pt"))
+    assert report["released_weights"] == "ema(0.9)" and report["end_to_end_dp"] is True
+    assert load_checkpoint(tmp_path / "m.pt", "model")["architecture"]["activation"] == "tanh"
+    assert load_checkpoint(tmp_path / "m-tickets.pt", "tickets")["architecture"]["activation"] == "tanh"
+    assert "activation_override" not in report["transfer"]  # tickets and training share the activation

@@ -12,7 +12,9 @@ factors c_i = min(1, C/‖g_i‖), the clipped sum Σ_i c_i g_i a_iᵀ is (c ⊙
 matmul a plain backward pass does. So a DP step costs one extra matmul per layer.
 
 Output gradients come from one autograd call on Σ_i ℓ_i with respect to the pre-activations:
-z_i influences only ℓ_i, so ∂(Σ ℓ)/∂z_i = ∂ℓ_i/∂z_i.
+z_i influences only ℓ_i, so ∂(Σ ℓ)/∂z_i = ∂ℓ_i/∂z_i. Nothing here depends on the activation
+between layers (ReLU, tanh, ...): it only shapes g_i and the next layer's input a_i, both of which
+autograd and the forward pass give per sample, so the identity holds for any elementwise one.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
         inputs.append(h)
         z = F.linear(h, layer.weight * mask, layer.bias)
         outputs.append(z)
-        h = F.relu(z) if model.is_activation_after(index) else z
+        h = model.activation(z) if model.is_activation_after(index) else z
     loss_sum = F.cross_entropy(h, y, reduction="sum")
     if x.shape[0] == 0:
         zero = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
