@@ -12,6 +12,8 @@ import math
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -204,17 +206,24 @@ def inspect(
         print_tickets(payload, out_console)
 
 
-def _print_selection(payload: dict[str, Any], selection: Any, eps1: float | None, nu: float) -> None:
+def _print_selection(payload: dict[str, Any], selection: Any, eps1: float | None, nu: float,
+                     noise_aware: bool = False) -> None:
     from rich.table import Table
 
-    table = Table(title=f"selection over {len(payload['tickets'])} tickets, S = A·(1 − {nu:g}·C)")
-    for column in ("round", "C", "A (val)", "score S", "P(select)"):
+    title = (f"noise-aware choice over {len(payload['tickets'])} tickets: public validation accuracy after the "
+             "planned DP training" if noise_aware else
+             f"selection over {len(payload['tickets'])} tickets, S = A·(1 − {nu:g}·C)")
+    table = Table(title=title)
+    score_name = "acc. under planned noise" if noise_aware else "score S"
+    for column in ("round", "C", "A (val)", score_name, "P(select)"):
         table.add_column(column, justify="right")
     for i, t in enumerate(payload["tickets"]):
         mark = " ←" if i == selection.index else ""
         table.add_row(str(t["round"]), f"{t['density']:.4f}", f"{t['val_accuracy']:.4f}",
                       f"{selection.scores[i]:.4f}", f"{selection.probabilities[i]:.4f}{mark}")
     err_console.print(table)
+    if noise_aware:
+        return
     if eps1 is None:
         err_console.print("non-private pick (--best): the highest score, no privacy spent on the ticket data.")
         return
@@ -233,7 +242,15 @@ def select(
     tickets: Annotated[Path | None, typer.Option(help="Ticket set (default: the newest in checkpoints/, named on screen).")] = None,
     eps1: Annotated[float | None, typer.Option(help="Selection budget ε1 (paper: 0.1).")] = None,
     nu: Annotated[float | None, typer.Option(help="Score weight ν in S = A·(1 − ν·C) (paper: 50).")] = None,
-    best: Annotated[bool, typer.Option("--best", help="Pick the best score without privacy (for tickets from public data).")] = False,
+    best: Annotated[bool, typer.Option("--best", help="Pick the best paper score S = A·(1 − ν·C) without privacy (for tickets from public data). Beware: at ν = 50 the factor is negative for every C > 0.02, so it always takes the sparsest ticket, whatever the noise; prefer --noise-aware.")] = False,
+    noise_aware: Annotated[bool, typer.Option("--noise-aware", help="Train every ticket (the dense network included) under the planned DP noise on the tickets' own public data and pick the best; spends no ε. Needs --private-size; the planned run is --eps2/--sigma, --epochs, --batch-size and the config's train section.")] = False,
+    private_size: Annotated[int | None, typer.Option("--private-size", help="N, the private training set's size (public), for --noise-aware's planned run.")] = None,
+    eps2: Annotated[float | None, typer.Option(help="--noise-aware: the planned training budget ε2 (σ calibrated to it).")] = None,
+    sigma: Annotated[float | None, typer.Option(help="--noise-aware: the planned noise multiplier instead of --eps2.")] = None,
+    epochs: Annotated[int | None, typer.Option(help="--noise-aware: the planned epochs.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="--noise-aware: the planned expected batch size L.")] = None,
+    device: Device = "auto",
+    data_dir: DataDir = None,
     reselect: Annotated[bool, typer.Option("--reselect", help="Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's ledger composes every draw.")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed the draw (reproducible, not secret); default: OS CSPRNG.")] = None,
     config: ConfigFile = None,
@@ -245,8 +262,21 @@ def select(
     if best and eps1 is not None:
         raise DpltmUserError("--best picks without privacy and spends no ε1: drop --eps1, or drop --best for the "
                              "exponential mechanism")
+    if noise_aware and (best or eps1 is not None):
+        raise DpltmUserError("--noise-aware is its own choice: drop --best/--eps1")
+    planned = (eps2, sigma, epochs, batch_size, private_size)
+    if not noise_aware and any(v is not None for v in planned):
+        raise DpltmUserError("--private-size, --eps2, --sigma, --epochs and --batch-size describe the planned run "
+                             "of --noise-aware: add --noise-aware or drop them")
+    if noise_aware and private_size is None:
+        raise DpltmUserError("--noise-aware needs --private-size N, the private training set's size")
+    if eps2 is not None and sigma is not None:
+        raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma, not both")
+    request = None if not noise_aware else NoiseAwareRequest(
+        int(private_size),  # type: ignore[arg-type]
+        {"train": {"eps2": eps2, "sigma": sigma, "epochs": epochs, "batch_size": batch_size}}, data_dir, device)
     winner, target = stage_select({"select": {"eps1": eps1, "nu": nu}}, config, tickets, best, seed, out,
-                                  overwrite=overwrite, reselect=reselect)
+                                  overwrite=overwrite, reselect=reselect, noise_aware=request)
     if json_out:
         emit_json({"winner_round": winner["round"], "density": winner["density"],
                    "val_accuracy": winner["val_accuracy"], "selection": winner["selection"],
@@ -259,15 +289,59 @@ def same_data_note(data: dict[str, Any]) -> str:
             f"trained on that data from them is NOT end-to-end differentially private; on other data they are public")
 
 
+class TicketChoice(str, Enum):
+    noise_aware = "noise-aware"
+    best = "best"
+
+
+@dataclass(frozen=True)
+class NoiseAwareRequest:
+    """What the noise-aware choice needs besides the tickets: the planned private run."""
+
+    private_size: int
+    train_cli: dict[str, Any]
+    data_dir: Path | None
+    device: str
+
+
+def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, config: Path | None,
+                        seed: int | None) -> Any:
+    from rich.progress import Progress
+
+    from dpltm.config import resolve_train_config
+    from dpltm.devices import resolve_device
+    from dpltm.noise_aware import PlannedRun, noise_aware_choice
+    from dpltm.pipeline import reload_ticket_data
+    from dpltm.private_training import plan_training
+
+    cfg = resolve_train_config(request.train_cli, config)
+    s = cfg.train
+    if s.noise == "shaped":
+        raise DpltmUserError("--noise-aware simulates Gaussian-type noise; with --noise shaped use --best")
+    plan = plan_training(s, request.private_size)
+    planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, s.lr, s.optimizer,
+                         s.momentum, cfg.model.activation)
+    public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
+    err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
+                      f"{plan.steps} steps under σ = {plan.noise_multiplier:.4f}, L = {plan.expected_batch_size}, "
+                      f"on {public.name} ({public.source_split} split, the tickets' public data); spends no ε")
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task("noise-aware choice", total=plan.steps)
+        choice = noise_aware_choice(payload, public, planned, seed=seed,
+                                    on_progress=lambda done, _: progress.update(task, completed=done)
+                                    if done % 50 == 0 or done == plan.steps else None)
+    return choice
+
+
 def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None, best: bool,
                  seed: int | None, out: Path | None, *, overwrite: bool = False,
-                 reselect: bool = False) -> tuple[dict[str, Any], Path]:
+                 reselect: bool = False, noise_aware: NoiseAwareRequest | None = None) -> tuple[dict[str, Any], Path]:
     import contextlib
 
     from dpltm.checkpoint import load_checkpoint, output_lock, prepare_output, save_atomic
     from dpltm.config import resolve_select_config
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.selection import choose, newest_ticket_set, previous_draws, winner_payload
+    from dpltm.selection import choose, newest_ticket_set, noise_aware_selection, previous_draws, winner_payload
 
     settings = resolve_select_config(cli, config)
     source = tickets
@@ -277,7 +351,8 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     payload = load_checkpoint(source, "tickets")
     target = out or default_checkpoint_dir() / f"{payload['data']['dataset']}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config])
-    chosen_eps1 = None if best else settings.eps1
+    chosen_eps1 = None if best or noise_aware is not None else settings.eps1
+    choice = None if noise_aware is None else _noise_aware_choice(payload, noise_aware, config, seed)
     with contextlib.ExitStack() as stack:
         if chosen_eps1 is not None:  # the draw is recorded in the ticket file: lock it, re-read it
             stack.enter_context(output_lock(source))
@@ -289,15 +364,19 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
                     f"draw spends ε1 again on {payload['data']['dataset']}; pass --reselect to draw again "
                     f"(the winner's ledger then composes every draw)")
         stack.enter_context(output_lock(target))
-        selection = choose(payload, eps1=chosen_eps1, nu=settings.nu, seed=seed)
-        winner = winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu, seeded=seed is not None)
+        selection = (noise_aware_selection(choice) if choice is not None
+                     else choose(payload, eps1=chosen_eps1, nu=settings.nu, seed=seed))
+        winner = winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu, seeded=seed is not None,
+                                noise_aware=choice)
         if chosen_eps1 is not None:  # recorded before the winner is released, so no draw goes uncounted
             payload["selection_draws"] = [*previous_draws(payload), chosen_eps1]
             save_atomic(payload, source, "tickets")
         save_atomic(winner, target, "ticket")
-    _print_selection(payload, selection, chosen_eps1, settings.nu)
+    _print_selection(payload, selection, chosen_eps1, settings.nu, noise_aware=choice is not None)
     data = payload["data"]
-    spend = ("no privacy: the best score, for tickets from public data (if the ticket data is your private "
+    spend = ("no privacy: the best public accuracy under the planned noise (if the ticket data is your private "
+             "data, this selection is non-private)" if choice is not None else
+             "no privacy: the best score, for tickets from public data (if the ticket data is your private "
              "data, this selection is non-private)" if best else
              f"spends ε1 = {settings.eps1:g} on {data['dataset']} ({data['split']}), the data that made the tickets"
              + (f"; {winner['selection']['draws']} draws from this ticket set, ε1 = "
@@ -468,6 +547,7 @@ def run(
     activation: Annotated[str | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
     momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
+    choice: Annotated[TicketChoice, typer.Option(help="How to pick the public ticket: noise-aware (train every ticket, the dense network included, under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at ν = 50 always takes the sparsest ticket).")] = TicketChoice.noise_aware,
     seed: Annotated[int | None, typer.Option(help="Seed.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
@@ -514,15 +594,18 @@ def run(
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=overwrite, inputs=[config])
     torch_device = resolve_device(device)
-    load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir, val_fraction=train_cfg.data.val_fraction,
-                 seed=train_cfg.seed, device=torch_device)
+    private = load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir,
+                           val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     load_dataset(public_dataset, split=gen_cfg.data.split, data_dir=data_dir, val_fraction=gen_cfg.data.val_fraction,
                  seed=gen_cfg.seed, device=torch_device)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else ""))
     stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress)
-    err_console.print("[bold]2/3[/bold] selection on public tickets (best score; spends nothing on private data)")
-    stage_select({"select": {}}, config, tickets_path, True, seed, winner_path, overwrite=overwrite)
+    noise_aware = choice == TicketChoice.noise_aware
+    err_console.print(f"[bold]2/3[/bold] selection on public tickets ({choice.value}; spends nothing on private data)")
+    request = NoiseAwareRequest(len(private.train), train_cli, data_dir, device) if noise_aware else None
+    stage_select({"select": {}}, config, tickets_path, not noise_aware, seed, winner_path, overwrite=overwrite,
+                 noise_aware=request)
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
     report = stage_train(train_cli, config, winner_path, False, False, data_dir, device, model_out, progress,
                          overwrite=overwrite)

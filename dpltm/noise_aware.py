@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -43,6 +43,8 @@ class PlannedRun:
     lr: float
     optimizer: str = "sgd"
     momentum: float = 0.0
+    activation: str | None = None
+    """The planned run's activation (None: the tickets' own)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
@@ -71,9 +73,13 @@ class NoiseAwareChoice:
                 "plan": asdict(self.plan), "public_data": self.public_data}
 
 
-def candidate_models(payload: dict[str, Any], device: torch.device) -> list[MaskedMLP]:
-    """Every ticket of a ticket set as a network at θ0 with its mask (round 0 is the dense one)."""
+def candidate_models(payload: dict[str, Any], device: torch.device,
+                     activation: str | None = None) -> list[MaskedMLP]:
+    """Every ticket of a ticket set as a network at θ0 with its mask (round 0 is the dense one),
+    with the planned run's activation when it differs from the tickets' own."""
     arch = Architecture.from_dict(payload["architecture"])
+    if activation is not None:
+        arch = replace(arch, activation=activation)
     models = []
     for ticket in payload["tickets"]:
         model = MaskedMLP(arch)
@@ -99,7 +105,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         raise DpltmUserError(f"the planned batch size {plan.expected_batch_size} is not below the public "
                              f"training set ({n} records): no Poisson sampling to simulate")
     device = public.train.labels.device
-    stack = StackedMLP(candidate_models(payload, device))
+    stack = StackedMLP(candidate_models(payload, device, plan.activation))
     if plan.optimizer == "adam":
         optimizer: torch.optim.Optimizer = torch.optim.Adam(stack.parameters(), lr=plan.lr)
     else:
@@ -114,6 +120,8 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                    generator=generator)
         if on_progress is not None:
             on_progress(step + 1, plan.steps)
+    if len(public.val) == 0:
+        raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
     scores = accuracies(stack, public.val.features, public.val.labels)
     candidates = [Candidate(t["round"], float(t["density"]), float(s))
                   for t, s in zip(payload["tickets"], scores.tolist())]

@@ -65,10 +65,12 @@ def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensor
 
 
 def reload_ticket_data(ticket: dict[str, Any], data_dir: Path | None) -> DatasetSplits:
-    """The tickets' own data, loaded again as generation saw it (same split, seed and hold-out)."""
+    """The tickets' own data, loaded again as generation saw it (same split, seed and hold-out).
+    `ticket` is a winner (its `source` names the ticket set's data) or a ticket set itself."""
     from dpltm.data import load_dataset
 
-    source, config = ticket["source"]["data"], ticket["source"].get("config", {})
+    origin = ticket.get("source", ticket)
+    source, config = origin["data"], origin.get("config", {})
     settings = config.get("data", {}) if isinstance(config, dict) else {}
     data = load_dataset(source["dataset"], split=source["split"], data_dir=data_dir,
                         val_fraction=settings.get("val_fraction", 0.1), seed=config.get("seed", 0))

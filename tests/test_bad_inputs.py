@@ -130,6 +130,10 @@ CASES = [
          {"c.yaml": b"seed: 0\n"}),
     # ---- conflicting options ----------------------------------------------------------------
     Case("select-best-and-eps1", ("select", "--best", "--eps1", "0.1"), "drop --eps1"),
+    Case("select-noise-aware-and-best", ("select", "--noise-aware", "--best", "--private-size", "10"),
+         "drop --best/--eps1"),
+    Case("select-noise-aware-without-size", ("select", "--noise-aware"), "needs --private-size"),
+    Case("select-planned-run-without-noise-aware", ("select", "--eps2", "1"), "add --noise-aware"),
     Case("train-non-private-with-eps2", (*TRAIN, "--non-private", "--eps2", "1"), "drop --eps2/--sigma"),
     Case("train-non-private-with-sigma", (*TRAIN, "--non-private", "--sigma", "1"), "drop --eps2/--sigma"),
     Case("train-dense-public-tickets", (*TRAIN, "--eps2", "1", "--public-tickets"), "drop it with --dense"),

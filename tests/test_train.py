@@ -319,3 +319,22 @@ def test_generate_and_run_take_the_activation(data_root: Path, tmp_path: Path) -
     assert load_checkpoint(tmp_path / "m.pt", "model")["architecture"]["activation"] == "tanh"
     assert load_checkpoint(tmp_path / "m-tickets.pt", "tickets")["architecture"]["activation"] == "tanh"
     assert "activation_override" not in report["transfer"]  # tickets and training share the activation
+
+
+def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_root: Path, tmp_path: Path) -> None:
+    invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
+    chosen = invoke("select", "--tickets", str(tmp_path / "t.pt"), "--noise-aware", "--private-size", "100",
+                    "--eps2", "1", "--epochs", "2", "--batch-size", "16", "--data-dir", str(data_root),
+                    "--device", "cpu", "--seed", "0", "--out", str(tmp_path / "w.pt"), "--json")
+    selection = chosen["selection"]
+    assert selection["method"] == "noise-aware" and selection["eps1"] is None
+    candidates = selection["noise_aware"]["candidates"]
+    assert [c["round"] for c in candidates] == [0, 1, 2] and candidates[0]["density"] == 1.0
+    assert selection["noise_aware"]["public_data"]["fingerprint"] == chosen["ticket_data"]["fingerprint"]
+    plan = selection["noise_aware"]["plan"]
+    assert plan["steps"] == 2 * 7 and plan["expected_batch_size"] == 16  # ⌈100/16⌉ steps per epoch, 2 epochs
+    report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "fashion-mnist", "--data-dir",
+                    str(data_root), "--eps2", "1", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
+    assert report["end_to_end_dp"] is True and report["composition"] == "training-only"
+    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["ledger"])
+    assert ledger.selection_eps1 is None and type(ledger.selection_event()).__name__ == "NoOpDpEvent"
