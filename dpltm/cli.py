@@ -12,15 +12,16 @@ import math
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 
+from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out_console
 from dpltm.errors import DpltmUserError, Interrupted
+from dpltm.stages.generate import stage_generate
+from dpltm.stages.select import NoiseAwareRequest, TicketChoice, same_data_note, stage_select
+from dpltm.stages.train import print_training_report, stage_train
 
 app = typer.Typer(
     name="dpltm",
@@ -29,17 +30,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     no_args_is_help=True,
 )
-err_console = Console(stderr=True)
-out_console = Console()
-
 F = TypeVar("F", bound=Callable[..., Any])
-_kept_on_interrupt = ["nothing was written"]
-"""What an interrupted command leaves behind; each command says so once its output is known."""
-
-
-def on_interrupt_kept(note: str) -> None:
-    _kept_on_interrupt[0] = note
-
 
 def user_errors(func: F) -> F:
     """Turn user mistakes into one clear line and exit 2; a signal into one line and 128 + signum."""
@@ -55,7 +46,7 @@ def user_errors(func: F) -> F:
         except (KeyboardInterrupt, Interrupted) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             # on a line of its own: a progress bar may have left the cursor at the end of its line
-            typer.echo(f"\ndpltm: interrupted ({signal.Signals(signum).name}); {_kept_on_interrupt[0]}", err=True)
+            typer.echo(f"\ndpltm: interrupted ({signal.Signals(signum).name}); {kept_on_interrupt()}", err=True)
             raise typer.Exit(128 + signum) from None
 
     return wrapper  # type: ignore[return-value]
@@ -100,6 +91,12 @@ def _strict(value: Any) -> Any:
 
 def emit_json(report: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(_strict(report), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def finish_training_report(report: dict[str, Any], json_out: bool) -> None:
+    print_training_report(report)
+    if json_out:
+        emit_json({k: v for k, v in report.items() if k != "statement"})
 
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root (else $DPLTM_DATA_DIR, else ../shared/data).")]
@@ -154,41 +151,6 @@ def generate(
         err_console.print(f"ticket file: {target}")
 
 
-def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
-                   out: Path | None, overwrite: bool, progress: bool) -> tuple[dict[str, Any], Path]:
-    from dpltm.checkpoint import check_writable, output_lock, same_file
-    from dpltm.config import resolve_generate_config
-    from dpltm.data import load_dataset
-    from dpltm.devices import resolve_device
-    from dpltm.lottery import generate_tickets
-    from dpltm.paths import default_checkpoint_dir
-
-    cfg = resolve_generate_config(cli, config)
-    target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-tickets.pt"
-    if config is not None and same_file(target, config):
-        raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
-    check_writable(target)
-    torch_device = resolve_device(device)
-    data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
-                        val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
-    err_console.print(
-        f"generating tickets on {data.name} ({data.source_split} split: {len(data.train)} train, "
-        f"{len(data.val)} val, {len(data.test)} test) on {torch_device}; "
-        f"phase 1 is NOT private: it sees this data directly"
-    )
-
-    def on_round(record: dict[str, Any]) -> None:
-        err_console.print(
-            f"round {record['round']}: C={record['density']:.4f} "
-            f"val acc={record['val_accuracy']:.4f}"
-        )
-
-    with output_lock(target):
-        on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
-        payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round)
-    return payload, target
-
-
 @app.command()
 @user_errors
 def inspect(
@@ -204,36 +166,6 @@ def inspect(
         emit_json(tickets_json(payload))
     else:
         print_tickets(payload, out_console)
-
-
-def _print_selection(payload: dict[str, Any], selection: Any, eps1: float | None, nu: float,
-                     noise_aware: bool = False) -> None:
-    from rich.table import Table
-
-    title = (f"noise-aware choice over {len(payload['tickets'])} tickets: public validation accuracy after the "
-             "planned DP training" if noise_aware else
-             f"selection over {len(payload['tickets'])} tickets, S = A·(1 − {nu:g}·C)")
-    table = Table(title=title)
-    score_name = "acc. under planned noise" if noise_aware else "score S"
-    for column in ("round", "C", "A (val)", score_name, "P(select)"):
-        table.add_column(column, justify="right")
-    for i, t in enumerate(payload["tickets"]):
-        mark = " ←" if i == selection.index else ""
-        table.add_row(str(t["round"]), f"{t['density']:.4f}", f"{t['val_accuracy']:.4f}",
-                      f"{selection.scores[i]:.4f}", f"{selection.probabilities[i]:.4f}{mark}")
-    err_console.print(table)
-    if noise_aware:
-        return
-    if eps1 is None:
-        err_console.print("non-private pick (--best): the highest score, no privacy spent on the ticket data.")
-        return
-    err_console.print(f"exponential mechanism: ε1 = {eps1:g}, sensitivity Δ = {selection.sensitivity:.4g}")
-    if selection.near_uniform:
-        err_console.print(
-            f"[bold]the choice is close to uniform at ε1 = {eps1:g}[/bold] (every probability within 10 % of "
-            f"1/{len(payload['tickets'])}); ε1 ≈ {selection.decisive_eps1:.3g} would pick the best ticket "
-            f"with probability 0.9"
-        )
 
 
 @app.command()
@@ -282,110 +214,6 @@ def select(
                    "val_accuracy": winner["val_accuracy"], "selection": winner["selection"],
                    "tickets": winner["source"]["tickets"], "ticket_data": winner["source"]["data"],
                    "same_data_note": same_data_note(winner["source"]["data"]), "output": str(target)})
-
-
-def same_data_note(data: dict[str, Any]) -> str:
-    return (f"these tickets were generated WITHOUT privacy on {data['dataset']} ({data['split']} split): a model "
-            f"trained on that data from them is NOT end-to-end differentially private; on other data they are public")
-
-
-class TicketChoice(str, Enum):
-    noise_aware = "noise-aware"
-    best = "best"
-
-
-@dataclass(frozen=True)
-class NoiseAwareRequest:
-    """What the noise-aware choice needs besides the tickets: the planned private run."""
-
-    private_size: int
-    train_cli: dict[str, Any]
-    data_dir: Path | None
-    device: str
-
-
-def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, config: Path | None,
-                        seed: int | None) -> Any:
-    from rich.progress import Progress
-
-    from dpltm.config import resolve_train_config
-    from dpltm.devices import resolve_device
-    from dpltm.noise_aware import PlannedRun, noise_aware_choice
-    from dpltm.pipeline import reload_ticket_data
-    from dpltm.private_training import plan_training
-
-    cfg = resolve_train_config(request.train_cli, config)
-    s = cfg.train
-    if s.noise == "shaped":
-        raise DpltmUserError("--noise-aware simulates Gaussian-type noise; with --noise shaped use --best")
-    plan = plan_training(s, request.private_size)
-    planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, s.lr, s.optimizer,
-                         s.momentum, cfg.model.activation)
-    public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
-    err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
-                      f"{plan.steps} steps under σ = {plan.noise_multiplier:.4f}, L = {plan.expected_batch_size}, "
-                      f"on {public.name} ({public.source_split} split, the tickets' public data); spends no ε")
-    with Progress(console=err_console, transient=True) as progress:
-        task = progress.add_task("noise-aware choice", total=plan.steps)
-        choice = noise_aware_choice(payload, public, planned, seed=seed,
-                                    on_progress=lambda done, _: progress.update(task, completed=done)
-                                    if done % 50 == 0 or done == plan.steps else None)
-    return choice
-
-
-def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None, best: bool,
-                 seed: int | None, out: Path | None, *, overwrite: bool = False,
-                 reselect: bool = False, noise_aware: NoiseAwareRequest | None = None) -> tuple[dict[str, Any], Path]:
-    import contextlib
-
-    from dpltm.checkpoint import load_checkpoint, output_lock, prepare_output, save_atomic
-    from dpltm.config import resolve_select_config
-    from dpltm.paths import default_checkpoint_dir
-    from dpltm.selection import choose, newest_ticket_set, noise_aware_selection, previous_draws, winner_payload
-
-    settings = resolve_select_config(cli, config)
-    source = tickets
-    if source is None:
-        source = newest_ticket_set(default_checkpoint_dir())
-        err_console.print(f"using the newest ticket set in {default_checkpoint_dir()}/: {source} (--tickets to choose)")
-    payload = load_checkpoint(source, "tickets")
-    target = out or default_checkpoint_dir() / f"{payload['data']['dataset']}-winner.pt"
-    prepare_output(target, overwrite=overwrite, inputs=[source, config])
-    chosen_eps1 = None if best or noise_aware is not None else settings.eps1
-    choice = None if noise_aware is None else _noise_aware_choice(payload, noise_aware, config, seed)
-    with contextlib.ExitStack() as stack:
-        if chosen_eps1 is not None:  # the draw is recorded in the ticket file: lock it, re-read it
-            stack.enter_context(output_lock(source))
-            payload = load_checkpoint(source, "tickets")
-            draws = previous_draws(payload)
-            if draws and not reselect:
-                raise DpltmUserError(
-                    f"{source} was already drawn from {len(draws)} time(s) (ε1 = {sum(draws):g} in all): another "
-                    f"draw spends ε1 again on {payload['data']['dataset']}; pass --reselect to draw again "
-                    f"(the winner's ledger then composes every draw)")
-        stack.enter_context(output_lock(target))
-        selection = (noise_aware_selection(choice) if choice is not None
-                     else choose(payload, eps1=chosen_eps1, nu=settings.nu, seed=seed))
-        winner = winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu, seeded=seed is not None,
-                                noise_aware=choice)
-        if chosen_eps1 is not None:  # recorded before the winner is released, so no draw goes uncounted
-            payload["selection_draws"] = [*previous_draws(payload), chosen_eps1]
-            save_atomic(payload, source, "tickets")
-        save_atomic(winner, target, "ticket")
-    _print_selection(payload, selection, chosen_eps1, settings.nu, noise_aware=choice is not None)
-    data = payload["data"]
-    spend = ("no privacy: the best public accuracy under the planned noise (if the ticket data is your private "
-             "data, this selection is non-private)" if choice is not None else
-             "no privacy: the best score, for tickets from public data (if the ticket data is your private "
-             "data, this selection is non-private)" if best else
-             f"spends ε1 = {settings.eps1:g} on {data['dataset']} ({data['split']}), the data that made the tickets"
-             + (f"; {winner['selection']['draws']} draws from this ticket set, ε1 = "
-                f"{winner['selection']['eps1_total']:g} in all" if winner["selection"]["draws"] > 1 else ""))
-    err_console.print(f"winner: round {winner['round']} (C = {winner['density']:.4f}, A = {winner['val_accuracy']:.4f}); "
-                      f"selection {spend}")
-    err_console.print(same_data_note(data), markup=False)
-    err_console.print(f"ticket file: {target}")
-    return winner, target
 
 
 @app.command()
@@ -445,64 +273,7 @@ def train(
     }
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
                          public_data=public_data, noise_seed=noise_seed, overwrite=overwrite)
-    _finish_training_report(report, json_out)
-
-
-def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
-                public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
-                progress: bool, public_data: str | None = None, noise_seed: int | None = None,
-                overwrite: bool = False) -> dict[str, Any]:
-    from dpltm import pipeline
-    from dpltm.checkpoint import prepare_output
-    from dpltm.config import resolve_train_config
-    from dpltm.data import load_dataset
-    from dpltm.devices import resolve_device
-    from dpltm.paths import default_checkpoint_dir
-
-    cfg = resolve_train_config(cli, config)
-    ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
-    mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
-    target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
-    prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
-    torch_device = resolve_device(device)
-    public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
-    if public_name is not None and cfg.train.noise != "shaped":
-        raise DpltmUserError(f"--public-data is only used by --noise shaped (this run uses {cfg.train.noise})")
-    if public_name is not None and public_name == cfg.data.dataset:
-        raise DpltmUserError(f"--public-data must be public: it names the private dataset {cfg.data.dataset}")
-    data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
-                        val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
-    public = None if public_name is None else load_dataset(
-        public_name, split=public_split, data_dir=data_dir, device=torch_device).train
-    ticket_data = None
-    if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
-        ticket_data = pipeline.reload_ticket_data(ticket_body, data_dir)
-    on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
-                                                if target.exists() else ""))
-
-    def announce() -> None:
-        err_console.print(f"training on {data.name} ({len(data.train)} records) on {torch_device}: "
-                          f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
-                          f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
-
-    return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
-                          assert_public=public_tickets, progress=progress, public_data=public,
-                          public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
-                          on_start=announce)
-
-
-def _finish_training_report(report: dict[str, Any], json_out: bool) -> None:
-    err_console.print(f"test accuracy {report['test_accuracy']:.4f} (validation {report['val_accuracy']:.4f}) "
-                      f"after {report['epochs_run']} epochs, {report['steps']} steps: {report['stop_reason']}")
-    if report["noise_multiplier"] is not None:
-        how = "calibrated" if report["sigma_calibrated"] else "given"
-        if report["noise_parameter"] != report["noise_multiplier"]:
-            how = f"effective; plug-in parameter {report['noise_parameter']:.4f}, {how}"
-        err_console.print(f"noise multiplier σ = {report['noise_multiplier']:.4f} ({how}), q = {report['sample_rate']:.5f}")
-    err_console.print(report["statement"], markup=False, highlight=False)
-    err_console.print(f"model: {report['output']}")
-    if json_out:
-        emit_json({k: v for k, v in report.items() if k != "statement"})
+    finish_training_report(report, json_out)
 
 
 @app.command()
@@ -609,7 +380,7 @@ def run(
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
     report = stage_train(train_cli, config, winner_path, False, False, data_dir, device, model_out, progress,
                          overwrite=overwrite)
-    _finish_training_report(report, json_out)
+    finish_training_report(report, json_out)
 
 
 def main() -> None:

@@ -1,0 +1,44 @@
+"""Phase 1 as a command: resolve the settings, load the data, run IMP into a locked ticket file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpltm.console import err_console, on_interrupt_kept
+from dpltm.errors import DpltmUserError
+
+
+def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
+                   out: Path | None, overwrite: bool, progress: bool) -> tuple[dict[str, Any], Path]:
+    from dpltm.checkpoint import check_writable, output_lock, same_file
+    from dpltm.config import resolve_generate_config
+    from dpltm.data import load_dataset
+    from dpltm.devices import resolve_device
+    from dpltm.lottery import generate_tickets
+    from dpltm.paths import default_checkpoint_dir
+
+    cfg = resolve_generate_config(cli, config)
+    target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-tickets.pt"
+    if config is not None and same_file(target, config):
+        raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
+    check_writable(target)
+    torch_device = resolve_device(device)
+    data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
+                        val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    err_console.print(
+        f"generating tickets on {data.name} ({data.source_split} split: {len(data.train)} train, "
+        f"{len(data.val)} val, {len(data.test)} test) on {torch_device}; "
+        f"phase 1 is NOT private: it sees this data directly"
+    )
+
+    def on_round(record: dict[str, Any]) -> None:
+        err_console.print(
+            f"round {record['round']}: C={record['density']:.4f} "
+            f"val acc={record['val_accuracy']:.4f}"
+        )
+
+    with output_lock(target):
+        on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
+        payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round)
+    return payload, target

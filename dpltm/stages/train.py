@@ -1,0 +1,66 @@
+"""Phase 3 as a command: resolve the settings, check the ticket and the output, load the data, train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpltm.console import err_console, on_interrupt_kept
+from dpltm.errors import DpltmUserError
+
+
+def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
+                public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
+                progress: bool, public_data: str | None = None, noise_seed: int | None = None,
+                overwrite: bool = False) -> dict[str, Any]:
+    from dpltm import pipeline
+    from dpltm.checkpoint import prepare_output
+    from dpltm.config import resolve_train_config
+    from dpltm.data import load_dataset
+    from dpltm.devices import resolve_device
+    from dpltm.paths import default_checkpoint_dir
+
+    cfg = resolve_train_config(cli, config)
+    ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
+    mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
+    target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
+    prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
+    torch_device = resolve_device(device)
+    public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
+    if public_name is not None and cfg.train.noise != "shaped":
+        raise DpltmUserError(f"--public-data is only used by --noise shaped (this run uses {cfg.train.noise})")
+    if public_name is not None and public_name == cfg.data.dataset:
+        raise DpltmUserError(f"--public-data must be public: it names the private dataset {cfg.data.dataset}")
+    data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
+                        val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    public = None if public_name is None else load_dataset(
+        public_name, split=public_split, data_dir=data_dir, device=torch_device).train
+    ticket_data = None
+    if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
+        ticket_data = pipeline.reload_ticket_data(ticket_body, data_dir)
+    on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
+                                                if target.exists() else ""))
+
+    def announce() -> None:
+        err_console.print(f"training on {data.name} ({len(data.train)} records) on {torch_device}: "
+                          f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
+                          f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
+
+    return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
+                          assert_public=public_tickets, progress=progress, public_data=public,
+                          public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
+                          on_start=announce)
+
+
+def print_training_report(report: dict[str, Any]) -> None:
+    """The human summary on stderr (the JSON report, if asked for, is the CLI's)."""
+    err_console.print(f"test accuracy {report['test_accuracy']:.4f} (validation {report['val_accuracy']:.4f}) "
+                      f"after {report['epochs_run']} epochs, {report['steps']} steps: {report['stop_reason']}")
+    if report["noise_multiplier"] is not None:
+        how = "calibrated" if report["sigma_calibrated"] else "given"
+        if report["noise_parameter"] != report["noise_multiplier"]:
+            how = f"effective; plug-in parameter {report['noise_parameter']:.4f}, {how}"
+        err_console.print(f"noise multiplier σ = {report['noise_multiplier']:.4f} ({how}), "
+                          f"q = {report['sample_rate']:.5f}")
+    err_console.print(report["statement"], markup=False, highlight=False)
+    err_console.print(f"model: {report['output']}")
