@@ -45,6 +45,9 @@ class PlannedRun:
     momentum: float = 0.0
     activation: str | None = None
     """The planned run's activation (None: the tickets' own)."""
+    ema: float | None = None
+    """The planned run's EMA decay: candidates are then compared by their averaged weights, as
+    the private run will release them (the average starts at the first iterate, as there)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
@@ -113,13 +116,25 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
     q = plan.expected_batch_size / n
     x_all, y_all = public.train.features, public.train.labels
+    averaged: list[torch.Tensor] | None = None
     for step in range(plan.steps):
         index = poisson_sample(n, q, generator, device)
         noisy_step(stack, optimizer, x_all.index_select(0, index), y_all.index_select(0, index), clip=plan.clip,
                    noise_multiplier=plan.noise_multiplier, expected_batch_size=plan.expected_batch_size,
                    generator=generator)
+        if plan.ema is not None:
+            with torch.no_grad():
+                if averaged is None:
+                    averaged = [p.detach().clone() for p in stack.parameters()]
+                else:
+                    for mean, p in zip(averaged, stack.parameters()):
+                        mean.lerp_(p, 1.0 - plan.ema)
         if on_progress is not None:
             on_progress(step + 1, plan.steps)
+    if averaged is not None:  # compare what the private run would release
+        with torch.no_grad():
+            for p, mean in zip(stack.parameters(), averaged):
+                p.copy_(mean)
     if len(public.val) == 0:
         raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
     scores = accuracies(stack, public.val.features, public.val.labels)

@@ -69,3 +69,29 @@ def test_reads_only_the_tickets_own_public_data(tickets: dict, tiny_splits: Data
     plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=64, steps=2, clip=1.0, lr=0.1)
     with pytest.raises(DpltmUserError, match="not the data that made them"):
         noise_aware_choice(tickets, private, plan, seed=0)
+
+
+def test_with_ema_the_candidates_are_compared_by_their_averaged_weights(
+        tickets: dict, tiny_splits: DatasetSplits, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+    import dpltm.noise_aware as module
+
+    iterates: list[list[torch.Tensor]] = []
+    evaluated: list[list[torch.Tensor]] = []
+
+    def recording_step(stack, *args, **kwargs):  # type: ignore[no-untyped-def]
+        noisy_step(stack, *args, **kwargs)
+        iterates.append([p.detach().clone() for p in stack.parameters()])
+
+    def recording_accuracies(stack, x, y):  # type: ignore[no-untyped-def]
+        evaluated.append([p.detach().clone() for p in stack.parameters()])
+        return torch.zeros(stack.size)
+
+    monkeypatch.setattr(module, "noisy_step", recording_step)
+    monkeypatch.setattr(module, "accuracies", recording_accuracies)
+    plan = PlannedRun(noise_multiplier=0.5, expected_batch_size=64, steps=6, clip=1.0, lr=0.5, ema=0.8)
+    noise_aware_choice(tickets, tiny_splits, plan, seed=3)
+    expected = [p.clone() for p in iterates[0]]  # the average starts at the first iterate
+    for step in iterates[1:]:
+        expected = [0.8 * e + 0.2 * p for e, p in zip(expected, step)]
+    for got, want in zip(evaluated[0], expected):
+        torch.testing.assert_close(got, want)

@@ -78,7 +78,7 @@ def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, con
         raise DpltmUserError("--noise-aware simulates Gaussian-type noise; with --noise shaped use --best")
     plan = plan_training(s, request.private_size)
     planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, s.lr, s.optimizer,
-                         s.momentum, cfg.model.activation)
+                         s.momentum, cfg.model.activation, s.ema)
     public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
                       f"{plan.steps} steps under σ = {plan.noise_multiplier:.4f}, L = {plan.expected_batch_size}, "
