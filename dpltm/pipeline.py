@@ -205,29 +205,35 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
         ledger = ledger_for(guarantee_steps)
         report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
-        released = outcome.released if outcome.released is not None else model  # the EMA when on
-        payload = {
-            "dpltm_version": __version__,
-            "architecture": released.arch.to_dict(),
-            "state_dict": {k: v.detach().cpu() for k, v in released.state_dict().items()},
-            "ledger": ledger.to_json(),
-            "report": report,
-            "history": outcome.history,
-            "config": to_dict(cfg),
-            "ticket": None if ticket is None else {
-                "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
-                "source": ticket["source"]["data"], "selection": ticket["selection"],
-            },
-            "transfer": transfer,
-            "data": data.summary(),
-        }
         report["randomness"] = randomness if plan is not None else None
-        payload["report"] = report
+        released = outcome.released if outcome.released is not None else model  # the EMA when on
+        payload = model_payload(released, ledger, report, outcome, cfg, ticket, ticket_path, transfer, data)
         save_atomic(payload, out, "model")
         # the log is written only once the model it describes is kept: an interrupted run never
         # replaces the log of the model already at `out`
         write_text_atomic(metrics_csv(outcome.history, report), metrics_path(out))
     return report
+
+
+def model_payload(released: MaskedMLP, ledger: PrivacyLedger, report: dict[str, Any], outcome: TrainOutcome,
+                  cfg: TrainConfig, ticket: dict[str, Any] | None, ticket_path: Path | None,
+                  transfer: dict[str, Any], data: DatasetSplits) -> dict[str, Any]:
+    """The model checkpoint's body: the released weights, the ledger, the report and provenance."""
+    return {
+        "dpltm_version": __version__,
+        "architecture": released.arch.to_dict(),
+        "state_dict": {k: v.detach().cpu() for k, v in released.state_dict().items()},
+        "ledger": ledger.to_json(),
+        "report": report,
+        "history": outcome.history,
+        "config": to_dict(cfg),
+        "ticket": None if ticket is None else {
+            "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
+            "source": ticket["source"]["data"], "selection": ticket["selection"],
+        },
+        "transfer": transfer,
+        "data": data.summary(),
+    }
 
 
 def metrics_path(out: Path) -> Path:
