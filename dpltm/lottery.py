@@ -173,7 +173,7 @@ def _weight_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
     return {f"{n}.weight": s for n, s in arch.layer_shapes().items()}
 
 
-def _load_theta0(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks) -> None:
+def rewind(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks) -> None:
     """Rewind: every parameter back to θ0, then the mask (which zeroes the pruned weights)."""
     missing, unexpected = model.load_state_dict(theta0, strict=False)
     if unexpected or any(not k.startswith("mask_") for k in missing):
@@ -184,7 +184,7 @@ def _load_theta0(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks
 def _run_round(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks,
                data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool) -> dict[str, Any]:
     g = cfg.generate
-    _load_theta0(model, theta0, masks)
+    rewind(model, theta0, masks)
     label = f"round {k}/{g.rounds} C={density(masks):.3f}"
     result = train_classifier(
         model, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
@@ -212,7 +212,7 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     reinit.to(device).set_masks(masks)
     random_mask = random_masks_like(masks, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=3)))
     rand = MaskedMLP(arch).to(device)
-    _load_theta0(rand, theta0, random_mask)
+    rewind(rand, theta0, random_mask)
     for name, net in (("reinit", reinit), ("random_mask", rand)):
         train_classifier(net, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
                          seed=round_seed(cfg.seed, k), log_every=g.log_every)

@@ -28,6 +28,7 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
 from dpltm.errors import DpltmUserError
+from dpltm.lottery import rewind, ticket_masks
 from dpltm.model import Architecture, MaskedMLP
 
 
@@ -86,10 +87,7 @@ def candidate_models(payload: dict[str, Any], device: torch.device,
     models = []
     for ticket in payload["tickets"]:
         model = MaskedMLP(arch)
-        missing, unexpected = model.load_state_dict(payload["theta0"], strict=False)
-        if unexpected or any(not k.startswith("mask_") for k in missing):
-            raise DpltmUserError("θ0 in the ticket file does not fit its architecture (damaged ticket set)")
-        model.set_masks({k: v.to(torch.bool) for k, v in ticket["masks"].items()})
+        rewind(model, payload["theta0"], ticket_masks(ticket))
         models.append(model.to(device))
     return models
 

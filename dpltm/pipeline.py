@@ -6,7 +6,6 @@ The CLI is a thin layer over these functions; `dpltm run` chains them.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import sys
 from collections.abc import Callable
@@ -14,11 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpltm import __version__
 from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_atomic, write_text_atomic
 from dpltm.config import TrainConfig, to_dict
+from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
@@ -50,18 +51,12 @@ class TicketOrigin:
     selection_draws: int = 1
 
 
-def record_digests(data: LabeledTensors) -> set[bytes]:
-    """One digest per record (its feature bytes and label): equal records, equal digests."""
-    features = data.features.detach().cpu().contiguous().numpy()
-    labels = data.labels.detach().cpu().numpy()
-    return {hashlib.blake2b(row.tobytes() + int(label).to_bytes(8, "little"), digest_size=16).digest()
-            for row, label in zip(features, labels)}
-
-
 def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensors) -> int:
-    """How many private training records the ticket generation also saw."""
-    private_keys = record_digests(private)
-    return sum(len(record_digests(part) & private_keys) for part in seen_by_tickets)
+    """How many private training records the ticket generation also saw, by the per-record content
+    hash the splits use (equal records, equal hashes; a 64-bit collision can only refuse more)."""
+    private_keys = record_hashes(private.features, private.labels, seed=0)
+    return sum(int(np.isin(record_hashes(part.features, part.labels, seed=0), private_keys).sum())
+               for part in seen_by_tickets)
 
 
 def reload_ticket_data(ticket: dict[str, Any], data_dir: Path | None) -> DatasetSplits:

@@ -3,6 +3,7 @@ choice; every exponential draw is recorded in the ticket file before its winner 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -94,8 +95,6 @@ def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, con
 def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None, best: bool,
                  seed: int | None, out: Path | None, *, overwrite: bool = False,
                  reselect: bool = False, noise_aware: NoiseAwareRequest | None = None) -> tuple[dict[str, Any], Path]:
-    import contextlib
-
     from dpltm.checkpoint import load_checkpoint, output_lock, prepare_output, save_atomic
     from dpltm.config import resolve_select_config
     from dpltm.paths import default_checkpoint_dir
