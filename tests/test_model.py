@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.lottery import _load_theta0
+from dpltm.lottery import rewind
 from dpltm.model import ACTIVATIONS, Architecture, MaskedMLP, activation_function, build_architecture, density
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training import accuracy, train_classifier
@@ -53,7 +53,7 @@ def test_rewinding_restores_theta0_exactly_on_survivors(tiny_splits) -> None:  #
     theta0 = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("mask_")}
     train_classifier(model, tiny_splits.train, steps=20, batch_size=32, lr=0.5, seed=0)
     masks = prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names()))
-    _load_theta0(model, theta0, masks)
+    rewind(model, theta0, masks)
     for name, weight in model.weights().items():
         keep = masks[name]
         assert torch.equal(weight[keep], theta0[_param_key(name)][keep])
