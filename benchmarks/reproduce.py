@@ -60,9 +60,10 @@ def prepare(exp: Experiment, shard: tuple[int, int]) -> None:
     needed = []
     for entry in exp.available_datasets():
         data = exp.data(entry["name"], entry["split"], 0)
-        if "dpltm-same" in exp.spec["methods"]:
+        same_data_sets = exp.spec.get("method_datasets", {}).get("dpltm-same")
+        if "dpltm-same" in exp.spec["methods"] and (same_data_sets is None or entry["name"] in same_data_sets):
             needed.append((entry["name"], entry["split"], None))
-        if "dpltm-public" in exp.spec["methods"]:
+        if "dpltm-public" in exp.spec["methods"] or "dpltm-noise-aware" in exp.spec["methods"]:
             public = exp.spec["public"].get(entry["name"], exp.spec["public"]["default"])
             pub = exp.data(public["name"], public["split"], 0)
             project = data.num_features if pub.num_features != data.num_features else None
@@ -73,6 +74,25 @@ def prepare(exp: Experiment, shard: tuple[int, int]) -> None:
             started = time.perf_counter()
             exp.tickets(name, split, project)
             print(f"tickets {name} {split} proj={project}: {time.perf_counter() - started:.0f} s", flush=True)
+    if "dpltm-noise-aware" in exp.spec["methods"]:
+        prepare_choices(exp, shard)
+
+
+def prepare_choices(exp: Experiment, shard: tuple[int, int]) -> None:
+    """Every noise-aware choice the grid needs (public data only; cached per planned run), split
+    across shards. Runs with the same plan (same N, ε and recipe, e.g. MNIST and Fashion-MNIST)
+    share one choice. Needs the ticket sets: run after the ticket part of --prepare."""
+    from dpltm.experiment import Run
+
+    todo = []
+    for entry in exp.available_datasets():
+        for eps in exp.spec["epsilons"]:
+            todo.append(Run(entry["name"], entry["split"], "dpltm-noise-aware", eps, exp.spec["seeds"][0]))
+    for i, run in enumerate(todo):
+        if i % shard[1] == shard[0]:
+            started = time.perf_counter()
+            exp.execute_preparation(run)
+            print(f"choice {run.dataset} ε={run.epsilon:g}: {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
@@ -86,27 +106,48 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
     total = sum(float(r["seconds"]) for r in rows)
     spec = exp.spec
     seeds = sorted({r["seed"] for r in rows})
+    train = spec["train"]
+    recipe = (f"DP training {train['epochs']} epochs, expected batch {train['batch_size']} (Poisson sampling; "
+              f"{spec.get('small_dataset_batch')} for sets under 5000 records), clip {train['clip']}, "
+              f"lr {train['lr']}" + (f" (by ε: {spec['lr_by_eps']})" if spec.get("lr_by_eps") else "")
+              + f", activation {spec.get('model', {}).get('activation', 'relu')}, momentum {train.get('momentum', 0)}, "
+              f"EMA {train.get('ema') or 'off'}, δ = {spec['delta']:g}; σ calibrated by the PLD accountant")
+    methods = set(spec["methods"])
+    bullets = []
+    if "dpltm-noise-aware" in methods:
+        bullets.append("- **DPLTM public tickets, noise-aware choice** (sound): tickets from public data (KMNIST's "
+                       "test split; MNIST's training split for KMNIST itself; a projection layer for DIGITS); every "
+                       f"candidate (rounds {spec.get('noise_aware', {}).get('rounds', 'all')}, the dense network "
+                       "included) trained under the planned DP noise on the public data, the best on public "
+                       "validation data trained privately with all of ε. End-to-end (ε, δ)-DP.")
+    if "dpltm-private" in methods:
+        p = spec.get("private_ticket", {})
+        bullets.append("- **DPLTM private tickets** (sound, no public data): DP warm-up of the dense network on "
+                       f"the private data ({p.get('warmup_epochs', 10)} of the epochs), mask by magnitude of the DP "
+                       f"weights to C = {p.get('density', 0.25)}, then DP training of the ticket for the remaining "
+                       "epochs; one σ for both phases, composed by PLD to ε. End-to-end (ε, δ)-DP.")
+    if "dpltm-public" in methods:
+        bullets.append("- **DPLTM public tickets, paper's score** (sound, paper §4.5): the best score S = A·(1 − νC) "
+                       "among public tickets, picked without touching private data, all of ε to training.")
+    if "dpltm-same" in methods:
+        bullets.append("- **DPLTM same-data** is the paper's main mode: tickets from non-private training on the "
+                       "private set, selection with ε1 = 10 % of ε, training with the rest. It is **NOT end-to-end "
+                       "DP** (PRIVACY.md §1): the ε in its rows covers selection and training only."
+                       + (f" Seeds: {same_seeds}." if (same_seeds := spec.get("method_seeds", {}).get("dpltm-same"))
+                          else ""))
+    bullets.append("- **dense DP-SGD** and **non-private** use the same network and recipe.")
     header = "\n".join([
         f"# Reproduction of the DPLTM paper: profile `{spec['name']}`", "",
         f"{len(rows)} training runs (seeds {', '.join(seeds)}), {total:.0f} s of training time summed over runs "
-        "(ticket generation not included). Generated by "
+        "(ticket generation, choices and warm-ups not included). Generated by "
         f"`python benchmarks/reproduce.py --profile {spec['name']} --report`. {note}".rstrip(), "",
-        "Settings are the paper's (§4.2), none tuned on private data: ticket generation "
-        f"{spec['generate']['rounds']} pruning rounds × {spec['generate']['iterations']} SGD iterations "
-        f"(batch {spec['generate']['batch_size']}, lr {spec['generate']['lr']}, prune 30/30/20 %); DP training "
-        f"{spec['train']['epochs']} epochs, expected batch {spec['train']['batch_size']} (Poisson sampling; "
-        f"{spec.get('small_dataset_batch')} for sets under 5000 records), clip {spec['train']['clip']}, "
-        f"lr {spec['train']['lr']}, δ = {spec['delta']:g}, ν = {spec['nu']}; σ calibrated by the PLD "
-        "accountant. Ticket sets are generated once (seed 0); the seed varies the (per-record) data "
-        "split and fresh layers, while every run draws its own OS-CSPRNG seed for selection, Poisson "
-        "sampling and noise (never stored), so the models are independently private.", "",
-        "- **DPLTM same-data** is the paper's main mode: tickets from non-private training on the "
-        "private set, selection with ε1 = 10 % of ε, training with the rest. It is **NOT end-to-end DP** "
-        "(PRIVACY.md §1): the ε in its rows covers selection and training only.",
-        "- **DPLTM public tickets** is the sound mode (paper §4.5): tickets from KMNIST's test split "
-        "(MNIST's training split for KMNIST itself; a projection layer for DIGITS), the best score "
-        "picked without touching private data, all of ε to training.",
-        "- **dense DP-SGD** and **non-private** use the same network and settings.",
+        (spec.get("description", "").strip() + "\n\n" if spec.get("description") else "")
+        + f"Ticket generation (non-private IMP): {spec['generate']['rounds']} pruning rounds × "
+        f"{spec['generate']['iterations']} SGD iterations (batch {spec['generate']['batch_size']}, lr "
+        f"{spec['generate']['lr']}, prune 30/30/20 %, ReLU). {recipe}. Ticket sets are generated once (seed 0); "
+        "the seed varies the (per-record) data split and fresh layers, while every run draws its own OS-CSPRNG "
+        "seed for selection, Poisson sampling and noise (never stored), so the models are independently private.",
+        "", *bullets,
         "- Data: MNIST and Fashion-MNIST (official splits); KMNIST's official test split only (its "
         "training images are not on this machine), re-split 80/20; DIGITS (1797 rows) stands in for "
         "the small HAR and ISOLET sets, whose feature files are not on this machine. Ticket accuracy "

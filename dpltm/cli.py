@@ -19,8 +19,8 @@ import typer
 
 from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out_console
 from dpltm.errors import DpltmUserError, Interrupted
-from dpltm.stages.generate import stage_generate
-from dpltm.stages.select import NoiseAwareRequest, TicketChoice, same_data_note, stage_select
+from dpltm.stages.generate import stage_generate, stage_generate_private
+from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
 from dpltm.stages.train import print_training_report, stage_train
 
 app = typer.Typer(
@@ -122,17 +122,58 @@ def generate(
     controls: Annotated[bool | None, typer.Option("--controls/--no-controls", help="Also train the random-reinit and random-mask control tickets.")] = None,
     val_fraction: Annotated[float | None, typer.Option(help="Fraction of the training pool held out for validation.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for θ0, data split and batch order.")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Make ONE ticket on the private data itself, with privacy: DP-SGD warm-up (the train: recipe), masks by magnitude of the DP weights, one σ calibrated so warm-up + the planned training meet --eps. Writes a ticket for `dpltm train --ticket` (no select).")] = False,
+    eps: Annotated[float | None, typer.Option(help="With --private: ε of the whole run (warm-up and training, composed by PLD). Default 1.")] = None,
+    delta: Annotated[float | None, typer.Option(help="With --private: δ (default 1e-5).")] = None,
+    warmup_epochs: Annotated[int | None, typer.Option(help="With --private: DP-SGD epochs per warm-up round (default 10).")] = None,
+    density: Annotated[float | None, typer.Option(help="With --private: fraction of weights the ticket keeps (default 0.25).")] = None,
+    rewind: Annotated[str | None, typer.Option(help="With --private: train from the masked warm-up weights (warmup, default) or from θ0 (init).")] = None,
+    epochs: Annotated[int | None, typer.Option(help="With --private: epochs of the ticket's DP training, planned now (σ covers them; default: the train: recipe's).")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
     data_dir: DataDir = None,
-    out: Annotated[Path | None, typer.Option(help="Ticket file (default checkpoints/<dataset>-tickets.pt).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Ticket file (default checkpoints/<dataset>-tickets.pt; with --private <dataset>-private-ticket.pt).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing ticket file made with other settings.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
     json_out: Json = False,
 ) -> None:
-    """Phase 1: lottery tickets by iterative magnitude pruning (non-private)."""
+    """Phase 1: lottery tickets by iterative magnitude pruning (non-private), or with --private one
+    ticket made on the private data by DP warm-up (end-to-end DP with the training that follows)."""
     from dpltm.report import print_tickets, tickets_json
 
+    if private:
+        imp_only = {"--iterations": iterations, "--prune-rates": prune_rates, "--min-density": min_density,
+                    "--controls": controls}
+        given = [name for name, value in imp_only.items() if value is not None]
+        if given:
+            raise DpltmUserError(f"{', '.join(given)} belong to non-private IMP: drop them with --private")
+        private_cli = {
+            "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
+            "model": {"hidden": _ints(hidden, "--hidden"), "project_to": project_to, "activation": activation},
+            "train": {"eps2": 1.0 if eps is None else eps, "delta": delta, "epochs": epochs,
+                      "batch_size": batch_size, "lr": lr},
+            "private_ticket": {"warmup_epochs": warmup_epochs, "rounds": rounds, "density": density,
+                               "rewind": rewind},
+            "seed": seed,
+        }
+        ticket, target = stage_generate_private(private_cli, config, data_dir, device, out, overwrite, progress,
+                                                noise_seed)
+        summary = {"output": str(target), "density": ticket["density"], "layer_density": ticket["layer_density"],
+                   "val_accuracy": ticket["val_accuracy"], "privacy": ticket["privacy"],
+                   "private_ticket": {k: v for k, v in ticket["private_ticket"].items() if k != "dp_event"}}
+        if json_out:
+            emit_json(summary)
+        else:
+            err_console.print(f"private ticket: C={ticket['density']:.4f}, {ticket['privacy']['statement']}")
+            err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']}"
+                              f" (σ is calibrated so the whole run meets ε = {ticket['private_ticket']['epsilon_total']:g})")
+        return
+    private_only = {"--eps": eps, "--delta": delta, "--warmup-epochs": warmup_epochs, "--density": density,
+                    "--rewind": rewind, "--epochs": epochs, "--noise-seed": noise_seed}
+    given = [name for name, value in private_only.items() if value is not None]
+    if given:
+        raise DpltmUserError(f"{', '.join(given)} only apply with --private")
     cli = {
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
         "model": {"hidden": _ints(hidden, "--hidden"), "project_to": project_to, "activation": activation},
@@ -222,13 +263,14 @@ def train(
     ticket: Annotated[Path | None, typer.Option(help="Winning ticket from `dpltm select`.")] = None,
     dataset: Annotated[str | None, typer.Option(help="Private dataset to train on (default mnist).")] = None,
     split: Annotated[str | None, typer.Option(help="Official split to draw from: train, test or all.")] = None,
-    eps2: Annotated[float | None, typer.Option(help="Training budget ε2; σ is calibrated to it (paper: 0.9).")] = None,
+    eps2: Annotated[float | None, typer.Option(help="Training budget ε2; σ is calibrated to it (paper: 0.9). With a private ticket (generate --private): the whole run's ε, warm-up included (default: the ε the ticket was planned for).")] = None,
     delta: Annotated[float | None, typer.Option(help="δ (paper: 1e-5).")] = None,
     sigma: Annotated[float | None, typer.Option(help="Noise multiplier σ (skips calibration; ε is reported).")] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs (paper: 50).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Expected batch size L (Poisson sampling, q = L/N).")] = None,
     clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).")] = None,
     lr: Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).")] = None,
+    lr_sigma: Annotated[float | None, typer.Option("--lr-sigma", help="Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets (the tuned recipe's rule; overrides --lr for DP runs).")] = None,
     optimizer: Annotated[str | None, typer.Option(help="sgd or adam (NoisyAdam).")] = None,
     momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
@@ -266,7 +308,7 @@ def train(
     cli = {
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
         "train": {"eps2": eps2, "delta": delta, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
-                  "clip": clip, "lr": lr, "optimizer": optimizer, "noise": noise, "accountant": accountant,
+                  "clip": clip, "lr": lr, "lr_sigma": lr_sigma, "optimizer": optimizer, "noise": noise, "accountant": accountant,
                   "target_eps": target_eps, "patience": patience, "momentum": momentum, "ema": ema},
         "model": {"activation": activation},
         "seed": seed,
@@ -318,6 +360,9 @@ def run(
     activation: Annotated[str | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
     momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
+    tickets: Annotated[TicketSource, typer.Option(help="Where the ticket comes from: public (generated without privacy on --public-dataset; default) or private (made on --dataset itself by DP warm-up, no public data needed; warm-up and training composed to --eps).")] = TicketSource.public,
+    warmup_epochs: Annotated[int | None, typer.Option(help="With --tickets private: DP warm-up epochs, taken out of --epochs (default 10).")] = None,
+    density: Annotated[float | None, typer.Option(help="With --tickets private: fraction of weights the ticket keeps (default 0.25).")] = None,
     choice: Annotated[TicketChoice, typer.Option(help="How to pick the public ticket: noise-aware (train every ticket, the dense network included, under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at ν = 50 always takes the sparsest ticket).")] = TicketChoice.noise_aware,
     seed: Annotated[int | None, typer.Option(help="Seed.")] = None,
     device: Device = "auto",
@@ -328,7 +373,8 @@ def run(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
     json_out: Json = False,
 ) -> None:
-    """All three stages with the paper's defaults, in the sound mode: public tickets → DP training."""
+    """All stages in a sound (end-to-end DP) mode: public tickets → noise-aware choice → DP training, or
+    with --tickets private a ticket made on the private data by DP warm-up → DP training."""
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_generate_config, resolve_train_config
     from dpltm.data import load_dataset
@@ -336,6 +382,12 @@ def run(
     from dpltm.devices import resolve_device
     from dpltm.paths import default_checkpoint_dir
 
+    if tickets == TicketSource.private:
+        run_private_tickets(dataset, eps, delta, epochs, batch_size, activation, momentum, ema, seed, warmup_epochs,
+                            density, device, config, data_dir, out, overwrite, progress, json_out)
+        return
+    if warmup_epochs is not None or density is not None:
+        raise DpltmUserError("--warmup-epochs and --density apply with --tickets private")
     if public_dataset == dataset:
         raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
                              "(for the paper's same-data mode run generate, select and train yourself)")
@@ -379,6 +431,39 @@ def run(
                  noise_aware=request)
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
     report = stage_train(train_cli, config, winner_path, False, False, data_dir, device, model_out, progress,
+                         overwrite=overwrite)
+    finish_training_report(report, json_out)
+
+
+def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | None, batch_size: int | None,
+                        activation: str | None, momentum: float | None, ema: float | None, seed: int | None,
+                        warmup_epochs: int | None, density: float | None, device: str, config: Path | None,
+                        data_dir: Path | None, out: Path | None, overwrite: bool, progress: bool,
+                        json_out: bool) -> None:
+    """`run --tickets private`: a private ticket on the private data, then its DP training; the warm-up
+    is taken out of the recipe's epochs, and one σ makes the whole run meet --eps."""
+    from dpltm.checkpoint import prepare_output
+    from dpltm.config import resolve_train_config
+    from dpltm.paths import default_checkpoint_dir
+
+    recipe = resolve_train_config({"data": {"dataset": dataset}, "train": {"epochs": epochs}}, config)
+    warmup = warmup_epochs if warmup_epochs is not None else recipe.private_ticket.warmup_epochs
+    if warmup >= recipe.train.epochs:
+        raise DpltmUserError(f"--warmup-epochs {warmup} leaves none of the {recipe.train.epochs} epochs for training")
+    model_out = out or default_checkpoint_dir() / f"{dataset}-dpltm-private.pt"
+    ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
+    for path in (model_out, ticket_path):
+        prepare_output(path, overwrite=overwrite, inputs=[config])
+    train_cli = {"data": {"dataset": dataset},
+                 "train": {"eps2": eps, "delta": delta, "epochs": recipe.train.epochs - warmup,
+                           "batch_size": batch_size, "momentum": momentum, "ema": ema},
+                 "model": {"activation": activation},
+                 "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed}
+    err_console.print(f"[bold]1/2[/bold] private ticket on {dataset}: {warmup} DP warm-up epochs, then "
+                      f"{recipe.train.epochs - warmup} epochs of DP training, ε = {eps:g} in all")
+    stage_generate_private(train_cli, config, data_dir, device, ticket_path, overwrite, progress)
+    err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {dataset}")
+    report = stage_train(train_cli, config, ticket_path, False, False, data_dir, device, model_out, progress,
                          overwrite=overwrite)
     finish_training_report(report, json_out)
 

@@ -427,6 +427,10 @@ class TrainSettings:
     ema: float | None = None
     """Decay of an exponential moving average of the iterates, evaluated and released instead of
     the final iterate (post-processing of the released iterates, PRIVACY.md §7); None: off."""
+    lr_sigma: float | None = None
+    """When set, a DP run's learning rate is lr_sigma / σ (σ the effective noise multiplier, a
+    function of public q, T, ε and δ only), so the noise an update carries, lr·σC/L, stays the same
+    across budgets; chosen on public data (configs/recipes/tuned.yaml). Non-private runs use `lr`."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
@@ -454,8 +458,37 @@ class TrainSettings:
             raise DpltmUserError(f"--momentum must lie in [0, 1), got {self.momentum:g}")
         if self.momentum and self.optimizer != "sgd":
             raise DpltmUserError(f"--momentum is for --optimizer sgd ({self.optimizer} keeps its own moments)")
+        if self.lr_sigma is not None and not 0.0 < self.lr_sigma <= MAX_LR:
+            raise DpltmUserError(f"--lr-sigma must lie in (0, {MAX_LR:g}], got {self.lr_sigma:g}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise DpltmUserError(f"--ema must lie in (0, 1), got {self.ema:g}")
+
+
+REWIND_POINTS = ("warmup", "init")
+
+
+@dataclass(frozen=True)
+class PrivateTicketSettings:
+    """A ticket made on the private data with privacy (`dpltm generate --private`, PRIVACY.md §7):
+    `rounds` DP-SGD warm-up rounds of `warmup_epochs` epochs each (the `train:` recipe, one σ for
+    every phase), masks by magnitude of the DP weights down to `density`, then training from the
+    masked warm-up weights (`rewind: warmup`) or from the initialisation θ0 (`rewind: init`)."""
+
+    warmup_epochs: int = 10
+    rounds: int = 1
+    density: float = 0.25
+    rewind: str = "warmup"
+
+    def __post_init__(self) -> None:
+        _require_finite(self)
+        _require_positive("--warmup-epochs", self.warmup_epochs)
+        _require_positive("--rounds", self.rounds)
+        if self.rounds > 20:
+            raise DpltmUserError(f"--rounds {self.rounds} with --private: at most 20 DP warm-up rounds")
+        if not 0.0 < self.density < 1.0:
+            raise DpltmUserError(f"--density must lie in (0, 1), got {self.density:g}")
+        if self.rewind not in REWIND_POINTS:
+            raise DpltmUserError(f"--rewind must be one of {', '.join(REWIND_POINTS)}, got {self.rewind}")
 
 
 @dataclass(frozen=True)
@@ -464,6 +497,8 @@ class TrainConfig:
     train: TrainSettings = field(default_factory=TrainSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     """The dense network's shape (--dense and --non-private baselines); a ticket brings its own."""
+    private_ticket: PrivateTicketSettings = field(default_factory=PrivateTicketSettings)
+    """How `generate --private` makes a ticket on the private data (unused by `train`)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -471,7 +506,7 @@ class TrainConfig:
 
 
 SECTIONS.update(data=DataSettings, model=ModelSettings, generate=GenerateSettings, select=SelectSettings,
-                train=TrainSettings)
+                train=TrainSettings, private_ticket=PrivateTicketSettings)
 
 
 def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> SelectSettings:
@@ -486,5 +521,6 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None) -> Tr
     user = read_config_file(config_file) if config_file is not None else {}
     dataset = cli.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
     cli = {**cli, "data": {**cli.get("data", {}), "dataset": dataset}}
-    tree = _merge_layers(cli, user, ("data", "train", "model"))
-    return from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "model", "seed") if k in tree})
+    tree = _merge_layers(cli, user, ("data", "train", "model", "private_ticket"))
+    return from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "model", "private_ticket", "seed")
+                                   if k in tree})

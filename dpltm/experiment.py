@@ -7,6 +7,14 @@ Methods:
 * `dpltm-public` — the sound mode (paper §4.5): tickets from a public dataset (projection
   layer when input sizes differ), best score picked without touching private data, all of ε to
   training. End-to-end (ε, δ)-DP.
+* `dpltm-noise-aware` — the sound mode with the noise-aware choice (issue 9): every candidate
+  public ticket (the dense network included; `noise_aware.rounds` picks which) is trained under
+  the private run's planned noise on the public data, and the best on public validation data is
+  trained privately. Spends no ε on the choice; end-to-end (ε, δ)-DP. The choice depends only on
+  public data and the plan (σ, L, T, recipe), so it is made once and cached (`choices.json`).
+* `dpltm-private` — private tickets (`generate --private`): DP warm-up of `private_ticket.warmup_epochs`
+  epochs on the private data, magnitude mask, then `train.epochs − warmup_epochs` epochs of DP
+  training of the ticket, one σ for both, composed by PLD to ε. End-to-end (ε, δ)-DP.
 * `dpsgd` — dense DP-SGD with the same settings. `nonprivate` — dense, no noise.
 * `random-ticket` (at `random_ticket_eps`) — a same-data ticket drawn uniformly (Table 2).
 
@@ -23,6 +31,8 @@ split, the random-ticket control and the model initialisation.
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -34,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpltm.checkpoint import load_checkpoint
+from dpltm.checkpoint import load_checkpoint, write_text_atomic
 from dpltm.config import (
     DataSettings,
     GenerateConfig,
@@ -54,7 +64,7 @@ from dpltm.selection import Selection, choose, winner_payload
 
 RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
                  "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
-                 "epochs_run", "seconds", "noise_seed", "selection_seed"]
+                 "epochs_run", "seconds", "prep_seconds", "noise_seed", "selection_seed"]
 FRESH_SEED = "csprng"
 """Value of the `noise_seed`/`selection_seed` columns: a fresh OS-CSPRNG seed, not stored."""
 
@@ -106,9 +116,15 @@ class Experiment:
     def runs(self) -> Iterator[Run]:
         """Seed by seed, so a cut-short reproduction still covers every dataset once."""
         entries = self.available_datasets()
+        method_seeds = self.spec.get("method_seeds", {})  # e.g. {dpltm-same: [0]}: fewer seeds for a method
+        method_datasets = self.spec.get("method_datasets", {})  # and fewer datasets
         for seed in self.spec["seeds"]:
             for entry in entries:
                 for method in self.spec["methods"]:
+                    if method in method_seeds and seed not in method_seeds[method]:
+                        continue
+                    if method in method_datasets and entry["name"] not in method_datasets[method]:
+                        continue
                     epsilons = [math.inf] if method == "nonprivate" else self.spec["epsilons"]
                     for eps in epsilons:
                         yield Run(entry["name"], entry["split"], method, eps, seed)
@@ -165,43 +181,132 @@ class Experiment:
         save_atomic(winner, path, "ticket")
         return path
 
-    def train_settings(self, n_train: int, **overrides: Any) -> TrainSettings:
+    def model_settings(self) -> ModelSettings:
+        """The recipe's network options (e.g. `model: {activation: tanh}`) for every method alike."""
+        return ModelSettings(**self.spec.get("model", {}))
+
+    def noise_aware_winner(self, tickets: Path, run: Run, settings: TrainSettings, n_private: int) -> Path:
+        """The noise-aware choice among the public tickets, made once per planned run and cached."""
+        from dpltm.noise_aware import PlannedRun, noise_aware_choice
+        from dpltm.private_training import plan_training
+        from dpltm.selection import noise_aware_selection
+
+        payload = load_checkpoint(tickets, "tickets")
+        rounds = self.spec.get("noise_aware", {}).get("rounds")
+        if rounds is not None:  # a subset of candidates (the dense round 0 always among them)
+            payload = {**payload, "tickets": [t for t in payload["tickets"] if t["round"] in set(rounds) | {0}]}
+        # The per-record split makes N differ by a few dozen records between seeds (and MNIST vs
+        # Fashion-MNIST), which moves σ by about 0.1 %: the grid plans the choice for N rounded to
+        # two significant digits, so runs that differ only by that share one choice (the CLI plans
+        # with the exact N).
+        nominal = int(float(f"{n_private:.2g}"))
+        plan = plan_training(settings, nominal)
+        planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
+                             plan.lr, settings.optimizer, settings.momentum,
+                             self.model_settings().activation, settings.ema)
+        key = json.dumps({"tickets": tickets.name, "rounds": [t["round"] for t in payload["tickets"]],
+                          "plan": dataclasses.asdict(planned)}, sort_keys=True)
+        cache = self.out_dir / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        if not cache.exists():
+            source = payload["data"]
+            public = self.data(source["dataset"], source["split"], int(payload["config"].get("seed", 0)))
+            print(f"noise-aware choice for σ={plan.noise_multiplier:.4f}, T={plan.steps} on {tickets.name}", flush=True)
+            started = time.perf_counter()
+            choice = noise_aware_choice(payload, public, planned, seed=None)
+            cache.parent.mkdir(exist_ok=True)
+            write_text_atomic(json.dumps({**choice.to_json(), "key": json.loads(key),
+                                          "seconds": round(time.perf_counter() - started, 1)}, indent=1), cache)
+        from dpltm.noise_aware import Candidate, NoiseAwareChoice
+
+        stored = json.loads(cache.read_text())
+        choice = NoiseAwareChoice(stored["index"], [Candidate(**c) for c in stored["candidates"]], planned,
+                                  stored["public_data"])
+        winner = winner_payload(payload, tickets, noise_aware_selection(choice), eps1=None,
+                                nu=float(self.spec["nu"]), seeded=True, noise_aware=choice)
+        path = self.model_dir / f"winner-{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
+        from dpltm.checkpoint import save_atomic
+
+        save_atomic(winner, path, "ticket")
+        return path
+
+    def private_ticket(self, run: Run, data: DatasetSplits, settings: TrainSettings) -> tuple[Path, TrainSettings]:
+        """A private ticket on the run's own data; the ticket's training gets the epochs the warm-up left."""
+        from dpltm.config import PrivateTicketSettings
+        from dpltm.private_tickets import make_private_ticket
+
+        p = PrivateTicketSettings(**self.spec.get("private_ticket", {}))
+        if p.warmup_epochs * p.rounds >= settings.epochs:
+            raise DpltmUserError(f"private_ticket warm-up ({p.rounds}×{p.warmup_epochs} epochs) leaves no epochs "
+                                 f"of the recipe's {settings.epochs} for training")
+        training = dataclasses.replace(settings, epochs=settings.epochs - p.warmup_epochs * p.rounds)
+        cfg = TrainConfig(data=DataSettings(dataset=run.dataset, split=run.split), train=training,
+                          model=self.model_settings(), private_ticket=p, seed=run.seed)
+        path = self.model_dir / f"private-ticket-{run.dataset}-{run.epsilon:g}-{run.seed}.pt"
+        make_private_ticket(cfg, data, path, progress=False, noise_seed=None)
+        return path, training
+
+    def train_settings(self, n_train: int, dataset: str | None = None, **overrides: Any) -> TrainSettings:
+        """The recipe for a run; `lr_by_eps` (public-data choices per ε) sets its learning rate."""
         t = dict(self.spec["train"])
-        if n_train < 5000:
+        by_eps = {float(k): float(v) for k, v in self.spec.get("lr_by_eps", {}).items()}
+        target = overrides.get("eps2")
+        if target is not None and float(target) in by_eps:
+            t["lr"] = by_eps[float(target)]
+        if n_train < 5000:  # sets under 5000 records: a smaller expected batch (and its own lr, if given)
             t["batch_size"] = self.spec.get("small_dataset_batch", t["batch_size"])
+            t.update(self.spec.get("small_dataset", {}))
+        if dataset is not None:  # per-dataset recipe (e.g. a batch that suits a smaller set)
+            t.update(self.spec.get("dataset_train", {}).get(dataset, {}))
         t.update(overrides)
         return TrainSettings(**t)
 
     # ---- one run -------------------------------------------------------------------------
-    def execute(self, run: Run) -> dict[str, Any]:
-        data = self.data(run.dataset, run.split, run.seed)
+    def execute_preparation(self, run: Run) -> None:
+        """Only the public-data part of a run (its noise-aware choice, cached)."""
+        self.prepare_run(run, self.data(run.dataset, run.split, run.seed))
+
+    def prepare_run(self, run: Run, data: DatasetSplits) -> tuple[Path | None, TrainSettings, bool]:
+        """The run's ticket (generated, chosen or made privately) and training settings."""
         n = len(data.train)
         ticket_path: Path | None = None
-        private, assert_public = True, False
+        private = True
         frac = self.spec["selection_fraction"]
         if run.method == "nonprivate":
-            settings = self.train_settings(n, eps2=None, sigma=None)
+            settings = self.train_settings(n, run.dataset, eps2=None, sigma=None)
             private = False
         elif run.method == "dpsgd":
-            settings = self.train_settings(n, eps2=run.epsilon)
+            settings = self.train_settings(n, run.dataset, eps2=run.epsilon)
         elif run.method in ("dpltm-same", "random-ticket"):
             tickets = self.tickets(run.dataset, run.split, None)
             ticket_path = self.winner(tickets, run, "exponential" if run.method == "dpltm-same" else "random")
             eps2 = run.epsilon * (1 - frac)
-            settings = self.train_settings(n, eps2=eps2)
-        elif run.method == "dpltm-public":
+            settings = dataclasses.replace(self.train_settings(n, run.dataset, eps2=run.epsilon), eps2=eps2)
+        elif run.method in ("dpltm-public", "dpltm-noise-aware"):
             public = self.spec["public"].get(run.dataset, self.spec["public"]["default"])
             pub_data = self.data(public["name"], public["split"], 0)
             project = data.num_features if pub_data.num_features != data.num_features else None
             tickets = self.tickets(public["name"], public["split"], project)
-            ticket_path = self.winner(tickets, run, "best")
-            settings = self.train_settings(n, eps2=run.epsilon)
+            settings = self.train_settings(n, run.dataset, eps2=run.epsilon)
+            ticket_path = (self.winner(tickets, run, "best") if run.method == "dpltm-public"
+                           else self.noise_aware_winner(tickets, run, settings, n))
+        elif run.method == "dpltm-private":
+            recipe = self.train_settings(n, run.dataset, eps2=run.epsilon)
+            ticket_path, settings = self.private_ticket(run, data, recipe)
         else:
             raise DpltmUserError(f"unknown method {run.method}")
-        cfg = TrainConfig(data=DataSettings(dataset=run.dataset, split=run.split), train=settings, seed=run.seed)
+        return ticket_path, settings, private
+
+    def execute(self, run: Run) -> dict[str, Any]:
+        data = self.data(run.dataset, run.split, run.seed)
+        prepared = time.perf_counter()
+        ticket_path, settings, private = self.prepare_run(run, data)
+        assert_public = False
+        cfg = TrainConfig(data=DataSettings(dataset=run.dataset, split=run.split), train=settings,
+                          model=self.model_settings(), seed=run.seed)
         out = self.model_dir / f"{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
         ticket = load_checkpoint(ticket_path, "ticket") if ticket_path else None
         started = time.perf_counter()
+        prep_seconds = started - prepared  # tickets, choice or DP warm-up (cached parts: only the first run)
         # noise_seed=None: a fresh OS-CSPRNG seed per run, never stored (module docstring)
         report = train(cfg, data, out, ticket=ticket, ticket_path=ticket_path, private=private,
                        assert_public=assert_public, progress=False, noise_seed=None)
@@ -215,6 +320,7 @@ class Experiment:
             "composition": report["composition"], "accountant": report["accountant"],
             "noise_multiplier": report["noise_multiplier"], "density": report["density"],
             "ticket_round": ticket_round, "epochs_run": report["epochs_run"], "seconds": round(report["seconds"], 2),
+            "prep_seconds": round(prep_seconds, 2),
             "noise_seed": FRESH_SEED if private else "",
             "selection_seed": FRESH_SEED if run.method == "dpltm-same" else "",
         }

@@ -25,7 +25,9 @@ from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.privacy.accounting import require_support
+from dpltm.privacy.events import DpEvent, dpsgd_event
 from dpltm.privacy.ledger import PrivacyLedger, round_up, training_record
+from dpltm.private_tickets import is_private_ticket
 from dpltm.private_training import (
     TrainOutcome,
     TrainPlan,
@@ -42,13 +44,19 @@ from dpltm.transfer import model_from_ticket
 class TicketOrigin:
     """How the ticket relates to the private data: decides end-to-end DP (PRIVACY.md §1)."""
 
-    phase1: str  # "public" | "same-data" | "none"
+    phase1: str  # "public" | "same-data" | "private" | "none"
     phase1_dataset: str | None
     selection_eps1: float | None
     explanation: str
     data_independent_selection: bool = False
     caveat: str | None = None
     selection_draws: int = 1
+    phase1_training: tuple[dict[str, Any], ...] | None = None
+    """A private ticket's DP warm-up rounds on this very data (ledger records)."""
+
+    def spent_events(self) -> list[DpEvent]:
+        """The DP events that already ran on the private data before training (private tickets)."""
+        return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in self.phase1_training or ()]
 
 
 def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensors) -> int:
@@ -87,6 +95,14 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
         return TicketOrigin("none", None, None, "dense network: no ticket")
     source = ticket["source"]["data"]
     generated_on = f"{source['dataset']} ({source['split']} split)"
+    if is_private_ticket(ticket) and source["dataset"] == private.name:
+        if source.get("fingerprint") != private.fingerprint:
+            raise DpltmUserError(
+                f"this private ticket was made on {generated_on} with other data settings (data fingerprint "
+                "differs): train it on the same dataset, split, seed and --val-fraction it was made with")
+        return TicketOrigin("private", generated_on, None,
+                            f"ticket made on {generated_on} itself, with privacy (DP warm-up, composed below)",
+                            phase1_training=tuple(ticket["private_ticket"]["warmup"]))
     selection = ticket["selection"]
     private_dataset = private.name
     same_name = source["dataset"] == private_dataset
@@ -154,7 +170,10 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation)
     model.to(data.train.labels.device)
     n = len(data.train)
-    plan = plan_training(s, n) if private else None
+    plan = plan_training(s, n, origin.spent_events()) if private else None
+    if plan is not None and plan.lr != s.lr:  # lr_sigma: the run's lr follows its σ (and is stored)
+        s = replace(s, lr=plan.lr)
+        cfg = replace(cfg, train=s)
 
     def ledger_for(steps: int) -> PrivacyLedger:
         training = (training_record(plan.sample_rate, plan.noise_multiplier, steps, s.clip,
@@ -164,7 +183,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                              training=training, delta=s.delta, neighboring=s.neighboring,
                              accountant=s.accountant, noise=s.noise,
                              data_independent_selection=origin.data_independent_selection,
-                             selection_draws=origin.selection_draws)
+                             selection_draws=origin.selection_draws, phase1_training=origin.phase1_training)
 
     def epsilon_after(steps: int) -> float:
         return ledger_for(steps).best_bound().epsilon

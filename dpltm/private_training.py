@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from dpltm.batches import ShuffledBatches
-from dpltm.config import TrainSettings
+from dpltm.config import MAX_LR, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
@@ -37,7 +37,8 @@ from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 from dpltm.privacy.accounting import EpsilonOutOfRange
-from dpltm.privacy.calibration import calibrate_noise_multiplier
+from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
+from dpltm.privacy.events import DpEvent
 from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
 
 
@@ -69,17 +70,21 @@ class TrainPlan:
     noise_parameter: float
     """The plug-in's own parameter (equal to the above for `gaussian`)."""
     calibrated: bool
+    lr: float = 0.1
+    """The learning rate the run uses: `settings.lr`, or `settings.lr_sigma / noise_multiplier`."""
 
     @property
     def steps(self) -> int:
         return self.steps_per_epoch * self.epochs
 
 
-def plan_training(settings: TrainSettings, dataset_size: int) -> TrainPlan:
+def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEvent] | None = None) -> TrainPlan:
     """q = L/N, ⌈N/L⌉ steps per epoch, and σ: given, or the smallest σ meeting eps2 at δ.
 
     σ is calibrated on the training mechanism alone (ε_train ≤ eps2); the final report composes
-    it with the selection. Calibration never overshoots the target (dpltm.privacy.calibration).
+    it with the selection. With `spent` (the DP warm-up of a private ticket, on this same data)
+    eps2 is the whole run's target: σ is calibrated so that `spent` composed with training meets
+    it. Calibration never overshoots the target (dpltm.privacy.calibration).
     """
     L_ = settings.batch_size
     if L_ >= dataset_size:
@@ -91,13 +96,30 @@ def plan_training(settings: TrainSettings, dataset_size: int) -> TrainPlan:
     if settings.sigma is not None:
         parameter, calibrated = settings.sigma, False
         effective = mechanism.effective_for(parameter)
+    elif settings.eps2 is not None and spent:
+        effective = calibrate_after(spent, q, steps, settings.eps2, settings.delta, settings.accountant,
+                                    settings.neighboring)
+        parameter, calibrated = mechanism.parameter_for(effective), True
     elif settings.eps2 is not None:
         effective = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
                                                settings.neighboring)
         parameter, calibrated = mechanism.parameter_for(effective), True
     else:
         raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma")
-    return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, effective, parameter, calibrated)
+    return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, effective, parameter, calibrated,
+                     learning_rate(settings, effective))
+
+
+def learning_rate(settings: TrainSettings, noise_multiplier: float | None) -> float:
+    """`settings.lr`, or lr_sigma / σ for a DP run when `settings.lr_sigma` is set (σ depends on public
+    parameters only, so this choice is too)."""
+    if settings.lr_sigma is None or noise_multiplier is None:
+        return settings.lr
+    lr = settings.lr_sigma / noise_multiplier
+    if not 0.0 < lr <= MAX_LR:
+        raise DpltmUserError(f"--lr-sigma {settings.lr_sigma:g} / σ {noise_multiplier:.4g} gives learning rate "
+                             f"{lr:.4g}, outside (0, {MAX_LR:g}]")
+    return lr
 
 
 def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Callable[[int], float]) -> int:

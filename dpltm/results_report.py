@@ -21,6 +21,8 @@ NOT_DP_FLAG = "NOT end-to-end DP"
 NOT_END_TO_END = frozenset({"dpltm-same", "random-ticket"})
 """Methods whose tickets come from non-private training on the private data."""
 METHOD_LABELS = {
+    "dpltm-noise-aware": "DPLTM public tickets, noise-aware choice (end-to-end DP)",
+    "dpltm-private": "DPLTM private tickets (DP warm-up; end-to-end DP)",
     "dpltm-same": f"DPLTM same-data (paper's mode; {NOT_DP_FLAG})",
     "dpltm-public": "DPLTM public tickets (end-to-end DP)",
     "dpsgd": "dense DP-SGD",
@@ -28,6 +30,8 @@ METHOD_LABELS = {
     "random-ticket": f"random same-data ticket ({NOT_DP_FLAG})",
 }
 LEGEND_LABELS = {
+    "dpltm-noise-aware": "DPLTM noise-aware public (DP)",
+    "dpltm-private": "DPLTM private tickets (DP)",
     "dpltm-same": f"DPLTM same-data ({NOT_DP_FLAG})",
     "dpltm-public": "DPLTM public tickets (end-to-end DP)",
     "dpsgd": "dense DP-SGD",
@@ -35,8 +39,14 @@ LEGEND_LABELS = {
     "random-ticket": f"random same-data ticket ({NOT_DP_FLAG})",
 }
 """Shorter labels for the figures' legends; the flag stays."""
+METHOD_ORDER = ("dpltm-noise-aware", "dpltm-private", "dpltm-public", "dpsgd", "dpltm-same")
+"""Rows and curves, sound modes first; only the methods a grid ran are shown."""
+SOUND_METHODS = ("dpltm-noise-aware", "dpltm-private", "dpltm-public")
+COLOURS = {"dpltm-noise-aware": "tab:orange", "dpltm-private": "tab:brown", "dpltm-same": "tab:red",
+           "dpltm-public": "tab:purple", "dpsgd": "tab:blue", "nonprivate": "tab:green"}
 TABLE2_HEADER = (f"| dataset | DPLTM winner (same-data; {NOT_DP_FLAG}) | random ticket (same-data; {NOT_DP_FLAG}) "
-                 f"| DPLTM public (end-to-end DP) | DP-SGD | paper's DPLTM (same-data; {NOT_DP_FLAG}) |")
+                 "| DPLTM public tickets (end-to-end DP) | DPLTM private tickets (end-to-end DP) | DP-SGD "
+                 f"| paper's DPLTM (same-data; {NOT_DP_FLAG}) |")
 
 
 def read_rows(out_dir: Path, prefix: str) -> list[dict[str, str]]:
@@ -77,10 +87,11 @@ def make_figures(summary: dict[tuple[str, str, str], dict[str, Any]], curves: li
 
     datasets = sorted({k[0] for k in summary})
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
-    colours = {"dpltm-same": "tab:red", "dpltm-public": "tab:purple", "dpsgd": "tab:blue", "nonprivate": "tab:green"}
+    colours = COLOURS
+    methods = [m for m in METHOD_ORDER if any(k[1] == m for k in summary)]
     for ax, dataset in zip(axes[0], datasets):
         xs = [f"{e:g}" for e in epsilons]
-        for method in ("dpltm-same", "dpltm-public", "dpsgd"):
+        for method in methods:
             stats = [summary.get((dataset, method, x)) for x in xs]
             if not any(stats):
                 continue
@@ -106,7 +117,7 @@ def make_figures(summary: dict[tuple[str, str, str], dict[str, Any]], curves: li
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
-        for method in ("dpltm-same", "dpltm-public", "dpsgd"):
+        for method in methods:
             pts = [c for c in curves if c["dataset"] == dataset and c["method"] == method
                    and c["epsilon_target"] == f"{curve_eps:g}" and c["seed"] == "0"]
             if not pts:
@@ -134,26 +145,53 @@ def write_markdown(summary: dict[tuple[str, str, str], dict[str, Any]], epsilons
                    figures: list[Path], doc: Path, header: str) -> None:
     datasets = sorted({k[0] for k in summary})
     xs = [f"{e:g}" for e in epsilons]
+    methods = [m for m in METHOD_ORDER if any(k[1] == m for k in summary)]
     lines = [header, "", "## Test accuracy against ε (mean ± std over seeds; δ = 1e-5)", ""]
     for dataset in datasets:
         lines += [f"### {dataset}", "", "| method | " + " | ".join(f"ε = {x}" for x in xs) + " |",
                   "| --- | " + " | ".join("---" for _ in xs) + " |"]
-        for method in ("dpltm-same", "dpltm-public", "dpsgd"):
+        for method in methods:
             lines.append(f"| {METHOD_LABELS[method]} | " + " | ".join(_cell(summary.get((dataset, method, x)))
                                                                      for x in xs) + " |")
         lines.append(f"| non-private | {_cell(summary.get((dataset, 'nonprivate', 'inf')))} |"
                      + " |" * (len(xs) - 1))
         lines.append("")
+    lines += standing(summary, datasets, xs)
     lines += [f"## Winner against a random ticket at ε = {random_eps:g} (cf. paper Table 2)", "",
               TABLE2_HEADER,
-              "| --- | --- | --- | --- | --- | --- |"]
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     r = f"{random_eps:g}"
     for dataset in datasets:
         paper = PAPER_TABLE2.get(dataset)
+        public = summary.get((dataset, "dpltm-noise-aware", r)) or summary.get((dataset, "dpltm-public", r))
         lines.append(f"| {dataset} | {_cell(summary.get((dataset, 'dpltm-same', r)))} | "
                      f"{_cell(summary.get((dataset, 'random-ticket', r)))} | "
-                     f"{_cell(summary.get((dataset, 'dpltm-public', r)))} | "
+                     f"{_cell(public)} | "
+                     f"{_cell(summary.get((dataset, 'dpltm-private', r)))} | "
                      f"{_cell(summary.get((dataset, 'dpsgd', r)))} | "
                      f"{paper if paper is not None else '–'} |")
     lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures]
     doc.write_text("\n".join(lines) + "\n")
+
+
+def standing(summary: dict[tuple[str, str, str], dict[str, Any]], datasets: list[str], xs: list[str]) -> list[str]:
+    """Where the best sound (end-to-end DP) mode stands against dense DP-SGD, per dataset and ε:
+    the difference of the mean test accuracies, in points."""
+    lines = ["## The sound modes against dense DP-SGD (same recipe)", "",
+             "Best end-to-end DP DPLTM mode minus dense DP-SGD, in accuracy points (mean over seeds; "
+             "positive: DPLTM ahead).", "",
+             "| dataset | " + " | ".join(f"ε = {x}" for x in xs) + " |",
+             "| --- | " + " | ".join("---" for _ in xs) + " |"]
+    for dataset in datasets:
+        cells = []
+        for x in xs:
+            dense = summary.get((dataset, "dpsgd", x))
+            sound = [(m, summary[(dataset, m, x)]) for m in SOUND_METHODS if (dataset, m, x) in summary]
+            if dense is None or not sound:
+                cells.append("–")
+                continue
+            method, best = max(sound, key=lambda item: item[1]["mean"])
+            short = {"dpltm-noise-aware": "noise-aware", "dpltm-private": "private", "dpltm-public": "public"}[method]
+            cells.append(f"{100 * (best['mean'] - dense['mean']):+.1f} ({short})")
+        lines.append(f"| {dataset} | " + " | ".join(cells) + " |")
+    return lines + [""]

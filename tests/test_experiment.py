@@ -75,6 +75,54 @@ def test_reproduction_runs_resumes_and_reports(tmp_path: Path, monkeypatch: pyte
     assert (tmp_path / "fig1_accuracy_vs_eps.png").stat().st_size > 0
 
 
+def test_sound_modes_grid_with_recipe_choices_and_private_tickets(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue-9 grid: noise-aware public tickets (choice prepared once per plan, on public data
+    only), private tickets and dense DP-SGD under one recipe (tanh, EMA); same-data on fewer seeds."""
+    loaded: list[str] = []
+    real_load = experiment.load_dataset
+
+    def recording_load(name: str, **kwargs: object) -> object:
+        loaded.append(name)
+        return real_load(name, **kwargs)
+
+    monkeypatch.setattr(experiment, "load_dataset", recording_load)
+    data = tmp_path / "data"
+    write_digits(data)
+    write_mnist(data, "MNIST", n_train=60, n_test=20)
+    profile = {**PROFILE, "seeds": [0, 1], "methods": ["dpltm-noise-aware", "dpltm-private", "dpsgd", "dpltm-same"],
+               "method_seeds": {"dpltm-same": [0]}, "model": {"activation": "tanh"},
+               "train": {"epochs": 3, "batch_size": 16, "clip": 1.0, "lr": 0.1, "ema": 0.9},
+               "noise_aware": {"rounds": [0, 2]}, "private_ticket": {"warmup_epochs": 1, "density": 0.3},
+               "small_dataset": {"lr": 0.2}}
+    del profile["random_ticket_eps"]
+    path = tmp_path / "sound.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    out = tmp_path / "out"
+    common = ["--profile", str(path), "--out", str(out), "--data-dir", str(data)]
+    reproduce.main([*common, "--prepare", "--shard", "0/2"])
+    reproduce.main([*common, "--prepare", "--shard", "1/2"])
+    choices = sorted((out / "choices").glob("*.json"))
+    assert len(choices) == 2  # one per ε; nothing trained privately yet
+    assert not list(out.glob("results-*.csv"))
+    reproduce.main([*common, "--doc", str(tmp_path / "doc.md")])
+    with (out / "results-0of1.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted({(r["method"], r["seed"]) for r in rows}) == sorted(
+        [(m, s) for m in ("dpltm-noise-aware", "dpltm-private", "dpsgd") for s in ("0", "1")] + [("dpltm-same", "0")])
+    assert len(choices) == len(list((out / "choices").glob("*.json")))  # the grid reused the prepared choices
+    for r in rows:
+        assert float(r["epsilon"]) <= float(r["epsilon_target"]) + 1e-9
+        assert r["end_to_end_dp"] == ("False" if r["method"] == "dpltm-same" else "True")
+        if r["method"] == "dpltm-private":
+            assert 0.25 < float(r["density"]) < 0.35 and float(r["prep_seconds"]) > 0
+    doc = (tmp_path / "doc.md").read_text()
+    assert "private tickets" in doc and "against dense DP-SGD" in doc
+    # the public tickets' data (MNIST) was loaded, and the private set (digits); ISOLET was only
+    # looked for (absent, optional)
+    assert set(loaded) == {"digits", "mnist", "isolet"}
+
+
 def test_results_file_with_other_columns_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "results-0of1.csv"
     old_fields = [f for f in experiment.RESULT_FIELDS if f not in ("noise_seed", "selection_seed")]
@@ -83,3 +131,33 @@ def test_results_file_with_other_columns_is_refused(tmp_path: Path) -> None:
         experiment.append_row(path, experiment.RESULT_FIELDS, dict.fromkeys(experiment.RESULT_FIELDS, "y"))
     experiment.append_row(path, old_fields, dict.fromkeys(old_fields, "z"))  # same columns: appended
     assert len(path.read_text().splitlines()) == 3
+
+
+def test_recipe_search_reads_only_the_public_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuned profile's search never opens the private dataset: only its size enters (σ is
+    calibrated for q = L/N with the private N, not the public set's)."""
+    import tune_recipe
+
+    from dpltm.privacy.calibration import calibrate_noise_multiplier
+
+    loaded: list[tuple[str, str]] = []
+    real_load = tune_recipe.load_dataset
+
+    def recording_load(name: str, **kwargs: object) -> object:
+        loaded.append((name, str(kwargs.get("split"))))
+        return real_load(name, **kwargs)
+
+    monkeypatch.setattr(tune_recipe, "load_dataset", recording_load)
+    data = tmp_path / "data"
+    write_mnist(data, "MNIST", n_train=200, n_test=20)
+    out = tmp_path / "search.csv"
+    tune_recipe.main(["--public", "mnist:train", "--private-size", "54000", "--eps", "1", "--activations", "tanh",
+                      "--batch-epochs", "100x1", "--lrs", "0.1", "0.4", "--data-dir", str(data), "--out", str(out),
+                      "--hidden", "8"])
+    assert loaded == [("mnist", "train")]
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 * 4  # two rates × (final iterate + three EMA decays)
+    sigma = calibrate_noise_multiplier(100 / 54000, 540, 1.0, 1e-5)
+    assert {float(r["sigma"]) for r in rows} == {round(sigma, 5)}
+    assert all(0.0 <= float(r["public_val_accuracy"]) <= 1.0 for r in rows)

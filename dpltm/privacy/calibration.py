@@ -185,7 +185,14 @@ def _calibrate(
     if accountant != "pld" or not rdp_supported:
         require_support(make_event(1.0), accountant, neighboring)
         return _search(make_event, target, delta, accountant, neighboring, 1.0, rel_tol, 2.0, lower)
-    guess = _search(make_event, target, delta, "rdp", neighboring, 1.0, 1e-2, 2.0, lower)
+    try:
+        guess = _search(make_event, target, delta, "rdp", neighboring, 1.0, 1e-2, 2.0, lower)
+    except DpltmUserError:
+        # RDP cannot reach the target at any σ, e.g. when part of the event (a private ticket's
+        # warm-up) has a fixed σ and RDP's looser bound for it alone exceeds the target: PLD may
+        # still reach it, so search with PLD from scratch.
+        require_support(make_event(1.0), "pld", neighboring)
+        return _search(make_event, target, delta, "pld", neighboring, 1.0, rel_tol, 2.0, lower)
     require_support(make_event(guess), "pld", neighboring)
     return _search(make_event, target, delta, "pld", neighboring, guess, rel_tol, 1.25, lower)
 
@@ -257,3 +264,63 @@ def calibrate_noise_multiplier(
         raise DpltmUserError(f"cannot reach epsilon {t:g} with selection eps1 {eps1:g}: "
                              + "; ".join(reasons))
     return min(candidates)
+
+
+def calibrate_after(
+    spent: list[DpEvent],
+    sample_rate: float,
+    steps: int,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "pld",
+    neighboring: str = "add_remove",
+    rel_tol: float = 1e-3,
+) -> float:
+    """The smallest σ for which `spent` (DP events already run on the same data, e.g. the DP
+    warm-up of a private ticket) composed with DP-SGD(q, σ, T) meets (target_epsilon, delta).
+
+    Adaptive composition (Dwork & Roth 2014, Thm 3.16) lets the later mechanism depend on the
+    earlier ones' outputs; the accountant composes the events exactly (PLD) or by RDP. Raises
+    DpltmUserError when `spent` alone already reaches the target.
+    """
+    t = check_target_epsilon(target_epsilon)
+    d = check_delta(delta)
+    check_accountant(accountant)
+    check_neighboring(neighboring)
+    dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
+    floor = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), d, accountant, neighboring) \
+        if spent else 0.0
+    if floor >= t:
+        raise DpltmUserError(f"cannot reach epsilon {t:g}: what already ran on this data costs epsilon "
+                             f"{floor:.4g}")
+
+    def both(sigma: float) -> DpEvent:
+        return dp_accounting.ComposedDpEvent([*spent, dpsgd_event(sample_rate, sigma, steps)])
+
+    return _calibrate(both, t, d, accountant, neighboring, rel_tol)
+
+
+def calibrate_phases(
+    phases: list[tuple[float, int]],
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "pld",
+    neighboring: str = "add_remove",
+    rel_tol: float = 1e-3,
+) -> float:
+    """The smallest σ, shared by every DP-SGD phase (q_i, T_i) on the same data, for which their
+    composition meets (target_epsilon, delta): how a private-ticket run (warm-up rounds, then
+    training) is planned before any private record is read."""
+    t = check_target_epsilon(target_epsilon)
+    d = check_delta(delta)
+    check_accountant(accountant)
+    check_neighboring(neighboring)
+    if not phases:
+        raise DpltmUserError("no DP-SGD phase to calibrate")
+    for q, steps in phases:
+        dpsgd_event(q, 1.0, steps)
+
+    def all_phases(sigma: float) -> DpEvent:
+        return dp_accounting.ComposedDpEvent([dpsgd_event(q, sigma, steps) for q, steps in phases])
+
+    return _calibrate(all_phases, t, d, accountant, neighboring, rel_tol)

@@ -2,6 +2,10 @@
 
 A `PrivacyLedger` says what touched the private data and how (PRIVACY.md §1):
 
+* phase 1 (ticket generation) by DP-SGD on the private data itself (`dpltm generate --private`:
+  a DP warm-up, masks by magnitude of the DP weights, PRIVACY.md §7) is recorded as one
+  `SelfComposed(PoissonSampled(q, Gaussian(σ)), T)` per warm-up round; the run stays end-to-end
+  DP and its ε composes every warm-up round with training in one PLD (or RDP) computation.
 * phase 1 (ticket generation) on the SAME private data is recorded as
   `NonPrivateDpEvent`: its masks leak (the winner's zero pattern is visible in the released
   weights), so the paper's Theorem 3 (ε = ε1 + ε2) does not hold and the run is not
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
@@ -54,7 +58,7 @@ from dpltm.privacy.events import (
 )
 
 FORMAT_VERSION = 1
-PHASE1_MODES = ("public", "same-data", "none")
+PHASE1_MODES = ("public", "same-data", "private", "none")
 NOISES = ("gaussian", "dpd", "shaped")
 """Noise plug-ins a ledger may name (dpltm.dp.noise.NOISE_MECHANISMS). Each reduces exactly to
 the Poisson-subsampled Gaussian mechanism with the *effective* multiplier that `training`
@@ -65,10 +69,12 @@ _NOISE_TEXT = {
     "shaped": "sensitivity-shaped noise (scales from public data, clipping in the rescaled norm)",
 }
 TRAINING_REQUIRED = ("q", "sigma", "steps")
+PRIVATE_TICKET_COMPOSITION = "private-ticket-composition"
 TRAINING_OPTIONAL = ("clip", "expected_batch_size", "dataset_size")
 
 _COMPOSITION_TEXT = {
     TRAINING_ONLY: "training only (no ε1 spent on selection)",
+    PRIVATE_TICKET_COMPOSITION: "DP ticket generation + training (every DP-SGD phase in one composition)",
     BASIC_COMPOSITION: "basic (ε1 + ε_train)",
     RDP_COMPOSITION: "RDP (selection as ε1²/8-zCDP + training)",
 }
@@ -136,6 +142,9 @@ class PrivacyLedger:
     data_independent_selection: bool = False
     """True when no ε1 was spent because the pick did not look at the data (a uniformly random
     ticket): the selection is then a NoOp even among same-data tickets."""
+    phase1_training: tuple[dict[str, float | int], ...] | None = None
+    """phase1 "private": the DP-SGD record (as `training`) of every warm-up round that made the
+    ticket on the private data; None otherwise."""
     selection_draws: int = 1
     """Exponential-mechanism draws made from the same ticket set; `selection_eps1` is their sum.
     k draws of ε1_i-DP (each ε1_i-bounded-range) compose to (Σε1_i)-DP and (Σε1_i)-bounded range
@@ -162,6 +171,12 @@ class PrivacyLedger:
             raise DpltmUserError(f"noise must be one of {NOISES}, got {self.noise!r}")
         if self.training is not None:
             object.__setattr__(self, "training", self._checked_training(self.training))
+        if (self.phase1 == "private") != bool(self.phase1_training):
+            raise DpltmUserError("phase1 'private' needs the DP record of its warm-up rounds (phase1_training), "
+                                 "and only it has one")
+        if self.phase1_training:
+            object.__setattr__(self, "phase1_training",
+                               tuple(self._checked_training(r) for r in self.phase1_training))
 
     @staticmethod
     def _checked_training(training: Mapping[str, Any]) -> dict[str, float | int]:
@@ -187,8 +202,14 @@ class PrivacyLedger:
     # ---- events ----------------------------------------------------------------------------
 
     def phase1_event(self) -> DpEvent:
-        """Same-data tickets leak (PRIVACY.md §1): NonPrivate; public or none: NoOp."""
+        """Same-data tickets leak (PRIVACY.md §1): NonPrivate; DP tickets: their warm-up rounds'
+        DP-SGD events; public or none: NoOp."""
+        if self.phase1 == "private":
+            return ComposedDpEvent(self._warmup_events())
         return NonPrivateDpEvent() if self.phase1 == "same-data" else NoOpDpEvent()
+
+    def _warmup_events(self) -> list[DpEvent]:
+        return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in self.phase1_training or ()]
 
     def selection_event(self) -> DpEvent:
         """ε1-DP exponential mechanism as ε1²/8-zCDP; NoOp when no private data was used."""
@@ -232,10 +253,19 @@ class PrivacyLedger:
 
         Cheap to call again: `accounting.epsilon` caches on the event.
         """
-        return composition_bounds(
-            self.selection_eps1, self.training_event(), self.delta, self.accountant,
-            self.neighboring,
-        )
+        if self.phase1 != "private":
+            return composition_bounds(self.selection_eps1, self.training_event(), self.delta, self.accountant,
+                                      self.neighboring)
+        # A DP ticket: every DP-SGD phase on the private data (warm-up rounds, then training) is
+        # composed in one accountant computation (adaptive composition, Dwork & Roth 2014, Thm 3.16;
+        # exact PLD composition, Meiser & Mohammad 2018), not summed.
+        dp_phases = ComposedDpEvent([*self._warmup_events(), self.training_event()])
+        return [replace(b, name=PRIVATE_TICKET_COMPOSITION if b.name == TRAINING_ONLY else b.name,
+                        description="DP ticket generation (warm-up) and training composed by the "
+                                    f"{ACCOUNTANT_LABELS[self.accountant]} accountant" if b.name == TRAINING_ONLY
+                        else b.description)
+                for b in composition_bounds(self.selection_eps1, dp_phases, self.delta, self.accountant,
+                                            self.neighboring)]
 
     def best_bound(self) -> Bound:
         return best_bound(self.bounds())
@@ -289,6 +319,7 @@ class PrivacyLedger:
             "selection_eps1": self.selection_eps1,
             "selection_draws": self.selection_draws,
             "training": dict(self.training) if self.training is not None else None,
+            "phase1_training": None if self.phase1_training is None else [dict(r) for r in self.phase1_training],
             "noise": self.noise,
             "warning": self.warning(),
         }
@@ -319,6 +350,16 @@ class PrivacyLedger:
                          f"ε1 = {self.selection_eps1:g} in all (basic composition of the draws).")
         elif self.selection_eps1 is not None:
             lines.append(f"Selection: exponential mechanism, ε1 = {self.selection_eps1:g}.")
+        if self.phase1 == "private":
+            rounds = self.phase1_training or ()
+            r0 = rounds[0]
+            lines.append(
+                f"Ticket: made on {self.private_dataset} itself with privacy: {len(rounds)} DP-SGD warm-up "
+                f"round(s) of {int(r0['steps'])} steps (q = {r0['q']:.4g}, σ = {r0['sigma']:g}), masks by "
+                "magnitude of the DP weights (post-processing); composed with training above."
+            )
+        elif self.selection_eps1 is not None:
+            pass
         elif self.phase1 == "public":
             lines.append(
                 f"Selection: tickets from public data ({self.phase1_dataset}); "
@@ -364,6 +405,7 @@ class PrivacyLedger:
             "noise": self.noise,
             "data_independent_selection": self.data_independent_selection,
             "selection_draws": self.selection_draws,
+            "phase1_training": None if self.phase1_training is None else [dict(r) for r in self.phase1_training],
             "dp_event": event_to_json(self.dp_event()),
         }
 
@@ -384,9 +426,18 @@ class PrivacyLedger:
             raise DpltmUserError(f"privacy record lacks {missing}")
         ledger = cls(**{n: data[n] for n in names},
                      data_independent_selection=bool(data.get("data_independent_selection", False)),
-                     selection_draws=data.get("selection_draws", 1))
+                     selection_draws=data.get("selection_draws", 1),
+                     phase1_training=_records(data.get("phase1_training")))
         if "dp_event" in data and event_from_json(data["dp_event"]) != ledger.dp_event():
             raise DpltmUserError(
                 "privacy record is inconsistent: its DpEvent does not match its fields"
             )
         return ledger
+
+
+def _records(value: Any) -> tuple[dict[str, Any], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(r, Mapping) for r in value):
+        raise DpltmUserError("privacy record's phase1_training must be a list of DP-SGD records")
+    return tuple(dict(r) for r in value)

@@ -48,6 +48,13 @@ def same_data_note(data: dict[str, Any]) -> str:
             f"trained on that data from them is NOT end-to-end differentially private; on other data they are public")
 
 
+class TicketSource(str, Enum):
+    """Where `dpltm run` takes its ticket from."""
+
+    public = "public"
+    private = "private"
+
+
 class TicketChoice(str, Enum):
     noise_aware = "noise-aware"
     best = "best"
@@ -78,7 +85,7 @@ def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, con
     if s.noise == "shaped":
         raise DpltmUserError("--noise-aware simulates Gaussian-type noise; with --noise shaped use --best")
     plan = plan_training(s, request.private_size)
-    planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, s.lr, s.optimizer,
+    planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
                          s.momentum, cfg.model.activation, s.ema)
     public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "

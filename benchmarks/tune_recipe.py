@@ -1,0 +1,70 @@
+"""Choose the DP-SGD recipe on public data only: the search behind `dpltm/configs/experiments/tuned.yaml`.
+
+    python benchmarks/tune_recipe.py --public kmnist:test --private-size 54000 --eps 1 0.25 \\
+        --out docs/recipe_search.csv
+
+For each recipe (activation, expected batch L, epochs, learning rate) and each ε, σ is
+calibrated exactly as the private run would calibrate it (q = L/N for the private set's size N,
+which dpltm treats as public, T = epochs·⌈N/L⌉ steps, PLD at δ), and the dense network is trained
+by that DP-SGD — same σ, L, T and clip, so the same noise per step σC/L — on the *public* data's
+training part; the score is accuracy on the public data's own validation part. Learning rates
+share one run (a stack of identical networks, one per rate, on common Poisson batches), and
+the EMA of the iterates is scored at several decays in the same run (post-processing: free).
+No private record is read: only the private set's size enters, through q and T.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import sys
+from pathlib import Path
+
+from dpltm.data import load_dataset
+from dpltm.recipe_search import FIELDS, search_recipe
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--public", default="kmnist:test", help="public dataset[:split]")
+    parser.add_argument("--private-size", type=int, default=54000, help="N of the private training set")
+    parser.add_argument("--eps", type=float, nargs="+", default=[1.0, 0.25])
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--activations", nargs="+", default=["relu", "tanh"])
+    parser.add_argument("--batch-epochs", nargs="+", default=["400x50", "1600x50"],
+                        help="expected batch size x epochs pairs")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.1, 0.4, 1.6])
+    parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[300, 100], help="hidden layer widths")
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="append rows to this CSV")
+    args = parser.parse_args(argv)
+    name, split = (args.public.split(":", 1) + ["train"])[:2]
+    public = load_dataset(name, split=split, data_dir=args.data_dir, val_fraction=0.1, seed=args.seed)
+    print(f"public data: {public.name} ({public.source_split}): {len(public.train)} train, {len(public.val)} val; "
+          f"private N = {args.private_size} (size only)", file=sys.stderr)
+    writer = None
+    if args.out is not None:
+        new = not args.out.exists()
+        handle = args.out.open("a", newline="")
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+    for eps, activation, pair in itertools.product(args.eps, args.activations, args.batch_epochs):
+        batch, epochs = (int(v) for v in pair.split("x"))
+        rows = search_recipe(public, args.private_size, eps, args.delta, activation, batch, epochs, args.lrs,
+                          args.momentum, args.clip, args.seed, tuple(args.hidden))
+        best = max(rows, key=lambda r: r["public_val_accuracy"])
+        print(f"ε={eps:g} {activation} L={batch} E={epochs} σ={rows[0]['sigma']}: best lr={best['lr']} "
+              f"ema={best['ema'] or 'off'} public val {best['public_val_accuracy']:.4f} "
+              f"({rows[0]['seconds']} s)", flush=True)
+        if writer is not None:
+            writer.writerows(rows)
+            handle.flush()
+
+
+if __name__ == "__main__":
+    main()

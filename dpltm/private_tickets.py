@@ -1,0 +1,222 @@
+"""Private tickets: a lottery ticket made on the private data itself, with privacy (issue 9).
+
+For a user who has no public data to take tickets from. The paper's same-data mode prunes by
+the magnitudes of non-privately trained weights, so the mask leaks (PRIVACY.md §1). Here every
+look at the private data is DP-SGD (the same Poisson sampling, masked clipping and noise plug-in
+as training):
+
+1. warm-up: DP-SGD of the dense network for `warmup_epochs` epochs;
+2. mask: the smallest-magnitude DP weights are pruned layer by layer (post-processing of a DP
+   output; the paper's per-layer ratios, 30 % per round for hidden layers, 20 % for the output);
+3. optionally more rounds (DP-IMP): train the masked network again, prune again, until the
+   target density is reached after `rounds` rounds;
+4. the ticket starts training from the masked warm-up weights (`rewind: warmup`) or from θ0.
+
+Every round is a `SelfComposed(PoissonSampled(q, Gaussian(σ)), T_a)` event on the private data,
+recorded in the ticket and composed with training in one accountant computation, and one σ for
+every phase is calibrated before any record is read so that the whole run meets the user's ε
+(`calibration.calibrate_phases`). TP-TopK (2026) is the nearest prior work (DP warm-up, then a
+top-k mask); this is its plain-magnitude form, with the paper's layer-wise pruning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpltm import __version__
+from dpltm.checkpoint import save_atomic
+from dpltm.config import TrainConfig, to_dict
+from dpltm.data.types import DatasetSplits
+from dpltm.dp.noise import NoiseContext, noise_class
+from dpltm.errors import DpltmUserError
+from dpltm.model import Architecture, MaskedMLP, Masks, build_architecture, density, layer_densities
+from dpltm.privacy.accounting import epsilon
+from dpltm.privacy.calibration import calibrate_phases
+from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
+from dpltm.privacy.ledger import training_record
+from dpltm.private_training import TrainPlan, learning_rate, mechanism_seed, run_private
+from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
+
+SELECTION_METHOD = "private"
+"""`selection.method` of a private ticket: no choice among tickets was made, and none was needed."""
+
+
+def layer_keep_fractions(arch: Architecture, target_density: float) -> dict[str, float]:
+    """Per-layer fraction of weights to keep so the whole network keeps `target_density`.
+
+    The paper's layer ratios continued to a real number of rounds r: hidden layers keep 0.7^r,
+    the output layer 0.8^r (IMP's 30 % / 20 % per round), with r solved by bisection so that
+    Σ n_l·keep_l / Σ n_l = target. Pure: depends on the architecture only.
+    """
+    if not 0.0 < target_density < 1.0:
+        raise DpltmUserError(f"--density must lie in (0, 1), got {target_density:g}")
+    shapes = {f"{name}.weight": shape for name, shape in arch.layer_shapes().items()}
+    rates = paper_prune_rates(list(shapes))
+    sizes = {name: shape[0] * shape[1] for name, shape in shapes.items()}
+    total = sum(sizes.values())
+
+    def kept(r: float) -> float:
+        return sum(sizes[n] * (1.0 - rates[n]) ** r for n in sizes) / total
+
+    lo, hi = 0.0, 1.0
+    while kept(hi) > target_density:
+        hi *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if kept(mid) > target_density else (lo, mid)
+    return {n: (1.0 - rates[n]) ** hi for n in sizes}
+
+
+def round_prune_rates(arch: Architecture, target_density: float, rounds: int) -> dict[str, float]:
+    """Per-round prune rates that reach `layer_keep_fractions` after `rounds` equal rounds."""
+    return {n: 1.0 - keep ** (1.0 / rounds) for n, keep in layer_keep_fractions(arch, target_density).items()}
+
+
+@dataclass(frozen=True)
+class PrivateTicketPlan:
+    """The whole private-ticket run, fixed before any private record is read."""
+
+    sample_rate: float
+    expected_batch_size: int
+    dataset_size: int
+    steps_per_epoch: int
+    warmup_steps: int
+    """Steps of each warm-up round."""
+    rounds: int
+    training_steps: int
+    """Steps of the ticket's planned DP training (the `train:` recipe's epochs)."""
+    noise_multiplier: float
+    """One effective σ for every phase."""
+    noise_parameter: float
+    epsilon: float
+    delta: float
+
+    def warmup_events(self, completed_rounds: int | None = None) -> list[DpEvent]:
+        n = self.rounds if completed_rounds is None else completed_rounds
+        return [dpsgd_event(self.sample_rate, self.noise_multiplier, self.warmup_steps) for _ in range(n)]
+
+
+def plan_private_ticket(cfg: TrainConfig, dataset_size: int) -> PrivateTicketPlan:
+    """q = L/N, and the σ shared by the warm-up rounds and the planned training that makes the
+    composition of all of them meet `train.eps2` (here: the whole run's ε) at δ."""
+    s, p = cfg.train, cfg.private_ticket
+    if s.sigma is not None:
+        raise DpltmUserError("--private calibrates σ for the whole run: give --eps, not --sigma")
+    if s.eps2 is None:
+        raise DpltmUserError("--private needs --eps (the whole run's budget)")
+    if s.noise == "shaped":
+        raise DpltmUserError("--private does not support --noise shaped (it needs public data)")
+    if s.batch_size >= dataset_size:
+        raise DpltmUserError(f"--batch-size {s.batch_size} must be smaller than the training set "
+                             f"({dataset_size} records)")
+    q = s.batch_size / dataset_size
+    per_epoch = math.ceil(dataset_size / s.batch_size)
+    warmup_steps, training_steps = per_epoch * p.warmup_epochs, per_epoch * s.epochs
+    phases = [(q, warmup_steps)] * p.rounds + [(q, training_steps)]
+    sigma = calibrate_phases(phases, s.eps2, s.delta, s.accountant, s.neighboring)
+    return PrivateTicketPlan(q, s.batch_size, dataset_size, per_epoch, warmup_steps, p.rounds, training_steps,
+                             sigma, noise_class(s.noise).parameter_for(sigma), s.eps2, s.delta)
+
+
+def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, progress: bool = True,
+                        noise_seed: int | None = None,
+                        on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the DP warm-up round(s) on `data.train`, prune by magnitude, and write the ticket file
+    (kind "ticket": it goes to `dpltm train --ticket` directly, no selection)."""
+    p = cfg.private_ticket
+    plan = plan_private_ticket(cfg, len(data.train))
+    s = replace(cfg.train, lr=learning_rate(cfg.train, plan.noise_multiplier))  # lr_sigma: lr follows σ
+    arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden, cfg.model.project_to,
+                              cfg.model.activation)
+    model = MaskedMLP(arch, torch.Generator().manual_seed(cfg.seed)).to(data.train.labels.device)
+    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rates = round_prune_rates(arch, p.density, p.rounds)
+    seed, randomness = mechanism_seed(noise_seed)
+    rounds: list[dict[str, Any]] = []
+    masks: Masks = model.masks()
+    for r in range(p.rounds):
+        spent = plan.warmup_events(r)
+
+        def epsilon_after(steps: int, spent: list[DpEvent] = spent) -> float:
+            return epsilon(_composed([*spent, dpsgd_event(plan.sample_rate, plan.noise_multiplier, steps)]),
+                           plan.delta, s.accountant, s.neighboring)
+
+        round_plan = TrainPlan(plan.dataset_size, plan.expected_batch_size, plan.sample_rate, plan.steps_per_epoch,
+                               p.warmup_epochs, plan.noise_multiplier, plan.noise_parameter, True, s.lr)
+        context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name)
+        outcome = run_private(model, data, round_plan, s, seed=seed + 7919 * r, epsilon_after=epsilon_after,
+                              progress=progress, noise_context=context)
+        released = outcome.released if outcome.released is not None else model
+        weights = {n: w.detach() for n, w in released.weights().items()}
+        masks = prune_layerwise(weights, masks, rates)
+        record = {"round": r + 1, "steps": plan.warmup_steps, "density": density(masks),
+                  "val_accuracy": outcome.history[-1]["val_accuracy"],
+                  "epsilon_so_far": outcome.history[-1]["epsilon"]}
+        rounds.append(record)
+        if on_round is not None:
+            on_round(record)
+        with torch.no_grad():  # the next round (and the ticket) starts here
+            if p.rewind == "init":
+                model.load_state_dict(theta0)
+            else:
+                model.load_state_dict(released.state_dict())
+            model.set_masks(masks)
+    start = {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.startswith("mask_")}
+    warmup = [training_record(plan.sample_rate, plan.noise_multiplier, plan.warmup_steps, s.clip,
+                              plan.expected_batch_size, plan.dataset_size) for _ in range(p.rounds)]
+    spent_eps = epsilon(_composed(plan.warmup_events()), plan.delta, s.accountant, s.neighboring)
+    cpu_masks = {k: v.cpu() for k, v in masks.items()}
+    payload = {
+        "dpltm_version": __version__,
+        "architecture": arch.to_dict(),
+        "theta0": start,
+        "masks": cpu_masks,
+        "density": density(cpu_masks),
+        "layer_density": layer_densities(cpu_masks),
+        "round": p.rounds,
+        "val_accuracy": rounds[-1]["val_accuracy"],
+        "source": {"tickets": None, "data": data.summary(), "config": to_dict(replace(cfg, train=s))},
+        "privacy": {
+            "phase1": "private",
+            "end_to_end_dp": True,
+            "epsilon_spent": spent_eps,
+            "statement": (f"made with privacy on {data.name}: {p.rounds} DP-SGD warm-up round(s) of "
+                          f"{plan.warmup_steps} steps, q = {plan.sample_rate:.4g}, σ = {plan.noise_multiplier:.4g}; "
+                          f"this file is (ε = {spent_eps:.4g}, δ = {plan.delta:g})-DP on its own"),
+        },
+        "selection": {"method": SELECTION_METHOD, "eps1": None, "draws": 0, "eps1_total": None,
+                      "noise_aware": None},
+        "private_ticket": {
+            "warmup": warmup,
+            "rounds": rounds,
+            "rewind": p.rewind,
+            "target_density": p.density,
+            "noise": s.noise,
+            "noise_multiplier": plan.noise_multiplier,
+            "planned_training_steps": plan.training_steps,
+            "epsilon_total": plan.epsilon,
+            "delta": plan.delta,
+            "accountant": s.accountant,
+            "neighboring": s.neighboring,
+            "dp_event": event_to_json(_composed(plan.warmup_events())),
+            "randomness": randomness,
+        },
+    }
+    save_atomic(payload, out, "ticket")
+    return payload
+
+
+def _composed(events: list[DpEvent]) -> DpEvent:
+    from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
+
+    return ComposedDpEvent(list(events))
+
+
+def is_private_ticket(ticket: dict[str, Any] | None) -> bool:
+    return ticket is not None and ticket.get("selection", {}).get("method") == SELECTION_METHOD

@@ -1,0 +1,146 @@
+"""Private tickets (issue 9, part 2): a ticket made on the private data by DP warm-up, composed with
+training into one guarantee that meets the user's ε."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import dp_accounting
+import pytest
+import torch
+
+from dpltm.checkpoint import load_checkpoint
+from dpltm.config import PrivateTicketSettings, TrainConfig, TrainSettings
+from dpltm.data.types import DatasetSplits
+from dpltm.errors import DpltmUserError
+from dpltm.model import MaskedMLP, build_architecture
+from dpltm.pipeline import load_ticket, train
+from dpltm.privacy.accounting import PLD_VALUE_DISCRETIZATION_INTERVAL
+from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.private_tickets import layer_keep_fractions, make_private_ticket, plan_private_ticket, round_prune_rates
+
+
+def _config(eps: float = 2.0, warmup: int = 2, epochs: int = 3, rounds: int = 1, density_: float = 0.3,
+            rewind: str = "warmup", ema: float | None = None) -> TrainConfig:
+    return TrainConfig(
+        train=TrainSettings(epochs=epochs, batch_size=64, lr=0.5, eps2=eps, ema=ema),
+        model=dataclasses.replace(TrainConfig().model, hidden=(16, 8)),
+        private_ticket=PrivateTicketSettings(warmup_epochs=warmup, rounds=rounds, density=density_, rewind=rewind),
+    )
+
+
+def _independent_pld_epsilon(phases: list[tuple[float, float, int]], delta: float) -> float:
+    """dp-accounting's own PLD accountant, fed the same events by hand."""
+    accountant = dp_accounting.pld.PLDAccountant(
+        value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL)
+    for q, sigma, steps in phases:
+        accountant.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps))
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("target", [0.05, 0.25, 0.6])
+def test_layer_keep_fractions_reach_the_target_density(target: float) -> None:
+    arch = build_architecture(784, 10, (300, 100), None)
+    keep = layer_keep_fractions(arch, target)
+    sizes = {f"{n}.weight": a * b for n, (a, b) in arch.layer_shapes().items()}
+    assert sum(sizes[n] * keep[n] for n in sizes) / sum(sizes.values()) == pytest.approx(target, rel=1e-9)
+    assert keep["output.weight"] > keep["hidden.0.weight"]  # the paper's gentler output-layer rate
+    rates = round_prune_rates(arch, target, rounds=3)
+    for name, rate in rates.items():
+        assert (1.0 - rate) ** 3 == pytest.approx(keep[name], rel=1e-12)
+
+
+def test_plan_calibrates_one_sigma_for_the_whole_run(tiny_splits: DatasetSplits) -> None:
+    cfg = _config(eps=1.0, warmup=2, epochs=3, rounds=2)
+    plan = plan_private_ticket(cfg, len(tiny_splits.train))
+    q, per_epoch = 64 / 512, 8
+    phases = [(q, plan.noise_multiplier, 2 * per_epoch)] * 2 + [(q, plan.noise_multiplier, 3 * per_epoch)]
+    eps = _independent_pld_epsilon(phases, 1e-5)
+    assert eps <= 1.0
+    assert eps > 0.99  # tight: the smallest σ that meets the target (within calibration tolerance)
+
+
+def test_private_ticket_then_training_meets_the_requested_epsilon(tiny_splits: DatasetSplits,
+                                                                  tmp_path: Path) -> None:
+    cfg = _config(eps=2.0, warmup=2, epochs=3, density_=0.3)
+    ticket_path = tmp_path / "ticket.pt"
+    payload = make_private_ticket(cfg, tiny_splits, ticket_path, progress=False, noise_seed=1)
+    assert payload["density"] == pytest.approx(0.3, abs=0.01)
+    # the start weights are zero wherever the mask prunes (masked DP warm-up weights)
+    for name, mask in payload["masks"].items():
+        key = f"layers.{name.replace('.weight', '').replace('.', '_')}.weight"
+        assert torch.all(payload["theta0"][key][~mask] == 0)
+    ticket = load_ticket(ticket_path)
+    assert ticket["selection"]["method"] == "private"
+    report = train(cfg, tiny_splits, tmp_path / "model.pt", ticket=ticket, ticket_path=ticket_path,
+                   private=True, progress=False, noise_seed=2)
+    assert report["end_to_end_dp"] is True
+    assert report["composition"] == "private-ticket-composition"
+    assert report["epsilon"] <= 2.0
+    # the ledger's ε is dp-accounting's for the same events (warm-up with σ_a, training with σ_b)
+    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "model.pt", ("model",))["ledger"])
+    warmup, training = ledger.phase1_training[0], ledger.training
+    independent = _independent_pld_epsilon(
+        [(warmup["q"], warmup["sigma"], warmup["steps"]), (training["q"], training["sigma"], training["steps"])],
+        1e-5)
+    assert report["epsilon"] == pytest.approx(independent, rel=1e-9)
+    assert independent <= 2.0
+    # pruned weights stayed exactly zero through DP training
+    model_body = load_checkpoint(tmp_path / "model.pt", ("model",))
+    for name, mask in payload["masks"].items():
+        key = f"layers.{name.replace('.weight', '').replace('.', '_')}.weight"
+        assert torch.all(model_body["state_dict"][key][~mask] == 0)
+    assert "Ticket: made on blobs itself with privacy" in report["statement"]
+
+
+def test_more_warmup_rounds_are_each_accounted(tiny_splits: DatasetSplits, tmp_path: Path) -> None:
+    cfg = _config(eps=3.0, warmup=1, epochs=2, rounds=3, density_=0.2, rewind="init", ema=0.9)
+    payload = make_private_ticket(cfg, tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=3)
+    assert len(payload["private_ticket"]["warmup"]) == 3
+    densities = [r["density"] for r in payload["private_ticket"]["rounds"]]
+    assert densities == sorted(densities, reverse=True) and densities[-1] == pytest.approx(0.2, abs=0.01)
+    # rewind to init: the start is θ0 (the seeded initialisation), masked
+    init = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(cfg.seed))
+    for key, value in payload["theta0"].items():
+        if key.endswith("bias"):
+            assert torch.equal(value, init.state_dict()[key])
+    eps_so_far = [r["epsilon_so_far"] for r in payload["private_ticket"]["rounds"]]
+    assert eps_so_far == sorted(eps_so_far) and eps_so_far[-1] < 3.0
+
+
+def test_a_private_ticket_is_refused_on_other_data_of_the_same_name(tiny_splits: DatasetSplits,
+                                                                    tmp_path: Path) -> None:
+    cfg = _config()
+    make_private_ticket(cfg, tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=1)
+    other = dataclasses.replace(tiny_splits, fingerprint="blobs-other-split")
+    with pytest.raises(DpltmUserError, match="same dataset, split, seed"):
+        train(cfg, other, tmp_path / "m.pt", ticket=load_ticket(tmp_path / "t.pt"), ticket_path=tmp_path / "t.pt",
+              private=True, progress=False)
+
+
+def test_plan_refuses_what_it_cannot_account(tiny_splits: DatasetSplits) -> None:
+    base = _config()
+    for change, message in [({"sigma": 1.0, "eps2": None}, "not --sigma"),
+                            ({"noise": "shaped"}, "shaped"),
+                            ({"batch_size": 600}, "smaller than the training set")]:
+        cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, **change))
+        with pytest.raises(DpltmUserError, match=message):
+            plan_private_ticket(cfg, len(tiny_splits.train))
+
+
+def test_generate_private_flags_are_checked(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpltm.cli import main
+
+    for argv, message in [(["generate", "--private", "--iterations", "5"], "--iterations belong to non-private IMP"),
+                          (["generate", "--eps", "1"], "--eps only apply with --private"),
+                          (["generate", "--private", "--density", "1.5"], "--density must lie in (0, 1)")]:
+        monkeypatch.setattr(sys, "argv", ["dpltm", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
