@@ -12,6 +12,7 @@ import math
 import signal
 import sys
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -101,6 +102,28 @@ def finish_training_report(report: dict[str, Any], json_out: bool) -> None:
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root (else $DPLTM_DATA_DIR, else ../shared/data).")]
 ConfigFile = Annotated[Path | None, typer.Option("--config", help="YAML file overriding configs/defaults.yaml.")]
+class Recipe(str, Enum):
+    paper = "paper"
+    tuned = "tuned"
+
+
+class RunRecipe(str, Enum):
+    auto = "auto"
+    paper = "paper"
+    tuned = "tuned"
+
+
+#: `run --recipe auto` takes the tuned recipe from this many private training records up: it was
+#: chosen for N = 54000 (MNIST, Fashion-MNIST); its batch of 1600 does not suit small sets.
+TUNED_RECIPE_MIN_RECORDS = 20000
+
+
+def chosen_recipe(recipe: RunRecipe, n_train: int) -> str:
+    if recipe == RunRecipe.auto:
+        return "tuned" if n_train >= TUNED_RECIPE_MIN_RECORDS else "paper"
+    return recipe.value
+
+
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the final report as one JSON object on stdout.")]
 
@@ -270,6 +293,7 @@ def train(
     batch_size: Annotated[int | None, typer.Option(help="Expected batch size L (Poisson sampling, q = L/N).")] = None,
     clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).")] = None,
     lr: Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).")] = None,
+    recipe: Annotated[Recipe, typer.Option(help="Training recipe under --config and flags: paper (defaults.yaml; the default) or tuned (chosen on public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml).")] = Recipe.paper,
     lr_sigma: Annotated[float | None, typer.Option("--lr-sigma", help="Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets (the tuned recipe's rule; overrides --lr for DP runs).")] = None,
     optimizer: Annotated[str | None, typer.Option(help="sgd or adam (NoisyAdam).")] = None,
     momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
@@ -312,6 +336,7 @@ def train(
                   "target_eps": target_eps, "patience": patience, "momentum": momentum, "ema": ema},
         "model": {"activation": activation},
         "seed": seed,
+        "recipe": recipe.value,
     }
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
                          public_data=public_data, noise_seed=noise_seed, overwrite=overwrite)
@@ -360,6 +385,7 @@ def run(
     activation: Annotated[str | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
     momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
+    recipe: Annotated[RunRecipe, typer.Option(help="Training recipe (under --config and flags): auto (the default: tuned for sets of at least 20000 training records, the size it was chosen for; paper below), tuned (chosen on public data: tanh, L = 1600, lr = 6/σ, EMA 0.999) or paper.")] = RunRecipe.auto,
     tickets: Annotated[TicketSource, typer.Option(help="Where the ticket comes from: public (generated without privacy on --public-dataset; default) or private (made on --dataset itself by DP warm-up, no public data needed; warm-up and training composed to --eps).")] = TicketSource.public,
     warmup_epochs: Annotated[int | None, typer.Option(help="With --tickets private: DP warm-up epochs, taken out of --epochs (default 10).")] = None,
     density: Annotated[float | None, typer.Option(help="With --tickets private: fraction of weights the ticket keeps (default 0.25).")] = None,
@@ -384,7 +410,7 @@ def run(
 
     if tickets == TicketSource.private:
         run_private_tickets(dataset, eps, delta, epochs, batch_size, activation, momentum, ema, seed, warmup_epochs,
-                            density, device, config, data_dir, out, overwrite, progress, json_out)
+                            density, device, config, data_dir, out, overwrite, progress, json_out, recipe)
         return
     if warmup_epochs is not None or density is not None:
         raise DpltmUserError("--warmup-epochs and --density apply with --tickets private")
@@ -419,10 +445,13 @@ def run(
     torch_device = resolve_device(device)
     private = load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
+    train_cli["recipe"] = chosen_recipe(recipe, len(private.train))
+    resolve_train_config(train_cli, config)  # the recipe's settings, checked before any ticket
     load_dataset(public_dataset, split=gen_cfg.data.split, data_dir=data_dir, val_fraction=gen_cfg.data.val_fraction,
                  seed=gen_cfg.seed, device=torch_device)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
-                      + (f", input projection to {project_to}" if project_to is not None else ""))
+                      + (f", input projection to {project_to}" if project_to is not None else "")
+                      + f"; training recipe: {train_cli['recipe']}")
     stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress)
     noise_aware = choice == TicketChoice.noise_aware
     err_console.print(f"[bold]2/3[/bold] selection on public tickets ({choice.value}; spends nothing on private data)")
@@ -439,28 +468,35 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
                         activation: str | None, momentum: float | None, ema: float | None, seed: int | None,
                         warmup_epochs: int | None, density: float | None, device: str, config: Path | None,
                         data_dir: Path | None, out: Path | None, overwrite: bool, progress: bool,
-                        json_out: bool) -> None:
+                        json_out: bool, recipe: RunRecipe = None) -> None:  # type: ignore[assignment]
     """`run --tickets private`: a private ticket on the private data, then its DP training; the warm-up
     is taken out of the recipe's epochs, and one σ makes the whole run meet --eps."""
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
+    from dpltm.data import load_dataset
     from dpltm.paths import default_checkpoint_dir
 
-    recipe = resolve_train_config({"data": {"dataset": dataset}, "train": {"epochs": epochs}}, config)
-    warmup = warmup_epochs if warmup_epochs is not None else recipe.private_ticket.warmup_epochs
-    if warmup >= recipe.train.epochs:
-        raise DpltmUserError(f"--warmup-epochs {warmup} leaves none of the {recipe.train.epochs} epochs for training")
+    base = resolve_train_config({"data": {"dataset": dataset}, "seed": seed}, config)
+    pool = load_dataset(dataset, split=base.data.split, data_dir=data_dir, val_fraction=base.data.val_fraction,
+                        seed=base.seed)
+    chosen = chosen_recipe(recipe or RunRecipe.auto, len(pool.train))
+    settings = resolve_train_config({"data": {"dataset": dataset}, "train": {"epochs": epochs}, "recipe": chosen},
+                                    config)
+    warmup = warmup_epochs if warmup_epochs is not None else settings.private_ticket.warmup_epochs
+    if warmup >= settings.train.epochs:
+        raise DpltmUserError(f"--warmup-epochs {warmup} leaves none of the {settings.train.epochs} epochs for training")
     model_out = out or default_checkpoint_dir() / f"{dataset}-dpltm-private.pt"
     ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
     for path in (model_out, ticket_path):
         prepare_output(path, overwrite=overwrite, inputs=[config])
     train_cli = {"data": {"dataset": dataset},
-                 "train": {"eps2": eps, "delta": delta, "epochs": recipe.train.epochs - warmup,
+                 "train": {"eps2": eps, "delta": delta, "epochs": settings.train.epochs - warmup,
                            "batch_size": batch_size, "momentum": momentum, "ema": ema},
                  "model": {"activation": activation},
-                 "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed}
+                 "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed,
+                 "recipe": chosen}
     err_console.print(f"[bold]1/2[/bold] private ticket on {dataset}: {warmup} DP warm-up epochs, then "
-                      f"{recipe.train.epochs - warmup} epochs of DP training, ε = {eps:g} in all")
+                      f"{settings.train.epochs - warmup} epochs of DP training, ε = {eps:g} in all; recipe {chosen}")
     stage_generate_private(train_cli, config, data_dir, device, ticket_path, overwrite, progress)
     err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {dataset}")
     report = stage_train(train_cli, config, ticket_path, False, False, data_dir, device, model_out, progress,

@@ -514,11 +514,28 @@ def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> S
     return from_dict(SelectSettings, tree.get("select", {}), "select")
 
 
-def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None) -> TrainConfig:
+RECIPES = ("paper", "tuned")
+"""Training recipes: the paper's settings (defaults.yaml) or the DP recipe chosen on public data
+(configs/recipes/tuned.yaml, for MNIST-sized sets)."""
+
+
+def recipe_tree(recipe: str | None) -> dict[str, Any]:
+    """The settings a recipe adds over defaults.yaml (layered like a --config file, below it)."""
+    if recipe is None or recipe == "paper":
+        return {}
+    if recipe not in RECIPES:
+        raise DpltmUserError(f"--recipe must be one of {', '.join(RECIPES)}, got {recipe}")
+    return read_config_file(CONFIG_DIR / "recipes" / f"{recipe}.yaml")
+
+
+def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recipe: str | None = None) -> TrainConfig:
     """Training reads `data:`, `train:` and `model:` (the dense baselines' shape). Its dataset is the
     private one: --dataset, else the --config file's `data.dataset`, else MNIST (defaults.yaml's
-    dataset is for generation)."""
-    user = read_config_file(config_file) if config_file is not None else {}
+    dataset is for generation). A `recipe` (or the CLI tree's `recipe` key) sits between the
+    defaults and the --config file."""
+    recipe = recipe or cli.get("recipe")
+    cli = {k: v for k, v in cli.items() if k != "recipe"}
+    user = deep_merge(recipe_tree(recipe), read_config_file(config_file) if config_file is not None else {})
     dataset = cli.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
     cli = {**cli, "data": {**cli.get("data", {}), "dataset": dataset}}
     tree = _merge_layers(cli, user, ("data", "train", "model", "private_ticket"))

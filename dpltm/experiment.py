@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -147,14 +148,18 @@ class Experiment:
                              model=ModelSettings(project_to=project_to),
                              generate=GenerateSettings(rounds=g["rounds"], iterations=g["iterations"],
                                                        batch_size=g["batch_size"], lr=g["lr"]), seed=0)
-        stale = False
-        if path.exists():
-            body = load_checkpoint(path, "tickets")
-            if body["config_hash"] == config_hash(cfg) and body["complete"]:
-                return path
-            stale = body["config_hash"] != config_hash(cfg)  # other settings: regenerate
-        print(f"generating tickets: {name} ({split}){suffix}", flush=True)
-        generate_tickets(cfg, self.data(name, split, 0), path, progress=False, overwrite=stale)
+        # Workers (--shard) may need the same ticket set at once: the first generates it, the others
+        # wait on this lock and then find it complete.
+        with open(self.ticket_dir / f".{path.name}.generating", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            stale = False
+            if path.exists():
+                body = load_checkpoint(path, "tickets")
+                if body["config_hash"] == config_hash(cfg) and body["complete"]:
+                    return path
+                stale = body["config_hash"] != config_hash(cfg)  # other settings: regenerate
+            print(f"generating tickets: {name} ({split}){suffix}", flush=True)
+            generate_tickets(cfg, self.data(name, split, 0), path, progress=False, overwrite=stale)
         return path
 
     def winner(self, tickets: Path, run: Run, how: str) -> Path:

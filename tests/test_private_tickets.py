@@ -144,3 +144,51 @@ def test_generate_private_flags_are_checked(capsys: Any, monkeypatch: pytest.Mon
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_ledger_of_a_private_ticket_round_trips_and_needs_its_warmup() -> None:
+    from dpltm.privacy.ledger import training_record
+
+    warmup = training_record(0.01, 2.0, 100, 1.0, 500, 50000)
+    training = training_record(0.01, 2.0, 400, 1.0, 500, 50000)
+    ledger = PrivacyLedger(phase1="private", phase1_dataset="mnist (train split)", private_dataset="mnist",
+                           selection_eps1=None, training=training, delta=1e-5, phase1_training=(warmup,))
+    assert ledger.end_to_end_dp and ledger.epsilon_scope == "whole run"
+    assert PrivacyLedger.from_json(ledger.to_json()) == ledger
+    # the same events as one run of 500 steps: the composition is exact, not a sum of two ε
+    single = PrivacyLedger(phase1="none", phase1_dataset=None, private_dataset="mnist", selection_eps1=None,
+                           training=training_record(0.01, 2.0, 500, 1.0, 500, 50000), delta=1e-5)
+    assert ledger.best_bound().epsilon == pytest.approx(single.best_bound().epsilon, rel=1e-6)
+    with pytest.raises(DpltmUserError, match="warm-up rounds"):
+        PrivacyLedger(phase1="private", phase1_dataset="mnist", private_dataset="mnist", selection_eps1=None,
+                      training=training, delta=1e-5)
+    with pytest.raises(DpltmUserError, match="warm-up rounds"):
+        PrivacyLedger(phase1="public", phase1_dataset="kmnist", private_dataset="mnist", selection_eps1=None,
+                      training=training, delta=1e-5, phase1_training=(warmup,))
+    tampered = ledger.to_json()
+    tampered["phase1_training"][0]["sigma"] = 4.0  # the stored DpEvent no longer matches
+    with pytest.raises(DpltmUserError, match="inconsistent"):
+        PrivacyLedger.from_json(tampered)
+
+
+def test_lr_sigma_sets_a_dp_runs_learning_rate_from_its_sigma(tiny_splits: DatasetSplits) -> None:
+    from dpltm.private_training import plan_training
+
+    settings = TrainSettings(epochs=2, batch_size=64, eps2=1.0, lr=0.1, lr_sigma=3.0)
+    plan = plan_training(settings, len(tiny_splits.train))
+    assert plan.lr == pytest.approx(3.0 / plan.noise_multiplier)
+    assert plan_training(dataclasses.replace(settings, lr_sigma=None), len(tiny_splits.train)).lr == 0.1
+    with pytest.raises(DpltmUserError, match="--lr-sigma"):
+        TrainSettings(lr_sigma=-1.0)
+
+
+def test_select_refuses_a_private_ticket_saying_what_to_do(tiny_splits: DatasetSplits, tmp_path: Path,
+                                                          capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpltm.cli import main
+
+    make_private_ticket(_config(), tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=1)
+    monkeypatch.setattr(sys, "argv", ["dpltm", "select", "--tickets", str(tmp_path / "t.pt"), "--best"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert "needs no selection; train it with `dpltm train --ticket" in capsys.readouterr().err

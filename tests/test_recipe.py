@@ -166,3 +166,19 @@ def test_a_tickets_activation_can_be_overridden(tiny_splits: DatasetSplits) -> N
     # a ticket file written before the option (no activation key) is a ReLU ticket
     old = {**ticket, "architecture": {k: v for k, v in ticket["architecture"].items() if k != "activation"}}
     assert model_from_ticket(old, 20, 4, seed=0)[0].arch.activation == "relu"
+
+
+def test_the_tuned_recipe_layers_under_the_config_file_and_flags(tmp_path: Any) -> None:
+    from dpltm.cli import RunRecipe, chosen_recipe
+    from dpltm.config import resolve_train_config
+
+    tuned = resolve_train_config({"recipe": "tuned"}, None)
+    assert (tuned.model.activation, tuned.train.batch_size, tuned.train.lr_sigma, tuned.train.ema) == (
+        "tanh", 1600, 6.0, 0.999)
+    assert resolve_train_config({}, None).train.lr_sigma is None  # the paper's defaults are untouched
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  batch_size: 800\n")
+    both = resolve_train_config({"recipe": "tuned", "train": {"ema": 0.99}}, config)
+    assert (both.train.batch_size, both.train.ema, both.train.lr_sigma) == (800, 0.99, 6.0)
+    assert chosen_recipe(RunRecipe.auto, 54000) == "tuned" and chosen_recipe(RunRecipe.auto, 1336) == "paper"
+    assert chosen_recipe(RunRecipe.paper, 54000) == "paper"

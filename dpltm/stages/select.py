@@ -112,7 +112,11 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     if source is None:
         source = newest_ticket_set(default_checkpoint_dir())
         err_console.print(f"using the newest ticket set in {default_checkpoint_dir()}/: {source} (--tickets to choose)")
-    payload = load_checkpoint(source, "tickets")
+    payload = load_checkpoint(source, ("tickets", "ticket"))
+    if payload["kind"] == "ticket":
+        what = "a private ticket (generate --private)" if payload["selection"]["method"] == "private" else "a winner"
+        raise DpltmUserError(f"{source} is {what}, not a ticket set: it needs no selection; train it with "
+                             f"`dpltm train --ticket {source}`")
     target = out or default_checkpoint_dir() / f"{payload['data']['dataset']}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config])
     chosen_eps1 = None if best or noise_aware is not None else settings.eps1
