@@ -146,7 +146,7 @@ def generate(
     val_fraction: Annotated[float | None, typer.Option(help="Fraction of the training pool held out for validation.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for θ0, data split and batch order.")] = None,
     private: Annotated[bool, typer.Option("--private", help="Make ONE ticket on the private data itself, with privacy: DP-SGD warm-up (the train: recipe), masks by magnitude of the DP weights, one σ calibrated so warm-up + the planned training meet --eps. Writes a ticket for `dpltm train --ticket` (no select).")] = False,
-    eps: Annotated[float | None, typer.Option(help="With --private: ε of the whole run (warm-up and training, composed by PLD). Default 1.")] = None,
+    eps: Annotated[float | None, typer.Option(help="With --private: ε of the whole run (warm-up and training, composed by PLD). Default: train.eps2 of the config (0.9 in defaults.yaml).")] = None,
     delta: Annotated[float | None, typer.Option(help="With --private: δ (default 1e-5).")] = None,
     warmup_epochs: Annotated[int | None, typer.Option(help="With --private: DP-SGD epochs per warm-up round (default 10).")] = None,
     density: Annotated[float | None, typer.Option(help="With --private: fraction of weights the ticket keeps (default 0.25).")] = None,
@@ -174,7 +174,7 @@ def generate(
         private_cli = {
             "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
             "model": {"hidden": _ints(hidden, "--hidden"), "project_to": project_to, "activation": activation},
-            "train": {"eps2": 1.0 if eps is None else eps, "delta": delta, "epochs": epochs,
+            "train": {"eps2": eps, "delta": delta, "epochs": epochs,
                       "batch_size": batch_size, "lr": lr},
             "private_ticket": {"warmup_epochs": warmup_epochs, "rounds": rounds, "density": density,
                                "rewind": rewind},
@@ -409,6 +409,11 @@ def run(
     from dpltm.paths import default_checkpoint_dir
 
     if tickets == TicketSource.private:
+        public_only = {"--rounds": rounds, "--iterations": iterations, "--project-to": project_to}
+        given = [name for name, value in public_only.items() if value is not None]
+        if given or choice != TicketChoice.noise_aware:
+            raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
+                                 "--tickets private (its warm-up rounds are a config setting, private_ticket.rounds)")
         run_private_tickets(dataset, eps, delta, epochs, batch_size, activation, momentum, ema, seed, warmup_epochs,
                             density, device, config, data_dir, out, overwrite, progress, json_out, recipe)
         return
@@ -483,20 +488,23 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
     settings = resolve_train_config({"data": {"dataset": dataset}, "train": {"epochs": epochs}, "recipe": chosen},
                                     config)
     warmup = warmup_epochs if warmup_epochs is not None else settings.private_ticket.warmup_epochs
-    if warmup >= settings.train.epochs:
-        raise DpltmUserError(f"--warmup-epochs {warmup} leaves none of the {settings.train.epochs} epochs for training")
+    rounds = settings.private_ticket.rounds
+    if warmup * rounds >= settings.train.epochs:
+        raise DpltmUserError(f"{rounds} warm-up round(s) of {warmup} epochs leave none of the "
+                             f"{settings.train.epochs} epochs for training")
     model_out = out or default_checkpoint_dir() / f"{dataset}-dpltm-private.pt"
     ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
     for path in (model_out, ticket_path):
         prepare_output(path, overwrite=overwrite, inputs=[config])
     train_cli = {"data": {"dataset": dataset},
-                 "train": {"eps2": eps, "delta": delta, "epochs": settings.train.epochs - warmup,
+                 "train": {"eps2": eps, "delta": delta, "epochs": settings.train.epochs - warmup * rounds,
                            "batch_size": batch_size, "momentum": momentum, "ema": ema},
                  "model": {"activation": activation},
                  "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed,
                  "recipe": chosen}
-    err_console.print(f"[bold]1/2[/bold] private ticket on {dataset}: {warmup} DP warm-up epochs, then "
-                      f"{settings.train.epochs - warmup} epochs of DP training, ε = {eps:g} in all; recipe {chosen}")
+    err_console.print(f"[bold]1/2[/bold] private ticket on {dataset}: {rounds} × {warmup} DP warm-up epochs, then "
+                      f"{settings.train.epochs - warmup * rounds} epochs of DP training, ε = {eps:g} in all; "
+                      f"recipe {chosen}")
     stage_generate_private(train_cli, config, data_dir, device, ticket_path, overwrite, progress)
     err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {dataset}")
     report = stage_train(train_cli, config, ticket_path, False, False, data_dir, device, model_out, progress,

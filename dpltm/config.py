@@ -528,16 +528,28 @@ def recipe_tree(recipe: str | None) -> dict[str, Any]:
     return read_config_file(CONFIG_DIR / "recipes" / f"{recipe}.yaml")
 
 
-def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recipe: str | None = None) -> TrainConfig:
+RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all"))}
+"""The public data each recipe was chosen on: a run that protects those very records cannot use it."""
+
+
+def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recipe: str | None = None,
+                         base: Mapping[str, Any] | None = None) -> TrainConfig:
     """Training reads `data:`, `train:` and `model:` (the dense baselines' shape). Its dataset is the
     private one: --dataset, else the --config file's `data.dataset`, else MNIST (defaults.yaml's
-    dataset is for generation). A `recipe` (or the CLI tree's `recipe` key) sits between the
-    defaults and the --config file."""
+    dataset is for generation). A `recipe` (or the CLI tree's `recipe` key) and then `base` (e.g. the
+    settings a private ticket was planned with) sit between the defaults and the --config file."""
     recipe = recipe or cli.get("recipe")
     cli = {k: v for k, v in cli.items() if k != "recipe"}
-    user = deep_merge(recipe_tree(recipe), read_config_file(config_file) if config_file is not None else {})
+    below = deep_merge(recipe_tree(recipe), base or {})
+    user = deep_merge(below, read_config_file(config_file) if config_file is not None else {})
     dataset = cli.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
     cli = {**cli, "data": {**cli.get("data", {}), "dataset": dataset}}
     tree = _merge_layers(cli, user, ("data", "train", "model", "private_ticket"))
-    return from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "model", "private_ticket", "seed")
-                                   if k in tree})
+    cfg = from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "model", "private_ticket", "seed")
+                                  if k in tree})
+    if recipe in RECIPE_TUNED_ON:
+        name, splits = RECIPE_TUNED_ON[recipe]
+        if cfg.data.dataset == name and cfg.data.split in splits:
+            raise DpltmUserError(f"--recipe {recipe} was chosen on {name}'s test split: those records are not public "
+                                 f"for a run that protects them; use --recipe paper (or tune on other public data)")
+    return cfg

@@ -186,9 +186,11 @@ class Experiment:
         save_atomic(winner, path, "ticket")
         return path
 
-    def model_settings(self) -> ModelSettings:
-        """The recipe's network options (e.g. `model: {activation: tanh}`) for every method alike."""
-        return ModelSettings(**self.spec.get("model", {}))
+    def model_settings(self, dataset: str | None = None) -> ModelSettings:
+        """The recipe's network options (e.g. `model: {activation: tanh}`) for every method alike,
+        with a dataset's own (`dataset_model`) where the profile gives one."""
+        options = {**self.spec.get("model", {}), **self.spec.get("dataset_model", {}).get(dataset, {})}
+        return ModelSettings(**options)
 
     def noise_aware_winner(self, tickets: Path, run: Run, settings: TrainSettings, n_private: int) -> Path:
         """The noise-aware choice among the public tickets, made once per planned run and cached."""
@@ -208,7 +210,7 @@ class Experiment:
         plan = plan_training(settings, nominal)
         planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
                              plan.lr, settings.optimizer, settings.momentum,
-                             self.model_settings().activation, settings.ema)
+                             self.model_settings(run.dataset).activation, settings.ema)
         key = json.dumps({"tickets": tickets.name, "rounds": [t["round"] for t in payload["tickets"]],
                           "plan": dataclasses.asdict(planned)}, sort_keys=True)
         cache = self.out_dir / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
@@ -245,7 +247,7 @@ class Experiment:
                                  f"of the recipe's {settings.epochs} for training")
         training = dataclasses.replace(settings, epochs=settings.epochs - p.warmup_epochs * p.rounds)
         cfg = TrainConfig(data=DataSettings(dataset=run.dataset, split=run.split), train=training,
-                          model=self.model_settings(), private_ticket=p, seed=run.seed)
+                          model=self.model_settings(run.dataset), private_ticket=p, seed=run.seed)
         path = self.model_dir / f"private-ticket-{run.dataset}-{run.epsilon:g}-{run.seed}.pt"
         make_private_ticket(cfg, data, path, progress=False, noise_seed=None)
         return path, training
@@ -307,7 +309,7 @@ class Experiment:
         ticket_path, settings, private = self.prepare_run(run, data)
         assert_public = False
         cfg = TrainConfig(data=DataSettings(dataset=run.dataset, split=run.split), train=settings,
-                          model=self.model_settings(), seed=run.seed)
+                          model=self.model_settings(run.dataset), seed=run.seed)
         out = self.model_dir / f"{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
         ticket = load_checkpoint(ticket_path, "ticket") if ticket_path else None
         started = time.perf_counter()

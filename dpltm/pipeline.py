@@ -100,9 +100,12 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
             raise DpltmUserError(
                 f"this private ticket was made on {generated_on} with other data settings (data fingerprint "
                 "differs): train it on the same dataset, split, seed and --val-fraction it was made with")
+        warmup = ticket.get("private_ticket", {}).get("warmup")
+        if not isinstance(warmup, list) or not warmup:
+            raise DpltmUserError("the private ticket lacks the record of its DP warm-up (a damaged or foreign file)")
         return TicketOrigin("private", generated_on, None,
                             f"ticket made on {generated_on} itself, with privacy (DP warm-up, composed below)",
-                            phase1_training=tuple(ticket["private_ticket"]["warmup"]))
+                            phase1_training=tuple(warmup))
     selection = ticket["selection"]
     private_dataset = private.name
     same_name = source["dataset"] == private_dataset

@@ -21,6 +21,7 @@ top-k mask); this is its plain-magnitude form, with the paper's layer-wise pruni
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -112,6 +113,9 @@ def plan_private_ticket(cfg: TrainConfig, dataset_size: int) -> PrivateTicketPla
         raise DpltmUserError("--private needs --eps (the whole run's budget)")
     if s.noise == "shaped":
         raise DpltmUserError("--private does not support --noise shaped (it needs public data)")
+    if s.patience is not None or s.target_eps is not None:
+        # an early stop would choose the warm-up's end from private validation data without privacy
+        raise DpltmUserError("--private plans every phase before it starts: drop train.patience / train.target_eps")
     if s.batch_size >= dataset_size:
         raise DpltmUserError(f"--batch-size {s.batch_size} must be smaller than the training set "
                              f"({dataset_size} records)")
@@ -150,7 +154,8 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
         round_plan = TrainPlan(plan.dataset_size, plan.expected_batch_size, plan.sample_rate, plan.steps_per_epoch,
                                p.warmup_epochs, plan.noise_multiplier, plan.noise_parameter, True, s.lr)
         context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name)
-        outcome = run_private(model, data, round_plan, s, seed=seed + 7919 * r, epsilon_after=epsilon_after,
+        outcome = run_private(model, data, round_plan, s, seed=phase_seed(seed, f"warm-up {r}"),
+                              epsilon_after=epsilon_after,
                               progress=progress, noise_context=context)
         released = outcome.released if outcome.released is not None else model
         weights = {n: w.detach() for n, w in released.weights().items()}
@@ -188,7 +193,8 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
             "epsilon_spent": spent_eps,
             "statement": (f"made with privacy on {data.name}: {p.rounds} DP-SGD warm-up round(s) of "
                           f"{plan.warmup_steps} steps, q = {plan.sample_rate:.4g}, σ = {plan.noise_multiplier:.4g}; "
-                          f"this file is (ε = {spent_eps:.4g}, δ = {plan.delta:g})-DP on its own"),
+                          f"its weights and mask are (ε = {spent_eps:.4g}, δ = {plan.delta:g})-DP for the "
+                          f"{plan.dataset_size} training records (its validation accuracy is not private)"),
         },
         "selection": {"method": SELECTION_METHOD, "eps1": None, "draws": 0, "eps1_total": None,
                       "noise_aware": None},
@@ -212,6 +218,14 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     return payload
 
 
+def phase_seed(seed: int, phase: str) -> int:
+    """A 63-bit seed for one phase, derived from the run's seed by SHA-256, so that phases given one
+    user seed (the warm-up rounds here, training later with the same --noise-seed) never share
+    Poisson batches or noise draws: the composition assumes independent randomness."""
+    digest = hashlib.sha256(f"{seed}:{phase}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
 def _composed(events: list[DpEvent]) -> DpEvent:
     from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
 
@@ -220,3 +234,21 @@ def _composed(events: list[DpEvent]) -> DpEvent:
 
 def is_private_ticket(ticket: dict[str, Any] | None) -> bool:
     return ticket is not None and ticket.get("selection", {}).get("method") == SELECTION_METHOD
+
+
+def private_ticket_plan(ticket: dict[str, Any]) -> dict[str, Any]:
+    """The training settings a private ticket was planned with, as a config tree: its data settings
+    and seed (so its data fingerprint matches), its recipe and model, and the whole run's ε as the
+    training target (`train.eps2` with a private ticket means the whole run's ε)."""
+    record = ticket.get("private_ticket")
+    config = ticket.get("source", {}).get("config")
+    if not isinstance(record, dict) or not isinstance(config, dict) or "epsilon_total" not in record:
+        raise DpltmUserError("the private ticket lacks its plan (a damaged or foreign ticket file)")
+    train = {k: v for k, v in config.get("train", {}).items() if k not in ("sigma", "target_eps", "patience")}
+    data = {k: v for k, v in config.get("data", {}).items() if k != "dataset"}
+    plan: dict[str, Any] = {"data": data, "train": {**train, "eps2": record["epsilon_total"]}}
+    if config.get("model", {}).get("activation") is not None:
+        plan["model"] = {"activation": config["model"]["activation"]}
+    if config.get("seed") is not None:
+        plan["seed"] = config["seed"]
+    return plan

@@ -192,3 +192,33 @@ def test_select_refuses_a_private_ticket_saying_what_to_do(tiny_splits: DatasetS
         main()
     assert exit_info.value.code == 2
     assert "needs no selection; train it with `dpltm train --ticket" in capsys.readouterr().err
+
+
+def test_training_a_private_ticket_defaults_to_its_plan_under_config_and_flags(tiny_splits: DatasetSplits,
+                                                                               tmp_path: Path) -> None:
+    from dpltm.config import resolve_train_config
+    from dpltm.private_tickets import private_ticket_plan
+
+    cfg = dataclasses.replace(_config(eps=1.5, epochs=4), model=dataclasses.replace(_config().model,
+                                                                                   activation="tanh"))
+    make_private_ticket(cfg, tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=1)
+    plan = private_ticket_plan(load_ticket(tmp_path / "t.pt"))
+    resolved = resolve_train_config({"data": {"dataset": "blobs"}}, None, base=plan)
+    assert (resolved.train.eps2, resolved.train.epochs, resolved.train.batch_size, resolved.model.activation) == (
+        1.5, 4, 64, "tanh")
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  eps2: 0.5\n")  # the user's config file outranks the ticket's plan
+    assert resolve_train_config({"data": {"dataset": "blobs"}}, config, base=plan).train.eps2 == 0.5
+    flags = resolve_train_config({"data": {"dataset": "blobs"}, "train": {"epochs": 7}}, config, base=plan)
+    assert flags.train.epochs == 7
+
+
+def test_phases_never_share_randomness_and_warmup_cannot_stop_early(tiny_splits: DatasetSplits) -> None:
+    from dpltm.private_tickets import phase_seed
+
+    seeds = {phase_seed(5, "warm-up 0"), phase_seed(5, "warm-up 1"), 5, 6}
+    assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
+    for change in ({"patience": 2}, {"target_eps": 0.5}):
+        cfg = dataclasses.replace(_config(), train=dataclasses.replace(_config().train, **change))
+        with pytest.raises(DpltmUserError, match="patience"):
+            plan_private_ticket(cfg, len(tiny_splits.train))

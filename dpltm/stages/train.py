@@ -19,15 +19,15 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.private_tickets import is_private_ticket
+    from dpltm.private_tickets import is_private_ticket, private_ticket_plan
 
     ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
-    if is_private_ticket(ticket_body) and not non_private and cli.get("train", {}).get("eps2") is None \
-            and cli.get("train", {}).get("sigma") is None:
-        # a private ticket was planned for a whole-run budget: train to it unless told otherwise
-        total = ticket_body["private_ticket"]["epsilon_total"]  # type: ignore[index]
-        cli = {**cli, "train": {**cli.get("train", {}), "eps2": total}}
-    cfg = resolve_train_config(cli, config)
+    # A private ticket was made with a training plan (recipe, epochs, data settings, and the whole
+    # run's ε): that plan is the default, under the --config file and flags.
+    base = private_ticket_plan(ticket_body) if is_private_ticket(ticket_body) else None
+    if base is not None and not cli.get("data", {}).get("dataset"):  # the data it was made on
+        cli = {**cli, "data": {**cli.get("data", {}), "dataset": ticket_body["source"]["data"]["dataset"]}}  # type: ignore[index]
+    cfg = resolve_train_config(cli, config, base=base)
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
