@@ -338,3 +338,16 @@ def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_r
     assert report["end_to_end_dp"] is True and report["composition"] == "training-only"
     ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["ledger"])
     assert ledger.selection_eps1 is None and type(ledger.selection_event()).__name__ == "NoOpDpEvent"
+
+
+def test_run_with_the_tuned_recipe_sets_lr_from_sigma(data_root: Path, tmp_path: Path) -> None:
+    report = invoke("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
+                    "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
+                    "--batch-size", "16", "--recipe", "tuned", "--device", "cpu", "--no-progress", "--json",
+                    "--out", str(tmp_path / "m.pt"))
+    body = load_checkpoint(tmp_path / "m.pt", "model")
+    train = body["config"]["train"]
+    assert train["lr_sigma"] == 6.0 and train["lr"] == pytest.approx(6.0 / report["noise_multiplier"])
+    assert body["architecture"]["activation"] == "tanh" and report["released_weights"] == "ema(0.999)"
+    assert report["end_to_end_dp"] is True and report["epsilon"] <= 1.0
+    assert body["ticket"]["selection"]["noise_aware"]["plan"]["lr"] == pytest.approx(train["lr"])
