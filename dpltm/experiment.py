@@ -66,6 +66,8 @@ from dpltm.selection import Selection, choose, winner_payload
 RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
                  "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
                  "epochs_run", "seconds", "prep_seconds", "noise_seed", "selection_seed"]
+METHODS = ("dpltm-same", "dpltm-public", "dpltm-noise-aware", "dpltm-private", "dpsgd", "nonprivate", "random-ticket")
+"""Every method a grid can run (see the module docstring)."""
 FRESH_SEED = "csprng"
 """Value of the `noise_seed`/`selection_seed` columns: a fresh OS-CSPRNG seed, not stored."""
 

@@ -73,14 +73,25 @@ def test_bad_values_are_user_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", _yaml_files("experiments"), ids=lambda p: p.name)
 def test_every_experiment_profile_is_complete(path: Path) -> None:
     """The reproduction's profiles name only known methods and build valid settings."""
+    from dpltm.config import ModelSettings, PrivateTicketSettings
     from dpltm.data import DATASETS
+    from dpltm.experiment import METHODS
 
     spec = read_yaml(path)
-    assert set(spec["methods"]) <= {"dpltm-same", "dpltm-public", "dpsgd", "nonprivate"}
+    assert set(spec["methods"]) <= set(METHODS)
     assert all(entry["name"] in DATASETS for entry in spec["datasets"])
     assert all(0 < e for e in spec["epsilons"]) and 0 < spec["selection_fraction"] < 1
     GenerateSettings(**spec["generate"])
     TrainSettings(**spec["train"])
+    ModelSettings(**spec.get("model", {}))
+    PrivateTicketSettings(**spec.get("private_ticket", {}))
+    for overrides in [*spec.get("dataset_train", {}).values(), spec.get("small_dataset", {})]:
+        TrainSettings(**{**spec["train"], **overrides})
+    for name, options in spec.get("dataset_model", {}).items():
+        assert name in DATASETS
+        ModelSettings(**{**spec.get("model", {}), **options})
+    assert set(spec.get("method_seeds", {})) <= set(spec["methods"])
+    assert set(spec.get("method_datasets", {})) <= set(spec["methods"])
 
 
 # ---- strict types, unknown sections and keys --------------------------------------------------
