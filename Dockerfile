@@ -1,26 +1,27 @@
-# GPU image for dpltm: CUDA runtime + torch + the package, installed as a normal (non-editable)
-# package with its configs inside it.
+# GPU image for dpltm. The torch wheel bundles its CUDA libraries, so a slim Python base is enough;
+# `docker run --gpus all` provides the driver. dpltm is installed as a normal (non-editable) package
+# by docker/install.sh, the same script CI runs outside Docker (.ci/run), and runs as a non-root user.
 #   docker build -t dpltm .
-#   docker run --gpus all -v /path/to/data:/data -v $PWD/checkpoints:/opt/dpltm/checkpoints \
-#       dpltm generate --dataset kmnist --split test --device cuda
-FROM nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
+#   docker run --gpus all -v /path/to/data:/data -v $PWD/checkpoints:/work/checkpoints dpltm run --device cuda
+#   docker run --gpus all -v /path/to/data:/data -v $PWD/checkpoints:/work/checkpoints dpltm \
+#       generate --dataset kmnist --split test --device cuda
+FROM python:3.12-slim
 
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
-    && rm -rf /var/lib/apt/lists/*
-
-WORKDIR /opt/dpltm
-RUN python3 -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH \
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
     DPLTM_DATA_DIR=/data \
-    PYTHONUNBUFFERED=1
-# Dependencies first (a cached layer: a stub package with the real metadata), then the code.
-COPY pyproject.toml README.md ./
-RUN mkdir -p dpltm && echo '__version__ = "0"' > dpltm/__init__.py \
-    && pip install --no-cache-dir . && pip uninstall -y dpltm && rm -rf dpltm build
-COPY dpltm ./dpltm
-RUN pip install --no-cache-dir --no-deps . && rm -rf build dpltm
+    PATH=/opt/venv/bin:$PATH
 
-VOLUME ["/data", "/opt/dpltm/checkpoints"]
+COPY pyproject.toml README.md /src/
+COPY dpltm /src/dpltm
+COPY docker/install.sh /src/docker/install.sh
+RUN bash /src/docker/install.sh /opt/venv /src && rm -rf /src \
+    && useradd --create-home --uid 1000 dpltm \
+    && mkdir -p /data /work/checkpoints && chown dpltm:dpltm /work /work/checkpoints
+
+USER dpltm
+WORKDIR /work
+# data (read-only is fine) and outputs (checkpoints/ under the working directory) are volumes
+VOLUME ["/data", "/work/checkpoints"]
 ENTRYPOINT ["dpltm"]
 CMD ["--help"]
