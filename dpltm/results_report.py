@@ -72,10 +72,12 @@ def summarise(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], dict[str
     return out
 
 
-def _cell(stats: dict[str, Any] | None) -> str:
+def _cell(stats: dict[str, Any] | None, seeds: int | None = None) -> str:
+    """mean ± std over seeds; the number of seeds when it is fewer than the grid's (`seeds`)."""
     if stats is None:
         return "–"
-    return f"{stats['mean']:.3f} ± {stats['std']:.3f}" if stats["n"] > 1 else f"{stats['mean']:.3f}"
+    text = f"{stats['mean']:.3f} ± {stats['std']:.3f}" if stats["n"] > 1 else f"{stats['mean']:.3f}"
+    return text + (f" (n={stats['n']})" if seeds is not None and stats["n"] < seeds else "")
 
 
 def make_figures(summary: dict[tuple[str, str, str], dict[str, Any]], curves: list[dict[str, str]],
@@ -146,14 +148,16 @@ def write_markdown(summary: dict[tuple[str, str, str], dict[str, Any]], epsilons
     datasets = sorted({k[0] for k in summary})
     xs = [f"{e:g}" for e in epsilons]
     methods = [m for m in METHOD_ORDER if any(k[1] == m for k in summary)]
-    lines = [header, "", "## Test accuracy against ε (mean ± std over seeds; δ = 1e-5)", ""]
+    seeds = max((v["n"] for v in summary.values()), default=0)
+    lines = [header, "", f"## Test accuracy against ε (mean ± std over {seeds} seeds unless n says fewer; "
+             "δ = 1e-5)", ""]
     for dataset in datasets:
         lines += [f"### {dataset}", "", "| method | " + " | ".join(f"ε = {x}" for x in xs) + " |",
                   "| --- | " + " | ".join("---" for _ in xs) + " |"]
         for method in methods:
-            lines.append(f"| {METHOD_LABELS[method]} | " + " | ".join(_cell(summary.get((dataset, method, x)))
+            lines.append(f"| {METHOD_LABELS[method]} | " + " | ".join(_cell(summary.get((dataset, method, x)), seeds)
                                                                      for x in xs) + " |")
-        lines.append(f"| non-private | {_cell(summary.get((dataset, 'nonprivate', 'inf')))} |"
+        lines.append(f"| non-private | {_cell(summary.get((dataset, 'nonprivate', 'inf')), seeds)} |"
                      + " |" * (len(xs) - 1))
         lines.append("")
     lines += standing(summary, datasets, xs)
