@@ -157,8 +157,11 @@ def to_dict(settings: Any) -> dict[str, Any]:
 #: earlier (ticket sets a resumed `generate` continues) keep their hash.
 HASH_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
     "model": {"activation": "relu"},
-    "train": {"momentum": 0.0, "ema": None},
+    "train": {"momentum": 0.0, "ema": None, "lr_sigma": None},
+    "private_ticket": {"warmup_epochs": 10, "rounds": 1, "density": 0.25, "rewind": "warmup"},
 }
+"""Options added after configs were first hashed: at their defaults they leave the hash as it was
+(a section left empty is dropped), so older outputs still resume."""
 
 
 def config_hash(settings: Any) -> str:
@@ -169,6 +172,8 @@ def config_hash(settings: Any) -> str:
             for key, value in omitted.items():
                 if key in part and part[key] == value:
                     del part[key]
+            if not part:
+                del tree[section]
     blob = json.dumps(tree, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
