@@ -25,8 +25,8 @@ from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.privacy.accounting import require_support
-from dpltm.privacy.events import DpEvent, dpsgd_event
-from dpltm.privacy.ledger import PrivacyLedger, round_up, training_record
+from dpltm.privacy.events import DpEvent
+from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, round_up, training_record
 from dpltm.private_tickets import is_private_ticket
 from dpltm.private_training import (
     TrainOutcome,
@@ -56,7 +56,7 @@ class TicketOrigin:
 
     def spent_events(self) -> list[DpEvent]:
         """The DP events that already ran on the private data before training (private tickets)."""
-        return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in self.phase1_training or ()]
+        return dpsgd_events(self.phase1_training or ())
 
 
 def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensors) -> int:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
 
 from dpltm import __version__
 from dpltm.checkpoint import save_atomic
@@ -148,7 +149,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
         spent = plan.warmup_events(r)
 
         def epsilon_after(steps: int, spent: list[DpEvent] = spent) -> float:
-            return epsilon(_composed([*spent, dpsgd_event(plan.sample_rate, plan.noise_multiplier, steps)]),
+            return epsilon(ComposedDpEvent([*spent, dpsgd_event(plan.sample_rate, plan.noise_multiplier, steps)]),
                            plan.delta, s.accountant, s.neighboring)
 
         round_plan = TrainPlan(plan.dataset_size, plan.expected_batch_size, plan.sample_rate, plan.steps_per_epoch,
@@ -175,7 +176,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     start = {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.startswith("mask_")}
     warmup = [training_record(plan.sample_rate, plan.noise_multiplier, plan.warmup_steps, s.clip,
                               plan.expected_batch_size, plan.dataset_size) for _ in range(p.rounds)]
-    spent_eps = epsilon(_composed(plan.warmup_events()), plan.delta, s.accountant, s.neighboring)
+    spent_eps = epsilon(ComposedDpEvent(plan.warmup_events()), plan.delta, s.accountant, s.neighboring)
     cpu_masks = {k: v.cpu() for k, v in masks.items()}
     payload = {
         "dpltm_version": __version__,
@@ -210,7 +211,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
             "delta": plan.delta,
             "accountant": s.accountant,
             "neighboring": s.neighboring,
-            "dp_event": event_to_json(_composed(plan.warmup_events())),
+            "dp_event": event_to_json(ComposedDpEvent(plan.warmup_events())),
             "randomness": randomness,
         },
     }
@@ -224,12 +225,6 @@ def phase_seed(seed: int, phase: str) -> int:
     Poisson batches or noise draws: the composition assumes independent randomness."""
     digest = hashlib.sha256(f"{seed}:{phase}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
-
-
-def _composed(events: list[DpEvent]) -> DpEvent:
-    from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
-
-    return ComposedDpEvent(list(events))
 
 
 def is_private_ticket(ticket: dict[str, Any] | None) -> bool:

@@ -283,10 +283,7 @@ def calibrate_after(
     earlier ones' outputs; the accountant composes the events exactly (PLD) or by RDP. Raises
     DpltmUserError when `spent` alone already reaches the target.
     """
-    t = check_target_epsilon(target_epsilon)
-    d = check_delta(delta)
-    check_accountant(accountant)
-    check_neighboring(neighboring)
+    t, d = _checked(target_epsilon, delta, accountant, neighboring)
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
     floor = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), d, accountant, neighboring) \
         if spent else 0.0
@@ -311,10 +308,7 @@ def calibrate_phases(
     """The smallest σ, shared by every DP-SGD phase (q_i, T_i) on the same data, for which their
     composition meets (target_epsilon, delta): how a private-ticket run (warm-up rounds, then
     training) is planned before any private record is read."""
-    t = check_target_epsilon(target_epsilon)
-    d = check_delta(delta)
-    check_accountant(accountant)
-    check_neighboring(neighboring)
+    t, d = _checked(target_epsilon, delta, accountant, neighboring)
     if not phases:
         raise DpltmUserError("no DP-SGD phase to calibrate")
     for q, steps in phases:
@@ -324,3 +318,10 @@ def calibrate_phases(
         return dp_accounting.ComposedDpEvent([dpsgd_event(q, sigma, steps) for q, steps in phases])
 
     return _calibrate(all_phases, t, d, accountant, neighboring, rel_tol)
+
+
+def _checked(target_epsilon: float, delta: float, accountant: str, neighboring: str) -> tuple[float, float]:
+    """The validation every public calibration starts with: (target ε, δ), both checked."""
+    check_accountant(accountant)
+    check_neighboring(neighboring)
+    return check_target_epsilon(target_epsilon), check_delta(delta)

@@ -24,7 +24,7 @@ gives the overall ε as infinite.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
@@ -97,6 +97,11 @@ def training_record(
     if dataset_size is not None:
         out["dataset_size"] = int(dataset_size)
     return out
+
+
+def dpsgd_events(records: Iterable[Mapping[str, Any]]) -> list[DpEvent]:
+    """The DP-SGD event of each `training_record`-style record (q, sigma, steps)."""
+    return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in records]
 
 
 def round_up(value: float, digits: int = 3) -> str:
@@ -209,7 +214,7 @@ class PrivacyLedger:
         return NonPrivateDpEvent() if self.phase1 == "same-data" else NoOpDpEvent()
 
     def _warmup_events(self) -> list[DpEvent]:
-        return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in self.phase1_training or ()]
+        return dpsgd_events(self.phase1_training or ())
 
     def selection_event(self) -> DpEvent:
         """ε1-DP exponential mechanism as ε1²/8-zCDP; NoOp when no private data was used."""
