@@ -95,6 +95,10 @@ def emit_json(report: dict[str, Any]) -> None:
 
 
 def finish_training_report(report: dict[str, Any], json_out: bool) -> None:
+    from dpltm.dp.distributed import is_main_process
+
+    if not is_main_process():  # another rank of a multi-device run: rank 0 reports
+        return
     print_training_report(report)
     if json_out:
         emit_json({k: v for k, v in report.items() if k != "statement"})
@@ -311,6 +315,9 @@ def train(
     seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.")] = None,
     noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
+    devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
+    num_nodes: Annotated[int, typer.Option("--num-nodes", help="Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, as Lightning documents).")] = 1,
+    strategy: Annotated[str, typer.Option(help="auto, or ddp (what auto picks for more than one process).")] = "auto",
     config: ConfigFile = None,
     data_dir: DataDir = None,
     out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-<mode>.pt).")] = None,
@@ -338,8 +345,12 @@ def train(
         "seed": seed,
         "recipe": recipe.value,
     }
+    from dpltm.dp.distributed import Distribution
+
+    distribution = Distribution(devices, num_nodes, strategy)
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
-                         public_data=public_data, noise_seed=noise_seed, overwrite=overwrite)
+                         public_data=public_data, noise_seed=noise_seed, overwrite=overwrite,
+                         distribution=distribution)
     finish_training_report(report, json_out)
 
 

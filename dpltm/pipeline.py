@@ -5,6 +5,7 @@ The CLI is a thin layer over these functions; `dpltm run` chains them.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import sys
@@ -21,6 +22,7 @@ from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.dp.distributed import Distribution, is_main_process
 from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
@@ -157,7 +159,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
           progress: bool = True,
           public_data: LabeledTensors | None = None, public_dataset: str | None = None,
           noise_seed: int | None = None, ticket_data: DatasetSplits | None = None,
-          on_start: Callable[[], None] | None = None) -> dict[str, Any]:
+          on_start: Callable[[], None] | None = None,
+          distribution: Distribution | None = None) -> dict[str, Any]:
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
@@ -165,9 +168,16 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     and Poisson sampling (default: a fresh OS-CSPRNG seed; never stored). `ticket_data` is the
     tickets' own data, reloaded to check a `--public-tickets` assertion record by record.
     `on_start` is called once every check has passed, just before training (the output is
-    locked from then on).
+    locked from then on). With a multi-process `distribution` (DP training only) every rank runs
+    this function; only rank 0 locks and writes the output.
     """
-    check_writable(out)
+    distribution = distribution or Distribution()
+    if distribution.multi_process and not private:
+        raise DpltmUserError("--devices/--num-nodes > 1 is for DP training; "
+                             "the non-private baseline runs on one device")
+    main = is_main_process()
+    if main:
+        check_writable(out)
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
     model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation)
@@ -202,16 +212,17 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         ledger = ledger_for(plan.steps)
         require_support(ledger.training_event(), s.accountant, s.neighboring)
         ledger.best_bound()
-    if on_start is not None:
+    if on_start is not None and main:
         on_start()
-    with output_lock(out):
-        seed, randomness = mechanism_seed(noise_seed)
+    with output_lock(out) if main else contextlib.nullcontext():
+        seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
         if plan is not None:
             context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
                                    public_data=public_data, public_dataset=public_dataset)
             outcome = run_private(model, data, plan, s, seed=seed,
-                                  epsilon_after=epsilon_after, progress=progress, noise_context=context,
-                                  on_epoch=_print_epoch if progress else None)
+                                  epsilon_after=epsilon_after, progress=progress and main, noise_context=context,
+                                  on_epoch=_print_epoch if progress and main else None,
+                                  distribution=distribution)
         else:
             outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
         if budget_note is not None and outcome.stop_reason.startswith("finished"):
@@ -223,6 +234,9 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         ledger = ledger_for(guarantee_steps)
         report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
         report["randomness"] = randomness if plan is not None else None
+        report["processes"] = distribution.world_size
+        if not main:  # another rank of a multi-device run: rank 0 writes
+            return report
         released = outcome.released if outcome.released is not None else model  # the EMA when on
         payload = model_payload(released, ledger, report, outcome, cfg, ticket, ticket_path, transfer, data)
         save_atomic(payload, out, "model")

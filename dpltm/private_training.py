@@ -30,6 +30,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from dpltm.batches import ShuffledBatches
 from dpltm.config import MAX_LR, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
 from dpltm.dp.sampling import PoissonBatches
@@ -188,7 +189,8 @@ class DPTrainingModule(L.LightningModule):
 
     def __init__(self, model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
-                 on_epoch: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                 distribution: Distribution | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
@@ -198,8 +200,10 @@ class DPTrainingModule(L.LightningModule):
         self.noise = noise
         self.epsilon_after = epsilon_after
         self.on_epoch = on_epoch
-        device = data.train.labels.device
-        self.noise_generator = torch.Generator(device=device).manual_seed(seed)
+        self.seed = seed
+        self.distribution = distribution or Distribution()
+        self.noise_generator = torch.Generator(device=data.train.labels.device).manual_seed(seed)
+        self.reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None
         # masks (and any noise geometry) never change during training
         self.layout = MaskLayout.of(model, data.train.features.dtype, noise.coordinate_scales())
         self.averager = make_averager(model, settings.ema)
@@ -215,6 +219,26 @@ class DPTrainingModule(L.LightningModule):
     def released(self) -> MaskedMLP:
         return released_model(self.model, self.averager)
 
+    def setup(self, stage: str) -> None:
+        """Under DDP: every rank takes rank 0's seed, so the noise generators agree and the noise is
+        one draw (dpltm.dp.distributed); the sampling generators stay rank-specific."""
+        if self.trainer.world_size > 1:
+            self.seed = int(self.trainer.strategy.broadcast(self.seed, src=0))
+            self.noise_generator.manual_seed(self.seed)
+            self.reduce = all_reduce_sum
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader[Tensor]:
+        """This rank's Poisson batches: of its shard of the records under DDP, of all of them on one device."""
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        n, device = len(self.data.train), self.data.train.labels.device
+        batches = PoissonBatches(n, self.plan.sample_rate, self.plan.steps_per_epoch,
+                                 rank_sampling_seed(self.seed, rank), device, shard(n, rank, world, device))
+        return torch.utils.data.DataLoader(batches, batch_size=None, num_workers=0)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Record indices already live where the data do."""
+        return batch
+
     def training_step(self, index: Tensor, batch_idx: int) -> None:
         train = self.data.train
         x = train.features.index_select(0, index)
@@ -222,7 +246,7 @@ class DPTrainingModule(L.LightningModule):
         grads, _, _ = private_gradients(
             self.model, x, y, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,
-            layout=self.layout,
+            layout=self.layout, reduce=self.reduce,
         )
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
@@ -272,26 +296,28 @@ class TrainOutcome:
 def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
                 seed: int, epsilon_after: Callable[[int], float],
                 progress: bool, noise_context: NoiseContext,
-                on_epoch: Callable[[dict[str, Any]], None] | None = None) -> TrainOutcome:
+                on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                distribution: Distribution | None = None) -> TrainOutcome:
+    """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP)."""
     device = data.train.labels.device
+    distribution = distribution or Distribution()
     noise = make_noise(settings.noise, plan.noise_parameter, noise_context)
     if abs(noise.effective_noise_multiplier - plan.noise_multiplier) > 1e-12 * max(1.0, plan.noise_multiplier):
         raise RuntimeError("noise plug-in disagrees with the plan's effective multiplier")
-    module = DPTrainingModule(model, data, plan, settings, noise, seed, epsilon_after, on_epoch)
-    batches = torch.utils.data.DataLoader(
-        PoissonBatches(len(data.train), plan.sample_rate, plan.steps_per_epoch, seed + 1, device),
-        batch_size=None, num_workers=0,
-    )
+    module = DPTrainingModule(model, data, plan, settings, noise, seed, epsilon_after, on_epoch, distribution)
     # No Lightning logger: the per-epoch history is written beside the model only once the model
     # is kept (dpltm.pipeline), so an interrupted run never clobbers the logs of a kept one.
     trainer = lightning_trainer(
         device,
+        distribution=distribution,
         max_epochs=plan.epochs,
         logger=False,
         enable_progress_bar=progress,
         callbacks=[RoundProgressBar("DP training")] if progress else [],
     )
-    fit_on_device(trainer, module, batches, device)
+    fit_on_device(trainer, module, None, device)
+    if trainer.world_size != distribution.world_size:
+        raise RuntimeError(f"trained on {trainer.world_size} processes, expected {distribution.world_size}")
     steps = len(module.history) * plan.steps_per_epoch
     reason = module.stop_reason or f"finished {plan.epochs} epochs"
     return TrainOutcome(module.history, steps, reason, module.released, released_weights(settings.ema))

@@ -26,6 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from dpltm.batches import ShuffledBatches
 from dpltm.data.types import LabeledTensors
+from dpltm.dp.distributed import Distribution
 from dpltm.model import MaskedMLP
 
 
@@ -114,12 +115,17 @@ class TrainResult:
     """Mean training loss over each block of `log_every` steps."""
 
 
-def lightning_trainer(device: torch.device, **kwargs: Any) -> L.Trainer:
-    """A single-device Trainer on `device` (in-memory tensors: no checkpoints, summary or validation)."""
+def lightning_trainer(device: torch.device, distribution: Distribution | None = None, **kwargs: Any) -> L.Trainer:
+    """A Trainer on `device` (in-memory tensors: no checkpoints, summary or validation): one device,
+    or with a multi-process `distribution`, DDP over `devices` per node and `num_nodes` nodes."""
+    if distribution is not None and distribution.multi_process:
+        kwargs.update(devices=distribution.devices, num_nodes=distribution.num_nodes,
+                      strategy=distribution.lightning_strategy(), use_distributed_sampler=False)
+    else:
+        kwargs.setdefault("devices", [device.index or 0] if device.type == "cuda" else 1)
     with quiet_lightning():
         return L.Trainer(
             accelerator="gpu" if device.type == "cuda" else device.type,
-            devices=[device.index or 0] if device.type == "cuda" else 1,
             enable_checkpointing=False,
             enable_model_summary=False,
             limit_val_batches=0,

@@ -57,12 +57,18 @@ def poisson_sample(n: int, sample_rate: float, generator: torch.Generator,
 
 
 class PoissonBatches(IterableDataset[Tensor]):
-    """`steps` Poisson batches of record indices, drawn from an explicit generator."""
+    """`steps` Poisson batches of record indices, drawn from an explicit generator.
+
+    With `shard` (the record indices one rank of a multi-device run owns; see
+    dpltm.dp.distributed) only those records are sampled, each still with probability q: the
+    union of the ranks' batches is then one Poisson batch of the whole dataset.
+    """
 
     def __init__(self, n: int, sample_rate: float, steps: int, seed: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", shard: Tensor | None = None) -> None:
         self.n, self.sample_rate, self.steps, self.seed = n, sample_rate, steps, seed
         self.device = torch.device(device)
+        self.shard = None if shard is None else shard.to(self.device)
         self.generator = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
         self.generator.manual_seed(seed)
 
@@ -71,4 +77,7 @@ class PoissonBatches(IterableDataset[Tensor]):
 
     def __iter__(self) -> Iterator[Tensor]:
         for _ in range(self.steps):
-            yield poisson_sample(self.n, self.sample_rate, self.generator, self.device)
+            if self.shard is None:
+                yield poisson_sample(self.n, self.sample_rate, self.generator, self.device)
+            else:
+                yield self.shard[poisson_sample(len(self.shard), self.sample_rate, self.generator, self.device)]

@@ -9,6 +9,8 @@ zero gradient and, because the forward pass multiplies by the mask, stay exactly
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -20,14 +22,19 @@ from dpltm.model import MaskedMLP
 def private_gradients(model: MaskedMLP, x: Tensor, y: Tensor, *, clip: float,
                       noise: NoiseMechanism, expected_batch_size: float,
                       generator: torch.Generator,
-                      layout: MaskLayout | None = None) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+                      layout: MaskLayout | None = None,
+                      reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
+                      ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
 
     Pass `layout` (MaskLayout.of(model), computed once) in a training loop; masks are fixed.
+    `reduce` sums the clipped sums over the ranks of a multi-device run before the noise is added
+    (dpltm.dp.distributed.all_reduce_sum): the noise is added once, to the sum over all ranks.
     """
     layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
     batch = clipped_gradient_sum(model, x, y, clip, layout)
-    noisy = noise.perturb(batch.grad_sums, layout.surviving, clip, generator)
+    sums = batch.grad_sums if reduce is None else reduce(batch.grad_sums)
+    noisy = noise.perturb(sums, layout.surviving, clip, generator)
     scale = 1.0 / expected_batch_size
     return {k: v.mul_(scale) for k, v in noisy.items()}, batch.norms, batch.loss_sum
 

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
+
+if TYPE_CHECKING:
+    from dpltm.dp.distributed import Distribution
 
 
 def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
-                overwrite: bool = False) -> dict[str, Any]:
+                overwrite: bool = False, distribution: Distribution | None = None) -> dict[str, Any]:
     from dpltm import pipeline
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
+    from dpltm.dp.distributed import Distribution, is_main_process, local_device
     from dpltm.paths import default_checkpoint_dir
     from dpltm.private_tickets import is_private_ticket, private_ticket_plan
 
@@ -30,8 +34,11 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     cfg = resolve_train_config(cli, config, base=base)
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
-    prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
-    torch_device = resolve_device(device)
+    distribution = distribution or Distribution()
+    main = is_main_process()  # under DDP, every rank runs this; rank 0 alone writes and prints
+    if main:
+        prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
+    torch_device = local_device(resolve_device(device), distribution)
     public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
     if public_name is not None and cfg.train.noise != "shaped":
         raise DpltmUserError(f"--public-data is only used by --noise shaped (this run uses {cfg.train.noise})")
@@ -44,18 +51,20 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     ticket_data = None
     if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
         ticket_data = pipeline.reload_ticket_data(ticket_body, data_dir)
-    on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
-                                                if target.exists() else ""))
+    if main:
+        on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
+                                                    if target.exists() else ""))
 
     def announce() -> None:
-        err_console.print(f"training on {data.name} ({len(data.train)} records) on {torch_device}: "
+        where = f"{distribution.world_size} processes (DDP)" if distribution.multi_process else str(torch_device)
+        err_console.print(f"training on {data.name} ({len(data.train)} records) on {where}: "
                           f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
                           f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
 
     return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
                           assert_public=public_tickets, progress=progress, public_data=public,
                           public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
-                          on_start=announce)
+                          on_start=announce, distribution=distribution)
 
 
 def print_training_report(report: dict[str, Any]) -> None:

@@ -1,0 +1,118 @@
+"""DP-SGD over several processes (Lightning DDP): the same mechanism as on one device.
+
+Per step, with R ranks (PRIVACY.md §7, "Multi-device DP-SGD"):
+
+* **Sampling.** Rank r Poisson-samples its shard {i : i ≡ r (mod R)} at rate q with its own
+  generator. Every record lies in exactly one shard, so it joins the step's batch (the union of
+  the ranks' batches) independently with probability q: the Poisson sample one device draws.
+* **Clipping.** Each rank clips its records and sums them; the sums are all-reduced, giving the
+  clipped sum over the union (a sum is a sum: no record is counted twice or dropped).
+* **Noise, once.** After the all-reduce every rank adds the *same* draw of N(0, σ²C²) from a
+  noise generator seeded identically everywhere (rank 0's seed, broadcast). The released sum
+  thus carries exactly one draw with the variance the accountant assumes, and every replica
+  applies the same ĝ, so they stay identical without a parameter broadcast. (The alternative,
+  independent N(0, σ²C²/R) per rank before the reduce, has the same variance but is exact only
+  while no rank sees another's draw; full-scale noise on every rank would be safe but R times
+  too noisy.)
+* **Accounting.** The event is SelfComposed(PoissonSampled(q, Gaussian(σ)), T), unchanged: the
+  ε of a run is the same on one device or many.
+
+Only DP training runs over several devices (`dpltm train --devices N`); generation and the
+non-private baseline run on one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dpltm.errors import DpltmUserError
+
+STRATEGIES = ("auto", "ddp")
+"""`ddp` runs one process per device, launched by Lightning (`python -m dpltm.cli` re-run per
+rank) or by torchrun/SLURM. Spawn-style strategies are refused: their workers' results (the
+per-epoch history, the EMA) would not come back to the process that writes the checkpoint."""
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """How many processes train: `devices` per node times `num_nodes`."""
+
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or self.num_nodes < 1:
+            raise DpltmUserError(f"--devices and --num-nodes must be ≥ 1, got {self.devices} and {self.num_nodes}")
+        if self.strategy not in STRATEGIES:
+            raise DpltmUserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    @property
+    def multi_process(self) -> bool:
+        return self.world_size > 1
+
+    def lightning_strategy(self) -> str:
+        return "ddp" if self.multi_process else "auto"
+
+
+def is_main_process() -> bool:
+    """Whether this process is rank 0 (it alone writes files and prints), as its launcher states it,
+    before any process group exists.
+
+    torchrun and SLURM-style launchers set RANK; Lightning's own launcher re-runs the command with
+    LOCAL_RANK (and NODE_RANK on other nodes) set. The first process of a Lightning launch has
+    none of them: rank 0.
+    """
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]) == 0
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+
+
+def local_device(device: torch.device, distribution: Distribution) -> torch.device:
+    """Each rank trains on its own GPU (cuda:LOCAL_RANK); CPU ranks share the CPU."""
+    if device.type != "cuda" or not distribution.multi_process:
+        return device
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if local >= torch.cuda.device_count():
+        raise DpltmUserError(f"--devices {distribution.devices}: this node has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", local)
+
+
+def rank_sampling_seed(seed: int, rank: int) -> int:
+    """The Poisson-sampling seed of `rank` (rank 0: seed + 1, what one device has always used);
+    distinct seeds give the ranks distinct generator streams."""
+    return (seed + 1 + rank * 0x9E3779B97F4A7C15) % 2**63
+
+
+def shard(n: int, rank: int, world_size: int, device: torch.device | str = "cpu") -> Tensor | None:
+    """The records rank `rank` samples from: {i : i ≡ rank (mod world_size)} (None: all)."""
+    if world_size == 1:
+        return None
+    return torch.arange(rank, n, world_size, device=device)
+
+
+def all_reduce_sum(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Sum every rank's tensors (in one flat all-reduce); a no-op without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tensors
+    names = list(tensors)
+    flat = torch.cat([tensors[name].reshape(-1) for name in names])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    out: dict[str, Tensor] = {}
+    offset = 0
+    for name in names:
+        size = tensors[name].numel()
+        out[name] = flat[offset : offset + size].view_as(tensors[name])
+        offset += size
+    return out
