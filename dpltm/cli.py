@@ -318,6 +318,7 @@ def train(
     devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
     num_nodes: Annotated[int, typer.Option("--num-nodes", help="Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, as Lightning documents).")] = 1,
     strategy: Annotated[str, typer.Option(help="auto, or ddp (what auto picks for more than one process).")] = "auto",
+    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="Replay each DP step from CUDA graphs (one device): Poisson batches padded to a fixed capacity with zero-weight rows, overflow in extra chunks, noise once per step; the same mechanism, without per-step kernel launches.")] = False,
     config: ConfigFile = None,
     data_dir: DataDir = None,
     out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-<mode>.pt).")] = None,
@@ -350,7 +351,7 @@ def train(
     distribution = Distribution(devices, num_nodes, strategy)
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
                          public_data=public_data, noise_seed=noise_seed, overwrite=overwrite,
-                         distribution=distribution)
+                         distribution=distribution, cuda_graphs=cuda_graphs)
     finish_training_report(report, json_out)
 
 

@@ -160,7 +160,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
           public_data: LabeledTensors | None = None, public_dataset: str | None = None,
           noise_seed: int | None = None, ticket_data: DatasetSplits | None = None,
           on_start: Callable[[], None] | None = None,
-          distribution: Distribution | None = None) -> dict[str, Any]:
+          distribution: Distribution | None = None, step_mode: str = "eager") -> dict[str, Any]:
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
@@ -169,7 +169,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     tickets' own data, reloaded to check a `--public-tickets` assertion record by record.
     `on_start` is called once every check has passed, just before training (the output is
     locked from then on). With a multi-process `distribution` (DP training only) every rank runs
-    this function; only rank 0 locks and writes the output.
+    this function; only rank 0 locks and writes the output. `step_mode` (private_training.STEP_MODES)
+    says how a DP step runs, never what it computes.
     """
     distribution = distribution or Distribution()
     if distribution.multi_process and not private:
@@ -222,7 +223,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             outcome = run_private(model, data, plan, s, seed=seed,
                                   epsilon_after=epsilon_after, progress=progress and main, noise_context=context,
                                   on_epoch=_print_epoch if progress and main else None,
-                                  distribution=distribution)
+                                  distribution=distribution, step_mode=step_mode)
         else:
             outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
         if budget_note is not None and outcome.stop_reason.startswith("finished"):

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +26,16 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from dpltm.averaging import make_averager, released_model, released_weights, update_average
 from dpltm.batches import ShuffledBatches
 from dpltm.config import MAX_LR, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout
+from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
+from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
@@ -149,39 +152,57 @@ def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Call
     return lo
 
 
-def make_optimizer(settings: TrainSettings, parameters: Any) -> torch.optim.Optimizer:
+def make_optimizer(settings: TrainSettings, parameters: Any, capturable: bool = False) -> torch.optim.Optimizer:
     """The optimiser of the recipe: SGD (with `settings.momentum`) or Adam, for DP and non-private
-    runs alike. Under DP it only ever sees privatized gradients: post-processing."""
+    runs alike. Under DP it only ever sees privatized gradients: post-processing. `capturable`:
+    Adam keeps its step count on the device, so its step can be replayed from a CUDA graph."""
     if settings.optimizer == "adam":  # NoisyAdam (Bu et al. 2020): Adam on ĝ
-        return torch.optim.Adam(parameters, lr=settings.lr)
+        return torch.optim.Adam(parameters, lr=settings.lr, capturable=capturable)
     return torch.optim.SGD(parameters, lr=settings.lr, momentum=settings.momentum)
 
 
-def make_averager(model: MaskedMLP, decay: float | None) -> AveragedModel | None:
-    """An EMA of `model`'s parameters (None when `decay` is None), to be updated after each step.
+STEP_MODES = ("eager", "static", "graphs")
+"""How a DP step runs (the mechanism is the same in all three): `eager`, one Lightning step per
+Poisson batch with exact-size tensors (sparse kernels for sparse tickets: the CPU default);
+`static`, the batch padded to a fixed capacity and run in fixed-shape pieces, a whole epoch per
+Lightning step (dpltm.dp.graphed); `graphs`, the static pieces captured in CUDA graphs."""
 
-    `AveragedModel` copies the model (masks included) and averages its *parameters* only:
-    EMA_1 = θ_1, EMA_t = decay·EMA_{t-1} + (1 − decay)·θ_t. Buffers (the masks) are not averaged
-    but copied from the model at each update (use_buffers=False), so the average keeps exactly
-    the model's masks; pruned coordinates, exactly 0 in every iterate, stay exactly 0.
+
+class EpsilonCurve:
+    """ε after each epoch, computed once, in a background thread, ahead of training.
+
+    Each value is `epsilon_after(steps)` (the ledger's accountant) exactly; only the time it is
+    computed moves off the training loop. A PLD computation takes ~0.3 s: on a GPU, 50 epochs of
+    accounting would otherwise cost more than the training itself.
     """
-    if decay is None:
-        return None
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
+
+    def __init__(self, epsilon_after: Callable[[int], float], steps: list[int]) -> None:
+        self._epsilon_after = epsilon_after
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpltm-epsilon")
+        self._futures = {n: self._pool.submit(epsilon_after, n) for n in steps}
+        self._pool.shutdown(wait=False)
+
+    def __call__(self, steps: int) -> float:
+        future = self._futures.get(steps)
+        return future.result() if future is not None else self._epsilon_after(steps)
+
+    def cancel(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
 
 
-def released_model(model: MaskedMLP, averager: AveragedModel | None) -> MaskedMLP:
-    """What a run evaluates and releases: the EMA when there is one, else the current iterate."""
-    if averager is None:
-        return model
-    averaged = averager.module
-    assert isinstance(averaged, MaskedMLP)
-    return averaged
+class _OneEpochAtATime(torch.utils.data.IterableDataset[list[Tensor]]):
+    """An epoch's Poisson batches as one item: static/graph steps loop over it inside one Lightning
+    step, so Lightning's per-step work is paid once per epoch."""
 
+    def __init__(self, batches: PoissonBatches) -> None:
+        self.batches = batches
 
-def released_weights(decay: float | None) -> str:
-    """How the report names the released weights."""
-    return "final iterate" if decay is None else f"ema({decay:g})"
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[list[Tensor]]:
+        yield list(self.batches)
 
 
 class DPTrainingModule(L.LightningModule):
@@ -190,8 +211,16 @@ class DPTrainingModule(L.LightningModule):
     def __init__(self, model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
                  on_epoch: Callable[[dict[str, Any]], None] | None = None,
-                 distribution: Distribution | None = None) -> None:
+                 distribution: Distribution | None = None, step_mode: str = "eager") -> None:
         super().__init__()
+        if step_mode not in STEP_MODES:
+            raise DpltmUserError(f"step mode must be one of {', '.join(STEP_MODES)}, got {step_mode!r}")
+        if step_mode == "graphs" and data.train.labels.device.type != "cuda":
+            raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+        if step_mode == "graphs" and (distribution or Distribution()).multi_process:
+            raise DpltmUserError("--cuda-graphs runs on one device; drop it with --devices/--num-nodes")
+        self.step_mode = step_mode
+        self.static_step: StaticShapeDpStep | None = None
         self.automatic_optimization = False
         self.model = model
         self.data = data
@@ -213,11 +242,23 @@ class DPTrainingModule(L.LightningModule):
         self._epochs_without_gain = 0
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return make_optimizer(self.settings, self.model.parameters())
+        return make_optimizer(self.settings, self.model.parameters(), capturable=self.step_mode == "graphs")
 
     @property
     def released(self) -> MaskedMLP:
         return released_model(self.model, self.averager)
+
+    def on_train_start(self) -> None:
+        if self.step_mode == "eager":
+            return
+        train = self.data.train
+        self.static_step = StaticShapeDpStep(
+            self.model, train, clip=self.settings.clip, noise=self.noise,
+            expected_batch_size=self.plan.expected_batch_size,
+            capacity=batch_capacity(len(train), self.plan.sample_rate),
+            generator=self.noise_generator, optimizer=self.optimizers().optimizer,  # type: ignore[union-attr]
+            averager=self.averager, ema_decay=self.settings.ema, reduce=self.reduce,
+            graphs=self.step_mode == "graphs")
 
     def setup(self, stage: str) -> None:
         """Under DDP: every rank takes rank 0's seed, so the noise generators agree and the noise is
@@ -232,14 +273,22 @@ class DPTrainingModule(L.LightningModule):
         rank, world = self.trainer.global_rank, self.trainer.world_size
         n, device = len(self.data.train), self.data.train.labels.device
         batches = PoissonBatches(n, self.plan.sample_rate, self.plan.steps_per_epoch,
-                                 rank_sampling_seed(self.seed, rank), device, shard(n, rank, world, device))
-        return torch.utils.data.DataLoader(batches, batch_size=None, num_workers=0)
+                                 rank_sampling_seed(self.seed, rank), device, shard(n, rank, world, device),
+                                 epoch_at_once=self.step_mode != "eager")
+        dataset = batches if self.step_mode == "eager" else _OneEpochAtATime(batches)
+        return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Record indices already live where the data do."""
         return batch
 
-    def training_step(self, index: Tensor, batch_idx: int) -> None:
+    def training_step(self, batch: Tensor | list[Tensor], batch_idx: int) -> None:
+        if self.static_step is not None:  # a whole epoch of batches
+            for index in batch:
+                self.static_step.step(index)
+            return
+        assert isinstance(batch, Tensor)
+        index = batch
         train = self.data.train
         x = train.features.index_select(0, index)
         y = train.labels.index_select(0, index)
@@ -251,7 +300,7 @@ class DPTrainingModule(L.LightningModule):
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
         if self.averager is not None:  # from the released iterate only: post-processing
-            self.averager.update_parameters(self.model)
+            update_average(self.averager, self.model, self.settings.ema)  # type: ignore[arg-type]
 
     def on_train_epoch_end(self) -> None:
         epoch = self.current_epoch + 1
@@ -297,14 +346,16 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
                 seed: int, epsilon_after: Callable[[int], float],
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
-                distribution: Distribution | None = None) -> TrainOutcome:
-    """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP)."""
+                distribution: Distribution | None = None, step_mode: str = "eager") -> TrainOutcome:
+    """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
+    `step_mode` (see STEP_MODES) says how a step runs, not what it computes."""
     device = data.train.labels.device
     distribution = distribution or Distribution()
     noise = make_noise(settings.noise, plan.noise_parameter, noise_context)
     if abs(noise.effective_noise_multiplier - plan.noise_multiplier) > 1e-12 * max(1.0, plan.noise_multiplier):
         raise RuntimeError("noise plug-in disagrees with the plan's effective multiplier")
-    module = DPTrainingModule(model, data, plan, settings, noise, seed, epsilon_after, on_epoch, distribution)
+    curve = EpsilonCurve(epsilon_after, [e * plan.steps_per_epoch for e in range(1, plan.epochs + 1)])
+    module = DPTrainingModule(model, data, plan, settings, noise, seed, curve, on_epoch, distribution, step_mode)
     # No Lightning logger: the per-epoch history is written beside the model only once the model
     # is kept (dpltm.pipeline), so an interrupted run never clobbers the logs of a kept one.
     trainer = lightning_trainer(
@@ -315,7 +366,10 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
         enable_progress_bar=progress,
         callbacks=[RoundProgressBar("DP training")] if progress else [],
     )
-    fit_on_device(trainer, module, None, device)
+    try:
+        fit_on_device(trainer, module, None, device)
+    finally:
+        curve.cancel()  # an interrupted or early-stopped run does not wait for the rest of the curve
     if trainer.world_size != distribution.world_size:
         raise RuntimeError(f"trained on {trainer.world_size} processes, expected {distribution.world_size}")
     steps = len(module.history) * plan.steps_per_epoch
@@ -373,7 +427,7 @@ class NonPrivateModule(L.LightningModule):
         F.cross_entropy(self.model(x), y).backward()
         optimizer.step()
         if self.averager is not None:
-            self.averager.update_parameters(self.model)
+            update_average(self.averager, self.model, self.settings.ema)  # type: ignore[arg-type]
         if (batch_idx + 1) % self.steps_per_epoch == 0:
             epoch = (batch_idx + 1) // self.steps_per_epoch
             self.history.append({"epoch": epoch, "steps": batch_idx + 1,

@@ -52,9 +52,10 @@ class MaskLayout:
 
     @classmethod
     def of(cls, model: MaskedMLP, dtype: torch.dtype = torch.float32,
-           scales: dict[str, Tensor | None] | None = None) -> MaskLayout:
+           scales: dict[str, Tensor | None] | None = None, allow_sparse: bool = True) -> MaskLayout:
         """`scales` (per-parameter, positive) turn the clipping norm into ‖g / s‖: a noise plug-in
-        that adds N(0, σ²C²s²) is then exactly the Gaussian mechanism in the rescaled space."""
+        that adds N(0, σ²C²s²) is then exactly the Gaussian mechanism in the rescaled space.
+        `allow_sparse=False` keeps every product dense (sparse kernels do not go into CUDA graphs)."""
         norm_masks: list[Tensor | None] = []
         weight_masks: list[Tensor | None] = []
         bias_weights: list[Tensor | None] = []
@@ -73,11 +74,11 @@ class MaskLayout:
                 norm_masks.append(None)
             else:
                 norm_weight = float_mask if weight_scale is None else float_mask / weight_scale.to(dtype) ** 2
-                sparse = _csr_if_sparse(norm_weight)
+                sparse = _csr_if_sparse(norm_weight) if allow_sparse else None
                 norm_masks.append(sparse if sparse is not None else norm_weight.T.contiguous())
             bias_weights.append(None if bias_scale is None else (1.0 / bias_scale.to(dtype) ** 2))
             weight_masks.append(None if all_kept else float_mask)
-            sum_masks.append(_csr_if_sparse(float_mask))
+            sum_masks.append(_csr_if_sparse(float_mask) if allow_sparse else None)
             surviving[weight_name] = None if all_kept else mask.flatten().nonzero().squeeze(1)
             surviving[bias_name] = None
         return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks)
@@ -131,10 +132,13 @@ def clip_factors(norms: Tensor, clip: float) -> Tensor:
 
 
 def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
-                         layout: MaskLayout | None = None) -> ClippedBatch:
+                         layout: MaskLayout | None = None, weights: Tensor | None = None) -> ClippedBatch:
     """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
 
-    A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all).
+    A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all). `weights` (one per
+    row, 1 or 0) multiply each row's clip factor: a padded static-shape batch (dpltm.dp.padding)
+    gives its padding rows weight 0, so they add exactly zero. With weights the step has no
+    data-dependent branch and no host synchronisation (what a CUDA graph needs).
     """
     layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
     layers = model.layers_in_order()
@@ -164,7 +168,10 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
         norms = sq_norms.sqrt()
         factors = clip_factors(norms, clip)
         finite = torch.isfinite(norms)
-        all_finite = bool(finite.all())
+        if weights is not None:
+            factors = factors * weights
+        # in static mode (weights) the rare non-finite case is handled without asking the device
+        all_finite = False if weights is not None else bool(finite.all())
         sums: dict[str, Tensor] = {}
         for a, g, (weight_name, bias_name), weight_mask, sum_mask in zip(
                 inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks):

@@ -56,17 +56,45 @@ def poisson_sample(n: int, sample_rate: float, generator: torch.Generator,
     return keep.nonzero().squeeze(1).to(device)
 
 
+MAX_DRAWS_AT_ONCE = 1 << 24
+"""Draws held at once when sampling an epoch ahead (128 MiB of int64)."""
+
+
+def poisson_batches_at_once(n: int, sample_rate: float, steps: int, generator: torch.Generator,
+                            device: torch.device | str = "cpu") -> list[Tensor]:
+    """`steps` independent Poisson batches, drawn together: a couple of host synchronisations for the
+    lot instead of one per step (what launch-free CUDA-graph steps need). Same rule as
+    `poisson_sample`: each record is in each batch iff its uniform integer draw is < t."""
+    if not 0.0 < sample_rate <= 1.0:
+        raise DpltmUserError(f"sampling rate must lie in (0, 1], got {sample_rate}")
+    threshold = inclusion_threshold(sample_rate)
+    rows_per_block = max(1, MAX_DRAWS_AT_ONCE // max(n, 1))
+    batches: list[Tensor] = []
+    for start in range(0, steps, rows_per_block):
+        rows = min(rows_per_block, steps - start)
+        draws = torch.randint(0, 2**RANDOM_BITS, (rows, n), generator=generator, device=generator.device,
+                              dtype=torch.int64)
+        keep = draws < threshold
+        counts = keep.sum(dim=1).tolist()
+        columns = keep.nonzero()[:, 1]  # row-major: each row's indices, sorted
+        batches.extend(part.to(device) for part in columns.split(counts))
+    return batches
+
+
 class PoissonBatches(IterableDataset[Tensor]):
     """`steps` Poisson batches of record indices, drawn from an explicit generator.
 
     With `shard` (the record indices one rank of a multi-device run owns; see
     dpltm.dp.distributed) only those records are sampled, each still with probability q: the
-    union of the ranks' batches is then one Poisson batch of the whole dataset.
+    union of the ranks' batches is then one Poisson batch of the whole dataset. With
+    `epoch_at_once` each pass draws all its batches first (`poisson_batches_at_once`).
     """
 
     def __init__(self, n: int, sample_rate: float, steps: int, seed: int,
-                 device: torch.device | str = "cpu", shard: Tensor | None = None) -> None:
+                 device: torch.device | str = "cpu", shard: Tensor | None = None,
+                 epoch_at_once: bool = False) -> None:
         self.n, self.sample_rate, self.steps, self.seed = n, sample_rate, steps, seed
+        self.epoch_at_once = epoch_at_once
         self.device = torch.device(device)
         self.shard = None if shard is None else shard.to(self.device)
         self.generator = torch.Generator(device=self.device if self.device.type == "cuda" else "cpu")
@@ -76,6 +104,11 @@ class PoissonBatches(IterableDataset[Tensor]):
         return self.steps
 
     def __iter__(self) -> Iterator[Tensor]:
+        if self.epoch_at_once:
+            size = self.n if self.shard is None else len(self.shard)
+            for index in poisson_batches_at_once(size, self.sample_rate, self.steps, self.generator, self.device):
+                yield index if self.shard is None else self.shard[index]
+            return
         for _ in range(self.steps):
             if self.shard is None:
                 yield poisson_sample(self.n, self.sample_rate, self.generator, self.device)

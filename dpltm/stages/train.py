@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
-                overwrite: bool = False, distribution: Distribution | None = None) -> dict[str, Any]:
+                overwrite: bool = False, distribution: Distribution | None = None,
+                cuda_graphs: bool = False) -> dict[str, Any]:
     from dpltm import pipeline
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
@@ -64,7 +65,8 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
                           assert_public=public_tickets, progress=progress, public_data=public,
                           public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
-                          on_start=announce, distribution=distribution)
+                          on_start=announce, distribution=distribution,
+                          step_mode="graphs" if cuda_graphs else "eager")
 
 
 def print_training_report(report: dict[str, Any]) -> None:

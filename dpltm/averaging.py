@@ -1,0 +1,54 @@
+"""The exponential moving average of DP iterates: what a run may release instead of the last iterate.
+
+EMA_1 = θ_1, EMA_t = decay·EMA_{t-1} + (1 − decay)·θ_t. It is computed from the released iterates
+alone, so it is post-processing (PRIVACY.md §7) and costs no privacy. The update is written
+without a host synchronisation (torch's `AveragedModel.update_parameters` reads its step counter
+on the host twice per step), so it can sit inside a captured CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.swa_utils import AveragedModel
+
+from dpltm.model import MaskedMLP
+
+
+def make_averager(model: MaskedMLP, decay: float | None) -> AveragedModel | None:
+    """An EMA of `model`'s parameters (None when `decay` is None), to be updated after each step.
+
+    `AveragedModel` copies the model (masks included) and holds the average of its *parameters*;
+    the masks are the model's (they never change during training), so the average keeps exactly
+    the model's masks, and pruned coordinates, exactly 0 in every iterate, stay exactly 0.
+    """
+    if decay is None:
+        return None
+    # the step counter lives beside the weights: its update is device work (no host round trip)
+    return AveragedModel(model, device=next(model.parameters()).device, use_buffers=False)
+
+
+@torch.no_grad()
+def update_average(averager: AveragedModel, model: MaskedMLP, decay: float) -> None:
+    """One EMA step, on the device: weight 1 at the first update (EMA_1 = θ_1), 1 − decay after."""
+    count = averager.n_averaged
+    first = next(model.parameters())
+    weight = torch.where(count == 0, 1.0, 1.0 - decay).to(device=first.device, dtype=first.dtype)
+    averaged = [p.detach() for p in averager.module.parameters()]
+    current = [p.detach() for p in model.parameters()]
+    for ema, theta in zip(averaged, current, strict=True):
+        ema.lerp_(theta, weight)
+    count.add_(1)
+
+
+def released_model(model: MaskedMLP, averager: AveragedModel | None) -> MaskedMLP:
+    """What a run evaluates and releases: the EMA when there is one, else the current iterate."""
+    if averager is None:
+        return model
+    averaged = averager.module
+    assert isinstance(averaged, MaskedMLP)
+    return averaged
+
+
+def released_weights(decay: float | None) -> str:
+    """How the report names the released weights."""
+    return "final iterate" if decay is None else f"ema({decay:g})"

@@ -1,0 +1,237 @@
+"""Static-shape DP steps (what CUDA graphs replay): padding adds zero, overflow is chunked, and the
+step equals the eager one — on the CPU here, and captured in CUDA graphs where CUDA exists."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from dpltm.averaging import make_averager, update_average
+from dpltm.config import TrainSettings
+from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+from dpltm.dp.graphed import StaticShapeDpStep
+from dpltm.dp.noise import GaussianNoise, NoiseContext
+from dpltm.dp.padding import batch_capacity, padded_chunks
+from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
+from dpltm.dp.step import apply_gradients, private_gradients
+from dpltm.errors import DpltmUserError
+from dpltm.model import MaskedMLP, build_architecture
+from dpltm.private_training import TrainOutcome, plan_training, run_private
+from dpltm.pruning import paper_prune_rates, prune_layerwise
+
+N = 200
+
+
+def ticket(dtype: torch.dtype = torch.float64, device: str = "cpu") -> MaskedMLP:
+    model = MaskedMLP(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0))
+    for _ in range(2):
+        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    return model.to(device=device, dtype=dtype)
+
+
+def records(dtype: torch.dtype = torch.float64, device: str = "cpu") -> LabeledTensors:
+    g = torch.Generator().manual_seed(1)
+    return LabeledTensors(torch.randn(N, 12, generator=g, dtype=dtype).to(device),
+                          torch.randint(0, 5, (N,), generator=g).to(device))
+
+
+@pytest.mark.parametrize(("n", "q"), [(60000, 256 / 60000), (1000, 0.5), (50, 0.99), (10, 1e-6)])
+def test_capacity_covers_the_tail_and_is_aligned(n: int, q: float) -> None:
+    capacity = batch_capacity(n, q)
+    mean, sd = n * q, math.sqrt(n * q * (1 - q))
+    assert capacity <= n and (capacity % 8 == 0 or capacity == n)
+    assert capacity >= min(n, mean + 4 * sd)
+    assert stats.binom.sf(capacity, n, q) < 1e-4  # overflow (an extra chunk) is rare
+
+
+def test_chunks_keep_every_sampled_record_once_and_pad_with_zero_weight() -> None:
+    index = torch.tensor([3, 5, 8, 13, 21, 34, 55, 89, 144, 199, 7])
+    for capacity in (16, 11, 4, 1):
+        chunks = padded_chunks(index, capacity)
+        assert len(chunks) == math.ceil(len(index) / capacity)
+        assert all(c.index.numel() == capacity == c.weight.numel() for c in chunks)
+        kept = torch.cat([c.index[c.weight == 1] for c in chunks])
+        assert torch.equal(kept, index)  # all sampled records, in order, none twice
+        assert float(sum(c.weight.sum() for c in chunks)) == len(index)
+    empty = padded_chunks(index[:0], 8)
+    assert len(empty) == 1 and float(empty[0].weight.sum()) == 0.0
+
+
+@pytest.mark.parametrize("capacity", [64, 40, 8])  # room to spare, the exact size, overflow into 5 chunks
+def test_padded_chunked_clipped_sum_equals_the_eager_sum(capacity: int) -> None:
+    model, data = ticket(), records()
+    data.features[0] = float("nan")  # the padding row's record: non-finite, still adds exactly zero
+    index = torch.arange(1, 41)
+    layout = MaskLayout.of(model, torch.float64)
+    eager = clipped_gradient_sum(model, data.features[index], data.labels[index], 0.7, layout).grad_sums
+    dense_layout = MaskLayout.of(model, torch.float64, allow_sparse=False)
+    total = {name: torch.zeros_like(v) for name, v in eager.items()}
+    for chunk in padded_chunks(index, capacity, torch.float64):
+        part = clipped_gradient_sum(model, data.features[chunk.index], data.labels[chunk.index], 0.7,
+                                    dense_layout, weights=chunk.weight).grad_sums
+        for name in total:
+            total[name] += part[name]
+    for name in eager:
+        assert torch.isfinite(total[name]).all()
+        torch.testing.assert_close(total[name], eager[name], rtol=1e-12, atol=1e-12)
+
+
+def test_epoch_sampled_at_once_is_poisson() -> None:
+    n, q, steps = 500, 0.1, 200
+    batches = poisson_batches_at_once(n, q, steps, torch.Generator().manual_seed(4))
+    assert len(batches) == steps
+    assert all(torch.equal(b, b.unique()) for b in batches)  # sorted, no record twice
+    counts = torch.zeros(n)
+    for b in batches:
+        counts[b] += 1
+    assert stats.binomtest(int(counts.sum()), n * steps, inclusion_threshold(q) / 2**62).pvalue > 1e-3
+    assert stats.chisquare(counts.numpy()).pvalue > 1e-4
+    sizes = torch.tensor([len(b) for b in batches], dtype=torch.float64)
+    assert stats.kstest(sizes.numpy(), stats.binom(n, q).cdf).pvalue > 1e-4 or abs(sizes.mean() - n * q) < 3
+
+
+def batches_for(steps: int, q: float = 0.15) -> list[torch.Tensor]:
+    return poisson_batches_at_once(N, q, steps, torch.Generator().manual_seed(9))
+
+
+def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float, ema: float | None) -> MaskedMLP:
+    model, data = ticket(), records()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
+    averager = make_averager(model, ema)
+    generator = torch.Generator().manual_seed(5)
+    layout = MaskLayout.of(model, torch.float64)
+    for index in batches:
+        grads, _, _ = private_gradients(model, data.features[index], data.labels[index], clip=0.5,
+                                        noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
+                                        generator=generator, layout=layout)
+        apply_gradients(model, grads, optimizer)
+        if averager is not None:
+            update_average(averager, model, ema)  # type: ignore[arg-type]
+    return model if averager is None else averager.module  # type: ignore[return-value]
+
+
+def run_static(batches: list[torch.Tensor], sigma: float, momentum: float, ema: float | None,
+               capacity: int, device: str = "cpu", graphs: bool = False) -> MaskedMLP:
+    model, data = ticket(device=device), records(device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
+    averager = make_averager(model, ema)
+    generator = torch.Generator(device=device).manual_seed(5)
+    step = StaticShapeDpStep(model, data, clip=0.5, noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
+                             capacity=capacity, generator=generator, optimizer=optimizer, averager=averager,
+                             ema_decay=ema, graphs=graphs)
+    for index in batches:
+        step.step(index.to(device))
+    return model if averager is None else averager.module  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("sigma", "momentum", "ema", "capacity"),
+                         [(0.0, 0.0, None, 48), (1.1, 0.9, None, 48), (1.1, 0.5, 0.9, 16)])
+def test_static_step_trains_exactly_like_the_eager_step(sigma: float, momentum: float, ema: float | None,
+                                                        capacity: int) -> None:
+    batches = batches_for(12)
+    assert max(len(b) for b in batches) > 16  # the capacity-16 case overflows into chunks
+    eager = run_eager(batches, sigma, momentum, ema)
+    static = run_static(batches, sigma, momentum, ema, capacity)
+    for (name, a), b in zip(eager.named_parameters(), static.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=name)  # same noise draws on the CPU
+    for (_, layer, mask) in static.layers_in_order():
+        assert bool((layer.weight[~mask] == 0).all())
+
+
+def test_ema_update_matches_the_definition() -> None:
+    model = ticket()
+    averager = make_averager(model, 0.8)
+    iterates = []
+    for k in range(4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * (k + 1))
+        iterates.append([p.detach().clone() for p in model.parameters()])
+        update_average(averager, model, 0.8)  # type: ignore[arg-type]
+    expected = iterates[0]
+    for theta in iterates[1:]:
+        expected = [0.8 * e + 0.2 * t for e, t in zip(expected, theta)]
+    for got, want in zip(averager.module.parameters(), expected):  # type: ignore[union-attr]
+        torch.testing.assert_close(got, want)
+    assert int(averager.n_averaged) == 4  # type: ignore[union-attr,arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ema", [None, 0.9])
+def test_cuda_graph_step_equals_the_uncaptured_static_step_without_noise(ema: float | None) -> None:
+    batches = batches_for(10)
+    plain = run_static(batches, 0.0, 0.9, ema, 16, device="cuda")
+    graphed = run_static(batches, 0.0, 0.9, ema, 16, device="cuda", graphs=True)
+    for a, b in zip(plain.parameters(), graphed.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_draw_fresh_noise_on_surviving_weights_only() -> None:
+    model, data = ticket(device="cuda"), records(device="cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    step = StaticShapeDpStep(model, data, clip=0.5, noise=GaussianNoise(2.0), expected_batch_size=1.0,
+                             capacity=8, generator=torch.Generator(device="cuda").manual_seed(3),
+                             optimizer=optimizer, graphs=True)
+    empty = torch.zeros(0, dtype=torch.long, device="cuda")
+    before = [p.detach().clone() for p in model.parameters()]
+    step.step(empty)  # an empty batch still adds noise: the update is pure noise
+    first = [p.detach() - b for p, b in zip(model.parameters(), before)]
+    step.step(empty)
+    second = [p.detach() - b - f for p, b, f in zip(model.parameters(), before, first)]
+    noise = torch.cat([f.flatten() for f in first])
+    assert not torch.equal(torch.cat([s.flatten() for s in second]), noise)  # fresh draw per replay
+    surviving = torch.cat([torch.ones_like(p).flatten() if m is None else m.flatten()
+                           for p, m in zip(model.parameters(), _masks_in_parameter_order(model))]).bool()
+    assert bool((noise[~surviving] == 0).all())
+    assert abs(float(noise[surviving].std()) - 2.0 * 0.5) < 0.15  # σC with lr 1 and L = 1
+
+
+def _masks_in_parameter_order(model: MaskedMLP) -> list[torch.Tensor | None]:
+    masks = []
+    for _, _, mask in model.layers_in_order():
+        masks += [mask, None]
+    return masks
+
+
+def _run_mode(data: DatasetSplits, mode: str, ema: float | None = None) -> tuple[TrainOutcome, MaskedMLP]:
+    settings = TrainSettings(epochs=3, batch_size=64, eps2=None, sigma=0.8, lr=0.3, momentum=0.5, ema=ema)
+    plan = plan_training(settings, len(data.train))
+    model = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0))
+    model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    outcome = run_private(model, data, plan, settings, seed=7, epsilon_after=lambda steps: steps / 1000,
+                          progress=False, step_mode=mode,
+                          noise_context=NoiseContext(model=model, clip=settings.clip, private_dataset=data.name))
+    return outcome, model
+
+
+def test_static_mode_runs_the_lightning_stage_with_the_same_accounting(tiny_splits: DatasetSplits) -> None:
+    eager, _ = _run_mode(tiny_splits, "eager")
+    static, model = _run_mode(tiny_splits, "static", ema=0.9)
+    assert [r["epsilon"] for r in static.history] == [r["epsilon"] for r in eager.history] == [0.008, 0.016, 0.024]
+    assert static.steps == eager.steps == 24
+    assert static.history[-1]["test_accuracy"] > 0.7  # it learned (blobs are easy)
+    for (_, layer, mask) in model.layers_in_order():
+        assert bool((layer.weight[~mask] == 0).all())
+    assert static.released is not model  # the EMA
+
+
+def test_cuda_graphs_need_cuda(tiny_splits: DatasetSplits) -> None:
+    with pytest.raises(DpltmUserError, match="CUDA"):
+        _run_mode(tiny_splits, "graphs")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_mode_trains_on_the_gpu(tiny_splits: DatasetSplits) -> None:
+    cuda = DatasetSplits(name=tiny_splits.name, source_split="train", num_features=20, num_classes=4,
+                         fingerprint=tiny_splits.fingerprint,
+                         **{k: LabeledTensors(getattr(tiny_splits, k).features.cuda(),
+                                              getattr(tiny_splits, k).labels.cuda()) for k in ("train", "val", "test")})
+    outcome, model = _run_mode(cuda, "graphs", ema=0.9)
+    assert outcome.steps == 24 and outcome.history[-1]["test_accuracy"] > 0.7
+    for (_, layer, mask) in model.layers_in_order():
+        assert bool((layer.weight[~mask] == 0).all())
