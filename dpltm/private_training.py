@@ -32,7 +32,7 @@ from dpltm.batches import ShuffledBatches
 from dpltm.config import MAX_LR, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
-from dpltm.dp.ghost import MaskLayout
+from dpltm.dp.ghost import MaskLayout, first_layer_input_terms
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
 from dpltm.dp.padding import batch_capacity
@@ -233,8 +233,10 @@ class DPTrainingModule(L.LightningModule):
         self.distribution = distribution or Distribution()
         self.noise_generator = torch.Generator(device=data.train.labels.device).manual_seed(seed)
         self.reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None
-        # masks (and any noise geometry) never change during training
+        # masks (and any noise geometry) never change during training: nor does the first layer's
+        # share of every record's masked norm (computed once, when training starts)
         self.layout = MaskLayout.of(model, data.train.features.dtype, noise.coordinate_scales())
+        self.input_terms: Tensor | None = None
         self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
@@ -250,6 +252,7 @@ class DPTrainingModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         if self.step_mode == "eager":
+            self.input_terms = first_layer_input_terms(self.data.train.features, self.layout)
             return
         train = self.data.train
         self.static_step = StaticShapeDpStep(
@@ -292,10 +295,11 @@ class DPTrainingModule(L.LightningModule):
         train = self.data.train
         x = train.features.index_select(0, index)
         y = train.labels.index_select(0, index)
+        terms = None if self.input_terms is None else self.input_terms.index_select(0, index)
         grads, _, _ = private_gradients(
             self.model, x, y, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,
-            layout=self.layout, reduce=self.reduce,
+            layout=self.layout, reduce=self.reduce, input_terms=terms,
         )
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from scipy import stats
 from torch.func import functional_call, grad, vmap
 
-from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches, poisson_sample
 from dpltm.dp.step import apply_gradients, private_gradients
@@ -53,13 +53,13 @@ def test_ghost_norms_equal_single_sample_loop(rounds: int, project_to: int | Non
 
 def test_sparse_and_dense_norm_operators_agree() -> None:
     """Big sparse layers take the CSR path; it must give the same norms as the dense one."""
-    model = MaskedMLP(build_architecture(400, 5, (60,), None), torch.Generator().manual_seed(0)).double()
+    model = MaskedMLP(build_architecture(1800, 5, (60,), None), torch.Generator().manual_seed(0)).double()
     for _ in range(6):  # density 0.7**6 ≈ 0.12 on the first layer: below SPARSE_BELOW_DENSITY
         model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
     layout = MaskLayout.of(model, torch.float64)
     assert layout.norm_masks[0] is not None and layout.norm_masks[0].layout == torch.sparse_csr
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(9, 400, generator=g, dtype=torch.float64), torch.randint(0, 5, (9,), generator=g)
+    x, y = torch.randn(9, 1800, generator=g, dtype=torch.float64), torch.randint(0, 5, (9,), generator=g)
     assert layout.sum_masks[0] is not None  # the clipped sum takes the sampled-matmul path too
     batch = clipped_gradient_sum(model, x, y, clip=float("inf"), layout=layout)
     torch.testing.assert_close(batch.norms, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
@@ -68,6 +68,38 @@ def test_sparse_and_dense_norm_operators_agree() -> None:
     F.cross_entropy(model(x), y, reduction="sum").backward()
     for name, param in model.named_parameters():
         torch.testing.assert_close(batch.grad_sums[name], param.grad, msg=name)
+
+
+@pytest.mark.parametrize(("width", "rounds", "sparse", "scaled"),
+                         [(12, 0, True, False), (12, 3, True, False), (1800, 6, True, False),
+                          (1800, 6, False, False), (1800, 6, True, True), (12, 0, True, True)])
+def test_precomputed_first_layer_terms_give_the_same_norms(width: int, rounds: int, sparse: bool,
+                                                           scaled: bool) -> None:
+    """The first layer's share of every record's masked norm, tabulated once per run and gathered per
+    batch, gives the norms and clipped sums of the per-batch computation, for a dense first layer,
+    a masked one (dense and CSR operators) and a noise geometry's scaled one."""
+    model = MaskedMLP(build_architecture(width, 5, (60, 7), None), torch.Generator().manual_seed(0)).double()
+    for _ in range(rounds):
+        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    g = torch.Generator().manual_seed(2)
+    scales = ({name: 0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64)
+               for name, p in model.named_parameters()} if scaled else None)
+    layout = MaskLayout.of(model, torch.float64, scales, allow_sparse=sparse)
+    if width > 1000:  # a big sparse first layer: the CSR operator when allowed
+        assert (layout.norm_masks[0].layout == torch.sparse_csr) == sparse  # type: ignore[union-attr]
+    features = torch.randn(50, width, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 5, (50,), generator=g)
+    table = first_layer_input_terms(features, layout, rows_at_once=16)
+    assert table is not None and table.shape[0] == 50
+    index = torch.tensor([3, 7, 8, 20, 41, 49])
+    direct = clipped_gradient_sum(model, features[index], labels[index], 0.3, layout)
+    looked_up = clipped_gradient_sum(model, features[index], labels[index], 0.3, layout, input_terms=table[index])
+    torch.testing.assert_close(looked_up.norms, direct.norms, rtol=1e-12, atol=1e-12)
+    if not scaled:
+        torch.testing.assert_close(looked_up.norms, loop_norms(model, features[index], labels[index]),
+                                   rtol=1e-10, atol=1e-12)
+    for name in direct.grad_sums:
+        torch.testing.assert_close(looked_up.grad_sums[name], direct.grad_sums[name], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(("activation", "project_to"), [("relu", None), ("tanh", None), ("tanh", 9)])

@@ -88,10 +88,14 @@ SPARSE_BELOW_DENSITY = 0.2
 """Below this density a big layer's norm matmul uses a sparse (CSR) mask: fewer flops than dense
 GEMM by more than the sparse kernel's per-flop cost (benchmarks/bench_dp_step.py)."""
 
+SPARSE_FROM_WEIGHTS = 100_000
+"""Only layers this big: below it (LeNet-300-100's 300×100 layer) the sparse kernels' fixed costs
+(layout copies, single-threaded) exceed a dense GEMM's (measured on 2 CPU threads)."""
+
 
 def _csr_if_sparse(weights: Tensor) -> Tensor | None:
     """A big layer's (out, in) mask weights as sparse CSR when few survive, else None."""
-    if weights.numel() >= 10_000 and float((weights != 0).float().mean()) < SPARSE_BELOW_DENSITY:
+    if weights.numel() >= SPARSE_FROM_WEIGHTS and float((weights != 0).float().mean()) < SPARSE_BELOW_DENSITY:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
             return weights.to_sparse_csr()
@@ -107,6 +111,39 @@ def _masked_sq_norms(a: Tensor, g2: Tensor, operator: Tensor) -> Tensor:
         a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
         return (operator @ a2t).T.mul_(g2).sum(dim=1)
     return ((a * a) @ operator).mul_(g2).sum(dim=1)
+
+
+INPUT_TERMS_MAX_BYTES = 1 << 30
+"""`first_layer_input_terms` is skipped (the norm is computed per batch) above this size."""
+
+
+@torch.no_grad()
+def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: int = 8192) -> Tensor | None:
+    """R[i, j] = Σ_k W_jk x_ik² for every record i: the first layer's share of the masked norm, fixed.
+
+    The first layer's input is the record itself and its mask (scaled by any noise geometry) does
+    not change during training, so in ‖(g_i x_iᵀ) ⊙ M‖² = Σ_j g_ij² (M x_i²)_j the factor M x_i²
+    is a property of the record: computed once per run (one N×in×out product), each step's norm
+    of the widest layer is a row gather and a dot product instead of a per-batch product. A dense
+    unscaled first layer needs only ‖x_i‖² (one column). None when the table would exceed
+    `INPUT_TERMS_MAX_BYTES`.
+    """
+    operator = layout.norm_masks[0]
+    columns = 1 if operator is None else (operator.shape[0] if operator.layout == torch.sparse_csr
+                                          else operator.shape[1])
+    if features.shape[0] * columns * features.element_size() > INPUT_TERMS_MAX_BYTES:
+        return None
+    parts = []
+    for start in range(0, features.shape[0], rows_at_once):
+        x = features[start : start + rows_at_once]
+        x2 = x * x
+        if operator is None:
+            parts.append(x2.sum(dim=1, keepdim=True))
+        elif operator.layout == torch.sparse_csr:
+            parts.append((operator @ x2.T.contiguous()).T)
+        else:
+            parts.append(x2 @ operator)
+    return torch.cat(parts).contiguous() if parts else features.new_zeros(0, columns)
 
 
 @dataclass(frozen=True)
@@ -132,22 +169,31 @@ def clip_factors(norms: Tensor, clip: float) -> Tensor:
 
 
 def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
-                         layout: MaskLayout | None = None, weights: Tensor | None = None) -> ClippedBatch:
+                         layout: MaskLayout | None = None, weights: Tensor | None = None,
+                         input_terms: Tensor | None = None) -> ClippedBatch:
     """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
 
     A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all). `weights` (one per
     row, 1 or 0) multiply each row's clip factor: a padded static-shape batch (dpltm.dp.padding)
     gives its padding rows weight 0, so they add exactly zero. With weights the step has no
-    data-dependent branch and no host synchronisation (what a CUDA graph needs).
+    data-dependent branch and no host synchronisation (what a CUDA graph needs). `input_terms`
+    are the batch's rows of `first_layer_input_terms` (same layout): the first layer's norm is then
+    read, not computed.
     """
     layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
     layers = model.layers_in_order()
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
+    # only ∂ℓ/∂z is needed: the weights enter as constants, so autograd records no weight path
+    with torch.no_grad():
+        constants = [(layer.weight * mask, layer.bias.detach())
+                     for (_, layer, _), mask in zip(layers, model.forward_masks())]
     h = x
-    for index, ((_, layer, _), mask) in enumerate(zip(layers, model.forward_masks())):
+    for index, (weight, bias) in enumerate(constants):
         inputs.append(h)
-        z = F.linear(h, layer.weight * mask, layer.bias)
+        z = F.linear(h, weight, bias)
+        if index == 0:
+            z.requires_grad_(True)
         outputs.append(z)
         h = model.activation(z) if model.is_activation_after(index) else z
     loss_sum = F.cross_entropy(h, y, reduction="sum")
@@ -157,10 +203,13 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
     out_grads = torch.autograd.grad(loss_sum, outputs)
     with torch.no_grad():
         sq_norms = x.new_zeros(x.shape[0])
-        for a, g, norm_mask, bias_weight in zip(inputs, out_grads, layout.norm_masks, layout.bias_weights):
+        for index, (a, g, norm_mask, bias_weight) in enumerate(
+                zip(inputs, out_grads, layout.norm_masks, layout.bias_weights)):
             g2 = g * g
             g2_sum = g2.sum(dim=1)
-            if norm_mask is None:
+            if index == 0 and input_terms is not None:
+                sq_norms += (g2 * input_terms).sum(dim=1)
+            elif norm_mask is None:
                 sq_norms += g2_sum * (a * a).sum(dim=1)
             else:
                 sq_norms += _masked_sq_norms(a, g2, norm_mask)

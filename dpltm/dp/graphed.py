@@ -3,7 +3,8 @@
 A LeNet-sized DP step is microseconds of arithmetic and a millisecond of kernel launches and
 Python. Here one step is split into two pieces of fixed shape:
 
-* `accumulate`: gather one padded chunk of `capacity` records (dpltm.dp.padding), forward,
+* `accumulate`: gather one padded chunk of `capacity` records (dpltm.dp.padding) and their
+  first-layer norm terms (`first_layer_input_terms`, computed once), forward,
   output gradients, masked per-sample norms, clip factors times the rows' 0/1 weights, and add
   the chunk's clipped sum to an accumulator;
 * `update`: (all-reduce,) add the noise once, scale by 1/L, optimiser step, EMA, clear the
@@ -30,7 +31,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from dpltm.averaging import update_average
 from dpltm.data.types import LabeledTensors
-from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import padded_chunks
 from dpltm.model import MaskedMLP
@@ -55,6 +56,7 @@ class StaticShapeDpStep:
         self.averager, self.ema_decay, self.reduce = averager, ema_decay, reduce
         device, dtype = train.labels.device, train.features.dtype
         self.layout = MaskLayout.of(model, dtype, noise.coordinate_scales(), allow_sparse=False)
+        self.input_terms = first_layer_input_terms(train.features, self.layout)
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
         self.weight = torch.zeros(capacity, dtype=dtype, device=device)
         parameters = dict(model.named_parameters())
@@ -88,7 +90,9 @@ class StaticShapeDpStep:
     def _accumulate(self) -> None:
         x = self.train.features.index_select(0, self.index)
         y = self.train.labels.index_select(0, self.index)
-        batch = clipped_gradient_sum(self.model, x, y, self.clip, self.layout, weights=self.weight)
+        terms = None if self.input_terms is None else self.input_terms.index_select(0, self.index)
+        batch = clipped_gradient_sum(self.model, x, y, self.clip, self.layout, weights=self.weight,
+                                     input_terms=terms)
         for name, total in self.sums.items():
             total.add_(batch.grad_sums[name])
 
