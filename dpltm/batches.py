@@ -33,6 +33,11 @@ class ShuffledBatches(IterableDataset[tuple[Tensor, Tensor]]):
         return self.steps
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for index in self.indices():
+            yield self.data.features.index_select(0, index), self.data.labels.index_select(0, index)
+
+    def indices(self) -> Iterator[Tensor]:
+        """The record indices of each batch, in order (on the data's device)."""
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
         n = len(self.data)
         per_pass = n // self.batch_size
@@ -42,5 +47,26 @@ class ShuffledBatches(IterableDataset[tuple[Tensor, Tensor]]):
             position = step % per_pass
             if position == 0:
                 order = torch.randperm(n, generator=generator).to(device)
-            index = order[position * self.batch_size : (position + 1) * self.batch_size]
-            yield self.data.features.index_select(0, index), self.data.labels.index_select(0, index)
+            yield order[position * self.batch_size : (position + 1) * self.batch_size]
+
+
+class BlocksOfIndices(IterableDataset[Tensor]):
+    """ShuffledBatches' batches as blocks of up to `block` rows of indices (a [k, batch] tensor):
+    a CUDA-graph loop replays a block inside one Lightning step, paying Lightning's per-step work
+    once per block."""
+
+    def __init__(self, batches: ShuffledBatches, block: int) -> None:
+        self.batches, self.block = batches, block
+
+    def __len__(self) -> int:
+        return -(-self.batches.steps // self.block)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        rows: list[Tensor] = []
+        for index in self.batches.indices():
+            rows.append(index)
+            if len(rows) == self.block:
+                yield torch.stack(rows)
+                rows = []
+        if rows:
+            yield torch.stack(rows)

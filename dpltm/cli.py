@@ -130,6 +130,7 @@ def chosen_recipe(recipe: RunRecipe, n_train: int) -> str:
 
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the final report as one JSON object on stdout.")]
+CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs", help="Replay each training step from CUDA graphs (one CUDA device): the same batches and updates without per-step kernel launches; DP batches are padded to a fixed capacity with zero-weight rows (overflow in extra chunks, noise once per step): the same mechanism.")]
 
 
 @app.command()
@@ -158,6 +159,7 @@ def generate(
     epochs: Annotated[int | None, typer.Option(help="With --private: epochs of the ticket's DP training, planned now (σ covers them; default: the train: recipe's).")] = None,
     noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
+    cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
     data_dir: DataDir = None,
     out: Annotated[Path | None, typer.Option(help="Ticket file (default checkpoints/<dataset>-tickets.pt; with --private <dataset>-private-ticket.pt).")] = None,
@@ -171,7 +173,7 @@ def generate(
 
     if private:
         imp_only = {"--iterations": iterations, "--prune-rates": prune_rates, "--min-density": min_density,
-                    "--controls": controls}
+                    "--controls": controls, "--cuda-graphs": cuda_graphs or None}
         given = [name for name, value in imp_only.items() if value is not None]
         if given:
             raise DpltmUserError(f"{', '.join(given)} belong to non-private IMP: drop them with --private")
@@ -211,7 +213,7 @@ def generate(
         },
         "seed": seed,
     }
-    payload, target = stage_generate(cli, config, data_dir, device, out, overwrite, progress)
+    payload, target = stage_generate(cli, config, data_dir, device, out, overwrite, progress, cuda_graphs)
     if json_out:
         emit_json({**tickets_json(payload), "output": str(target)})
     else:
@@ -318,7 +320,7 @@ def train(
     devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
     num_nodes: Annotated[int, typer.Option("--num-nodes", help="Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, as Lightning documents).")] = 1,
     strategy: Annotated[str, typer.Option(help="auto, or ddp (what auto picks for more than one process).")] = "auto",
-    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="Replay each DP step from CUDA graphs (one device): Poisson batches padded to a fixed capacity with zero-weight rows, overflow in extra chunks, noise once per step; the same mechanism, without per-step kernel launches.")] = False,
+    cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
     data_dir: DataDir = None,
     out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-<mode>.pt).")] = None,
@@ -404,6 +406,7 @@ def run(
     choice: Annotated[TicketChoice, typer.Option(help="How to pick the public ticket: noise-aware (train every ticket, the dense network included, under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at ν = 50 always takes the sparsest ticket).")] = TicketChoice.noise_aware,
     seed: Annotated[int | None, typer.Option(help="Seed.")] = None,
     device: Device = "auto",
+    cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
     data_dir: DataDir = None,
     out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-dpltm.pt); the tickets and winner go beside it as <stem>-tickets.pt and <stem>-winner.pt.")] = None,
@@ -421,7 +424,8 @@ def run(
     from dpltm.paths import default_checkpoint_dir
 
     if tickets == TicketSource.private:
-        public_only = {"--rounds": rounds, "--iterations": iterations, "--project-to": project_to}
+        public_only = {"--rounds": rounds, "--iterations": iterations, "--project-to": project_to,
+                       "--cuda-graphs": cuda_graphs or None}
         given = [name for name, value in public_only.items() if value is not None]
         if given or choice != TicketChoice.noise_aware:
             raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
@@ -469,7 +473,7 @@ def run(
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
                       + f"; training recipe: {train_cli['recipe']}")
-    stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress)
+    stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress, cuda_graphs)
     noise_aware = choice == TicketChoice.noise_aware
     err_console.print(f"[bold]2/3[/bold] selection on public tickets ({choice.value}; spends nothing on private data)")
     request = NoiseAwareRequest(len(private.train), train_cli, data_dir, device) if noise_aware else None
@@ -477,7 +481,7 @@ def run(
                  noise_aware=request)
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
     report = stage_train(train_cli, config, winner_path, False, False, data_dir, device, model_out, progress,
-                         overwrite=overwrite)
+                         overwrite=overwrite, cuda_graphs=cuda_graphs)
     finish_training_report(report, json_out)
 
 

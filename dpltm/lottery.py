@@ -119,10 +119,11 @@ def _resume_or_start(cfg: GenerateConfig, data: DatasetSplits, out: Path, overwr
 def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
                      overwrite: bool = False, progress: bool = True,
                      on_round: Callable[[dict[str, Any]], None] | None = None,
-                     stop_after: int | None = None) -> dict[str, Any]:
+                     stop_after: int | None = None, cuda_graphs: bool = False) -> dict[str, Any]:
     """Run IMP, writing `out` after each round; returns the final ticket-file payload.
 
-    `stop_after` ends the run after that many *new* rounds (used to test resuming).
+    `stop_after` ends the run after that many *new* rounds (used to test resuming). `cuda_graphs`
+    replays each SGD step from a CUDA graph (same batches, same updates; CUDA only).
     """
     device = data.train.labels.device
     arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden,
@@ -148,9 +149,9 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
         if k > 0 and density(masks) < g.min_density:
             payload["stop_reason"] = f"density {density(masks):.4f} below --min-density {g.min_density}"
             break
-        record = _run_round(model, theta0, masks, data, cfg, k, progress)
+        record = _run_round(model, theta0, masks, data, cfg, k, progress, cuda_graphs)
         if g.controls and k > 0:
-            record["controls"] = _run_controls(arch, theta0, masks, data, cfg, k, device)
+            record["controls"] = _run_controls(arch, theta0, masks, data, cfg, k, device, cuda_graphs)
         new_masks = prune_layerwise(model.weights(), masks, rates)
         record["next_density"] = density(new_masks)
         state.tickets.append(record)
@@ -182,14 +183,15 @@ def rewind(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks) -> N
 
 
 def _run_round(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks,
-               data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool) -> dict[str, Any]:
+               data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool,
+               cuda_graphs: bool = False) -> dict[str, Any]:
     g = cfg.generate
     rewind(model, theta0, masks)
     label = f"round {k}/{g.rounds} C={density(masks):.3f}"
     result = train_classifier(
         model, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
         seed=round_seed(cfg.seed, k), log_every=g.log_every,
-        progress_label=label if progress else None,
+        progress_label=label if progress else None, cuda_graphs=cuda_graphs,
     )
     return {
         "round": k,
@@ -204,7 +206,7 @@ def _run_round(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks,
 
 def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Masks,
                   data: DatasetSplits, cfg: GenerateConfig, k: int,
-                  device: torch.device) -> dict[str, Any]:
+                  device: torch.device, cuda_graphs: bool = False) -> dict[str, Any]:
     """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density."""
     g = cfg.generate
     out: dict[str, Any] = {}
@@ -215,6 +217,6 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     rewind(rand, theta0, random_mask)
     for name, net in (("reinit", reinit), ("random_mask", rand)):
         train_classifier(net, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
-                         seed=round_seed(cfg.seed, k), log_every=g.log_every)
+                         seed=round_seed(cfg.seed, k), log_every=g.log_every, cuda_graphs=cuda_graphs)
         out[name] = {"val_accuracy": accuracy(net, data.val)}
     return out

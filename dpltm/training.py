@@ -24,9 +24,11 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
-from dpltm.batches import ShuffledBatches
+from dpltm.batches import BlocksOfIndices, ShuffledBatches
+from dpltm.cuda_graphs import capture
 from dpltm.data.types import LabeledTensors
 from dpltm.dp.distributed import Distribution
+from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 
 
@@ -37,18 +39,27 @@ class ClassifierModule(L.LightningModule):
     machinery automatic optimisation wraps around it (a measurable share of a 4 ms step).
     """
 
-    def __init__(self, model: MaskedMLP, lr: float, steps: int) -> None:
+    def __init__(self, model: MaskedMLP, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
+                 batch_size: int = 0) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
         self.lr = lr
         self.register_buffer("step_losses", torch.zeros(steps), persistent=False)
         self.steps_done = 0
+        self.graphed_on, self.batch_size = graphed_on, batch_size
+        """With data: batches come as blocks of indices into it, each step replayed from a CUDA graph."""
+        self.graphed: GraphedSgdStep | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        if self.graphed is not None:  # a block of steps
+            for row in batch:
+                self.step_losses[self.steps_done].copy_(self.graphed.step(row))
+                self.steps_done += 1
+            return
         x, y = batch
         optimizer = self._optimizer
         optimizer.zero_grad(set_to_none=True)
@@ -61,6 +72,8 @@ class ClassifierModule(L.LightningModule):
     def on_train_start(self) -> None:
         optimizer = self.optimizers()
         self._optimizer = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer  # type: ignore[union-attr]
+        if self.graphed_on is not None:
+            self.graphed = GraphedSgdStep(self.model, self.graphed_on, self.batch_size, self._optimizer)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Batches are slices of tensors that already live on the device: nothing to move."""
@@ -68,6 +81,36 @@ class ClassifierModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=self.lr)
+
+
+class GraphedSgdStep:
+    """The non-private step (gather, cross-entropy, backward, SGD step) replayed from one CUDA graph.
+
+    The batch's record indices are copied into a static buffer; the graph gathers the records from
+    the device-resident data, so a step is one copy and one replay, with no host synchronisation.
+    """
+
+    def __init__(self, model: MaskedMLP, data: LabeledTensors, batch_size: int,
+                 optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.data, self.optimizer = model, data, optimizer
+        self.index = torch.zeros(batch_size, dtype=torch.long, device=data.labels.device)
+        self.loss = torch.zeros((), device=data.labels.device)
+        # backward writes the gradients the capture allocates: they must not exist before it
+        (self.graph,) = capture([self._step], modules=[model], optimizer=optimizer,
+                                before_capture=lambda: optimizer.zero_grad(set_to_none=True))
+
+    def _step(self) -> None:
+        x = self.data.features.index_select(0, self.index)
+        y = self.data.labels.index_select(0, self.index)
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.loss.copy_(loss.detach())
+
+    def step(self, index: Tensor) -> Tensor:
+        self.index.copy_(index, non_blocking=True)
+        self.graph.replay()
+        return self.loss
 
 
 class RoundProgressBar(TQDMProgressBar):
@@ -148,14 +191,23 @@ def fit_on_device(trainer: L.Trainer, module: L.LightningModule, batches: Any, d
         module.to(device)
 
 
+GRAPH_BLOCK_STEPS = 500
+"""Steps replayed per Lightning step in CUDA-graph mode."""
+
+
 def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batch_size: int,
                      lr: float, seed: int, log_every: int = 100,
-                     progress_label: str | None = None) -> TrainResult:
-    """Train `model` in place for `steps` SGD steps on device-resident `data`."""
+                     progress_label: str | None = None, cuda_graphs: bool = False) -> TrainResult:
+    """Train `model` in place for `steps` SGD steps on device-resident `data` (with `cuda_graphs`,
+    each step replayed from a CUDA graph: the same batches, the same updates)."""
     device = data.labels.device
-    module = ClassifierModule(model, lr, steps)
+    if cuda_graphs and device.type != "cuda":
+        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+    shuffled = ShuffledBatches(data, batch_size, steps, seed)
+    module = ClassifierModule(model, lr, steps, graphed_on=data if cuda_graphs else None,
+                              batch_size=shuffled.batch_size)
     batches = torch.utils.data.DataLoader(
-        ShuffledBatches(data, batch_size, steps, seed), batch_size=None, num_workers=0
+        BlocksOfIndices(shuffled, GRAPH_BLOCK_STEPS) if cuda_graphs else shuffled, batch_size=None, num_workers=0
     )
     callbacks = [RoundProgressBar(progress_label)] if progress_label is not None else []
     trainer = lightning_trainer(

@@ -107,3 +107,15 @@ def test_a_signal_stops_a_run_with_one_line_and_no_partial_output(command: str, 
         assert "m.pt" not in left and "no model was written" in lines[0]
     else:
         assert "rerun the same command to resume" in lines[0]
+
+
+@pytest.mark.gpu
+def test_pipeline_with_cuda_graphs(data: Path, tmp_path: Path) -> None:
+    """generate and train with every step replayed from CUDA graphs, through the real CLI."""
+    dpltm("generate", "--dataset", "digits", "--rounds", "1", "--iterations", "60", "--batch-size", "32",
+          "--device", "cuda", "--cuda-graphs", "--out", "t.pt", cwd=tmp_path, data=data)
+    dpltm("select", "--tickets", "t.pt", "--eps1", "1", "--out", "w.pt", cwd=tmp_path, data=data)
+    report = one_json_document(dpltm("train", "--ticket", "w.pt", "--dataset", "digits", "--eps2", "1", "--epochs", "2",
+                                     "--batch-size", "32", "--device", "cuda", "--cuda-graphs", "--out", "m.pt",
+                                     "--json", cwd=tmp_path, data=data).stdout)
+    assert report["steps"] > 0 and report["test_accuracy"] > 0.5

@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 from dpltm.averaging import make_averager, update_average
+from dpltm.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.config import TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
@@ -22,6 +23,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.private_training import TrainOutcome, plan_training, run_private
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from dpltm.training import train_classifier
 
 N = 200
 
@@ -235,3 +237,30 @@ def test_cuda_graph_mode_trains_on_the_gpu(tiny_splits: DatasetSplits) -> None:
     assert outcome.steps == 24 and outcome.history[-1]["test_accuracy"] > 0.7
     for (_, layer, mask) in model.layers_in_order():
         assert bool((layer.weight[~mask] == 0).all())
+
+
+def test_blocks_of_indices_are_the_shuffled_batches_in_order(tiny_splits: DatasetSplits) -> None:
+    shuffled = ShuffledBatches(tiny_splits.train, 48, 23, seed=3)
+    blocks = list(BlocksOfIndices(shuffled, 5))
+    assert [b.shape for b in blocks] == [(5, 48)] * 4 + [(3, 48)] and len(BlocksOfIndices(shuffled, 5)) == 5
+    rows = torch.cat(blocks)
+    for row, (x, y) in zip(rows, shuffled):
+        assert torch.equal(tiny_splits.train.features[row], x) and torch.equal(tiny_splits.train.labels[row], y)
+
+
+@pytest.mark.gpu
+def test_graphed_generate_steps_equal_eager_steps(tiny_splits: DatasetSplits) -> None:
+    train = LabeledTensors(tiny_splits.train.features.cuda(), tiny_splits.train.labels.cuda())
+    trained = []
+    for graphs in (False, True):
+        model = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0)).cuda()
+        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+        result = train_classifier(model, train, steps=37, batch_size=48, lr=0.2, seed=3, log_every=10,
+                                  cuda_graphs=graphs)
+        trained.append((model, result.losses))
+    (eager, eager_losses), (graphed, graphed_losses) = trained
+    for a, b in zip(eager.parameters(), graphed.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert graphed_losses == pytest.approx(eager_losses, rel=1e-4)
+    for (_, layer, mask) in graphed.layers_in_order():
+        assert bool((layer.weight[~mask] == 0).all()) or bool(((layer.weight * mask)[~mask] == 0).all())

@@ -30,15 +30,12 @@ from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 
 from dpltm.averaging import update_average
+from dpltm.cuda_graphs import capture
 from dpltm.data.types import LabeledTensors
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import padded_chunks
 from dpltm.model import MaskedMLP
-
-WARMUP_STEPS = 3
-"""Eager runs on a side stream before capture (cuBLAS workspaces, autograd's and the optimiser's
-lazily made state); their effects on the weights and optimiser are undone before training."""
 
 
 class StaticShapeDpStep:
@@ -109,35 +106,9 @@ class StaticShapeDpStep:
             total.zero_()
 
     def _capture(self) -> None:
-        """Warm up on a side stream, capture both pieces, then undo the warm-up's effects."""
-        model_state = [p.detach().clone() for p in self.model.parameters()]
-        average_state = ([p.detach().clone() for p in self.averager.parameters()]
-                         if self.averager is not None else [])
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                self._accumulate()
-                self._update()
-        torch.cuda.current_stream().wait_stream(side)
-        accumulate, update = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        update.register_generator_state(self.generator)  # each replay draws fresh noise
-        with torch.cuda.graph(accumulate):
-            self._accumulate()
-        with torch.cuda.graph(update, pool=accumulate.pool()):
-            self._update()
-        with torch.no_grad():
-            for parameter, saved in zip(self.model.parameters(), model_state):
-                parameter.copy_(saved)
-            if self.averager is not None:
-                for parameter, saved in zip(self.averager.parameters(), average_state):
-                    parameter.copy_(saved)
-                self.averager.n_averaged.zero_()
-            for state in self.optimizer.state.values():  # momentum, Adam moments and step: as before any step
-                for value in state.values():
-                    if isinstance(value, Tensor):
-                        value.zero_()
-            for total in self.sums.values():
-                total.zero_()
-        torch.cuda.synchronize()
+        averaged = [self.averager] if self.averager is not None else []
+        counters = [self.averager.n_averaged] if self.averager is not None else []
+        accumulate, update = capture([self._accumulate, self._update], modules=[self.model, *averaged],
+                                     optimizer=self.optimizer, generators=[self.generator],
+                                     reset=[*self.sums.values(), *counters])  # type: ignore[list-item]
         self.graphs = (accumulate, update)

@@ -10,7 +10,8 @@ from dpltm.errors import DpltmUserError
 
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
-                   out: Path | None, overwrite: bool, progress: bool) -> tuple[dict[str, Any], Path]:
+                   out: Path | None, overwrite: bool, progress: bool,
+                   cuda_graphs: bool = False) -> tuple[dict[str, Any], Path]:
     from dpltm.checkpoint import check_writable, output_lock, same_file
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
@@ -24,6 +25,8 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
     check_writable(target)
     torch_device = resolve_device(device)
+    if cuda_graphs and torch_device.type != "cuda":
+        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     err_console.print(
@@ -40,7 +43,8 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
 
     with output_lock(target):
         on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
-        payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round)
+        payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round,
+                                   cuda_graphs=cuda_graphs)
     return payload, target
 
 

@@ -40,6 +40,8 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     if main:
         prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
     torch_device = local_device(resolve_device(device), distribution)
+    if cuda_graphs and (torch_device.type != "cuda" or distribution.multi_process or non_private):
+        raise DpltmUserError("--cuda-graphs needs DP training on one CUDA device (--device cuda, one process)")
     public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
     if public_name is not None and cfg.train.noise != "shaped":
         raise DpltmUserError(f"--public-data is only used by --noise shaped (this run uses {cfg.train.noise})")
