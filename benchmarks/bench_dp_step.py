@@ -8,7 +8,10 @@ ratios to the non-private masked step:
   `first_layer_input_terms`, built once per run: its one-time cost is printed) + clipped sum +
   noise on surviving weights (target ≤ 1.25× on 2 CPU threads);
 * Opacus 1.x default (per-sample gradients by hooks), and Opacus ghost clipping
-  (`grad_sample_mode="ghost"`), both on the same masked network.
+  (`grad_sample_mode="ghost"`), both on the same masked network;
+* on CUDA also both steps replayed from CUDA graphs (`--cuda-graphs`: the non-private
+  `GraphedSgdStep`, the DP `StaticShapeDpStep` with the batch padded to its capacity). Targets
+  (issue 10, H100): DP graph step ≤ 1.2× the non-private graph step, ≥ 4× ahead of Opacus ghost.
 
     python benchmarks/bench_dp_step.py [--rounds 7] [--batch-size 400] [--device cpu]
 """
@@ -25,12 +28,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpltm.data.types import LabeledTensors
 from dpltm.devices import resolve_device
 from dpltm.dp.ghost import MaskLayout, first_layer_input_terms
+from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise
+from dpltm.dp.padding import batch_capacity
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from dpltm.training import GraphedSgdStep
 
 
 def make_ticket(rounds: int, device: torch.device) -> MaskedMLP:
@@ -129,9 +136,11 @@ def main() -> None:
                                         generator=g, layout=layout)
         apply_gradients(dp_model, grads, dp_opt)
 
-    results = interleaved({"non-private masked step": plain_step, "dpltm DP step": dp_step,
-                           "dpltm DP step, no norm table": dp_step_without_table}, device,
-                          rounds=args.repeats, per_round=10)
+    contenders = {"non-private masked step": plain_step, "dpltm DP step": dp_step,
+                  "dpltm DP step, no norm table": dp_step_without_table}
+    if device.type == "cuda":
+        contenders.update(graph_steps(args.rounds, LabeledTensors(features, labels), index, args.batch_size, device))
+    results = interleaved(contenders, device, rounds=args.repeats, per_round=10)
     if not args.no_opacus:
         results.update(opacus_steps(plain_model, x, y, args.batch_size, device, args.repeats))
     base = results["non-private masked step"]
@@ -140,10 +149,38 @@ def main() -> None:
     print(f"{'step':<34}{'ms/step':>10}{'× non-private':>16}")
     for name, seconds in results.items():
         print(f"{name:<34}{1e3 * seconds:>10.3f}{seconds / base:>16.2f}")
+    if device.type == "cuda":
+        graph_base = results["non-private step, CUDA graph"]
+        print(f"DP graph step / non-private graph step: {results['dpltm DP step, CUDA graphs'] / graph_base:.2f} "
+              f"(target <= 1.2)")
+        if "Opacus ghost clipping" in results:
+            print(f"Opacus ghost / dpltm DP graph step: "
+                  f"{results['Opacus ghost clipping'] / results['dpltm DP step, CUDA graphs']:.1f}x (target >= 4)")
     print(f"one-time norm table ({args.records} records): {1e3 * table_seconds:.1f} ms "
           f"= {table_seconds / base:.0f} non-private steps "
           f"(a 50-epoch run at this batch: {50 * args.records // args.batch_size} steps)")
     print("target (issue 10): dpltm DP step <= 1.25x non-private on 2 CPU threads")
+
+
+def graph_steps(rounds: int, data: LabeledTensors, index: torch.Tensor, batch_size: int,
+                device: torch.device) -> dict[str, Callable[[], None]]:
+    """Both steps replayed from CUDA graphs, on the same ticket, data and batch."""
+    plain_model = make_ticket(rounds, device)
+    plain = GraphedSgdStep(plain_model, data, batch_size, torch.optim.SGD(plain_model.parameters(), lr=0.1))
+    dp_model = make_ticket(rounds, device)
+    n = len(data)
+    dp = StaticShapeDpStep(dp_model, data, clip=1.0, noise=GaussianNoise(1.0), expected_batch_size=batch_size,
+                           capacity=batch_capacity(n, batch_size / n),
+                           generator=torch.Generator(device=device).manual_seed(1),
+                           optimizer=torch.optim.SGD(dp_model.parameters(), lr=0.1), graphs=True)
+
+    def plain_step() -> None:
+        plain.step(index)
+
+    def dp_step() -> None:
+        dp.step(index)
+
+    return {"non-private step, CUDA graph": plain_step, "dpltm DP step, CUDA graphs": dp_step}
 
 
 def opacus_steps(ticket: MaskedMLP, x: torch.Tensor, y: torch.Tensor, batch_size: int,

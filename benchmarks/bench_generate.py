@@ -1,9 +1,11 @@
 """Steps per second of the generate loop (Lightning) against a bare PyTorch loop.
 
 Same masked model, same device-resident data, same batch size and batch order; the ratio is
-bare / Lightning time per step (1.0 = no overhead). Target ≤ 1.2.
+Lightning / bare time per step (1.0 = no overhead). Target ≤ 1.2 eager. On CUDA two more rows:
+a bare loop replaying the step from a CUDA graph, and `dpltm generate --cuda-graphs` (Lightning,
+the same graph, a block of steps per Lightning step); target ≤ 1.1 between them (issue 10).
 
-    python benchmarks/bench_generate.py [--dataset mnist] [--steps 1000] [--device cpu]
+    python benchmarks/bench_generate.py [--dataset mnist] [--steps 1000] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
-from dpltm.training import train_classifier
+from dpltm.training import GraphedSgdStep, train_classifier
 
 
 def bare_loop(model: MaskedMLP, batches: ShuffledBatches, lr: float) -> None:
@@ -71,15 +73,43 @@ def main() -> None:
         synchronize(device)
         return time.perf_counter() - start
 
-    time_bare(), time_lightning()  # warm-up
-    bare = min(time_bare() for _ in range(args.repeats))
-    lightning = min(time_lightning() for _ in range(args.repeats))
+    def time_bare_graph() -> float:
+        model.load_state_dict(theta0)
+        batches = ShuffledBatches(data.train, args.batch_size, args.steps, seed=1)
+        step = GraphedSgdStep(model, data.train, batches.batch_size, torch.optim.SGD(model.parameters(), lr=0.1))
+        synchronize(device)
+        start = time.perf_counter()
+        for index in batches.indices():
+            step.step(index)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    def time_lightning_graph() -> float:
+        model.load_state_dict(theta0)
+        synchronize(device)
+        start = time.perf_counter()
+        train_classifier(model, data.train, steps=args.steps, batch_size=args.batch_size,
+                         lr=0.1, seed=1, cuda_graphs=True)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    rows = {"bare PyTorch": time_bare, "dpltm generate (L)": time_lightning}
+    if device.type == "cuda":
+        rows.update({"bare CUDA-graph loop": time_bare_graph, "dpltm generate graphs": time_lightning_graph})
+    for timer in rows.values():
+        timer()  # warm-up
+    seconds = {name: min(timer() for _ in range(args.repeats)) for name, timer in rows.items()}
     print(f"device={device} dataset={args.dataset} batch={args.batch_size} steps={args.steps} "
           f"threads={torch.get_num_threads()}")
-    print(f"{'loop':<22}{'steps/s':>10}{'ms/step':>10}")
-    print(f"{'bare PyTorch':<22}{args.steps / bare:>10.1f}{1e3 * bare / args.steps:>10.3f}")
-    print(f"{'dpltm generate (L)':<22}{args.steps / lightning:>10.1f}{1e3 * lightning / args.steps:>10.3f}")
-    print(f"ratio (Lightning / bare time per step): {lightning / bare:.3f}  (target <= 1.2)")
+    print(f"{'loop':<24}{'steps/s':>10}{'ms/step':>10}")
+    for name, value in seconds.items():
+        print(f"{name:<24}{args.steps / value:>10.1f}{1e3 * value / args.steps:>10.3f}")
+    print(f"ratio eager (Lightning / bare time per step): "
+          f"{seconds['dpltm generate (L)'] / seconds['bare PyTorch']:.3f}  (target <= 1.2)")
+    if device.type == "cuda":
+        print(f"ratio graphs (Lightning / bare graph loop): "
+              f"{seconds['dpltm generate graphs'] / seconds['bare CUDA-graph loop']:.3f}  (target <= 1.1)")
+        print(f"graphs vs eager bare loop: {seconds['bare PyTorch'] / seconds['dpltm generate graphs']:.2f}x faster")
 
 
 if __name__ == "__main__":
