@@ -45,19 +45,19 @@ def main() -> None:
     rows: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="dpltm-bench-run-") as tmp:
         work = Path(tmp)
-        python = sys.executable
+        cli = [sys.executable, "-m", "dpltm.cli"]
         if args.fresh_clone:
-            subprocess.run(["git", "clone", "--quiet", str(REPO), str(work / "dpltm")], check=True)
-            checkout = work / "dpltm"
+            checkout = work / "checkout"
+            subprocess.run(["git", "clone", "--quiet", str(REPO), str(checkout)], check=True)
             rows["install (python -m venv + pip install -e .)"] = timed(
                 ["bash", "-c", "python3 -m venv .venv && .venv/bin/pip install --quiet -e ."], checkout, env)
-            python = str(checkout / ".venv" / "bin" / "python")
+            cli = [str(checkout / ".venv" / "bin" / "dpltm")]  # the README's command
         modes = {"dpltm run (eager)": []}
         if args.device.startswith("cuda"):
             modes["dpltm run --cuda-graphs"] = ["--cuda-graphs"]
         for name, flags in modes.items():
             out = work / f"run-{len(rows)}" / "model.pt"
-            command = [python, "-m", "dpltm.cli", "run", *PAPER_RUN, "--device", args.device, "--no-progress",
+            command = [*cli, "run", *PAPER_RUN, "--device", args.device, "--no-progress",
                        "--out", str(out), *flags, *args.extra]
             rows[name] = timed(command, work, env)
             shutil.rmtree(out.parent, ignore_errors=True)

@@ -9,7 +9,7 @@ on the host twice per step), so it can sit inside a captured CUDA graph.
 from __future__ import annotations
 
 import torch
-from torch.optim.swa_utils import AveragedModel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from dpltm.model import MaskedMLP
 
@@ -23,8 +23,10 @@ def make_averager(model: MaskedMLP, decay: float | None) -> AveragedModel | None
     """
     if decay is None:
         return None
-    # the step counter lives beside the weights: its update is device work (no host round trip)
-    return AveragedModel(model, device=next(model.parameters()).device, use_buffers=False)
+    # the step counter lives beside the weights: its update is device work (no host round trip);
+    # torch's own update_parameters (an EMA too, with this multi_avg_fn) agrees with update_average
+    return AveragedModel(model, device=next(model.parameters()).device, use_buffers=False,
+                         multi_avg_fn=get_ema_multi_avg_fn(decay))
 
 
 @torch.no_grad()
@@ -32,7 +34,8 @@ def update_average(averager: AveragedModel, model: MaskedMLP, decay: float) -> N
     """One EMA step, on the device: weight 1 at the first update (EMA_1 = θ_1), 1 − decay after."""
     count = averager.n_averaged
     first = next(model.parameters())
-    weight = torch.where(count == 0, 1.0, 1.0 - decay).to(device=first.device, dtype=first.dtype)
+    one = torch.ones((), dtype=first.dtype, device=first.device)
+    weight = torch.where(count.to(first.device) == 0, one, one * (1.0 - decay))
     averaged = [p.detach() for p in averager.module.parameters()]
     current = [p.detach() for p in model.parameters()]
     for ema, theta in zip(averaged, current, strict=True):

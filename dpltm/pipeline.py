@@ -177,8 +177,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         raise DpltmUserError("--devices/--num-nodes > 1 is for DP training; "
                              "the non-private baseline runs on one device")
     main = is_main_process()
-    if main:
-        check_writable(out)
+    check_writable(out)  # read-only, on every rank: under torchrun they all fail together
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
     model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation)

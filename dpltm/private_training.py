@@ -168,6 +168,21 @@ Poisson batch with exact-size tensors (sparse kernels for sparse tickets: the CP
 Lightning step (dpltm.dp.graphed); `graphs`, the static pieces captured in CUDA graphs."""
 
 
+def check_replicas_agree(model: MaskedMLP) -> None:
+    """Raise if the ranks' weights differ. Every rank applies the same all-reduced ĝ, so they stay
+    bit-identical; compared by a fingerprint (sums of the weights and of their squares, all-reduced
+    as min and max)."""
+    import torch.distributed as dist
+
+    weights = [p.detach().double() for p in model.parameters()]
+    total = torch.stack([sum(w.sum() for w in weights), sum((w * w).sum() for w in weights)])  # type: ignore[misc]
+    low, high = total.clone(), total.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        raise RuntimeError("DDP replicas diverged: the ranks did not apply the same noisy gradients")
+
+
 class EpsilonCurve:
     """ε after each epoch, computed once, in a background thread, ahead of training.
 
@@ -233,6 +248,7 @@ class DPTrainingModule(L.LightningModule):
         self.distribution = distribution or Distribution()
         self.noise_generator = torch.Generator(device=data.train.labels.device).manual_seed(seed)
         self.reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None
+        self.add_noise = True
         # masks (and any noise geometry) never change during training: nor does the first layer's
         # share of every record's masked norm (computed once, when training starts)
         self.layout = MaskLayout.of(model, data.train.features.dtype, noise.coordinate_scales())
@@ -255,21 +271,21 @@ class DPTrainingModule(L.LightningModule):
             self.input_terms = first_layer_input_terms(self.data.train.features, self.layout)
             return
         train = self.data.train
+        shard_size = -(-len(train) // self.trainer.world_size)  # this rank samples from its shard only
         self.static_step = StaticShapeDpStep(
             self.model, train, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size,
-            capacity=batch_capacity(len(train), self.plan.sample_rate),
+            capacity=batch_capacity(shard_size, self.plan.sample_rate),
             generator=self.noise_generator, optimizer=self.optimizers().optimizer,  # type: ignore[union-attr]
             averager=self.averager, ema_decay=self.settings.ema, reduce=self.reduce,
-            graphs=self.step_mode == "graphs")
+            add_noise=self.add_noise, graphs=self.step_mode == "graphs")
 
     def setup(self, stage: str) -> None:
-        """Under DDP: every rank takes rank 0's seed, so the noise generators agree and the noise is
-        one draw (dpltm.dp.distributed); the sampling generators stay rank-specific."""
+        """Under DDP: sum the ranks' clipped sums, rank 0 alone adding the noise (one draw:
+        dpltm.dp.distributed); each rank samples with its own generator."""
         if self.trainer.world_size > 1:
-            self.seed = int(self.trainer.strategy.broadcast(self.seed, src=0))
-            self.noise_generator.manual_seed(self.seed)
             self.reduce = all_reduce_sum
+            self.add_noise = self.trainer.global_rank == 0
 
     def train_dataloader(self) -> torch.utils.data.DataLoader[Tensor]:
         """This rank's Poisson batches: of its shard of the records under DDP, of all of them on one device."""
@@ -299,7 +315,7 @@ class DPTrainingModule(L.LightningModule):
         grads, _, _ = private_gradients(
             self.model, x, y, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,
-            layout=self.layout, reduce=self.reduce, input_terms=terms,
+            layout=self.layout, reduce=self.reduce, input_terms=terms, add_noise=self.add_noise,
         )
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
@@ -307,6 +323,8 @@ class DPTrainingModule(L.LightningModule):
             update_average(self.averager, self.model, self.settings.ema)  # type: ignore[arg-type]
 
     def on_train_epoch_end(self) -> None:
+        if self.trainer.world_size > 1:  # before anything about this epoch is reported
+            check_replicas_agree(self.model)
         epoch = self.current_epoch + 1
         steps = epoch * self.plan.steps_per_epoch
         # Only what the released model or held-out data determine: no training loss, clipping
@@ -359,18 +377,19 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
     if abs(noise.effective_noise_multiplier - plan.noise_multiplier) > 1e-12 * max(1.0, plan.noise_multiplier):
         raise RuntimeError("noise plug-in disagrees with the plan's effective multiplier")
     curve = EpsilonCurve(epsilon_after, [e * plan.steps_per_epoch for e in range(1, plan.epochs + 1)])
-    module = DPTrainingModule(model, data, plan, settings, noise, seed, curve, on_epoch, distribution, step_mode)
-    # No Lightning logger: the per-epoch history is written beside the model only once the model
-    # is kept (dpltm.pipeline), so an interrupted run never clobbers the logs of a kept one.
-    trainer = lightning_trainer(
-        device,
-        distribution=distribution,
-        max_epochs=plan.epochs,
-        logger=False,
-        enable_progress_bar=progress,
-        callbacks=[RoundProgressBar("DP training")] if progress else [],
-    )
     try:
+        module = DPTrainingModule(model, data, plan, settings, noise, seed, curve, on_epoch, distribution,
+                                  step_mode)
+        # No Lightning logger: the per-epoch history is written beside the model only once the model
+        # is kept (dpltm.pipeline), so an interrupted run never clobbers the logs of a kept one.
+        trainer = lightning_trainer(
+            device,
+            distribution=distribution,
+            max_epochs=plan.epochs,
+            logger=False,
+            enable_progress_bar=progress,
+            callbacks=[RoundProgressBar("DP training")] if progress else [],
+        )
         fit_on_device(trainer, module, None, device)
     finally:
         curve.cancel()  # an interrupted or early-stopped run does not wait for the rest of the curve

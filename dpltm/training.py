@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -162,8 +163,9 @@ def lightning_trainer(device: torch.device, distribution: Distribution | None = 
     """A Trainer on `device` (in-memory tensors: no checkpoints, summary or validation): one device,
     or with a multi-process `distribution`, DDP over `devices` per node and `num_nodes` nodes."""
     if distribution is not None and distribution.multi_process:
+        # the masks and the EMA never change across ranks: no per-step buffer broadcast
         kwargs.update(devices=distribution.devices, num_nodes=distribution.num_nodes,
-                      strategy=distribution.lightning_strategy(), use_distributed_sampler=False)
+                      strategy=DDPStrategy(broadcast_buffers=False), use_distributed_sampler=False)
     else:
         kwargs.setdefault("devices", [device.index or 0] if device.type == "cuda" else 1)
     with quiet_lightning():

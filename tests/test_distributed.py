@@ -3,8 +3,8 @@
 * sharded Poisson sampling includes each record with probability q (the union of the ranks'
   batches is one Poisson batch);
 * a two-rank step's all-reduced clipped sum equals one process's clipped sum over the union of
-  the ranks' batches, and the noise is one draw: ĝ is identical on both ranks and equal to the
-  one-process ĝ with the same noise seed;
+  the ranks' batches, and the noise is one draw (rank 0's): ĝ is identical on both ranks and equal
+  to the one-process ĝ with rank 0's noise seed;
 * `dpltm train --devices 2` (Lightning DDP, two gloo processes, the real CLI) reports the ε of the
   one-device run and writes one checkpoint.
 """
@@ -31,6 +31,7 @@ from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
+from dpltm.private_training import check_replicas_agree
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 
 N, Q, SEED, SIGMA, CLIP = 300, 0.2, 11, 1.3, 0.5
@@ -62,7 +63,7 @@ def test_union_of_shard_batches_includes_each_record_with_probability_q() -> Non
 
 
 def test_distribution_checks() -> None:
-    assert Distribution(2, 3).world_size == 6 and Distribution(2).lightning_strategy() == "ddp"
+    assert Distribution(2, 3).world_size == 6 and Distribution(2).multi_process and not Distribution().multi_process
     with pytest.raises(DpltmUserError, match="--strategy"):
         Distribution(2, strategy="ddp_spawn")
     with pytest.raises(DpltmUserError, match="--devices"):
@@ -89,11 +90,19 @@ def _rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
         index = next(iter(PoissonBatches(N, Q, 1, rank_sampling_seed(SEED, rank), shard=shard(N, rank, world))))
         results = {"index": index}
         for sigma in (0.0, SIGMA):
-            generator = torch.Generator().manual_seed(SEED)  # the shared noise seed
+            generator = torch.Generator().manual_seed(SEED + rank)  # rank 0's: the only one used
             grads, _, _ = private_gradients(model, x[index], y[index], clip=CLIP, noise=GaussianNoise(sigma),
                                             expected_batch_size=N * Q, generator=generator, layout=layout,
-                                            reduce=all_reduce_sum)
+                                            reduce=all_reduce_sum, add_noise=rank == 0)
             results[f"sigma={sigma}"] = grads
+        check_replicas_agree(model)  # same weights everywhere: passes
+        with torch.no_grad():
+            next(model.parameters()).add_(float(rank))  # rank 1 diverges
+        try:
+            check_replicas_agree(model)
+            results["divergence caught"] = False
+        except RuntimeError:
+            results["divergence caught"] = True
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -105,6 +114,7 @@ def test_two_rank_step_equals_one_process_over_the_union(tmp_path: Path) -> None
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     union = torch.cat([r["index"] for r in ranks])
     assert union.numel() > 0 and union.unique().numel() == union.numel()
+    assert all(r["divergence caught"] for r in ranks)  # every rank sees it
     model, (x, y) = ticket(), records()
     layout = MaskLayout.of(model, x.dtype)
     clipped = clipped_gradient_sum(model, x[union], y[union], CLIP, layout).grad_sums
@@ -136,9 +146,11 @@ def _cli(*args: str, cwd: Path, data: Path) -> subprocess.CompletedProcess[str]:
 def test_cli_ddp_on_two_processes_reports_the_one_device_epsilon(tmp_path: Path) -> None:
     data = write_digits(tmp_path / "data")
     common = ("train", "--dense", "--dataset", "digits", "--eps2", "1", "--epochs", "2", "--batch-size", "32",
-              "--device", "cpu", "--noise-seed", "3", "--json")
+              "--device", "cpu", "--json")
+    # no --noise-seed: each process draws its own CSPRNG seed, and rank 0's must reach every rank (the
+    # run checks at the end that the replicas agree, i.e. that they added the same noise)
     two = _cli(*common, "--devices", "2", "--strategy", "ddp", "--out", "two.pt", cwd=tmp_path, data=data)
-    one = _cli(*common, "--no-progress", "--out", "one.pt", cwd=tmp_path, data=data)
+    one = _cli(*common, "--no-progress", "--noise-seed", "3", "--out", "one.pt", cwd=tmp_path, data=data)
     two_report, one_report = json.loads(two.stdout), json.loads(one.stdout)  # one JSON document each
     assert two_report["processes"] == 2 and one_report["processes"] == 1
     for key in ("epsilon", "epsilon_dp_part", "noise_multiplier", "sample_rate", "steps", "privacy", "delta"):

@@ -7,13 +7,14 @@ Per step, with R ranks (PRIVACY.md §7, "Multi-device DP-SGD"):
   the ranks' batches) independently with probability q: the Poisson sample one device draws.
 * **Clipping.** Each rank clips its records and sums them; the sums are all-reduced, giving the
   clipped sum over the union (a sum is a sum: no record is counted twice or dropped).
-* **Noise, once.** After the all-reduce every rank adds the *same* draw of N(0, σ²C²) from a
-  noise generator seeded identically everywhere (rank 0's seed, broadcast). The released sum
-  thus carries exactly one draw with the variance the accountant assumes, and every replica
-  applies the same ĝ, so they stay identical without a parameter broadcast. (The alternative,
-  independent N(0, σ²C²/R) per rank before the reduce, has the same variance but is exact only
-  while no rank sees another's draw; full-scale noise on every rank would be safe but R times
-  too noisy.)
+* **Noise, once.** Rank 0 alone adds one draw of N(0, σ²C²) to its clipped sum, before the
+  all-reduce; the other ranks add none. The all-reduced sum, which every rank receives bit for
+  bit, thus carries exactly one draw with the variance the accountant assumes, and every replica
+  applies the same ĝ. (Drawing the same noise on every rank after the reduce would need
+  generators that agree bit for bit across devices, which CUDA's do not promise across GPU
+  models; independent N(0, σ²C²/R) per rank has the right variance but is exact only while no
+  rank sees another's draw; full-scale noise on every rank is safe but R times too noisy.) Each
+  epoch ends with a check that the replicas still agree.
 * **Accounting.** The event is SelfComposed(PoissonSampled(q, Gaussian(σ)), T), unchanged: the
   ε of a run is the same on one device or many.
 
@@ -59,28 +60,39 @@ class Distribution:
     def multi_process(self) -> bool:
         return self.world_size > 1
 
-    def lightning_strategy(self) -> str:
-        return "ddp" if self.multi_process else "auto"
+
+def _slurm_tasks() -> bool:
+    """Whether SLURM launched this process as one of several tasks (Lightning's own test)."""
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
 
 
 def is_main_process() -> bool:
     """Whether this process is rank 0 (it alone writes files and prints), as its launcher states it,
     before any process group exists.
 
-    torchrun and SLURM-style launchers set RANK; Lightning's own launcher re-runs the command with
-    LOCAL_RANK (and NODE_RANK on other nodes) set. The first process of a Lightning launch has
+    torchrun sets RANK; SLURM's srun SLURM_PROCID; Lightning's own launcher re-runs the command
+    with LOCAL_RANK (and NODE_RANK on other nodes) set. The first process of a Lightning launch has
     none of them: rank 0.
     """
     if "RANK" in os.environ:
         return int(os.environ["RANK"]) == 0
+    if _slurm_tasks():
+        return int(os.environ["SLURM_PROCID"]) == 0
     return int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+
+
+def local_rank() -> int:
+    """This process's rank on its node (its GPU's index)."""
+    if "LOCAL_RANK" not in os.environ and _slurm_tasks():
+        return int(os.environ.get("SLURM_LOCALID", "0"))
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def local_device(device: torch.device, distribution: Distribution) -> torch.device:
     """Each rank trains on its own GPU (cuda:LOCAL_RANK); CPU ranks share the CPU."""
     if device.type != "cuda" or not distribution.multi_process:
         return device
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = local_rank()
     if local >= torch.cuda.device_count():
         raise DpltmUserError(f"--devices {distribution.devices}: this node has "
                              f"{torch.cuda.device_count()} CUDA device(s)")

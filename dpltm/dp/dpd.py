@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from dpltm.dp.noise import NoiseContext, ScaledGaussianNoise
+from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.model import MaskedMLP
 
 #: torch.quantile refuses very large inputs; larger layers are summarised on an even stride.

@@ -198,7 +198,8 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
         h = model.activation(z) if model.is_activation_after(index) else z
     loss_sum = F.cross_entropy(h, y, reduction="sum")
     if x.shape[0] == 0:
-        zero = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
+        parameters = dict(model.named_parameters())  # in the layout's order, as a non-empty batch gives
+        zero = {name: torch.zeros_like(parameters[name]) for pair in layout.parameter_names for name in pair}
         return ClippedBatch(zero, x.new_zeros(0), loss_sum.detach())
     out_grads = torch.autograd.grad(loss_sum, outputs)
     with torch.no_grad():

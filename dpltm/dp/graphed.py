@@ -7,8 +7,8 @@ Python. Here one step is split into two pieces of fixed shape:
   first-layer norm terms (`first_layer_input_terms`, computed once), forward,
   output gradients, masked per-sample norms, clip factors times the rows' 0/1 weights, and add
   the chunk's clipped sum to an accumulator;
-* `update`: (all-reduce,) add the noise once, scale by 1/L, optimiser step, EMA, clear the
-  accumulator.
+* `update`: add the noise once (under DDP: rank 0, then the all-reduce), scale by 1/L,
+  optimiser step, EMA, clear the accumulator.
 
 A step is ⌈|B|/K⌉ accumulates and one update: the eager step's mechanism exactly (padding adds
 zero; every sampled record is processed once; one noise draw). On CUDA (`graphs=True`) both are
@@ -46,11 +46,11 @@ class StaticShapeDpStep:
                  optimizer: torch.optim.Optimizer, averager: AveragedModel | None = None,
                  ema_decay: float | None = None,
                  reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
-                 graphs: bool = False) -> None:
+                 add_noise: bool = True, graphs: bool = False) -> None:
         self.model, self.train, self.clip, self.noise = model, train, clip, noise
         self.scale = 1.0 / expected_batch_size
         self.capacity, self.generator, self.optimizer = capacity, generator, optimizer
-        self.averager, self.ema_decay, self.reduce = averager, ema_decay, reduce
+        self.averager, self.ema_decay, self.reduce, self.add_noise = averager, ema_decay, reduce, add_noise
         device, dtype = train.labels.device, train.features.dtype
         self.layout = MaskLayout.of(model, dtype, noise.coordinate_scales(), allow_sparse=False)
         self.input_terms = first_layer_input_terms(train.features, self.layout)
@@ -95,8 +95,9 @@ class StaticShapeDpStep:
 
     @torch.no_grad()
     def _update(self) -> None:
-        sums = self.sums if self.reduce is None else self.reduce(self.sums)
-        noisy = self.noise.perturb(dict(sums), self.layout.surviving, self.clip, self.generator)
+        sums = (self.noise.perturb(dict(self.sums), self.layout.surviving, self.clip, self.generator)
+                if self.add_noise else self.sums)  # under DDP, rank 0 alone adds the one draw
+        noisy = sums if self.reduce is None else self.reduce(sums)
         for name, grad in self.grads.items():
             torch.mul(noisy[name], self.scale, out=grad)
         self.optimizer.step()

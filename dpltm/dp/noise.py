@@ -1,176 +1,30 @@
-"""Noise plug-ins: how the clipped-gradient sum is perturbed, and how that is accounted.
+"""The registry of noise plug-ins: how the clipped-gradient sum is perturbed, and how that is accounted.
 
-A mechanism perturbs Σ_i clip(∇ℓ_i) on the *surviving* coordinates only (noise on pruned
-coordinates would be discarded by the mask anyway: post-processing, no privacy cost) and
-states what it is to an accountant. Every plug-in here reduces, exactly, to the Poisson-
-subsampled Gaussian mechanism under add/remove-one adjacency with some *effective* noise
-multiplier (noise std / per-record sensitivity); that multiplier is what the ledger records, so
-all accountants apply unchanged.
-
-Adding a mechanism: one module with a class satisfying `NoiseMechanism` (like `dpltm/dp/dpd.py`,
-`dpltm/dp/shaped.py`), and one line in `NOISE_MECHANISMS`. Every registered plug-in runs through the shared
-suite in tests/test_noise_plugins.py.
+Adding a mechanism: one module with a class satisfying `NoiseMechanism` (dpltm/dp/mechanism.py;
+like `dpltm/dp/gaussian.py`, `dpltm/dp/dpd.py`, `dpltm/dp/shaped.py`), and one line in
+`NOISE_MECHANISMS`. Every registered plug-in runs through the shared suite in
+tests/test_noise_plugins.py. The plug-ins import only dpltm.dp.mechanism, and this module imports
+them: no cycle.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
-import torch
-from dp_accounting import dp_event
-from torch import Tensor
-
-from dpltm.data.types import LabeledTensors
+from dpltm.dp.dpd import DropoutNoise
+from dpltm.dp.gaussian import GaussianNoise
+from dpltm.dp.mechanism import (
+    NoiseContext,
+    NoiseMechanism,
+    ScaledGaussianNoise,
+    add_gaussian,
+    dp_event_of,
+)
+from dpltm.dp.shaped import ShapedNoise
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP
-from dpltm.privacy.events import dpsgd_event
 
-
-@dataclass(frozen=True)
-class NoiseContext:
-    """What a plug-in may need to build itself: the network, and public data if any."""
-
-    model: MaskedMLP
-    clip: float
-    private_dataset: str
-    public_data: LabeledTensors | None = None
-    public_dataset: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-class NoiseMechanism(Protocol):
-    name: ClassVar[str]
-
-    @property
-    def parameter(self) -> float:
-        """The plug-in's own noise parameter (what `--sigma` sets)."""
-        ...
-
-    @property
-    def effective_noise_multiplier(self) -> float:
-        """Gaussian noise multiplier under add/remove-one adjacency: what the accountant sees."""
-        ...
-
-    def coordinate_scales(self) -> dict[str, Tensor | None] | None:
-        """Per-parameter positive scales s (noise ∝ s, clipping in the norm ‖g / s‖), or None."""
-        ...
-
-    def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
-                generator: torch.Generator) -> dict[str, Tensor]:
-        """The privatised sum: grad_sums plus noise on the surviving coordinates.
-
-        `surviving[name]` holds a parameter's surviving flat indices, or None if all survive.
-        """
-        ...
-
-    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
-        """Extra per-epoch figures to log (e.g. DPD's implied dropout rates); may be empty."""
-        ...
-
-    def description(self) -> str:
-        """One line for the privacy statement."""
-        ...
-
-
-def dp_event_of(mechanism: NoiseMechanism, sample_rate: float, steps: int) -> dp_event.DpEvent:
-    """`steps` Poisson-sampled applications: SelfComposed(PoissonSampled(q, Gaussian(σ_eff)), T)."""
-    return dpsgd_event(sample_rate, mechanism.effective_noise_multiplier, steps)
-
-
-def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator,
-                 scale: Tensor | None = None) -> Tensor:
-    """total + N(0, std²·scale²) on the surviving coordinates only (drawn only there: cheaper).
-
-    Adds in place: `total` is a fresh gradient sum owned by the caller."""
-    out = total
-    if surviving is None:
-        noise = torch.randn(total.shape, generator=generator, device=total.device, dtype=total.dtype)
-        if scale is not None:
-            noise.mul_(scale)
-        return out.add_(noise, alpha=std)
-    noise = torch.randn(surviving.numel(), generator=generator, device=total.device, dtype=total.dtype)
-    if scale is not None:
-        noise.mul_(scale.reshape(-1).index_select(0, surviving))
-    out.view(-1).index_add_(0, surviving, noise, alpha=std)
-    return out
-
-
-class ScaledGaussianNoise:
-    """Shared body of the plug-ins that add Gaussian noise of std `PER_PARAMETER`·σ·C·s.
-
-    A subclass sets `PER_PARAMETER` (noise std per unit of its own σ, in units of C) and, if it
-    shapes the noise, `coordinate_scales`. With per-sample clipping to C (in ‖g/s‖ when scaled)
-    the add/remove sensitivity of the clipped sum is C, so the effective multiplier — noise std
-    over sensitivity, what the accountant sees (Abadi et al. 2016; Mironov et al. 2019) — is
-    `PER_PARAMETER`·σ.
-    """
-
-    sigma: float
-    PER_PARAMETER: ClassVar[float] = 1.0
-
-    @classmethod
-    def parameter_for(cls, effective: float) -> float:
-        return effective / cls.PER_PARAMETER
-
-    @classmethod
-    def effective_for(cls, parameter: float) -> float:
-        return cls.PER_PARAMETER * parameter
-
-    @property
-    def parameter(self) -> float:
-        return self.sigma
-
-    @property
-    def effective_noise_multiplier(self) -> float:
-        return self.PER_PARAMETER * self.sigma
-
-    def coordinate_scales(self) -> dict[str, Tensor | None] | None:
-        return None
-
-    def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
-                generator: torch.Generator) -> dict[str, Tensor]:
-        if self.sigma == 0.0:
-            return dict(grad_sums)
-        if clip == float("inf"):
-            raise DpltmUserError(f"{type(self).__name__} needs a finite clipping norm")
-        std = self.PER_PARAMETER * self.sigma * clip
-        scales = self.coordinate_scales() or {}
-        out = {}
-        for name, total in grad_sums.items():
-            scale = scales.get(name)
-            if scale is not None:
-                scale = scale.to(device=total.device, dtype=total.dtype)
-            out[name] = add_gaussian(total, surviving.get(name), std, generator, scale=scale)
-        return out
-
-    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
-        return {}
-
-
-@dataclass(frozen=True)
-class GaussianNoise(ScaledGaussianNoise):
-    """DP-SGD's Gaussian mechanism (Abadi et al. 2016, Alg. 1): N(0, σ²C²) per coordinate.
-
-    With per-sample L2 clipping to C, adding or removing one record moves the sum by at most C
-    (add/remove adjacency), so this is the subsampled Gaussian mechanism with multiplier σ.
-    """
-
-    sigma: float
-    name: ClassVar[str] = "gaussian"
-
-    @classmethod
-    def build(cls, parameter: float, context: NoiseContext | None = None) -> GaussianNoise:
-        return cls(float(parameter))
-
-    def description(self) -> str:
-        return f"Gaussian DP-SGD noise, multiplier σ = {self.sigma:.4g}"
-
-
-# The plug-ins import this module's helpers, so they are imported here, after them (and
-# dpltm/dp/__init__.py imports this module first, whichever plug-in is imported first).
-from dpltm.dp.dpd import DropoutNoise  # noqa: E402
-from dpltm.dp.shaped import ShapedNoise  # noqa: E402
+__all__ = ["NOISE_MECHANISMS", "DropoutNoise", "GaussianNoise", "NoiseContext", "NoiseMechanism",
+           "ScaledGaussianNoise", "ShapedNoise", "add_gaussian", "dp_event_of", "make_noise", "noise_class"]
 
 NOISE_MECHANISMS: dict[str, Any] = {
     "gaussian": GaussianNoise,

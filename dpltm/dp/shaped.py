@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dpltm.dp.dpd import quantiles
-from dpltm.dp.noise import NoiseContext, ScaledGaussianNoise
+from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 

@@ -24,18 +24,19 @@ def private_gradients(model: MaskedMLP, x: Tensor, y: Tensor, *, clip: float,
                       generator: torch.Generator,
                       layout: MaskLayout | None = None,
                       reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
-                      input_terms: Tensor | None = None) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+                      input_terms: Tensor | None = None, add_noise: bool = True,
+                      ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
 
     Pass `layout` (MaskLayout.of(model), computed once) in a training loop; masks are fixed.
-    `reduce` sums the clipped sums over the ranks of a multi-device run before the noise is added
-    (dpltm.dp.distributed.all_reduce_sum): the noise is added once, to the sum over all ranks.
+    `reduce` sums the ranks' sums in a multi-device run (dpltm.dp.distributed.all_reduce_sum), after
+    rank 0 alone (`add_noise`) has added the noise: the reduced sum carries exactly one draw.
     `input_terms`: the batch's rows of `first_layer_input_terms` (computed once per run).
     """
     layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
     batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=input_terms)
-    sums = batch.grad_sums if reduce is None else reduce(batch.grad_sums)
-    noisy = noise.perturb(sums, layout.surviving, clip, generator)
+    sums = noise.perturb(batch.grad_sums, layout.surviving, clip, generator) if add_noise else batch.grad_sums
+    noisy = sums if reduce is None else reduce(sums)
     scale = 1.0 / expected_batch_size
     return {k: v.mul_(scale) for k, v in noisy.items()}, batch.norms, batch.loss_sum
 

@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -179,15 +180,29 @@ def _quiet_rdp_warnings() -> Iterator[None]:
 
     At small σ its RDP code logs "failed to converge ... Excluding this order" and drops that
     order: the bound stays valid (only looser), and the line would break the CLI's promise of
-    clean output (one line on stderr for an error, none for a report).
+    clean output (one line on stderr for an error, none for a report). Thread-safe: the ε curve is
+    computed in a background thread while the main thread may account too; the level is lowered by
+    the first holder and restored by the last.
     """
+    global _quiet_holders, _quiet_saved_level
     logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    with _QUIET_LOCK:
+        if _quiet_holders == 0:
+            _quiet_saved_level = logger.level
+            logger.setLevel(logging.ERROR)
+        _quiet_holders += 1
     try:
         yield
     finally:
-        logger.setLevel(level)
+        with _QUIET_LOCK:
+            _quiet_holders -= 1
+            if _quiet_holders == 0:
+                logger.setLevel(_quiet_saved_level)
+
+
+_QUIET_LOCK = threading.Lock()
+_quiet_holders = 0
+_quiet_saved_level = logging.NOTSET
 
 
 def _composed(event: DpEvent, accountant: str, neighboring: str, delta: float) -> PrivacyAccountant:

@@ -37,8 +37,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     distribution = distribution or Distribution()
     main = is_main_process()  # under DDP, every rank runs this; rank 0 alone writes and prints
-    if main:
-        prepare_output(target, overwrite=overwrite, inputs=[ticket, config])
+    prepare_output(target, overwrite=overwrite, inputs=[ticket, config])  # read-only: every rank fails alike
     torch_device = local_device(resolve_device(device), distribution)
     if cuda_graphs and (torch_device.type != "cuda" or distribution.multi_process or non_private):
         raise DpltmUserError("--cuda-graphs needs DP training on one CUDA device (--device cuda, one process)")
