@@ -1,3 +1,39 @@
-"""dpltm: differentially private training of neural networks by way of lottery tickets."""
+"""dpltm: differentially private training of neural networks by way of lottery tickets.
+
+The Python API (imported on first use, so `import dpltm` and the CLI stay quick):
+
+* `generate_tickets(model, data, ...)`: iterative magnitude pruning of any model built from
+  nn.Linear / nn.Conv2d layers (not private: use public data);
+* `select_ticket(tickets, eps1=None)`: the best score, or the exponential mechanism with ε1;
+* `make_private(model, optimizer, data, target_epsilon=..., masks=...)`: masked DP-SGD with
+  Poisson sampling, per-sample clipping and Gaussian noise on the surviving weights; reports ε;
+* `DPCallback`: the same DP-SGD for an existing LightningModule;
+* `account(sample_rate=..., noise_multiplier=..., steps=...)`: ε of a DP-SGD run;
+* `load_model(path)`: the released model of a `dpltm train` checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+_API = {
+    "generate_tickets": "dpltm.api", "select_ticket": "dpltm.api", "make_private": "dpltm.api",
+    "PrivateTraining": "dpltm.api", "Ticket": "dpltm.api", "account": "dpltm.api", "load_model": "dpltm.api",
+    "evaluate": "dpltm.api", "DPCallback": "dpltm.lightning", "PoissonBatchSampler": "dpltm.lightning",
+    "DpltmUserError": "dpltm.errors",
+}
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'dpltm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,151 @@
+"""Masked per-sample clipping for users' own models: every supported layer (nn.Linear anywhere, on
+flat or sequence inputs, and nn.Conv2d) against torch.func per-sample gradients; unsupported layers
+are a one-line error naming them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+from dpltm.dp.per_sample import clipped_gradient_sum_of
+from dpltm.errors import DpltmUserError
+from dpltm.model import MaskedMLP, build_architecture
+from dpltm.pruning import paper_prune_rates, prune_layerwise
+
+
+class Pool(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, bias=False),
+                         nn.Tanh(), nn.Flatten(), nn.Linear(6 * 3 * 3, 5))
+
+
+class Nested(nn.Module):
+    """Linear layers inside submodules, one on a (B, T, in) sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.ModuleDict({"token": nn.Linear(3, 8), "mix": nn.Linear(8, 8)})
+        self.pool = Pool()
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(8, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.encoder["token"](x))
+        h = self.encoder["mix"](h)
+        return self.head(self.pool(h))
+
+
+CASES = {
+    "cnn": (cnn, lambda g: torch.randn(9, 1, 7, 7, generator=g, dtype=torch.float64)),
+    "nested": (Nested, lambda g: torch.randn(9, 4, 3, generator=g, dtype=torch.float64)),
+    "sequential-mlp": (lambda: nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 7), nn.ReLU(),
+                                             nn.Linear(7, 5)),
+                       lambda g: torch.randn(9, 12, generator=g, dtype=torch.float64)),
+}
+
+
+def random_masks(model: nn.Module, g: torch.Generator) -> dict[str, torch.Tensor]:
+    return {name: torch.rand(p.shape, generator=g) < 0.6 for name, p in model.named_parameters()
+            if name.endswith("weight")}
+
+
+def reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor],
+              clip: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, yi):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    per_sample = {k: g * masks[k].to(g.dtype) if k in masks else g for k, g in per_sample.items()}
+    norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
+    factors = (clip / norms).clamp(max=1.0)
+    return norms, {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("masked", [False, True])
+def test_norms_and_clipped_sums_equal_torch_func(case: str, masked: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    build, data = CASES[case]
+    torch.manual_seed(0)
+    model = build().double()
+    x, y = data(g), torch.randint(0, 5, (9,), generator=g)
+    masks = random_masks(model, g) if masked else {}
+    with torch.no_grad():  # a ticket's pruned weights are zero
+        for name, p in model.named_parameters():
+            if name in masks:
+                p.mul_(masks[name])
+    norms, expected = reference(model, x, y, masks, clip=0.0)  # clip set below, from the norms
+    clip = float(norms.median())
+    norms, expected = reference(model, x, y, masks, clip)
+    got = clipped_gradient_sum_of(model, x, y, clip, masks)
+    torch.testing.assert_close(got.norms, norms)
+    assert list(got.grad_sums) == [n for n, _ in model.named_parameters()]
+    for name, value in expected.items():
+        torch.testing.assert_close(got.grad_sums[name], value, msg=name)
+        if name in masks:
+            assert bool((got.grad_sums[name][~masks[name]] == 0).all())
+
+
+def test_same_norms_and_sums_as_the_builtin_mlp_step() -> None:
+    """One implementation of the math: a user's nn.Sequential with a ticket's weights and masks gets
+    the norms and sums of the built-in MLP's fused step."""
+    ticket = MaskedMLP(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0)).double()
+    for _ in range(2):
+        ticket.set_masks(prune_layerwise(ticket.weights(), ticket.masks(), paper_prune_rates(ticket.mask_names())))
+    plain = nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 7), nn.ReLU(), nn.Linear(7, 5)).double()
+    names = {}
+    for index, (mask_name, layer, _) in zip((0, 2, 4), ticket.layers_in_order()):
+        plain[index].load_state_dict(layer.state_dict())
+        names[f"{index}.weight"] = mask_name
+    masks = {name: ticket.masks()[mask_name] for name, mask_name in names.items()}
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(11, 12, generator=g, dtype=torch.float64), torch.randint(0, 5, (11,), generator=g)
+    builtin = clipped_gradient_sum(ticket, x, y, 0.4, MaskLayout.of(ticket, torch.float64))
+    mine = clipped_gradient_sum_of(plain, x, y, 0.4, masks)
+    torch.testing.assert_close(mine.norms, builtin.norms)
+    for (index, (weight, bias)) in zip((0, 2, 4), MaskLayout.of(ticket).parameter_names):
+        torch.testing.assert_close(mine.grad_sums[f"{index}.weight"], builtin.grad_sums[weight])
+        torch.testing.assert_close(mine.grad_sums[f"{index}.bias"], builtin.grad_sums[bias])
+
+
+@pytest.mark.parametrize(("layer", "match"), [
+    (nn.BatchNorm1d(10), "hidden.1 \\(BatchNorm1d\\)"),
+    (nn.LayerNorm(10), "hidden.1 \\(LayerNorm\\)"),
+])
+def test_unsupported_layers_are_one_line_errors_naming_them(layer: nn.Module, match: str) -> None:
+    model = nn.Sequential()
+    model.add_module("hidden", nn.Sequential(nn.Linear(12, 10), layer, nn.ReLU()))
+    model.add_module("out", nn.Linear(10, 5))
+    x, y = torch.randn(4, 12), torch.randint(0, 5, (4,))
+    with pytest.raises(DpltmUserError, match=match):
+        clipped_gradient_sum_of(model, x, y, 1.0)
+    layer.requires_grad_(False)  # frozen: allowed (it has nothing to clip)
+    if isinstance(layer, nn.LayerNorm):
+        assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (4,)
+
+
+def test_weight_sharing_and_grouped_convs_are_refused() -> None:
+    shared = nn.Linear(5, 5)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = shared
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(torch.relu(self.layer(x)))
+
+    with pytest.raises(DpltmUserError, match="runs twice"):
+        clipped_gradient_sum_of(Twice(), torch.randn(3, 5), torch.randint(0, 5, (3,)), 1.0)
+    grouped = nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
+    with pytest.raises(DpltmUserError, match="groups=1"):
+        clipped_gradient_sum_of(grouped, torch.randn(3, 2, 5, 5), torch.randint(0, 2, (3,)), 1.0)
