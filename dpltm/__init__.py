@@ -22,6 +22,7 @@ _API = {
     "generate_tickets": "dpltm.api", "select_ticket": "dpltm.api", "make_private": "dpltm.api",
     "PrivateTraining": "dpltm.api", "Ticket": "dpltm.api", "account": "dpltm.api", "load_model": "dpltm.api",
     "evaluate": "dpltm.api", "DPCallback": "dpltm.lightning", "PoissonBatchSampler": "dpltm.lightning",
+    "poisson_loader": "dpltm.lightning",
     "DpltmUserError": "dpltm.errors",
 }
 __all__ = ["__version__", *_API]

@@ -61,13 +61,15 @@ def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Te
         if not items:
             raise DpltmUserError("the dataset is empty")
         features = torch.stack([torch.as_tensor(item[0]) for item in items])
-        labels = torch.as_tensor([int(item[1]) for item in items])
+        labels = torch.stack([torch.as_tensor(item[1]) for item in items])
     if features.shape[0] != labels.shape[0]:
         raise DpltmUserError(f"{features.shape[0]} feature rows but {labels.shape[0]} labels")
     if not features.is_floating_point():
         features = features.float()
     target = torch.device(device) if device is not None else features.device
-    return features.to(target), labels.to(target).long()
+    if not labels.is_floating_point():  # class indices; float targets (regression, soft labels) stay as they are
+        labels = labels.long()
+    return features.to(target), labels.to(target)
 
 
 def prunable_weights(model: nn.Module) -> dict[str, Tensor]:
@@ -196,30 +198,33 @@ class PrivateTraining:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, features: Tensor, labels: Tensor,
                  plan: TrainPlan, settings: TrainSettings, masks: Masks, masks_from: str | None, loss: Loss,
-                 seed: int, dataset_name: str) -> None:
+                 seed: int, dataset_name: str, masks_private: bool = False,
+                 selection_eps1: float | None = None) -> None:
         self.model, self.optimizer, self.features, self.labels = model, optimizer, features, labels
         self.plan, self.settings, self.masks, self.masks_from, self.loss = plan, settings, masks, masks_from, loss
-        self.dataset_name = dataset_name
+        self.dataset_name, self.masks_private, self.selection_eps1 = dataset_name, masks_private, selection_eps1
         self.noise = GaussianNoise(plan.noise_multiplier)
         self.surviving: dict[str, Tensor | None] = {name: None for name, _ in model.named_parameters()}
         for name, mask in masks.items():  # noise only where a weight survives
             self.surviving[name] = None if bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
         self.generator = torch.Generator(device=features.device).manual_seed(seed)
-        self.sampling_seed = rank_sampling_seed(seed, 0)
+        # one sampling stream for the whole run: every epoch, however it is driven, draws fresh batches
+        self.sampler = PoissonBatches(len(labels), plan.sample_rate, plan.steps_per_epoch,
+                                      rank_sampling_seed(seed, 0), features.device)
         self.steps_done = 0
         self.epochs_done = 0
         self.history: list[dict[str, Any]] = []
 
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """One epoch of Poisson batches (each record in each batch with probability q = L/N)."""
-        sampler = PoissonBatches(len(self.labels), self.plan.sample_rate, self.plan.steps_per_epoch,
-                                 self.sampling_seed + self.epochs_done, self.features.device)
-        for index in sampler:
+        """One epoch of fresh Poisson batches (each record in each batch with probability q = L/N): feed
+        each to `step`. Every call continues the run's one sampling stream."""
+        for index in self.sampler:
             yield self.features.index_select(0, index), self.labels.index_select(0, index)
 
     def step(self, x: Tensor, y: Tensor) -> None:
-        """One DP-SGD step on a Poisson batch (from `batches`): masked clipped sum + noise on the
-        surviving coordinates, divided by the expected batch size L, then the optimiser."""
+        """One DP-SGD step on a batch from `batches` (the accountant assumes exactly those Poisson
+        batches): masked clipped sum + noise on the surviving coordinates, divided by the expected
+        batch size L, then the optimiser."""
         if self.steps_done >= self.plan.steps:
             raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
         batch = clipped_gradient_sum_of(self.model, x, y, self.settings.clip, self.masks, self.loss)
@@ -253,16 +258,23 @@ class PrivateTraining:
 
     def ledger(self) -> PrivacyLedger:
         """What ran on the private data so far (q, σ, steps, δ) and the mask's provenance."""
+        phase1 = "none" if self.masks_from is None else "same-data" if self.masks_private else "public"
         return PrivacyLedger(
-            phase1="public" if self.masks_from is not None else "none",
-            phase1_dataset=self.masks_from, private_dataset=self.dataset_name, selection_eps1=None,
+            phase1=phase1, phase1_dataset=self.masks_from, private_dataset=self.dataset_name,
+            selection_eps1=self.selection_eps1,
             training=training_record(self.plan.sample_rate, self.plan.noise_multiplier, self.steps_done,
                                      self.settings.clip, self.plan.expected_batch_size, len(self.labels)),
             delta=self.settings.delta, accountant=self.settings.accountant)
 
     @property
     def epsilon(self) -> float:
-        """ε spent so far (0 before the first step), by the accountant the plan was calibrated with."""
+        """The run's ε so far (0 before the first step), by the accountant the plan was calibrated with;
+        ∞ when the masks came from these private records (`masks_private`): not DP end to end."""
+        return 0.0 if self.steps_done == 0 else self.ledger().overall_epsilon
+
+    @property
+    def epsilon_dp_part(self) -> float:
+        """ε of the DP phases alone (selection and training), even when the run is not DP end to end."""
         return 0.0 if self.steps_done == 0 else self.ledger().best_bound().epsilon
 
     def report(self) -> dict[str, Any]:
@@ -276,7 +288,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                  delta: float = 1e-5, epochs: int = 1, batch_size: int = 256, max_grad_norm: float = 1.0,
                  masks: Mapping[str, Tensor] | None = None, masks_from: str | None = None,
                  loss: Loss = per_sample_cross_entropy, accountant: str = "pld", noise_seed: int | None = None,
-                 dataset_name: str = "user data") -> PrivateTraining:
+                 dataset_name: str = "user data", masks_private: bool = False,
+                 selection_eps1: float | None = None) -> PrivateTraining:
     """Masked DP-SGD for a user's model, in the spirit of Opacus's `make_private_with_epsilon`.
 
     σ is calibrated so that `epochs` epochs of Poisson batches of expected size `batch_size` meet
@@ -292,7 +305,12 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                              "private records are not differentially private")
     if (target_epsilon is None) == (noise_multiplier is None):
         raise DpltmUserError("give target_epsilon (σ is calibrated) or noise_multiplier (ε is reported)")
-    device = next(model.parameters()).device
+    if not max_grad_norm > 0:
+        raise DpltmUserError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+    parameters = list(model.parameters())
+    if not parameters:
+        raise DpltmUserError("the model has no parameters")
+    device = parameters[0].device
     features, labels = as_tensors(train, device)
     trainable_layers(model)  # unsupported layers fail here, before any step
     checked = check_user_masks(model, masks or {})
@@ -304,7 +322,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         raise DpltmUserError("no finite noise multiplier meets this budget")
     seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
     return PrivateTraining(model, optimizer, features, labels, plan, settings, checked,
-                           masks_from if checked else None, loss, seed, dataset_name)
+                           masks_from if checked else None, loss, seed, dataset_name,
+                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1)
 
 
 def load_model(path: str | Path) -> nn.Module:

@@ -6,8 +6,9 @@
     L.Trainer(max_epochs=10, callbacks=[callback]).fit(module, loader)
     callback.epsilon   # spent so far; also logged as "epsilon" every epoch
 
-The module keeps its `training_step` (returning the batch loss, reduction "mean" or "sum": say
-which) and its optimiser (automatic optimisation). During the backward pass the callback records,
+The module keeps its `training_step` (returning the batch loss, reduction "mean" over the batch
+dimension or "sum": say which; each sample's loss must depend on its own record only) and its
+optimiser (automatic optimisation, full precision, one device). During the backward pass the callback records,
 for every nn.Linear / nn.Conv2d, the layer's input and the gradient reaching its output; before the
 optimiser step it replaces the parameters' gradients with dpltm's masked clipped sum plus Gaussian
 noise on the surviving weights, over the expected batch size (dpltm.dp.per_sample: the same code as
@@ -77,7 +78,8 @@ class DPCallback(L.Callback):
     def __init__(self, *, target_epsilon: float | None = None, noise_multiplier: float | None = None,
                  delta: float = 1e-5, max_grad_norm: float = 1.0, masks: Mapping[str, Tensor] | None = None,
                  masks_from: str | None = None, loss_reduction: str = "mean", accountant: str = "pld",
-                 noise_seed: int | None = None) -> None:
+                 noise_seed: int | None = None, masks_private: bool = False,
+                 selection_eps1: float | None = None) -> None:
         if (target_epsilon is None) == (noise_multiplier is None):
             raise DpltmUserError("give target_epsilon (σ is calibrated) or noise_multiplier (ε is reported)")
         if loss_reduction not in ("mean", "sum"):
@@ -87,8 +89,14 @@ class DPCallback(L.Callback):
                                  "records are not differentially private")
         self.target_epsilon, self.noise_multiplier, self.delta = target_epsilon, noise_multiplier, delta
         self.clip, self.masks_in, self.masks_from = max_grad_norm, dict(masks or {}), masks_from
+        if not max_grad_norm > 0:
+            raise DpltmUserError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         self.loss_reduction, self.accountant = loss_reduction, accountant
+        self.masks_private, self.selection_eps1 = masks_private, selection_eps1
         self.seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
+        self.generator: torch.Generator | None = None  # made once: a second fit continues its stream
+        self._batch_size = 0
+        self._calls: dict[int, int] = {}
         self.steps_done = 0
         self.history: list[dict[str, Any]] = []
         self.plan: TrainPlan | None = None
@@ -102,6 +110,9 @@ class DPCallback(L.Callback):
             raise DpltmUserError("DPCallback runs on one device (multi-device DP: `dpltm train --devices`)")
         if not pl_module.automatic_optimization or trainer.accumulate_grad_batches != 1:
             raise DpltmUserError("DPCallback needs automatic optimisation without gradient accumulation")
+        if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
+            raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
+                                 "skips steps from the non-private gradients and rounds the clipping")
         sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
         if not isinstance(sampler, PoissonBatchSampler):
             raise DpltmUserError("DP-SGD's accountant assumes Poisson sampling: build the training loader with "
@@ -120,7 +131,10 @@ class DPCallback(L.Callback):
         self.surviving: dict[str, Tensor | None] = {n: None for n, _ in pl_module.named_parameters()}
         for name, mask in self.masks.items():
             self.surviving[name] = None if bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
-        self.generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        if self.generator is None:
+            self.generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+            if getattr(self, "_generator_state", None) is not None:
+                self.generator.set_state(self._generator_state)
         self._taps = [_Tap(name, module) for name, module in trainable_layers(pl_module)]
         for index, tap in enumerate(self._taps):
             self._handles.append(tap.module.register_forward_hook(self._forward_hook(index)))
@@ -130,6 +144,7 @@ class DPCallback(L.Callback):
             if not module.training or not torch.is_grad_enabled():
                 return
             tap = self._taps[index]
+            self._calls[index] = self._calls.get(index, 0) + 1
             tap.input, tap.output = inputs[0].detach(), None
             if output.requires_grad:
                 output.register_hook(lambda grad: self._grads.__setitem__(index, grad.detach()))
@@ -141,6 +156,13 @@ class DPCallback(L.Callback):
         self._handles = []
 
     # ---- the step -----------------------------------------------------------------------------
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        first = batch[0] if isinstance(batch, (list, tuple)) else batch
+        self._batch_size = int(first.shape[0])  # the samples: every layer must see this many rows
+        self._calls.clear()
+        self._grads.clear()
+
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
         assert self.plan is not None
@@ -149,14 +171,19 @@ class DPCallback(L.Callback):
         if len(self._grads) != len(self._taps):
             missing = [t.name for i, t in enumerate(self._taps) if i not in self._grads]
             raise DpltmUserError(f"no gradient reached layer(s) {missing}: every trainable layer must take part")
-        batch = self._grads[0].shape[0]
+        twice = [self._taps[i].name for i, n in self._calls.items() if n > 1]
+        if twice:
+            raise DpltmUserError(f"layer(s) {twice} ran twice in one step: weight sharing is not supported by "
+                                 "dpltm's per-sample clipping")
+        batch = self._batch_size
         scale = float(batch) if self.loss_reduction == "mean" else 1.0  # back to per-sample gradients
         grads = [self._grads[i] * scale for i in range(len(self._taps))]
         parameters = dict(pl_module.named_parameters())
         if batch == 0:
             sums = {n: torch.zeros_like(p) for n, p in parameters.items() if p.requires_grad}
         else:
-            sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip)
+            sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
+        assert self.generator is not None
         noisy = self.noise.perturb(sums, self.surviving, self.clip, self.generator)
         for name, parameter in parameters.items():
             if parameter.requires_grad:
@@ -173,16 +200,27 @@ class DPCallback(L.Callback):
         self.history.append(record)
         pl_module.log("epsilon", record["epsilon"], prog_bar=True)
 
+    # ---- resuming: what was spent travels in Lightning's checkpoint ---------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_done": self.steps_done, "history": self.history, "seed": self.seed,
+                "generator": None if self.generator is None else self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_done, self.history, self.seed = state["steps_done"], state["history"], state["seed"]
+        self._generator_state = state.get("generator")  # restored on the module's device at train start
+
     # ---- what was spent -----------------------------------------------------------------------
     def ledger(self) -> PrivacyLedger:
         assert self.plan is not None, "fit first"
+        phase1 = "none" if not self.masks else "same-data" if self.masks_private else "public"
         return PrivacyLedger(
-            phase1="public" if self.masks else "none", phase1_dataset=self.masks_from if self.masks else None,
-            private_dataset="the training loader's dataset", selection_eps1=None,
+            phase1=phase1, phase1_dataset=self.masks_from if self.masks else None,
+            private_dataset="the training loader's dataset", selection_eps1=self.selection_eps1,
             training=training_record(self.plan.sample_rate, self.plan.noise_multiplier, self.steps_done,
                                      self.clip, self.plan.expected_batch_size, self.dataset_size),
             delta=self.delta, accountant=self.accountant)
 
     @property
     def epsilon(self) -> float:
-        return 0.0 if self.steps_done == 0 else self.ledger().best_bound().epsilon
+        """The run's ε so far; ∞ when the masks came from the private records (`masks_private`)."""
+        return 0.0 if self.steps_done == 0 else self.ledger().overall_epsilon

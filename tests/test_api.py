@@ -85,6 +85,26 @@ def test_make_private_refuses_bad_input_in_one_line(kwargs: dict, match: str) ->
                            **kwargs)
 
 
+def test_provenance_and_selection_reach_the_report_and_batches_are_fresh() -> None:
+    masks = {"0.weight": torch.ones(16, 10, dtype=torch.bool)}
+    masks["0.weight"][0] = False
+    model = mlp()
+    same_data = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), blobs(200, 0),
+                                   noise_multiplier=1.0, batch_size=20, masks=masks, masks_from="these records",
+                                   masks_private=True)
+    first, second = [b[0] for b in same_data.batches()], [b[0] for b in same_data.batches()]
+    assert not all(torch.equal(a, b) for a, b in zip(first, second))  # a manual loop gets fresh batches
+    same_data.step(*next(iter(same_data.batches())))
+    assert same_data.report()["end_to_end_dp"] is False and same_data.report()["overall_epsilon"] == "inf"
+    assert same_data.epsilon == float("inf") and 0 < same_data.epsilon_dp_part < float("inf")
+    selected = dpltm.make_private(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), blobs(200, 0),
+                                  noise_multiplier=1.0, batch_size=20, masks=masks, masks_from="public",
+                                  selection_eps1=0.1)
+    selected.step(*next(iter(selected.batches())))
+    alone = dpltm.account(sample_rate=0.1, noise_multiplier=1.0, steps=1)
+    assert selected.epsilon > alone and selected.report()["end_to_end_dp"] is True
+
+
 def test_unsupported_layer_fails_before_any_step() -> None:
     model = nn.Sequential(nn.Linear(10, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
     with pytest.raises(DpltmUserError, match="1 \\(BatchNorm1d\\)"):

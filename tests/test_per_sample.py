@@ -42,8 +42,15 @@ class Nested(nn.Module):
         return self.head(self.pool(h))
 
 
+def inplace_cnn() -> nn.Module:
+    """In-place activations right after the layers (VGG style) must not change what is recorded."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=(1, 2), dilation=(1, 2)), nn.ReLU(inplace=True), nn.Flatten(),
+                         nn.Linear(4 * 7 * 7, 8), nn.ReLU(inplace=True), nn.Linear(8, 5))
+
+
 CASES = {
     "cnn": (cnn, lambda g: torch.randn(9, 1, 7, 7, generator=g, dtype=torch.float64)),
+    "inplace-cnn": (inplace_cnn, lambda g: torch.randn(9, 1, 7, 7, generator=g, dtype=torch.float64)),
     "nested": (Nested, lambda g: torch.randn(9, 4, 3, generator=g, dtype=torch.float64)),
     "sequential-mlp": (lambda: nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 7), nn.ReLU(),
                                              nn.Linear(7, 5)),
@@ -128,8 +135,13 @@ def test_unsupported_layers_are_one_line_errors_naming_them(layer: nn.Module, ma
     x, y = torch.randn(4, 12), torch.randint(0, 5, (4,))
     with pytest.raises(DpltmUserError, match=match):
         clipped_gradient_sum_of(model, x, y, 1.0)
-    layer.requires_grad_(False)  # frozen: allowed (it has nothing to clip)
+    layer.requires_grad_(False)  # frozen: a per-sample layer is allowed (it has nothing to clip)
     if isinstance(layer, nn.LayerNorm):
+        assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (4,)
+    else:  # batch statistics mix the samples: refused in training mode even frozen, fine in eval mode
+        with pytest.raises(DpltmUserError, match="mixes the samples"):
+            clipped_gradient_sum_of(model, x, y, 1.0)
+        layer.eval()
         assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (4,)
 
 
@@ -146,6 +158,25 @@ def test_weight_sharing_and_grouped_convs_are_refused() -> None:
 
     with pytest.raises(DpltmUserError, match="runs twice"):
         clipped_gradient_sum_of(Twice(), torch.randn(3, 5), torch.randint(0, 5, (3,)), 1.0)
+    tied = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5))
+    tied[2].weight = tied[0].weight
+    with pytest.raises(DpltmUserError, match="share a weight"):
+        clipped_gradient_sum_of(tied, torch.randn(3, 5), torch.randint(0, 5, (3,)), 1.0)
     grouped = nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
     with pytest.raises(DpltmUserError, match="groups=1"):
         clipped_gradient_sum_of(grouped, torch.randn(3, 2, 5, 5), torch.randint(0, 2, (3,)), 1.0)
+
+
+def test_samples_folded_into_rows_are_refused() -> None:
+    """(B, T, d) reshaped to (B·T, d) before the layers would clip tokens, not samples."""
+
+    class Folding(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.token = nn.Linear(3, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.token(x.reshape(-1, 3)).reshape(x.shape[0], -1, 5).mean(dim=1)
+
+    with pytest.raises(DpltmUserError, match="one row per sample"):
+        clipped_gradient_sum_of(Folding(), torch.randn(4, 6, 3), torch.randint(0, 5, (4,)), 1.0)

@@ -41,17 +41,36 @@ def per_sample_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
 
 
 def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every layer with trainable parameters, checked to be supported."""
+    """(name, module) of every layer with trainable parameters, checked to be supported.
+
+    Refused, in one line naming the layer: trainable parameters in any other kind of layer; batch
+    normalisation in training mode (even frozen: its batch statistics make one sample's gradient
+    depend on the others, and its running statistics are released without noise); a weight shared
+    by two layers (its gradient would be counted once in the sum but twice in the norm).
+    """
     layers = []
-    for name, module in model.named_modules():
+    seen: dict[int, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        label = name or type(module).__name__
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
+            raise DpltmUserError(f"layer {label} ({type(module).__name__}) mixes the samples of a batch, which "
+                                 "per-sample clipping cannot bound: remove it, or put it in eval mode and freeze it")
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if not own:
             continue
-        label = name or type(module).__name__
+        for parameter in own:
+            if id(parameter) in seen and seen[id(parameter)] != label:
+                raise DpltmUserError(f"layers {seen[id(parameter)]} and {label} share a weight: not supported by "
+                                     "dpltm's per-sample clipping")
+            seen[id(parameter)] = label
+        if any(existing == name for existing, _ in layers):
+            continue
         if not isinstance(module, SUPPORTED_LAYERS):
             raise DpltmUserError(
                 f"layer {label} ({type(module).__name__}) has trainable parameters dpltm cannot clip per sample: "
                 "supported are nn.Linear and nn.Conv2d (freeze it with requires_grad_(False), or replace it)")
+        if {n for n, _ in module.named_parameters(recurse=False)} - {"weight", "bias"}:
+            raise DpltmUserError(f"layer {label} ({type(module).__name__}) has parameters besides weight and bias")
         if isinstance(module, nn.Conv2d) and (module.groups != 1 or module.padding_mode != "zeros"
                                               or isinstance(module.padding, str) and module.padding != "valid"):
             raise DpltmUserError(f"layer {label} (Conv2d): dpltm supports groups=1 and numeric zero padding")
@@ -74,11 +93,12 @@ def _recording(layers: list[tuple[str, nn.Module]]) -> Iterator[list[_Tap]]:
     taps = [_Tap(name, module) for name, module in layers]
     handles = []
     for tap in taps:
-        def hook(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor, tap: _Tap = tap) -> None:
+        def hook(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor, tap: _Tap = tap) -> Tensor:
             if tap.output is not None:
                 raise DpltmUserError(f"layer {tap.name} runs twice in one forward pass: weight sharing is not "
                                      "supported by dpltm's per-sample clipping")
             tap.input, tap.output = inputs[0].detach(), output
+            return output.clone()  # later in-place ops (ReLU(inplace=True)) act on the copy, not on z
         handles.append(tap.module.register_forward_hook(hook))
     try:
         yield taps
@@ -116,6 +136,10 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
     0/1 tensors; unmasked weights are dense. `weights` (0/1 per row) as in dpltm.dp.ghost."""
     layers = trainable_layers(model)
     masks = masks or {}
+    parameters = dict(model.named_parameters())
+    if x.shape[0] == 0:  # an empty Poisson batch: a zero sum (the step still adds noise)
+        return ClippedBatch({n: torch.zeros_like(p) for n, p in parameters.items() if p.requires_grad},
+                            x.new_zeros(0), x.new_zeros(()))
     with _recording(layers) as taps:
         outputs = model(x)
     losses = loss(outputs, y)
@@ -123,27 +147,31 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
         raise DpltmUserError(f"the loss must give one value per sample, shape ({x.shape[0]},); "
                              f"got {tuple(losses.shape)}")
     loss_sum = losses.sum()
-    parameters = dict(model.named_parameters())
-    if x.shape[0] == 0:
-        return ClippedBatch({n: torch.zeros_like(p) for n, p in parameters.items() if p.requires_grad},
-                            x.new_zeros(0), loss_sum.detach())
     for tap in taps:
         if tap.output is None:
             raise DpltmUserError(f"layer {tap.name} has trainable parameters but took no part in the forward pass")
-    out_grads = torch.autograd.grad(loss_sum, [tap.output for tap in taps])  # type: ignore[misc]
-    sums, norms = clip_and_sum(taps, list(out_grads), masks, clip, weights)
+    out_grads = torch.autograd.grad(loss_sum, [tap.output for tap in taps], allow_unused=True)  # type: ignore[misc]
+    unused = [tap.name for tap, g in zip(taps, out_grads) if g is None]
+    if unused:
+        raise DpltmUserError(f"the loss does not depend on layer(s) {unused}: every trainable layer must take part")
+    sums, norms = clip_and_sum(taps, list(out_grads), masks, clip, weights, batch_size=x.shape[0])
     order = [name for name, p in parameters.items() if p.requires_grad]
     return ClippedBatch({name: sums[name] for name in order}, norms, loss_sum.detach())
 
 
 @torch.no_grad()
 def clip_and_sum(taps: list[_Tap], out_grads: list[Tensor], masks: dict[str, Tensor], clip: float,
-                 weights: Tensor | None = None) -> tuple[dict[str, Tensor], Tensor]:
+                 weights: Tensor | None = None, batch_size: int | None = None) -> tuple[dict[str, Tensor], Tensor]:
     """Per-sample norms over the surviving weights, clip factors, and the masked clipped sums, from
     each layer's recorded input and per-sample output gradient (keyed by parameter name)."""
     x = taps[0].input
     assert x is not None
-    batch = out_grads[0].shape[0]
+    batch = out_grads[0].shape[0] if batch_size is None else batch_size
+    for tap, g in zip(taps, out_grads):  # dimension 0 must be the sample everywhere
+        if tap.input is None or tap.input.shape[0] != batch or g.shape[0] != batch:
+            raise DpltmUserError(f"layer {tap.name} does not see one row per sample in dimension 0 (batch {batch}): "
+                                 "dpltm's per-sample clipping needs batch-first layers, without reshaping samples "
+                                 "into rows")
     sq_norms = x.new_zeros(batch, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
     per_sample: list[tuple[Tensor | None, Tensor]] = []
     for tap, g in zip(taps, out_grads):
@@ -171,7 +199,8 @@ def clip_and_sum(taps: list[_Tap], out_grads: list[Tensor], masks: dict[str, Ten
     factors = clip_factors(norms, clip)
     if weights is not None:
         factors = factors * weights
-    factors = factors.to(x.dtype)
+    # factors stay float32 or wider: rounding them to bf16 could push a clipped norm past C
+    factors = factors.to(torch.promote_types(x.dtype, torch.float32))
     sums: dict[str, Tensor] = {}
     for tap, g, (weight_grads, bias_grads) in zip(taps, out_grads, per_sample):
         prefix = f"{tap.name}." if tap.name else ""
