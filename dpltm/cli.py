@@ -129,6 +129,17 @@ def chosen_recipe(recipe: RunRecipe, n_train: int) -> str:
 
 
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+Arch = Annotated[str | None, typer.Option("--arch", help="Network: mlp (LeNet-300-100 by default; the paper's) or lenet5 (two 5×5 convolutions with 6 and 16 maps, each followed by the activation and 2×2 average pooling, then --hidden, default 120,84; masks on convolution and linear weights; 28×28 images).")]
+
+
+def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, Any]:
+    """The `model:` part of a command's settings; --arch lenet5 brings LeNet-5's 120,84 unless --hidden says otherwise."""
+    from dpltm.model import ARCH_DEFAULT_HIDDEN
+
+    widths = _ints(hidden, "--hidden")
+    if widths is None and arch in ARCH_DEFAULT_HIDDEN:
+        widths = list(ARCH_DEFAULT_HIDDEN[arch])
+    return {"hidden": widths, "arch": arch, **rest}
 Json = Annotated[bool, typer.Option("--json", help="Print the final report as one JSON object on stdout.")]
 CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs", help="Replay each training step from CUDA graphs (one CUDA device): the same batches and updates without per-step kernel launches; DP batches are padded to a fixed capacity with zero-weight rows (overflow in extra chunks, noise once per step): the same mechanism.")]
 
@@ -145,6 +156,7 @@ def generate(
     prune_rates: Annotated[str | None, typer.Option(help="Fraction of survivors pruned per round: one value, or one per layer (paper: 0.3,0.3,0.2).")] = None,
     min_density: Annotated[float | None, typer.Option(help="Stop before a ticket would keep less than this fraction of weights.")] = None,
     hidden: Annotated[str | None, typer.Option(help="Hidden layer widths (paper: 300,100).")] = None,
+    arch: Arch = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Add an input projection layer to this width (paper §4.5.2 transfer).")] = None,
     activation: Annotated[str | None, typer.Option(help="Hidden activation: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
     controls: Annotated[bool | None, typer.Option("--controls/--no-controls", help="Also train the random-reinit and random-mask control tickets.")] = None,
@@ -177,9 +189,11 @@ def generate(
         given = [name for name, value in imp_only.items() if value is not None]
         if given:
             raise DpltmUserError(f"{', '.join(given)} belong to non-private IMP: drop them with --private")
+        if arch not in (None, "mlp"):
+            raise DpltmUserError(f"--private makes MLP tickets; --arch {arch} is for public tickets (without --private)")
         private_cli = {
             "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
-            "model": {"hidden": _ints(hidden, "--hidden"), "project_to": project_to, "activation": activation},
+            "model": _model_cli(arch, hidden, project_to=project_to, activation=activation),
             "train": {"eps2": eps, "delta": delta, "epochs": epochs,
                       "batch_size": batch_size, "lr": lr},
             "private_ticket": {"warmup_epochs": warmup_epochs, "rounds": rounds, "density": density,
@@ -205,7 +219,7 @@ def generate(
         raise DpltmUserError(f"{', '.join(given)} only apply with --private")
     cli = {
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
-        "model": {"hidden": _ints(hidden, "--hidden"), "project_to": project_to, "activation": activation},
+        "model": _model_cli(arch, hidden, project_to=project_to, activation=activation),
         "generate": {
             "rounds": rounds, "iterations": iterations, "batch_size": batch_size, "lr": lr,
             "prune_rates": _floats(prune_rates, "--prune-rates"), "min_density": min_density,
@@ -305,6 +319,7 @@ def train(
     momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
     activation: Annotated[str | None, typer.Option(help="Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
+    arch: Arch = None,
     noise: Annotated[str | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-data).")] = None,
     accountant: Annotated[str | None, typer.Option(help="pld (default) or rdp.")] = None,
     target_eps: Annotated[float | None, typer.Option("--target-eps", help="Stop before spending more than this.")] = None,
@@ -339,12 +354,14 @@ def train(
         raise DpltmUserError("--non-private trains without noise: drop --eps2/--sigma")
     if not dense and ticket is None:
         raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
+    if arch is not None and ticket is not None:
+        raise DpltmUserError("--arch is for --dense: a ticket brings its own network")
     cli = {
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
         "train": {"eps2": eps2, "delta": delta, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
                   "clip": clip, "lr": lr, "lr_sigma": lr_sigma, "optimizer": optimizer, "noise": noise, "accountant": accountant,
                   "target_eps": target_eps, "patience": patience, "momentum": momentum, "ema": ema},
-        "model": {"activation": activation},
+        "model": _model_cli(arch, None, activation=activation),
         "seed": seed,
         "recipe": recipe.value,
     }
@@ -397,6 +414,7 @@ def run(
     iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Input projection width of the tickets (default: added automatically when the two datasets' input sizes differ).")] = None,
     activation: Annotated[str | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
+    arch: Arch = None,
     momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
     recipe: Annotated[RunRecipe, typer.Option(help="Training recipe (under --config and flags): auto (the default: tuned for sets of at least 20000 training records, the size it was chosen for; paper below), tuned (chosen on public data: tanh, L = 1600, lr = 6/σ, EMA 0.999) or paper.")] = RunRecipe.auto,
@@ -425,7 +443,7 @@ def run(
 
     if tickets == TicketSource.private:
         public_only = {"--rounds": rounds, "--iterations": iterations, "--project-to": project_to,
-                       "--cuda-graphs": cuda_graphs or None}
+                       "--cuda-graphs": cuda_graphs or None, "--arch": arch}
         given = [name for name, value in public_only.items() if value is not None]
         if given or choice != TicketChoice.noise_aware:
             raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
@@ -435,6 +453,9 @@ def run(
         return
     if warmup_epochs is not None or density is not None:
         raise DpltmUserError("--warmup-epochs and --density apply with --tickets private")
+    if arch not in (None, "mlp") and choice == TicketChoice.noise_aware:
+        raise DpltmUserError(f"--arch {arch}: the noise-aware choice trains MLP tickets side by side; "
+                             "add --choice best")
     if public_dataset == dataset:
         raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
                              "(for the paper's same-data mode run generate, select and train yourself)")
@@ -457,7 +478,7 @@ def run(
                            "momentum": momentum, "ema": ema},
                  "model": {"activation": activation}, "seed": seed}
     gen_cli = {"data": {"dataset": public_dataset, "split": public_split},
-               "model": {"project_to": project_to, "activation": activation},
+               "model": _model_cli(arch, None, project_to=project_to, activation=activation),
                "generate": {"rounds": rounds, "iterations": iterations}, "seed": seed}
     train_cfg = resolve_train_config(train_cli, config)
     gen_cfg = resolve_generate_config(gen_cli, config)

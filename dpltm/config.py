@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import yaml
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import ACTIVATIONS, check_network_size
+from dpltm.model import ACTIVATIONS, ARCHS, check_network_size
 from dpltm.privacy.accounting import check_target_epsilon
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
@@ -96,8 +96,15 @@ class ModelSettings:
     hidden: tuple[int, ...] = (300, 100)
     project_to: int | None = None
     activation: str = "relu"
+    arch: str = "mlp"
+    """mlp (the paper's), or lenet5: LeNet-5's two 5×5 convolutions (6 and 16 maps, each followed by the
+    activation and 2×2 average pooling) in front of the `hidden` layers (28×28 images only)."""
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise DpltmUserError(f"--arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.arch != "mlp" and self.project_to is not None:
+            raise DpltmUserError("--project-to applies to --arch mlp")
         if any(h < 1 for h in self.hidden):
             raise DpltmUserError(f"--hidden takes positive integers, got {list(self.hidden)}")
         _require_positive("--project-to", self.project_to)
@@ -156,7 +163,7 @@ def to_dict(settings: Any) -> dict[str, Any]:
 #: from before they existed. At that value they are left out of the hash, so files written
 #: earlier (ticket sets a resumed `generate` continues) keep their hash.
 HASH_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
-    "model": {"activation": "relu"},
+    "model": {"activation": "relu", "arch": "mlp"},
     "train": {"momentum": 0.0, "ema": None, "lr_sigma": None},
     "private_ticket": {"warmup_epochs": 10, "rounds": 1, "density": 0.25, "rewind": "warmup"},
 }
@@ -390,6 +397,11 @@ def resolve_generate_config(cli: Mapping[str, Any], config_file: Path | None) ->
     spec = SPECS.get(cfg.data.dataset)
     if spec is not None:
         check_network_size(spec.num_features, cfg.model.hidden, spec.num_classes, cfg.model.project_to)
+        if cfg.model.arch != "mlp":  # the images' shape, before any data is read
+            from dpltm.model import build_architecture
+
+            build_architecture(spec.num_features, spec.num_classes, cfg.model.hidden, None, cfg.model.activation,
+                               cfg.model.arch)
     return cfg
 
 

@@ -146,8 +146,9 @@ class Experiment:
         g = self.spec["generate"]
         suffix = f"-proj{project_to}" if project_to else ""
         path = self.ticket_dir / f"{name}-{split}{suffix}.pt"
+        network = {k: v for k, v in self.spec.get("model", {}).items() if k in ("arch", "hidden")}  # e.g. lenet5
         cfg = GenerateConfig(data=DataSettings(dataset=name, split=split),
-                             model=ModelSettings(project_to=project_to),
+                             model=ModelSettings(project_to=project_to, **network),
                              generate=GenerateSettings(rounds=g["rounds"], iterations=g["iterations"],
                                                        batch_size=g["batch_size"], lr=g["lr"]), seed=0)
         # Workers (--shard) may need the same ticket set at once: the first generates it, the others

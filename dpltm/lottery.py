@@ -127,7 +127,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
     """
     device = data.train.labels.device
     arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden,
-                              cfg.model.project_to, cfg.model.activation)
+                              cfg.model.project_to, cfg.model.activation, cfg.model.arch)
     rates = resolve_prune_rates(arch, cfg.generate.prune_rates)
     init_gen = torch.Generator(device="cpu").manual_seed(round_seed(cfg.seed, 0, stream=1))
     model = MaskedMLP(arch, init_gen)

@@ -9,6 +9,7 @@ parameter (DP noise on a pruned coordinate is discarded by the mask: post-proces
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -61,6 +62,22 @@ def check_network_size(in_features: int, hidden: Sequence[int], num_classes: int
         )
 
 
+ARCHS: dict[str, tuple[tuple[int, int], ...]] = {"mlp": (), "lenet5": ((6, 5), (16, 5))}
+"""`--arch`: the convolutional front of the network, as (output channels, kernel side) per layer, each
+followed by the activation and 2×2 average pooling (LeNet-5, LeCun et al. 1998), then the
+fully connected layers (`hidden`, LeNet-5's 120 and 84 by default)."""
+ARCH_DEFAULT_HIDDEN = {"lenet5": (120, 84)}
+
+
+def image_side(in_features: int) -> int:
+    """The side of the square single-channel images a convolutional front reads (784: 28×28)."""
+    side = math.isqrt(in_features)
+    if side * side != in_features:
+        raise DpltmUserError(f"a convolutional network needs square single-channel images; {in_features} features "
+                             "are not (use --arch mlp)")
+    return side
+
+
 @dataclass(frozen=True)
 class Architecture:
     """Everything needed to rebuild the network; stored in every checkpoint."""
@@ -71,9 +88,19 @@ class Architecture:
     project_to: int | None = None
     activation: str = "relu"
     """Hidden layers' activation (a key of ACTIVATIONS); files written before it existed: relu."""
+    conv: tuple[tuple[int, int], ...] = ()
+    """Convolutional front (ARCHS): (output channels, kernel side) per layer; () for the MLP."""
 
     def __post_init__(self) -> None:
         activation_function(self.activation)
+        if self.conv:
+            if self.project_to is not None:
+                raise DpltmUserError("--project-to applies to the MLP (--arch mlp)")
+            side = image_side(self.in_features)
+            for _, kernel in self.conv:
+                side = (side - kernel + 1) // 2
+                if side < 1:
+                    raise DpltmUserError(f"images of {self.in_features} pixels are too small for this network")
         sizes = [self.in_features, *self.hidden, self.num_classes]
         if self.project_to is not None:
             sizes.append(self.project_to)
@@ -84,6 +111,10 @@ class Architecture:
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["hidden"] = list(self.hidden)
+        if self.conv:
+            d["conv"] = [list(c) for c in self.conv]
+        else:
+            del d["conv"]  # an MLP's record is what it has always been
         return d
 
     @classmethod
@@ -95,21 +126,47 @@ class Architecture:
             num_classes=int(d["num_classes"]),  # type: ignore[call-overload]
             project_to=None if project_to is None else int(project_to),  # type: ignore[call-overload]
             activation=str(d.get("activation", "relu")),
+            conv=tuple((int(c[0]), int(c[1])) for c in d.get("conv", ())),  # type: ignore[attr-defined]
         )
 
+    def conv_shapes(self) -> list[tuple[int, int, int, int]]:
+        """(out, in, k, k) of each convolution's weight, input to output."""
+        shapes, channels = [], 1
+        for out, kernel in self.conv:
+            shapes.append((out, channels, kernel, kernel))
+            channels = out
+        return shapes
+
+    def flat_features(self) -> int:
+        """Inputs of the first fully connected layer: the pixels, or the last convolution's pooled maps."""
+        if not self.conv:
+            return self.in_features
+        side = image_side(self.in_features)
+        for _, kernel in self.conv:
+            side = (side - kernel + 1) // 2
+        return self.conv[-1][0] * side * side
+
     def layer_names(self) -> list[str]:
-        """Names of the linear layers, input to output."""
-        names = ["project"] if self.project_to is not None else []
+        """Names of the masked layers (convolutions, then linear layers), input to output."""
+        names = [f"conv.{i}" for i in range(len(self.conv))]
+        names += ["project"] if self.project_to is not None else []
         names += [f"hidden.{i}" for i in range(len(self.hidden))]
         return [*names, "output"]
 
-    def layer_shapes(self) -> dict[str, tuple[int, int]]:
-        """(out, in) of each layer's weight, keyed by layer name."""
-        widths = [self.in_features]
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each layer's weight shape, keyed by layer name: (out, in, k, k) for a convolution, (out, in)
+        for a linear layer."""
+        convs: dict[str, tuple[int, ...]] = {f"conv.{i}": shape for i, shape in enumerate(self.conv_shapes())}
+        return {**convs, **self.linear_shapes()}
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of each linear layer's weight, keyed by layer name."""
+        widths = [self.flat_features()]
         if self.project_to is not None:
             widths.append(self.project_to)
         widths += [*self.hidden, self.num_classes]
-        return {n: (widths[i + 1], widths[i]) for i, n in enumerate(self.layer_names())}
+        linear = [n for n in self.layer_names() if not n.startswith("conv.")]
+        return {n: (widths[i + 1], widths[i]) for i, n in enumerate(linear)}
 
 
 class MaskedMLP(nn.Module):
@@ -124,7 +181,9 @@ class MaskedMLP(nn.Module):
         super().__init__()
         self.arch = arch
         self.layers = nn.ModuleDict()
-        for name, (fan_out, fan_in) in arch.layer_shapes().items():
+        for name, (out, channels, kernel, _) in zip(arch.layer_names(), arch.conv_shapes()):
+            self.layers[name.replace(".", "_")] = nn.Conv2d(channels, out, kernel)
+        for name, (fan_out, fan_in) in arch.linear_shapes().items():
             self.layers[name.replace(".", "_")] = nn.Linear(fan_in, fan_out)
         self.reset_parameters(generator)
         for name in self.mask_names():
@@ -133,16 +192,20 @@ class MaskedMLP(nn.Module):
             # mask converts it to float on every call. Derived state, so not saved.
             self.register_buffer(_float_buffer_name(name), torch.ones_like(self._weight(name)), persistent=False)
         self.register_load_state_dict_post_hook(lambda module, _keys: module._refresh_float_masks())
-        self._layer_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()]
+        self._conv_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()
+                           if n.startswith("conv.")]
+        self._layer_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()
+                            if not n.startswith("conv.")]
+        self._side = image_side(arch.in_features) if arch.conv else 0
         self._has_projection = arch.project_to is not None
         self.activation = activation_function(arch.activation)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """PyTorch's default Linear init (Kaiming-uniform), drawn from an explicit generator."""
+        """PyTorch's default Linear and Conv2d init (Kaiming-uniform), drawn from an explicit generator."""
         for layer in self.layers.values():
-            assert isinstance(layer, nn.Linear)
-            bound = 1.0 / layer.in_features**0.5
+            assert isinstance(layer, (nn.Linear, nn.Conv2d))
+            bound = 1.0 / (layer.weight[0].numel()) ** 0.5  # fan_in: in_features, or in_channels·k·k
             # kaiming_uniform_(a=sqrt(5)) == U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the weight.
             layer.weight.uniform_(-bound, bound, generator=generator)
             assert layer.bias is not None
@@ -154,7 +217,7 @@ class MaskedMLP(nn.Module):
 
     def _weight(self, name: str) -> Tensor:
         layer = self.layers[name.rsplit(".", 1)[0].replace(".", "_")]
-        assert isinstance(layer, nn.Linear)
+        assert isinstance(layer, (nn.Linear, nn.Conv2d))
         return layer.weight
 
     def weights(self) -> dict[str, Tensor]:
@@ -180,10 +243,29 @@ class MaskedMLP(nn.Module):
             getattr(self, _float_buffer_name(name)).copy_(getattr(self, _buffer_name(name)))
 
     def forward_masks(self) -> list[Tensor]:
-        """The masks in the weights' dtype, input to output (what the forward pass multiplies by)."""
+        """The linear layers' masks in the weights' dtype, input to output (what the forward pass
+        multiplies by)."""
         return [getattr(self, _float_buffer_name(f"{n}.weight")) for _, n in self._layer_list]
 
+    def conv_layers_in_order(self) -> list[tuple[str, nn.Conv2d, Tensor]]:
+        """(mask name, convolution, float mask) of the convolutional front, input to output."""
+        return [(f"{n}.weight", layer, getattr(self, _float_buffer_name(f"{n}.weight")))  # type: ignore[misc]
+                for layer, n in self._conv_list]
+
+    def images(self, x: Tensor) -> Tensor:
+        """Flat records as (B, 1, side, side) images, for the convolutional front."""
+        return x.reshape(x.shape[0], 1, self._side, self._side)
+
+    def after_conv(self, z: Tensor) -> Tensor:
+        """What follows each convolution: the activation, then 2×2 average pooling."""
+        return F.avg_pool2d(self.activation(z), 2)
+
     def forward(self, x: Tensor) -> Tensor:
+        if self._conv_list:
+            x = self.images(x)
+            for _, layer, mask in self.conv_layers_in_order():
+                x = self.after_conv(F.conv2d(x, layer.weight * mask, layer.bias))
+            x = x.flatten(1)
         last = len(self._layer_list) - 1
         for i, (layer, name) in enumerate(self._layer_list):
             mask = getattr(self, _float_buffer_name(f"{name}.weight"))
@@ -193,7 +275,8 @@ class MaskedMLP(nn.Module):
         return x
 
     def layers_in_order(self) -> list[tuple[str, nn.Linear, Tensor]]:
-        """(mask name, layer, mask) from input to output: what per-sample norm code walks."""
+        """(mask name, layer, mask) of the linear layers from input to output: what per-sample norm
+        code walks (after `conv_layers_in_order`)."""
         return [
             (f"{n}.weight", layer, getattr(self, _buffer_name(f"{n}.weight")))
             for layer, n in self._layer_list
@@ -240,8 +323,10 @@ def layer_densities(masks: Masks) -> dict[str, float]:
 
 def build_architecture(
     in_features: int, num_classes: int, hidden: Sequence[int], project_to: int | None,
-    activation: str = "relu",
+    activation: str = "relu", arch: str = "mlp",
 ) -> Architecture:
     """The ticket's network for a dataset: input and class counts come from the data."""
+    if arch not in ARCHS:
+        raise DpltmUserError(f"--arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     return Architecture(int(in_features), tuple(int(h) for h in hidden), int(num_classes), project_to,
-                        activation)
+                        activation, ARCHS[arch])

@@ -96,6 +96,9 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                        seed: int | None = None,
                        on_progress: Callable[[int, int], None] | None = None) -> NoiseAwareChoice:
     """Train every ticket of `payload` under `plan` on `public` (its own data) and pick the best."""
+    if Architecture.from_dict(payload["architecture"]).conv:
+        raise DpltmUserError("the noise-aware choice trains MLP tickets side by side; for a convolutional "
+                             "ticket set use --choice best (or select --best)")
     if public.fingerprint != payload["data"]["fingerprint"]:
         raise DpltmUserError("the noise-aware choice runs on the tickets' own (public) data: the data given "
                              f"({public.name}, {public.source_split}) is not the data that made them")

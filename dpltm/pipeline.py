@@ -138,12 +138,13 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
 
 
 def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
-                seed: int, activation: str = "relu") -> tuple[MaskedMLP, dict[str, Any]]:
-    """The network to train: the dense one (`hidden`), or the ticket's. Both get `activation`,
+                seed: int, activation: str = "relu", arch: str = "mlp") -> tuple[MaskedMLP, dict[str, Any]]:
+    """The network to train: the dense one (`hidden`, `arch`), or the ticket's. Both get `activation`,
     so a ticket and the dense baseline of one config train the same network family."""
     if ticket is None:
-        arch = build_architecture(data.num_features, data.num_classes, hidden, None, activation)
-        return MaskedMLP(arch, torch.Generator().manual_seed(seed)), {"mode": "dense", "activation": activation}
+        architecture = build_architecture(data.num_features, data.num_classes, hidden, None, activation, arch)
+        record = {"mode": "dense", "activation": activation, **({"arch": arch} if arch != "mlp" else {})}
+        return MaskedMLP(architecture, torch.Generator().manual_seed(seed)), record
     return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation)
 
 
@@ -180,7 +181,10 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     check_writable(out)  # read-only, on every rank: under torchrun they all fail together
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
-    model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation)
+    model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch)
+    if model.arch.conv and s.noise != "gaussian":
+        raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "
+                             "--noise gaussian")
     model.to(data.train.labels.device)
     n = len(data.train)
     plan = plan_training(s, n, origin.spent_events()) if private else None

@@ -43,7 +43,9 @@ def print_tickets(payload: dict[str, Any], console: Console) -> None:
     arch = payload["architecture"]
     layers = list(payload["tickets"][0]["layer_density"]) if payload["tickets"] else []
     table = Table(title=f"tickets: {data['dataset']} ({data['split']} split), "
-                        f"{arch['in_features']}-{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}"
+                        f"{arch['in_features']}-"
+                        + "".join(f"conv{c[0]}@{c[1]}x{c[1]}-" for c in arch.get("conv", []))
+                        + f"{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}"
                         + (f", projection {arch['project_to']}" if arch.get("project_to") else ""))
     table.add_column("round", justify="right")
     table.add_column("C", justify="right")

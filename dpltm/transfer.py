@@ -38,6 +38,10 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
             raise DpltmUserError("the ticket's θ0 does not fit its architecture (damaged or foreign ticket)")
         model.set_masks(masks)
         return model, {"mode": "direct", "kept_layers": arch.layer_names(), **record}
+    if arch.conv:
+        raise DpltmUserError(f"a convolutional ticket transfers only to data of its own shape ({arch.in_features} "
+                             f"pixels, {arch.num_classes} classes); this data has {num_features} features and "
+                             f"{num_classes} classes")
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
     if num_features != first_in:
         hint = (f"generate tickets with --project-to {num_features}" if arch.project_to is None

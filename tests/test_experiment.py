@@ -161,3 +161,27 @@ def test_recipe_search_reads_only_the_public_data(tmp_path: Path, monkeypatch: p
     sigma = calibrate_noise_multiplier(100 / 54000, 540, 1.0, 1e-5)
     assert {float(r["sigma"]) for r in rows} == {round(sigma, 5)}
     assert all(0.0 <= float(r["public_val_accuracy"]) <= 1.0 for r in rows)
+
+
+def test_cnn_profile_runs_lenet5_tickets_and_the_dense_cnn(tmp_path: Path) -> None:
+    """The grid with `model: {arch: lenet5}`: CNN tickets from public data, the dense CNN under DP-SGD."""
+    shipped = yaml.safe_load((Path(experiment.__file__).parent / "configs" / "experiments" / "cnn.yaml").read_text())
+    assert shipped["model"]["arch"] == "lenet5"
+    data = tmp_path / "data"
+    write_mnist(data, "MNIST", n_train=120, n_test=30)
+    write_mnist(data, "KMNIST", n_train=120, n_test=30)
+    profile = {**shipped, "epsilons": [1.0], "seeds": [0], "generate": {**shipped["generate"], "rounds": 1,
+                                                                         "iterations": 5, "batch_size": 16},
+               "train": {"epochs": 1, "batch_size": 16, "clip": 1.0, "lr": 0.1}}
+    path = tmp_path / "cnn.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    out = tmp_path / "out"
+    reproduce.main(["--profile", str(path), "--out", str(out), "--data-dir", str(data),
+                    "--doc", str(tmp_path / "d.md")])
+    with (out / "results-0of1.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["method"] for r in rows} == {"dpltm-public", "dpsgd"} and all(r["end_to_end_dp"] == "True" for r in rows)
+    tickets = next((out / "tickets").glob("kmnist-*.pt"))
+    from dpltm.checkpoint import load_checkpoint
+
+    assert load_checkpoint(tickets, "tickets")["architecture"]["conv"] == [[6, 5], [16, 5]]

@@ -19,6 +19,7 @@ autograd and the forward pass give per sample, so the identity holds for any ele
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 
 
@@ -49,6 +51,13 @@ class MaskLayout:
     sum_masks: list[Tensor | None]
     """CSR 0/1 mask for sparse big layers: their clipped sum is computed only where it survives
     (sampled dense-dense matmul), None for the rest."""
+    conv_parameter_names: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """(weight, bias) names of the convolutional front's layers (their masks are the model's)."""
+
+    @property
+    def all_parameter_names(self) -> list[str]:
+        """Every parameter's name in the order the step builds its sums (convolutions first)."""
+        return [name for pair in (*self.conv_parameter_names, *self.parameter_names) for name in pair]
 
     @classmethod
     def of(cls, model: MaskedMLP, dtype: torch.dtype = torch.float32,
@@ -81,7 +90,16 @@ class MaskLayout:
             sum_masks.append(_csr_if_sparse(float_mask) if allow_sparse else None)
             surviving[weight_name] = None if all_kept else mask.flatten().nonzero().squeeze(1)
             surviving[bias_name] = None
-        return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks)
+        conv_names = []
+        for mask_name, _, mask in model.conv_layers_in_order():
+            prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
+            if scales and (scales.get(f"{prefix}.weight") is not None or scales.get(f"{prefix}.bias") is not None):
+                raise DpltmUserError("noise geometries (dpd, shaped) apply to the MLP's layers, not to convolutions")
+            conv_names.append((f"{prefix}.weight", f"{prefix}.bias"))
+            kept = mask.bool()
+            surviving[f"{prefix}.weight"] = None if bool(kept.all()) else kept.flatten().nonzero().squeeze(1)
+            surviving[f"{prefix}.bias"] = None
+        return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks, conv_names)
 
 
 SPARSE_BELOW_DENSITY = 0.2
@@ -128,6 +146,8 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
     unscaled first layer needs only ‖x_i‖² (one column). None when the table would exceed
     `INPUT_TERMS_MAX_BYTES`.
     """
+    if layout.conv_parameter_names:  # the first layer is a convolution: its input is not a record row
+        return None
     operator = layout.norm_masks[0]
     columns = 1 if operator is None else (operator.shape[0] if operator.layout == torch.sparse_csr
                                           else operator.shape[1])
@@ -144,6 +164,17 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
         else:
             parts.append(x2 @ operator)
     return torch.cat(parts).contiguous() if parts else features.new_zeros(0, columns)
+
+
+def conv_weight_grads(module: torch.nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
+    """Per-sample weight gradients (B, out, in, kh, kw) of a convolution with input `a` and output
+    gradient `g`: G_i U_iᵀ with U_i sample i's unfolded input patches (no ghost identity survives
+    the sum over positions once the weight is masked)."""
+    padding = 0 if module.padding == "valid" else module.padding
+    patches = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=padding,  # type: ignore[arg-type]
+                       stride=module.stride)
+    return torch.einsum("bol,bcl->boc", g.flatten(2), patches).reshape(a.shape[0], *module.weight.shape)
+
 
 
 @dataclass(frozen=True)
@@ -188,22 +219,42 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
     with torch.no_grad():
         constants = [(layer.weight * mask, layer.bias.detach())
                      for (_, layer, _), mask in zip(layers, model.forward_masks())]
+        conv_constants = [(layer, layer.weight * mask, layer.bias.detach(), mask)
+                          for _, layer, mask in model.conv_layers_in_order()]
+    conv_inputs: list[Tensor] = []
+    conv_outputs: list[Tensor] = []
     h = x
+    if conv_constants:
+        h = model.images(x)
+        for _, weight, bias, _ in conv_constants:
+            conv_inputs.append(h)
+            z = F.conv2d(h, weight, bias)
+            if not z.requires_grad:
+                z.requires_grad_(True)
+            conv_outputs.append(z)
+            h = model.after_conv(z)
+        h = h.flatten(1)
     for index, (weight, bias) in enumerate(constants):
         inputs.append(h)
         z = F.linear(h, weight, bias)
-        if index == 0:
+        if not z.requires_grad:
             z.requires_grad_(True)
         outputs.append(z)
         h = model.activation(z) if model.is_activation_after(index) else z
     loss_sum = F.cross_entropy(h, y, reduction="sum")
     if x.shape[0] == 0:
         parameters = dict(model.named_parameters())  # in the layout's order, as a non-empty batch gives
-        zero = {name: torch.zeros_like(parameters[name]) for pair in layout.parameter_names for name in pair}
+        zero = {name: torch.zeros_like(parameters[name]) for name in layout.all_parameter_names}
         return ClippedBatch(zero, x.new_zeros(0), loss_sum.detach())
-    out_grads = torch.autograd.grad(loss_sum, outputs)
+    all_grads = torch.autograd.grad(loss_sum, conv_outputs + outputs)
+    conv_grads, out_grads = all_grads[: len(conv_outputs)], all_grads[len(conv_outputs):]
     with torch.no_grad():
         sq_norms = x.new_zeros(x.shape[0])
+        conv_weight_per_sample = []
+        for (layer, _, _, mask), a, g in zip(conv_constants, conv_inputs, conv_grads):
+            per_sample = conv_weight_grads(layer, a, g) * mask  # the surviving weights' share only
+            conv_weight_per_sample.append(per_sample)
+            sq_norms += per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1)
         for index, (a, g, norm_mask, bias_weight) in enumerate(
                 zip(inputs, out_grads, layout.norm_masks, layout.bias_weights)):
             g2 = g * g
@@ -223,6 +274,16 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
         # in static mode (weights) the rare non-finite case is handled without asking the device
         all_finite = False if weights is not None else bool(finite.all())
         sums: dict[str, Tensor] = {}
+        for per_sample, g, (weight_name, bias_name) in zip(conv_weight_per_sample, conv_grads,
+                                                           layout.conv_parameter_names):
+            keep = factors  # already 0 for a non-finite record
+            per_sample = per_sample if all_finite else torch.where(
+                finite.view(-1, 1, 1, 1, 1), per_sample, torch.zeros_like(per_sample))
+            bias_rows = g.sum(dim=(2, 3))
+            bias_rows = bias_rows if all_finite else torch.where(finite[:, None], bias_rows,
+                                                                 torch.zeros_like(bias_rows))
+            sums[weight_name] = torch.einsum("b,b...->...", keep, per_sample)
+            sums[bias_name] = (bias_rows * keep[:, None]).sum(dim=0)
         for a, g, (weight_name, bias_name), weight_mask, sum_mask in zip(
                 inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks):
             scaled = g * factors[:, None]

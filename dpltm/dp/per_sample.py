@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpltm.dp.ghost import ClippedBatch, _masked_sq_norms, clip_factors
+from dpltm.dp.ghost import ClippedBatch, _masked_sq_norms, clip_factors, conv_weight_grads
 from dpltm.errors import DpltmUserError
 
 SUPPORTED_LAYERS = (nn.Linear, nn.Conv2d)
@@ -112,10 +112,7 @@ def _per_sample_weight_grads(tap: _Tap, g: Tensor) -> Tensor | None:
     module, a = tap.module, tap.input
     assert a is not None
     if isinstance(module, nn.Conv2d):
-        padding = 0 if module.padding == "valid" else module.padding
-        patches = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=padding,  # type: ignore[arg-type]
-                           stride=module.stride)
-        return torch.einsum("bol,bcl->boc", g.flatten(2), patches).reshape(a.shape[0], *module.weight.shape)
+        return conv_weight_grads(module, a, g)
     if a.dim() > 2:
         return torch.einsum("bto,bti->boi", g.reshape(g.shape[0], -1, g.shape[-1]),
                             a.reshape(a.shape[0], -1, a.shape[-1]))
