@@ -12,10 +12,10 @@ ENV PYTHONUNBUFFERED=1 \
     DPLTM_DATA_DIR=/data \
     PATH=/opt/venv/bin:$PATH
 
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md constraints.txt /src/
 COPY dpltm /src/dpltm
 COPY docker/install.sh /src/docker/install.sh
-RUN bash /src/docker/install.sh /opt/venv /src && rm -rf /src \
+RUN DPLTM_PIP_OPTIONS="-c /src/constraints.txt" bash /src/docker/install.sh /opt/venv /src && rm -rf /src \
     && useradd --create-home --uid 1000 dpltm \
     && mkdir -p /data /work/checkpoints && chown dpltm:dpltm /work /work/checkpoints
 

@@ -50,7 +50,8 @@ def main() -> None:
             checkout = work / "checkout"
             subprocess.run(["git", "clone", "--quiet", str(REPO), str(checkout)], check=True)
             rows["install (python -m venv + pip install -e .)"] = timed(
-                ["bash", "-c", "python3 -m venv .venv && .venv/bin/pip install --quiet -e ."], checkout, env)
+                ["bash", "-c", "python3 -m venv .venv && .venv/bin/pip install --quiet -c constraints.txt -e ."],
+                checkout, env)
             cli = [str(checkout / ".venv" / "bin" / "dpltm")]  # the README's command
         modes = {"dpltm run (eager)": []}
         if args.device.startswith("cuda"):

@@ -30,8 +30,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from dpltm import __version__
+
+        print(f"dpltm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print dpltm's version and exit.")] = False) -> None:
+    """Differentially private training by way of lottery tickets (DPLTM)."""
+
 
 def user_errors(func: F) -> F:
     """Turn user mistakes into one clear line and exit 2; a signal into one line and 128 + signum."""
