@@ -254,18 +254,45 @@ def generate(
 @app.command()
 @user_errors
 def inspect(
-    path: Annotated[Path, typer.Argument(help="A ticket file written by `dpltm generate`.")],
+    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`) or a model (`dpltm train`).")],
     json_out: Json = False,
 ) -> None:
-    """Show the tickets in a ticket file: C per layer, accuracies, and metadata."""
+    """Show a dpltm file: a ticket set's C per layer and accuracies; a winner's ticket and selection; a
+    model's accuracy, ledger and privacy statement (recomputed from the ledger it carries)."""
     from dpltm.checkpoint import load_checkpoint
     from dpltm.report import print_tickets, tickets_json
 
-    payload = load_checkpoint(path, "tickets")
-    if json_out:
-        emit_json(tickets_json(payload))
+    body = load_checkpoint(path, ("tickets", "ticket", "model"))
+    if body["kind"] == "tickets":
+        if json_out:
+            emit_json(tickets_json(body))
+        else:
+            print_tickets(body, out_console)
+        return
+    if body["kind"] == "ticket":
+        summary = {"kind": "winner", "round": body["round"], "density": body["density"],
+                   "layer_density": body["layer_density"], "val_accuracy": body["val_accuracy"],
+                   "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
+                   "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version")}
     else:
-        print_tickets(payload, out_console)
+        from dpltm.privacy.ledger import PrivacyLedger
+
+        ledger = PrivacyLedger.from_json(body["ledger"])
+        report = body["report"]
+        summary = {"kind": "model", "architecture": body["architecture"], "dataset": report.get("dataset"),
+                   "test_accuracy": report.get("test_accuracy"), "val_accuracy": report.get("val_accuracy"),
+                   "epochs_run": report.get("epochs_run"), "steps": report.get("steps"),
+                   "released_weights": report.get("released_weights"), "ticket": body.get("ticket"),
+                   "ledger": ledger.report(), "statement": ledger.statement(),
+                   "dpltm_version": body.get("dpltm_version")}
+    if json_out:
+        emit_json(summary)
+        return
+    for key, value in summary.items():
+        if key not in ("statement", "ledger", "layer_density", "architecture"):
+            out_console.print(f"{key}: {value}", markup=False, highlight=False)
+    if "statement" in summary:
+        out_console.print(summary["statement"], markup=False, highlight=False)
 
 
 @app.command()

@@ -225,6 +225,14 @@ def test_load_model_returns_the_released_model_of_a_train_checkpoint(tmp_path, m
     assert dpltm.evaluate(model, (test.features, test.labels)) == pytest.approx(report["test_accuracy"])
     with pytest.raises(DpltmUserError, match="does not exist"):
         dpltm.load_model(tmp_path / "missing.pt")
+    # `dpltm inspect` reads model files too: the ledger's ε and statement, recomputed
+    inspected = CliRunner().invoke(app, ["inspect", str(out), "--json"])
+    assert inspected.exit_code == 0, inspected.output
+    summary = json_report(inspected.output)
+    assert summary["kind"] == "model" and summary["test_accuracy"] == report["test_accuracy"]
+    assert summary["ledger"]["epsilon"] == report["epsilon"] and "-DP for digits" in summary["statement"]
+    human = CliRunner().invoke(app, ["inspect", str(out)])
+    assert human.exit_code == 0 and "-DP for digits" in human.output
 
 
 def json_report(output: str) -> dict:  # type: ignore[type-arg]
