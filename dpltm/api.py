@@ -96,6 +96,28 @@ def check_user_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> Masks:
     return out
 
 
+def surviving_coordinates(model: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, Tensor | None]:
+    """Per parameter, the flat indices the noise goes on (None: every coordinate survives)."""
+    surviving: dict[str, Tensor | None] = {name: None for name, _ in model.named_parameters()}
+    for name, mask in masks.items():
+        surviving[name] = None if bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
+    return surviving
+
+
+def user_run_ledger(plan: TrainPlan, steps: int, clip: float, dataset_size: int, delta: float, accountant: str,
+                    masks: Mapping[str, Tensor], masks_from: str | None, masks_private: bool,
+                    selection_eps1: float | None, dataset_name: str) -> PrivacyLedger:
+    """What a `make_private` / `DPCallback` run spent: its DP-SGD steps, any ε1 of the selection, and the
+    masks' provenance (none; public; or these private records: then not DP end to end)."""
+    phase1 = "none" if not masks else "same-data" if masks_private else "public"
+    return PrivacyLedger(
+        phase1=phase1, phase1_dataset=masks_from if masks else None, private_dataset=dataset_name,
+        selection_eps1=selection_eps1,
+        training=training_record(plan.sample_rate, plan.noise_multiplier, steps, clip, plan.expected_batch_size,
+                                 dataset_size),
+        delta=delta, accountant=accountant)
+
+
 @torch.no_grad()
 def apply_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> None:
     """Zero the pruned weights in place."""
@@ -204,9 +226,7 @@ class PrivateTraining:
         self.plan, self.settings, self.masks, self.masks_from, self.loss = plan, settings, masks, masks_from, loss
         self.dataset_name, self.masks_private, self.selection_eps1 = dataset_name, masks_private, selection_eps1
         self.noise = GaussianNoise(plan.noise_multiplier)
-        self.surviving: dict[str, Tensor | None] = {name: None for name, _ in model.named_parameters()}
-        for name, mask in masks.items():  # noise only where a weight survives
-            self.surviving[name] = None if bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
+        self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
         self.generator = torch.Generator(device=features.device).manual_seed(seed)
         # one sampling stream for the whole run: every epoch, however it is driven, draws fresh batches
         self.sampler = PoissonBatches(len(labels), plan.sample_rate, plan.steps_per_epoch,
@@ -258,13 +278,9 @@ class PrivateTraining:
 
     def ledger(self) -> PrivacyLedger:
         """What ran on the private data so far (q, σ, steps, δ) and the mask's provenance."""
-        phase1 = "none" if self.masks_from is None else "same-data" if self.masks_private else "public"
-        return PrivacyLedger(
-            phase1=phase1, phase1_dataset=self.masks_from, private_dataset=self.dataset_name,
-            selection_eps1=self.selection_eps1,
-            training=training_record(self.plan.sample_rate, self.plan.noise_multiplier, self.steps_done,
-                                     self.settings.clip, self.plan.expected_batch_size, len(self.labels)),
-            delta=self.settings.delta, accountant=self.settings.accountant)
+        return user_run_ledger(self.plan, self.steps_done, self.settings.clip, len(self.labels), self.settings.delta,
+                               self.settings.accountant, self.masks if self.masks_from else {}, self.masks_from,
+                               self.masks_private, self.selection_eps1, self.dataset_name)
 
     @property
     def epsilon(self) -> float:

@@ -28,13 +28,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from dpltm.api import apply_masks, check_user_masks
+from dpltm.api import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
 from dpltm.config import TrainSettings
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.per_sample import _Tap, clip_and_sum, trainable_layers
 from dpltm.dp.sampling import poisson_sample
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.ledger import PrivacyLedger, training_record
+from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.private_training import TrainPlan, plan_training
 
 
@@ -128,9 +128,7 @@ class DPCallback(L.Callback):
         self.masks = check_user_masks(pl_module, self.masks_in)
         apply_masks(pl_module, self.masks)
         self.noise = GaussianNoise(self.plan.noise_multiplier)
-        self.surviving: dict[str, Tensor | None] = {n: None for n, _ in pl_module.named_parameters()}
-        for name, mask in self.masks.items():
-            self.surviving[name] = None if bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
+        self.surviving = surviving_coordinates(pl_module, self.masks)
         if self.generator is None:
             self.generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
             if getattr(self, "_generator_state", None) is not None:
@@ -212,13 +210,9 @@ class DPCallback(L.Callback):
     # ---- what was spent -----------------------------------------------------------------------
     def ledger(self) -> PrivacyLedger:
         assert self.plan is not None, "fit first"
-        phase1 = "none" if not self.masks else "same-data" if self.masks_private else "public"
-        return PrivacyLedger(
-            phase1=phase1, phase1_dataset=self.masks_from if self.masks else None,
-            private_dataset="the training loader's dataset", selection_eps1=self.selection_eps1,
-            training=training_record(self.plan.sample_rate, self.plan.noise_multiplier, self.steps_done,
-                                     self.clip, self.plan.expected_batch_size, self.dataset_size),
-            delta=self.delta, accountant=self.accountant)
+        return user_run_ledger(self.plan, self.steps_done, self.clip, self.dataset_size, self.delta, self.accountant,
+                               self.masks, self.masks_from, self.masks_private, self.selection_eps1,
+                               "the training loader's dataset")
 
     @property
     def epsilon(self) -> float:
