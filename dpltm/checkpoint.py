@@ -135,10 +135,15 @@ def output_lock(path: Path) -> Iterator[None]:
 
 def write_text_atomic(text: str, path: Path) -> None:
     """A text file (e.g. a metrics log) written with the same temp-file-then-rename rule."""
-    _write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
+    write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
-def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def write_bytes_atomic(data: bytes, path: Path) -> None:
+    """Bytes (an exported model, a figure) written with the same temp-file-then-rename rule."""
+    write_atomic(path, lambda handle: handle.write(data))
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write to a temp file beside `path`, fsync, then `os.replace`: a crash or a signal leaves
     either the old file or the new one, never half of one, and no temp file behind."""
     check_writable(path)
@@ -181,11 +186,14 @@ def _make_parent(path: Path) -> None:
 
 
 def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
-    """Write `payload` (plus format header) to `path` atomically."""
+    """Write `payload` (plus format header and the library versions that made it) to `path` atomically."""
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind}")
-    body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION, **payload}
-    _write_atomic(path, lambda handle: torch.save(body, handle))
+    from dpltm.provenance import environment
+
+    body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION,
+            "environment": environment(), **payload}
+    write_atomic(path, lambda handle: torch.save(body, handle))
 
 
 def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:

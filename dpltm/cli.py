@@ -18,6 +18,20 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from dpltm.choices import (
+    Accountant,
+    Activation,
+    Arch,
+    Dataset,
+    Logger,
+    Noise,
+    Optimizer,
+    Part,
+    Rewind,
+    Split,
+    Strategy,
+    value,
+)
 from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out_console
 from dpltm.errors import DpltmUserError, Interrupted
 from dpltm.stages.generate import stage_generate, stage_generate_private
@@ -33,6 +47,27 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@functools.cache
+def _defaults_yaml() -> dict[str, Any]:
+    """configs/defaults.yaml, read without importing the config machinery (it loads torch)."""
+    from importlib import resources
+
+    import yaml
+
+    return yaml.safe_load((resources.files("dpltm") / "configs" / "defaults.yaml").read_text("utf-8")) or {}
+
+
+def cfg(dotted: str, shown: str | None = None) -> str:
+    """The effective default of an option that falls through to the config, for `--help`:
+    defaults.yaml's value, marked as the config's (a dataset's yaml or --config may override it)."""
+    if shown is None:
+        node: Any = _defaults_yaml()
+        for part in dotted.split("."):
+            node = node[part]
+        shown = "none" if node is None else ",".join(map(str, node)) if isinstance(node, list) else str(node)
+    return f"{shown} from config"
 
 
 def _print_version(value: bool) -> None:
@@ -121,6 +156,7 @@ def finish_training_report(report: dict[str, Any], json_out: bool) -> None:
 
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root (else $DPLTM_DATA_DIR, else ../shared/data).")]
+Download = Annotated[bool, typer.Option("--download", help="First fetch missing official files of the datasets used into the data root (mnist, fashion-mnist, kmnist; md5-checked, through torchvision's dataset classes).")]
 ConfigFile = Annotated[Path | None, typer.Option("--config", help="YAML file overriding configs/defaults.yaml.")]
 class Recipe(str, Enum):
     paper = "paper"
@@ -145,7 +181,10 @@ def chosen_recipe(recipe: RunRecipe, n_train: int) -> str:
 
 
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-Arch = Annotated[str | None, typer.Option("--arch", help="Network: mlp (LeNet-300-100 by default; the paper's) or lenet5 (two 5×5 convolutions with 6 and 16 maps, each followed by the activation and 2×2 average pooling, then --hidden, default 120,84; masks on convolution and linear weights; 28×28 images).")]
+ArchOption = Annotated[Arch | None, typer.Option("--arch", help="Network: mlp (LeNet-300-100 by default; the paper's) or lenet5 (two 5×5 convolutions with 6 and 16 maps, each followed by the activation and 2×2 average pooling, then --hidden, default 120,84; masks on convolution and linear weights; 28×28 images).", show_default="mlp")]
+ActivationOption = Annotated[Activation | None, typer.Option(help="Hidden activation: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default=cfg("model.activation"))]
+SplitOption = Annotated[Split | None, typer.Option(help="Official split to draw from (train: the official training portion, the official test set as test set; test/all: a per-record 80/20 split of that pool).", show_default=cfg("data.split"))]
+ValFraction = Annotated[float | None, typer.Option(help="Fraction of the training pool held out for validation.", show_default=cfg("data.val_fraction"))]
 
 
 def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, Any]:
@@ -157,47 +196,54 @@ def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, A
         widths = list(ARCH_DEFAULT_HIDDEN[arch])
     return {"hidden": widths, "arch": arch, **rest}
 Json = Annotated[bool, typer.Option("--json", help="Print the final report as one JSON object on stdout.")]
+LoggerOption = Annotated[Logger, typer.Option("--logger", help="Lightning logger of the run's versioned folder (<log-dir>/<command>/<dataset>/version_N): csv, tensorboard (pip install 'dpltm[tensorboard]'), mlflow (pip install 'dpltm[mlflow]'; a file store in <log-dir>/mlruns) or none (run.json only, which `dpltm plot` reads).")]
+LogDir = Annotated[Path | None, typer.Option("--log-dir", help="Root of the run folders (else $DPLTM_LOG_DIR, else ./logs).")]
 CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs", help="Replay each training step from CUDA graphs (one CUDA device): the same batches and updates without per-step kernel launches; DP batches are padded to a fixed capacity with zero-weight rows (overflow in extra chunks, noise once per step): the same mechanism.")]
 
 
 @app.command()
 @user_errors
 def generate(
-    dataset: Annotated[str | None, typer.Option(help="mnist, fashion-mnist, kmnist, har, isolet or digits.")] = None,
-    split: Annotated[str | None, typer.Option(help="Official split to draw from: train, test or all.")] = None,
-    rounds: Annotated[int | None, typer.Option(help="Pruning rounds T (ticket 0 is the dense network).")] = None,
-    iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Mini-batch size (paper: 400).")] = None,
-    lr: Annotated[float | None, typer.Option(help="SGD learning rate (paper: 0.1).")] = None,
-    prune_rates: Annotated[str | None, typer.Option(help="Fraction of survivors pruned per round: one value, or one per layer (paper: 0.3,0.3,0.2).")] = None,
-    min_density: Annotated[float | None, typer.Option(help="Stop before a ticket would keep less than this fraction of weights.")] = None,
-    hidden: Annotated[str | None, typer.Option(help="Hidden layer widths (paper: 300,100).")] = None,
-    arch: Arch = None,
+    dataset: Annotated[Dataset | None, typer.Option(help="Dataset the tickets are made on.", show_default=cfg("data.dataset"))] = None,
+    split: SplitOption = None,
+    rounds: Annotated[int | None, typer.Option(help="Pruning rounds T (ticket 0 is the dense network).", show_default=cfg("generate.rounds"))] = None,
+    iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).", show_default=cfg("generate.iterations"))] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Mini-batch size (paper: 400).", show_default=cfg("generate.batch_size"))] = None,
+    lr: Annotated[float | None, typer.Option(help="SGD learning rate (paper: 0.1).", show_default=cfg("generate.lr"))] = None,
+    prune_rates: Annotated[str | None, typer.Option(help="Fraction of survivors pruned per round: one value, or one per layer (paper: 0.3,0.3,0.2).", show_default=cfg("", "0.3 per layer, 0.2 for the output layer"))] = None,
+    min_density: Annotated[float | None, typer.Option(help="Stop before a ticket would keep less than this fraction of weights.", show_default=cfg("generate.min_density"))] = None,
+    hidden: Annotated[str | None, typer.Option(help="Hidden layer widths (paper: 300,100).", show_default=cfg("model.hidden"))] = None,
+    arch: ArchOption = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Add an input projection layer to this width (paper §4.5.2 transfer).")] = None,
-    activation: Annotated[str | None, typer.Option(help="Hidden activation: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
-    controls: Annotated[bool | None, typer.Option("--controls/--no-controls", help="Also train the random-reinit and random-mask control tickets.")] = None,
-    val_fraction: Annotated[float | None, typer.Option(help="Fraction of the training pool held out for validation.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for θ0, data split and batch order.")] = None,
+    activation: ActivationOption = None,
+    controls: Annotated[bool | None, typer.Option("--controls/--no-controls", help="Also train the random-reinit and random-mask control tickets.", show_default=cfg("generate.controls"))] = None,
+    val_fraction: ValFraction = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for θ0, data split and batch order.", show_default=cfg("seed"))] = None,
     private: Annotated[bool, typer.Option("--private", help="Make ONE ticket on the private data itself, with privacy: DP-SGD warm-up (the train: recipe), masks by magnitude of the DP weights, one σ calibrated so warm-up + the planned training meet --eps. Writes a ticket for `dpltm train --ticket` (no select).")] = False,
-    eps: Annotated[float | None, typer.Option(help="With --private: ε of the whole run (warm-up and training, composed by PLD). Default: train.eps2 of the config (0.9 in defaults.yaml).")] = None,
-    delta: Annotated[float | None, typer.Option(help="With --private: δ (default 1e-5).")] = None,
-    warmup_epochs: Annotated[int | None, typer.Option(help="With --private: DP-SGD epochs per warm-up round (default 10).")] = None,
-    density: Annotated[float | None, typer.Option(help="With --private: fraction of weights the ticket keeps (default 0.25).")] = None,
-    rewind: Annotated[str | None, typer.Option(help="With --private: train from the masked warm-up weights (warmup, default) or from θ0 (init).")] = None,
-    epochs: Annotated[int | None, typer.Option(help="With --private: epochs of the ticket's DP training, planned now (σ covers them; default: the train: recipe's).")] = None,
+    eps: Annotated[float | None, typer.Option("--eps", "--eps2", help="With --private: ε of the whole run (warm-up and training, composed by PLD).", show_default=cfg("train.eps2"))] = None,
+    delta: Annotated[float | None, typer.Option(help="With --private: δ.", show_default=cfg("train.delta"))] = None,
+    warmup_epochs: Annotated[int | None, typer.Option(help="With --private: DP-SGD epochs per warm-up round.", show_default=cfg("private_ticket.warmup_epochs"))] = None,
+    density: Annotated[float | None, typer.Option(help="With --private: fraction of weights the ticket keeps.", show_default=cfg("private_ticket.density"))] = None,
+    rewind: Annotated[Rewind | None, typer.Option(help="With --private: train from the masked warm-up weights (warmup) or from θ0 (init).", show_default=cfg("private_ticket.rewind"))] = None,
+    epochs: Annotated[int | None, typer.Option(help="With --private: epochs of the ticket's DP training, planned now (σ covers them).", show_default=cfg("train.epochs"))] = None,
     noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
     data_dir: DataDir = None,
+    download: Download = False,
     out: Annotated[Path | None, typer.Option(help="Ticket file (default checkpoints/<dataset>-tickets.pt; with --private <dataset>-private-ticket.pt).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing ticket file made with other settings.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+    logger: LoggerOption = Logger.csv,
+    log_dir: LogDir = None,
     json_out: Json = False,
 ) -> None:
     """Phase 1: lottery tickets by iterative magnitude pruning (non-private), or with --private one
     ticket made on the private data by DP warm-up (end-to-end DP with the training that follows)."""
     from dpltm.report import print_tickets, tickets_json
+
+    dataset, split, arch, activation, rewind = map(value, (dataset, split, arch, activation, rewind))
 
     if private:
         imp_only = {"--iterations": iterations, "--prune-rates": prune_rates, "--min-density": min_density,
@@ -217,7 +263,7 @@ def generate(
             "seed": seed,
         }
         ticket, target = stage_generate_private(private_cli, config, data_dir, device, out, overwrite, progress,
-                                                noise_seed)
+                                                noise_seed, logger=value(logger), log_dir=log_dir, download=download)
         summary = {"output": str(target), "density": ticket["density"], "layer_density": ticket["layer_density"],
                    "val_accuracy": ticket["val_accuracy"], "privacy": ticket["privacy"],
                    "private_ticket": {k: v for k, v in ticket["private_ticket"].items() if k != "dp_event"}}
@@ -243,7 +289,8 @@ def generate(
         },
         "seed": seed,
     }
-    payload, target = stage_generate(cli, config, data_dir, device, out, overwrite, progress, cuda_graphs)
+    payload, target = stage_generate(cli, config, data_dir, device, out, overwrite, progress, cuda_graphs,
+                                     logger=value(logger), log_dir=log_dir, download=download)
     if json_out:
         emit_json({**tickets_json(payload), "output": str(target)})
     else:
@@ -254,14 +301,26 @@ def generate(
 @app.command()
 @user_errors
 def inspect(
-    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`) or a model (`dpltm train`).")],
+    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`), a model (`dpltm train`) or its export (.safetensors).")],
     json_out: Json = False,
 ) -> None:
     """Show a dpltm file: a ticket set's C per layer and accuracies; a winner's ticket and selection; a
     model's accuracy, ledger and privacy statement (recomputed from the ledger it carries)."""
     from dpltm.checkpoint import load_checkpoint
+    from dpltm.export import SUFFIX, read_metadata
     from dpltm.report import print_tickets, tickets_json
 
+    if path.suffix == SUFFIX:
+        metadata = read_metadata(path)
+        exported = {"kind": "export", **{k: (v if k in ("privacy_statement", "source_checkpoint", "format")
+                                               else json.loads(v)) for k, v in metadata.items()}}
+        if json_out:
+            emit_json(exported)
+            return
+        for key in ("format", "source_checkpoint", "data", "test_accuracy", "input_normalisation", "environment"):
+            out_console.print(f"{key}: {exported.get(key)}", markup=False, highlight=False)
+        out_console.print(exported["privacy_statement"], markup=False, highlight=False)
+        return
     body = load_checkpoint(path, ("tickets", "ticket", "model"))
     if body["kind"] == "tickets":
         if json_out:
@@ -273,7 +332,8 @@ def inspect(
         summary = {"kind": "winner", "round": body["round"], "density": body["density"],
                    "layer_density": body["layer_density"], "val_accuracy": body["val_accuracy"],
                    "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
-                   "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version")}
+                   "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version"),
+                   "environment": body.get("environment")}
     else:
         from dpltm.privacy.ledger import PrivacyLedger
 
@@ -284,30 +344,113 @@ def inspect(
                    "epochs_run": report.get("epochs_run"), "steps": report.get("steps"),
                    "released_weights": report.get("released_weights"), "ticket": body.get("ticket"),
                    "ledger": ledger.report(), "statement": ledger.statement(),
-                   "dpltm_version": body.get("dpltm_version")}
+                   "dpltm_version": body.get("dpltm_version"), "environment": body.get("environment")}
     if json_out:
         emit_json(summary)
         return
-    for key, value in summary.items():
+    for key, shown in summary.items():
         if key not in ("statement", "ledger", "layer_density", "architecture"):
-            out_console.print(f"{key}: {value}", markup=False, highlight=False)
+            out_console.print(f"{key}: {shown}", markup=False, highlight=False)
     if "statement" in summary:
         out_console.print(summary["statement"], markup=False, highlight=False)
 
 
 @app.command()
 @user_errors
+def predict(
+    model: Annotated[Path, typer.Option(help="A model: a `dpltm train` checkpoint or its `dpltm export` (.safetensors).")],
+    dataset: Annotated[Dataset | None, typer.Option(help="Dataset to predict on.", show_default="the one the model was trained on")] = None,
+    part: Annotated[Part, typer.Option(help="Which records: the test set, the validation hold-out or the training set (with the model's own data settings when the dataset is its training dataset).")] = Part.test,
+    device: Device = "auto",
+    data_dir: DataDir = None,
+    download: Download = False,
+    out: Annotated[Path | None, typer.Option(help="Write the predictions here as CSV: index, label, prediction and one probability per class.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
+    json_out: Json = False,
+) -> None:
+    """Run a trained model on a dataset: accuracy, and with --out the predictions (post-processing:
+    no privacy is spent)."""
+    from dpltm.stages.predict import stage_predict
+
+    report = stage_predict(model, value(dataset), value(part), data_dir, device, out, overwrite, download=download)
+    if json_out:
+        emit_json({k: v for k, v in report.items() if k != "statement"} | {"statement": report["statement"]})
+        return
+    err_console.print(f"{report['dataset']} {report['part']} set: accuracy {report['accuracy']:.4f} on "
+                      f"{report['records']} records ({report['model_format']} {report['model']})"
+                      + (f"; predictions: {report['predictions']}" if report["predictions"] else ""))
+    if report["statement"]:
+        err_console.print(report["statement"], markup=False, highlight=False)
+
+
+@app.command("export")
+@user_errors
+def export_command(
+    model: Annotated[Path, typer.Option(help="A `dpltm train` checkpoint.")],
+    out: Annotated[Path | None, typer.Option(help="The safetensors file.", show_default="the model's path with .safetensors")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
+    json_out: Json = False,
+) -> None:
+    """Write a trained model as safetensors: weights (pruned ones exactly 0), masks, input
+    normalisation, data settings, and the privacy statement and ledger as metadata."""
+    from dpltm.checkpoint import prepare_output
+    from dpltm.export import SUFFIX, export_model
+
+    target = out or model.with_suffix(SUFFIX)
+    if target.suffix != SUFFIX:
+        raise DpltmUserError(f"--out {target}: an export is a {SUFFIX} file")
+    prepare_output(target, overwrite=overwrite, inputs=[model])
+    metadata = export_model(model, target)
+    privacy = json.loads(metadata["privacy"])
+    if json_out:
+        emit_json({"output": str(target), "privacy": privacy, "architecture": json.loads(metadata["architecture"]),
+                   "input_normalisation": json.loads(metadata["input_normalisation"])})
+        return
+    err_console.print(f"exported {model} to {target}")
+    err_console.print(metadata["privacy_statement"], markup=False, highlight=False)
+
+
+@app.command()
+@user_errors
+def plot(
+    runs: Annotated[list[Path], typer.Argument(help="Run folders (logs/<command>/<dataset>/version_N) or their run.json; several overlay.")],
+    out: Annotated[Path | None, typer.Option(help="Figure file (.png, .pdf or .svg).", show_default="plot.png in the first run's folder")] = None,
+) -> None:
+    """Draw a run's curves: accuracy and ε spent per epoch (train), or accuracy against the
+    fraction of weights left (generate)."""
+    from dpltm.plotting import plot_runs
+
+    written = plot_runs(runs, out)
+    err_console.print(f"figure: {written}")
+
+
+@app.command()
+@user_errors
+def download(
+    datasets: Annotated[list[Dataset], typer.Argument(help="Datasets to fetch (mnist, fashion-mnist, kmnist: through torchvision's dataset classes).")],
+    data_dir: DataDir = None,
+    mirror: Annotated[str | None, typer.Option(help="URL base to fetch the official files from instead of torchvision's mirrors (else $DPLTM_DOWNLOAD_MIRROR).")] = None,
+) -> None:
+    """Fetch the official files into the data root, md5-checked (what --download does before a run)."""
+    from dpltm.data.download import download_dataset
+
+    for name in datasets:
+        err_console.print(download_dataset(value(name), data_dir, mirror=mirror).summary())
+
+
+@app.command()
+@user_errors
 def select(
     tickets: Annotated[Path | None, typer.Option(help="Ticket set (default: the newest in checkpoints/, named on screen).")] = None,
-    eps1: Annotated[float | None, typer.Option(help="Selection budget ε1 (paper: 0.1).")] = None,
-    nu: Annotated[float | None, typer.Option(help="Score weight ν in S = A·(1 − ν·C) (paper: 50).")] = None,
+    eps1: Annotated[float | None, typer.Option(help="Selection budget ε1 (paper: 0.1).", show_default=cfg("select.eps1"))] = None,
+    nu: Annotated[float | None, typer.Option(help="Score weight ν in S = A·(1 − ν·C) (paper: 50).", show_default=cfg("select.nu"))] = None,
     best: Annotated[bool, typer.Option("--best", help="Pick the best paper score S = A·(1 − ν·C) without privacy (for tickets from public data). Beware: at ν = 50 the factor is negative for every C > 0.02, so it always takes the sparsest ticket, whatever the noise; prefer --noise-aware.")] = False,
-    noise_aware: Annotated[bool, typer.Option("--noise-aware", help="Train every ticket (the dense network included) under the planned DP noise on the tickets' own public data and pick the best; spends no ε. Needs --private-size; the planned run is --eps2/--sigma, --epochs, --batch-size and the config's train section.")] = False,
+    noise_aware: Annotated[bool, typer.Option("--noise-aware", help="Train every ticket (the dense network included) under the planned DP noise on the tickets' own public data and pick the best; spends no ε. Needs --private-size; the planned run is --eps/--sigma, --epochs, --batch-size and the config's train section.")] = False,
     private_size: Annotated[int | None, typer.Option("--private-size", help="N, the private training set's size (public), for --noise-aware's planned run.")] = None,
-    eps2: Annotated[float | None, typer.Option(help="--noise-aware: the planned training budget ε2 (σ calibrated to it).")] = None,
-    sigma: Annotated[float | None, typer.Option(help="--noise-aware: the planned noise multiplier instead of --eps2.")] = None,
-    epochs: Annotated[int | None, typer.Option(help="--noise-aware: the planned epochs.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="--noise-aware: the planned expected batch size L.")] = None,
+    eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="--noise-aware: the planned training budget ε2 (σ calibrated to it).", show_default=cfg("train.eps2"))] = None,
+    sigma: Annotated[float | None, typer.Option(help="--noise-aware: the planned noise multiplier instead of --eps.")] = None,
+    epochs: Annotated[int | None, typer.Option(help="--noise-aware: the planned epochs.", show_default=cfg("train.epochs"))] = None,
+    batch_size: Annotated[int | None, typer.Option(help="--noise-aware: the planned expected batch size L.", show_default=cfg("train.batch_size"))] = None,
     device: Device = "auto",
     data_dir: DataDir = None,
     reselect: Annotated[bool, typer.Option("--reselect", help="Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's ledger composes every draw.")] = False,
@@ -325,12 +468,12 @@ def select(
         raise DpltmUserError("--noise-aware is its own choice: drop --best/--eps1")
     planned = (eps2, sigma, epochs, batch_size, private_size)
     if not noise_aware and any(v is not None for v in planned):
-        raise DpltmUserError("--private-size, --eps2, --sigma, --epochs and --batch-size describe the planned run "
+        raise DpltmUserError("--private-size, --eps, --sigma, --epochs and --batch-size describe the planned run "
                              "of --noise-aware: add --noise-aware or drop them")
     if noise_aware and private_size is None:
         raise DpltmUserError("--noise-aware needs --private-size N, the private training set's size")
     if eps2 is not None and sigma is not None:
-        raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma, not both")
+        raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma, not both")
     request = None if not noise_aware else NoiseAwareRequest(
         int(private_size),  # type: ignore[arg-type]
         {"train": {"eps2": eps2, "sigma": sigma, "epochs": epochs, "batch_size": batch_size}}, data_dir, device)
@@ -347,54 +490,67 @@ def select(
 @user_errors
 def train(
     ticket: Annotated[Path | None, typer.Option(help="Winning ticket from `dpltm select`.")] = None,
-    dataset: Annotated[str | None, typer.Option(help="Private dataset to train on (default mnist).")] = None,
-    split: Annotated[str | None, typer.Option(help="Official split to draw from: train, test or all.")] = None,
-    eps2: Annotated[float | None, typer.Option(help="Training budget ε2; σ is calibrated to it (paper: 0.9). With a private ticket (generate --private): the whole run's ε, warm-up included (default: the ε the ticket was planned for).")] = None,
-    delta: Annotated[float | None, typer.Option(help="δ (paper: 1e-5).")] = None,
+    dataset: Annotated[Dataset | None, typer.Option(help="Private dataset to train on (or the --config file's data.dataset).", show_default="mnist")] = None,
+    split: SplitOption = None,
+    eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="Training budget ε (the paper's ε2); σ is calibrated to it. With a private ticket (generate --private): the whole run's ε, warm-up included (default: the ε the ticket was planned for).", show_default=cfg("train.eps2"))] = None,
+    delta: Annotated[float | None, typer.Option(help="δ (paper: 1e-5).", show_default=cfg("train.delta"))] = None,
     sigma: Annotated[float | None, typer.Option(help="Noise multiplier σ (skips calibration; ε is reported).")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Epochs (paper: 50).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Expected batch size L (Poisson sampling, q = L/N).")] = None,
-    clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).")] = None,
-    lr: Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Epochs (paper: 50).", show_default=cfg("train.epochs"))] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Expected batch size L (Poisson sampling, q = L/N).", show_default=cfg("train.batch_size"))] = None,
+    clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).", show_default=cfg("train.clip"))] = None,
+    lr: Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).", show_default=cfg("train.lr"))] = None,
     recipe: Annotated[Recipe, typer.Option(help="Training recipe under --config and flags: paper (defaults.yaml; the default) or tuned (chosen on public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml).")] = Recipe.paper,
     lr_sigma: Annotated[float | None, typer.Option("--lr-sigma", help="Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets (the tuned recipe's rule; overrides --lr for DP runs).")] = None,
-    optimizer: Annotated[str | None, typer.Option(help="sgd or adam (NoisyAdam).")] = None,
-    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
+    optimizer: Annotated[Optimizer | None, typer.Option(help="sgd, or adam (NoisyAdam).", show_default=cfg("train.optimizer"))] = None,
+    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1).", show_default=cfg("train.momentum"))] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
-    activation: Annotated[str | None, typer.Option(help="Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
-    arch: Arch = None,
-    noise: Annotated[str | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-data).")] = None,
-    accountant: Annotated[str | None, typer.Option(help="pld (default) or rdp.")] = None,
-    target_eps: Annotated[float | None, typer.Option("--target-eps", help="Stop before spending more than this.")] = None,
+    activation: Annotated[Activation | None, typer.Option(help="Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default=cfg("model.activation"))] = None,
+    arch: ArchOption = None,
+    noise: Annotated[Noise | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-dataset).", show_default=cfg("train.noise"))] = None,
+    accountant: Annotated[Accountant | None, typer.Option(help="Privacy accountant: pld (tight numerical) or rdp.", show_default=cfg("train.accountant"))] = None,
+    max_eps: Annotated[float | None, typer.Option("--max-eps", help="A cap: stop before the ε spent would exceed this (σ stays calibrated to --eps).")] = None,
+    target_eps: Annotated[float | None, typer.Option("--target-eps", hidden=True)] = None,
     patience: Annotated[int | None, typer.Option(help="Early-stop after this many epochs without validation gain.")] = None,
     dense: Annotated[bool, typer.Option("--dense", help="DP-SGD baseline on the full network (no ticket).")] = False,
     non_private: Annotated[bool, typer.Option("--non-private", help="Train without privacy (baseline).")] = False,
     public_tickets: Annotated[bool, typer.Option("--public-tickets", help="Assert the ticket's generation data is public even though it has the private dataset's name (checked record by record).")] = False,
-    val_fraction: Annotated[float | None, typer.Option(help="Fraction held out for validation.")] = None,
-    public_data: Annotated[str | None, typer.Option("--public-data", help="Public DATASET[:SPLIT] for noise plug-ins that need it (shaped); never the private dataset.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.")] = None,
+    val_fraction: ValFraction = None,
+    public_dataset: Annotated[Dataset | None, typer.Option(help="Public dataset for noise plug-ins that need one (shaped); never the private dataset.")] = None,
+    public_split: Annotated[Split, typer.Option(help="Split of --public-dataset whose training part is used.")] = Split.train,
+    public_data: Annotated[str | None, typer.Option("--public-data", hidden=True)] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.", show_default=cfg("seed"))] = None,
     noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
     num_nodes: Annotated[int, typer.Option("--num-nodes", help="Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, as Lightning documents).")] = 1,
-    strategy: Annotated[str, typer.Option(help="auto, or ddp (what auto picks for more than one process).")] = "auto",
+    strategy: Annotated[Strategy, typer.Option(help="auto, or ddp (what auto picks for more than one process).")] = Strategy.auto,
     cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
     data_dir: DataDir = None,
+    download: Download = False,
     out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-<mode>.pt).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing model file.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+    logger: LoggerOption = Logger.csv,
+    log_dir: LogDir = None,
     json_out: Json = False,
 ) -> None:
     """Phase 3: DP-SGD on the masked winner (or --dense / --non-private baselines)."""
+    renamed = {"--target-eps": (target_eps, "--max-eps (a cap: stop before spending more; σ is calibrated to --eps)"),
+               "--public-data": (public_data, "--public-dataset NAME with --public-split SPLIT")}
+    for old, (given, new) in renamed.items():
+        if given is not None:
+            raise DpltmUserError(f"{old} was renamed {new}")
+    dataset, split, optimizer, activation, arch, noise, accountant = map(
+        value, (dataset, split, optimizer, activation, arch, noise, accountant))
     if dense and ticket is not None:
         raise DpltmUserError("--dense trains the full network: drop --ticket")
     if dense and public_tickets:
         raise DpltmUserError("--public-tickets is about a ticket's data: drop it with --dense")
     if sigma is not None and eps2 is not None:
-        raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma (ε is reported), not both")
+        raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
     if non_private and (eps2 is not None or sigma is not None):
-        raise DpltmUserError("--non-private trains without noise: drop --eps2/--sigma")
+        raise DpltmUserError("--non-private trains without noise: drop --eps/--sigma")
     if not dense and ticket is None:
         raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
     if arch is not None and ticket is not None:
@@ -403,17 +559,19 @@ def train(
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
         "train": {"eps2": eps2, "delta": delta, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
                   "clip": clip, "lr": lr, "lr_sigma": lr_sigma, "optimizer": optimizer, "noise": noise, "accountant": accountant,
-                  "target_eps": target_eps, "patience": patience, "momentum": momentum, "ema": ema},
+                  "max_eps": max_eps, "patience": patience, "momentum": momentum, "ema": ema},
         "model": _model_cli(arch, None, activation=activation),
         "seed": seed,
         "recipe": recipe.value,
     }
     from dpltm.dp.distributed import Distribution
 
-    distribution = Distribution(devices, num_nodes, strategy)
+    distribution = Distribution(devices, num_nodes, value(strategy))
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
-                         public_data=public_data, noise_seed=noise_seed, overwrite=overwrite,
-                         distribution=distribution, cuda_graphs=cuda_graphs)
+                         public_data=None if public_dataset is None else f"{value(public_dataset)}:{value(public_split)}",
+                         noise_seed=noise_seed, overwrite=overwrite,
+                         distribution=distribution, cuda_graphs=cuda_graphs, logger=value(logger), log_dir=log_dir,
+                         download=download)
     finish_training_report(report, json_out)
 
 
@@ -427,16 +585,16 @@ def account(
     dataset_size: Annotated[int | None, typer.Option(help="N (with --batch-size and --epochs instead of --q/--steps).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Expected batch size L.")] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs (⌈N/L⌉ steps each).")] = None,
-    eps: Annotated[float | None, typer.Option("--eps", help="Solve for σ reaching this ε instead.")] = None,
+    eps: Annotated[float | None, typer.Option("--eps", "--eps2", help="Solve for σ reaching this ε instead.")] = None,
     eps1: Annotated[float | None, typer.Option(help="Also compose with an ε1 exponential-mechanism selection.")] = None,
-    noise: Annotated[str, typer.Option(help="Noise plug-in --sigma belongs to: gaussian, dpd (accounted as 2σ; adds the DPD paper's own zCDP figure as a labelled comparison) or shaped.")] = "gaussian",
+    noise: Annotated[Noise, typer.Option(help="Noise plug-in --sigma belongs to: gaussian, dpd (accounted as 2σ; adds the DPD paper's own zCDP figure as a labelled comparison) or shaped.")] = Noise.gaussian,
     json_out: Json = False,
 ) -> None:
     """ε of Poisson-subsampled Gaussian DP-SGD by each accountant, side by side (or σ for a target ε)."""
     from dpltm.accounting_report import account_report, print_account_report
 
     report = account_report(q=q, sigma=sigma, steps=steps, delta=delta, dataset_size=dataset_size,
-                            batch_size=batch_size, epochs=epochs, eps=eps, eps1=eps1, noise=noise)
+                            batch_size=batch_size, epochs=epochs, eps=eps, eps1=eps1, noise=value(noise))
     if json_out:
         emit_json(report)
     else:
@@ -446,37 +604,51 @@ def account(
 @app.command()
 @user_errors
 def run(
-    dataset: Annotated[str, typer.Option(help="Private dataset to train on.")] = "mnist",
-    public_dataset: Annotated[str, typer.Option(help="Public dataset the tickets come from.")] = "kmnist",
-    public_split: Annotated[str, typer.Option(help="Split of the public dataset (KMNIST here: test).")] = "test",
-    eps: Annotated[float, typer.Option(help="Privacy budget ε for the private data (all of it goes to training: public tickets cost nothing).")] = 1.0,
+    dataset: Annotated[Dataset, typer.Option(help="Private dataset to train on.")] = Dataset.mnist,
+    public_dataset: Annotated[Dataset, typer.Option(help="Public dataset the tickets come from.")] = Dataset.kmnist,
+    public_split: Annotated[Split, typer.Option(help="Split of the public dataset (KMNIST here: test).")] = Split.test,
+    eps: Annotated[float, typer.Option("--eps", "--eps2", help="Privacy budget ε for the private data (all of it goes to training: public tickets cost nothing).")] = 1.0,
     delta: Annotated[float, typer.Option(help="δ.")] = 1e-5,
     epochs: Annotated[int | None, typer.Option(help="DP training epochs (paper: 50).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Expected DP batch size L (paper: 400).")] = None,
     rounds: Annotated[int | None, typer.Option(help="Pruning rounds (paper-style default: 10).")] = None,
     iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Input projection width of the tickets (default: added automatically when the two datasets' input sizes differ).")] = None,
-    activation: Annotated[str | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).")] = None,
-    arch: Arch = None,
-    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1) (default 0).")] = None,
+    activation: Annotated[Activation | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default="the recipe's")] = None,
+    arch: ArchOption = None,
+    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1).", show_default="the recipe's")] = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
     recipe: Annotated[RunRecipe, typer.Option(help="Training recipe (under --config and flags): auto (the default: tuned for sets of at least 20000 training records, the size it was chosen for; paper below), tuned (chosen on public data: tanh, L = 1600, lr = 6/σ, EMA 0.999) or paper.")] = RunRecipe.auto,
-    tickets: Annotated[TicketSource, typer.Option(help="Where the ticket comes from: public (generated without privacy on --public-dataset; default) or private (made on --dataset itself by DP warm-up, no public data needed; warm-up and training composed to --eps).")] = TicketSource.public,
-    warmup_epochs: Annotated[int | None, typer.Option(help="With --tickets private: DP warm-up epochs, taken out of --epochs (default 10).")] = None,
-    density: Annotated[float | None, typer.Option(help="With --tickets private: fraction of weights the ticket keeps (default 0.25).")] = None,
+    tickets: Annotated[TicketSource, typer.Option("--ticket-source", help="Where the ticket comes from: public (generated without privacy on --public-dataset) or private (made on --dataset itself by DP warm-up, no public data needed; warm-up and training composed to --eps).")] = TicketSource.public,
+    old_tickets: Annotated[str | None, typer.Option("--tickets", hidden=True)] = None,
+    warmup_epochs: Annotated[int | None, typer.Option(help="With --ticket-source private: DP warm-up epochs, taken out of --epochs.", show_default=cfg("private_ticket.warmup_epochs"))] = None,
+    density: Annotated[float | None, typer.Option(help="With --ticket-source private: fraction of weights the ticket keeps.", show_default=cfg("private_ticket.density"))] = None,
     choice: Annotated[TicketChoice, typer.Option(help="How to pick the public ticket: noise-aware (train every ticket, the dense network included, under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at ν = 50 always takes the sparsest ticket).")] = TicketChoice.noise_aware,
     seed: Annotated[int | None, typer.Option(help="Seed.")] = None,
     device: Device = "auto",
     cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
     data_dir: DataDir = None,
+    download: Download = False,
     out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-dpltm.pt); the tickets and winner go beside it as <stem>-tickets.pt and <stem>-winner.pt.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing outputs (finished tickets made with the same settings are reused).")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+    logger: LoggerOption = Logger.csv,
+    log_dir: LogDir = None,
     json_out: Json = False,
 ) -> None:
     """All stages in a sound (end-to-end DP) mode: public tickets → noise-aware choice → DP training, or
-    with --tickets private a ticket made on the private data by DP warm-up → DP training."""
+    with --ticket-source private a ticket made on the private data by DP warm-up → DP training."""
+    if old_tickets is not None:
+        raise DpltmUserError(f"`dpltm run --tickets {old_tickets}` was renamed --ticket-source {old_tickets} "
+                             "(--tickets names a ticket file, as in `dpltm select --tickets`)")
+    dataset, public_dataset, public_split, activation, arch = map(
+        value, (dataset, public_dataset, public_split, activation, arch))
+    if download:
+        from dpltm.data.download import download_dataset
+
+        for name in dict.fromkeys([dataset] + ([public_dataset] if tickets == TicketSource.public else [])):
+            download_dataset(name, data_dir)
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_generate_config, resolve_train_config
     from dpltm.data import load_dataset
@@ -490,12 +662,13 @@ def run(
         given = [name for name, value in public_only.items() if value is not None]
         if given or choice != TicketChoice.noise_aware:
             raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
-                                 "--tickets private (its warm-up rounds are a config setting, private_ticket.rounds)")
+                                 "--ticket-source private (its warm-up rounds are a config setting, private_ticket.rounds)")
         run_private_tickets(dataset, eps, delta, epochs, batch_size, activation, momentum, ema, seed, warmup_epochs,
-                            density, device, config, data_dir, out, overwrite, progress, json_out, recipe)
+                            density, device, config, data_dir, out, overwrite, progress, json_out, recipe,
+                            logging={"logger": value(logger), "log_dir": log_dir})
         return
     if warmup_epochs is not None or density is not None:
-        raise DpltmUserError("--warmup-epochs and --density apply with --tickets private")
+        raise DpltmUserError("--warmup-epochs and --density apply with --ticket-source private")
     if arch not in (None, "mlp") and choice == TicketChoice.noise_aware:
         raise DpltmUserError(f"--arch {arch}: the noise-aware choice trains MLP tickets side by side; "
                              "add --choice best")
@@ -537,7 +710,8 @@ def run(
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
                       + f"; training recipe: {train_cli['recipe']}")
-    stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress, cuda_graphs)
+    stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress, cuda_graphs,
+                   logger=value(logger), log_dir=log_dir)
     noise_aware = choice == TicketChoice.noise_aware
     err_console.print(f"[bold]2/3[/bold] selection on public tickets ({choice.value}; spends nothing on private data)")
     request = NoiseAwareRequest(len(private.train), train_cli, data_dir, device) if noise_aware else None
@@ -545,7 +719,7 @@ def run(
                  noise_aware=request)
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
     report = stage_train(train_cli, config, winner_path, False, False, data_dir, device, model_out, progress,
-                         overwrite=overwrite, cuda_graphs=cuda_graphs)
+                         overwrite=overwrite, cuda_graphs=cuda_graphs, logger=value(logger), log_dir=log_dir)
     finish_training_report(report, json_out)
 
 
@@ -553,8 +727,9 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
                         activation: str | None, momentum: float | None, ema: float | None, seed: int | None,
                         warmup_epochs: int | None, density: float | None, device: str, config: Path | None,
                         data_dir: Path | None, out: Path | None, overwrite: bool, progress: bool,
-                        json_out: bool, recipe: RunRecipe = None) -> None:  # type: ignore[assignment]
-    """`run --tickets private`: a private ticket on the private data, then its DP training; the warm-up
+                        json_out: bool, recipe: RunRecipe = None,  # type: ignore[assignment]
+                        logging: dict[str, Any] | None = None) -> None:
+    """`run --ticket-source private`: a private ticket on the private data, then its DP training; the warm-up
     is taken out of the recipe's epochs, and one σ makes the whole run meet --eps."""
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
@@ -585,10 +760,10 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
     err_console.print(f"[bold]1/2[/bold] private ticket on {dataset}: {rounds} × {warmup} DP warm-up epochs, then "
                       f"{settings.train.epochs - warmup * rounds} epochs of DP training, ε = {eps:g} in all; "
                       f"recipe {chosen}")
-    stage_generate_private(train_cli, config, data_dir, device, ticket_path, overwrite, progress)
+    stage_generate_private(train_cli, config, data_dir, device, ticket_path, overwrite, progress, **(logging or {}))
     err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {dataset}")
     report = stage_train(train_cli, config, ticket_path, False, False, data_dir, device, model_out, progress,
-                         overwrite=overwrite)
+                         overwrite=overwrite, **(logging or {}))
     finish_training_report(report, json_out)
 
 

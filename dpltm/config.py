@@ -171,8 +171,17 @@ HASH_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
 (a section left empty is dropped), so older outputs still resume."""
 
 
+#: Settings renamed after configs were first hashed: hashed under their old name, so the rename
+#: alone does not make earlier outputs stale.
+HASH_RENAMED: dict[str, dict[str, str]] = {"train": {"max_eps": "target_eps"}}
+
+
 def config_hash(settings: Any) -> str:
     tree = to_dict(settings)
+    for section, renamed in HASH_RENAMED.items():
+        part = tree.get(section)
+        if isinstance(part, dict):
+            tree[section] = {renamed.get(k, k): v for k, v in part.items()}
     for section, omitted in HASH_OMITTED_AT_DEFAULT.items():
         part = tree.get(section)
         if isinstance(part, dict):
@@ -263,6 +272,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
 #: What a config file may hold at the top level: the sections (one settings class each) and `seed`.
 SECTIONS: dict[str, type] = {}  # filled below, once every settings class exists
 TOP_LEVEL_SCALARS: dict[str, type] = {"seed": int}
+#: Keys renamed since 0.1: an old file gets the new name in its error, not a bare "unknown key".
+RENAMED_KEYS: dict[str, str] = {"train.target_eps": "train.max_eps (a cap: stop before spending more; "
+                                                    "σ is calibrated to train.eps2)"}
 
 
 def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -287,6 +299,9 @@ def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
         cls = SECTIONS[key]
         hints = typing.get_type_hints(cls)
         unknown = sorted(map(str, set(value) - set(hints)))
+        for old in unknown:
+            if f"{key}.{old}" in RENAMED_KEYS:
+                raise DpltmUserError(f"config key {key}.{old} in {source} was renamed {RENAMED_KEYS[f'{key}.{old}']}")
         if unknown:
             raise DpltmUserError(f"unknown config key(s) {unknown} in section '{key}' of {source}")
         section = {k: _coerce(hints[k], v, f"{key}.{k}") for k, v in value.items()}
@@ -437,7 +452,7 @@ class TrainSettings:
     delta: float = 1e-5
     accountant: str = "pld"
     neighboring: str = "add_remove"
-    target_eps: float | None = None
+    max_eps: float | None = None
     patience: int | None = None
     momentum: float = 0.0
     """SGD momentum on the privatized gradients (post-processing); 0: plain SGD (sgd only)."""
@@ -464,8 +479,8 @@ class TrainSettings:
                                  f"privacy), got {self.sigma:g}")
         if not 0 < self.delta < 1:
             raise DpltmUserError(f"--delta must lie in (0, 1), got {self.delta}")
-        if self.target_eps is not None:
-            check_target_epsilon(self.target_eps, "--target-eps")
+        if self.max_eps is not None:
+            check_target_epsilon(self.max_eps, "--max-eps")
         _require_positive("--patience", self.patience)
         if self.accountant not in ("pld", "rdp"):
             raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")

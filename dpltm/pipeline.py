@@ -6,8 +6,7 @@ The CLI is a thin layer over these functions; `dpltm run` chains them.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 
 from dpltm import __version__
-from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_atomic, write_text_atomic
+from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
@@ -161,7 +160,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
           public_data: LabeledTensors | None = None, public_dataset: str | None = None,
           noise_seed: int | None = None, ticket_data: DatasetSplits | None = None,
           on_start: Callable[[], None] | None = None,
-          distribution: Distribution | None = None, step_mode: str = "eager") -> dict[str, Any]:
+          distribution: Distribution | None = None, step_mode: str = "eager",
+          logger: str | None = None, log_dir: Path | None = None) -> dict[str, Any]:
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
@@ -171,7 +171,9 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     `on_start` is called once every check has passed, just before training (the output is
     locked from then on). With a multi-process `distribution` (DP training only) every rank runs
     this function; only rank 0 locks and writes the output. `step_mode` (private_training.STEP_MODES)
-    says how a DP step runs, never what it computes.
+    says how a DP step runs, never what it computes. With `logger` (csv, tensorboard, mlflow or
+    none), rank 0 logs the run into a versioned folder under `log_dir` (dpltm.run_log): each
+    epoch's released-model accuracies and ε spent, and at the end the history and report.
     """
     distribution = distribution or Distribution()
     if distribution.multi_process and not private:
@@ -206,29 +208,45 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         return ledger_for(steps).best_bound().epsilon
 
     budget_note = None
-    if plan is not None and s.target_eps is not None:
-        allowed = epochs_within_budget(plan, s.target_eps, epsilon_after)
+    if plan is not None and s.max_eps is not None:
+        allowed = epochs_within_budget(plan, s.max_eps, epsilon_after)
         if allowed < plan.epochs:
-            budget_note = (f"--target-eps {s.target_eps:g}: stopped after {allowed} of {plan.epochs} epochs; "
+            budget_note = (f"--max-eps {s.max_eps:g}: stopped after {allowed} of {plan.epochs} epochs; "
                            f"one more would spend ε = {epsilon_after((allowed + 1) * plan.steps_per_epoch):.4g}")
             plan = replace(plan, epochs=allowed)
     if plan is not None:  # refuse an accountant that cannot state this run before any step
         ledger = ledger_for(plan.steps)
         require_support(ledger.training_event(), s.accountant, s.neighboring)
         ledger.best_bound()
+    end_to_end = ledger_for(plan.steps if plan is not None else 0).end_to_end_dp
+    run_log = None
+    if logger is not None and main:
+        from dpltm.run_log import RunLog
+
+        run_log = RunLog("train", data.name, logger, log_dir, {**to_dict(cfg), "ticket": str(ticket_path)},
+                         mode="dp-sgd" if plan is not None else "non-private")
     if on_start is not None and main:
         on_start()
-    with output_lock(out) if main else contextlib.nullcontext():
+
+    def on_epoch(record: dict[str, Any]) -> None:
+        if progress and main:
+            _print_epoch(record)
+        if run_log is not None:  # a run that is not DP end to end never logs a bare "epsilon"
+            run_log.log_metrics(record if end_to_end else {("epsilon_dp_part" if k == "epsilon" else k): v
+                                                           for k, v in record.items()}, step=record["steps"])
+
+    with (run_log.closed_on_error() if run_log is not None else contextlib.nullcontext(),
+          output_lock(out) if main else contextlib.nullcontext()):
         seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
         if plan is not None:
             context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
                                    public_data=public_data, public_dataset=public_dataset)
             outcome = run_private(model, data, plan, s, seed=seed,
                                   epsilon_after=epsilon_after, progress=progress and main, noise_context=context,
-                                  on_epoch=_print_epoch if progress and main else None,
+                                  on_epoch=on_epoch,
                                   distribution=distribution, step_mode=step_mode)
         else:
-            outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress)
+            outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch)
         if budget_note is not None and outcome.stop_reason.startswith("finished"):
             outcome = replace(outcome, stop_reason=budget_note)
         adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
@@ -239,14 +257,14 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
         report["randomness"] = randomness if plan is not None else None
         report["processes"] = distribution.world_size
+        report["log_dir"] = None if run_log is None else str(run_log.folder)
         if not main:  # another rank of a multi-device run: rank 0 writes
             return report
         released = outcome.released if outcome.released is not None else model  # the EMA when on
         payload = model_payload(released, ledger, report, outcome, cfg, ticket, ticket_path, transfer, data)
         save_atomic(payload, out, "model")
-        # the log is written only once the model it describes is kept: an interrupted run never
-        # replaces the log of the model already at `out`
-        write_text_atomic(metrics_csv(outcome.history, report), metrics_path(out))
+    if run_log is not None:  # finished only once the model it describes is kept
+        run_log.finish(output=str(out), history=outcome.history, report=report)
     return report
 
 
@@ -271,29 +289,11 @@ def model_payload(released: MaskedMLP, ledger: PrivacyLedger, report: dict[str, 
     }
 
 
-def metrics_path(out: Path) -> Path:
-    return out.parent / f"{out.stem}-logs" / "metrics.csv"
-
-
-def metrics_csv(history: list[dict[str, Any]], report: dict[str, Any]) -> str:
-    """Per-epoch log. ε is written as text of the float64 value rounded UP (never through a
-    float32 logger, which can round it down), beside what that ε covers."""
-    extra = sorted({k for r in history for k in r} - {"epoch", "steps", "val_accuracy", "test_accuracy", "epsilon"})
-    fields = ["epoch", "steps", "val_accuracy", "test_accuracy", "epsilon", "end_to_end_dp", "epsilon_scope", *extra]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    for record in history:
-        eps = record.get("epsilon")
-        writer.writerow({**{k: record.get(k) for k in fields},
-                         "epsilon": "inf" if eps is None else round_up(float(eps), 6).replace("∞", "inf"),
-                         "end_to_end_dp": report["end_to_end_dp"], "epsilon_scope": report["epsilon_scope"]})
-    return buffer.getvalue()
-
-
 def _print_epoch(record: dict[str, Any]) -> None:
+    eps = record["epsilon"]
+    spent = "non-private: no guarantee" if math.isinf(eps) else f"ε spent ≤ {round_up(eps, 4)} (DP part)"
     print(f"epoch {record['epoch']}: val acc {record['val_accuracy']:.4f}, test acc {record['test_accuracy']:.4f}, "
-          f"ε spent ≤ {round_up(record['epsilon'], 4)} (DP part)", file=sys.stderr, flush=True)
+          f"{spent}", file=sys.stderr, flush=True)
 
 
 def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSplits, model: MaskedMLP,

@@ -114,9 +114,9 @@ def plan_private_ticket(cfg: TrainConfig, dataset_size: int) -> PrivateTicketPla
         raise DpltmUserError("--private needs --eps (the whole run's budget)")
     if s.noise == "shaped":
         raise DpltmUserError("--private does not support --noise shaped (it needs public data)")
-    if s.patience is not None or s.target_eps is not None:
+    if s.patience is not None or s.max_eps is not None:
         # an early stop would choose the warm-up's end from private validation data without privacy
-        raise DpltmUserError("--private plans every phase before it starts: drop train.patience / train.target_eps")
+        raise DpltmUserError("--private plans every phase before it starts: drop train.patience / train.max_eps")
     if s.batch_size >= dataset_size:
         raise DpltmUserError(f"--batch-size {s.batch_size} must be smaller than the training set "
                              f"({dataset_size} records)")
@@ -239,7 +239,7 @@ def private_ticket_plan(ticket: dict[str, Any]) -> dict[str, Any]:
     config = ticket.get("source", {}).get("config")
     if not isinstance(record, dict) or not isinstance(config, dict) or "epsilon_total" not in record:
         raise DpltmUserError("the private ticket lacks its plan (a damaged or foreign ticket file)")
-    train = {k: v for k, v in config.get("train", {}).items() if k not in ("sigma", "target_eps", "patience")}
+    train = {k: v for k, v in config.get("train", {}).items() if k not in ("sigma", "max_eps", "patience")}
     data = {k: v for k, v in config.get("data", {}).items() if k != "dataset"}
     plan: dict[str, Any] = {"data": data, "train": {**train, "eps2": record["epsilon_total"]}}
     if config.get("model", {}).get("activation") is not None:

@@ -4,7 +4,7 @@ A Lightning stage with manual optimisation: each step draws a Poisson batch of r
 (q = L/N), computes masked per-sample norms and the clipped sum (dpltm.dp.ghost), lets the
 noise plug-in perturb it on the surviving weights, divides by the expected batch size L and
 steps the optimiser. After every epoch it logs validation/test accuracy and the ε spent so far
-(from the same accountant that reports the final guarantee) through Lightning's CSV logger.
+(from the same accountant that reports the final guarantee) through the run's Lightning logger.
 
 The recipe options apply alike to tickets, the dense DP-SGD baseline and the non-private one:
 SGD momentum (`--momentum`) acts on the privatized gradients, and the optional exponential
@@ -126,7 +126,7 @@ def learning_rate(settings: TrainSettings, noise_multiplier: float | None) -> fl
     return lr
 
 
-def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Callable[[int], float]) -> int:
+def epochs_within_budget(plan: TrainPlan, max_eps: float, epsilon_after: Callable[[int], float]) -> int:
     """The most epochs whose ε stays ≤ target (ε grows with steps; σ and q are fixed, so this is
     decided before training and depends on no data). A step count whose ε is beyond what the
     accountants are asked (`EpsilonOutOfRange`) is over any target."""
@@ -137,15 +137,15 @@ def epochs_within_budget(plan: TrainPlan, target_eps: float, epsilon_after: Call
         except EpsilonOutOfRange:
             return math.inf
 
-    if spent(1) > target_eps:
-        raise DpltmUserError(f"--target-eps {target_eps:g} is spent within the first epoch "
+    if spent(1) > max_eps:
+        raise DpltmUserError(f"--max-eps {max_eps:g} is spent within the first epoch "
                              f"(one epoch costs ε = {spent(1):.4g})")
     lo, hi = 1, plan.epochs  # ε(lo) ≤ target
-    if spent(hi) <= target_eps:
+    if spent(hi) <= max_eps:
         return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if spent(mid) <= target_eps:
+        if spent(mid) <= max_eps:
             lo = mid
         else:
             hi = mid
@@ -422,7 +422,7 @@ class NonPrivateModule(L.LightningModule):
     mean cross-entropy on shuffled batches, evaluated after every epoch."""
 
     def __init__(self, model: MaskedMLP, data: DatasetSplits, settings: TrainSettings,
-                 steps_per_epoch: int) -> None:
+                 steps_per_epoch: int, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
@@ -431,6 +431,7 @@ class NonPrivateModule(L.LightningModule):
         self.steps_per_epoch = steps_per_epoch
         self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
+        self.on_epoch = on_epoch
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return make_optimizer(self.settings, self.model.parameters())
@@ -457,14 +458,16 @@ class NonPrivateModule(L.LightningModule):
                                  "val_accuracy": accuracy(self.released, self.data.val),
                                  "test_accuracy": accuracy(self.released, self.data.test),
                                  "epsilon": math.inf})
+            if self.on_epoch is not None:
+                self.on_epoch(self.history[-1])
 
 
 def run_non_private(model: MaskedMLP, data: DatasetSplits, settings: TrainSettings, *, seed: int,
-                    progress: bool) -> TrainOutcome:
+                    progress: bool, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> TrainOutcome:
     """The non-private baseline: the same network, epochs and recipe, without clipping or noise."""
     steps_per_epoch = math.ceil(len(data.train) / settings.batch_size)
     device = data.train.labels.device
-    module = NonPrivateModule(model, data, settings, steps_per_epoch)
+    module = NonPrivateModule(model, data, settings, steps_per_epoch, on_epoch)
     batches = torch.utils.data.DataLoader(
         _EpochBatches(data.train, settings.batch_size, steps_per_epoch, settings.epochs, seed),
         batch_size=None, num_workers=0,

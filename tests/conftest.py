@@ -18,6 +18,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _run_folders_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLI runs log into versioned folders (default ./logs): keep the suite's out of the checkout."""
+    monkeypatch.setenv("DPLTM_LOG_DIR", str(tmp_path_factory.getbasetemp() / "run-logs"))
+
+
 def make_blobs(n: int, features: int, classes: int, seed: int) -> LabeledTensors:
     """Linearly separable-ish Gaussian blobs: learnable in a few dozen steps."""
     centres = torch.randn(classes, features, generator=torch.Generator().manual_seed(99)) * 2.0

@@ -89,7 +89,7 @@ CASES = [
     Case("train-clip-inf", (*TRAIN, "--eps2", "1", "--clip", "inf"), "--clip must be a finite number"),
     Case("train-delta-nan", (*TRAIN, "--eps2", "1", "--delta", "nan"), "--delta must be a finite number"),
     Case("train-sigma-inf", (*TRAIN, "--sigma", "inf"), "--sigma must be a finite number"),
-    Case("train-target-eps-inf", (*TRAIN, "--eps2", "1", "--target-eps", "inf"), "--target-eps must be"),
+    Case("train-target-eps-inf", (*TRAIN, "--eps2", "1", "--max-eps", "inf"), "--max-eps must be"),
     Case("select-nu-inf", ("select", "--nu", "inf"), "--nu must be a finite number"),
     # ---- runaway model sizes ----------------------------------------------------------------
     Case("hidden-huge", (*GEN, "--hidden", "100000,100000"), "dpltm builds at most 1e+08"),
@@ -134,8 +134,8 @@ CASES = [
          "drop --best/--eps1"),
     Case("select-noise-aware-without-size", ("select", "--noise-aware"), "needs --private-size"),
     Case("select-planned-run-without-noise-aware", ("select", "--eps2", "1"), "add --noise-aware"),
-    Case("train-non-private-with-eps2", (*TRAIN, "--non-private", "--eps2", "1"), "drop --eps2/--sigma"),
-    Case("train-non-private-with-sigma", (*TRAIN, "--non-private", "--sigma", "1"), "drop --eps2/--sigma"),
+    Case("train-non-private-with-eps2", (*TRAIN, "--non-private", "--eps2", "1"), "drop --eps/--sigma"),
+    Case("train-non-private-with-sigma", (*TRAIN, "--non-private", "--sigma", "1"), "drop --eps/--sigma"),
     Case("train-dense-public-tickets", (*TRAIN, "--eps2", "1", "--public-tickets"), "drop it with --dense"),
     # ---- files with dpltm's header and no body ------------------------------------------------
     Case("inspect-headed-empty", ("inspect", "e.pt"), "damaged 'tickets' checkpoint",
@@ -148,7 +148,7 @@ CASES = [
     Case("run-same-dataset", ("run", "--dataset", "mnist", "--public-dataset", "mnist"), "must differ"),
     Case("run-projection-mismatch", ("run", "--dataset", "digits", "--public-dataset", "mnist", "--project-to", "100"),
          "projection width must be 64"),
-    Case("run-unknown-dataset", ("run", "--dataset", "cifar"), "unknown dataset 'cifar'"),
+    Case("run-unknown-dataset", ("run", "--dataset", "cifar"), "'cifar' is not one of"),
 ]
 
 #: Run again as a real subprocess (slower: each imports torch afresh).

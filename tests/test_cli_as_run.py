@@ -25,7 +25,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def dpltm(*args: str, cwd: Path, data: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DPLTM_DATA_DIR": str(data), "COLUMNS": "100"}
+    # as a user runs it: run folders under ./logs (the default), not the suite's $DPLTM_LOG_DIR
+    env = {**{k: v for k, v in os.environ.items() if k != "DPLTM_LOG_DIR"}, "DPLTM_DATA_DIR": str(data),
+           "COLUMNS": "100"}
     result = subprocess.run([sys.executable, "-m", "dpltm.cli", *args], cwd=cwd, env=env, text=True,
                             capture_output=True, timeout=600)
     if check:
@@ -65,9 +67,16 @@ def test_pipeline_with_progress_bars_prints_one_json_document(device: str, data:
                                     "--batch-size", "32", "--device", device, "--json", cwd=tmp_path,
                                     data=data).stdout)
     assert dense["end_to_end_dp"] is True and dense["epsilon"] <= 1.0
-    metrics = (tmp_path / "m-logs" / "metrics.csv").read_text().splitlines()
-    assert metrics[0].startswith("epoch,steps,val_accuracy,test_accuracy,epsilon,end_to_end_dp,epsilon_scope")
-    assert len(metrics) == 3 and ",False," in metrics[1]
+    # each run got its own versioned folder under ./logs; the same-data run never logs a bare "epsilon"
+    assert report["log_dir"] == str(Path("logs") / "train" / "digits" / "version_0")
+    assert dense["log_dir"] == str(Path("logs") / "train" / "digits" / "version_1")
+    assert sorted(p.name for p in (tmp_path / "logs" / "generate" / "digits").iterdir()) == ["version_0"]
+    header, *rows = (tmp_path / report["log_dir"] / "metrics.csv").read_text().splitlines()
+    assert "epsilon_dp_part" in header.split(",") and "epsilon" not in header.split(",") and len(rows) == 2
+    run = json.loads((tmp_path / report["log_dir"] / "run.json").read_text())
+    assert run["status"] == "finished" and run["report"]["end_to_end_dp"] is False and len(run["history"]) == 2
+    dense_header = (tmp_path / dense["log_dir"] / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "epsilon" in dense_header
 
 
 def test_no_arguments_prints_help_and_no_empty_error(tmp_path: Path, data: Path) -> None:

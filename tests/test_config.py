@@ -201,7 +201,7 @@ def test_a_dataset_name_cannot_reach_outside_the_config_folder(tmp_path: Path) -
         (TrainSettings, {"eps2": math.inf}, "--eps2 must be a finite number"),
         (TrainSettings, {"eps2": None, "sigma": 1e-9}, "--sigma must be at least 0.3"),
         (TrainSettings, {"eps2": None, "sigma": math.inf}, "--sigma must be a finite number"),
-        (TrainSettings, {"target_eps": 1e3}, r"--target-eps must lie in \(0, 100\]"),
+        (TrainSettings, {"max_eps": 1e3}, r"--max-eps must lie in \(0, 100\]"),
         (SelectSettings, {"eps1": 1e308}, r"--eps1 must lie in \(0, 100\]"),
         (SelectSettings, {"eps1": math.nan}, "--eps1 must be a finite number"),
         (SelectSettings, {"nu": math.inf}, "--nu must be a finite number"),
@@ -220,7 +220,7 @@ def test_settings_refuse_non_finite_and_absurd_numbers(cls: type, kwargs: dict[s
 
 def test_settings_accept_the_bounds() -> None:
     assert GenerateSettings(lr=MAX_LR).lr == MAX_LR
-    assert TrainSettings(eps2=MAX_EPSILON, target_eps=MAX_EPSILON).eps2 == MAX_EPSILON
+    assert TrainSettings(eps2=MAX_EPSILON, max_eps=MAX_EPSILON).eps2 == MAX_EPSILON
     assert TrainSettings(eps2=None, sigma=MIN_NOISE_MULTIPLIER).sigma == MIN_NOISE_MULTIPLIER
     assert SelectSettings(eps1=MAX_EPS1).eps1 == MAX_EPS1
     assert GenerateConfig(seed=MAX_SEED).seed == MAX_SEED

@@ -259,9 +259,9 @@ def test_dpd_description_states_both_readings() -> None:
 
 def test_shaped_needs_public_data() -> None:
     model = pruned_model()
-    with pytest.raises(DpltmUserError, match="pass --public-data"):
+    with pytest.raises(DpltmUserError, match="pass --public-dataset"):
         make_noise("shaped", 1.0, NoiseContext(model=model, clip=1.0, private_dataset="digits"))
-    with pytest.raises(DpltmUserError, match="pass --public-data"):
+    with pytest.raises(DpltmUserError, match="pass --public-dataset"):
         make_noise("shaped", 1.0, None)
     x, y = records(10, seed=3)
     with pytest.raises(DpltmUserError, match="private dataset"):
@@ -360,7 +360,8 @@ def test_train_with_dpd_reports_the_effective_multiplier(data_root: Path, tmp_pa
 def test_train_with_shaped_noise_and_public_data(data_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "shaped.pt"
     result = runner.invoke(app, ["train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
-                                 "--noise", "shaped", "--public-data", "mnist:test", "--sigma", "1.5",
+                                 "--noise", "shaped", "--public-dataset", "mnist", "--public-split", "test",
+                                 "--sigma", "1.5",
                                  "--out", str(out), *FAST])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -368,8 +369,8 @@ def test_train_with_shaped_noise_and_public_data(data_root: Path, tmp_path: Path
     record = load_checkpoint(out, "model")["history"][0]
     assert 0.1 <= record["shaped_scale_min"] <= record["shaped_scale_median"] <= record["shaped_scale_max"] <= 10
     for args, message in (
-        (["--noise", "shaped"], "pass --public-data"),
-        (["--noise", "shaped", "--public-data", "fashion-mnist"], "names the private dataset"),
+        (["--noise", "shaped"], "pass --public-dataset"),
+        (["--noise", "shaped", "--public-dataset", "fashion-mnist"], "names the private dataset"),
     ):
         failed = runner.invoke(app, ["train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
                                      "--sigma", "1.0", "--out", str(tmp_path / "x.pt"), *FAST, *args])

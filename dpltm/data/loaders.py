@@ -49,6 +49,19 @@ class DatasetSpec:
     load_portion: Callable[[Path, str], Portion]
 
 
+#: How a raw record becomes the network's input (feature = raw · scale): what `dpltm export` writes
+#: beside the weights, so a user can feed new records exactly as training did.
+INPUT_NORMALISATION: dict[str, dict[str, object]] = {
+    **{name: {"raw": "28×28 grey pixels, uint8 0..255", "layout": "row-major, flattened to 784",
+              "scale": 1 / 255, "offset": 0.0} for name in ("mnist", "fashion-mnist", "kmnist")},
+    "har": {"raw": "561 features of UCI HAR's X_*.txt (already scaled to [-1, 1] by the archive)",
+            "layout": "the file's column order", "scale": 1.0, "offset": 0.0},
+    "isolet": {"raw": "617 features of ISOLET's *.data (already scaled to [-1, 1] by the archive)",
+               "layout": "the file's column order", "scale": 1.0, "offset": 0.0},
+    "digits": {"raw": "8×8 pixel counts 0..16 (scikit-learn's digits.csv)", "layout": "row-major, flattened to 64",
+               "scale": 1 / 16, "offset": 0.0},
+}
+
 SPECS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec(784, 10, partial(mnist.load_portion, "mnist")),
     "fashion-mnist": DatasetSpec(784, 10, partial(mnist.load_portion, "fashion-mnist")),

@@ -5,7 +5,7 @@ The slides' idea: the cost is more sensitive to some parameters than to others (
 facts decide how dpltm does it soundly (PRIVACY.md §6):
 
 * w must not come from the private data (it would leak): it is computed once, before
-  training, on PUBLIC data (`NoiseContext.public_data`, `--public-data`) at the starting
+  training, on PUBLIC data (`NoiseContext.public_data`, `--public-dataset`) at the starting
   weights, and fixed for the run. No public data, no shaped noise.
 * With the usual L2 clipping ball a Gaussian's privacy is set by its smallest-variance
   direction, so shrinking the noise anywhere costs privacy. Shaping only helps with a
@@ -125,9 +125,9 @@ class ShapedNoise(ScaledGaussianNoise):
     @classmethod
     def build(cls, parameter: float, context: NoiseContext | None = None) -> ShapedNoise:
         if context is None or context.public_data is None:
-            raise DpltmUserError("shaped noise needs public data: pass --public-data DATASET[:SPLIT]")
+            raise DpltmUserError("shaped noise needs public data: pass --public-dataset NAME (and --public-split)")
         if context.public_dataset is not None and context.public_dataset == context.private_dataset:
-            raise DpltmUserError(f"--public-data must not be the private dataset ({context.private_dataset}): "
+            raise DpltmUserError(f"--public-dataset must not be the private dataset ({context.private_dataset}): "
                                  "shaped noise computed on private data leaks it")
         model, public = context.model, context.public_data
         if public.features.dim() != 2 or public.features.shape[1] != model.arch.in_features:

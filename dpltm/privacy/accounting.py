@@ -65,7 +65,7 @@ NEIGHBORING_LABELS = {"add_remove": "add/remove-one", "replace_one": "replace-on
 # Validation happens once, at the edge (settings, `dpltm account`, the public functions
 # below); the calibration search then calls `epsilon_unchecked`, which trusts its arguments.
 
-#: The largest target ε accepted (training budget, calibration target, --target-eps). ε = 100
+#: The largest target ε accepted (training budget, calibration target, --max-eps). ε = 100
 #: is already no privacy at all (e^100); larger targets only make the accountants work harder.
 MAX_EPSILON = 100.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,11 @@ from dpltm.errors import DpltmUserError
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
                    out: Path | None, overwrite: bool, progress: bool,
-                   cuda_graphs: bool = False) -> tuple[dict[str, Any], Path]:
+                   cuda_graphs: bool = False, logger: str | None = None,
+                   log_dir: Path | None = None, download: bool = False) -> tuple[dict[str, Any], Path]:
+    """IMP into a locked ticket file; with `logger` (csv, tensorboard, mlflow or none) the run also
+    gets a versioned log folder (dpltm.run_log): each round's density, validation accuracy and
+    training-loss curve at its global SGD step."""
     from dpltm.checkpoint import check_writable, output_lock, same_file
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
@@ -27,6 +32,10 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     torch_device = resolve_device(device)
     if cuda_graphs and torch_device.type != "cuda":
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+    if download:
+        from dpltm.data.download import download_dataset
+
+        download_dataset(cfg.data.dataset, data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     err_console.print(
@@ -35,22 +44,52 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         f"phase 1 is NOT private: it sees this data directly"
     )
 
+    from dpltm.config import to_dict
+    from dpltm.run_log import RunLog
+
+    run_log = None if logger is None else RunLog("generate", cfg.data.dataset, logger, log_dir, to_dict(cfg),
+                                                 mode="imp")
+    iterations = cfg.generate.iterations
+
     def on_round(record: dict[str, Any]) -> None:
         err_console.print(
             f"round {record['round']}: C={record['density']:.4f} "
             f"val acc={record['val_accuracy']:.4f}"
         )
+        if run_log is not None:
+            first = record["round"] * iterations
+            for i, loss in enumerate(record["loss_curve"]):
+                run_log.log_metrics({"train_loss": loss}, step=first + i * record["loss_every"])
+            run_log.log_metrics({"round": record["round"], "density": record["density"],
+                                 "val_accuracy": record["val_accuracy"]}, step=first + iterations)
 
-    with output_lock(target):
+    with run_log.closed_on_error() if run_log else contextlib.nullcontext(), output_lock(target):
         on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
         payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round,
                                    cuda_graphs=cuda_graphs)
+    if run_log is not None:
+        run_log.finish(output=str(target), tickets=run_tickets(payload), stop_reason=payload.get("stop_reason"))
+        err_console.print(f"log: {run_log.folder}")
     return payload, target
+
+
+def run_tickets(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tickets as run.json records (`dpltm plot`): IMP tickets and, when trained, the controls."""
+    rows = []
+    for t in payload["tickets"]:
+        rows.append({"round": t["round"], "density": t["density"], "val_accuracy": t["val_accuracy"],
+                     "test_accuracy": None, "kind": "imp"})
+        for key, kind in (("reinit", "random-reinit"), ("random_mask", "random-mask")):
+            if key in t.get("controls", {}):
+                rows.append({"round": t["round"], "density": t["density"], "kind": kind, "test_accuracy": None,
+                             "val_accuracy": t["controls"][key]["val_accuracy"]})
+    return rows
 
 
 def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
                            out: Path | None, overwrite: bool, progress: bool,
-                           noise_seed: int | None = None) -> tuple[dict[str, Any], Path]:
+                           noise_seed: int | None = None, logger: str | None = None,
+                           log_dir: Path | None = None, download: bool = False) -> tuple[dict[str, Any], Path]:
     """`generate --private`: a ticket made on the private data by DP warm-up (dpltm.private_tickets).
     `cli` is a training config tree: the warm-up uses the `train:` recipe, `private_ticket:` the rest."""
     from dpltm.checkpoint import output_lock, prepare_output
@@ -64,6 +103,10 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-private-ticket.pt"
     prepare_output(target, overwrite=overwrite, inputs=[config])
     torch_device = resolve_device(device)
+    if download:
+        from dpltm.data.download import download_dataset
+
+        download_dataset(cfg.data.dataset, data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     plan = plan_private_ticket(cfg, len(data.train))
@@ -75,13 +118,29 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
         f"run is (ε = {plan.epsilon:g}, δ = {plan.delta:g})-DP"
     )
 
+    from dpltm.config import to_dict
+    from dpltm.run_log import RunLog
+
+    run_log = None if logger is None else RunLog("generate", cfg.data.dataset, logger, log_dir, to_dict(cfg),
+                                           mode="private-ticket")
+    rounds: list[dict[str, Any]] = []
+
     def on_round(record: dict[str, Any]) -> None:
         err_console.print(f"warm-up round {record['round']}: C={record['density']:.4f} "
                           f"val acc={record['val_accuracy']:.4f}, ε so far ≤ {record['epsilon_so_far']:.4g}")
+        rounds.append({"round": record["round"], "density": record["density"], "kind": "dp-warm-up",
+                       "val_accuracy": record["val_accuracy"], "test_accuracy": None,
+                       "epsilon": record["epsilon_so_far"]})
+        if run_log is not None:
+            run_log.log_metrics({"density": record["density"], "val_accuracy": record["val_accuracy"],
+                                 "epsilon": record["epsilon_so_far"]}, step=record["round"])
 
-    with output_lock(target):
+    with run_log.closed_on_error() if run_log else contextlib.nullcontext(), output_lock(target):
         on_interrupt_kept("no ticket was written" + (f" (the file at {target} is unchanged)"
                                                      if target.exists() else ""))
         payload = make_private_ticket(cfg, data, target, progress=progress, noise_seed=noise_seed,
                                       on_round=on_round)
+    if run_log is not None:
+        run_log.finish(output=str(target), tickets=rounds)
+        err_console.print(f"log: {run_log.folder}")
     return payload, target

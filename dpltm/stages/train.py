@@ -16,7 +16,8 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
                 overwrite: bool = False, distribution: Distribution | None = None,
-                cuda_graphs: bool = False) -> dict[str, Any]:
+                cuda_graphs: bool = False, logger: str | None = None,
+                log_dir: Path | None = None, download: bool = False) -> dict[str, Any]:
     from dpltm import pipeline
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
@@ -43,9 +44,14 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
         raise DpltmUserError("--cuda-graphs needs DP training on one CUDA device (--device cuda, one process)")
     public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
     if public_name is not None and cfg.train.noise != "shaped":
-        raise DpltmUserError(f"--public-data is only used by --noise shaped (this run uses {cfg.train.noise})")
+        raise DpltmUserError(f"--public-dataset is only used by --noise shaped (this run uses {cfg.train.noise})")
     if public_name is not None and public_name == cfg.data.dataset:
-        raise DpltmUserError(f"--public-data must be public: it names the private dataset {cfg.data.dataset}")
+        raise DpltmUserError(f"--public-dataset must be public: it names the private dataset {cfg.data.dataset}")
+    if download:
+        from dpltm.data.download import download_dataset
+
+        for name in dict.fromkeys(n for n in (cfg.data.dataset, public_name) if n is not None):
+            download_dataset(name, data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     public = None if public_name is None else load_dataset(
@@ -67,7 +73,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                           assert_public=public_tickets, progress=progress, public_data=public,
                           public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
                           on_start=announce, distribution=distribution,
-                          step_mode="graphs" if cuda_graphs else "eager")
+                          step_mode="graphs" if cuda_graphs else "eager", logger=logger, log_dir=log_dir)
 
 
 def print_training_report(report: dict[str, Any]) -> None:
@@ -81,4 +87,4 @@ def print_training_report(report: dict[str, Any]) -> None:
         err_console.print(f"noise multiplier σ = {report['noise_multiplier']:.4f} ({how}), "
                           f"q = {report['sample_rate']:.5f}")
     err_console.print(report["statement"], markup=False, highlight=False)
-    err_console.print(f"model: {report['output']}")
+    err_console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))

@@ -1,0 +1,91 @@
+"""The closed sets of names the CLI offers, as enums, so `--help` lists them and typos fail early.
+
+This module imports nothing heavy (no torch): `dpltm -h` stays fast. The names are owned by the
+registries they select from (datasets: data/loaders.py, noise plug-ins: dp/noise.py, ...);
+tests/test_cli_vocabulary.py checks every enum here against its registry, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+
+class Choice(str, Enum):
+    """A str enum whose members print as their value (typer shows `[mnist|kmnist|...]`)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Dataset(Choice):
+    mnist = "mnist"
+    fashion_mnist = "fashion-mnist"
+    kmnist = "kmnist"
+    har = "har"
+    isolet = "isolet"
+    digits = "digits"
+
+
+class Split(Choice):
+    train = "train"
+    test = "test"
+    all = "all"
+
+
+class Activation(Choice):
+    relu = "relu"
+    tanh = "tanh"
+
+
+class Arch(Choice):
+    mlp = "mlp"
+    lenet5 = "lenet5"
+
+
+class Optimizer(Choice):
+    sgd = "sgd"
+    adam = "adam"
+
+
+class Noise(Choice):
+    gaussian = "gaussian"
+    dpd = "dpd"
+    shaped = "shaped"
+
+
+class Accountant(Choice):
+    pld = "pld"
+    rdp = "rdp"
+
+
+class Rewind(Choice):
+    warmup = "warmup"
+    init = "init"
+
+
+class Strategy(Choice):
+    auto = "auto"
+    ddp = "ddp"
+
+
+class Logger(Choice):
+    """Lightning's loggers a run can write to (besides the run folder's own run.json)."""
+
+    csv = "csv"
+    tensorboard = "tensorboard"
+    mlflow = "mlflow"
+    none = "none"
+
+
+def value(choice: Any) -> Any:
+    """The plain value behind an enum option (None and plain values pass through)."""
+    return choice.value if isinstance(choice, Enum) else choice
+
+
+class Part(Choice):
+    """Which records of a loaded dataset `dpltm predict` runs on."""
+
+    test = "test"
+    val = "val"
+    train = "train"

@@ -1,0 +1,130 @@
+"""`dpltm export`: a trained model as one safetensors file that needs no dpltm to read.
+
+Tensors: the released weights and biases (pruned weights exactly 0) and each layer's boolean
+mask (`mask_<layer>`), named as in the model's `state_dict`. Metadata (safetensors keeps only
+str → str, so structured values are JSON): the architecture, the input normalisation (how a raw
+record becomes the network's input, `data.loaders.INPUT_NORMALISATION`), the data settings (so
+`dpltm predict` rebuilds the same test set), the privacy statement and ledger, and the versions
+that made it. Safetensors rather than a pickle: loading it runs no code, and other frameworks
+read it.
+
+The privacy metadata is copied, never recomputed here: the statement the training run printed
+is the one the file carries, including "NOT end-to-end DP" where that applies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpltm.errors import DpltmUserError
+
+FORMAT = "dpltm-export-v1"
+SUFFIX = ".safetensors"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for inference, and what is known about how it was made."""
+
+    model: Any  # MaskedMLP, in eval mode, on the CPU
+    architecture: dict[str, Any]
+    data: dict[str, Any]
+    """dataset, split, val_fraction, seed and fingerprint of the data the model was trained on."""
+    privacy: dict[str, Any]
+    """epsilon (whole run; "inf" when not end to end), epsilon_dp_part, delta, end_to_end_dp, statement."""
+    source: str  # "checkpoint" or "safetensors"
+
+
+def _privacy_summary(body: dict[str, Any]) -> dict[str, Any]:
+    report = body["report"]
+    return {key: report.get(key) for key in ("epsilon", "epsilon_dp_part", "delta", "end_to_end_dp", "private",
+                                              "accountant", "neighboring", "released_weights", "statement")}
+
+
+def _data_summary(body: dict[str, Any]) -> dict[str, Any]:
+    settings = body.get("config", {}).get("data", {})
+    return {"dataset": body["data"].get("dataset", body["report"].get("dataset")),
+            "split": settings.get("split"), "val_fraction": settings.get("val_fraction"),
+            "seed": body.get("config", {}).get("seed"), "fingerprint": body["data"].get("fingerprint")}
+
+
+def export_model(model_path: Path, out: Path) -> dict[str, Any]:
+    """Write `model_path` (a `dpltm train` checkpoint) to `out` as safetensors; returns the metadata."""
+    from safetensors.torch import save
+
+    from dpltm.checkpoint import load_checkpoint, write_bytes_atomic
+    from dpltm.data.loaders import INPUT_NORMALISATION
+
+    body = load_checkpoint(model_path, "model")
+    data = _data_summary(body)
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in body["state_dict"].items()}
+    metadata = {
+        "format": FORMAT,
+        "architecture": json.dumps(body["architecture"]),
+        "input_normalisation": json.dumps(INPUT_NORMALISATION.get(str(data["dataset"]), {})),
+        "data": json.dumps(data),
+        "privacy": json.dumps(_privacy_summary(body)),
+        "privacy_statement": str(body["report"].get("statement", "")),
+        "ledger": json.dumps(body["ledger"]),
+        "test_accuracy": json.dumps(body["report"].get("test_accuracy")),
+        "ticket": json.dumps(body.get("ticket")),
+        "environment": json.dumps(body.get("environment", {})),
+        "exported_by": json.dumps(_environment()),
+        "source_checkpoint": str(model_path),
+    }
+    write_bytes_atomic(save(tensors, metadata=metadata), out)
+    return metadata
+
+
+def _environment() -> dict[str, str]:
+    from dpltm.provenance import environment
+
+    return environment()
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The metadata of a dpltm safetensors export, or a one-line error saying why it is not one."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise DpltmUserError(f"model file {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DpltmUserError(f"{path} is not a readable safetensors file ({str(exc).splitlines()[0][:120]})") from None
+    if metadata.get("format") != FORMAT:
+        raise DpltmUserError(f"{path} is a safetensors file but not a dpltm export (no format {FORMAT})")
+    return metadata
+
+
+def load_exported(path: Path) -> LoadedModel:
+    from safetensors.torch import load_file
+
+    from dpltm.model import Architecture, MaskedMLP
+
+    metadata = read_metadata(path)
+    try:
+        architecture = json.loads(metadata["architecture"])
+        model = MaskedMLP(Architecture.from_dict(architecture))
+        model.load_state_dict(load_file(str(path)))
+        return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
+                           "safetensors")
+    except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+        raise DpltmUserError(f"{path} is a damaged dpltm export ({str(exc).splitlines()[0][:120]})") from None
+
+
+def load_any_model(path: Path) -> LoadedModel:
+    """A model from a `dpltm train` checkpoint or from its safetensors export."""
+    if path.suffix == SUFFIX:
+        return load_exported(path)
+    from dpltm.checkpoint import load_checkpoint
+    from dpltm.model import Architecture, MaskedMLP
+
+    body = load_checkpoint(path, "model")
+    model = MaskedMLP(Architecture.from_dict(body["architecture"]))
+    model.load_state_dict(body["state_dict"])
+    return LoadedModel(model.eval(), body["architecture"], _data_summary(body), _privacy_summary(body), "checkpoint")

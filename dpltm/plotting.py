@@ -1,0 +1,286 @@
+"""Curves of finished runs (what `dpltm plot` draws), read from each run folder's `run.json`.
+
+A train run gets two panels: accuracy vs epoch (test solid, validation dashed) and the ε spent
+so far by the DP part vs epoch. A generate run gets one panel: ticket accuracy vs the fraction
+of weights left, on a log axis running from dense (left) to sparse (right), as in the
+lottery-ticket papers (Frankle & Carbin 2019). Legends never suggest a guarantee that does not
+hold: a non-private run says "non-private" and has no ε curve, and a run whose report says it is
+not DP end to end says so, since its ε axis covers only the DP part.
+
+matplotlib is an optional extra (`dpltm[plots]`), imported only here and only when drawing.
+Figures are built on `matplotlib.figure.Figure` with an Agg canvas, never through pyplot, so the
+user's global backend and pyplot state are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpltm.errors import DpltmUserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+RUN_FILE = "run.json"
+RUN_FORMAT = "dpltm-run-v1"
+PLOT_FILE = "plot.png"
+COMMANDS = ("train", "generate")
+_RECORDS = {"train": ("history", "epoch"), "generate": ("tickets", "density")}
+"""Per command: the list of records that holds its curve, and the key every record must have."""
+_METRICS = ("val_accuracy", "test_accuracy", "epsilon")
+KIND_STYLES = {"imp": "-", "random-reinit": "--", "random-mask": ":"}
+"""Line style per ticket kind: the lottery tickets solid, the two controls broken."""
+NOT_E2E = " — not DP end to end"
+NON_PRIVATE = " (non-private)"
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def run_file(path: Path) -> Path:
+    """A run is named by its folder or by its run.json; both mean the same file."""
+    return path / RUN_FILE if path.is_dir() else path
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """The run record at `path` (a run folder or its run.json), checked well enough that drawing
+    it cannot fail half way: every mistake is one `DpltmUserError` line naming the file."""
+    file = run_file(path)
+    if not file.exists():
+        where = f"no {RUN_FILE} in {path}" if path.is_dir() else f"{path} does not exist"
+        raise DpltmUserError(f"{where} (a run writes it when it finishes)")
+    try:
+        body = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DpltmUserError(f"{file} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DpltmUserError(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(body, dict) or body.get("format") != RUN_FORMAT:
+        found = body.get("format") if isinstance(body, dict) else type(body).__name__
+        raise DpltmUserError(f"{file} is not a dpltm run record (format {found!r}, expected {RUN_FORMAT!r})")
+    command = body.get("command")
+    if command not in COMMANDS:
+        raise DpltmUserError(f"{file} records a {command!r} run; dpltm plot draws {' and '.join(COMMANDS)} runs")
+    _check_records(body, command, file)
+    return body
+
+
+def _check_records(body: dict[str, Any], command: str, file: Path) -> None:
+    """The curve's records: a list of objects, each with its x value, metrics numbers or null."""
+    field, x_key = _RECORDS[command]
+    records = body.get(field)
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise DpltmUserError(f"{file}: a {command} run needs a '{field}' list of records")
+    for i, record in enumerate(records):
+        x = _number(record.get(x_key))
+        if x is None or not math.isfinite(x) or (command == "generate" and x <= 0):
+            raise DpltmUserError(f"{file}: {field}[{i}] has no valid {x_key!r} ({record.get(x_key)!r})")
+        for key in _METRICS:
+            if key in record and record[key] is not None and _number(record[key]) is None:
+                raise DpltmUserError(f"{file}: {field}[{i}].{key} is not a number ({record[key]!r})")
+    report = body.get("report")
+    if report is not None and not isinstance(report, dict):
+        raise DpltmUserError(f"{file}: 'report' is not an object")
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number, or one of the strings JSON uses for what it cannot spell ("inf"); None
+    for null or anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _series(records: Sequence[dict[str, Any]], key: str) -> list[float]:
+    """One metric across records, NaN where missing or infinite so that matplotlib leaves a gap
+    (an infinite point would wreck the axis limits)."""
+    values = [_number(r.get(key)) for r in records]
+    return [v if v is not None and math.isfinite(v) else math.nan for v in values]
+
+
+# -- labels --------------------------------------------------------------------------------------
+
+
+def run_label(folder: Path) -> str:
+    """`train/mnist/version_3`: the part of a run folder that tells runs apart."""
+    return "/".join(folder.resolve().parts[-3:])
+
+
+def is_private(run: dict[str, Any]) -> bool:
+    """The report's word when it has one; otherwise whether any ε was recorded."""
+    report = run.get("report") or {}
+    if isinstance(report.get("private"), bool):
+        return report["private"]
+    return any(_number(r.get("epsilon")) is not None for r in run.get("history", []))
+
+
+def qualified_label(run: dict[str, Any], label: str) -> str:
+    """The legend label with the caveats a reader must not miss."""
+    report = run.get("report") or {}
+    if run["command"] == "train" and not is_private(run):
+        return label + NON_PRIVATE  # already says there is no guarantee; "not DP end to end" would repeat it
+    if report.get("end_to_end_dp") is False:
+        label += NOT_E2E
+    return label
+
+
+# -- drawing -------------------------------------------------------------------------------------
+
+
+def _matplotlib() -> tuple[type, type]:
+    """`Figure` and `FigureCanvasAgg`, imported only when a plot is drawn."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise DpltmUserError("dpltm plot needs matplotlib: pip install 'dpltm[plots]'") from None
+    return Figure, FigureCanvasAgg
+
+
+def run_figure(runs: list[dict[str, Any]], labels: list[str]) -> Figure:
+    """The figure for runs of one command, each labelled (plus its caveats) in the legend.
+    Pure: builds the figure, saves nothing."""
+    if len(runs) != len(labels):
+        raise ValueError(f"{len(runs)} runs but {len(labels)} labels")
+    if not runs:
+        raise DpltmUserError("dpltm plot needs at least one run")
+    commands = sorted({run.get("command") for run in runs}, key=str)
+    if len(commands) > 1:
+        raise DpltmUserError(f"cannot plot {' and '.join(map(str, commands))} runs together: plot them separately")
+    figure_cls, canvas_cls = _matplotlib()
+    labels = [qualified_label(run, label) for run, label in zip(runs, labels)]
+    if commands[0] == "train":
+        fig = figure_cls(figsize=(11, 4.2), layout="constrained")
+        acc_ax, eps_ax = fig.subplots(1, 2)
+        _draw_training(acc_ax, eps_ax, runs, labels)
+    elif commands[0] == "generate":
+        fig = figure_cls(figsize=(6.5, 4.2), layout="constrained")
+        _draw_tickets(fig.subplots(), runs, labels)
+    else:
+        raise DpltmUserError(f"dpltm plot draws {' and '.join(COMMANDS)} runs, not {commands[0]!r}")
+    canvas_cls(fig)  # attaches itself as fig.canvas: drawing never goes through pyplot's backend
+    return fig
+
+
+def _draw_training(acc_ax: Axes, eps_ax: Axes, runs: list[dict[str, Any]], labels: list[str]) -> None:
+    """Accuracy per epoch (test solid, validation dashed) and the DP part's ε per epoch; one
+    colour per run across both panels."""
+    from matplotlib.ticker import MaxNLocator
+
+    for i, (run, label) in enumerate(zip(runs, labels)):
+        colour = f"C{i % 10}"
+        history = run["history"]
+        epochs = _series(history, "epoch")
+        for key, style, name in (("test_accuracy", "-", "test"), ("val_accuracy", "--", "validation")):
+            values = _series(history, key)
+            if any(not math.isnan(v) for v in values):
+                acc_ax.plot(epochs, values, style, color=colour, marker=".", label=f"{label}: {name}")
+        if is_private(run):
+            eps_ax.plot(epochs, _series(history, "epsilon"), "-", color=colour, marker=".", label=label)
+    acc_ax.set(title="accuracy (solid: test, dashed: validation)", xlabel="epoch", ylabel="accuracy")
+    eps_ax.set(title="privacy spent", xlabel="epoch", ylabel="ε (DP part)")
+    for ax in (acc_ax, eps_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        _legend_below(ax)
+    if not eps_ax.get_lines():
+        eps_ax.text(0.5, 0.5, "non-private runs only:\nno privacy guarantee, no ε to plot",
+                    ha="center", va="center", transform=eps_ax.transAxes)
+
+
+def ticket_metric(tickets: Sequence[dict[str, Any]]) -> str:
+    """Test accuracy when every ticket has one, else validation: one run's lines never mix the
+    two, so its points stay comparable."""
+    has_test = bool(tickets) and all(_number(t.get("test_accuracy")) is not None for t in tickets)
+    return "test_accuracy" if has_test else "val_accuracy"
+
+
+def tickets_by_kind(tickets: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Tickets grouped by kind (first-seen order), each group from dense to sparse."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for ticket in tickets:
+        groups.setdefault(str(ticket.get("kind") or "imp"), []).append(ticket)
+    return {kind: sorted(group, key=lambda t: -float(t["density"])) for kind, group in groups.items()}
+
+
+def _draw_tickets(ax: Axes, runs: list[dict[str, Any]], labels: list[str]) -> None:
+    """Accuracy vs density, one line per ticket kind per run, log x from dense to sparse."""
+    metrics = set()
+    for i, (run, label) in enumerate(zip(runs, labels)):
+        metric = ticket_metric(run["tickets"])
+        metrics.add(metric)
+        for kind, group in tickets_by_kind(run["tickets"]).items():
+            ax.plot(_series(group, "density"), _series(group, metric), KIND_STYLES.get(kind, "-."),
+                    color=f"C{i % 10}", marker="o", label=f"{label}: {kind} ({metric.split('_')[0]})")
+    ax.set_xscale("log")
+    ax.invert_xaxis()
+    ax.xaxis.set_major_formatter(_fraction_formatter())
+    ax.xaxis.set_minor_formatter(_fraction_formatter())
+    ylabel = {"test_accuracy": "test accuracy", "val_accuracy": "validation accuracy"}
+    ax.set(title="tickets", xlabel="fraction of weights left (log scale)",
+           ylabel=ylabel[metrics.pop()] if len(metrics) == 1 else "accuracy (test or validation: see legend)")
+    ax.grid(alpha=0.3, which="both")
+    _legend_below(ax)
+
+
+def _fraction_formatter() -> Any:
+    """Log-axis ticks written as fractions (0.5, 0.01), not 5×10⁻¹ or 1e-02; matplotlib still
+    decides which ticks get a label, so several decades stay readable."""
+    from matplotlib.ticker import LogFormatter
+
+    class FractionFormatter(LogFormatter):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
+    return FractionFormatter(labelOnlyBase=False)
+
+
+def _legend_below(ax: Axes) -> None:
+    """Labels carry caveats and run folders, so they are long: below the panel, not over the curves."""
+    if ax.get_lines():
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15), frameon=False)
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def plot_format(out: Path) -> str:
+    """The image format named by the output's suffix: a `.pdf` file must not hold PNG bytes."""
+    fmt = out.suffix.lower().lstrip(".")
+    _, canvas_cls = _matplotlib()
+    supported = {"png", "pdf", "svg"} & set(canvas_cls.get_supported_filetypes())
+    if fmt not in supported:
+        raise DpltmUserError(f"cannot tell the image format of {out}: name it *.{' or *.'.join(sorted(supported))}")
+    return fmt
+
+
+def plot_runs(paths: list[Path], out: Path | None = None) -> Path:
+    """Read the runs, draw them, and write the image atomically; returns the path written.
+    Default output: `plot.png` in the first run's folder."""
+    from dpltm.checkpoint import check_writable, write_atomic
+
+    if not paths:
+        raise DpltmUserError("dpltm plot needs at least one run")
+    runs = [read_run(p) for p in paths]
+    folders = [run_file(p).parent for p in paths]
+    out = out if out is not None else folders[0] / PLOT_FILE
+    check_writable(out)  # before drawing: fail fast on a directory or a read-only place
+    fmt = plot_format(out)
+    fig = run_figure(runs, [run_label(f) for f in folders])
+    try:
+        write_atomic(out, lambda handle: fig.savefig(handle, format=fmt, dpi=120))
+    except OSError as exc:
+        raise DpltmUserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    return out

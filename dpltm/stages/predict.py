@@ -1,0 +1,78 @@
+"""`dpltm predict`: a trained model (checkpoint or safetensors export) on a dataset's records.
+
+The model's own data settings (split rule, validation fraction, seed) rebuild the same test set it
+was evaluated on when the dataset is the one it was trained on, so `predict` reproduces the
+training report's test accuracy. Predictions are post-processing of the released model: they
+spend no privacy budget.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from dpltm.errors import DpltmUserError
+
+PARTS = ("test", "val", "train")
+
+
+def predictions_csv(labels: Any, probabilities: Any) -> str:
+    """index,label,prediction,p_0..p_{K-1}: one row per record, in the data's order."""
+    classes = probabilities.shape[1]
+    buffer = io.StringIO()
+    buffer.write(",".join(["index", "label", "prediction", *(f"p_{k}" for k in range(classes))]) + "\n")
+    predicted = probabilities.argmax(1)
+    for i in range(len(labels)):
+        cells = [str(i), str(int(labels[i])), str(int(predicted[i]))]
+        cells += [f"{float(p):.6g}" for p in probabilities[i]]
+        buffer.write(",".join(cells) + "\n")
+    return buffer.getvalue()
+
+
+def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Path | None, device: str,
+                  out: Path | None, overwrite: bool, download: bool = False) -> dict[str, Any]:
+    import torch
+
+    from dpltm.checkpoint import prepare_output, write_text_atomic
+    from dpltm.data import load_dataset
+    from dpltm.devices import resolve_device
+    from dpltm.export import load_any_model
+
+    if part not in PARTS:
+        raise DpltmUserError(f"--part must be one of {', '.join(PARTS)}, got {part!r}")
+    if out is not None:
+        prepare_output(out, overwrite=overwrite, inputs=[model_path])
+    loaded = load_any_model(model_path)
+    trained_on = loaded.data
+    name = dataset or trained_on["dataset"]
+    same = name == trained_on["dataset"]
+    settings = ({"split": trained_on.get("split") or "train", "val_fraction": trained_on.get("val_fraction", 0.1),
+                 "seed": trained_on.get("seed") or 0} if same else {})
+    torch_device = resolve_device(device)
+    if download:
+        from dpltm.data.download import download_dataset
+
+        download_dataset(name, data_dir)
+    data = load_dataset(name, data_dir=data_dir, device=torch_device, **settings)
+    arch = loaded.architecture
+    if data.num_features != arch["in_features"] or data.num_classes != arch["num_classes"]:
+        raise DpltmUserError(f"the model takes {arch['in_features']} features and predicts {arch['num_classes']} "
+                             f"classes; {name} has {data.num_features} features and {data.num_classes} classes")
+    records = {"test": data.test, "val": data.val, "train": data.train}[part]
+    model = loaded.model.to(torch_device)
+    with torch.no_grad():
+        probabilities = torch.cat([torch.softmax(model(records.features[i : i + 8192]), dim=1)
+                                   for i in range(0, len(records), 8192)]) if len(records) else torch.empty(0, 0)
+    correct = int((probabilities.argmax(1) == records.labels).sum()) if len(records) else 0
+    report = {
+        "model": str(model_path), "model_format": loaded.source, "dataset": name, "part": part,
+        "records": len(records), "accuracy": correct / len(records) if len(records) else float("nan"),
+        "same_data_settings_as_training": same and data.fingerprint == trained_on.get("fingerprint"),
+        "trained_on": trained_on["dataset"], "end_to_end_dp": loaded.privacy.get("end_to_end_dp"),
+        "epsilon": loaded.privacy.get("epsilon"), "delta": loaded.privacy.get("delta"),
+        "statement": loaded.privacy.get("statement"), "predictions": None if out is None else str(out),
+    }
+    if out is not None:
+        write_text_atomic(predictions_csv(records.labels.cpu(), probabilities.cpu()), out)
+    return report

@@ -1,0 +1,93 @@
+"""One CLI vocabulary: each idea has one option name across commands, choices are enums that
+match the registries they select from, `--help` shows them with the effective defaults, and
+renamed options answer with their new name."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from dpltm import choices
+from dpltm.cli import app
+
+runner = CliRunner()
+
+
+def test_enums_match_the_registries() -> None:
+    from dpltm.config import OPTIMIZERS, REWIND_POINTS
+    from dpltm.data.loaders import DATASETS, SPLITS
+    from dpltm.dp.distributed import STRATEGIES
+    from dpltm.dp.noise import NOISE_MECHANISMS
+    from dpltm.model import ACTIVATIONS, ARCHS
+
+    pairs = [(choices.Dataset, DATASETS), (choices.Split, SPLITS), (choices.Activation, ACTIVATIONS),
+             (choices.Arch, ARCHS), (choices.Optimizer, OPTIMIZERS), (choices.Noise, NOISE_MECHANISMS),
+             (choices.Rewind, REWIND_POINTS), (choices.Strategy, STRATEGIES), (choices.Accountant, ("pld", "rdp"))]
+    for enum, registry in pairs:
+        assert [m.value for m in enum] == list(registry), enum.__name__
+
+
+def _options() -> dict[str, dict[str, tuple[str, ...]]]:
+    """command -> parameter name -> its option strings (visible options only)."""
+    group = typer.main.get_command(app)
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        out[name] = {p.name: tuple(p.opts) for p in command.params if not getattr(p, "hidden", False)}
+    return out
+
+
+def test_one_option_name_per_idea_across_commands() -> None:
+    spellings: dict[str, set[tuple[str, ...]]] = defaultdict(set)
+    for params in _options().values():
+        for opts in params.values():
+            for opt in opts:
+                spellings[opt].add(opts)
+    # an option string always travels with the same aliases
+    assert {opt: seen for opt, seen in spellings.items() if len(seen) > 1} == {}
+    every = {opt for params in _options().values() for opts in params.values() for opt in opts}
+    assert "--public-data" not in every and "--target-eps" not in every
+    assert {"--eps", "--eps2"} <= set(_options()["train"]["eps2"]) and "--max-eps" in every
+    assert _options()["select"]["tickets"] == ("--tickets",) and _options()["run"]["tickets"] == ("--ticket-source",)
+
+
+@pytest.mark.parametrize("command", ["generate", "select", "train", "run", "account", "inspect"])
+def test_help_shows_choices_and_effective_defaults(command: str) -> None:
+    result = runner.invoke(app, [command, "-h"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    if command in ("generate", "train"):
+        assert re.search(r"mnist\|fashion-mnist\|kmnist\|har\|isolet\|digits", text)
+        assert "relu|tanh" in text and "from config" in text
+    if command == "train":
+        assert "sgd|adam" in text and "gaussian|dpd|shaped" in text and "pld|rdp" in text
+        assert "0.9 from config" in text and "50 from config" in text  # defaults.yaml's eps2 and epochs
+
+
+@pytest.mark.parametrize("argv, new", [
+    (["train", "--dense", "--target-eps", "1"], "--max-eps"),
+    (["train", "--dense", "--public-data", "mnist:test"], "--public-dataset"),
+    (["run", "--tickets", "private"], "--ticket-source private"),
+])
+def test_renamed_options_name_their_successor(argv: list[str], new: str) -> None:
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2
+    assert new in result.output and "Traceback" not in result.output
+
+
+def test_renamed_config_key_names_its_successor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from dpltm.config import resolve_train_config
+    from dpltm.errors import DpltmUserError
+
+    config = tmp_path / "old.yaml"
+    config.write_text("train:\n  target_eps: 1.0\n")
+    with pytest.raises(DpltmUserError, match=r"renamed train\.max_eps"):
+        resolve_train_config({}, config)
+
+
+def test_a_bad_choice_is_one_line() -> None:
+    result = runner.invoke(app, ["train", "--dense", "--dataset", "mnsit"])
+    assert result.exit_code == 2 and "mnsit" in result.output

@@ -1,0 +1,259 @@
+"""`download_dataset` against a local HTTP mirror serving the real MNIST files (never the internet)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import shutil
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from dpltm import paths
+from dpltm.data import load_dataset
+from dpltm.data.download import MIRROR_ENV, download_dataset, download_root
+from dpltm.data.mnist import FOLDERS, OFFICIAL
+from dpltm.errors import DpltmUserError
+
+SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "MNIST" / "raw"
+MNIST_FILES = tuple(OFFICIAL["MNIST"])
+PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
+
+
+def _shared_mnist() -> Path:
+    """The real MNIST .gz files, or a skip saying why the download tests cannot run."""
+    if not all((SHARED_MNIST / name).is_file() for name in MNIST_FILES):
+        pytest.skip(f"the official MNIST .gz files are not in {SHARED_MNIST}")
+    return SHARED_MNIST
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    """Serves a folder, records each requested path, logs nothing."""
+
+    requests: list[str]
+
+    def do_GET(self) -> None:
+        self.requests.append(self.path)
+        super().do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """torchvision's redirect probe drops the connection before reading the body: not an error here."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+@dataclass
+class Mirror:
+    url: str
+    folder: Path
+    requests: list[str]
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy may intercept 127.0.0.1, and the user's own settings must not leak in."""
+    for var in PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    monkeypatch.delenv(paths.DATA_DIR_ENV, raising=False)
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Iterator[Mirror]:
+    """A local HTTP server in a daemon thread, serving copies of the real MNIST .gz files."""
+    source = _shared_mnist()
+    folder = tmp_path / "served"
+    folder.mkdir()
+    for name in MNIST_FILES:
+        shutil.copyfile(source / name, folder / name)
+    requests: list[str] = []
+    handler = type("Handler", (_QuietHandler,), {"requests": requests})
+    server = _QuietServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield Mirror(f"http://127.0.0.1:{server.server_address[1]}/", folder, requests)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _closed_port() -> int:
+    """A local port nobody listens on: connecting to it is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _raw(root: Path) -> Path:
+    return root / "MNIST" / "raw"
+
+
+def test_download_matches_shared_data_and_second_call_fetches_nothing(mirror: Mirror, tmp_path: Path) -> None:
+    root = tmp_path / "fresh" / "data"  # does not exist yet: created because it is named
+    result = download_dataset("mnist", root, mirror=mirror.url)
+    assert result.root == root and result.dataset == "mnist"
+    assert sorted(result.fetched) == sorted(MNIST_FILES) and result.present == ()
+    assert sorted(p.name for p in _raw(root).iterdir()) == sorted(
+        MNIST_FILES + tuple(name.removesuffix(".gz") for name in MNIST_FILES)
+    )  # the .gz and torchvision's uncompressed copies; no staging folder left behind
+    ours = load_dataset("mnist", data_dir=root, split="train")
+    shared = load_dataset("mnist", data_dir=SHARED_MNIST.parents[1], split="train")
+    assert ours.fingerprint == shared.fingerprint  # same md5s, same layout
+
+    mirror.requests.clear()
+    again = download_dataset("mnist", root, mirror=mirror.url)
+    assert again.fetched == () and sorted(again.present) == sorted(MNIST_FILES)
+    assert mirror.requests == []
+    assert "fetched 0, already present 4" in again.summary()
+
+
+def test_corrupt_file_on_mirror_is_one_line_and_never_published(mirror: Mirror, tmp_path: Path) -> None:
+    bad = "train-labels-idx1-ubyte.gz"
+    served = mirror.folder / bad
+    original = served.read_bytes()
+    served.write_bytes(original[:-10] + bytes(10))  # same size, wrong md5
+    with pytest.raises(DpltmUserError) as caught:
+        download_dataset("mnist", tmp_path, mirror=mirror.url)
+    message = str(caught.value)
+    assert "\n" not in message and bad in message and mirror.url in message
+    assert "by hand" in message
+    # the file before it was fetched and kept; nothing of the bad one, no staging folder
+    assert sorted(p.name for p in _raw(tmp_path).iterdir()) == ["train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"]
+
+    served.write_bytes(original)  # the mirror is mended: a re-run fetches only what is missing
+    result = download_dataset("mnist", tmp_path, mirror=mirror.url)
+    assert result.present == ("train-images-idx3-ubyte.gz",)
+    assert sorted(result.fetched) == sorted(set(MNIST_FILES) - {"train-images-idx3-ubyte.gz"})
+
+
+def test_unreachable_mirror_is_one_line(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/"
+    with pytest.raises(DpltmUserError) as caught:
+        download_dataset("mnist", tmp_path, mirror=url)
+    message = str(caught.value)
+    assert "\n" not in message and url in message and "train-images-idx3-ubyte.gz" in message
+    assert not any(_raw(tmp_path).iterdir())  # no partial file, no staging folder
+
+
+def test_mirror_from_env_and_partial_root(mirror: Mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Good files already there are kept; a .gz with the wrong md5 is replaced."""
+    raw = _raw(tmp_path)
+    raw.mkdir(parents=True)
+    shutil.copyfile(SHARED_MNIST / "train-images-idx3-ubyte.gz", raw / "train-images-idx3-ubyte.gz")
+    labels = gzip.decompress((SHARED_MNIST / "train-labels-idx1-ubyte.gz").read_bytes())
+    (raw / "train-labels-idx1-ubyte").write_bytes(labels)  # uncompressed only: good enough
+    (raw / "t10k-labels-idx1-ubyte.gz").write_bytes(b"not the official file")
+    monkeypatch.setenv(MIRROR_ENV, mirror.url.rstrip("/"))  # the trailing slash is optional
+    from torchvision.datasets import MNIST
+
+    before = (list(MNIST.mirrors), list(MNIST.resources))
+    result = download_dataset("mnist", tmp_path)
+    assert (MNIST.mirrors, MNIST.resources) == before  # torchvision's class is never mutated
+    assert result.present == ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
+    assert result.fetched == ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+    assert sorted(mirror.requests, key=len)[-1].endswith("t10k-labels-idx1-ubyte.gz")
+    assert (raw / "t10k-labels-idx1-ubyte.gz").read_bytes() == (SHARED_MNIST / "t10k-labels-idx1-ubyte.gz").read_bytes()
+
+
+def test_truncated_uncompressed_file_is_not_present(mirror: Mirror, tmp_path: Path) -> None:
+    raw = _raw(tmp_path)
+    raw.mkdir(parents=True)
+    labels = gzip.decompress((SHARED_MNIST / "t10k-labels-idx1-ubyte.gz").read_bytes())
+    (raw / "t10k-labels-idx1-ubyte").write_bytes(labels[:-1])
+    for name in MNIST_FILES[:3]:
+        shutil.copyfile(SHARED_MNIST / name, raw / name)
+    result = download_dataset("mnist", tmp_path, mirror=mirror.url)
+    assert result.fetched == ("t10k-labels-idx1-ubyte.gz",)
+    assert (raw / "t10k-labels-idx1-ubyte").read_bytes() == labels
+
+
+@pytest.mark.parametrize("name", ["har", "isolet", "digits"])
+def test_non_torchvision_datasets_are_refused(name: str, tmp_path: Path) -> None:
+    with pytest.raises(DpltmUserError) as caught:
+        download_dataset(name, tmp_path / "never")
+    message = str(caught.value)
+    assert "\n" not in message and "mnist, fashion-mnist, kmnist" in message
+    assert "UCI" in message and "digits.csv.gz" in message and "README" in message
+    assert not (tmp_path / "never").exists()  # refused before touching the disk
+
+
+def test_unknown_dataset_lists_choices(tmp_path: Path) -> None:
+    with pytest.raises(DpltmUserError) as caught:
+        download_dataset("cifar", tmp_path)
+    assert "\n" not in str(caught.value) and "mnist, fashion-mnist, kmnist, har, isolet, digits" in str(caught.value)
+
+
+@pytest.mark.parametrize("url", ["ftp://host/mnist/", "file:///srv/mnist/", "mirror.example.org/mnist/", ""])
+def test_bad_mirror_is_refused(url: str, tmp_path: Path) -> None:
+    with pytest.raises(DpltmUserError, match="http:// or https://"):
+        download_dataset("mnist", tmp_path, mirror=url)
+
+
+def test_download_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert download_root(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert (tmp_path / "a" / "b").is_dir()
+    monkeypatch.setenv(paths.DATA_DIR_ENV, str(tmp_path / "from-env"))
+    assert download_root(None) == tmp_path / "from-env" and (tmp_path / "from-env").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DpltmUserError, match="not a directory"):
+        download_root(tmp_path / "file")
+    monkeypatch.delenv(paths.DATA_DIR_ENV)
+    monkeypatch.setattr(paths, "default_data_dirs", lambda: [tmp_path / "no-default"])
+    with pytest.raises(DpltmUserError, match="--data-dir") as caught:
+        download_root(None)
+    assert "\n" not in str(caught.value)
+
+
+def test_folders_and_md5s_agree_with_torchvision() -> None:
+    """The folder is torchvision's class name, and our loader's md5s are torchvision's."""
+    from torchvision import datasets
+
+    for folder in FOLDERS.values():
+        resources = dict(getattr(datasets, folder).resources)
+        assert resources == {name: md5 for name, (md5, _) in OFFICIAL[folder].items()}
+
+
+def test_cli_download_then_train_with_download_uses_the_local_mirror(mirror: Mirror, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's path: `dpltm download` and `--download` on a command, md5-checked, served locally."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dpltm.cli import app
+
+    runner = CliRunner()
+    root = tmp_path / "data"
+    monkeypatch.setenv(MIRROR_ENV, mirror.url)
+    fetched = runner.invoke(app, ["download", "mnist", "--data-dir", str(root)])
+    assert fetched.exit_code == 0, fetched.output
+    assert "mnist: fetched 4, already present 0" in fetched.stderr
+    mirror.requests.clear()
+    trained = runner.invoke(app, ["train", "--dense", "--dataset", "mnist", "--download", "--data-dir", str(root),
+                                  "--eps", "1", "--epochs", "1", "--batch-size", "4000", "--device", "cpu",
+                                  "--no-progress",
+                                  "--out", str(tmp_path / "m.pt"), "--json"])
+    assert trained.exit_code == 0, trained.output
+    assert mirror.requests == []  # everything was present and valid: nothing fetched again
+    assert json.loads(trained.stdout)["dataset"] == "mnist"
+    refused = runner.invoke(app, ["train", "--dense", "--dataset", "har", "--download", "--data-dir", str(root),
+                                  "--device", "cpu", "--out", str(tmp_path / "h.pt")])
+    assert refused.exit_code == 2 and "har cannot be downloaded" in refused.stderr

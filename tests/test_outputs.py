@@ -1,0 +1,243 @@
+"""Outputs people use: export to safetensors, predict (in a fresh process, as a user would),
+inspect on an export, versions in every checkpoint, and versioned run folders written through
+Lightning's loggers (CSV and TensorBoard) that never understate ε."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datafiles import write_digits, write_mnist
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from dpltm.checkpoint import load_checkpoint
+from dpltm.cli import app
+from dpltm.errors import DpltmUserError
+from dpltm.run_log import RunLog, claim_version_folder, float32_at_least
+
+runner = CliRunner()
+FAST = ["--device", "cpu", "--no-progress"]
+
+
+def invoke(*args: str) -> dict:  # type: ignore[type-arg]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def fails(*args: str) -> str:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    write_digits(root)
+    write_mnist(root, "MNIST", n_train=80, n_test=20)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:  # type: ignore[type-arg]
+    """A masked ticket trained under DP on DIGITS: tickets from MNIST-free digits data → winner → model."""
+    folder = tmp_path_factory.mktemp("model")
+    data = ["--data-dir", str(data_root)]
+    invoke("generate", "--dataset", "digits", "--rounds", "2", "--iterations", "30", "--batch-size", "32",
+           "--out", str(folder / "t.pt"), *data, *FAST)
+    invoke("select", "--best", "--tickets", str(folder / "t.pt"), "--out", str(folder / "w.pt"))
+    report = invoke("train", "--ticket", str(folder / "w.pt"), "--dataset", "digits", "--eps", "2", "--epochs", "2",
+                    "--batch-size", "64", "--out", str(folder / "m.pt"), *data, *FAST)
+    return folder / "m.pt", report
+
+
+def test_every_checkpoint_records_the_versions_that_made_it(trained: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
+    import lightning
+
+    model, _ = trained
+    for path in (model, model.with_name("t.pt"), model.with_name("w.pt")):
+        environment = torch.load(path, weights_only=True)["environment"]
+        assert environment["torch"] == torch.__version__.split("+")[0] or environment["torch"] == torch.__version__
+        assert environment["lightning"] == lightning.__version__ and environment["dpltm"]
+        assert {"dp-accounting", "numpy", "python"} <= set(environment)
+
+
+def test_export_holds_the_released_weights_masks_normalisation_and_privacy(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    model, report = trained
+    out = tmp_path / "m.safetensors"
+    shown = invoke("export", "--model", str(model), "--out", str(out))
+    body = load_checkpoint(model, "model")
+    tensors = load_file(str(out))  # plain safetensors: no dpltm needed to read it
+    assert set(tensors) == set(body["state_dict"])
+    for name, tensor in body["state_dict"].items():
+        assert torch.equal(tensors[name], tensor), name
+    masks = {k: v for k, v in tensors.items() if k.startswith("mask_")}
+    assert masks and all(m.dtype == torch.bool for m in masks.values())
+    pruned = 0
+    for name, mask in masks.items():
+        weight = tensors["layers." + name.removeprefix("mask_").removesuffix("_weight") + ".weight"]
+        assert torch.count_nonzero(weight[~mask]) == 0  # pruned weights are exactly zero
+        pruned += int((~mask).sum())
+    assert pruned > 0  # the winner is a real ticket
+    with safe_open(str(out), framework="pt") as handle:
+        metadata = handle.metadata()
+    assert metadata["privacy_statement"] == body["report"]["statement"]
+    privacy = json.loads(metadata["privacy"])
+    assert privacy["epsilon"] == report["epsilon"] == "inf" and privacy["end_to_end_dp"] is False  # same-data tickets
+    assert metadata["privacy_statement"].startswith("NOT end-to-end differentially private")
+    assert json.loads(metadata["input_normalisation"])["scale"] == pytest.approx(1 / 16)  # digits: counts / 16
+    assert shown["input_normalisation"]["scale"] == pytest.approx(1 / 16)
+    assert json.loads(metadata["environment"])["torch"]
+    inspected = invoke("inspect", str(out))
+    assert inspected["kind"] == "export" and inspected["privacy_statement"] == body["report"]["statement"]
+
+
+def test_predict_on_an_export_in_a_fresh_process_reproduces_the_test_accuracy(trained, data_root: Path,  # type: ignore[no-untyped-def]
+                                                                             tmp_path: Path) -> None:
+    model, report = trained
+    exported = tmp_path / "m.safetensors"
+    invoke("export", "--model", str(model), "--out", str(exported))
+    env = {**os.environ, "DPLTM_DATA_DIR": str(data_root)}
+    result = subprocess.run([sys.executable, "-m", "dpltm.cli", "predict", "--model", str(exported), "--out",
+                             str(tmp_path / "p.csv"), "--json"], cwd=tmp_path, env=env, text=True,
+                            capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    predicted = json.loads(result.stdout)
+    assert predicted["dataset"] == "digits" and predicted["same_data_settings_as_training"] is True
+    assert predicted["accuracy"] == pytest.approx(report["test_accuracy"], abs=1e-6)  # the report: float32
+    assert predicted["statement"] == load_checkpoint(model, "model")["report"]["statement"]
+    header, *rows = (tmp_path / "p.csv").read_text().splitlines()
+    assert header.split(",")[:3] == ["index", "label", "prediction"] and len(rows) == predicted["records"]
+    table = np.array([[float(c) for c in row.split(",")] for row in rows])
+    assert np.allclose(table[:, 3:].sum(1), 1.0, atol=1e-4)
+    assert (table[:, 3:].argmax(1) == table[:, 2]).all()
+    assert (table[:, 1] == table[:, 2]).mean() == pytest.approx(predicted["accuracy"])
+    from_checkpoint = invoke("predict", "--model", str(model), "--data-dir", str(data_root))
+    assert from_checkpoint["accuracy"] == predicted["accuracy"]
+
+
+def test_output_mistakes_are_one_line(trained, data_root: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    model, _ = trained
+    assert "784 features" in fails("predict", "--model", str(model), "--dataset", "mnist", "--data-dir",
+                                   str(data_root)) or "features" in fails("predict", "--model", str(model),
+                                                                          "--dataset", "mnist", "--data-dir",
+                                                                          str(data_root))
+    assert "expected model" in fails("export", "--model", str(model.with_name("t.pt")))
+    (tmp_path / "x.safetensors").write_bytes(b"not a safetensors file")
+    assert "not a readable safetensors" in fails("predict", "--model", str(tmp_path / "x.safetensors"))
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "foreign.safetensors"))
+    assert "not a dpltm export" in fails("inspect", str(tmp_path / "foreign.safetensors"))
+    invoke("export", "--model", str(model), "--out", str(tmp_path / "m.safetensors"))
+    assert "--overwrite" in fails("export", "--model", str(model), "--out", str(tmp_path / "m.safetensors"))
+    assert ".safetensors" in fails("export", "--model", str(model), "--out", str(tmp_path / "m.bin"))
+    bad_choice = runner.invoke(app, ["predict", "--model", str(model), "--part", "bogus"])  # main() makes it one line
+    assert bad_choice.exit_code == 2 and "'bogus' is not one of" in bad_choice.output
+
+
+# ---- run folders ------------------------------------------------------------------------------
+
+
+@given(st.floats(min_value=1e-30, max_value=1e30, allow_nan=False))
+def test_float32_at_least_never_understates(value: float) -> None:
+    shown = float32_at_least(value)
+    assert shown >= value and float(np.float32(shown)) == shown
+    below = float(np.nextafter(np.float32(shown), np.float32(0)))
+    assert below < value  # the smallest such float32
+    assert float32_at_least(math.inf) == math.inf
+
+
+def test_concurrent_runs_claim_distinct_version_folders(tmp_path: Path) -> None:
+    claimed: list[Path] = []
+    threads = [threading.Thread(target=lambda: claimed.append(claim_version_folder(tmp_path / "train" / "d")))
+               for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(int(p.name.split("_")[1]) for p in claimed) == list(range(16))
+
+
+def test_a_failed_run_says_so_in_its_folder(tmp_path: Path) -> None:
+    log = RunLog("train", "digits", "csv", tmp_path, {"train": {"eps2": 1.0}})
+    with pytest.raises(ValueError), log.closed_on_error():
+        log.log_metrics({"epsilon": 0.5, "val_accuracy": 0.7}, step=10)
+        raise ValueError("boom")
+    run = json.loads((log.folder / "run.json").read_text())
+    assert run["status"] == "failed" and run["error"] == "boom" and run["settings"] == {"train": {"eps2": 1.0}}
+    assert (log.folder / "metrics.csv").read_text().splitlines()[0].split(",") == ["epsilon", "step", "val_accuracy"]
+    assert (log.folder / "hparams.yaml").exists()
+    second = RunLog("train", "digits", "none", tmp_path)
+    assert second.folder.name == "version_1" and sorted(p.name for p in second.folder.iterdir()) == ["run.json"]
+
+
+def test_generate_and_a_dp_run_log_through_lightning(data_root: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    common = ["--data-dir", str(data_root), "--log-dir", str(logs), *FAST]
+    invoke("generate", "--dataset", "digits", "--rounds", "1", "--iterations", "200", "--batch-size", "32",
+           "--out", str(tmp_path / "t.pt"), *common)
+    run = json.loads((logs / "generate" / "digits" / "version_0" / "run.json").read_text())
+    tickets = load_checkpoint(tmp_path / "t.pt", "tickets")["tickets"]
+    assert run["status"] == "finished" and [t["density"] for t in run["tickets"]] == [t["density"] for t in tickets]
+    header, *rows = (logs / "generate" / "digits" / "version_0" / "metrics.csv").read_text().splitlines()
+    assert "train_loss" in header and len(rows) >= 4  # the loss curve, at its global SGD steps
+    report = invoke("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "3", "--batch-size", "64",
+                    "--out", str(tmp_path / "d.pt"), *common)
+    folder = Path(report["log_dir"])
+    assert folder == logs / "train" / "digits" / "version_0"
+    header, *rows = (folder / "metrics.csv").read_text().splitlines()
+    # only what the released model and the accountant determine: no training loss of private batches
+    assert set(header.split(",")) == {"epoch", "steps", "step", "val_accuracy", "test_accuracy", "epsilon"}
+    history = load_checkpoint(tmp_path / "d.pt", "model")["history"]
+    logged = [float(r.split(",")[header.split(",").index("epsilon")]) for r in rows]
+    assert all(shown >= h["epsilon"] for shown, h in zip(logged, history, strict=True))
+    again = invoke("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "1", "--batch-size", "64",
+                   "--out", str(tmp_path / "d2.pt"), *common)
+    assert Path(again["log_dir"]).name == "version_1" and (folder / "metrics.csv").exists()  # never overwritten
+
+
+def test_a_dp_run_logs_to_tensorboard(data_root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    report = invoke("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "2", "--batch-size", "64",
+                    "--logger", "tensorboard", "--log-dir", str(tmp_path / "tb"), "--out", str(tmp_path / "d.pt"),
+                    "--data-dir", str(data_root), *FAST)
+    folder = Path(report["log_dir"])
+    assert any(p.name.startswith("events.out.tfevents") for p in folder.iterdir())
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    assert {"epsilon", "val_accuracy", "test_accuracy"} <= set(events.Tags()["scalars"])
+    epsilons = [e.value for e in events.Scalars("epsilon")]
+    history = load_checkpoint(tmp_path / "d.pt", "model")["history"]
+    assert len(epsilons) == 2 and all(s >= h["epsilon"] for s, h in zip(epsilons, history, strict=True))
+    assert json.loads((folder / "run.json").read_text())["logger"] == "tensorboard"
+
+
+def test_log_dir_mistakes_are_one_line(data_root: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    assert "not a directory" in fails("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "1",
+                                      "--log-dir", str(tmp_path / "file"), "--out", str(tmp_path / "d.pt"),
+                                      "--data-dir", str(data_root), *FAST)
+    assert not (tmp_path / "d.pt").exists()
+
+
+def test_run_log_refuses_an_unknown_logger(tmp_path: Path) -> None:
+    with pytest.raises(DpltmUserError, match="--logger must be one of"):
+        RunLog("train", "digits", "wandb", tmp_path)
