@@ -17,11 +17,11 @@ COPY dpltm /src/dpltm
 COPY docker/install.sh /src/docker/install.sh
 RUN DPLTM_PIP_OPTIONS="-c /src/constraints.txt" bash /src/docker/install.sh /opt/venv /src && rm -rf /src \
     && useradd --create-home --uid 1000 dpltm \
-    && mkdir -p /data /work/checkpoints && chown dpltm:dpltm /work /work/checkpoints
+    && mkdir -p /data /work/checkpoints /work/logs && chown dpltm:dpltm /work /work/checkpoints /work/logs
 
 USER dpltm
 WORKDIR /work
 # data (read-only is fine) and outputs (checkpoints/ under the working directory) are volumes
-VOLUME ["/data", "/work/checkpoints"]
+VOLUME ["/data", "/work/checkpoints", "/work/logs"]
 ENTRYPOINT ["dpltm"]
 CMD ["--help"]

@@ -39,7 +39,7 @@ def main() -> None:
         for devices in (1, args.devices):
             threads = max(1, cores // devices) if args.device == "cpu" else cores
             command = [sys.executable, "-m", "dpltm.cli", "train", "--dense", "--dataset", args.dataset,
-                       "--eps2", "1", "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+                       "--eps", "1", "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                        "--device", args.device, "--devices", str(devices), "--noise-seed", "1", "--no-progress",
                        "--json", "--out", str(Path(tmp) / f"model-{devices}.pt")]
             start = time.perf_counter()

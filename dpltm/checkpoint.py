@@ -191,8 +191,9 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
         raise ValueError(f"unknown checkpoint kind {kind}")
     from dpltm.provenance import environment
 
-    body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION,
-            "environment": environment(), **payload}
+    # the versions of *this* write: a resumed ticket file says what finished it
+    body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION, **payload,
+            "environment": environment()}
     write_atomic(path, lambda handle: torch.save(body, handle))
 
 

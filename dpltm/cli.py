@@ -156,7 +156,7 @@ def finish_training_report(report: dict[str, Any], json_out: bool) -> None:
 
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root (else $DPLTM_DATA_DIR, else ../shared/data).")]
-Download = Annotated[bool, typer.Option("--download", help="First fetch missing official files of the datasets used into the data root (mnist, fashion-mnist, kmnist; md5-checked, through torchvision's dataset classes).")]
+Download = Annotated[bool, typer.Option("--download", help="First fetch missing official files of the datasets used into the data root: mnist, fashion-mnist and kmnist, md5-checked, through torchvision's dataset classes (pip install 'dpltm\\[download]'); har, isolet and digits must already be there.")]
 ConfigFile = Annotated[Path | None, typer.Option("--config", help="YAML file overriding configs/defaults.yaml.")]
 class Recipe(str, Enum):
     paper = "paper"
@@ -196,7 +196,7 @@ def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, A
         widths = list(ARCH_DEFAULT_HIDDEN[arch])
     return {"hidden": widths, "arch": arch, **rest}
 Json = Annotated[bool, typer.Option("--json", help="Print the final report as one JSON object on stdout.")]
-LoggerOption = Annotated[Logger, typer.Option("--logger", help="Lightning logger of the run's versioned folder (<log-dir>/<command>/<dataset>/version_N): csv, tensorboard (pip install 'dpltm[tensorboard]'), mlflow (pip install 'dpltm[mlflow]'; a file store in <log-dir>/mlruns) or none (run.json only, which `dpltm plot` reads).")]
+LoggerOption = Annotated[Logger, typer.Option("--logger", help="Lightning logger of the run's versioned folder (<log-dir>/<command>/<dataset>/version_N): csv, tensorboard (pip install 'dpltm\\[tensorboard]'), mlflow (pip install 'dpltm\\[mlflow]'; $MLFLOW_TRACKING_URI, else <log-dir>/mlflow.db) or none (run.json only, which `dpltm plot` reads).")]
 LogDir = Annotated[Path | None, typer.Option("--log-dir", help="Root of the run folders (else $DPLTM_LOG_DIR, else ./logs).")]
 CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs", help="Replay each training step from CUDA graphs (one CUDA device): the same batches and updates without per-step kernel launches; DP batches are padded to a fixed capacity with zero-weight rows (overflow in extra chunks, noise once per step): the same mechanism.")]
 
@@ -360,6 +360,7 @@ def inspect(
 def predict(
     model: Annotated[Path, typer.Option(help="A model: a `dpltm train` checkpoint or its `dpltm export` (.safetensors).")],
     dataset: Annotated[Dataset | None, typer.Option(help="Dataset to predict on.", show_default="the one the model was trained on")] = None,
+    split: Annotated[Split | None, typer.Option(help="Official split to draw from, as in training (train: the official test set is the test set; test/all: a per-record 80/20 split of that pool).", show_default="the model's own on its training dataset, else train")] = None,
     part: Annotated[Part, typer.Option(help="Which records: the test set, the validation hold-out or the training set (with the model's own data settings when the dataset is its training dataset).")] = Part.test,
     device: Device = "auto",
     data_dir: DataDir = None,
@@ -372,7 +373,8 @@ def predict(
     no privacy is spent)."""
     from dpltm.stages.predict import stage_predict
 
-    report = stage_predict(model, value(dataset), value(part), data_dir, device, out, overwrite, download=download)
+    report = stage_predict(model, value(dataset), value(part), data_dir, device, out, overwrite, download=download,
+                           split=value(split))
     if json_out:
         emit_json({k: v for k, v in report.items() if k != "statement"} | {"statement": report["statement"]})
         return
@@ -415,12 +417,13 @@ def export_command(
 def plot(
     runs: Annotated[list[Path], typer.Argument(help="Run folders (logs/<command>/<dataset>/version_N) or their run.json; several overlay.")],
     out: Annotated[Path | None, typer.Option(help="Figure file (.png, .pdf or .svg).", show_default="plot.png in the first run's folder")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
 ) -> None:
     """Draw a run's curves: accuracy and ε spent per epoch (train), or accuracy against the
     fraction of weights left (generate)."""
     from dpltm.plotting import plot_runs
 
-    written = plot_runs(runs, out)
+    written = plot_runs(runs, out, overwrite)
     err_console.print(f"figure: {written}")
 
 
@@ -645,10 +648,9 @@ def run(
     dataset, public_dataset, public_split, activation, arch = map(
         value, (dataset, public_dataset, public_split, activation, arch))
     if download:
-        from dpltm.data.download import download_dataset
+        from dpltm.data.download import fetch_for_run
 
-        for name in dict.fromkeys([dataset] + ([public_dataset] if tickets == TicketSource.public else [])):
-            download_dataset(name, data_dir)
+        fetch_for_run([dataset] + ([public_dataset] if tickets == TicketSource.public else []), data_dir)
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_generate_config, resolve_train_config
     from dpltm.data import load_dataset
@@ -779,7 +781,7 @@ def main() -> None:
         typer.echo("dpltm: interrupted", err=True)
         raise SystemExit(130) from None
     except TyperException as exc:  # usage errors: bad option, bad value, missing argument
-        message = " ".join(exc.format_message().split())
+        message = " ".join(exc.format_message().split()).replace("Value error, ", "")  # typer's enum wording
         if not message:  # `dpltm` alone: the help was printed, there is no error to add
             raise SystemExit(0) from None
         typer.echo(f"dpltm: error: {message}", err=True)

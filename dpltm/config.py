@@ -54,13 +54,18 @@ def _require_positive(option: str, value: float | None) -> None:
         raise DpltmUserError(f"{option} must be positive, got {value}")
 
 
+#: Settings whose CLI option is not their field name with dashes.
+OPTION_OF_FIELD = {"eps2": "--eps"}
+
+
 def _require_finite(settings: Any) -> None:
     """One-line user error for any inf/NaN float field (or element of a float tuple)."""
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
         for v in value if isinstance(value, tuple) else (value,):
             if isinstance(v, float) and not math.isfinite(v):
-                raise DpltmUserError(f"--{f.name.replace('_', '-')} must be a finite number, got {v}")
+                option = OPTION_OF_FIELD.get(f.name, f"--{f.name.replace('_', '-')}")
+                raise DpltmUserError(f"{option} must be a finite number, got {v}")
 
 
 def _require_lr(lr: float) -> None:
@@ -473,7 +478,7 @@ class TrainSettings:
         if self.optimizer not in OPTIMIZERS:
             raise DpltmUserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
         if self.eps2 is not None:
-            check_target_epsilon(self.eps2, "--eps2")
+            check_target_epsilon(self.eps2, "--eps")
         if self.sigma is not None and not self.sigma >= MIN_NOISE_MULTIPLIER:
             raise DpltmUserError(f"--sigma must be at least {MIN_NOISE_MULTIPLIER:g} (less gives no meaningful "
                                  f"privacy), got {self.sigma:g}")

@@ -36,6 +36,7 @@ from dpltm.dp.sampling import poisson_sample
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.private_training import TrainPlan, plan_training
+from dpltm.run_log import float32_at_least
 
 
 class PoissonBatchSampler(Sampler[list[int]]):
@@ -196,7 +197,8 @@ class DPCallback(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         record = {"epoch": trainer.current_epoch + 1, "steps": self.steps_done, "epsilon": self.epsilon}
         self.history.append(record)
-        pl_module.log("epsilon", record["epsilon"], prog_bar=True)
+        # Lightning keeps logged values as float32 tensors: log the smallest float32 ≥ ε, never less
+        pl_module.log("epsilon", float32_at_least(record["epsilon"]), prog_bar=True)
 
     # ---- resuming: what was spent travels in Lightning's checkpoint ---------------------------
     def state_dict(self) -> dict[str, Any]:

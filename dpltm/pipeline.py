@@ -218,53 +218,74 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         ledger = ledger_for(plan.steps)
         require_support(ledger.training_event(), s.accountant, s.neighboring)
         ledger.best_bound()
-    end_to_end = ledger_for(plan.steps if plan is not None else 0).end_to_end_dp
-    run_log = None
+    # What the run's log may call ε: a bare "epsilon" only for a run that is DP end to end and stops at
+    # a data-independent time; otherwise "epsilon_dp_part", and with --patience the planned run's bound
+    # (an adaptive stop is covered by the planned run's budget, not by the ε at the stopping point).
+    planned = ledger_for(plan.steps if plan is not None else 0)
+    end_to_end = planned.end_to_end_dp and s.patience is None
+    planned_epsilon = planned.best_bound().epsilon if plan is not None and s.patience is not None else None
     if logger is not None and main:
-        from dpltm.run_log import RunLog
+        from dpltm.run_log import check_log_root
 
-        run_log = RunLog("train", data.name, logger, log_dir, {**to_dict(cfg), "ticket": str(ticket_path)},
-                         mode="dp-sgd" if plan is not None else "non-private")
+        check_log_root(log_dir)
     if on_start is not None and main:
         on_start()
 
-    def on_epoch(record: dict[str, Any]) -> None:
-        if progress and main:
-            _print_epoch(record)
-        if run_log is not None:  # a run that is not DP end to end never logs a bare "epsilon"
-            run_log.log_metrics(record if end_to_end else {("epsilon_dp_part" if k == "epsilon" else k): v
-                                                           for k, v in record.items()}, step=record["steps"])
+    def loggable(record: dict[str, Any]) -> dict[str, Any]:
+        if end_to_end:
+            return record
+        shown = {("epsilon_dp_part" if k == "epsilon" else k): v for k, v in record.items()}
+        if planned_epsilon is not None:
+            shown["epsilon_dp_part"] = planned_epsilon
+        return shown
 
-    with (run_log.closed_on_error() if run_log is not None else contextlib.nullcontext(),
-          output_lock(out) if main else contextlib.nullcontext()):
-        seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
-        if plan is not None:
-            context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
-                                   public_data=public_data, public_dataset=public_dataset)
-            outcome = run_private(model, data, plan, s, seed=seed,
-                                  epsilon_after=epsilon_after, progress=progress and main, noise_context=context,
-                                  on_epoch=on_epoch,
-                                  distribution=distribution, step_mode=step_mode)
-        else:
-            outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch)
-        if budget_note is not None and outcome.stop_reason.startswith("finished"):
-            outcome = replace(outcome, stop_reason=budget_note)
-        adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
-        # An adaptively chosen stopping time is covered by the budget of the planned run
-        # (post-processing of all T iterates), not by the ε at the stopping point.
-        guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
-        ledger = ledger_for(guarantee_steps)
-        report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
-        report["randomness"] = randomness if plan is not None else None
-        report["processes"] = distribution.world_size
-        report["log_dir"] = None if run_log is None else str(run_log.folder)
-        if not main:  # another rank of a multi-device run: rank 0 writes
-            return report
-        released = outcome.released if outcome.released is not None else model  # the EMA when on
-        payload = model_payload(released, ledger, report, outcome, cfg, ticket, ticket_path, transfer, data)
-        save_atomic(payload, out, "model")
+    run_log = None
+    logged: list[dict[str, Any]] = []
+    with output_lock(out) if main else contextlib.nullcontext():
+        if logger is not None and main:  # claimed once the output is ours: a refused run leaves no folder
+            from dpltm.run_log import RunLog
+
+            run_log = RunLog("train", data.name, logger, log_dir, {**to_dict(cfg), "ticket": str(ticket_path)},
+                             mode="dp-sgd" if plan is not None else "non-private")
+            run_log.update(end_to_end_dp=end_to_end, epsilon_scope=planned.epsilon_scope)
+
+        def on_epoch(record: dict[str, Any]) -> None:
+            if progress and main:
+                _print_epoch(record)
+            if run_log is not None:
+                logged.append(loggable(record))
+                run_log.log_metrics(logged[-1], step=record["steps"])
+                run_log.update(history=logged)  # readable (and plottable) while the run goes on
+
+        with run_log.closed_on_error() if run_log is not None else contextlib.nullcontext():
+            seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
+            if plan is not None:
+                context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
+                                       public_data=public_data, public_dataset=public_dataset)
+                outcome = run_private(model, data, plan, s, seed=seed,
+                                      epsilon_after=epsilon_after, progress=progress and main,
+                                      noise_context=context, on_epoch=on_epoch,
+                                      distribution=distribution, step_mode=step_mode)
+            else:
+                outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch)
+            if budget_note is not None and outcome.stop_reason.startswith("finished"):
+                outcome = replace(outcome, stop_reason=budget_note)
+            adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
+            # An adaptively chosen stopping time is covered by the budget of the planned run
+            # (post-processing of all T iterates), not by the ε at the stopping point.
+            guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
+            ledger = ledger_for(guarantee_steps)
+            report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
+            report["randomness"] = randomness if plan is not None else None
+            report["processes"] = distribution.world_size
+            report["log_dir"] = None if run_log is None else str(run_log.folder)
+            if not main:  # another rank of a multi-device run: rank 0 writes
+                return report
+            released = outcome.released if outcome.released is not None else model  # the EMA when on
+            payload = model_payload(released, ledger, report, outcome, cfg, ticket, ticket_path, transfer, data)
+            save_atomic(payload, out, "model")
     if run_log is not None:  # finished only once the model it describes is kept
-        run_log.finish(output=str(out), history=outcome.history, report=report)
+        run_log.finish(output=str(out), history=logged, report=report)
     return report
 
 

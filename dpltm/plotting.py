@@ -32,7 +32,7 @@ PLOT_FILE = "plot.png"
 COMMANDS = ("train", "generate")
 _RECORDS = {"train": ("history", "epoch"), "generate": ("tickets", "density")}
 """Per command: the list of records that holds its curve, and the key every record must have."""
-_METRICS = ("val_accuracy", "test_accuracy", "epsilon")
+_METRICS = ("val_accuracy", "test_accuracy", "epsilon", "epsilon_dp_part")
 KIND_STYLES = {"imp": "-", "random-reinit": "--", "random-mask": ":"}
 """Line style per ticket kind: the lottery tickets solid, the two controls broken."""
 NOT_E2E = " — not DP end to end"
@@ -103,6 +103,16 @@ def _number(value: Any) -> float | None:
     return None
 
 
+#: What a run's history calls ε: `epsilon` for a run that is DP end to end, `epsilon_dp_part`
+#: otherwise (dpltm.run_log never lets a bare "epsilon" stand for a run that is not).
+EPSILON_KEYS = ("epsilon", "epsilon_dp_part")
+
+
+def _epsilon_series(records: Sequence[dict[str, Any]]) -> list[float]:
+    key = next((k for k in EPSILON_KEYS if any(k in r for r in records)), EPSILON_KEYS[0])
+    return _series(records, key)
+
+
 def _series(records: Sequence[dict[str, Any]], key: str) -> list[float]:
     """One metric across records, NaN where missing or infinite so that matplotlib leaves a gap
     (an infinite point would wreck the axis limits)."""
@@ -123,7 +133,7 @@ def is_private(run: dict[str, Any]) -> bool:
     report = run.get("report") or {}
     if isinstance(report.get("private"), bool):
         return report["private"]
-    return any(_number(r.get("epsilon")) is not None for r in run.get("history", []))
+    return any(_number(r.get(key)) is not None for r in run.get("history", []) for key in EPSILON_KEYS)
 
 
 def qualified_label(run: dict[str, Any], label: str) -> str:
@@ -131,8 +141,10 @@ def qualified_label(run: dict[str, Any], label: str) -> str:
     report = run.get("report") or {}
     if run["command"] == "train" and not is_private(run):
         return label + NON_PRIVATE  # already says there is no guarantee; "not DP end to end" would repeat it
-    if report.get("end_to_end_dp") is False:
+    if report.get("end_to_end_dp", run.get("end_to_end_dp")) is False:
         label += NOT_E2E
+    if run.get("status") in ("running", "failed", "interrupted"):
+        label += f" ({run['status']})"
     return label
 
 
@@ -188,7 +200,7 @@ def _draw_training(acc_ax: Axes, eps_ax: Axes, runs: list[dict[str, Any]], label
             if any(not math.isnan(v) for v in values):
                 acc_ax.plot(epochs, values, style, color=colour, marker=".", label=f"{label}: {name}")
         if is_private(run):
-            eps_ax.plot(epochs, _series(history, "epsilon"), "-", color=colour, marker=".", label=label)
+            eps_ax.plot(epochs, _epsilon_series(history), "-", color=colour, marker=".", label=label)
     acc_ax.set(title="accuracy (solid: test, dashed: validation)", xlabel="epoch", ylabel="accuracy")
     eps_ax.set(title="privacy spent", xlabel="epoch", ylabel="ε (DP part)")
     for ax in (acc_ax, eps_ax):
@@ -266,15 +278,18 @@ def plot_format(out: Path) -> str:
     return fmt
 
 
-def plot_runs(paths: list[Path], out: Path | None = None) -> Path:
+def plot_runs(paths: list[Path], out: Path | None = None, overwrite: bool = False) -> Path:
     """Read the runs, draw them, and write the image atomically; returns the path written.
-    Default output: `plot.png` in the first run's folder."""
+    Default output: `plot.png` in the first run's folder (redrawn each time: it is derived); an
+    explicit `out` that exists is replaced only with `overwrite`."""
     from dpltm.checkpoint import check_writable, write_atomic
 
     if not paths:
         raise DpltmUserError("dpltm plot needs at least one run")
     runs = [read_run(p) for p in paths]
     folders = [run_file(p).parent for p in paths]
+    if out is not None and out.is_file() and not overwrite:
+        raise DpltmUserError(f"{out} exists: pass --overwrite to replace it")
     out = out if out is not None else folders[0] / PLOT_FILE
     check_writable(out)  # before drawing: fail fast on a directory or a read-only place
     fmt = plot_format(out)

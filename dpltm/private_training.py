@@ -109,7 +109,7 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
                                                settings.neighboring)
         parameter, calibrated = mechanism.parameter_for(effective), True
     else:
-        raise DpltmUserError("give --eps2 (σ is calibrated to it) or --sigma")
+        raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma")
     return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, effective, parameter, calibrated,
                      learning_rate(settings, effective))
 
@@ -380,8 +380,8 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
     try:
         module = DPTrainingModule(model, data, plan, settings, noise, seed, curve, on_epoch, distribution,
                                   step_mode)
-        # No Lightning logger: the per-epoch history is written beside the model only once the model
-        # is kept (dpltm.pipeline), so an interrupted run never clobbers the logs of a kept one.
+        # No logger on the Trainer: `on_epoch` hands each epoch's record (released-model accuracies
+        # and ε only) to the run's log (dpltm.run_log); nothing from private batches is logged.
         trainer = lightning_trainer(
             device,
             distribution=distribution,

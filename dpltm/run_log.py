@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,18 @@ def float32_at_least(value: float) -> float:
     if float(rounded) < value:
         rounded = np.nextafter(rounded, np.float32(np.inf))
     return float(rounded)
+
+
+def check_log_root(root: Path | None) -> Path:
+    """The log root, checked before any work (read-only: creates nothing): a directory, or a path
+    whose nearest existing ancestor is a writable directory."""
+    from dpltm.checkpoint import check_writable
+
+    root = root if root is not None else default_log_root()
+    if root.exists() and not root.is_dir():
+        raise DpltmUserError(f"--log-dir {root} is not a directory")
+    check_writable(root / "version_0")
+    return root
 
 
 def claim_version_folder(parent: Path) -> Path:
@@ -101,6 +114,12 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def mlflow_tracking_uri(root: Path) -> str:
+    """$MLFLOW_TRACKING_URI (the user's server or database) if set, else a SQLite store beside the
+    run folders (`<log-dir>/mlflow.db`): MLflow 3 no longer writes its file store by default."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / 'mlflow.db').resolve()}"
+
+
 def lightning_logger(kind: str, folder: Path) -> Any:
     """Lightning's logger of `kind`, writing into the run folder (MLflow: a file store beside it)."""
     save_dir, name, version = folder.parent.parent, folder.parent.name, int(folder.name.split("_")[1])
@@ -119,11 +138,10 @@ def lightning_logger(kind: str, folder: Path) -> Any:
         from lightning.pytorch.loggers import MLFlowLogger
 
         try:
-            store = (folder.parent.parent.parent / "mlruns").resolve().as_uri()
             return MLFlowLogger(experiment_name=f"dpltm-{folder.parent.parent.name}-{name}",
-                                run_name=folder.name, tracking_uri=store)
-        except ModuleNotFoundError:
-            raise DpltmUserError("--logger mlflow needs MLflow: pip install 'dpltm[mlflow]'") from None
+                                run_name=folder.name, tracking_uri=mlflow_tracking_uri(folder.parent.parent.parent))
+        except ModuleNotFoundError as exc:
+            raise DpltmUserError(f"--logger mlflow needs MLflow ({exc}): pip install 'dpltm[mlflow]'") from None
     raise DpltmUserError(f"--logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
 
 
@@ -134,28 +152,31 @@ class RunLog:
                  settings: dict[str, Any] | None = None, mode: str | None = None) -> None:
         if logger not in LOGGERS:
             raise DpltmUserError(f"--logger must be one of {', '.join(LOGGERS)}, got {logger!r}")
-        root = root if root is not None else default_log_root()
-        if root.exists() and not root.is_dir():
-            raise DpltmUserError(f"--log-dir {root} is not a directory")
+        root = check_log_root(root)
         self.folder = claim_version_folder(root / command / dataset)
         self.kind = logger
         self.body: dict[str, Any] = {"format": FORMAT, "command": command, "dataset": dataset, "mode": mode,
                                      "logger": logger, "status": "running", "started": _now(),
                                      "settings": settings or {}}
-        try:
-            self.logger = None if logger == "none" else lightning_logger(logger, self.folder)
-        except BaseException:
-            self.folder.rmdir()  # nothing was logged: leave no empty version behind
-            raise
+        self.metrics_logged = 0
         from dpltm.provenance import environment
 
         self.body["environment"] = environment()
-        if self.logger is not None and settings:
-            self.logger.log_hyperparams(_flat(settings))
-        self._write()
+        try:
+            self.logger = None if logger == "none" else lightning_logger(logger, self.folder)
+            if self.logger is not None and settings:
+                self.logger.log_hyperparams(_flat(settings))
+            self._write()
+        except BaseException as exc:
+            shutil.rmtree(self.folder, ignore_errors=True)  # nothing was logged: leave no version behind
+            if isinstance(exc, (DpltmUserError, KeyboardInterrupt)) or not isinstance(exc, Exception):
+                raise
+            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+            raise DpltmUserError(f"cannot start the {logger} logger: {first}") from None
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         """Numbers only; ε (keys starting with `epsilon`) as the float32 at least ε."""
+        self.metrics_logged += 1  # the run has started: from now on its folder is kept, whatever happens
         if self.logger is None:
             return
         numbers = {k: (float32_at_least(float(v)) if k.startswith("epsilon") else float(v))
@@ -174,8 +195,9 @@ class RunLog:
     def finish(self, status: str = "finished", **fields: Any) -> None:
         self.body.update(fields, status=status, ended=_now())
         self._write()
-        if self.logger is not None:
-            self.logger.finalize("success" if status == "finished" else status)
+        if self.logger is not None:  # Lightning's words; MLflow's own for an interrupted run
+            self.logger.finalize({"finished": "success", "failed": "failed"}.get(
+                status, "KILLED" if self.kind == "mlflow" else status))
 
     @contextlib.contextmanager
     def closed_on_error(self) -> Iterator[RunLog]:
@@ -184,6 +206,16 @@ class RunLog:
 
         try:
             yield self
+        except DpltmUserError:
+            if self.metrics_logged == 0:  # a user's mistake found before anything ran: leave nothing
+                with contextlib.suppress(Exception):
+                    if self.logger is not None:
+                        self.logger.finalize("failed")
+                shutil.rmtree(self.folder, ignore_errors=True)
+                raise
+            with contextlib.suppress(Exception):
+                self.finish("failed", error="stopped by a user error")
+            raise
         except BaseException as exc:
             status = "interrupted" if isinstance(exc, (KeyboardInterrupt, Interrupted)) else "failed"
             with contextlib.suppress(Exception):  # the original error is what the user must see

@@ -169,6 +169,9 @@ def test_lightning_callback_runs_the_same_mechanism() -> None:
     assert 1.9 < callback.epsilon <= 2.0
     assert callback.epsilon == pytest.approx(independent_epsilon(0.1, plan.noise_multiplier, 20, 1e-5), rel=1e-9)
     assert [r["epoch"] for r in callback.history] == [1, 2]
+    # what Lightning's loggers get (a float32 tensor) never shows less than was spent
+    shown = trainer.callback_metrics["epsilon"]
+    assert shown.dtype == torch.float32 and float(shown) >= callback.epsilon
     assert bool((module.model[0].weight[~masks["model.0.weight"]] == 0).all())
     # the first step's gradient is make_private's: masked clipped sum + one noise draw, over L
     reference = mlp()

@@ -45,7 +45,6 @@ def test_generate_then_inspect(digits_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["generate", "--dataset", "cifar"], "unknown dataset"),
         (["generate", "--dataset", "digits", "--prune-rates", "0,0.3,0.2"], "(0, 1)"),
         (["generate", "--dataset", "digits", "--prune-rates", "a,b"], "comma-separated"),
         (["generate", "--dataset", "digits", "--iterations", "0"], "--iterations must be positive"),

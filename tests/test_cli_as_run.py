@@ -93,7 +93,7 @@ def test_a_signal_stops_a_run_with_one_line_and_no_partial_output(command: str, 
                          "--batch-size", "32", "--out", "t.pt"],
             "train": ["train", "--dense", "--dataset", "digits", "--eps2", "1", "--epochs", "5000",
                       "--batch-size", "32", "--out", "m.pt"]}[command]
-    env = {**os.environ, "DPLTM_DATA_DIR": str(data)}
+    env = {**os.environ, "DPLTM_DATA_DIR": str(data), "DPLTM_LOG_DIR": str(tmp_path / "logs")}
     process = subprocess.Popen([sys.executable, "-m", "dpltm.cli", *args, "--device", "cpu"], cwd=tmp_path, env=env,
                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -112,6 +112,8 @@ def test_a_signal_stops_a_run_with_one_line_and_no_partial_output(command: str, 
     assert "Traceback" not in seen + rest
     left = sorted(p.name for p in tmp_path.iterdir())
     assert not [name for name in left if name.endswith((".tmp", ".lock"))]
+    (folder,) = (tmp_path / "logs" / command / "digits").iterdir()  # the run's log says how it ended
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
     if command == "train":
         assert "m.pt" not in left and "no model was written" in lines[0]
     else:

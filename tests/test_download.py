@@ -231,9 +231,10 @@ def test_folders_and_md5s_agree_with_torchvision() -> None:
         assert resources == {name: md5 for name, (md5, _) in OFFICIAL[folder].items()}
 
 
-def test_cli_download_then_train_with_download_uses_the_local_mirror(mirror: Mirror, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The user's path: `dpltm download` and `--download` on a command, md5-checked, served locally."""
+def test_train_with_download_fetches_then_dpltm_download_finds_all_present(mirror: Mirror, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's path: `--download` on a command into an empty root, md5-checked, served locally;
+    then `dpltm download` finds everything; a dataset torchvision cannot fetch is left to its loader."""
     import json
 
     from typer.testing import CliRunner
@@ -243,17 +244,28 @@ def test_cli_download_then_train_with_download_uses_the_local_mirror(mirror: Mir
     runner = CliRunner()
     root = tmp_path / "data"
     monkeypatch.setenv(MIRROR_ENV, mirror.url)
-    fetched = runner.invoke(app, ["download", "mnist", "--data-dir", str(root)])
-    assert fetched.exit_code == 0, fetched.output
-    assert "mnist: fetched 4, already present 0" in fetched.stderr
-    mirror.requests.clear()
     trained = runner.invoke(app, ["train", "--dense", "--dataset", "mnist", "--download", "--data-dir", str(root),
                                   "--eps", "1", "--epochs", "1", "--batch-size", "4000", "--device", "cpu",
-                                  "--no-progress",
-                                  "--out", str(tmp_path / "m.pt"), "--json"])
+                                  "--no-progress", "--out", str(tmp_path / "m.pt"), "--json"])
     assert trained.exit_code == 0, trained.output
-    assert mirror.requests == []  # everything was present and valid: nothing fetched again
+    assert {path.rsplit("/", 1)[-1] for path in mirror.requests} == set(MNIST_FILES)  # all four, fetched now
     assert json.loads(trained.stdout)["dataset"] == "mnist"
-    refused = runner.invoke(app, ["train", "--dense", "--dataset", "har", "--download", "--data-dir", str(root),
-                                  "--device", "cpu", "--out", str(tmp_path / "h.pt")])
-    assert refused.exit_code == 2 and "har cannot be downloaded" in refused.stderr
+    mirror.requests.clear()
+    again = runner.invoke(app, ["download", "mnist", "--data-dir", str(root)])
+    assert again.exit_code == 0, again.output
+    assert "mnist: fetched 0, already present 4" in again.stderr and mirror.requests == []
+    har = runner.invoke(app, ["train", "--dense", "--dataset", "har", "--download", "--data-dir", str(root),
+                              "--device", "cpu", "--out", str(tmp_path / "h.pt")])
+    assert har.exit_code == 2 and "missing file" in har.stderr and "X_train.txt" in har.stderr
+    explicit = runner.invoke(app, ["download", "har", "--data-dir", str(root)])
+    assert explicit.exit_code == 2 and "har cannot be downloaded" in explicit.stderr
+
+
+def test_download_without_torchvision_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision is the `download` extra: without it, --download says how to get it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    with pytest.raises(DpltmUserError, match=r"pip install 'dpltm\[download\]'") as caught:
+        download_dataset("mnist", tmp_path)
+    assert "\n" not in str(caught.value)

@@ -133,10 +133,8 @@ def test_predict_on_an_export_in_a_fresh_process_reproduces_the_test_accuracy(tr
 
 def test_output_mistakes_are_one_line(trained, data_root: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     model, _ = trained
-    assert "784 features" in fails("predict", "--model", str(model), "--dataset", "mnist", "--data-dir",
-                                   str(data_root)) or "features" in fails("predict", "--model", str(model),
-                                                                          "--dataset", "mnist", "--data-dir",
-                                                                          str(data_root))
+    assert "mnist has 784 features" in fails("predict", "--model", str(model), "--dataset", "mnist", "--data-dir",
+                                             str(data_root))
     assert "expected model" in fails("export", "--model", str(model.with_name("t.pt")))
     (tmp_path / "x.safetensors").write_bytes(b"not a safetensors file")
     assert "not a readable safetensors" in fails("predict", "--model", str(tmp_path / "x.safetensors"))
@@ -241,3 +239,74 @@ def test_log_dir_mistakes_are_one_line(data_root: Path, tmp_path: Path) -> None:
 def test_run_log_refuses_an_unknown_logger(tmp_path: Path) -> None:
     with pytest.raises(DpltmUserError, match="--logger must be one of"):
         RunLog("train", "digits", "wandb", tmp_path)
+
+
+def test_a_dp_run_logs_to_mlflow(data_root: Path, tmp_path: Path) -> None:
+    """Where MLflow is installed (the `mlflow` extra; not in the test extra: it is heavy)."""
+    mlflow = pytest.importorskip("mlflow")
+    logs = tmp_path / "logs"
+    report = invoke("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "2", "--batch-size", "64",
+                    "--logger", "mlflow", "--log-dir", str(logs), "--out", str(tmp_path / "d.pt"),
+                    "--data-dir", str(data_root), *FAST)
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{(logs / 'mlflow.db').resolve()}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "dpltm-train-digits"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    epsilons = [m.value for m in client.get_metric_history(run.info.run_id, "epsilon")]
+    history = load_checkpoint(tmp_path / "d.pt", "model")["history"]
+    assert len(epsilons) == 2 and all(s >= h["epsilon"] for s, h in zip(epsilons, history, strict=True))
+    assert run.info.status == "FINISHED" and Path(report["log_dir"]).name == "version_0"
+
+
+def test_tensorboard_never_shows_less_than_the_epsilon_spent(tmp_path: Path) -> None:
+    """0.7 is a value float32 rounds *down* (to 0.69999999): the log must show at least 0.7."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert float(np.float32(0.7)) < 0.7
+    log = RunLog("train", "digits", "tensorboard", tmp_path)
+    log.log_metrics({"epsilon": 0.7, "epsilon_dp_part": 0.7, "val_accuracy": 0.7}, step=1)
+    log.finish()
+    events = EventAccumulator(str(log.folder))
+    events.Reload()
+    assert events.Scalars("epsilon")[0].value >= 0.7 and events.Scalars("epsilon_dp_part")[0].value >= 0.7
+    assert events.Scalars("val_accuracy")[0].value < 0.7  # accuracies are not rounded up
+
+
+def test_non_private_and_patience_runs_never_log_a_bare_epsilon(data_root: Path, tmp_path: Path) -> None:
+    common = ["--dataset", "digits", "--epochs", "3", "--batch-size", "64", "--data-dir", str(data_root),
+              "--log-dir", str(tmp_path / "logs"), *FAST]
+    plain = invoke("train", "--dense", "--non-private", "--out", str(tmp_path / "n.pt"), *common)
+    header = (Path(plain["log_dir"]) / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "epsilon" not in header and "epsilon_dp_part" not in header  # no ε at all: nothing was spent
+    run = json.loads((Path(plain["log_dir"]) / "run.json").read_text())
+    assert run["mode"] == "non-private" and run["end_to_end_dp"] is False and len(run["history"]) == 3
+    patient = invoke("train", "--dense", "--eps", "1", "--patience", "1", "--out", str(tmp_path / "p.pt"), *common)
+    header, *rows = (Path(patient["log_dir"]) / "metrics.csv").read_text().splitlines()
+    column = header.split(",").index("epsilon_dp_part")
+    assert "epsilon" not in header.split(",")
+    planned = [float(r.split(",")[column]) for r in rows]
+    assert all(value >= 0.999 for value in planned)  # the planned run's bound, however early it stops
+    run = json.loads((Path(patient["log_dir"]) / "run.json").read_text())
+    assert run["end_to_end_dp"] is False and all(r["epsilon_dp_part"] >= 0.999 for r in run["history"])
+    quiet = invoke("train", "--dense", "--eps", "1", "--logger", "none", "--out", str(tmp_path / "q.pt"), *common)
+    assert sorted(p.name for p in Path(quiet["log_dir"]).iterdir()) == ["run.json"]
+
+
+def test_a_refused_run_leaves_no_log_folder(data_root: Path, tmp_path: Path) -> None:
+    invoke("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "1", "--data-dir", str(data_root),
+           "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "d.pt"), *FAST)
+    refused = runner.invoke(app, ["train", "--dense", "--dataset", "digits", "--eps", "1", "--noise", "shaped",
+                                  "--data-dir", str(data_root), "--log-dir", str(tmp_path / "logs"),
+                                  "--out", str(tmp_path / "s.pt"), *FAST])
+    assert refused.exit_code == 2, refused.output
+    assert sorted(p.name for p in (tmp_path / "logs" / "train" / "digits").iterdir()) == ["version_0"]
+
+
+def test_old_private_tickets_still_train_after_the_rename() -> None:
+    from dpltm.config import resolve_train_config
+    from dpltm.private_tickets import private_ticket_plan
+
+    ticket = {"private_ticket": {"epsilon_total": 1.0},
+              "source": {"config": {"train": {"target_eps": None, "epochs": 5}, "data": {"dataset": "digits"}}}}
+    cfg = resolve_train_config({"data": {"dataset": "digits"}}, None, base=private_ticket_plan(ticket))
+    assert cfg.train.eps2 == 1.0 and cfg.train.epochs == 5 and cfg.train.max_eps is None

@@ -25,7 +25,10 @@ def requirements() -> dict[str, Requirement]:
 
 
 def test_dependencies_are_ranges_and_the_constraints_pin_torch_within_them() -> None:
-    declared = requirements()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {**{Requirement(r).name.lower(): Requirement(r) for group in project["optional-dependencies"].values()
+                   for r in group}, **requirements()}
+    assert "torchvision" not in requirements()  # an extra (download): it pins torch exactly
     for name in ("torch", "torchvision"):
         assert not any(spec.operator == "==" for spec in declared[name].specifier), name
     pins = [Requirement(line) for line in (ROOT / "constraints.txt").read_text().splitlines()

@@ -218,7 +218,7 @@ def test_phases_never_share_randomness_and_warmup_cannot_stop_early(tiny_splits:
 
     seeds = {phase_seed(5, "warm-up 0"), phase_seed(5, "warm-up 1"), 5, 6}
     assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
-    for change in ({"patience": 2}, {"target_eps": 0.5}):
+    for change in ({"patience": 2}, {"max_eps": 0.5}):
         cfg = dataclasses.replace(_config(), train=dataclasses.replace(_config().train, **change))
         with pytest.raises(DpltmUserError, match="patience"):
             plan_private_ticket(cfg, len(tiny_splits.train))

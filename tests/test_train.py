@@ -152,7 +152,7 @@ def test_train_user_errors(data_root: Path, digits_winner: Path, tmp_path: Path)
         (["train", "--dataset", "digits"], "--ticket"),
         (["train", "--dense", "--ticket", str(digits_winner)], "drop --ticket"),
         (["train", "--ticket", str(tmp_path / "none.pt")], "does not exist"),
-        (["train", "--dense", "--eps2", "-1"], "--eps2 must lie in (0, 100]"),
+        (["train", "--dense", "--eps2", "-1"], "--eps must lie in (0, 100]"),
         (["train", "--dense", "--optimizer", "rmsprop"], "--optimizer"),
         (["train", "--dense", "--dataset", "digits", "--batch-size", "100000"], "smaller than the training set"),
     ):

@@ -51,3 +51,15 @@ def test_installed_wheel_reads_its_dataset_config(wheel: Path, tmp_path: Path) -
     where, values = result.stdout.splitlines()
     assert Path(where).is_relative_to(site)  # the wheel's copy, not the checkout
     assert values == "100 2000"  # dpltm/configs/datasets/digits.yaml, not the global 400 / 5000
+
+
+def test_installing_the_wheel_keeps_the_torch_already_installed(wheel: Path, tmp_path: Path) -> None:
+    """Ranges, not pins: pip resolves the wheel against this environment's torch and installs
+    nothing but dpltm itself (offline, so it could not pull another torch if it wanted to)."""
+    import json
+
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", *OFFLINE, "--dry-run", "--quiet", "--report", str(report),
+                    str(wheel)], check=True, timeout=300)
+    installs = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert installs == ["dpltm"]

@@ -137,9 +137,16 @@ def _chosen_mirror(mirror: str | None) -> list[str]:
 def _torchvision_class(name: str) -> type[MNIST]:
     """torchvision's class for `name`; its name is also the folder under the root (`FOLDERS`).
 
-    Imported here, not at module level: torchvision is slow to import and only --download needs it.
+    Imported here, not at module level: torchvision is slow to import and only --download needs it
+    (it is the `download` extra, so that installing dpltm never replaces the user's torch with the
+    one a torchvision release pins).
     """
-    from torchvision import datasets
+    try:
+        from torchvision import datasets
+    except ImportError as exc:
+        raise DpltmUserError(f"--download fetches through torchvision, which is not importable ({exc}): "
+                             "pip install 'dpltm[download]', or the torchvision release that matches your torch"
+                             ) from None
 
     return getattr(datasets, FOLDERS[name])
 
@@ -213,3 +220,10 @@ def _one_line(exc: BaseException) -> str:
     lines = (line.strip().rstrip(".") for line in str(exc).splitlines())
     reasons = [line for line in lines if line and not line.startswith(("Error downloading", "Tried "))]
     return "; ".join(reasons) or type(exc).__name__
+
+
+def fetch_for_run(names: list[str], data_dir: str | os.PathLike[str] | None) -> list[DownloadResult]:
+    """`--download` on a command: fetch what torchvision can fetch among the datasets it uses;
+    the others (HAR, ISOLET, DIGITS) must already be in the data root, and their loaders say
+    which file is missing if not."""
+    return [download_dataset(name, data_dir) for name in dict.fromkeys(names) if name in DOWNLOADABLE]

@@ -33,11 +33,15 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     if cuda_graphs and torch_device.type != "cuda":
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     if download:
-        from dpltm.data.download import download_dataset
+        from dpltm.data.download import fetch_for_run
 
-        download_dataset(cfg.data.dataset, data_dir)
+        fetch_for_run([cfg.data.dataset], data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    if logger is not None:
+        from dpltm.run_log import check_log_root
+
+        check_log_root(log_dir)
     err_console.print(
         f"generating tickets on {data.name} ({data.source_split} split: {len(data.train)} train, "
         f"{len(data.val)} val, {len(data.test)} test) on {torch_device}; "
@@ -47,8 +51,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     from dpltm.config import to_dict
     from dpltm.run_log import RunLog
 
-    run_log = None if logger is None else RunLog("generate", cfg.data.dataset, logger, log_dir, to_dict(cfg),
-                                                 mode="imp")
+    run_log: RunLog | None = None  # claimed once the output is locked: a refused run leaves no folder
     iterations = cfg.generate.iterations
 
     def on_round(record: dict[str, Any]) -> None:
@@ -63,10 +66,13 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
             run_log.log_metrics({"round": record["round"], "density": record["density"],
                                  "val_accuracy": record["val_accuracy"]}, step=first + iterations)
 
-    with run_log.closed_on_error() if run_log else contextlib.nullcontext(), output_lock(target):
-        on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
-        payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress, on_round=on_round,
-                                   cuda_graphs=cuda_graphs)
+    with output_lock(target):
+        if logger is not None:
+            run_log = RunLog("generate", cfg.data.dataset, logger, log_dir, to_dict(cfg), mode="imp")
+        with run_log.closed_on_error() if run_log else contextlib.nullcontext():
+            on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
+            payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress,
+                                       on_round=on_round, cuda_graphs=cuda_graphs)
     if run_log is not None:
         run_log.finish(output=str(target), tickets=run_tickets(payload), stop_reason=payload.get("stop_reason"))
         err_console.print(f"log: {run_log.folder}")
@@ -104,9 +110,9 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     prepare_output(target, overwrite=overwrite, inputs=[config])
     torch_device = resolve_device(device)
     if download:
-        from dpltm.data.download import download_dataset
+        from dpltm.data.download import fetch_for_run
 
-        download_dataset(cfg.data.dataset, data_dir)
+        fetch_for_run([cfg.data.dataset], data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     plan = plan_private_ticket(cfg, len(data.train))
@@ -121,8 +127,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     from dpltm.config import to_dict
     from dpltm.run_log import RunLog
 
-    run_log = None if logger is None else RunLog("generate", cfg.data.dataset, logger, log_dir, to_dict(cfg),
-                                           mode="private-ticket")
+    run_log: RunLog | None = None  # claimed once the output is locked
     rounds: list[dict[str, Any]] = []
 
     def on_round(record: dict[str, Any]) -> None:
@@ -135,11 +140,14 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
             run_log.log_metrics({"density": record["density"], "val_accuracy": record["val_accuracy"],
                                  "epsilon": record["epsilon_so_far"]}, step=record["round"])
 
-    with run_log.closed_on_error() if run_log else contextlib.nullcontext(), output_lock(target):
-        on_interrupt_kept("no ticket was written" + (f" (the file at {target} is unchanged)"
-                                                     if target.exists() else ""))
-        payload = make_private_ticket(cfg, data, target, progress=progress, noise_seed=noise_seed,
-                                      on_round=on_round)
+    with output_lock(target):
+        if logger is not None:
+            run_log = RunLog("generate", cfg.data.dataset, logger, log_dir, to_dict(cfg), mode="private-ticket")
+        with run_log.closed_on_error() if run_log else contextlib.nullcontext():
+            on_interrupt_kept("no ticket was written" + (f" (the file at {target} is unchanged)"
+                                                         if target.exists() else ""))
+            payload = make_private_ticket(cfg, data, target, progress=progress, noise_seed=noise_seed,
+                                          on_round=on_round)
     if run_log is not None:
         run_log.finish(output=str(target), tickets=rounds)
         err_console.print(f"log: {run_log.folder}")

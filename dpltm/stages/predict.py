@@ -31,7 +31,10 @@ def predictions_csv(labels: Any, probabilities: Any) -> str:
 
 
 def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Path | None, device: str,
-                  out: Path | None, overwrite: bool, download: bool = False) -> dict[str, Any]:
+                  out: Path | None, overwrite: bool, download: bool = False,
+                  split: str | None = None) -> dict[str, Any]:
+    """`split` (the pool to draw from, as in training) defaults to the model's own on its training
+    dataset, else to "train" (the official test set is the test set)."""
     import torch
 
     from dpltm.checkpoint import prepare_output, write_text_atomic
@@ -47,13 +50,16 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     trained_on = loaded.data
     name = dataset or trained_on["dataset"]
     same = name == trained_on["dataset"]
-    settings = ({"split": trained_on.get("split") or "train", "val_fraction": trained_on.get("val_fraction", 0.1),
-                 "seed": trained_on.get("seed") or 0} if same else {})
+    settings: dict[str, Any] = ({"split": trained_on.get("split") or "train",
+                                 "val_fraction": trained_on.get("val_fraction", 0.1),
+                                 "seed": trained_on.get("seed") or 0} if same else {})
+    if split is not None:
+        settings["split"] = split
     torch_device = resolve_device(device)
     if download:
-        from dpltm.data.download import download_dataset
+        from dpltm.data.download import fetch_for_run
 
-        download_dataset(name, data_dir)
+        fetch_for_run([name], data_dir)
     data = load_dataset(name, data_dir=data_dir, device=torch_device, **settings)
     arch = loaded.architecture
     if data.num_features != arch["in_features"] or data.num_classes != arch["num_classes"]:

@@ -48,10 +48,12 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     if public_name is not None and public_name == cfg.data.dataset:
         raise DpltmUserError(f"--public-dataset must be public: it names the private dataset {cfg.data.dataset}")
     if download:
-        from dpltm.data.download import download_dataset
+        if distribution.multi_process:  # every rank would write into the data root at once
+            raise DpltmUserError("--download with several processes: run `dpltm download "
+                                 f"{cfg.data.dataset}` first, then train without --download")
+        from dpltm.data.download import fetch_for_run
 
-        for name in dict.fromkeys(n for n in (cfg.data.dataset, public_name) if n is not None):
-            download_dataset(name, data_dir)
+        fetch_for_run([n for n in (cfg.data.dataset, public_name) if n is not None], data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     public = None if public_name is None else load_dataset(
