@@ -89,3 +89,10 @@ class Part(Choice):
     test = "test"
     val = "val"
     train = "train"
+
+
+class ThreatModel(Choice):
+    """What an audit's attack sees (dpltm.audit.canaries)."""
+
+    white_box = "white-box"
+    black_box = "black-box"

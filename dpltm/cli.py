@@ -30,6 +30,7 @@ from dpltm.choices import (
     Rewind,
     Split,
     Strategy,
+    ThreatModel,
     value,
 )
 from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out_console
@@ -576,6 +577,73 @@ def train(
                          distribution=distribution, cuda_graphs=cuda_graphs, logger=value(logger), log_dir=log_dir,
                          download=download)
     finish_training_report(report, json_out)
+
+
+@app.command()
+@user_errors
+def audit(
+    ticket: Annotated[Path | None, typer.Option(help="Winning ticket from `dpltm select` (as for `dpltm train`).")] = None,
+    dense: Annotated[bool, typer.Option("--dense", help="Audit DP-SGD on the full network (no ticket).")] = False,
+    dataset: Annotated[Dataset | None, typer.Option(help="Private dataset to train on (or the --config file's data.dataset).", show_default="mnist")] = None,
+    split: SplitOption = None,
+    eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="Training budget ε; σ is calibrated to it (the claim the audit tests).", show_default=cfg("train.eps2"))] = None,
+    sigma: Annotated[float | None, typer.Option(help="Noise multiplier σ (skips calibration; ε is reported).")] = None,
+    delta: Annotated[float | None, typer.Option(help="δ.", show_default=cfg("train.delta"))] = None,
+    epochs: Annotated[int | None, typer.Option(help="Epochs.", show_default=cfg("train.epochs"))] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Expected batch size L.", show_default=cfg("train.batch_size"))] = None,
+    clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C.", show_default=cfg("train.clip"))] = None,
+    lr: Annotated[float | None, typer.Option(help="Learning rate.", show_default=cfg("train.lr"))] = None,
+    recipe: Annotated[Recipe, typer.Option(help="Training recipe, as for `dpltm train`.")] = Recipe.paper,
+    optimizer: Annotated[Optimizer | None, typer.Option(help="sgd, or adam (NoisyAdam).", show_default=cfg("train.optimizer"))] = None,
+    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients.", show_default=cfg("train.momentum"))] = None,
+    activation: ActivationOption = None,
+    arch: ArchOption = None,
+    noise: Annotated[Noise | None, typer.Option(help="Noise plug-in, as for `dpltm train`.", show_default=cfg("train.noise"))] = None,
+    accountant: Annotated[Accountant | None, typer.Option(help="The accountant whose claim is tested.", show_default=cfg("train.accountant"))] = None,
+    canaries: Annotated[int, typer.Option(help="Number m of canaries, each included with probability 1/2.")] = 1000,
+    threat_model: Annotated[ThreatModel, typer.Option(help="white-box: Dirac gradient canaries on surviving weights, observed through the released noisy gradients (also reported: the final model only); black-box: out-of-distribution input records with random labels, scored by the released model's loss.")] = ThreatModel.white_box,
+    confidence: Annotated[float, typer.Option(help="Confidence of the lower bound.")] = 0.95,
+    canary_seed: Annotated[int | None, typer.Option(help="Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.", show_default=cfg("seed"))] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.")] = None,
+    device: Device = "auto",
+    config: ConfigFile = None,
+    data_dir: DataDir = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+    json_out: Json = False,
+) -> None:
+    """Empirical lower bound on ε (Steinke, Nasr & Jagielski 2023): DP training exactly as `dpltm
+    train` runs it, with m canaries each included with probability 1/2, then an attack's guesses turned
+    into a lower bound at --confidence, beside the accountant's claim. Above the claim: a bug."""
+    from dpltm.audit.run import AuditPlan, stage_audit
+
+    if dense == (ticket is not None):
+        raise DpltmUserError("give --ticket PATH (from `dpltm select`) or --dense")
+    if arch is not None and ticket is not None:
+        raise DpltmUserError("--arch is for --dense: a ticket brings its own network")
+    if sigma is not None and eps2 is not None:
+        raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
+    plan = AuditPlan(value(threat_model), canaries, confidence, canary_seed)
+    cli = {
+        "data": {"dataset": value(dataset), "split": value(split)},
+        "train": {"eps2": eps2, "delta": delta, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
+                  "clip": clip, "lr": lr, "optimizer": value(optimizer), "noise": value(noise),
+                  "accountant": value(accountant), "momentum": momentum},
+        "model": _model_cli(value(arch), None, activation=value(activation)),
+        "seed": seed,
+        "recipe": recipe.value,
+    }
+    report = stage_audit(cli, config, ticket, data_dir, device, plan, progress, noise_seed=noise_seed)
+    result = report["audit"]
+    if json_out:
+        emit_json({**result, "test_accuracy": report["test_accuracy"], "noise_multiplier": report["noise_multiplier"],
+                   "sample_rate": report["sample_rate"], "steps": report["steps"], "dataset": report["dataset"]})
+        return
+    verdict = ("REFUTED: the lower bound exceeds the claim; the mechanism that ran is not the one accounted"
+               if result["refuted"] else "consistent: the attack does not refute the claim")
+    err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
+                      f"ε ≥ {result['epsilon_lower_bound']:.3f} at {result['confidence']:.0%} confidence; "
+                      f"claimed ε = {result['epsilon_claimed']:.4g}; {verdict}")
 
 
 @app.command()

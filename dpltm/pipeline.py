@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from dpltm.private_training import (
     run_private,
 )
 from dpltm.transfer import model_from_ticket
+
+if TYPE_CHECKING:
+    from dpltm.audit.run import AuditPlan
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
           noise_seed: int | None = None, ticket_data: DatasetSplits | None = None,
           on_start: Callable[[], None] | None = None,
           distribution: Distribution | None = None, step_mode: str = "eager",
-          logger: str | None = None, log_dir: Path | None = None) -> dict[str, Any]:
+          logger: str | None = None, log_dir: Path | None = None,
+          audit: AuditPlan | None = None) -> dict[str, Any]:
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
@@ -171,7 +175,9 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     `on_start` is called once every check has passed, just before training (the output is
     locked from then on). With a multi-process `distribution` (DP training only) every rank runs
     this function; only rank 0 locks and writes the output. `step_mode` (private_training.STEP_MODES)
-    says how a DP step runs, never what it computes. With `logger` (csv, tensorboard, mlflow or
+    says how a DP step runs, never what it computes. `audit` (dpltm.audit.run.AuditPlan) adds
+    canaries to this very run and puts the empirical lower bound on ε in report["audit"]. With
+    `logger` (csv, tensorboard, mlflow or
     none), rank 0 logs the run into a versioned folder under `log_dir` (dpltm.run_log): each
     epoch's released-model accuracies and ε spent, and at the end the history and report.
     """
@@ -188,7 +194,11 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "
                              "--noise gaussian")
     model.to(data.train.labels.device)
-    n = len(data.train)
+    if audit is not None:  # canaries join the training set (input canaries) or its index space (gradient ones)
+        if not private or distribution.multi_process or step_mode != "eager":
+            raise DpltmUserError("an audit runs DP training on one device, in the eager step")
+        data = audit.prepare(model, data, s.clip)
+    n = len(data.train) + (audit.extra_records if audit is not None else 0)
     plan = plan_training(s, n, origin.spent_events()) if private else None
     if plan is not None and plan.lr != s.lr:  # lr_sigma: the run's lr follows its σ (and is stored)
         s = replace(s, lr=plan.lr)
@@ -265,7 +275,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                 outcome = run_private(model, data, plan, s, seed=seed,
                                       epsilon_after=epsilon_after, progress=progress and main,
                                       noise_context=context, on_epoch=on_epoch,
-                                      distribution=distribution, step_mode=step_mode)
+                                      distribution=distribution, step_mode=step_mode,
+                                      canaries=None if audit is None else audit.gradient)
             else:
                 outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch)
             if budget_note is not None and outcome.stop_reason.startswith("finished"):
@@ -279,6 +290,9 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             report["randomness"] = randomness if plan is not None else None
             report["processes"] = distribution.world_size
             report["log_dir"] = None if run_log is None else str(run_log.folder)
+            if audit is not None and plan is not None:
+                released_now = outcome.released if outcome.released is not None else model
+                report["audit"] = audit.conclude(released_now, plan, ledger_for(guarantee_steps), s)
             if not main:  # another rank of a multi-device run: rank 0 writes
                 return report
             released = outcome.released if outcome.released is not None else model  # the EMA when on

@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -44,6 +44,9 @@ from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.events import DpEvent
 from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
+
+if TYPE_CHECKING:
+    from dpltm.audit.canaries import GradientCanaries
 
 
 def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
@@ -226,8 +229,12 @@ class DPTrainingModule(L.LightningModule):
     def __init__(self, model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
                  on_epoch: Callable[[dict[str, Any]], None] | None = None,
-                 distribution: Distribution | None = None, step_mode: str = "eager") -> None:
+                 distribution: Distribution | None = None, step_mode: str = "eager",
+                 canaries: GradientCanaries | None = None) -> None:
         super().__init__()
+        if canaries is not None and (step_mode != "eager" or (distribution or Distribution()).multi_process):
+            raise DpltmUserError("an audit's gradient canaries run in the eager step on one device")
+        self.canaries = canaries
         if step_mode not in STEP_MODES:
             raise DpltmUserError(f"step mode must be one of {', '.join(STEP_MODES)}, got {step_mode!r}")
         if step_mode == "graphs" and data.train.labels.device.type != "cuda":
@@ -267,6 +274,8 @@ class DPTrainingModule(L.LightningModule):
         return released_model(self.model, self.averager)
 
     def on_train_start(self) -> None:
+        if self.canaries is not None:
+            self.canaries.start(self.model, self.data.train.labels.device)
         if self.step_mode == "eager":
             self.input_terms = first_layer_input_terms(self.data.train.features, self.layout)
             return
@@ -291,6 +300,8 @@ class DPTrainingModule(L.LightningModule):
         """This rank's Poisson batches: of its shard of the records under DDP, of all of them on one device."""
         rank, world = self.trainer.global_rank, self.trainer.world_size
         n, device = len(self.data.train), self.data.train.labels.device
+        if self.canaries is not None:  # the included canaries are records N, N+1, … of the sampled set
+            n += len(self.canaries.included_ids)
         batches = PoissonBatches(n, self.plan.sample_rate, self.plan.steps_per_epoch,
                                  rank_sampling_seed(self.seed, rank), device, shard(n, rank, world, device),
                                  epoch_at_once=self.step_mode != "eager")
@@ -309,6 +320,11 @@ class DPTrainingModule(L.LightningModule):
         assert isinstance(batch, Tensor)
         index = batch
         train = self.data.train
+        extra = None
+        if self.canaries is not None:  # an audit: sampled canary records give their clipped gradients
+            n = len(train)
+            extra = self.canaries.clipped_sums(index[index >= n] - n, dict(self.model.named_parameters()))
+            index = index[index < n]
         x = train.features.index_select(0, index)
         y = train.labels.index_select(0, index)
         terms = None if self.input_terms is None else self.input_terms.index_select(0, index)
@@ -316,7 +332,10 @@ class DPTrainingModule(L.LightningModule):
             self.model, x, y, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,
             layout=self.layout, reduce=self.reduce, input_terms=terms, add_noise=self.add_noise,
+            extra_sums=extra,
         )
+        if self.canaries is not None:  # what the released iterates reveal at the canaries' coordinates
+            self.canaries.record({k: v * self.plan.expected_batch_size for k, v in grads.items()})
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
         if self.averager is not None:  # from the released iterate only: post-processing
@@ -368,7 +387,8 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
                 seed: int, epsilon_after: Callable[[int], float],
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
-                distribution: Distribution | None = None, step_mode: str = "eager") -> TrainOutcome:
+                distribution: Distribution | None = None, step_mode: str = "eager",
+                canaries: GradientCanaries | None = None) -> TrainOutcome:
     """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
     `step_mode` (see STEP_MODES) says how a step runs, not what it computes."""
     device = data.train.labels.device
@@ -379,7 +399,7 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
     curve = EpsilonCurve(epsilon_after, [e * plan.steps_per_epoch for e in range(1, plan.epochs + 1)])
     try:
         module = DPTrainingModule(model, data, plan, settings, noise, seed, curve, on_epoch, distribution,
-                                  step_mode)
+                                  step_mode, canaries)
         # No logger on the Trainer: `on_epoch` hands each epoch's record (released-model accuracies
         # and ε only) to the run's log (dpltm.run_log); nothing from private batches is logged.
         trainer = lightning_trainer(

@@ -18,6 +18,7 @@ runner = CliRunner()
 
 
 def test_enums_match_the_registries() -> None:
+    from dpltm.audit.canaries import THREAT_MODELS
     from dpltm.config import OPTIMIZERS, REWIND_POINTS
     from dpltm.data.loaders import DATASETS, SPLITS
     from dpltm.dp.distributed import STRATEGIES
@@ -29,7 +30,7 @@ def test_enums_match_the_registries() -> None:
     pairs = [(choices.Dataset, DATASETS), (choices.Split, SPLITS), (choices.Activation, ACTIVATIONS),
              (choices.Arch, ARCHS), (choices.Optimizer, OPTIMIZERS), (choices.Noise, NOISE_MECHANISMS),
              (choices.Rewind, REWIND_POINTS), (choices.Strategy, STRATEGIES), (choices.Accountant, ("pld", "rdp")),
-             (choices.Logger, LOGGERS), (choices.Part, PARTS)]
+             (choices.Logger, LOGGERS), (choices.Part, PARTS), (choices.ThreatModel, THREAT_MODELS)]
     for enum, registry in pairs:
         assert [m.value for m in enum] == list(registry), enum.__name__
 

@@ -25,6 +25,7 @@ def private_gradients(model: MaskedMLP, x: Tensor, y: Tensor, *, clip: float,
                       layout: MaskLayout | None = None,
                       reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                       input_terms: Tensor | None = None, add_noise: bool = True,
+                      extra_sums: dict[str, Tensor] | None = None,
                       ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
 
@@ -32,9 +33,13 @@ def private_gradients(model: MaskedMLP, x: Tensor, y: Tensor, *, clip: float,
     `reduce` sums the ranks' sums in a multi-device run (dpltm.dp.distributed.all_reduce_sum), after
     rank 0 alone (`add_noise`) has added the noise: the reduced sum carries exactly one draw.
     `input_terms`: the batch's rows of `first_layer_input_terms` (computed once per run).
+    `extra_sums`: clipped gradients of records that are not rows of `x` (an audit's gradient
+    canaries, dpltm.audit.canaries), added to the clipped sum before the noise.
     """
     layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
     batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=input_terms)
+    for name, extra in (extra_sums or {}).items():
+        batch.grad_sums[name].add_(extra)
     sums = noise.perturb(batch.grad_sums, layout.surviving, clip, generator) if add_noise else batch.grad_sums
     noisy = sums if reduce is None else reduce(sums)
     scale = 1.0 / expected_batch_size

@@ -9,6 +9,7 @@ from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 
 if TYPE_CHECKING:
+    from dpltm.audit.run import AuditPlan
     from dpltm.dp.distributed import Distribution
 
 
@@ -17,7 +18,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
                 overwrite: bool = False, distribution: Distribution | None = None,
                 cuda_graphs: bool = False, logger: str | None = None,
-                log_dir: Path | None = None, download: bool = False) -> dict[str, Any]:
+                log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
     from dpltm import pipeline
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
@@ -75,7 +76,8 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                           assert_public=public_tickets, progress=progress, public_data=public,
                           public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
                           on_start=announce, distribution=distribution,
-                          step_mode="graphs" if cuda_graphs else "eager", logger=logger, log_dir=log_dir)
+                          step_mode="graphs" if cuda_graphs else "eager", logger=logger, log_dir=log_dir,
+                          audit=audit)
 
 
 def print_training_report(report: dict[str, Any]) -> None:

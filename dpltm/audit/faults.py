@@ -1,0 +1,58 @@
+"""Test-only fault switches: break the mechanism on purpose, so the tests can show the audit notices.
+
+Each fault patches the one function of the real training path it breaks, for the duration of a
+`with` block; nothing in the CLI or the library's API can turn one on. The audit must then report
+a lower bound above the claimed ε (the claim no longer describes what ran):
+
+- `no-noise`: the Gaussian noise is not added (`add_gaussian` returns its input);
+- `no-clipping`: every clip factor is 1 (per-sample gradients enter the sum at full norm);
+- `noise-on-pruned`: the noise goes to the pruned coordinates instead of the surviving ones
+  (for a dense network, whose every coordinate survives, that is no noise at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from unittest import mock
+
+import torch
+from torch import Tensor
+
+FAULTS = ("no-noise", "no-clipping", "noise-on-pruned")
+
+
+def _pruned(surviving: Tensor | None, numel: int) -> Tensor:
+    keep = torch.ones(numel, dtype=torch.bool, device=None if surviving is None else surviving.device)
+    if surviving is not None:
+        keep[surviving] = False
+    else:
+        keep[:] = False
+    return torch.nonzero(keep).squeeze(1)
+
+
+@contextlib.contextmanager
+def fault(kind: str) -> Iterator[None]:
+    """Run the block with the mechanism broken in the named way (see FAULTS)."""
+    from dpltm.dp import ghost, mechanism
+
+    if kind == "no-noise":
+        with mock.patch.object(mechanism, "add_gaussian", lambda total, surviving, std, generator, scale=None: total):
+            yield
+    elif kind == "no-clipping":
+        with mock.patch.object(ghost, "clip_factors", lambda norms, clip: torch.ones_like(norms)):
+            yield
+    elif kind == "noise-on-pruned":
+        real = mechanism.add_gaussian
+
+        def misplaced(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator,
+                      scale: Tensor | None = None) -> Tensor:
+            wrong = _pruned(surviving, total.numel())
+            if wrong.numel() == 0:
+                return total
+            return real(total, wrong.to(total.device), std, generator, None)
+
+        with mock.patch.object(mechanism, "add_gaussian", misplaced):
+            yield
+    else:
+        raise ValueError(f"unknown fault {kind!r}; one of {', '.join(FAULTS)}")
