@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dpltm.audit.faults import fault  # noqa: E402
+from dpltm.audit._faults import fault  # noqa: E402
 from dpltm.audit.run import AuditPlan, stage_audit  # noqa: E402
 
 
@@ -52,7 +52,8 @@ def write_docs(rows: list[dict], args: argparse.Namespace) -> None:  # type: ign
         f"the paper's recipe (L = 400, lr 0.1, clip 1), {args.epochs} epochs, δ = 1e-5, on a 2-core CPU. "
         f"Each row is one `dpltm audit` run with {args.canaries} canaries, each included with probability 1/2. "
         "The lower bound holds at 95 % confidence; the claimed ε is the PLD accountant's for the training run "
-        "that ran, with the included canaries counted as records.",
+        "that ran: Poisson sampling from a fixed universe of N + m records (an excluded canary's slot "
+        "contributes nothing), so q, T, σ and the claim do not depend on which canaries are in.",
         "",
         "White-box: Dirac gradient canaries on first-layer weights of always-zero pixels (no data gradient "
         "there), observed through the released noisy gradients at every step (likelihood-ratio score); the "

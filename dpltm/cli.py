@@ -639,7 +639,8 @@ def audit(
         emit_json({**result, "test_accuracy": report["test_accuracy"], "noise_multiplier": report["noise_multiplier"],
                    "sample_rate": report["sample_rate"], "steps": report["steps"], "dataset": report["dataset"]})
         return
-    verdict = ("REFUTED: the lower bound exceeds the claim; the mechanism that ran is not the one accounted"
+    verdict = (f"REFUTED: the lower bound exceeds the claim; the mechanism that ran is likely not the one accounted "
+               f"(a correct one is refuted with probability ≤ {1 - result['confidence']:.0%})"
                if result["refuted"] else "consistent: the attack does not refute the claim")
     err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
                       f"ε ≥ {result['epsilon_lower_bound']:.3f} at {result['confidence']:.0%} confidence; "

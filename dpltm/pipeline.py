@@ -197,6 +197,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     if audit is not None:  # canaries join the training set (input canaries) or its index space (gradient ones)
         if not private or distribution.multi_process or step_mode != "eager":
             raise DpltmUserError("an audit runs DP training on one device, in the eager step")
+        if s.noise == "shaped":  # its clipping geometry ‖g/s‖ ≤ C is not the canaries' plain norm
+            raise DpltmUserError("the audit's canaries assume the plain clipping norm: audit --noise gaussian or dpd")
         data = audit.prepare(model, data, s.clip)
     n = len(data.train) + (audit.extra_records if audit is not None else 0)
     plan = plan_training(s, n, origin.spent_events()) if private else None
@@ -228,6 +230,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         ledger = ledger_for(plan.steps)
         require_support(ledger.training_event(), s.accountant, s.neighboring)
         ledger.best_bound()
+        if audit is not None:  # the claim the audit tests, stated before any step
+            audit.state_claim(ledger, s)
     # What the run's log may call ε: a bare "epsilon" only for a run that is DP end to end and stops at
     # a data-independent time; otherwise "epsilon_dp_part", and with --patience the planned run's bound
     # (an adaptive stop is covered by the planned run's budget, not by the ε at the stopping point).
@@ -276,7 +280,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                                       epsilon_after=epsilon_after, progress=progress and main,
                                       noise_context=context, on_epoch=on_epoch,
                                       distribution=distribution, step_mode=step_mode,
-                                      canaries=None if audit is None else audit.gradient)
+                                      canaries=None if audit is None else audit.canaries_in_training)
             else:
                 outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch)
             if budget_note is not None and outcome.stop_reason.startswith("finished"):

@@ -46,7 +46,9 @@ from dpltm.privacy.events import DpEvent
 from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
 
 if TYPE_CHECKING:
-    from dpltm.audit.canaries import GradientCanaries
+    from dpltm.audit.canaries import GradientCanaries, InputCanaries
+
+    AuditCanaries = GradientCanaries | InputCanaries
 
 
 def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
@@ -230,10 +232,10 @@ class DPTrainingModule(L.LightningModule):
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
                  on_epoch: Callable[[dict[str, Any]], None] | None = None,
                  distribution: Distribution | None = None, step_mode: str = "eager",
-                 canaries: GradientCanaries | None = None) -> None:
+                 canaries: AuditCanaries | None = None) -> None:
         super().__init__()
         if canaries is not None and (step_mode != "eager" or (distribution or Distribution()).multi_process):
-            raise DpltmUserError("an audit's gradient canaries run in the eager step on one device")
+            raise DpltmUserError("an audit's canaries run in the eager step on one device")
         self.canaries = canaries
         if step_mode not in STEP_MODES:
             raise DpltmUserError(f"step mode must be one of {', '.join(STEP_MODES)}, got {step_mode!r}")
@@ -300,8 +302,8 @@ class DPTrainingModule(L.LightningModule):
         """This rank's Poisson batches: of its shard of the records under DDP, of all of them on one device."""
         rank, world = self.trainer.global_rank, self.trainer.world_size
         n, device = len(self.data.train), self.data.train.labels.device
-        if self.canaries is not None:  # the included canaries are records N, N+1, … of the sampled set
-            n += len(self.canaries.included_ids)
+        if self.canaries is not None:  # an audit's gradient canaries: slots N … N+m−1 of the sampled universe
+            n += self.canaries.extra_records
         batches = PoissonBatches(n, self.plan.sample_rate, self.plan.steps_per_epoch,
                                  rank_sampling_seed(self.seed, rank), device, shard(n, rank, world, device),
                                  epoch_at_once=self.step_mode != "eager")
@@ -321,10 +323,8 @@ class DPTrainingModule(L.LightningModule):
         index = batch
         train = self.data.train
         extra = None
-        if self.canaries is not None:  # an audit: sampled canary records give their clipped gradients
-            n = len(train)
-            extra = self.canaries.clipped_sums(index[index >= n] - n, dict(self.model.named_parameters()))
-            index = index[index < n]
+        if self.canaries is not None:  # an audit: excluded canaries' slots drop out; gradient canaries add theirs
+            index, extra = self.canaries.split(index, len(train), dict(self.model.named_parameters()))
         x = train.features.index_select(0, index)
         y = train.labels.index_select(0, index)
         terms = None if self.input_terms is None else self.input_terms.index_select(0, index)
@@ -388,7 +388,7 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
                 distribution: Distribution | None = None, step_mode: str = "eager",
-                canaries: GradientCanaries | None = None) -> TrainOutcome:
+                canaries: AuditCanaries | None = None) -> TrainOutcome:
     """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
     `step_mode` (see STEP_MODES) says how a step runs, not what it computes."""
     device = data.train.labels.device

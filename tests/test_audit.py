@@ -17,9 +17,9 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from dpltm import pipeline
+from dpltm.audit._faults import FAULTS, fault
 from dpltm.audit.bounds import bound_from_scores, epsilon_lower_bound, p_value
 from dpltm.audit.canaries import GradientCanaries, InputCanaries, inclusion_bits
-from dpltm.audit.faults import FAULTS, fault
 from dpltm.audit.run import AuditPlan
 from dpltm.cli import app
 from dpltm.config import TrainConfig, TrainSettings
@@ -68,7 +68,7 @@ def test_the_bound_covers_a_truly_dp_mechanism_at_its_confidence(epsilon: float)
 def test_perfect_guesses_refute_small_epsilons() -> None:
     included = inclusion_bits(400, seed=3)
     bound = bound_from_scores(included.astype(float), included, delta=1e-5, confidence=0.95)
-    assert bound.epsilon_lower_bound > 2.5 and bound.correct == bound.guesses
+    assert bound.epsilon_lower_bound > 2.5 and bound.correct >= bound.guesses - abs(int(included.sum()) - 200)
     with pytest.raises(DpltmUserError, match="one score and one inclusion bit"):
         bound_from_scores([1.0, 2.0], [True], delta=1e-5)
 
@@ -106,23 +106,36 @@ def test_gradient_canaries_sit_on_distinct_surviving_weights_quiet_ones_first() 
         GradientCanaries.draw(model, surviving, 10**6, clip=1.0, seed=0)
 
 
-def test_sampled_gradient_canaries_add_exactly_the_clip_norm_at_their_coordinates() -> None:
+def test_sampled_gradient_canaries_add_exactly_the_clip_norm_and_excluded_ones_nothing() -> None:
     from dpltm.dp.ghost import MaskLayout
 
     model = _model()
     canaries = GradientCanaries.draw(model, MaskLayout.of(model).surviving, 20, clip=0.7, seed=4)
     canaries.start(model, torch.device("cpu"))
-    slots = torch.tensor([0, 2])  # the first and third included canaries were sampled
-    sums = canaries.clipped_sums(slots, dict(model.named_parameters()))
-    total = sum(float(v.abs().sum()) for v in sums.values())
-    assert total == pytest.approx(2 * 0.7)
-    for slot in slots.tolist():
-        canary = canaries.included_ids[slot]
+    rows = 100  # data rows 0..99; canary i is slot 100 + i of the sampled universe, in or out
+    index = torch.tensor([3, 50, *(rows + i for i in range(20))])  # every canary slot sampled
+    kept, sums = canaries.split(index, rows, dict(model.named_parameters()))
+    assert kept.tolist() == [3, 50]
+    assert sum(float(v.abs().sum()) for v in sums.values()) == pytest.approx(0.7 * int(canaries.included.sum()))
+    for canary in range(20):
         name, flat = canaries.names[canary], int(canaries.flat[canary])
-        assert float(sums[name].reshape(-1)[flat]) == pytest.approx(0.7)
-    with fault("no-clipping"):  # the switch reaches the canaries' clipping too: full norm 100·C
-        unclipped = canaries.clipped_sums(slots, dict(model.named_parameters()))
-    assert sum(float(v.abs().sum()) for v in unclipped.values()) == pytest.approx(2 * 70.0)
+        value = float(sums[name].reshape(-1)[flat]) if name in sums else 0.0
+        assert value == pytest.approx(0.7 if canaries.included[canary] else 0.0)
+    with fault("no-clipping"):  # the switch reaches the canaries' clip factors too: full norm 100·C
+        _, unclipped = canaries.split(index, rows, dict(model.named_parameters()))
+    assert sum(float(v.abs().sum()) for v in unclipped.values()) == pytest.approx(70.0 * int(canaries.included.sum()))
+    with pytest.raises(RuntimeError, match="does not know"):
+        GradientCanaries.draw(model, {}, 5, clip=1.0, seed=0)
+
+
+def test_ties_never_follow_the_inclusion_bits() -> None:
+    """An attack with no information (all scores equal, or all NaN from a diverged model) refutes no real
+    ε, whatever the canary seed is (the tie-breaks once shared a stream with the bits)."""
+    for m in (200, 1000):
+        included = inclusion_bits(m, seed=m)
+        for scores in (np.zeros(m), np.full(m, np.nan)):
+            # chance alone may refute a tiny ε (5 % of the time); a shared stream gave ε ≥ 4.35 here
+            assert bound_from_scores(scores, included, delta=1e-5).epsilon_lower_bound < 0.5
 
 
 def test_input_canaries_are_out_of_distribution_with_random_labels() -> None:
@@ -177,6 +190,13 @@ def test_a_broken_mechanism_is_refuted(kind: str, tmp_path: Path) -> None:
     assert audit["refuted"] and audit["epsilon_lower_bound"] > audit["epsilon_claimed"] + 1.0
 
 
+def test_the_claim_does_not_depend_on_the_inclusion_bits(tmp_path: Path) -> None:
+    """The universe is N + m records whatever the draw: two canary seeds, the same q, σ, T and claim."""
+    first, second = _audit(tmp_path, seed=0), _audit(tmp_path, seed=3)
+    assert first["canaries_included"] != second["canaries_included"]
+    assert first["epsilon_claimed"] == second["epsilon_claimed"]
+
+
 def test_noise_on_the_wrong_coordinates_is_refuted(tmp_path: Path) -> None:
     """A ticket: the noise lands on the pruned weights, the canaries' (surviving) ones go bare."""
     model = MaskedMLP(build_architecture(30, 4, (32,), None, "relu", "mlp"), torch.Generator().manual_seed(0))
@@ -202,13 +222,13 @@ def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path) -> None:
     root = write_digits(tmp_path / "data")
     result = runner.invoke(app, ["audit", "--dense", "--dataset", "digits", "--data-dir", str(root), "--eps", "2",
                                  "--epochs", "2", "--batch-size", "64", "--canaries", "100", "--canary-seed", "0",
-                                 "--device", "cpu", "--no-progress", "--json"])
+                                 "--noise-seed", "5", "--device", "cpu", "--no-progress", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert {"epsilon_lower_bound", "epsilon_claimed", "canaries", "confidence", "threat_model"} <= set(report)
     assert report["canaries"] == 100 and report["confidence"] == 0.95 and report["threat_model"] == "white-box"
     assert 0 <= report["epsilon_lower_bound"] <= report["epsilon_claimed"] <= 2.0
-    assert not list(Path.cwd().glob("checkpoints/*audit*"))  # the canary-trained model is not kept
+    assert report["by_observation"]["iterates"]["guesses"] > 0  # the attack's best guesses, even unrefuted
     for args, message in ((["--dense", "--ticket", "x.pt"], "--ticket PATH"), ([], "--ticket PATH"),
                           (["--dense", "--canaries", "1"], "at least 2"),
                           (["--dense", "--confidence", "1.5"], "--confidence")):

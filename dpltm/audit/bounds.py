@@ -14,6 +14,7 @@ significance level is divided among them), so the bound keeps its confidence.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, significance: floa
         low, high = high, 2 * high
         if high > 1e3:
             return low
-    for _ in range(30):  # bisection: ε to within 1e-9 of the largest refuted value
+    for _ in range(40):  # bisection: the interval shrinks 2⁴⁰-fold (≤ 1e-9 for a bound below 1000)
         middle = (low + high) / 2
         if p_value(m, r, v, middle, delta) < significance:
             low = middle
@@ -82,7 +83,9 @@ def bound_from_scores(scores: Sequence[float] | np.ndarray, included: Sequence[b
     """Rank canaries by score (higher: more likely included); for each k = fraction·m guess the top
     k "in" and the bottom k "out"; the best bound over the k tried, each at significance
     (1 − confidence)/(number of k): a union bound, so the reported bound keeps its confidence.
-    Ties are broken at random (seeded by the scores themselves, never by the inclusion bits)."""
+    Ties are broken by a hash of the scores (a function of what the attack saw, never of the
+    inclusion bits). When nothing is refuted, the guess count with the smallest p-value at ε = 0 is
+    reported, so "0 of 0" never hides how the attack did."""
     scores = np.asarray(scores, dtype=np.float64)
     truth = np.asarray(included, dtype=bool)
     m = int(scores.size)
@@ -91,15 +94,18 @@ def bound_from_scores(scores: Sequence[float] | np.ndarray, included: Sequence[b
     if not 0 < confidence < 1:
         raise DpltmUserError(f"--confidence must lie in (0, 1), got {confidence}")
     finite = np.where(np.isfinite(scores), scores, -np.inf)  # a canary the attack cannot score ranks last
-    jitter = np.random.default_rng(m).random(m)
+    digest = hashlib.sha256(np.ascontiguousarray(scores).tobytes()).digest()
+    jitter = np.random.default_rng(int.from_bytes(digest[:8], "little")).random(m)
     order = np.lexsort((jitter, -finite))  # descending score
     counts = sorted({max(1, min(m // 2, int(round(f * m)))) for f in fractions})
     significance = (1 - confidence) / len(counts)
-    best = AuditBound(0.0, m, 0, 0, confidence, delta, tuple(counts))
+    best, best_key = None, (-1.0, 0.0)
     for k in counts:
         top, bottom = order[:k], order[m - k:]
         correct = int(truth[top].sum() + (~truth[bottom]).sum())
         bound = epsilon_lower_bound(m, 2 * k, correct, delta, significance)
-        if bound > best.epsilon_lower_bound:
-            best = AuditBound(bound, m, 2 * k, correct, confidence, delta, tuple(counts))
+        key = (bound, -p_value(m, 2 * k, correct, 0.0, delta))  # the larger bound; then the stronger evidence
+        if best is None or key > best_key:
+            best, best_key = AuditBound(bound, m, 2 * k, correct, confidence, delta, tuple(counts)), key
+    assert best is not None
     return best

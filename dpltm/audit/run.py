@@ -35,6 +35,7 @@ class AuditPlan:
     """seeds the canaries and their inclusion bits (reproducible audits); default: fresh OS randomness"""
     gradient: GradientCanaries | None = None
     inputs: InputCanaries | None = None
+    claimed: float | None = None
 
     def __post_init__(self) -> None:
         if self.threat_model not in THREAT_MODELS:
@@ -46,11 +47,23 @@ class AuditPlan:
 
     @property
     def extra_records(self) -> int:
-        """Records the sampler sees beyond data.train: the included gradient canaries."""
-        return 0 if self.gradient is None else len(self.gradient.included_ids)
+        """Records the sampler sees beyond data.train: all m gradient canaries' slots."""
+        return 0 if self.gradient is None else self.gradient.extra_records
+
+    @property
+    def canaries_in_training(self) -> GradientCanaries | InputCanaries | None:
+        return self.gradient if self.gradient is not None else self.inputs
+
+    def state_claim(self, ledger: Any, settings: Any) -> None:
+        """The accountant's ε for the training run about to start, under add/remove-one adjacency (what a
+        canary's presence or absence is), computed before any step."""
+        from dpltm.privacy.accounting import epsilon
+
+        self.claimed = epsilon(ledger.training_event(), settings.delta, settings.accountant, "add_remove")
 
     def prepare(self, model: torch.nn.Module, data: DatasetSplits, clip: float) -> DatasetSplits:
-        """Draw the canaries; input canaries join the training set (the included ones)."""
+        """Draw the canaries; input canaries become the training set's last m rows (an excluded one's
+        row is dropped whenever it is sampled: the universe is N + m records whatever the bits)."""
         if self.threat_model == "white-box":
             from dpltm.dp.ghost import MaskLayout
 
@@ -59,16 +72,14 @@ class AuditPlan:
                                                   features=data.train.features)
             return data
         self.inputs = InputCanaries.draw(data.train.features, data.num_classes, self.canaries, self.seed)
-        keep = torch.as_tensor(self.inputs.included, device=data.train.labels.device)
-        train = LabeledTensors(torch.cat([data.train.features, self.inputs.features[keep]]),
-                               torch.cat([data.train.labels, self.inputs.labels[keep]]))
+        train = LabeledTensors(torch.cat([data.train.features, self.inputs.features]),
+                               torch.cat([data.train.labels, self.inputs.labels]))
         return dataclasses.replace(data, train=train, fingerprint=f"{data.fingerprint}+audit-canaries")
 
     def conclude(self, released: torch.nn.Module, plan: Any, ledger: Any, settings: Any) -> dict[str, Any]:
         """The lower bound beside the claim; one bound per observation the threat model allows."""
-        from dpltm.privacy.accounting import epsilon
-
-        claimed = epsilon(ledger.training_event(), settings.delta, settings.accountant, settings.neighboring)
+        claimed = self.claimed
+        assert claimed is not None, "state_claim runs before training"
         if self.gradient is not None:
             scores = self.gradient.scores(dict(released.named_parameters()), plan.sample_rate, plan.noise_multiplier)
             included = self.gradient.included
