@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import signal
 import sys
 from collections.abc import Callable
@@ -131,19 +130,10 @@ def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
     return tuple(int(v) for v in values)
 
 
-def _strict(value: Any) -> Any:
-    """JSON has no inf/NaN: write them as strings, as the privacy report does."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
-
-
 def emit_json(report: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(_strict(report), indent=2, default=str, allow_nan=False) + "\n")
+    from dpltm.strict_json import dumps
+
+    sys.stdout.write(dumps(report) + "\n")
 
 
 def finish_training_report(report: dict[str, Any], json_out: bool) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import math
 import os
 import re
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from dpltm.errors import DpltmUserError
+from dpltm.strict_json import dumps
 
 LOG_DIR_ENV = "DPLTM_LOG_DIR"
 RUN_FILE = "run.json"
@@ -87,19 +87,6 @@ def claim_version_folder(parent: Path) -> Path:
         except OSError as exc:
             raise DpltmUserError(f"cannot create the log folder {folder}: {exc.strerror or exc}") from None
     raise DpltmUserError(f"cannot claim a free version folder under {parent}")
-
-
-def _json_safe(value: Any) -> Any:
-    """JSON has no inf/NaN: write them as strings, as the reports do."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -225,8 +212,7 @@ class RunLog:
     def _write(self) -> None:
         from dpltm.checkpoint import write_text_atomic
 
-        text = json.dumps(_json_safe(self.body), indent=2, default=str, allow_nan=False)
-        write_text_atomic(text + "\n", self.folder / RUN_FILE)
+        write_text_atomic(dumps(self.body) + "\n", self.folder / RUN_FILE)
 
 
 def _now() -> str:
