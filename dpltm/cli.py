@@ -176,6 +176,19 @@ ArchOption = Annotated[Arch | None, typer.Option("--arch", help="Network: mlp (L
 ActivationOption = Annotated[Activation | None, typer.Option(help="Hidden activation: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default=cfg("model.activation"))]
 SplitOption = Annotated[Split | None, typer.Option(help="Official split to draw from (train: the official training portion, the official test set as test set; test/all: a per-record 80/20 split of that pool).", show_default=cfg("data.split"))]
 ValFraction = Annotated[float | None, typer.Option(help="Fraction of the training pool held out for validation.", show_default=cfg("data.val_fraction"))]
+# Options `train` and `audit` share: one definition, one help text.
+PrivateDataset = Annotated[Dataset | None, typer.Option(help="Private dataset to train on (or the --config file's data.dataset).", show_default="mnist")]
+Sigma = Annotated[float | None, typer.Option(help="Noise multiplier σ (skips calibration; ε is reported).")]
+DeltaOption = Annotated[float | None, typer.Option(help="δ (paper: 1e-5).", show_default=cfg("train.delta"))]
+Epochs = Annotated[int | None, typer.Option(help="Epochs (paper: 50).", show_default=cfg("train.epochs"))]
+BatchSize = Annotated[int | None, typer.Option(help="Expected batch size L (Poisson sampling, q = L/N).", show_default=cfg("train.batch_size"))]
+Clip = Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).", show_default=cfg("train.clip"))]
+LearningRate = Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).", show_default=cfg("train.lr"))]
+OptimizerOption = Annotated[Optimizer | None, typer.Option(help="sgd, or adam (NoisyAdam).", show_default=cfg("train.optimizer"))]
+Momentum = Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1).", show_default=cfg("train.momentum"))]
+NoiseOption = Annotated[Noise | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-dataset).", show_default=cfg("train.noise"))]
+AccountantOption = Annotated[Accountant | None, typer.Option(help="Privacy accountant: pld (tight numerical) or rdp.", show_default=cfg("train.accountant"))]
+Seed = Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.", show_default=cfg("seed"))]
 
 
 def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, Any]:
@@ -484,24 +497,24 @@ def select(
 @user_errors
 def train(
     ticket: Annotated[Path | None, typer.Option(help="Winning ticket from `dpltm select`.")] = None,
-    dataset: Annotated[Dataset | None, typer.Option(help="Private dataset to train on (or the --config file's data.dataset).", show_default="mnist")] = None,
+    dataset: PrivateDataset = None,
     split: SplitOption = None,
     eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="Training budget ε (the paper's ε2); σ is calibrated to it. With a private ticket (generate --private): the whole run's ε, warm-up included (default: the ε the ticket was planned for).", show_default=cfg("train.eps2"))] = None,
-    delta: Annotated[float | None, typer.Option(help="δ (paper: 1e-5).", show_default=cfg("train.delta"))] = None,
-    sigma: Annotated[float | None, typer.Option(help="Noise multiplier σ (skips calibration; ε is reported).")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Epochs (paper: 50).", show_default=cfg("train.epochs"))] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Expected batch size L (Poisson sampling, q = L/N).", show_default=cfg("train.batch_size"))] = None,
-    clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).", show_default=cfg("train.clip"))] = None,
-    lr: Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).", show_default=cfg("train.lr"))] = None,
+    delta: DeltaOption = None,
+    sigma: Sigma = None,
+    epochs: Epochs = None,
+    batch_size: BatchSize = None,
+    clip: Clip = None,
+    lr: LearningRate = None,
     recipe: Annotated[Recipe, typer.Option(help="Training recipe under --config and flags: paper (defaults.yaml; the default) or tuned (chosen on public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml).")] = Recipe.paper,
     lr_sigma: Annotated[float | None, typer.Option("--lr-sigma", help="Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets (the tuned recipe's rule; overrides --lr for DP runs).")] = None,
-    optimizer: Annotated[Optimizer | None, typer.Option(help="sgd, or adam (NoisyAdam).", show_default=cfg("train.optimizer"))] = None,
-    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1).", show_default=cfg("train.momentum"))] = None,
+    optimizer: OptimizerOption = None,
+    momentum: Momentum = None,
     ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
     activation: Annotated[Activation | None, typer.Option(help="Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default=cfg("model.activation"))] = None,
     arch: ArchOption = None,
-    noise: Annotated[Noise | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-dataset).", show_default=cfg("train.noise"))] = None,
-    accountant: Annotated[Accountant | None, typer.Option(help="Privacy accountant: pld (tight numerical) or rdp.", show_default=cfg("train.accountant"))] = None,
+    noise: NoiseOption = None,
+    accountant: AccountantOption = None,
     max_eps: Annotated[float | None, typer.Option("--max-eps", help="A cap: stop before the ε spent would exceed this (σ stays calibrated to --eps).")] = None,
     target_eps: Annotated[float | None, typer.Option("--target-eps", hidden=True)] = None,
     patience: Annotated[int | None, typer.Option(help="Early-stop after this many epochs without validation gain.")] = None,
@@ -512,7 +525,7 @@ def train(
     public_dataset: Annotated[Dataset | None, typer.Option(help="Public dataset for noise plug-ins that need one (shaped); never the private dataset.")] = None,
     public_split: Annotated[Split, typer.Option(help="Split of --public-dataset whose training part is used.")] = Split.train,
     public_data: Annotated[str | None, typer.Option("--public-data", hidden=True)] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.", show_default=cfg("seed"))] = None,
+    seed: Seed = None,
     noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
@@ -574,27 +587,27 @@ def train(
 def audit(
     ticket: Annotated[Path | None, typer.Option(help="Winning ticket from `dpltm select` (as for `dpltm train`).")] = None,
     dense: Annotated[bool, typer.Option("--dense", help="Audit DP-SGD on the full network (no ticket).")] = False,
-    dataset: Annotated[Dataset | None, typer.Option(help="Private dataset to train on (or the --config file's data.dataset).", show_default="mnist")] = None,
+    dataset: PrivateDataset = None,
     split: SplitOption = None,
     eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="Training budget ε; σ is calibrated to it (the claim the audit tests).", show_default=cfg("train.eps2"))] = None,
-    sigma: Annotated[float | None, typer.Option(help="Noise multiplier σ (skips calibration; ε is reported).")] = None,
-    delta: Annotated[float | None, typer.Option(help="δ.", show_default=cfg("train.delta"))] = None,
-    epochs: Annotated[int | None, typer.Option(help="Epochs.", show_default=cfg("train.epochs"))] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Expected batch size L.", show_default=cfg("train.batch_size"))] = None,
-    clip: Annotated[float | None, typer.Option(help="Per-sample clipping norm C.", show_default=cfg("train.clip"))] = None,
-    lr: Annotated[float | None, typer.Option(help="Learning rate.", show_default=cfg("train.lr"))] = None,
+    sigma: Sigma = None,
+    delta: DeltaOption = None,
+    epochs: Epochs = None,
+    batch_size: BatchSize = None,
+    clip: Clip = None,
+    lr: LearningRate = None,
     recipe: Annotated[Recipe, typer.Option(help="Training recipe, as for `dpltm train`.")] = Recipe.paper,
-    optimizer: Annotated[Optimizer | None, typer.Option(help="sgd, or adam (NoisyAdam).", show_default=cfg("train.optimizer"))] = None,
-    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients.", show_default=cfg("train.momentum"))] = None,
+    optimizer: OptimizerOption = None,
+    momentum: Momentum = None,
     activation: ActivationOption = None,
     arch: ArchOption = None,
-    noise: Annotated[Noise | None, typer.Option(help="Noise plug-in, as for `dpltm train`.", show_default=cfg("train.noise"))] = None,
-    accountant: Annotated[Accountant | None, typer.Option(help="The accountant whose claim is tested.", show_default=cfg("train.accountant"))] = None,
+    noise: NoiseOption = None,
+    accountant: AccountantOption = None,
     canaries: Annotated[int, typer.Option(help="Number m of canaries, each included with probability 1/2.")] = 1000,
     threat_model: Annotated[ThreatModel, typer.Option(help="white-box: Dirac gradient canaries on surviving weights, observed through the released noisy gradients (also reported: the final model only); black-box: out-of-distribution input records with random labels, scored by the released model's loss.")] = ThreatModel.white_box,
     confidence: Annotated[float, typer.Option(help="Confidence of the lower bound.")] = 0.95,
     canary_seed: Annotated[int | None, typer.Option(help="Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.", show_default=cfg("seed"))] = None,
+    seed: Seed = None,
     noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
