@@ -20,25 +20,42 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpltm.api_checks import (
+    check_accountant,
+    check_batch_size,
+    check_budget,
+    check_budget_left,
+    check_count,
+    check_data_fits_model,
+    check_delta,
+    check_mask_values,
+    check_model_and_optimizer,
+    check_neighboring,
+    check_positive,
+    check_steps,
+)
 from dpltm.config import TrainSettings
+from dpltm.data.splits import record_hashes
 from dpltm.dp.distributed import rank_sampling_seed
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.per_sample import Loss, clipped_gradient_sum_of, per_sample_cross_entropy, trainable_layers
-from dpltm.dp.sampling import PoissonBatches
+from dpltm.dp.sampling import poisson_sample
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
-from dpltm.privacy.ledger import PrivacyLedger, training_record
+from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.privacy.segments import SpentSegments
 from dpltm.private_training import TrainPlan, plan_training
 from dpltm.pruning import prune_layerwise
 
@@ -104,18 +121,21 @@ def surviving_coordinates(model: nn.Module, masks: Mapping[str, Tensor]) -> dict
     return surviving
 
 
-def user_run_ledger(plan: TrainPlan, steps: int, clip: float, dataset_size: int, delta: float, accountant: str,
+def user_run_ledger(segments: SpentSegments, delta: float, accountant: str, neighboring: str,
                     masks: Mapping[str, Tensor], masks_from: str | None, masks_private: bool,
-                    selection_eps1: float | None, dataset_name: str) -> PrivacyLedger:
-    """What a `make_private` / `DPCallback` run spent: its DP-SGD steps, any ε1 of the selection, and the
-    masks' provenance (none; public; or these private records: then not DP end to end)."""
+                    selection_eps1: float | None, dataset_name: str) -> PrivacyLedger | None:
+    """What a `make_private` / `DPCallback` run spent: every DP-SGD segment as it ran (composed, never
+    re-planned: PRIVACY.md §8), any ε1 of the selection, and the masks' provenance (none; public; or
+    these private records: then not DP end to end). None before the first step."""
+    records = segments.records()
+    if not records:
+        return None
     phase1 = "none" if not masks else "same-data" if masks_private else "public"
     return PrivacyLedger(
         phase1=phase1, phase1_dataset=masks_from if masks else None, private_dataset=dataset_name,
-        selection_eps1=selection_eps1,
-        training=training_record(plan.sample_rate, plan.noise_multiplier, steps, clip, plan.expected_batch_size,
-                                 dataset_size),
-        delta=delta, accountant=accountant)
+        selection_eps1=selection_eps1, training=records[-1],
+        earlier_training=tuple(records[:-1]) or None, delta=delta, neighboring=neighboring, accountant=accountant,
+        held_out_records=False)
 
 
 @torch.no_grad()
@@ -155,6 +175,9 @@ class Ticket:
     density: float
     accuracy: float | None
     theta0: dict[str, Tensor] = field(repr=False)
+    public_records: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False)
+    """Content hashes of the public records the ticket was made on (training and validation): passed as
+    `make_private(..., masks_from=tickets)`, they let the overlap with the private records be checked."""
 
 
 def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, rounds: int = 5,
@@ -167,6 +190,10 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     is left at θ0 with no mask."""
     device = next(model.parameters()).device
     features, labels = as_tensors(train, device)
+    seen = [_record_keys(features, labels)]
+    if val is not None:
+        seen.append(_record_keys(*as_tensors(val, "cpu")))
+    public_records = np.unique(np.concatenate(seen))
     names = list(prunable_weights(model))
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     masks: Masks = {n: torch.ones_like(w, dtype=torch.bool) for n, w in prunable_weights(model).items()}
@@ -185,7 +212,7 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             apply_masks(model, masks)
         accuracy = evaluate(model, val) if val is not None else None
         tickets.append(Ticket(k, {n: m.clone() for n, m in masks.items()}, density_of(model, masks), accuracy,
-                              {n: v.clone() for n, v in theta0.items()}))
+                              {n: v.clone() for n, v in theta0.items()}, public_records))
         if k < rounds:
             masks = prune_layerwise(prunable_weights(model), masks, rates)
     model.load_state_dict(theta0)
@@ -216,54 +243,71 @@ def account(*, sample_rate: float, noise_multiplier: float, steps: int, delta: f
 
 
 class PrivateTraining:
-    """A user's model under dpltm's masked DP-SGD. Build it with `make_private`."""
+    """A user's model under dpltm's masked DP-SGD. Build it with `make_private` (or resume one with
+    `make_private(..., resume_from=path)`).
+
+    Every step draws its own batch from the run's Poisson sampler (each record in with probability
+    q = L/N, from a generator seeded by the OS CSPRNG): `step()` takes no data, so no batch chosen
+    any other way can be booked as a Poisson step (PRIVACY.md §8)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, features: Tensor, labels: Tensor,
                  plan: TrainPlan, settings: TrainSettings, masks: Masks, masks_from: str | None, loss: Loss,
                  seed: int, dataset_name: str, masks_private: bool = False,
-                 selection_eps1: float | None = None) -> None:
+                 selection_eps1: float | None = None, segments: SpentSegments | None = None,
+                 epochs_done: int = 0, history: list[dict[str, Any]] | None = None) -> None:
         self.model, self.optimizer, self.features, self.labels = model, optimizer, features, labels
         self.plan, self.settings, self.masks, self.masks_from, self.loss = plan, settings, masks, masks_from, loss
         self.dataset_name, self.masks_private, self.selection_eps1 = dataset_name, masks_private, selection_eps1
         self.noise = GaussianNoise(plan.noise_multiplier)
         self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
-        self.generator = torch.Generator(device=features.device).manual_seed(seed)
-        # one sampling stream for the whole run: every epoch, however it is driven, draws fresh batches
-        self.sampler = PoissonBatches(len(labels), plan.sample_rate, plan.steps_per_epoch,
-                                      rank_sampling_seed(seed, 0), features.device)
-        self.steps_done = 0
-        self.epochs_done = 0
-        self.history: list[dict[str, Any]] = []
+        self._noise_generator = torch.Generator(device=features.device).manual_seed(seed)
+        # one sampling stream for the whole run, apart from the noise's: every step draws a fresh batch
+        self._sampling_generator = torch.Generator(device=features.device).manual_seed(rank_sampling_seed(seed, 0))
+        self.segments = segments if segments is not None else SpentSegments()
+        self.segments.begin(plan.sample_rate, plan.noise_multiplier, settings.clip, plan.expected_batch_size,
+                            plan.dataset_size)
+        self.epochs_done = epochs_done
+        self.history: list[dict[str, Any]] = list(history or [])
 
-    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """One epoch of fresh Poisson batches (each record in each batch with probability q = L/N): feed
-        each to `step`. Every call continues the run's one sampling stream."""
-        for index in self.sampler:
-            yield self.features.index_select(0, index), self.labels.index_select(0, index)
+    @property
+    def steps_done(self) -> int:
+        """Every DP step this run has taken, earlier segments (before a resume) included."""
+        return self.segments.steps
 
-    def step(self, x: Tensor, y: Tensor) -> None:
-        """One DP-SGD step on a batch from `batches` (the accountant assumes exactly those Poisson
-        batches): masked clipped sum + noise on the surviving coordinates, divided by the expected
-        batch size L, then the optimiser."""
-        if self.steps_done >= self.plan.steps:
+    def batches(self, *args: Any, **kwargs: Any) -> None:
+        raise DpltmUserError("PrivateTraining.batches() is gone: step() draws its own Poisson batch (a batch "
+                             "chosen any other way is not the mechanism the accountant assumes); call "
+                             "private.step() plan.steps_per_epoch times, or fit()")
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """One DP-SGD step: draw a Poisson batch from the run's own sampler, masked clipped sum + noise on
+        the surviving coordinates, divided by the expected batch size L, then the optimiser."""
+        if args or kwargs:
+            raise DpltmUserError("step() takes no batch: it draws its own Poisson batch (each record with "
+                                 "probability q), the only batches the accountant covers")
+        if self.segments.open_steps >= self.plan.steps:
             raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
+        index = poisson_sample(len(self.labels), self.plan.sample_rate, self._sampling_generator,
+                               self.features.device)
+        x, y = self.features.index_select(0, index), self.labels.index_select(0, index)
         batch = clipped_gradient_sum_of(self.model, x, y, self.settings.clip, self.masks, self.loss)
-        noisy = self.noise.perturb(batch.grad_sums, self.surviving, self.settings.clip, self.generator)
+        noisy = self.noise.perturb(batch.grad_sums, self.surviving, self.settings.clip, self._noise_generator)
         parameters = dict(self.model.named_parameters())
         for name, total in noisy.items():
             parameters[name].grad = total.mul_(1.0 / self.plan.expected_batch_size)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
-        self.steps_done += 1
+        self.segments.count_step()
 
     def fit(self, epochs: int | None = None, val: Data | None = None,
             on_epoch: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Run the planned epochs (or `epochs` of them); returns one record per epoch with ε so far."""
-        todo = self.plan.epochs - self.epochs_done if epochs is None else epochs
+        left = (self.plan.steps - self.segments.open_steps) // self.plan.steps_per_epoch
+        todo = left if epochs is None else check_count(epochs, "epochs", minimum=0)
         for _ in range(todo):
-            for x, y in self.batches():
-                self.step(x, y)
+            for _ in range(self.plan.steps_per_epoch):
+                self.step()
             self.epochs_done += 1
             record = {"epoch": self.epochs_done, "steps": self.steps_done, "epsilon": self.epsilon}
             if val is not None:
@@ -276,70 +320,205 @@ class PrivateTraining:
     def evaluate(self, data: Data) -> float:
         return evaluate(self.model, data)
 
-    def ledger(self) -> PrivacyLedger:
-        """What ran on the private data so far (q, σ, steps, δ) and the mask's provenance."""
-        return user_run_ledger(self.plan, self.steps_done, self.settings.clip, len(self.labels), self.settings.delta,
-                               self.settings.accountant, self.masks if self.masks_from else {}, self.masks_from,
+    def ledger(self) -> PrivacyLedger | None:
+        """What ran on the private data so far (every (q, σ, steps) segment, δ) and the mask's provenance;
+        None before the first step."""
+        return user_run_ledger(self.segments, self.settings.delta, self.settings.accountant,
+                               self.settings.neighboring, self.masks if self.masks_from else {}, self.masks_from,
                                self.masks_private, self.selection_eps1, self.dataset_name)
 
     @property
     def epsilon(self) -> float:
         """The run's ε so far (0 before the first step), by the accountant the plan was calibrated with;
         ∞ when the masks came from these private records (`masks_private`): not DP end to end."""
-        return 0.0 if self.steps_done == 0 else self.ledger().overall_epsilon
+        ledger = self.ledger()
+        return 0.0 if ledger is None else ledger.overall_epsilon
 
     @property
     def epsilon_dp_part(self) -> float:
         """ε of the DP phases alone (selection and training), even when the run is not DP end to end."""
-        return 0.0 if self.steps_done == 0 else self.ledger().best_bound().epsilon
+        ledger = self.ledger()
+        return 0.0 if ledger is None else ledger.best_bound().epsilon
 
     def report(self) -> dict[str, Any]:
         """The ledger's JSON report (ε, δ, accountant, what ran) and its plain-English statement."""
         ledger = self.ledger()
+        if ledger is None:
+            return {"epsilon": 0.0, "steps": 0, "statement": "No DP step has run yet: nothing spent."}
         return {**ledger.report(), "statement": ledger.statement()}
+
+    # ---- saving and resuming: what was spent travels, never a seed or a generator state -------
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimiser, masks, the spent segments and the settings: everything to resume and to
+        account, and nothing that would let anyone subtract the noise (no seed, no generator state)."""
+        ledger = self.ledger()
+        s = self.settings
+        return {
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "masks": {k: v.cpu() for k, v in self.masks.items()},
+            "masks_from": self.masks_from, "masks_private": self.masks_private,
+            "selection_eps1": self.selection_eps1, "dataset_name": self.dataset_name,
+            "dataset_size": len(self.labels),
+            "settings": {"epochs": s.epochs, "batch_size": s.batch_size, "clip": s.clip, "eps2": s.eps2,
+                         "sigma": s.sigma, "delta": s.delta, "accountant": s.accountant,
+                         "neighboring": s.neighboring},
+            "segments": self.segments.state(), "epochs_done": self.epochs_done, "history": list(self.history),
+            "ledger": None if ledger is None else ledger.to_json(),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the run to `path` atomically (a dpltm 'run' checkpoint: `dpltm inspect` reads it); resume
+        with `make_private(..., resume_from=path)`."""
+        from dpltm.checkpoint import save_atomic
+
+        target = Path(path)
+        save_atomic(self.state_dict(), target, "run")
+        return target
+
+
+def _record_keys(features: Tensor, labels: Tensor) -> np.ndarray:
+    """Per-record content hashes (float32 features, int64 labels), as the CLI's overlap check uses."""
+    x = features.detach().to("cpu", torch.float32)
+    y = labels.detach().to("cpu")
+    return record_hashes(x, y.long() if not y.is_floating_point() else y.round().long(), seed=0)
+
+
+def public_provenance(masks_from: Any, features: Tensor, labels: Tensor) -> str | None:
+    """`masks_from` as a provenance line, checked where it can be: given the public data itself (a
+    (features, labels) pair or a Dataset) or the tickets of `generate_tickets` (which carry their
+    records' hashes), no private training record may be among the public ones (PRIVACY.md §8: public
+    knowledge is free only when no private record is in it). A string is taken on the user's word."""
+    if masks_from is None or isinstance(masks_from, str):
+        return masks_from
+    if isinstance(masks_from, Ticket):
+        tickets: list[Ticket] | None = [masks_from]
+    elif isinstance(masks_from, list) and masks_from and all(isinstance(t, Ticket) for t in masks_from):
+        tickets = masks_from
+    else:
+        tickets = None
+    if tickets is not None:
+        public = np.unique(np.concatenate([t.public_records for t in tickets]))
+        what = "the tickets' public data"
+    else:
+        try:
+            pub_x, pub_y = as_tensors(masks_from, "cpu")
+        except (DpltmUserError, TypeError, ValueError, RuntimeError):
+            raise DpltmUserError("masks_from must be a string, the public data (features, labels) or a Dataset, or "
+                                 f"the tickets of generate_tickets; got {type(masks_from).__name__}") from None
+        public = np.unique(_record_keys(pub_x, pub_y))
+        what = "the public data given as masks_from"
+    shared = int(np.isin(_record_keys(features, labels), public).sum())
+    if shared:
+        raise DpltmUserError(f"{shared} of the private training records are among {what}: masks made on them are "
+                             "a function of private records (not DP); remove them from one side, or pass "
+                             "masks_private=True to train without an end-to-end guarantee")
+    return f"public data ({len(public)} distinct records; checked: none of the private training records among them)"
 
 
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data, *,
                  target_epsilon: float | None = None, noise_multiplier: float | None = None,
-                 delta: float = 1e-5, epochs: int = 1, batch_size: int = 256, max_grad_norm: float = 1.0,
-                 masks: Mapping[str, Tensor] | None = None, masks_from: str | None = None,
+                 delta: float | None = None, epochs: int = 1, batch_size: int = 256, max_grad_norm: float = 1.0,
+                 masks: Mapping[str, Tensor] | None = None, masks_from: Any = None,
                  loss: Loss = per_sample_cross_entropy, accountant: str = "pld", noise_seed: int | None = None,
                  dataset_name: str = "user data", masks_private: bool = False,
-                 selection_eps1: float | None = None) -> PrivateTraining:
+                 selection_eps1: float | None = None, neighboring: str = "add_remove",
+                 target_delta: float | None = None, resume_from: str | Path | None = None) -> PrivateTraining:
     """Masked DP-SGD for a user's model, in the spirit of Opacus's `make_private_with_epsilon`.
 
     σ is calibrated so that `epochs` epochs of Poisson batches of expected size `batch_size` meet
-    (`target_epsilon`, `delta`), or `noise_multiplier` is used and ε reported. `masks` (weight name
-    → 0/1, e.g. `select_ticket(...).masks`) restrict clipping norms, sums and noise to the surviving
-    weights; `masks_from` must then say where they came from. Masks made on other (public) data are
-    covered; masks made on these private records are not DP (say so by not using them here).
-    `loss(outputs, targets)` must return one loss per sample. The noise seed comes from the OS
-    CSPRNG unless `noise_seed` is given (then DP holds only while it stays secret).
+    (`target_epsilon`, `delta`) (Opacus's name `target_delta` works too; default 1e-5), or
+    `noise_multiplier` is used and ε reported. `masks` (weight name → 0/1, e.g.
+    `select_ticket(...).masks`) restrict clipping norms, sums and noise to the surviving weights;
+    `masks_from` must then say where they came from: a string (taken on your word), or the public
+    data itself / the tickets of `generate_tickets`, and then no private record may be among the
+    public ones (checked). `neighboring` is "add_remove" (N treated as public; the default, as in
+    Opacus) or "replace_one". `loss(outputs, targets)` must return one loss per sample. The noise
+    seed comes from the OS CSPRNG unless `noise_seed` is given (then DP holds only while it stays
+    secret; it is never stored).
+
+    `resume_from` (a file `PrivateTraining.save` wrote) continues that run: model, optimiser and what
+    was spent are restored; with `target_epsilon` (the whole run's budget), σ is calibrated for what
+    is left given the segments spent (composed as they ran); noise and sampling draw fresh OS
+    randomness.
     """
-    if masks and not masks_from:
-        raise DpltmUserError("say where the masks come from (masks_from='public data …'): tickets made on the "
-                             "private records are not differentially private")
-    if (target_epsilon is None) == (noise_multiplier is None):
-        raise DpltmUserError("give target_epsilon (σ is calibrated) or noise_multiplier (ε is reported)")
-    if not max_grad_norm > 0:
-        raise DpltmUserError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-    parameters = list(model.parameters())
-    if not parameters:
+    check_model_and_optimizer(model, optimizer)
+    target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
+    d = check_delta(delta, target_delta)
+    clip = check_positive(max_grad_norm, "max_grad_norm")
+    epochs = check_count(epochs, "epochs")
+    accountant = check_accountant(accountant)
+    neighboring = check_neighboring(neighboring)
+    masks = check_mask_values(masks)
+    if not isinstance(dataset_name, str) or not dataset_name:
+        raise DpltmUserError("dataset_name must be a non-empty string")
+    if not callable(loss):
+        raise DpltmUserError("loss must be callable: loss(outputs, targets) -> one loss per sample")
+    if noise_seed is not None and (isinstance(noise_seed, bool) or not isinstance(noise_seed, int) or noise_seed < 0):
+        raise DpltmUserError(f"noise_seed must be a non-negative integer, got {noise_seed!r}")
+    if selection_eps1 is not None and not masks:
+        raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
+    if selection_eps1 is not None:
+        check_positive(selection_eps1, "selection_eps1")
+    if masks and masks_from is None:
+        raise DpltmUserError("say where the masks come from (masks_from='public data …', or the public data or "
+                             "tickets themselves): tickets made on the private records are not differentially private")
+    if not list(model.parameters()):
         raise DpltmUserError("the model has no parameters")
-    device = parameters[0].device
+    device = next(model.parameters()).device
     features, labels = as_tensors(train, device)
     trainable_layers(model)  # unsupported layers fail here, before any step
-    checked = check_user_masks(model, masks or {})
+    check_data_fits_model(model, features, labels, classification=loss is per_sample_cross_entropy)
+    batch_size = check_batch_size(batch_size, len(labels))
+    check_steps(epochs, batch_size, len(labels))
+    checked = check_user_masks(model, masks)
+    provenance = public_provenance(masks_from, features, labels) if checked and not masks_private else masks_from
+    if provenance is not None and not isinstance(provenance, str):
+        provenance = "the private training records themselves"
+    segments, epochs_done, history = None, 0, None
+    if resume_from is not None:
+        if noise_seed is not None:
+            raise DpltmUserError("noise_seed cannot be combined with resume_from: a resumed run draws fresh OS "
+                                 "randomness (re-seeding would reuse the first segment's noise)")
+        segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, len(labels))
+        check_budget_left(segments.events(), target_epsilon, d, accountant, neighboring)
+        if epochs_done >= epochs:
+            raise DpltmUserError(f"the run in {resume_from} has done {epochs_done} of epochs={epochs}: pass a larger "
+                                 "epochs to train on")
     apply_masks(model, checked)
-    settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=max_grad_norm, eps2=target_epsilon,
-                             sigma=noise_multiplier, delta=delta, accountant=accountant)
-    plan = plan_training(settings, len(labels))
+    settings = TrainSettings(epochs=epochs - epochs_done, batch_size=batch_size, clip=clip, eps2=target_epsilon,
+                             sigma=noise_multiplier, delta=d, accountant=accountant, neighboring=neighboring)
+    plan = plan_training(settings, len(labels), spent=segments.events() if segments is not None else None)
     if not math.isfinite(plan.noise_multiplier):
         raise DpltmUserError("no finite noise multiplier meets this budget")
     seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
-    return PrivateTraining(model, optimizer, features, labels, plan, settings, checked,
-                           masks_from if checked else None, loss, seed, dataset_name,
-                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1)
+    run = PrivateTraining(model, optimizer, features, labels, plan, settings, checked,
+                          provenance if checked else None, loss, seed, dataset_name,
+                          masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
+                          segments=segments, epochs_done=epochs_done, history=history)
+    run.settings = replace(settings, epochs=epochs)
+    return run
+
+
+def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,
+            dataset_size: int) -> tuple[SpentSegments, int, list[dict[str, Any]]]:
+    """Model, optimiser and the spent segments of a saved run; the data and masks must be the run's."""
+    from dpltm.checkpoint import load_checkpoint
+
+    body = load_checkpoint(path, "run")
+    if body["dataset_size"] != dataset_size:
+        raise DpltmUserError(f"{path} trained on {body['dataset_size']} records, this data has {dataset_size}: "
+                             "resume on the same private data")
+    saved = {k: torch.as_tensor(v) for k, v in body["masks"].items()}
+    if set(saved) != set(masks) or any(not torch.equal(saved[k].bool().cpu(), masks[k].cpu()) for k in masks):
+        raise DpltmUserError(f"the masks differ from those of the run in {path}: pass the same masks")
+    try:
+        model.load_state_dict(body["model"])
+        optimizer.load_state_dict(body["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise DpltmUserError(f"{path} does not fit this model or optimizer: {first}") from None
+    return SpentSegments(body["segments"]), int(body["epochs_done"]), list(body["history"])
 
 
 def load_model(path: str | Path) -> nn.Module:

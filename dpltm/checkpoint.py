@@ -22,8 +22,9 @@ import torch
 from dpltm.errors import DpltmUserError
 
 FORMAT_VERSION = 1
-KINDS = ("tickets", "ticket", "model")
-"""tickets: a generated ticket set; ticket: one selected winner; model: a trained network."""
+KINDS = ("tickets", "ticket", "model", "run")
+"""tickets: a generated ticket set; ticket: one selected winner; model: a trained network; run: a library
+run of `make_private` (`PrivateTraining.save`), resumable, with the segments it spent."""
 
 
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -35,6 +36,8 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
                "source.data.split": str, "selection": dict, "selection.method": str, "privacy": dict},
     "model": {"architecture": dict, "state_dict": dict, "ledger": dict, "report": dict, "history": list,
               "config": dict, "data": dict},
+    "run": {"model": dict, "optimizer": dict, "masks": dict, "dataset_name": str, "dataset_size": int,
+            "settings": dict, "segments": list, "epochs_done": int, "history": list},
 }
 """Keys each kind must hold (dotted paths into nested dicts) and their types: a file that
 claims to be a dpltm checkpoint but lacks its body is refused in one line, not a KeyError."""

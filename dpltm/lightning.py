@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,18 +30,35 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from dpltm.api import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
+from dpltm.api_checks import (
+    check_accountant,
+    check_budget,
+    check_budget_left,
+    check_delta,
+    check_mask_values,
+    check_neighboring,
+    check_positive,
+    check_single_evaluation,
+)
 from dpltm.config import TrainSettings
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.per_sample import _Tap, clip_and_sum, trainable_layers
 from dpltm.dp.sampling import poisson_sample
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.privacy.segments import SpentSegments
 from dpltm.private_training import TrainPlan, plan_training
 from dpltm.run_log import float32_at_least
 
+STATE_VERSION = 2
+"""The callback's checkpoint state: 2 = spent segments, no seed or generator (1 held both)."""
+
 
 class PoissonBatchSampler(Sampler[list[int]]):
-    """`steps` Poisson batches per epoch: each of `n` records in each batch with probability q."""
+    """`steps` Poisson batches per epoch: each of `n` records in each batch with probability q.
+
+    It remembers the size of every batch it has handed out and not yet seen trained on, so that
+    `DPCallback` can check that each step consumes one of its batches, in order."""
 
     def __init__(self, n: int, batch_size: int, steps: int | None = None, seed: int | None = None) -> None:
         if not 0 < batch_size < n:
@@ -49,19 +67,37 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.sample_rate = batch_size / n
         self.steps = steps if steps is not None else math.ceil(n / batch_size)
         self.generator = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
+        self._issued: deque[int] = deque()
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._issued.clear()  # a new pass: batches drawn ahead for an abandoned pass are never trained on
         for _ in range(self.steps):
-            yield poisson_sample(self.n, self.sample_rate, self.generator).tolist()
+            index = poisson_sample(self.n, self.sample_rate, self.generator).tolist()
+            self._issued.append(len(index))
+            yield index
+
+    def next_issued(self) -> int | None:
+        """The size of the oldest batch handed out and not yet trained on (None: none is pending)."""
+        return self._issued.popleft() if self._issued else None
 
 
 def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, **kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
     """A DataLoader of Poisson batches (expected size `batch_size`); an empty batch is a batch of zero
-    rows (it still takes a noisy step), shaped like the dataset's first item."""
+    rows (it still takes a noisy step), shaped like the dataset's first item. Map-style datasets of
+    any size work (items are read per batch), with per-epoch augmentation in `__getitem__`; sampling
+    stays exact Poisson because the sampler, not the dataset, chooses the records."""
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise DpltmUserError("poisson_loader needs a map-style dataset (with __len__ and __getitem__): Poisson "
+                             "sampling chooses each record independently, which an iterable stream cannot do")
     n = len(dataset)  # type: ignore[arg-type]
+    if n < 2:
+        raise DpltmUserError(f"the dataset has {n} record(s): Poisson sampling needs at least 2")
+    if "batch_size" in kwargs or "shuffle" in kwargs or "sampler" in kwargs or "batch_sampler" in kwargs:
+        raise DpltmUserError("poisson_loader chooses the batches itself: drop batch_size/shuffle/sampler/batch_sampler "
+                             "from its keyword arguments")
     example = default_collate([dataset[0]])
 
     def collate(items: list[Any]) -> Any:
@@ -74,69 +110,121 @@ def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, *
 
 
 class DPCallback(L.Callback):
-    """Masked DP-SGD for a LightningModule with automatic optimisation (one optimiser, one device)."""
+    """Masked DP-SGD for a LightningModule with automatic optimisation (one optimiser, one device).
+
+    What was spent is recorded segment by segment, as it ran: a second `fit`, or a resume from a
+    Lightning checkpoint, opens a new segment at the (q, σ) it runs at, and the ledger composes every
+    segment (PRIVACY.md §8). With `target_epsilon`, each fit calibrates σ for what is left of the
+    budget given the segments already spent, or refuses when nothing is left. No seed or generator
+    state is ever written to a checkpoint: a resumed fit draws fresh OS randomness."""
 
     def __init__(self, *, target_epsilon: float | None = None, noise_multiplier: float | None = None,
-                 delta: float = 1e-5, max_grad_norm: float = 1.0, masks: Mapping[str, Tensor] | None = None,
+                 delta: float | None = None, max_grad_norm: float = 1.0, masks: Mapping[str, Tensor] | None = None,
                  masks_from: str | None = None, loss_reduction: str = "mean", accountant: str = "pld",
                  noise_seed: int | None = None, masks_private: bool = False,
-                 selection_eps1: float | None = None) -> None:
-        if (target_epsilon is None) == (noise_multiplier is None):
-            raise DpltmUserError("give target_epsilon (σ is calibrated) or noise_multiplier (ε is reported)")
+                 selection_eps1: float | None = None, neighboring: str = "add_remove",
+                 target_delta: float | None = None) -> None:
+        self.target_epsilon, self.noise_multiplier = check_budget(target_epsilon, noise_multiplier)
+        self.delta = check_delta(delta, target_delta)
         if loss_reduction not in ("mean", "sum"):
-            raise DpltmUserError(f"loss_reduction must be mean or sum, got {loss_reduction!r}")
+            raise DpltmUserError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        masks = check_mask_values(masks)
         if masks and not masks_from:
             raise DpltmUserError("say where the masks come from (masks_from=…): tickets made on the private "
                                  "records are not differentially private")
-        self.target_epsilon, self.noise_multiplier, self.delta = target_epsilon, noise_multiplier, delta
-        self.clip, self.masks_in, self.masks_from = max_grad_norm, dict(masks or {}), masks_from
-        if not max_grad_norm > 0:
-            raise DpltmUserError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-        self.loss_reduction, self.accountant = loss_reduction, accountant
+        if masks_from is not None and not isinstance(masks_from, str):
+            raise DpltmUserError("DPCallback's masks_from is a string (where the masks came from); to have the "
+                                 "overlap with public data checked, use make_private")
+        if selection_eps1 is not None and not masks:
+            raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
+        if selection_eps1 is not None:
+            check_positive(selection_eps1, "selection_eps1")
+        if noise_seed is not None and (isinstance(noise_seed, bool) or not isinstance(noise_seed, int)
+                                       or noise_seed < 0):
+            raise DpltmUserError(f"noise_seed must be a non-negative integer, got {noise_seed!r}")
+        self.clip = check_positive(max_grad_norm, "max_grad_norm")
+        self.masks_in, self.masks_from = dict(masks), masks_from
+        self.loss_reduction, self.accountant = loss_reduction, check_accountant(accountant)
+        self.neighboring = check_neighboring(neighboring)
         self.masks_private, self.selection_eps1 = masks_private, selection_eps1
-        self.seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
-        self.generator: torch.Generator | None = None  # made once: a second fit continues its stream
-        self._batch_size = 0
-        self._calls: dict[int, int] = {}
-        self.steps_done = 0
+        self._noise_seed = noise_seed  # used once, by the first fit of a fresh callback; never stored
+        self._noise_generator: torch.Generator | None = None
+        self._fresh_noise = False
+        self.segments = SpentSegments()
         self.history: list[dict[str, Any]] = []
         self.plan: TrainPlan | None = None
+        self.masks: dict[str, Tensor] = {}
+        self.dataset_size = 0
+        self._sampler: PoissonBatchSampler | None = None
+        self._batch_size = 0
+        self._stepped = False
+        self._calls: dict[int, int] = {}
         self._taps: list[_Tap] = []
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
 
+    @property
+    def steps_done(self) -> int:
+        """Every DP step taken under this callback, all fits and resumes included."""
+        return self.segments.steps
+
     # ---- set-up -------------------------------------------------------------------------------
+    def _poisson_sampler(self, trainer: L.Trainer) -> PoissonBatchSampler:
+        sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+        if not isinstance(sampler, PoissonBatchSampler):
+            raise DpltmUserError("DP-SGD's accountant assumes Poisson sampling: build the training loader with "
+                                 "dpltm.lightning.poisson_loader(dataset, batch_size)")
+        return sampler
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1:
             raise DpltmUserError("DPCallback runs on one device (multi-device DP: `dpltm train --devices`)")
         if not pl_module.automatic_optimization or trainer.accumulate_grad_batches != 1:
             raise DpltmUserError("DPCallback needs automatic optimisation without gradient accumulation")
+        if len(trainer.optimizers) != 1:
+            raise DpltmUserError(f"DPCallback needs exactly one optimiser, the module has {len(trainer.optimizers)}")
+        check_single_evaluation(trainer.optimizers[0])
         if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
             raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
                                  "skips steps from the non-private gradients and rounds the clipping")
-        sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
-        if not isinstance(sampler, PoissonBatchSampler):
-            raise DpltmUserError("DP-SGD's accountant assumes Poisson sampling: build the training loader with "
-                                 "dpltm.lightning.poisson_loader(dataset, batch_size)")
+        sampler = self._poisson_sampler(trainer)
         if trainer.max_epochs is None or trainer.max_epochs < 1:
-            raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole run")
-        settings = TrainSettings(epochs=trainer.max_epochs, batch_size=sampler.batch_size, clip=self.clip,
+            raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole fit")
+        epochs_left = max(1, trainer.max_epochs - trainer.current_epoch)
+        settings = TrainSettings(epochs=epochs_left, batch_size=sampler.batch_size, clip=self.clip,
                                  eps2=self.target_epsilon, sigma=self.noise_multiplier, delta=self.delta,
-                                 accountant=self.accountant)
-        self.plan = plan_training(settings, sampler.n)
+                                 accountant=self.accountant, neighboring=self.neighboring)
+        spent = self.segments.events()
+        check_budget_left(spent, self.target_epsilon, self.delta, self.accountant, self.neighboring)
+        # with target_epsilon: σ for what is left of the budget given every segment spent (or a refusal)
+        self.plan = plan_training(settings, sampler.n, spent=spent or None)
+        self.segments.begin(self.plan.sample_rate, self.plan.noise_multiplier, self.clip,
+                            self.plan.expected_batch_size, sampler.n)
+        self._sampler = sampler
         self.plan_steps_per_epoch = sampler.steps
         self.dataset_size = sampler.n
         self.masks = check_user_masks(pl_module, self.masks_in)
         apply_masks(pl_module, self.masks)
         self.noise = GaussianNoise(self.plan.noise_multiplier)
         self.surviving = surviving_coordinates(pl_module, self.masks)
-        if self.generator is None:
-            self.generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
-            if getattr(self, "_generator_state", None) is not None:
-                self.generator.set_state(self._generator_state)
+        if self._noise_generator is None or self._fresh_noise:
+            first_use = self._noise_seed is not None and not self._fresh_noise
+            seed = self._noise_seed if first_use else secrets.randbits(63)
+            self._noise_generator = torch.Generator(device=pl_module.device).manual_seed(seed)
+            self._noise_seed, self._fresh_noise = None, False
         self._taps = [_Tap(name, module) for name, module in trainable_layers(pl_module)]
         for index, tap in enumerate(self._taps):
             self._handles.append(tap.module.register_forward_hook(self._forward_hook(index)))
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Loaders may be reloaded between epochs: each epoch must draw from a Poisson sampler at the
+        planned N and L (the q the accountant was told)."""
+        sampler = self._poisson_sampler(trainer)
+        if (sampler.n, sampler.batch_size) != (self.dataset_size, self.plan.expected_batch_size if self.plan else 0):
+            raise DpltmUserError(f"the reloaded training loader samples {sampler.batch_size} of {sampler.n} records; "
+                                 f"this fit was planned for {self.plan.expected_batch_size if self.plan else '?'} of "
+                                 f"{self.dataset_size}: start a new fit to change the sampling rate")
+        self._sampler = sampler
 
     def _forward_hook(self, index: int) -> Any:
         def hook(module: torch.nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
@@ -150,22 +238,34 @@ class DPCallback(L.Callback):
         return hook
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.segments.end()
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.on_train_end(trainer, pl_module)  # the steps taken stay counted; hooks are removed
 
     # ---- the step -----------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         first = batch[0] if isinstance(batch, (list, tuple)) else batch
         self._batch_size = int(first.shape[0])  # the samples: every layer must see this many rows
+        issued = self._sampler.next_issued() if self._sampler is not None else None
+        if issued is None or issued != self._batch_size:
+            raise DpltmUserError(f"a training batch of {self._batch_size} rows did not come from the run's Poisson "
+                                 "sampler (poisson_loader): the accountant covers only its batches")
+        self._stepped = False
         self._calls.clear()
         self._grads.clear()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
         assert self.plan is not None
-        if self.steps_done >= self.plan.steps:
+        if self._stepped:
+            raise DpltmUserError("the optimiser evaluated the loss twice on one batch (a closure run more than once): "
+                                 "one Poisson step allows one noisy gradient")
+        if self.segments.open_steps >= self.plan.steps:
             raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
         if len(self._grads) != len(self._taps):
             missing = [t.name for i, t in enumerate(self._taps) if i not in self._grads]
@@ -182,13 +282,14 @@ class DPCallback(L.Callback):
             sums = {n: torch.zeros_like(p) for n, p in parameters.items() if p.requires_grad}
         else:
             sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
-        assert self.generator is not None
-        noisy = self.noise.perturb(sums, self.surviving, self.clip, self.generator)
+        assert self._noise_generator is not None
+        noisy = self.noise.perturb(sums, self.surviving, self.clip, self._noise_generator)
         for name, parameter in parameters.items():
             if parameter.requires_grad:
                 parameter.grad = noisy[name].mul_(1.0 / self.plan.expected_batch_size)
         self._grads.clear()
-        self.steps_done += 1
+        self._stepped = True
+        self.segments.count_step()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -200,23 +301,27 @@ class DPCallback(L.Callback):
         # Lightning keeps logged values as float32 tensors: log the smallest float32 ≥ ε, never less
         pl_module.log("epsilon", float32_at_least(record["epsilon"]), prog_bar=True)
 
-    # ---- resuming: what was spent travels in Lightning's checkpoint ---------------------------
+    # ---- resuming: what was spent travels in Lightning's checkpoint, never a seed ---------------
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_done": self.steps_done, "history": self.history, "seed": self.seed,
-                "generator": None if self.generator is None else self.generator.get_state()}
+        return {"format_version": STATE_VERSION, "segments": self.segments.state(), "history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps_done, self.history, self.seed = state["steps_done"], state["history"], state["seed"]
-        self._generator_state = state.get("generator")  # restored on the module's device at train start
+        if not isinstance(state, dict) or state.get("format_version") != STATE_VERSION or "segments" not in state:
+            raise DpltmUserError("this checkpoint's DPCallback state was written by an older dpltm that did not record "
+                                 "its (q, σ, steps) segments: what it spent cannot be accounted; start a new run")
+        self.segments = SpentSegments(state["segments"])
+        self.history = list(state.get("history", []))
+        self._fresh_noise = True  # never continue (or replay) a stored stream: fresh OS randomness
 
     # ---- what was spent -----------------------------------------------------------------------
-    def ledger(self) -> PrivacyLedger:
-        assert self.plan is not None, "fit first"
-        return user_run_ledger(self.plan, self.steps_done, self.clip, self.dataset_size, self.delta, self.accountant,
-                               self.masks, self.masks_from, self.masks_private, self.selection_eps1,
+    def ledger(self) -> PrivacyLedger | None:
+        """Every segment spent so far, composed; None before the first step."""
+        return user_run_ledger(self.segments, self.delta, self.accountant, self.neighboring, self.masks or
+                               self.masks_in, self.masks_from, self.masks_private, self.selection_eps1,
                                "the training loader's dataset")
 
     @property
     def epsilon(self) -> float:
         """The run's ε so far; ∞ when the masks came from the private records (`masks_private`)."""
-        return 0.0 if self.steps_done == 0 else self.ledger().overall_epsilon
+        ledger = self.ledger()
+        return 0.0 if ledger is None else ledger.overall_epsilon

@@ -155,6 +155,13 @@ class PrivacyLedger:
     k draws of ε1_i-DP (each ε1_i-bounded-range) compose to (Σε1_i)-DP and (Σε1_i)-bounded range
     (Dwork & Roth 2014, Thm 3.16; Durfee & Rogers 2019, Lemma 3.3), so the single selection event
     with the sum is a valid, slightly conservative record of all of them."""
+    earlier_training: tuple[dict[str, float | int], ...] | None = None
+    """DP-SGD segments that ran on the same private data before `training`, at other (q, σ) (a library
+    run's earlier fits or resumes; dpltm.privacy.segments), in order. They are composed with
+    `training` as they ran (adaptive composition, Dwork & Roth 2014, Thm 3.16), never re-planned."""
+    held_out_records: bool = True
+    """Whether validation and test records were held out of the private set (the CLI's splits); a
+    library run on the user's tensors has none, and its statement must not claim them."""
 
     def __post_init__(self) -> None:
         if self.phase1 not in PHASE1_MODES:
@@ -182,6 +189,13 @@ class PrivacyLedger:
         if self.phase1_training:
             object.__setattr__(self, "phase1_training",
                                tuple(self._checked_training(r) for r in self.phase1_training))
+        if self.earlier_training:
+            if self.training is None:
+                raise DpltmUserError("earlier DP-SGD segments need the training record they precede")
+            object.__setattr__(self, "earlier_training",
+                               tuple(self._checked_training(r) for r in self.earlier_training))
+        else:
+            object.__setattr__(self, "earlier_training", None)
 
     @staticmethod
     def _checked_training(training: Mapping[str, Any]) -> dict[str, float | int]:
@@ -237,10 +251,14 @@ class PrivacyLedger:
         return "selection and training only (phases 2-3)"
 
     def training_event(self) -> DpEvent:
+        """Training's DP-SGD event; with earlier segments, all of them composed in the order they ran."""
         if self.training is None:
             return NonPrivateDpEvent()
         t = self.training
-        return dpsgd_event(t["q"], t["sigma"], int(t["steps"]))
+        last = dpsgd_event(t["q"], t["sigma"], int(t["steps"]))
+        if self.earlier_training:
+            return ComposedDpEvent([*dpsgd_events(self.earlier_training), last])
+        return last
 
     def dp_event(self) -> DpEvent:
         """The whole run: `ComposedDpEvent([phase 1, selection, training])`."""
@@ -325,6 +343,7 @@ class PrivacyLedger:
             "selection_draws": self.selection_draws,
             "training": dict(self.training) if self.training is not None else None,
             "phase1_training": None if self.phase1_training is None else [dict(r) for r in self.phase1_training],
+            "earlier_training": None if self.earlier_training is None else [dict(r) for r in self.earlier_training],
             "noise": self.noise,
             "warning": self.warning(),
         }
@@ -347,8 +366,9 @@ class PrivacyLedger:
         if self.training is not None and "dataset_size" in self.training:
             lines.append(
                 f"Protected: the {int(self.training['dataset_size'])} training records of "
-                f"{self.private_dataset} (their number is treated as public). Validation and test "
-                "records are held out; their accuracies are reported without privacy."
+                f"{self.private_dataset} (their number is treated as public)."
+                + (" Validation and test records are held out; their accuracies are reported without privacy."
+                   if self.held_out_records else "")
             )
         if self.selection_eps1 is not None and self.selection_draws > 1:
             lines.append(f"Selection: exponential mechanism, {self.selection_draws} draws from the same tickets, "
@@ -383,6 +403,11 @@ class PrivacyLedger:
                 f"{'effective ' if self.noise != 'gaussian' else ''}noise multiplier "
                 f"σ = {t['sigma']:g}, {int(t['steps'])} steps{extra}."
             )
+            for k, r in enumerate(self.earlier_training or (), start=1):
+                lines.append(
+                    f"  Earlier segment {k} (composed above as it ran): q = {r['q']:.4g}, σ = {r['sigma']:g}, "
+                    f"{int(r['steps'])} steps."
+                )
         else:
             lines.append("Training: not private.")
         others = [b for b in self.bounds() if b != best]
@@ -411,6 +436,8 @@ class PrivacyLedger:
             "data_independent_selection": self.data_independent_selection,
             "selection_draws": self.selection_draws,
             "phase1_training": None if self.phase1_training is None else [dict(r) for r in self.phase1_training],
+            "earlier_training": None if self.earlier_training is None else [dict(r) for r in self.earlier_training],
+            "held_out_records": self.held_out_records,
             "dp_event": event_to_json(self.dp_event()),
         }
 
@@ -432,7 +459,9 @@ class PrivacyLedger:
         ledger = cls(**{n: data[n] for n in names},
                      data_independent_selection=bool(data.get("data_independent_selection", False)),
                      selection_draws=data.get("selection_draws", 1),
-                     phase1_training=_records(data.get("phase1_training")))
+                     phase1_training=_records(data.get("phase1_training")),
+                     earlier_training=_records(data.get("earlier_training")),
+                     held_out_records=_flag(data.get("held_out_records", True), "held_out_records"))
         if "dp_event" in data and event_from_json(data["dp_event"]) != ledger.dp_event():
             raise DpltmUserError(
                 "privacy record is inconsistent: its DpEvent does not match its fields"
@@ -440,9 +469,15 @@ class PrivacyLedger:
         return ledger
 
 
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise DpltmUserError(f"privacy record's {name} must be true or false, got {str(value)[:40]!r}")
+    return value
+
+
 def _records(value: Any) -> tuple[dict[str, Any], ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(r, Mapping) for r in value):
-        raise DpltmUserError("privacy record's phase1_training must be a list of DP-SGD records")
+        raise DpltmUserError("privacy record's phase1_training and earlier_training must be lists of DP-SGD records")
     return tuple(dict(r) for r in value)

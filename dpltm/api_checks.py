@@ -1,0 +1,198 @@
+"""Argument checks for the library API (`make_private`, `DPCallback`), in its own words.
+
+The CLI's checks name CLI flags (`--batch-size`); a library user passed Python arguments, so these
+name the Python parameters and say what was received. Everything here runs at construction, before
+any private record is read for training: a mistake costs no privacy and leaves nothing half done.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpltm.errors import DpltmUserError
+from dpltm.privacy.events import MAX_STEPS, MIN_NOISE_MULTIPLIER
+
+NEIGHBORING_NAMES = {"add_remove": "add_remove", "add-remove": "add_remove", "add/remove": "add_remove",
+                     "replace_one": "replace_one", "replace-one": "replace_one"}
+"""Accepted spellings of the neighbouring relation: add/remove-one (Opacus's and TF Privacy's
+convention, N treated as public) or replace-one (N fixed; a larger ε for the same run)."""
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message: its repr, bounded (never a 40 MB line)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_count(value: Any, name: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """A whole number ≥ `minimum` (bool refused: True is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DpltmUserError(f"{name} must be an integer, got {_shown(value)}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise DpltmUserError(f"{name} must be {bound}, got {value}")
+    return int(value)
+
+
+def check_positive(value: Any, name: str, *, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """A finite real number > `minimum` (≥ with `inclusive`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DpltmUserError(f"{name} must be a number, got {_shown(value)}")
+    x = float(value)
+    ok = math.isfinite(x) and (x >= minimum if inclusive else x > minimum)
+    if not ok:
+        raise DpltmUserError(f"{name} must be a finite number {'≥' if inclusive else '>'} {minimum:g}, got {x:g}")
+    return x
+
+
+def check_delta(delta: Any, target_delta: Any = None) -> float:
+    """δ in (0, 1); `target_delta` is Opacus's name for the same thing (give one, or the same value)."""
+    if target_delta is not None:
+        if delta is not None and delta != target_delta:
+            raise DpltmUserError(f"delta={delta!r} and target_delta={target_delta!r} disagree: give one of them")
+        delta = target_delta
+    if delta is None:
+        delta = 1e-5
+    d = check_positive(delta, "delta")
+    if not d < 1.0:
+        raise DpltmUserError(f"delta must lie in (0, 1), got {d:g}")
+    return d
+
+
+def check_budget(target_epsilon: Any, noise_multiplier: Any) -> tuple[float | None, float | None]:
+    """Exactly one of target_epsilon (σ is calibrated) and noise_multiplier (ε is reported)."""
+    if (target_epsilon is None) == (noise_multiplier is None):
+        raise DpltmUserError("give target_epsilon (σ is calibrated) or noise_multiplier (ε is reported), not both")
+    if target_epsilon is not None:
+        return check_positive(target_epsilon, "target_epsilon"), None
+    sigma = check_positive(noise_multiplier, "noise_multiplier")
+    if sigma < MIN_NOISE_MULTIPLIER:
+        raise DpltmUserError(f"noise_multiplier must be at least {MIN_NOISE_MULTIPLIER:g} (less gives no meaningful "
+                             f"privacy), got {sigma:g}")
+    return None, sigma
+
+
+def check_accountant(accountant: Any) -> str:
+    if accountant not in ("pld", "rdp"):
+        raise DpltmUserError(f"accountant must be 'pld' or 'rdp', got {_shown(accountant)}")
+    return str(accountant)
+
+
+def check_neighboring(neighboring: Any) -> str:
+    """'add_remove' (default; N public) or 'replace_one'; hyphens accepted."""
+    if not isinstance(neighboring, str) or neighboring.lower() not in NEIGHBORING_NAMES:
+        raise DpltmUserError(f"neighboring must be 'add_remove' or 'replace_one', got {_shown(neighboring)}")
+    return NEIGHBORING_NAMES[neighboring.lower()]
+
+
+def check_batch_size(batch_size: Any, dataset_size: int) -> int:
+    """Expected batch size L with 0 < L < N (q = L/N < 1: Poisson sampling must leave records out)."""
+    L_ = check_count(batch_size, "batch_size")
+    if L_ >= dataset_size:
+        raise DpltmUserError(f"batch_size ({L_}) must be smaller than the number of training records ({dataset_size})")
+    return L_
+
+
+def check_steps(epochs: int, batch_size: int, dataset_size: int) -> None:
+    steps = epochs * math.ceil(dataset_size / batch_size)
+    if steps > MAX_STEPS:
+        raise DpltmUserError(f"epochs={epochs} at batch_size={batch_size} is {steps} steps; dpltm accounts for at "
+                             f"most {MAX_STEPS}")
+
+
+def check_model_and_optimizer(model: Any, optimizer: Any) -> None:
+    """An nn.Module, and an optimiser over exactly its trainable parameters (noise that reaches no
+    parameter, or a parameter updated from its non-private gradient, would both be wrong)."""
+    if not isinstance(model, nn.Module):
+        raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise DpltmUserError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    check_single_evaluation(optimizer)
+    names = {id(p): n for n, p in model.named_parameters()}
+    optimised = [p for group in optimizer.param_groups for p in group["params"]]
+    foreign = sum(1 for p in optimised if id(p) not in names)
+    if foreign:
+        raise DpltmUserError(f"optimizer holds {foreign} parameter(s) that are not the model's: build it from "
+                             "model.parameters()")
+    missing = sorted(set(n for n, p in model.named_parameters() if p.requires_grad) - {names[id(p)] for p in optimised})
+    if missing:
+        raise DpltmUserError(f"optimizer does not update the model's trainable parameter(s) {missing[:5]}"
+                             + (" …" if len(missing) > 5 else ""))
+
+
+def check_single_evaluation(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse optimisers whose step evaluates the closure more than once (LBFGS): each evaluation would be
+    another noisy gradient of the same batch, which one Poisson step does not account for."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise DpltmUserError("LBFGS evaluates the loss several times per step on the same batch; DP-SGD's "
+                             "accounting covers one noisy gradient per Poisson batch: use SGD, Adam or AdamW")
+
+
+def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, classification: bool) -> None:
+    """One forward pass on the first record (no gradient, nothing kept or released): the features' shape
+    must suit the model, and class labels must name one of its outputs."""
+    if features.shape[0] == 0:
+        raise DpltmUserError("the training data is empty")
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            outputs = model(features[:1])
+    except Exception as exc:  # the model's own error: shape, dtype, device
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise DpltmUserError(f"the model does not accept the features (one record of shape "
+                             f"{tuple(features.shape[1:])}): {first}") from None
+    finally:
+        model.train(was_training)
+    if not isinstance(outputs, Tensor):
+        raise DpltmUserError(f"the model must return a tensor, got {type(outputs).__name__}")
+    if classification and not labels.is_floating_point():
+        if outputs.dim() != 2:
+            raise DpltmUserError(f"class labels need outputs of shape (batch, classes), got {tuple(outputs.shape)}")
+        classes = outputs.shape[1]
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= classes:
+            raise DpltmUserError(f"labels must lie in [0, {classes - 1}] (the model has {classes} outputs), found "
+                                 f"labels in [{low}, {high}]")
+
+
+def check_masks_from(masks_from: Any) -> str | None:
+    """`masks_from` as a provenance string (data and ticket lists are checked by the caller)."""
+    if masks_from is None or isinstance(masks_from, str):
+        return masks_from
+    raise DpltmUserError(f"masks_from must be a string, public data or the tickets of generate_tickets, got "
+                         f"{type(masks_from).__name__}")
+
+
+def check_mask_values(masks: Any) -> Mapping[str, Any]:
+    if masks is None:
+        return {}
+    if not isinstance(masks, Mapping):
+        raise DpltmUserError(f"masks must be a mapping of weight names to 0/1 tensors, got {type(masks).__name__}")
+    return masks
+
+
+
+MIN_BUDGET_LEFT = 0.01
+"""A new segment needs at least this fraction of target_epsilon left: less still gives a sound
+bound, but at a σ so large (hundreds) that the steps only add noise."""
+
+
+def check_budget_left(spent: list[Any], target_epsilon: float | None, delta: float, accountant: str,
+                      neighboring: str) -> None:
+    """Refuse a new fit when the segments already spent leave (almost) nothing of target_epsilon."""
+    if target_epsilon is None or not spent:
+        return
+    import dp_accounting  # type: ignore[import-untyped]
+
+    from dpltm.privacy.accounting import epsilon_unchecked
+
+    used = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), delta, accountant, neighboring)
+    if used >= (1.0 - MIN_BUDGET_LEFT) * target_epsilon:
+        raise DpltmUserError(f"cannot reach epsilon {target_epsilon:g} with more training: the steps already taken "
+                             f"spent epsilon {used:.6g} of it; raise target_epsilon to train on")
