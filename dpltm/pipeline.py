@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
 
         def on_epoch(record: dict[str, Any]) -> None:
             if progress and main:
-                _print_epoch(record)
+                _print_epoch(record, end_to_end)
             if run_log is not None:
                 logged.append(loggable(record))
                 run_log.log_metrics(logged[-1], step=record["steps"])
@@ -328,9 +328,11 @@ def model_payload(released: MaskedMLP, ledger: PrivacyLedger, report: dict[str, 
     }
 
 
-def _print_epoch(record: dict[str, Any]) -> None:
+def _print_epoch(record: dict[str, Any], end_to_end: bool) -> None:
+    """One progress line per epoch; "(DP part)" only where the run is not DP end to end."""
     eps = record["epsilon"]
-    spent = "non-private: no guarantee" if math.isinf(eps) else f"ε spent ≤ {round_up(eps, 4)} (DP part)"
+    scope = "" if end_to_end else " (DP part)"
+    spent = "non-private: no guarantee" if math.isinf(eps) else f"ε spent ≤ {round_up(eps, 4)}{scope}"
     print(f"epoch {record['epoch']}: val acc {record['val_accuracy']:.4f}, test acc {record['test_accuracy']:.4f}, "
           f"{spent}", file=sys.stderr, flush=True)
 

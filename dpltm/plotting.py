@@ -202,7 +202,8 @@ def _draw_training(acc_ax: Axes, eps_ax: Axes, runs: list[dict[str, Any]], label
         if is_private(run):
             eps_ax.plot(epochs, _epsilon_series(history), "-", color=colour, marker=".", label=label)
     acc_ax.set(title="accuracy (solid: test, dashed: validation)", xlabel="epoch", ylabel="accuracy")
-    eps_ax.set(title="privacy spent", xlabel="epoch", ylabel="ε (DP part)")
+    partial = any("epsilon_dp_part" in record for run in runs if is_private(run) for record in run["history"])
+    eps_ax.set(title="privacy spent", xlabel="epoch", ylabel="ε (DP part)" if partial else "ε")
     for ax in (acc_ax, eps_ax):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -82,7 +82,7 @@ def test_train_panels_hold_the_history_exactly() -> None:
     assert list(eps.get_xdata()) == epochs
     assert list(eps.get_ydata()) == [r["epsilon"] for r in run["history"]]
     assert eps.get_label() == "train/mnist/version_0"
-    assert eps_ax.get_ylabel() == "ε (DP part)" and eps_ax.get_xlabel() == "epoch"
+    assert eps_ax.get_ylabel() == "ε" and eps_ax.get_xlabel() == "epoch"  # DP end to end: no "(DP part)"
 
 
 def test_non_private_run_has_no_epsilon_line_and_says_so() -> None:
