@@ -58,6 +58,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_training import TrainPlan, plan_training
 from dpltm.pruning import prune_layerwise
+from dpltm.records import Records, TensorRecords, training_records
 
 Data = tuple[Tensor, Tensor] | torch.utils.data.Dataset  # type: ignore[type-arg]
 Masks = dict[str, Tensor]
@@ -250,19 +251,19 @@ class PrivateTraining:
     q = L/N, from a generator seeded by the OS CSPRNG): `step()` takes no data, so no batch chosen
     any other way can be booked as a Poisson step (PRIVACY.md §8)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, features: Tensor, labels: Tensor,
-                 plan: TrainPlan, settings: TrainSettings, masks: Masks, masks_from: str | None, loss: Loss,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, records: Records, plan: TrainPlan,
+                 settings: TrainSettings, masks: Masks, masks_from: str | None, loss: Loss,
                  seed: int, dataset_name: str, masks_private: bool = False,
                  selection_eps1: float | None = None, segments: SpentSegments | None = None,
                  epochs_done: int = 0, history: list[dict[str, Any]] | None = None) -> None:
-        self.model, self.optimizer, self.features, self.labels = model, optimizer, features, labels
+        self.model, self.optimizer, self.records = model, optimizer, records
         self.plan, self.settings, self.masks, self.masks_from, self.loss = plan, settings, masks, masks_from, loss
         self.dataset_name, self.masks_private, self.selection_eps1 = dataset_name, masks_private, selection_eps1
         self.noise = GaussianNoise(plan.noise_multiplier)
         self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
-        self._noise_generator = torch.Generator(device=features.device).manual_seed(seed)
+        self._noise_generator = torch.Generator(device=records.device).manual_seed(seed)
         # one sampling stream for the whole run, apart from the noise's: every step draws a fresh batch
-        self._sampling_generator = torch.Generator(device=features.device).manual_seed(rank_sampling_seed(seed, 0))
+        self._sampling_generator = torch.Generator(device=records.device).manual_seed(rank_sampling_seed(seed, 0))
         self.segments = segments if segments is not None else SpentSegments()
         self.segments.begin(plan.sample_rate, plan.noise_multiplier, settings.clip, plan.expected_batch_size,
                             plan.dataset_size)
@@ -287,9 +288,9 @@ class PrivateTraining:
                                  "probability q), the only batches the accountant covers")
         if self.segments.open_steps >= self.plan.steps:
             raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
-        index = poisson_sample(len(self.labels), self.plan.sample_rate, self._sampling_generator,
-                               self.features.device)
-        x, y = self.features.index_select(0, index), self.labels.index_select(0, index)
+        index = poisson_sample(len(self.records), self.plan.sample_rate, self._sampling_generator,
+                               self.records.device)
+        x, y = self.records.batch(index)
         batch = clipped_gradient_sum_of(self.model, x, y, self.settings.clip, self.masks, self.loss)
         noisy = self.noise.perturb(batch.grad_sums, self.surviving, self.settings.clip, self._noise_generator)
         parameters = dict(self.model.named_parameters())
@@ -359,7 +360,7 @@ class PrivateTraining:
             "masks": {k: v.cpu() for k, v in self.masks.items()},
             "masks_from": self.masks_from, "masks_private": self.masks_private,
             "selection_eps1": self.selection_eps1, "dataset_name": self.dataset_name,
-            "dataset_size": len(self.labels),
+            "dataset_size": len(self.records),
             "settings": {"epochs": s.epochs, "batch_size": s.batch_size, "clip": s.clip, "eps2": s.eps2,
                          "sigma": s.sigma, "delta": s.delta, "accountant": s.accountant,
                          "neighboring": s.neighboring},
@@ -384,7 +385,7 @@ def _record_keys(features: Tensor, labels: Tensor) -> np.ndarray:
     return record_hashes(x, y.long() if not y.is_floating_point() else y.round().long(), seed=0)
 
 
-def public_provenance(masks_from: Any, features: Tensor, labels: Tensor) -> str | None:
+def public_provenance(masks_from: Any, records: Records) -> str | None:
     """`masks_from` as a provenance line, checked where it can be: given the public data itself (a
     (features, labels) pair or a Dataset) or the tickets of `generate_tickets` (which carry their
     records' hashes), no private training record may be among the public ones (PRIVACY.md §8: public
@@ -408,7 +409,7 @@ def public_provenance(masks_from: Any, features: Tensor, labels: Tensor) -> str 
                                  f"the tickets of generate_tickets; got {type(masks_from).__name__}") from None
         public = np.unique(_record_keys(pub_x, pub_y))
         what = "the public data given as masks_from"
-    shared = int(np.isin(_record_keys(features, labels), public).sum())
+    shared = sum(int(np.isin(_record_keys(x, y), public).sum()) for x, y in records.chunks())
     if shared:
         raise DpltmUserError(f"{shared} of the private training records are among {what}: masks made on them are "
                              "a function of private records (not DP); remove them from one side, or pass "
@@ -423,7 +424,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                  loss: Loss = per_sample_cross_entropy, accountant: str = "pld", noise_seed: int | None = None,
                  dataset_name: str = "user data", masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
-                 target_delta: float | None = None, resume_from: str | Path | None = None) -> PrivateTraining:
+                 target_delta: float | None = None, resume_from: str | Path | None = None,
+                 in_memory: bool = True) -> PrivateTraining:
     """Masked DP-SGD for a user's model, in the spirit of Opacus's `make_private_with_epsilon`.
 
     σ is calibrated so that `epochs` epochs of Poisson batches of expected size `batch_size` meet
@@ -441,6 +443,11 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     was spent are restored; with `target_epsilon` (the whole run's budget), σ is calibrated for what
     is left given the segments spent (composed as they ran); noise and sampling draw fresh OS
     randomness.
+
+    `train` is (features, labels), a map-style Dataset (read once into tensors; `in_memory=False`
+    reads it per batch: larger-than-memory data, augmentation in `__getitem__`), or a DataLoader
+    (its dataset read per batch with its collate_fn; its own batching is replaced by the run's
+    Poisson sampler at `batch_size`). dpltm.records says why an IterableDataset is refused.
     """
     check_model_and_optimizer(model, optimizer)
     target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
@@ -466,13 +473,16 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     if not list(model.parameters()):
         raise DpltmUserError("the model has no parameters")
     device = next(model.parameters()).device
-    features, labels = as_tensors(train, device)
+    records = training_records(train, device, in_memory, as_tensors)
+    n = len(records)
     trainable_layers(model)  # unsupported layers fail here, before any step
-    check_data_fits_model(model, features, labels, classification=loss is per_sample_cross_entropy)
-    batch_size = check_batch_size(batch_size, len(labels))
-    check_steps(epochs, batch_size, len(labels))
+    first_x, first_y = records.batch(torch.zeros(1, dtype=torch.long, device=records.device))
+    labels = records.labels if isinstance(records, TensorRecords) else first_y
+    check_data_fits_model(model, first_x, labels, classification=loss is per_sample_cross_entropy)
+    batch_size = check_batch_size(batch_size, n)
+    check_steps(epochs, batch_size, n)
     checked = check_user_masks(model, masks)
-    provenance = public_provenance(masks_from, features, labels) if checked and not masks_private else masks_from
+    provenance = public_provenance(masks_from, records) if checked and not masks_private else masks_from
     if provenance is not None and not isinstance(provenance, str):
         provenance = "the private training records themselves"
     segments, epochs_done, history = None, 0, None
@@ -480,7 +490,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         if noise_seed is not None:
             raise DpltmUserError("noise_seed cannot be combined with resume_from: a resumed run draws fresh OS "
                                  "randomness (re-seeding would reuse the first segment's noise)")
-        segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, len(labels))
+        segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, n)
         check_budget_left(segments.events(), target_epsilon, d, accountant, neighboring)
         if epochs_done >= epochs:
             raise DpltmUserError(f"the run in {resume_from} has done {epochs_done} of epochs={epochs}: pass a larger "
@@ -488,11 +498,11 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     apply_masks(model, checked)
     settings = TrainSettings(epochs=epochs - epochs_done, batch_size=batch_size, clip=clip, eps2=target_epsilon,
                              sigma=noise_multiplier, delta=d, accountant=accountant, neighboring=neighboring)
-    plan = plan_training(settings, len(labels), spent=segments.events() if segments is not None else None)
+    plan = plan_training(settings, n, spent=segments.events() if segments is not None else None)
     if not math.isfinite(plan.noise_multiplier):
         raise DpltmUserError("no finite noise multiplier meets this budget")
     seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
-    run = PrivateTraining(model, optimizer, features, labels, plan, settings, checked,
+    run = PrivateTraining(model, optimizer, records, plan, settings, checked,
                           provenance if checked else None, loss, seed, dataset_name,
                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
                           segments=segments, epochs_done=epochs_done, history=history)

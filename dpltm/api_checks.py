@@ -142,7 +142,7 @@ def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, cl
     try:
         with torch.no_grad():
             model.eval()
-            outputs = model(features[:1])
+            outputs = model(features[:1].float())
     except Exception as exc:  # the model's own error: shape, dtype, device
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"the model does not accept the features (one record of shape "

@@ -324,3 +324,44 @@ def test_target_delta_replace_one_and_no_claimed_holdouts() -> None:
     report = private.report()
     assert report["neighboring"] == "replace_one" and report["delta"] == 1e-6
     assert "replace-one" in report["statement"] and "held out" not in report["statement"]
+
+
+class Augmented(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """A map-style dataset read per item, with fresh noise on every read (per-epoch augmentation)."""
+
+    def __init__(self, n: int) -> None:
+        self.x, self.y = blobs(n, 0)
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads += 1
+        return self.x[i] + 0.01 * torch.randn(10), self.y[i]
+
+
+def test_datasets_are_read_per_batch_and_loaders_lend_their_dataset() -> None:
+    data = Augmented(300)
+    model = mlp()
+    lazy = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                              batch_size=30, in_memory=False)
+    before = data.reads
+    lazy.fit()
+    assert 200 < data.reads - before < 400  # one read per sampled record (10 steps of ~30), nothing held
+    assert lazy.epsilon == pytest.approx(composed_epsilon([(0.1, 1.0, 10)]), rel=1e-9)
+    model = mlp()
+    loader_given = torch.utils.data.DataLoader(Augmented(300), batch_size=7, shuffle=True)
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader_given, noise_multiplier=1.0,
+                             batch_size=30)
+    assert run.plan.expected_batch_size == 30 and run.plan.sample_rate == pytest.approx(0.1)
+    run.step()
+
+    class Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            yield from zip(*blobs(10, 0))
+
+    for stream in (Stream(), torch.utils.data.DataLoader(Stream(), batch_size=2)):
+        with pytest.raises(DpltmUserError, match="IterableDataset"):
+            dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), stream, noise_multiplier=1.0,
+                               batch_size=3)
