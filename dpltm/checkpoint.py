@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dpltm.errors import DpltmUserError
+from dpltm.paths import check_not_input
 
 FORMAT_VERSION = 1
 KINDS = ("tickets", "ticket", "model")
@@ -82,6 +83,7 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     for source in inputs:
         if source is not None and same_file(path, source):
             raise DpltmUserError(f"{option} {path} is also this command's input: write the result elsewhere")
+    check_not_input(path, option)
     if path.exists() and not path.is_dir() and not overwrite:
         raise DpltmUserError(f"{path} already exists: pass --overwrite to replace it, or {option} to write elsewhere")
     check_writable(path)
@@ -146,6 +148,7 @@ def write_bytes_atomic(data: bytes, path: Path) -> None:
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write to a temp file beside `path`, fsync, then `os.replace`: a crash or a signal leaves
     either the old file or the new one, never half of one, and no temp file behind."""
+    check_not_input(path)
     check_writable(path)
     _make_parent(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
@@ -200,10 +203,9 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
 def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     """Read a dpltm checkpoint of the expected kind(s), or explain in one line why not."""
     kinds = (kind,) if isinstance(kind, str) else kind
-    if not path.exists():
-        raise DpltmUserError(f"checkpoint {path} does not exist")
-    if path.is_dir():
-        raise DpltmUserError(f"checkpoint {path} is a directory, not a file")
+    from dpltm.paths import check_input_file
+
+    check_input_file(path, "checkpoint")
     try:
         body = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or damaged files
@@ -221,4 +223,7 @@ def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
             f"{path} holds a '{body.get('kind')}' checkpoint, expected {' or '.join(kinds)}"
         )
     _check_schema(body, body["kind"], path)
+    from dpltm.checkpoint_body import check_body
+
+    check_body(body, body["kind"], path)
     return body

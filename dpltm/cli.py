@@ -33,7 +33,8 @@ from dpltm.choices import (
     value,
 )
 from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out_console
-from dpltm.errors import DpltmUserError, Interrupted
+from dpltm.errors import DpltmUserError, Interrupted, one_line
+from dpltm.paths import forget_inputs
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
 from dpltm.stages.train import print_training_report, stage_train
@@ -90,10 +91,11 @@ def user_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         on_interrupt_kept("nothing was written")
+        forget_inputs()
         try:
             return func(*args, **kwargs)
         except DpltmUserError as exc:
-            typer.echo(f"dpltm: error: {exc}", err=True)
+            typer.echo(f"dpltm: error: {one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
         except (KeyboardInterrupt, Interrupted) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -856,7 +858,7 @@ def main() -> None:
         message = " ".join(exc.format_message().split()).replace("Value error, ", "")  # typer's enum wording
         if not message:  # `dpltm` alone: the help was printed, there is no error to add
             raise SystemExit(0) from None
-        typer.echo(f"dpltm: error: {message}", err=True)
+        typer.echo(f"dpltm: error: {one_line(message)}", err=True)
         raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
     finally:  # main() may run inside another program (tests): leave its handlers as they were
         for signum, handler in previous.items():

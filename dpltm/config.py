@@ -31,6 +31,7 @@ from dpltm.model import ACTIVATIONS, ARCHS, check_network_size
 from dpltm.privacy.accounting import check_target_epsilon
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
+from dpltm.strict_yaml import DuplicateKeyError, safe_load_strict
 
 CONFIG_DIR: Traversable = resources.files("dpltm") / "configs"
 """The packaged YAML (defaults, per-dataset, experiment profiles): shipped as package data, so an
@@ -320,6 +321,10 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
 
     Schema-free: the experiment profiles are read with it too. See `read_config_file`.
     """
+    if isinstance(path, Path):
+        from dpltm.paths import check_input_file
+
+        check_input_file(path, "config file")
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
@@ -334,7 +339,10 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise DpltmUserError(f"config file {path} is not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = safe_load_strict(text) or {}
+    except DuplicateKeyError as exc:
+        raise DpltmUserError(f"config file {path} gives the key {exc.key!r} twice "
+                             f"(line {exc.problem_mark.line + 1}): keep one") from None
     except yaml.YAMLError as exc:
         first = (str(exc).splitlines() or ["syntax error"])[0]
         raise DpltmUserError(f"config file {path} is not valid YAML: {first}") from None

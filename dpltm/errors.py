@@ -8,6 +8,19 @@ removed, nothing half-written is published, and the user is told what was kept.
 
 import signal
 
+#: The longest error message printed: a value quoted in a message (a YAML alias bomb expands to
+#: megabytes) is cut here, so the error stays one readable line.
+MAX_MESSAGE_CHARS = 1000
+
+
+def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message` as one printable line: control characters (a newline in a path, an escape
+    sequence) shown escaped, and anything beyond `limit` characters cut with a note."""
+    text = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message)
+    if len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit} more characters)"
+    return text
+
 
 class DpltmUserError(Exception):
     """A mistake the user can fix: bad option, missing file, foreign checkpoint, ..."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
+from dpltm.paths import check_not_input
 
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
@@ -38,6 +39,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         fetch_for_run([cfg.data.dataset], data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    check_not_input(target)  # a data file just read
     if logger is not None:
         from dpltm.run_log import check_log_root
 
@@ -115,6 +117,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
         fetch_for_run([cfg.data.dataset], data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    check_not_input(target)  # a data file just read
     plan = plan_private_ticket(cfg, len(data.train))
     p = cfg.private_ticket
     err_console.print(
