@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.paths import check_not_input
+from dpltm.paths import check_not_input, check_path_length
 
 FORMAT_VERSION = 1
 KINDS = ("tickets", "ticket", "model")
@@ -80,6 +80,7 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     An output equal to one of the command's inputs is always refused (the input would be lost);
     an existing output is replaced only with `--overwrite`.
     """
+    check_path_length(path, option)
     for source in inputs:
         if source is not None and same_file(path, source):
             raise DpltmUserError(f"{option} {path} is also this command's input: write the result elsewhere")
@@ -170,6 +171,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
 def check_writable(path: Path) -> None:
     """Fail before any work is done if the output cannot be written. Creates nothing: the
     nearest existing ancestor must be a writable directory (missing folders are made on save)."""
+    check_path_length(path)
     if path.exists() and path.is_dir():
         raise DpltmUserError(f"output {path} is a directory")
     ancestor = path.parent if str(path.parent) else Path(".")

@@ -33,7 +33,8 @@ from dpltm.choices import (
     value,
 )
 from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out_console
-from dpltm.errors import DpltmUserError, Interrupted, one_line
+from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
+from dpltm.launch_env import check_rank_environment
 from dpltm.paths import forget_inputs
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
@@ -93,9 +94,15 @@ def user_errors(func: F) -> F:
         on_interrupt_kept("nothing was written")
         forget_inputs()
         try:
+            check_rank_environment()  # before Lightning's import parses them
             return func(*args, **kwargs)
         except DpltmUserError as exc:
             typer.echo(f"dpltm: error: {one_line(str(exc))}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:  # a full disk, a name too long: the user's to fix (written files are cleaned)
+            if exc.errno not in USER_ERRNOS:
+                raise
+            typer.echo(f"dpltm: error: {one_line(os_error_message(exc))}", err=True)
             raise typer.Exit(2) from None
         except (KeyboardInterrupt, Interrupted) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT

@@ -21,6 +21,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
     if data_dir is not None:
         root = Path(data_dir).expanduser()
         source = "--data-dir"
+        check_path_length(root, "--data-dir")
     elif os.environ.get(DATA_DIR_ENV):
         root = Path(os.environ[DATA_DIR_ENV]).expanduser()
         source = f"${DATA_DIR_ENV}"
@@ -85,3 +86,20 @@ def check_not_input(target: Path, option: str = "--out") -> None:
         if same:
             raise DpltmUserError(f"{option} {target} is also this command's input (the data file {source}): "
                                  "write the result elsewhere")
+
+
+def check_path_length(path: Path, what: str = "output") -> None:
+    """Refuse a path the file system cannot hold (a part longer than its NAME_MAX, usually 255
+    bytes, or the whole longer than PATH_MAX) before any work, instead of failing on the write."""
+    name_max, path_max = 255, 4096
+    try:
+        name_max = os.pathconf("/", "PC_NAME_MAX")
+        path_max = os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        pass
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise DpltmUserError(f"{what} {path}: the name {part[:40]}… is {len(os.fsencode(part))} bytes long; "
+                                 f"the file system allows {name_max}")
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        raise DpltmUserError(f"{what} {path} is longer than the file system allows ({path_max} bytes)")

@@ -288,11 +288,14 @@ def plot_runs(paths: list[Path], out: Path | None = None, overwrite: bool = Fals
     Default output: `plot.png` in the first run's folder (redrawn each time: it is derived); an
     explicit `out` that exists is replaced only with `overwrite`."""
     from dpltm.checkpoint import check_writable, same_file, write_atomic
+    from dpltm.paths import check_path_length
 
     if not paths:
         raise DpltmUserError("dpltm plot needs at least one run")
     runs = [read_run(p) for p in paths]
     folders = [run_file(p).parent for p in paths]
+    if out is not None:
+        check_path_length(out, "--out")
     if out is not None and out.is_file() and not overwrite:
         raise DpltmUserError(f"{out} exists: pass --overwrite to replace it")
     out = out if out is not None else folders[0] / PLOT_FILE

@@ -60,8 +60,10 @@ def check_log_root(root: Path | None) -> Path:
     """The log root, checked before any work (read-only: creates nothing): a directory, or a path
     whose nearest existing ancestor is a writable directory."""
     from dpltm.checkpoint import check_writable
+    from dpltm.paths import check_path_length
 
     root = root if root is not None else default_log_root()
+    check_path_length(root, "--log-dir")
     if root.exists() and not root.is_dir():
         raise DpltmUserError(f"--log-dir {root} is not a directory")
     check_writable(root / "version_0")

@@ -24,7 +24,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
-    from dpltm.dp.distributed import Distribution, is_main_process, local_device
+    from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
     from dpltm.paths import check_not_input, default_checkpoint_dir
     from dpltm.private_tickets import is_private_ticket, private_ticket_plan
 
@@ -38,6 +38,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     distribution = distribution or Distribution()
+    check_launch(distribution)
     main = is_main_process()  # under DDP, every rank runs this; rank 0 alone writes and prints
     prepare_output(target, overwrite=overwrite, inputs=[ticket, config])  # read-only: every rank fails alike
     torch_device = local_device(resolve_device(device), distribution)
