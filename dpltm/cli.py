@@ -49,6 +49,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 F = TypeVar("F", bound=Callable[..., Any])
+MAX_SEED = 2**63 - 1  # seeds fit torch's and numpy's generators (config.MAX_SEED, without importing torch)
 
 
 @functools.cache
@@ -239,7 +240,7 @@ def generate(
     density: Annotated[float | None, typer.Option(help="With --private: fraction of weights the ticket keeps.", show_default=cfg("private_ticket.density"))] = None,
     rewind: Annotated[Rewind | None, typer.Option(help="With --private: train from the masked warm-up weights (warmup) or from θ0 (init).", show_default=cfg("private_ticket.rewind"))] = None,
     epochs: Annotated[int | None, typer.Option(help="With --private: epochs of the ticket's DP training, planned now (σ covers them).", show_default=cfg("train.epochs"))] = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
@@ -470,7 +471,7 @@ def select(
     device: Device = "auto",
     data_dir: DataDir = None,
     reselect: Annotated[bool, typer.Option("--reselect", help="Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's ledger composes every draw.")] = False,
-    seed: Annotated[int | None, typer.Option(help="Seed the draw (reproducible, not secret); default: OS CSPRNG.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed the draw (reproducible, not secret); default: OS CSPRNG.")] = None,
     config: ConfigFile = None,
     out: Annotated[Path | None, typer.Option(help="Winner file (default checkpoints/<dataset>-winner.pt).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing winner file.")] = False,
@@ -535,7 +536,7 @@ def train(
     public_split: Annotated[Split, typer.Option(help="Split of --public-dataset whose training part is used.")] = Split.train,
     public_data: Annotated[str | None, typer.Option("--public-data", hidden=True)] = None,
     seed: Seed = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
     num_nodes: Annotated[int, typer.Option("--num-nodes", help="Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, as Lightning documents).")] = 1,
@@ -615,9 +616,9 @@ def audit(
     canaries: Annotated[int, typer.Option(help="Number m of canaries, each included with probability 1/2.")] = 1000,
     threat_model: Annotated[ThreatModel, typer.Option(help="white-box: Dirac gradient canaries on surviving weights, observed through the released noisy gradients (also reported: the final model only); black-box: out-of-distribution input records with random labels, scored by the released model's loss.")] = ThreatModel.white_box,
     confidence: Annotated[float, typer.Option(help="Confidence of the lower bound.")] = 0.95,
-    canary_seed: Annotated[int | None, typer.Option(help="Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.")] = None,
+    canary_seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.")] = None,
     seed: Seed = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
     data_dir: DataDir = None,

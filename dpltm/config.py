@@ -45,6 +45,9 @@ MAX_LR = 1e3
 #: The largest --config file read: a config is a few hundred bytes; this refuses /dev/zero.
 MAX_CONFIG_BYTES = 1 << 20
 
+#: The most SGD iterations per ticket `generate` runs (paper: 5000); a loss curve is kept per ticket.
+MAX_ITERATIONS = 1_000_000
+
 #: Seeds are non-negative and fit in 63 bits (what torch and numpy generators accept).
 MAX_SEED = 2**63 - 1
 
@@ -136,6 +139,9 @@ class GenerateSettings:
         if self.rounds < 0:
             raise DpltmUserError(f"--rounds must be ≥ 0, got {self.rounds}")
         _require_positive("--iterations", self.iterations)
+        if self.iterations > MAX_ITERATIONS:
+            raise DpltmUserError(f"--iterations must be at most {MAX_ITERATIONS} per ticket (the paper uses 5000), "
+                                 f"got {self.iterations}")
         _require_positive("--batch-size", self.batch_size)
         _require_lr(self.lr)
         if not 0.0 <= self.min_density < 1.0:
