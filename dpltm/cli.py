@@ -36,6 +36,7 @@ from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out
 from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
 from dpltm.launch_env import check_rank_environment
 from dpltm.paths import forget_inputs
+from dpltm.run_log import check_logger
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
 from dpltm.stages.train import print_training_report, stage_train
@@ -255,6 +256,7 @@ def generate(
 ) -> None:
     """Phase 1: lottery tickets by iterative magnitude pruning (non-private), or with --private one
     ticket made on the private data by DP warm-up (end-to-end DP with the training that follows)."""
+    check_logger(value(logger))
     from dpltm.report import print_tickets, tickets_json
 
     dataset, split, arch, activation, rewind = map(value, (dataset, split, arch, activation, rewind))
@@ -553,6 +555,7 @@ def train(
     json_out: Json = False,
 ) -> None:
     """Phase 3: DP-SGD on the masked winner (or --dense / --non-private baselines)."""
+    check_logger(value(logger))
     renamed = {"--target-eps": (target_eps, "--max-eps (a cap: stop before spending more; σ is calibrated to --eps)"),
                "--public-data": (public_data, "--public-dataset NAME with --public-split SPLIT")}
     for old, (given, new) in renamed.items():
@@ -724,6 +727,7 @@ def run(
 ) -> None:
     """All stages in a sound (end-to-end DP) mode: public tickets → noise-aware choice → DP training, or
     with --ticket-source private a ticket made on the private data by DP warm-up → DP training."""
+    check_logger(value(logger))
     if old_tickets is not None:
         raise DpltmUserError(f"`dpltm run --tickets {old_tickets}` was renamed --ticket-source {old_tickets} "
                              "(--tickets names a ticket file, as in `dpltm select --tickets`)")
@@ -785,6 +789,8 @@ def run(
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=overwrite, inputs=[config])
     torch_device = resolve_device(device)
+    if cuda_graphs and torch_device.type != "cuda":
+        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     private = load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     train_cli["recipe"] = chosen_recipe(recipe, len(private.train))

@@ -109,6 +109,21 @@ def mlflow_tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / 'mlflow.db').resolve()}"
 
 
+def check_logger(kind: str) -> None:
+    """Before any work: the logger's package is installed (found, not imported: MLflow is slow to
+    import), so a run is not refused only when its first metrics are logged."""
+    import importlib.util
+
+    needs = {"tensorboard": (("tensorboard", "tensorboardX"), "TensorBoard", "tensorboard"),
+             "mlflow": (("mlflow",), "MLflow", "mlflow")}
+    if kind not in needs:
+        return
+    modules, name, extra = needs[kind]
+    if not any(importlib.util.find_spec(m) is not None for m in modules):
+        raise DpltmUserError(f"--logger {kind} needs {name}, which is not installed: pip install 'dpltm[{extra}]', "
+                             "or pick another --logger")
+
+
 def lightning_logger(kind: str, folder: Path) -> Any:
     """Lightning's logger of `kind`, writing into the run folder (MLflow: a file store beside it)."""
     save_dir, name, version = folder.parent.parent, folder.parent.name, int(folder.name.split("_")[1])
