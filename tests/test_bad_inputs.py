@@ -493,3 +493,59 @@ def test_digits_must_have_the_official_rows_per_digit(tmp_path: Path) -> None:
     with pytest.raises(DpltmUserError, match=r"DIGITS has 1797 rows .* found 1797 \(177, "):
         load_dataset("digits", data_dir=tmp_path)
     assert load_dataset("digits", data_dir=write_digits(tmp_path / "ok")).num_features == 64
+
+
+# ---- inputs that would block, loggers not installed, a full disk --------------------------------
+
+
+@pytest.mark.parametrize(("args", "fifo"), [((*GEN, "--config", "p.yaml"), "p.yaml"), (("inspect", "p.pt"), "p.pt"),
+                                            (("predict", "--model", "p.pt"), "p.pt"),
+                                            (("plot", "p.json"), "p.json")])
+def test_fifo_input_is_refused_not_read(args: tuple[str, ...], fifo: str, tmp_path: Path,
+                                        data_dirs: dict[str, Path], tickets: Path) -> None:
+    """A named pipe would block the read forever: refused before it is opened."""
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    os.mkfifo(cwd / fifo)
+    code, stdout, stderr = _run_in_process(list(args), cwd, data_dirs["good"])
+    assert_one_line_error(code, stdout, stderr, "not a regular file")
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("mlflow") is not None, reason="MLflow installed")
+def test_missing_logger_package_is_refused_before_any_work(tmp_path: Path, data_dirs: dict[str, Path],
+                                                           tickets: Path) -> None:
+    case = Case("logger-mlflow-missing", (*TRAIN, "--eps2", "1", "--logger", "mlflow"), "needs MLflow")
+    _check(case, _run_in_process, tmp_path, data_dirs, tickets)
+
+
+@pytest.mark.parametrize("command", ["train", "generate", "predict", "export"])
+def test_full_disk_is_one_line_and_leaves_no_file(command: str, tmp_path: Path, data_dirs: dict[str, Path],
+                                                  tickets: Path, model: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC while the output is written: one line, the temp file removed, no run folder left."""
+    import errno
+
+    import dpltm.checkpoint
+
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1].startswith(".out."):
+            raise OSError(errno.ENOSPC, "No space left on device", "out")
+        real_fsync(fd)
+
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("needs /proc to tell the output's writes from the others")
+    monkeypatch.setattr(dpltm.checkpoint.os, "fsync", full)
+    args = {"train": [*TRAIN, "--eps2", "1", "--logger", "csv"], "generate": [*GEN, "--logger", "csv"],
+            "predict": ["predict", "--model", str(model), "--device", "cpu"],
+            "export": ["export", "--model", str(model)]}[command]
+    out = "out" + (".safetensors" if command == "export" else "")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    code, stdout, stderr = _run_in_process([*args, "--out", out], cwd, data_dirs["good"])
+    assert "Traceback" not in stdout + stderr, stderr
+    assert code == 2, (code, stderr)
+    errors = [line for line in stderr.splitlines() if line.startswith("dpltm:")]  # after progress lines
+    assert errors == [stderr.splitlines()[-1]] and "cannot write out" in errors[0] and "No space left" in errors[0]
+    assert [str(p.relative_to(cwd)) for p in cwd.rglob("*") if p.is_file()] == []
