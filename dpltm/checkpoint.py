@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dpltm.errors import DpltmUserError
+from dpltm.paths import check_not_input, check_path_length
 
 FORMAT_VERSION = 1
 KINDS = ("tickets", "ticket", "model", "run")
@@ -82,9 +83,11 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     An output equal to one of the command's inputs is always refused (the input would be lost);
     an existing output is replaced only with `--overwrite`.
     """
+    check_path_length(path, option)
     for source in inputs:
         if source is not None and same_file(path, source):
             raise DpltmUserError(f"{option} {path} is also this command's input: write the result elsewhere")
+    check_not_input(path, option)
     if path.exists() and not path.is_dir() and not overwrite:
         raise DpltmUserError(f"{path} already exists: pass --overwrite to replace it, or {option} to write elsewhere")
     check_writable(path)
@@ -149,6 +152,7 @@ def write_bytes_atomic(data: bytes, path: Path) -> None:
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write to a temp file beside `path`, fsync, then `os.replace`: a crash or a signal leaves
     either the old file or the new one, never half of one, and no temp file behind."""
+    check_not_input(path)
     check_writable(path)
     _make_parent(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
@@ -170,6 +174,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
 def check_writable(path: Path) -> None:
     """Fail before any work is done if the output cannot be written. Creates nothing: the
     nearest existing ancestor must be a writable directory (missing folders are made on save)."""
+    check_path_length(path)
     if path.exists() and path.is_dir():
         raise DpltmUserError(f"output {path} is a directory")
     ancestor = path.parent if str(path.parent) else Path(".")
@@ -203,10 +208,9 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
 def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     """Read a dpltm checkpoint of the expected kind(s), or explain in one line why not."""
     kinds = (kind,) if isinstance(kind, str) else kind
-    if not path.exists():
-        raise DpltmUserError(f"checkpoint {path} does not exist")
-    if path.is_dir():
-        raise DpltmUserError(f"checkpoint {path} is a directory, not a file")
+    from dpltm.paths import check_input_file
+
+    check_input_file(path, "checkpoint")
     try:
         body = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or damaged files
@@ -224,4 +228,8 @@ def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
             f"{path} holds a '{body.get('kind')}' checkpoint, expected {' or '.join(kinds)}"
         )
     _check_schema(body, body["kind"], path)
+    from dpltm.checkpoint_body import check_body
+
+    if body["kind"] == "model":  # what predict, export and load_model rebuild a network from
+        check_body(body, body["kind"], path)
     return body

@@ -33,7 +33,10 @@ from dpltm.choices import (
     value,
 )
 from dpltm.console import err_console, kept_on_interrupt, on_interrupt_kept, out_console
-from dpltm.errors import DpltmUserError, Interrupted
+from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
+from dpltm.launch_env import check_rank_environment
+from dpltm.paths import forget_inputs
+from dpltm.run_log import check_logger
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
 from dpltm.stages.train import print_training_report, stage_train
@@ -47,6 +50,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 F = TypeVar("F", bound=Callable[..., Any])
+MAX_SEED = 2**63 - 1  # seeds fit torch's and numpy's generators (config.MAX_SEED, without importing torch)
 
 
 @functools.cache
@@ -90,10 +94,17 @@ def user_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         on_interrupt_kept("nothing was written")
+        forget_inputs()
         try:
+            check_rank_environment()  # before Lightning's import parses them
             return func(*args, **kwargs)
         except DpltmUserError as exc:
-            typer.echo(f"dpltm: error: {exc}", err=True)
+            typer.echo(f"dpltm: error: {one_line(str(exc))}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:  # a full disk, a name too long: the user's to fix (written files are cleaned)
+            if exc.errno not in USER_ERRNOS:
+                raise
+            typer.echo(f"dpltm: error: {one_line(os_error_message(exc))}", err=True)
             raise typer.Exit(2) from None
         except (KeyboardInterrupt, Interrupted) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -230,7 +241,7 @@ def generate(
     density: Annotated[float | None, typer.Option(help="With --private: fraction of weights the ticket keeps.", show_default=cfg("private_ticket.density"))] = None,
     rewind: Annotated[Rewind | None, typer.Option(help="With --private: train from the masked warm-up weights (warmup) or from θ0 (init).", show_default=cfg("private_ticket.rewind"))] = None,
     epochs: Annotated[int | None, typer.Option(help="With --private: epochs of the ticket's DP training, planned now (σ covers them).", show_default=cfg("train.epochs"))] = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     cuda_graphs: CudaGraphs = False,
     config: ConfigFile = None,
@@ -245,6 +256,7 @@ def generate(
 ) -> None:
     """Phase 1: lottery tickets by iterative magnitude pruning (non-private), or with --private one
     ticket made on the private data by DP warm-up (end-to-end DP with the training that follows)."""
+    check_logger(value(logger))
     from dpltm.report import print_tickets, tickets_json
 
     dataset, split, arch, activation, rewind = map(value, (dataset, split, arch, activation, rewind))
@@ -461,7 +473,7 @@ def select(
     device: Device = "auto",
     data_dir: DataDir = None,
     reselect: Annotated[bool, typer.Option("--reselect", help="Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's ledger composes every draw.")] = False,
-    seed: Annotated[int | None, typer.Option(help="Seed the draw (reproducible, not secret); default: OS CSPRNG.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed the draw (reproducible, not secret); default: OS CSPRNG.")] = None,
     config: ConfigFile = None,
     out: Annotated[Path | None, typer.Option(help="Winner file (default checkpoints/<dataset>-winner.pt).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing winner file.")] = False,
@@ -526,7 +538,7 @@ def train(
     public_split: Annotated[Split, typer.Option(help="Split of --public-dataset whose training part is used.")] = Split.train,
     public_data: Annotated[str | None, typer.Option("--public-data", hidden=True)] = None,
     seed: Seed = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
     device: Device = "auto",
     devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
     num_nodes: Annotated[int, typer.Option("--num-nodes", help="Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, as Lightning documents).")] = 1,
@@ -543,6 +555,7 @@ def train(
     json_out: Json = False,
 ) -> None:
     """Phase 3: DP-SGD on the masked winner (or --dense / --non-private baselines)."""
+    check_logger(value(logger))
     renamed = {"--target-eps": (target_eps, "--max-eps (a cap: stop before spending more; σ is calibrated to --eps)"),
                "--public-data": (public_data, "--public-dataset NAME with --public-split SPLIT")}
     for old, (given, new) in renamed.items():
@@ -606,9 +619,9 @@ def audit(
     canaries: Annotated[int, typer.Option(help="Number m of canaries, each included with probability 1/2.")] = 1000,
     threat_model: Annotated[ThreatModel, typer.Option(help="white-box: Dirac gradient canaries on surviving weights, observed through the released noisy gradients (also reported: the final model only); black-box: out-of-distribution input records with random labels, scored by the released model's loss.")] = ThreatModel.white_box,
     confidence: Annotated[float, typer.Option(help="Confidence of the lower bound.")] = 0.95,
-    canary_seed: Annotated[int | None, typer.Option(help="Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.")] = None,
+    canary_seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.")] = None,
     seed: Seed = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", help="Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.")] = None,
+    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.")] = None,
     device: Device = "auto",
     config: ConfigFile = None,
     data_dir: DataDir = None,
@@ -714,6 +727,7 @@ def run(
 ) -> None:
     """All stages in a sound (end-to-end DP) mode: public tickets → noise-aware choice → DP training, or
     with --ticket-source private a ticket made on the private data by DP warm-up → DP training."""
+    check_logger(value(logger))
     if old_tickets is not None:
         raise DpltmUserError(f"`dpltm run --tickets {old_tickets}` was renamed --ticket-source {old_tickets} "
                              "(--tickets names a ticket file, as in `dpltm select --tickets`)")
@@ -775,6 +789,8 @@ def run(
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=overwrite, inputs=[config])
     torch_device = resolve_device(device)
+    if cuda_graphs and torch_device.type != "cuda":
+        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     private = load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     train_cli["recipe"] = chosen_recipe(recipe, len(private.train))
@@ -856,7 +872,7 @@ def main() -> None:
         message = " ".join(exc.format_message().split()).replace("Value error, ", "")  # typer's enum wording
         if not message:  # `dpltm` alone: the help was printed, there is no error to add
             raise SystemExit(0) from None
-        typer.echo(f"dpltm: error: {message}", err=True)
+        typer.echo(f"dpltm: error: {one_line(message)}", err=True)
         raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
     finally:  # main() may run inside another program (tests): leave its handlers as they were
         for signum, handler in previous.items():

@@ -31,6 +31,7 @@ from dpltm.model import ACTIVATIONS, ARCHS, check_network_size
 from dpltm.privacy.accounting import check_target_epsilon
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
+from dpltm.strict_yaml import DuplicateKeyError, safe_load_strict
 
 CONFIG_DIR: Traversable = resources.files("dpltm") / "configs"
 """The packaged YAML (defaults, per-dataset, experiment profiles): shipped as package data, so an
@@ -43,6 +44,9 @@ MAX_LR = 1e3
 
 #: The largest --config file read: a config is a few hundred bytes; this refuses /dev/zero.
 MAX_CONFIG_BYTES = 1 << 20
+
+#: The most SGD iterations per ticket `generate` runs (paper: 5000); a loss curve is kept per ticket.
+MAX_ITERATIONS = 1_000_000
 
 #: Seeds are non-negative and fit in 63 bits (what torch and numpy generators accept).
 MAX_SEED = 2**63 - 1
@@ -135,6 +139,9 @@ class GenerateSettings:
         if self.rounds < 0:
             raise DpltmUserError(f"--rounds must be ≥ 0, got {self.rounds}")
         _require_positive("--iterations", self.iterations)
+        if self.iterations > MAX_ITERATIONS:
+            raise DpltmUserError(f"--iterations must be at most {MAX_ITERATIONS} per ticket (the paper uses 5000), "
+                                 f"got {self.iterations}")
         _require_positive("--batch-size", self.batch_size)
         _require_lr(self.lr)
         if not 0.0 <= self.min_density < 1.0:
@@ -320,6 +327,10 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
 
     Schema-free: the experiment profiles are read with it too. See `read_config_file`.
     """
+    if isinstance(path, Path):
+        from dpltm.paths import check_input_file
+
+        check_input_file(path, "config file")
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
@@ -334,7 +345,10 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise DpltmUserError(f"config file {path} is not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = safe_load_strict(text) or {}
+    except DuplicateKeyError as exc:
+        raise DpltmUserError(f"config file {path} gives the key {exc.key!r} twice "
+                             f"(line {exc.problem_mark.line + 1}): keep one") from None
     except yaml.YAMLError as exc:
         first = (str(exc).splitlines() or ["syntax error"])[0]
         raise DpltmUserError(f"config file {path} is not valid YAML: {first}") from None

@@ -6,7 +6,21 @@ signal handlers (SIGINT, SIGTERM) so that a stopped run unwinds like an error: t
 removed, nothing half-written is published, and the user is told what was kept.
 """
 
+import errno
 import signal
+
+#: The longest error message printed: a value quoted in a message (a YAML alias bomb expands to
+#: megabytes) is cut here, so the error stays one readable line.
+MAX_MESSAGE_CHARS = 1000
+
+
+def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message` as one printable line: control characters (a newline in a path, an escape
+    sequence) shown escaped, and anything beyond `limit` characters cut with a note."""
+    text = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message)
+    if len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit} more characters)"
+    return text
 
 
 class DpltmUserError(Exception):
@@ -25,3 +39,14 @@ class Interrupted(BaseException):
     def exit_code(self) -> int:
         """The shell convention: 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
         return 128 + self.signum
+
+
+#: OS errors that are the user's to fix (a full disk, a quota, a read-only file system, a name
+#: too long): the CLI reports them in one line, naming the file, instead of a traceback.
+USER_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG})
+
+
+def os_error_message(exc: OSError) -> str:
+    """`cannot write FILE: No space left on device`; the file as the OS error names it."""
+    where = exc.filename if exc.filename is not None else "a file"
+    return f"cannot write {where}: {exc.strerror or exc}"

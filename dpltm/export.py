@@ -89,8 +89,9 @@ def read_metadata(path: Path) -> dict[str, str]:
     """The metadata of a dpltm safetensors export, or a one-line error saying why it is not one."""
     from safetensors import SafetensorError, safe_open
 
-    if not path.is_file():
-        raise DpltmUserError(f"model file {path} does not exist")
+    from dpltm.paths import check_input_file
+
+    check_input_file(path, "model file")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
@@ -98,6 +99,9 @@ def read_metadata(path: Path) -> dict[str, str]:
         raise DpltmUserError(f"{path} is not a readable safetensors file ({str(exc).splitlines()[0][:120]})") from None
     if metadata.get("format") != FORMAT:
         raise DpltmUserError(f"{path} is a safetensors file but not a dpltm export (no format {FORMAT})")
+    from dpltm.checkpoint_body import check_export_metadata
+
+    check_export_metadata(metadata, path)
     return metadata
 
 
@@ -113,7 +117,7 @@ def load_exported(path: Path) -> LoadedModel:
         model.load_state_dict(load_file(str(path)))
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")
-    except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
         raise DpltmUserError(f"{path} is a damaged dpltm export ({str(exc).splitlines()[0][:120]})") from None
 
 

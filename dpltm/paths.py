@@ -21,6 +21,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
     if data_dir is not None:
         root = Path(data_dir).expanduser()
         source = "--data-dir"
+        check_path_length(root, "--data-dir")
     elif os.environ.get(DATA_DIR_ENV):
         root = Path(os.environ[DATA_DIR_ENV]).expanduser()
         source = f"${DATA_DIR_ENV}"
@@ -40,3 +41,65 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
 def default_checkpoint_dir() -> Path:
     """Outputs go to ./checkpoints unless the user says otherwise."""
     return Path("checkpoints")
+
+
+def check_input_file(path: Path, what: str) -> None:
+    """Before reading: `path` must be an existing regular file. A FIFO or a device would block
+    the read (or never end), a directory cannot be read: each is refused in one line."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise DpltmUserError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise DpltmUserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise DpltmUserError(f"{what} {path} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise DpltmUserError(f"{what} {path} is not a regular file (a pipe or a device): give a file")
+
+
+_inputs_read: list[Path] = []
+"""The data files this command has read (`note_input`): no output may replace one of them."""
+
+
+def note_input(path: Path) -> None:
+    """Record that the command reads `path` (a raw data file), so no output can replace it."""
+    _inputs_read.append(path)
+
+
+def forget_inputs() -> None:
+    """A new command starts (the CLI calls this): earlier commands' inputs no longer count."""
+    _inputs_read.clear()
+
+
+def check_not_input(target: Path, option: str = "--out") -> None:
+    """Refuse to write `target` if it is a data file this command read (even with --overwrite:
+    the input would be lost). Compared resolved, and by inode when both exist (a hard link)."""
+    for source in _inputs_read:
+        try:
+            same = target.resolve() == source.resolve() or (
+                target.exists() and source.exists() and os.path.samefile(target, source))
+        except OSError:
+            same = False
+        if same:
+            raise DpltmUserError(f"{option} {target} is also this command's input (the data file {source}): "
+                                 "write the result elsewhere")
+
+
+def check_path_length(path: Path, what: str = "output") -> None:
+    """Refuse a path the file system cannot hold (a part longer than its NAME_MAX, usually 255
+    bytes, or the whole longer than PATH_MAX) before any work, instead of failing on the write."""
+    name_max, path_max = 255, 4096
+    try:
+        name_max = os.pathconf("/", "PC_NAME_MAX")
+        path_max = os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        pass
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise DpltmUserError(f"{what} {path}: the name {part[:40]}… is {len(os.fsencode(part))} bytes long; "
+                                 f"the file system allows {name_max}")
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        raise DpltmUserError(f"{what} {path} is longer than the file system allows ({path_max} bytes)")

@@ -54,10 +54,15 @@ def read_run(path: Path) -> dict[str, Any]:
     if not file.exists():
         where = f"no {RUN_FILE} in {path}" if path.is_dir() else f"{path} does not exist"
         raise DpltmUserError(f"{where} (a run writes it when it finishes)")
+    from dpltm.paths import check_input_file
+
+    check_input_file(file, "run record")
     try:
         body = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DpltmUserError(f"{file} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise DpltmUserError(f"{file} is nested too deeply to be a dpltm run record") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DpltmUserError(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
     if not isinstance(body, dict) or body.get("format") != RUN_FORMAT:
@@ -283,15 +288,20 @@ def plot_runs(paths: list[Path], out: Path | None = None, overwrite: bool = Fals
     """Read the runs, draw them, and write the image atomically; returns the path written.
     Default output: `plot.png` in the first run's folder (redrawn each time: it is derived); an
     explicit `out` that exists is replaced only with `overwrite`."""
-    from dpltm.checkpoint import check_writable, write_atomic
+    from dpltm.checkpoint import check_writable, same_file, write_atomic
+    from dpltm.paths import check_path_length
 
     if not paths:
         raise DpltmUserError("dpltm plot needs at least one run")
     runs = [read_run(p) for p in paths]
     folders = [run_file(p).parent for p in paths]
+    if out is not None:
+        check_path_length(out, "--out")
     if out is not None and out.is_file() and not overwrite:
         raise DpltmUserError(f"{out} exists: pass --overwrite to replace it")
     out = out if out is not None else folders[0] / PLOT_FILE
+    if any(same_file(out, run_file(p)) for p in paths):
+        raise DpltmUserError(f"--out {out} is also this command's input: write the figure elsewhere")
     check_writable(out)  # before drawing: fail fast on a directory or a read-only place
     fmt = plot_format(out)
     fig = run_figure(runs, [run_label(f) for f in folders])

@@ -72,7 +72,12 @@ def layer_keep_fractions(arch: Architecture, target_density: float) -> dict[str,
     for _ in range(100):
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if kept(mid) > target_density else (lo, mid)
-    return {n: (1.0 - rates[n]) ** hi for n in sizes}
+    keep = {n: (1.0 - rates[n]) ** hi for n in sizes}
+    for name, fraction in keep.items():
+        if fraction * sizes[name] < 1.0:  # C = 0 in that layer: the network would compute a constant
+            raise DpltmUserError(f"--density {target_density:g} is too small for this network: layer {name} "
+                                 f"({sizes[name]} weights) would keep no weight")
+    return keep
 
 
 def round_prune_rates(arch: Architecture, target_density: float, rounds: int) -> dict[str, float]:

@@ -60,8 +60,10 @@ def check_log_root(root: Path | None) -> Path:
     """The log root, checked before any work (read-only: creates nothing): a directory, or a path
     whose nearest existing ancestor is a writable directory."""
     from dpltm.checkpoint import check_writable
+    from dpltm.paths import check_path_length
 
     root = root if root is not None else default_log_root()
+    check_path_length(root, "--log-dir")
     if root.exists() and not root.is_dir():
         raise DpltmUserError(f"--log-dir {root} is not a directory")
     check_writable(root / "version_0")
@@ -105,6 +107,21 @@ def mlflow_tracking_uri(root: Path) -> str:
     """$MLFLOW_TRACKING_URI (the user's server or database) if set, else a SQLite store beside the
     run folders (`<log-dir>/mlflow.db`): MLflow 3 no longer writes its file store by default."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / 'mlflow.db').resolve()}"
+
+
+def check_logger(kind: str) -> None:
+    """Before any work: the logger's package is installed (found, not imported: MLflow is slow to
+    import), so a run is not refused only when its first metrics are logged."""
+    import importlib.util
+
+    needs = {"tensorboard": (("tensorboard", "tensorboardX"), "TensorBoard", "tensorboard"),
+             "mlflow": (("mlflow",), "MLflow", "mlflow")}
+    if kind not in needs:
+        return
+    modules, name, extra = needs[kind]
+    if not any(importlib.util.find_spec(m) is not None for m in modules):
+        raise DpltmUserError(f"--logger {kind} needs {name}, which is not installed: pip install 'dpltm[{extra}]', "
+                             "or pick another --logger")
 
 
 def lightning_logger(kind: str, folder: Path) -> Any:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,14 +34,73 @@ class Case:
     id: str
     args: tuple[str, ...]
     message: str  # a fragment the one line must contain
-    files: dict[str, bytes] = field(default_factory=dict)  # written into the working directory first
+    files: dict[str, bytes | Callable[[Path], bytes]] = field(default_factory=dict)
+    """Written into the working directory first; a callable makes the bytes from the trained model's path."""
     data: str = "good"  # "good" or "truncated-digits"
+    env: dict[str, str] = field(default_factory=dict)  # set in the environment for this case
 
 
 GEN = ("generate", "--dataset", "digits", "--rounds", "1", "--iterations", "5", "--device", "cpu",
        "--no-progress")
 TRAIN = ("train", "--dense", "--dataset", "digits", "--epochs", "1", "--device", "cpu", "--no-progress")
 ACCOUNT = ("account", "--q", "0.01", "--steps", "1000")
+
+
+_ALIAS_BOMB = ("generate: {rounds: [&a [" + '"' + "x" * 100 + '"], ' + ", ".join(
+    f"&{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcde", "bcdef", strict=True)) + "]}\n").encode()
+"""A YAML alias bomb: small on disk, a value whose repr runs to megabytes."""
+
+
+_RUN_JSON = b'{"format": "dpltm-run-v1", "command": "train", "history": [{"epoch": 1}]}'
+"""The smallest run record `dpltm plot` draws."""
+
+
+def _broken_model(edit: Callable[[dict], None]) -> Callable[[Path], bytes]:
+    """The trained model's file with `edit` applied to its body (top-level schema intact)."""
+
+    def make(model: Path) -> bytes:
+        body = torch.load(model, weights_only=True)
+        edit(body)
+        buffer = io.BytesIO()
+        torch.save(body, buffer)
+        return buffer.getvalue()
+
+    return make
+
+
+_BROKEN_MODELS: list[tuple[str, Callable[[dict], None], str]] = [
+    ("architecture-empty", lambda b: b.__setitem__("architecture", {}), "'architecture' is invalid"),
+    ("architecture-text-width", lambda b: b["architecture"].__setitem__("hidden", "abc"), "'architecture' is invalid"),
+    ("architecture-negative", lambda b: b["architecture"].__setitem__("hidden", [-3]), "'architecture' is invalid"),
+    ("state-dict-foreign", lambda b: b.__setitem__("state_dict", {"a": torch.zeros(2)}),
+     "does not fit its architecture"),
+    ("state-dict-not-tensors", lambda b: b.__setitem__("state_dict", dict.fromkeys(b["state_dict"], 5)),
+     "is not a tensor"),
+    ("state-dict-wrong-shape", lambda b: b["state_dict"].__setitem__("layers.output.bias", torch.zeros(3)),
+     "has shape (3,)"),
+    ("config-data-int", lambda b: b["config"].__setitem__("data", 5), "'config.data' is not a mapping"),
+    ("config-seed-text", lambda b: b["config"].__setitem__("seed", "x"), "'config.seed' is not an integer"),
+    ("no-statement", lambda b: b["report"].pop("statement"), "no privacy statement"),
+    ("statement-int", lambda b: b["report"].__setitem__("statement", 5), "no privacy statement"),
+    ("ledger-empty", lambda b: b.__setitem__("ledger", {}), "its ledger is invalid"),
+]
+
+
+def _broken_export(key: str, text: str) -> Callable[[Path], bytes]:
+    """An export of the trained model with metadata `key` set to `text`."""
+
+    def make(model: Path) -> bytes:
+        from safetensors.torch import save
+
+        from dpltm.export import FORMAT
+
+        body = torch.load(model, weights_only=True)
+        metadata = {"format": FORMAT, "architecture": json.dumps(body["architecture"]), "data": "{}",
+                    "privacy": "{}", "input_normalisation": "{}", "privacy_statement": "DP", "ledger": "{}"}
+        metadata[key] = text
+        return save({k: v.contiguous() for k, v in body["state_dict"].items()}, metadata=metadata)
+
+    return make
 
 
 def _headed_without_body(kind: str) -> bytes:
@@ -52,7 +113,16 @@ CASES = [
     # ---- --config files ------------------------------------------------------------------
     Case("config-binary", (*GEN, "--config", "c.yaml"), "not UTF-8",
          {"c.yaml": bytes(range(128, 256)) + b"\x00\x01"}),
-    Case("config-dev-zero", (*GEN, "--config", "/dev/zero"), "larger than"),
+    Case("config-dev-zero", (*GEN, "--config", "/dev/zero"), "not a regular file"),
+    Case("config-duplicate-key", (*GEN, "--config", "c.yaml"), "gives the key 'seed' twice (line 2)",
+         {"c.yaml": b"seed: 1\nseed: 2\n"}),
+    Case("config-duplicate-nested-key", (*GEN, "--config", "c.yaml"), "gives the key 'rounds' twice",
+         {"c.yaml": b"generate:\n  rounds: 1\n  rounds: 2\n"}),
+    Case("config-alias-bomb", (*GEN, "--config", "c.yaml"), "more characters)", {"c.yaml": _ALIAS_BOMB}),
+    Case("generate-iterations-1e15", (*GEN[:5], "--iterations", "1000000000000000", *GEN[7:]),
+         "--iterations must be at most 1000000"),
+    Case("config-iterations-1e15", (*GEN[:5], *GEN[7:], "--config", "c.yaml"), "--iterations must be at most",
+         {"c.yaml": b"generate: {iterations: 1000000000000000}\n"}),
     Case("config-bool-maybe", (*GEN, "--config", "c.yaml"), "generate.controls='maybe' is not a valid boolean",
          {"c.yaml": b"generate: {controls: maybe}\n"}),
     Case("config-bool-from-int", (*GEN, "--config", "c.yaml"), "generate.controls=1 is not a valid boolean",
@@ -84,6 +154,15 @@ CASES = [
     Case("generate-val-fraction-nan", (*GEN, "--val-fraction", "nan"), "--val-fraction must be a finite"),
     Case("generate-prune-rate-inf", (*GEN, "--prune-rates", "inf"), "--prune-rates must be a finite"),
     Case("generate-seed-negative", (*GEN, "--seed", "-1"), "--seed must lie in"),
+    Case("train-noise-seed-negative", (*TRAIN, "--eps2", "1", "--noise-seed", "-1"), "'--noise-seed'"),
+    Case("select-seed-negative", ("select", "--eps1", "0.1", "--seed", "-1"), "'--seed'"),
+    Case("audit-canary-seed-negative", ("audit", "--dense", "--dataset", "digits", "--canary-seed", "-1"),
+         "'--canary-seed'"),
+    Case("audit-canaries-1e12", ("audit", "--dense", "--dataset", "digits", "--threat-model", "black-box",
+                                 "--canaries", "1000000000000", "--device", "cpu"),
+         "--canaries must lie in [2, 100000]"),
+    Case("private-density-1e-9", ("generate", "--private", "--dataset", "digits", "--density", "1e-9",
+                                  "--device", "cpu", "--no-progress"), "would keep no weight"),
     Case("train-lr-inf", (*TRAIN, "--eps2", "1", "--lr", "inf"), "--lr must be a finite number"),
     Case("train-lr-1e30", (*TRAIN, "--eps2", "1", "--lr", "1e30"), "--lr must lie in (0, 1000]"),
     Case("train-clip-inf", (*TRAIN, "--eps2", "1", "--clip", "inf"), "--clip must be a finite number"),
@@ -128,6 +207,36 @@ CASES = [
     Case("train-existing-output", (*TRAIN, "--eps2", "1", "--out", "{tickets}"), "already exists: pass --overwrite"),
     Case("generate-out-is-config", (*GEN, "--config", "c.yaml", "--out", "c.yaml"), "--config file",
          {"c.yaml": b"seed: 0\n"}),
+    Case("predict-out-is-data", ("predict", "--model", "{model}", "--device", "cpu", "--out",
+                                 "{data}/DIGITS/digits.csv.gz", "--overwrite"), "also this command's input"),
+    Case("train-out-is-data", (*TRAIN, "--eps2", "1", "--out", "{data}/DIGITS/digits.csv.gz", "--overwrite"),
+         "also this command's input"),
+    Case("generate-out-is-data", (*GEN, "--out", "{data}/DIGITS/digits.csv.gz", "--overwrite"),
+         "also this command's input"),
+    Case("plot-out-is-run-json", ("plot", "r.json", "--out", "r.json", "--overwrite"), "also this command's input",
+         {"r.json": _RUN_JSON}),
+    # ---- paths the file system cannot hold, names with control characters ------------------------
+    *[Case(f"long-name-{cmd[0]}", (*cmd, "--out", "x" * 300 + suffix), "the file system allows", {"r.json": _RUN_JSON})
+      for cmd, suffix in [(TRAIN + ("--eps2", "1"), ".pt"), (GEN, ".pt"), (("select", "--best"), ".pt"),
+                          (("export", "--model", "{model}"), ".safetensors"),
+                          (("predict", "--model", "{model}", "--device", "cpu"), ".csv"),
+                          (("plot", "r.json"), ".png")]],
+    Case("long-name-log-dir", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "x" * 300),
+         "the file system allows"),
+    Case("long-name-folder", (*TRAIN, "--eps2", "1", "--out", "x" * 300 + "/m.pt"), "the file system allows"),
+    Case("long-name-data-dir", (*TRAIN, "--eps2", "1", "--data-dir", "x" * 300), "the file system allows"),
+    Case("newline-in-path", ("inspect", "a\nb.pt"), "checkpoint a\\nb.pt does not exist"),
+    # ---- launch environment, loggers, devices: checked before any work ---------------------------
+    Case("rank-not-a-number", (*TRAIN, "--eps2", "1"), "$RANK='abc' is not a whole number", env={"RANK": "abc"}),
+    Case("local-rank-on-one-process", (*TRAIN, "--eps2", "1"), "$LOCAL_RANK=1 says this is not the first process",
+         env={"LOCAL_RANK": "1"}),
+    Case("num-nodes-without-launcher", (*TRAIN, "--eps2", "1", "--num-nodes", "2"), "--num-nodes 2: start one"),
+    Case("log-dir-is-a-file", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "f.txt"),
+         "--log-dir f.txt is not a directory", {"f.txt": b"x"}),
+    Case("run-cuda-graphs-on-cpu", ("run", "--dataset", "digits", "--public-dataset", "mnist", "--cuda-graphs",
+                                    "--device", "cpu", "--no-progress"), "--cuda-graphs needs a CUDA device"),
+    Case("download-mirror-bad-ipv6", ("download", "mnist", "--mirror", "http://[::1"), "must be an http:// or"),
+    Case("download-mirror-bad-port", ("download", "mnist", "--mirror", "http://host:port/"), "must be an http:// or"),
     # ---- conflicting options ----------------------------------------------------------------
     Case("select-best-and-eps1", ("select", "--best", "--eps1", "0.1"), "drop --eps1"),
     Case("select-noise-aware-and-best", ("select", "--noise-aware", "--best", "--private-size", "10"),
@@ -149,6 +258,23 @@ CASES = [
     Case("run-projection-mismatch", ("run", "--dataset", "digits", "--public-dataset", "mnist", "--project-to", "100"),
          "projection width must be 64"),
     Case("run-unknown-dataset", ("run", "--dataset", "cifar"), "'cifar' is not one of"),
+    # ---- model checkpoints that pass the top-level schema but are broken inside ------------------
+    *[Case(f"{cmd}-{name}", args, message, {"b.pt": _broken_model(edit)})
+      for name, edit, message in _BROKEN_MODELS
+      for cmd, args in [("predict", ("predict", "--model", "b.pt", "--device", "cpu")),
+                        ("export", ("export", "--model", "b.pt")), ("inspect", ("inspect", "b.pt"))]],
+    # ---- safetensors exports whose metadata has the wrong types ----------------------------------
+    *[Case(f"{cmd}-export-{key}-{label}", args, message, {"b.safetensors": _broken_export(key, text)})
+      for key, text, label, message in [("data", "5", "int", "'data' is not a JSON object"),
+                                        ("architecture", "[1, 2]", "list", "'architecture' is not a JSON object"),
+                                        ("privacy", "[]", "list", "'privacy' is not a JSON object"),
+                                        ("test_accuracy", "{", "not-json", "'test_accuracy' is not JSON"),
+                                        ("ledger", "[" * 100_000 + "]" * 100_000, "deep", "'ledger' is not JSON"),
+                                        ("privacy_statement", "", "empty", "no privacy statement")]
+      for cmd, args in [("predict", ("predict", "--model", "b.safetensors", "--device", "cpu")),
+                        ("inspect", ("inspect", "b.safetensors"))]],
+    Case("plot-deep-json", ("plot", "r.json"), "nested too deeply",
+         {"r.json": b"[" * 100_000 + b"]" * 100_000}),
 ]
 
 #: Run again as a real subprocess (slower: each imports torch afresh).
@@ -179,6 +305,16 @@ def tickets(data_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     assert code == 0, err
     code, _, err = _run_in_process(["select", "--best", "--tickets", str(path), "--out", str(folder / "w.pt")],
                                    folder, data_dirs["good"])
+    assert code == 0, err
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(tickets: Path, data_dirs: dict[str, Path]) -> Path:
+    """A trained model (one epoch on DIGITS), for predict/export/inspect."""
+    path = tickets.parent / "m.pt"
+    code, _, err = _run_in_process([*TRAIN, "--eps2", "1", "--logger", "none", "--out", str(path)],
+                                   tickets.parent, data_dirs["good"])
     assert code == 0, err
     return path
 
@@ -229,9 +365,11 @@ def assert_one_line_error(code: int, stdout: str, stderr: str, message: str) -> 
 
 
 def _prepare(case: Case, cwd: Path, data_dirs: dict[str, Path], tickets: Path) -> list[str]:
+    model = tickets.parent / "m.pt"
     for name, content in case.files.items():
-        (cwd / name).write_bytes(content)
-    args = [a.format(tickets=tickets, winner=tickets.parent / "w.pt") for a in case.args]
+        (cwd / name).write_bytes(content(model) if callable(content) else content)
+    args = [a.replace("{tickets}", str(tickets)).replace("{winner}", str(tickets.parent / "w.pt"))
+            .replace("{model}", str(model)).replace("{data}", str(data_dirs[case.data])) for a in case.args]
     if args[0] == "select" and "--tickets" not in args:
         args += ["--tickets", str(tickets)]
     return args
@@ -244,7 +382,10 @@ def _check(case: Case, runner, tmp_path: Path, data_dirs: dict[str, Path], ticke
     data = data_dirs[case.data]
     args = _prepare(case, cwd, data_dirs, tickets)
     before = snapshot(tmp_path, data, tickets.parent)
-    code, stdout, stderr = runner(args, cwd, data)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in case.env.items():
+            mp.setenv(name, value)
+        code, stdout, stderr = runner(args, cwd, data)
     assert_one_line_error(code, stdout, stderr, case.message)
     assert all(fragment in stderr for fragment in also), stderr
     after = snapshot(tmp_path, data, tickets.parent)
@@ -253,7 +394,7 @@ def _check(case: Case, runner, tmp_path: Path, data_dirs: dict[str, Path], ticke
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_user_mistake_is_one_line_and_writes_nothing(case: Case, tmp_path: Path, data_dirs: dict[str, Path],
-                                                     tickets: Path) -> None:
+                                                     tickets: Path, model: Path) -> None:
     _check(case, _run_in_process, tmp_path, data_dirs, tickets)
 
 
@@ -352,3 +493,59 @@ def test_digits_must_have_the_official_rows_per_digit(tmp_path: Path) -> None:
     with pytest.raises(DpltmUserError, match=r"DIGITS has 1797 rows .* found 1797 \(177, "):
         load_dataset("digits", data_dir=tmp_path)
     assert load_dataset("digits", data_dir=write_digits(tmp_path / "ok")).num_features == 64
+
+
+# ---- inputs that would block, loggers not installed, a full disk --------------------------------
+
+
+@pytest.mark.parametrize(("args", "fifo"), [((*GEN, "--config", "p.yaml"), "p.yaml"), (("inspect", "p.pt"), "p.pt"),
+                                            (("predict", "--model", "p.pt"), "p.pt"),
+                                            (("plot", "p.json"), "p.json")])
+def test_fifo_input_is_refused_not_read(args: tuple[str, ...], fifo: str, tmp_path: Path,
+                                        data_dirs: dict[str, Path], tickets: Path) -> None:
+    """A named pipe would block the read forever: refused before it is opened."""
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    os.mkfifo(cwd / fifo)
+    code, stdout, stderr = _run_in_process(list(args), cwd, data_dirs["good"])
+    assert_one_line_error(code, stdout, stderr, "not a regular file")
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("mlflow") is not None, reason="MLflow installed")
+def test_missing_logger_package_is_refused_before_any_work(tmp_path: Path, data_dirs: dict[str, Path],
+                                                           tickets: Path) -> None:
+    case = Case("logger-mlflow-missing", (*TRAIN, "--eps2", "1", "--logger", "mlflow"), "needs MLflow")
+    _check(case, _run_in_process, tmp_path, data_dirs, tickets)
+
+
+@pytest.mark.parametrize("command", ["train", "generate", "predict", "export"])
+def test_full_disk_is_one_line_and_leaves_no_file(command: str, tmp_path: Path, data_dirs: dict[str, Path],
+                                                  tickets: Path, model: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC while the output is written: one line, the temp file removed, no run folder left."""
+    import errno
+
+    import dpltm.checkpoint
+
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1].startswith(".out."):
+            raise OSError(errno.ENOSPC, "No space left on device", "out")
+        real_fsync(fd)
+
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("needs /proc to tell the output's writes from the others")
+    monkeypatch.setattr(dpltm.checkpoint.os, "fsync", full)
+    args = {"train": [*TRAIN, "--eps2", "1", "--logger", "csv"], "generate": [*GEN, "--logger", "csv"],
+            "predict": ["predict", "--model", str(model), "--device", "cpu"],
+            "export": ["export", "--model", str(model)]}[command]
+    out = "out" + (".safetensors" if command == "export" else "")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    code, stdout, stderr = _run_in_process([*args, "--out", out], cwd, data_dirs["good"])
+    assert "Traceback" not in stdout + stderr, stderr
+    assert code == 2, (code, stderr)
+    errors = [line for line in stderr.splitlines() if line.startswith("dpltm:")]  # after progress lines
+    assert errors == [stderr.splitlines()[-1]] and "cannot write out" in errors[0] and "No space left" in errors[0]
+    assert [str(p.relative_to(cwd)) for p in cwd.rglob("*") if p.is_file()] == []

@@ -173,8 +173,8 @@ def test_binary_or_huge_config_files_are_one_line(tmp_path: Path) -> None:
     huge.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
     with pytest.raises(DpltmUserError, match="larger than 1024 KiB"):
         read_yaml(huge)
-    with pytest.raises(DpltmUserError, match="cannot read config file"):
-        read_yaml(tmp_path)  # a directory
+    with pytest.raises(DpltmUserError, match="is a directory, not a file"):
+        read_yaml(tmp_path)
 
 
 def test_a_dataset_name_cannot_reach_outside_the_config_folder(tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ from dpltm.audit.canaries import THREAT_MODELS, GradientCanaries, InputCanaries,
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 
+MAX_CANARIES = 100_000
+"""The most canaries an audit draws: each is a training record (an input canary holds a record's
+features), so 1e12 would ask for terabytes; audits use hundreds to a few thousand."""
 
 @dataclass
 class AuditPlan:
@@ -40,8 +43,9 @@ class AuditPlan:
     def __post_init__(self) -> None:
         if self.threat_model not in THREAT_MODELS:
             raise DpltmUserError(f"--threat-model must be one of {', '.join(THREAT_MODELS)}, got {self.threat_model!r}")
-        if self.canaries < 2:
-            raise DpltmUserError(f"--canaries must be at least 2, got {self.canaries}")
+        if not 2 <= self.canaries <= MAX_CANARIES:
+            raise DpltmUserError(f"--canaries must lie in [2, {MAX_CANARIES}] (each canary is a record trained "
+                                 f"on; Steinke et al. use up to a few thousand), got {self.canaries}")
         if not 0 < self.confidence < 1:
             raise DpltmUserError(f"--confidence must lie in (0, 1), got {self.confidence}")
 

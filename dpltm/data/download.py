@@ -125,7 +125,11 @@ def _chosen_mirror(mirror: str | None) -> list[str]:
         chosen, source = os.environ[MIRROR_ENV], f"${MIRROR_ENV}"
     else:
         return []
-    parsed = urlparse(chosen)
+    try:
+        parsed = urlparse(chosen)
+        parsed.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError:
+        parsed = urlparse("")
     if parsed.scheme not in _MIRROR_SCHEMES or not parsed.netloc:
         raise DpltmUserError(
             f"download mirror {chosen!r} (from {source}) must be an http:// or https:// URL, "

@@ -18,6 +18,7 @@ import numpy as np
 
 from dpltm.data.idx import gunzip_if_named
 from dpltm.errors import DpltmUserError
+from dpltm.paths import note_input
 
 Decoder = Callable[[bytes, Path], tuple[np.ndarray, ...]]
 
@@ -58,6 +59,7 @@ def find_file(candidates: Sequence[Path]) -> Path | None:
     for path in candidates:
         try:
             if path.is_file():
+                note_input(path)
                 return path
         except OSError as exc:
             raise _unreadable(path, exc) from None

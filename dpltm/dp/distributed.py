@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from dpltm.errors import DpltmUserError
+from dpltm.launch_env import env_rank
 
 STRATEGIES = ("auto", "ddp")
 """`ddp` runs one process per device, launched by Lightning (`python -m dpltm.cli` re-run per
@@ -63,7 +64,7 @@ class Distribution:
 
 def _slurm_tasks() -> bool:
     """Whether SLURM launched this process as one of several tasks (Lightning's own test)."""
-    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+    return "SLURM_NTASKS" in os.environ and env_rank("SLURM_NTASKS") > 1 and "SLURM_PROCID" in os.environ
 
 
 def is_main_process() -> bool:
@@ -75,17 +76,31 @@ def is_main_process() -> bool:
     none of them: rank 0.
     """
     if "RANK" in os.environ:
-        return int(os.environ["RANK"]) == 0
+        return env_rank("RANK") == 0
     if _slurm_tasks():
-        return int(os.environ["SLURM_PROCID"]) == 0
-    return int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+        return env_rank("SLURM_PROCID") == 0
+    return env_rank("LOCAL_RANK") == 0 and env_rank("NODE_RANK") == 0
+
+
+def check_launch(distribution: Distribution) -> None:
+    """Before any work: the environment must agree with --devices/--num-nodes. A rank variable
+    left set on a one-process run would make it a silent non-zero rank (nothing written, nothing
+    said); several nodes without a launcher would wait for the others forever."""
+    if not distribution.multi_process and not is_main_process():
+        names = [n for n in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID") if os.environ.get(n, "0") != "0"]
+        shown = ", ".join(f"${n}={os.environ[n]}" for n in names) or "the environment"
+        raise DpltmUserError(f"{shown} says this is not the first process of a multi-process run, but this "
+                             "run has one process (--devices 1 --num-nodes 1): unset it, or pass --devices")
+    if distribution.num_nodes > 1 and "MASTER_ADDR" not in os.environ and not _slurm_tasks():
+        raise DpltmUserError(f"--num-nodes {distribution.num_nodes}: start one process per node with a launcher "
+                             "(torchrun, srun) that sets $MASTER_ADDR; run alone it would wait for the others forever")
 
 
 def local_rank() -> int:
     """This process's rank on its node (its GPU's index)."""
     if "LOCAL_RANK" not in os.environ and _slurm_tasks():
-        return int(os.environ.get("SLURM_LOCALID", "0"))
-    return int(os.environ.get("LOCAL_RANK", "0"))
+        return env_rank("SLURM_LOCALID")
+    return env_rank("LOCAL_RANK")
 
 
 def local_device(device: torch.device, distribution: Distribution) -> torch.device:

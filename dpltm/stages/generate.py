@@ -8,6 +8,7 @@ from typing import Any
 
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
+from dpltm.paths import check_not_input
 
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
@@ -38,6 +39,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         fetch_for_run([cfg.data.dataset], data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    check_not_input(target)  # a data file just read
     if logger is not None:
         from dpltm.run_log import check_log_root
 
@@ -102,8 +104,9 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
+    from dpltm.model import build_architecture
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.private_tickets import make_private_ticket, plan_private_ticket
+    from dpltm.private_tickets import layer_keep_fractions, make_private_ticket, plan_private_ticket
 
     cfg = resolve_train_config(cli, config)
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-private-ticket.pt"
@@ -115,7 +118,10 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
         fetch_for_run([cfg.data.dataset], data_dir)
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
+    check_not_input(target)  # a data file just read
     plan = plan_private_ticket(cfg, len(data.train))
+    layer_keep_fractions(build_architecture(data.num_features, data.num_classes, cfg.model.hidden,
+                                            cfg.model.project_to, cfg.model.activation), cfg.private_ticket.density)
     p = cfg.private_ticket
     err_console.print(
         f"private ticket on {data.name} ({len(data.train)} training records) on {torch_device}: "

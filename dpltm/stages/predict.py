@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dpltm.errors import DpltmUserError
+from dpltm.paths import check_not_input
 
 PARTS = ("test", "val", "train")
 
@@ -61,6 +62,8 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
 
         fetch_for_run([name], data_dir)
     data = load_dataset(name, data_dir=data_dir, device=torch_device, **settings)
+    if out is not None:
+        check_not_input(out)  # a data file just read
     arch = loaded.architecture
     if data.num_features != arch["in_features"] or data.num_classes != arch["num_classes"]:
         raise DpltmUserError(f"the model takes {arch['in_features']} features and predicts {arch['num_classes']} "

@@ -24,8 +24,8 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
-    from dpltm.dp.distributed import Distribution, is_main_process, local_device
-    from dpltm.paths import default_checkpoint_dir
+    from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
+    from dpltm.paths import check_not_input, default_checkpoint_dir
     from dpltm.private_tickets import is_private_ticket, private_ticket_plan
 
     ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
@@ -38,6 +38,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     distribution = distribution or Distribution()
+    check_launch(distribution)
     main = is_main_process()  # under DDP, every rank runs this; rank 0 alone writes and prints
     prepare_output(target, overwrite=overwrite, inputs=[ticket, config])  # read-only: every rank fails alike
     torch_device = local_device(resolve_device(device), distribution)
@@ -59,6 +60,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     public = None if public_name is None else load_dataset(
         public_name, split=public_split, data_dir=data_dir, device=torch_device).train
+    check_not_input(target)  # a data file just read
     ticket_data = None
     if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
         ticket_data = pipeline.reload_ticket_data(ticket_body, data_dir)
