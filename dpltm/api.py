@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 import secrets
+import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -58,7 +60,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_training import TrainPlan, plan_training
 from dpltm.pruning import prune_layerwise
-from dpltm.records import Records, TensorRecords, training_records
+from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
 
 Data = tuple[Tensor, Tensor] | torch.utils.data.Dataset  # type: ignore[type-arg]
 Masks = dict[str, Tensor]
@@ -67,19 +69,29 @@ Masks = dict[str, Tensor]
 def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """(features, labels) on `device`: tensors as given, or a map-style Dataset read once into tensors
     (every item stacked: later batches are index_select on the device, never per-sample decoding)."""
-    if isinstance(data, tuple):
-        if len(data) != 2:
-            raise DpltmUserError("data must be (features, labels) or a torch Dataset")
-        features, labels = (torch.as_tensor(t) for t in data)
-    else:
-        try:
+    if isinstance(data, list) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        data = tuple(data)
+    if isinstance(data, (str, bytes, Mapping)) or data is None:
+        raise DpltmUserError(f"data must be (features, labels) or a map-style torch Dataset, got {type(data).__name__}")
+    try:
+        if isinstance(data, tuple):
+            if len(data) != 2:
+                raise DpltmUserError("data must be (features, labels) or a torch Dataset")
+            features, labels = (torch.as_tensor(t) for t in data)
+        else:
             items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
-        except TypeError:
-            raise DpltmUserError("data must be (features, labels) or a map-style torch Dataset with len()") from None
-        if not items:
-            raise DpltmUserError("the dataset is empty")
-        features = torch.stack([torch.as_tensor(item[0]) for item in items])
-        labels = torch.stack([torch.as_tensor(item[1]) for item in items])
+            if not items:
+                raise DpltmUserError("the dataset is empty")
+            features = torch.stack([torch.as_tensor(item[0]) for item in items])
+            labels = torch.stack([torch.as_tensor(item[1]) for item in items])
+    except DpltmUserError:
+        raise
+    except (TypeError, KeyError, IndexError, ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise DpltmUserError(f"data must be (features, labels) tensors or a map-style Dataset of (features, label) "
+                             f"items ({first})") from None
+    if features.dim() == 0 or labels.dim() == 0:
+        raise DpltmUserError("features and labels need a first (record) dimension")
     if features.shape[0] != labels.shape[0]:
         raise DpltmUserError(f"{features.shape[0]} feature rows but {labels.shape[0]} labels")
     if not features.is_floating_point():
@@ -157,13 +169,20 @@ def density_of(model: nn.Module, masks: Mapping[str, Tensor]) -> float:
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Data, batch_size: int = 4096) -> float:
     """Top-1 accuracy (no privacy: for held-out or public data)."""
-    device = next(model.parameters()).device
-    features, labels = as_tensors(data, device)
+    parameter = next(model.parameters())
+    features, labels = as_tensors(data, parameter.device)
+    if features.is_floating_point():
+        features = features.to(parameter.dtype)
     was_training = model.training
     model.eval()
-    correct = sum(int((model(features[i : i + batch_size]).argmax(1) == labels[i : i + batch_size]).sum())
-                  for i in range(0, len(labels), batch_size))
-    model.train(was_training)
+    try:
+        correct = sum(int((model(features[i : i + batch_size]).argmax(1) == labels[i : i + batch_size]).sum())
+                      for i in range(0, len(labels), batch_size))
+    except (RuntimeError, ValueError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise DpltmUserError(f"the model cannot be evaluated on this data: {first}") from None
+    finally:
+        model.train(was_training)
     return correct / max(len(labels), 1)
 
 
@@ -257,9 +276,11 @@ class PrivateTraining:
                  selection_eps1: float | None = None, segments: SpentSegments | None = None,
                  epochs_done: int = 0, history: list[dict[str, Any]] | None = None) -> None:
         self.model, self.optimizer, self.records = model, optimizer, records
-        self.plan, self.settings, self.masks, self.masks_from, self.loss = plan, settings, masks, masks_from, loss
-        self.dataset_name, self.masks_private, self.selection_eps1 = dataset_name, masks_private, selection_eps1
-        self.noise = GaussianNoise(plan.noise_multiplier)
+        self._plan, self._settings = plan, settings  # read-only: the ledger's segment is what steps run at
+        self.masks, self.masks_from, self.loss = masks, masks_from, loss
+        self.dataset_name = dataset_name
+        self._masks_private, self._selection_eps1 = masks_private, selection_eps1
+        self._noise = GaussianNoise(plan.noise_multiplier)
         self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
         self._noise_generator = torch.Generator(device=records.device).manual_seed(seed)
         # one sampling stream for the whole run, apart from the noise's: every step draws a fresh batch
@@ -269,6 +290,28 @@ class PrivateTraining:
                             plan.dataset_size)
         self.epochs_done = epochs_done
         self.history: list[dict[str, Any]] = list(history or [])
+        self._in_step = False
+        _guard_optimizer(optimizer, self)
+
+    @property
+    def plan(self) -> TrainPlan:
+        """The open segment's plan (q, σ, steps): read-only, since every step must run at what the ledger
+        records."""
+        return self._plan
+
+    @property
+    def settings(self) -> TrainSettings:
+        return self._settings
+
+    @property
+    def masks_private(self) -> bool:
+        """The masks came from these private records: the run is not DP end to end (read-only)."""
+        return self._masks_private
+
+    @property
+    def selection_eps1(self) -> float | None:
+        """ε1 spent choosing the ticket, composed into every ε (read-only)."""
+        return self._selection_eps1
 
     @property
     def steps_done(self) -> int:
@@ -286,17 +329,21 @@ class PrivateTraining:
         if args or kwargs:
             raise DpltmUserError("step() takes no batch: it draws its own Poisson batch (each record with "
                                  "probability q), the only batches the accountant covers")
-        if self.segments.open_steps >= self.plan.steps:
-            raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
-        index = poisson_sample(len(self.records), self.plan.sample_rate, self._sampling_generator,
-                               self.records.device)
+        plan = self._plan
+        if self.segments.open_steps >= plan.steps:
+            raise DpltmUserError(f"the planned {plan.steps} steps are done: the privacy budget is spent")
+        index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
-        batch = clipped_gradient_sum_of(self.model, x, y, self.settings.clip, self.masks, self.loss)
-        noisy = self.noise.perturb(batch.grad_sums, self.surviving, self.settings.clip, self._noise_generator)
+        batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self.masks, self.loss)
+        noisy = self._noise.perturb(batch.grad_sums, self.surviving, self._settings.clip, self._noise_generator)
         parameters = dict(self.model.named_parameters())
         for name, total in noisy.items():
-            parameters[name].grad = total.mul_(1.0 / self.plan.expected_batch_size)
-        self.optimizer.step()
+            parameters[name].grad = total.mul_(1.0 / plan.expected_batch_size)
+        self._in_step = True
+        try:
+            self.optimizer.step()
+        finally:
+            self._in_step = False
         self.optimizer.zero_grad(set_to_none=True)
         apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
         self.segments.count_step()
@@ -365,6 +412,7 @@ class PrivateTraining:
                          "sigma": s.sigma, "delta": s.delta, "accountant": s.accountant,
                          "neighboring": s.neighboring},
             "segments": self.segments.state(), "epochs_done": self.epochs_done, "history": list(self.history),
+            "optimizer_class": type(self.optimizer).__name__,
             "ledger": None if ledger is None else ledger.to_json(),
         }
 
@@ -385,7 +433,7 @@ def _record_keys(features: Tensor, labels: Tensor) -> np.ndarray:
     return record_hashes(x, y.long() if not y.is_floating_point() else y.round().long(), seed=0)
 
 
-def public_provenance(masks_from: Any, records: Records) -> str | None:
+def public_provenance(masks_from: Any, records: Records, masks: Mapping[str, Tensor]) -> str | None:
     """`masks_from` as a provenance line, checked where it can be: given the public data itself (a
     (features, labels) pair or a Dataset) or the tickets of `generate_tickets` (which carry their
     records' hashes), no private training record may be among the public ones (PRIVACY.md §8: public
@@ -398,7 +446,14 @@ def public_provenance(masks_from: Any, records: Records) -> str | None:
         tickets = masks_from
     else:
         tickets = None
+    if isinstance(records, DatasetRecords):
+        raise DpltmUserError("masks_from=<data or tickets> checks record overlap on the records as stored: pass "
+                             "in_memory=True (records read per batch may be augmented), or describe the source in "
+                             "a string")
     if tickets is not None:
+        if not any(_same_masks(masks, t.masks) for t in tickets):
+            raise DpltmUserError("masks_from names tickets, but the masks are none of theirs: pass the masks of one "
+                                 "of those tickets")
         public = np.unique(np.concatenate([t.public_records for t in tickets]))
         what = "the tickets' public data"
     else:
@@ -409,12 +464,22 @@ def public_provenance(masks_from: Any, records: Records) -> str | None:
                                  f"the tickets of generate_tickets; got {type(masks_from).__name__}") from None
         public = np.unique(_record_keys(pub_x, pub_y))
         what = "the public data given as masks_from"
+    if len(public) == 0:
+        raise DpltmUserError("masks_from holds no public records to check against")
     shared = sum(int(np.isin(_record_keys(x, y), public).sum()) for x, y in records.chunks())
     if shared:
         raise DpltmUserError(f"{shared} of the private training records are among {what}: masks made on them are "
                              "a function of private records (not DP); remove them from one side, or pass "
                              "masks_private=True to train without an end-to-end guarantee")
-    return f"public data ({len(public)} distinct records; checked: none of the private training records among them)"
+    return (f"public data ({len(public)} distinct records; checked: no exact copy of a private training record "
+            "among them)")
+
+
+def _same_masks(given: Mapping[str, Tensor], ticket: Mapping[str, Tensor]) -> bool:
+    names = {n for n, m in ticket.items() if not bool(torch.as_tensor(m).all())}
+    given_pruned = {n for n, m in given.items() if not bool(torch.as_tensor(m).all())}
+    return names == given_pruned and all(
+        torch.equal(torch.as_tensor(given[n]).bool().cpu(), torch.as_tensor(ticket[n]).bool().cpu()) for n in names)
 
 
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data, *,
@@ -472,9 +537,13 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                              "tickets themselves): tickets made on the private records are not differentially private")
     if not list(model.parameters()):
         raise DpltmUserError("the model has no parameters")
-    device = next(model.parameters()).device
-    records = training_records(train, device, in_memory, as_tensors)
+    parameter = next(model.parameters())
+    dtype = parameter.dtype if parameter.is_floating_point() else None
+    records = training_records(train, parameter.device, in_memory, as_tensors, dtype)
     n = len(records)
+    if d > 1.0 / n:
+        warnings.warn(f"delta={d:g} is above 1/N = {1.0 / n:.3g}: a (ε, δ) guarantee with δ > 1/N allows releasing "
+                      "a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)
     trainable_layers(model)  # unsupported layers fail here, before any step
     first_x, first_y = records.batch(torch.zeros(1, dtype=torch.long, device=records.device))
     labels = records.labels if isinstance(records, TensorRecords) else first_y
@@ -482,7 +551,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     batch_size = check_batch_size(batch_size, n)
     check_steps(epochs, batch_size, n)
     checked = check_user_masks(model, masks)
-    provenance = public_provenance(masks_from, records) if checked and not masks_private else masks_from
+    provenance = public_provenance(masks_from, records, checked) if checked and not masks_private else masks_from
     if provenance is not None and not isinstance(provenance, str):
         provenance = "the private training records themselves"
     segments, epochs_done, history = None, 0, None
@@ -490,7 +559,11 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         if noise_seed is not None:
             raise DpltmUserError("noise_seed cannot be combined with resume_from: a resumed run draws fresh OS "
                                  "randomness (re-seeding would reuse the first segment's noise)")
-        segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, n)
+        if not isinstance(resume_from, (str, Path)):
+            raise DpltmUserError(f"resume_from must be a path, got {type(resume_from).__name__}")
+        segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, n,
+                                                 {"masks_private": masks_private and bool(checked),
+                                                  "selection_eps1": selection_eps1, "neighboring": neighboring})
         check_budget_left(segments.events(), target_epsilon, d, accountant, neighboring)
         if epochs_done >= epochs:
             raise DpltmUserError(f"the run in {resume_from} has done {epochs_done} of epochs={epochs}: pass a larger "
@@ -502,20 +575,47 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     if not math.isfinite(plan.noise_multiplier):
         raise DpltmUserError("no finite noise multiplier meets this budget")
     seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
-    run = PrivateTraining(model, optimizer, records, plan, settings, checked,
-                          provenance if checked else None, loss, seed, dataset_name,
-                          masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
-                          segments=segments, epochs_done=epochs_done, history=history)
-    run.settings = replace(settings, epochs=epochs)
-    return run
+    return PrivateTraining(model, optimizer, records, plan, replace(settings, epochs=epochs), checked,
+                           provenance if checked else None, loss, seed, dataset_name,
+                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
+                           segments=segments, epochs_done=epochs_done, history=history)
+
+
+_OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, PrivateTraining] = weakref.WeakKeyDictionary()
+
+
+def _guard_optimizer(optimizer: torch.optim.Optimizer, run: PrivateTraining) -> None:
+    """Make `optimizer.step()` refuse to run outside `run.step()`: a step on a gradient that was not
+    clipped and noised (a user's own loop, a stray call) would update the model outside the ledger."""
+    first = optimizer not in _OWNERS
+    _OWNERS[optimizer] = run
+    if first:
+        def guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            owner = _OWNERS.get(opt)
+            if owner is not None and not owner._in_step:
+                raise DpltmUserError("this optimizer belongs to a dpltm private run: its steps must go through "
+                                     "PrivateTraining.step() (a step on an unprivatised gradient is not DP)")
+
+        optimizer.register_step_pre_hook(guard)
 
 
 def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,
-            dataset_size: int) -> tuple[SpentSegments, int, list[dict[str, Any]]]:
-    """Model, optimiser and the spent segments of a saved run; the data and masks must be the run's."""
+            dataset_size: int, provenance: dict[str, Any]) -> tuple[SpentSegments, int, list[dict[str, Any]]]:
+    """Model, optimiser and the spent segments of a saved run; the data, masks, optimiser class and the
+    run's privacy provenance (masks_private, selection_eps1, neighboring) must be the run's: a resume
+    that dropped `masks_private=True` or an ε1 would state a smaller ε than was spent."""
     from dpltm.checkpoint import load_checkpoint
 
     body = load_checkpoint(path, "run")
+    saved_settings = body["settings"] if isinstance(body["settings"], dict) else {}
+    stored = {"masks_private": body.get("masks_private"), "selection_eps1": body.get("selection_eps1"),
+              "neighboring": saved_settings.get("neighboring")}
+    differ = [f"{k}={stored[k]!r} (given {provenance[k]!r})" for k in stored if stored[k] != provenance[k]]
+    if differ:
+        raise DpltmUserError(f"the run in {path} was made with {', '.join(differ)}: resume with the same values")
+    if body.get("optimizer_class") not in (None, type(optimizer).__name__):
+        raise DpltmUserError(f"the run in {path} used {body['optimizer_class']}, not {type(optimizer).__name__}: "
+                             "resume with the same optimizer class")
     if body["dataset_size"] != dataset_size:
         raise DpltmUserError(f"{path} trained on {body['dataset_size']} records, this data has {dataset_size}: "
                              "resume on the same private data")

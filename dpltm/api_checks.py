@@ -69,7 +69,13 @@ def check_budget(target_epsilon: Any, noise_multiplier: Any) -> tuple[float | No
     if (target_epsilon is None) == (noise_multiplier is None):
         raise DpltmUserError("give target_epsilon (σ is calibrated) or noise_multiplier (ε is reported), not both")
     if target_epsilon is not None:
-        return check_positive(target_epsilon, "target_epsilon"), None
+        from dpltm.privacy.accounting import MAX_EPSILON
+
+        eps = check_positive(target_epsilon, "target_epsilon")
+        if eps > MAX_EPSILON:
+            raise DpltmUserError(f"target_epsilon must be at most {MAX_EPSILON:g} (beyond it DP-SGD protects "
+                                 f"nothing meaningful), got {eps:g}")
+        return eps, None
     sigma = check_positive(noise_multiplier, "noise_multiplier")
     if sigma < MIN_NOISE_MULTIPLIER:
         raise DpltmUserError(f"noise_multiplier must be at least {MIN_NOISE_MULTIPLIER:g} (less gives no meaningful "
@@ -142,7 +148,7 @@ def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, cl
     try:
         with torch.no_grad():
             model.eval()
-            outputs = model(features[:1].float())
+            outputs = model(features[:1])
     except Exception as exc:  # the model's own error: shape, dtype, device
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"the model does not accept the features (one record of shape "
@@ -151,7 +157,12 @@ def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, cl
         model.train(was_training)
     if not isinstance(outputs, Tensor):
         raise DpltmUserError(f"the model must return a tensor, got {type(outputs).__name__}")
-    if classification and not labels.is_floating_point():
+    if classification and labels.is_floating_point():
+        raise DpltmUserError("class labels must be integers (got floating-point labels); for soft labels or "
+                             "regression pass your own per-sample loss")
+    if classification and labels.dim() != 1:
+        raise DpltmUserError(f"class labels must have shape (N,), got {tuple(labels.shape)}")
+    if classification:
         if outputs.dim() != 2:
             raise DpltmUserError(f"class labels need outputs of shape (batch, classes), got {tuple(outputs.shape)}")
         classes = outputs.shape[1]

@@ -66,6 +66,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.n, self.batch_size = n, batch_size
         self.sample_rate = batch_size / n
         self.steps = steps if steps is not None else math.ceil(n / batch_size)
+        self.seed = seed  # a user's seed (reproducible batches) or None (OS CSPRNG, not kept)
         self.generator = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
         self._issued: deque[int] = deque()
 
@@ -98,15 +99,41 @@ def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, *
     if "batch_size" in kwargs or "shuffle" in kwargs or "sampler" in kwargs or "batch_sampler" in kwargs:
         raise DpltmUserError("poisson_loader chooses the batches itself: drop batch_size/shuffle/sampler/batch_sampler "
                              "from its keyword arguments")
-    example = default_collate([dataset[0]])
+    user_collate = kwargs.pop("collate_fn", None) or default_collate
+    example = user_collate([dataset[0]])
 
     def collate(items: list[Any]) -> Any:
         if items:
-            return default_collate(items)
-        return [t[:0] for t in example] if isinstance(example, (list, tuple)) else example[:0]
+            return user_collate(items)
+        return _empty_like(example)
 
     return DataLoader(dataset, batch_sampler=PoissonBatchSampler(n, batch_size, seed=seed), collate_fn=collate,
                       **kwargs)
+
+
+def _empty_like(example: Any) -> Any:
+    """A batch of zero rows shaped like `example` (tensors, or lists/tuples/dicts of them)."""
+    if isinstance(example, Tensor):
+        return example[:0]
+    if isinstance(example, Mapping):
+        return {k: _empty_like(v) for k, v in example.items()}
+    if isinstance(example, (list, tuple)):
+        return type(example)(_empty_like(v) for v in example) if isinstance(example, list) else \
+            tuple(_empty_like(v) for v in example)
+    return example
+
+
+def _rows(batch: Any) -> int:
+    """The number of records in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        try:
+            return _rows(value)
+        except DpltmUserError:
+            continue
+    raise DpltmUserError("the training batch holds no tensor: DPCallback cannot tell its size")
 
 
 class DPCallback(L.Callback):
@@ -156,8 +183,13 @@ class DPCallback(L.Callback):
         self.masks: dict[str, Tensor] = {}
         self.dataset_size = 0
         self._sampler: PoissonBatchSampler | None = None
+        self._seeds_used: set[int] = set()
+        self._stored_provenance: dict[str, Any] | None = None
+        self._tainted = False
+        self._optimizer_hook: Any = None
         self._batch_size = 0
         self._stepped = False
+        self._privatised = False
         self._calls: dict[int, int] = {}
         self._taps: list[_Tap] = []
         self._grads: dict[int, Tensor] = {}
@@ -188,6 +220,13 @@ class DPCallback(L.Callback):
             raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
                                  "skips steps from the non-private gradients and rounds the clipping")
         sampler = self._poisson_sampler(trainer)
+        if sampler.seed is not None:
+            # a seeded sampler replays its batches: a resumed or repeated fit would redraw the same ones
+            if self._fresh_noise or sampler.seed in self._seeds_used:
+                raise DpltmUserError("this fit's poisson_loader(seed=…) would replay the batches of an earlier fit or "
+                                     "of the run it resumes: drop seed (fresh OS randomness) or use a new one")
+            self._seeds_used.add(sampler.seed)
+        self._check_provenance()
         if trainer.max_epochs is None or trainer.max_epochs < 1:
             raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole fit")
         epochs_left = max(1, trainer.max_epochs - trainer.current_epoch)
@@ -215,6 +254,32 @@ class DPCallback(L.Callback):
         self._taps = [_Tap(name, module) for name, module in trainable_layers(pl_module)]
         for index, tap in enumerate(self._taps):
             self._handles.append(tap.module.register_forward_hook(self._forward_hook(index)))
+        self._handles.append(trainer.optimizers[0].register_step_post_hook(self._after_optimizer_step))
+
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Every optimiser step must have been privatised by `on_before_optimizer_step` (an override of
+        `optimizer_step` that calls the raw optimiser skips it): otherwise the model is no longer DP."""
+        if not self._privatised:
+            self._tainted = True
+            raise DpltmUserError("the optimiser stepped on a gradient DPCallback did not clip and noise (an "
+                                 "optimizer_step override?): the model is no longer differentially private")
+        self._privatised = False
+
+    def _provenance(self) -> dict[str, Any]:
+        return {"masks_private": bool(self.masks_private and (self.masks_in or self.masks)),
+                "selection_eps1": self.selection_eps1, "neighboring": self.neighboring,
+                "masked_weights": sorted(self.masks_in)}
+
+    def _check_provenance(self) -> None:
+        """A resume must keep what made the stored ε: masks from private records, ε1, the relation."""
+        if self._stored_provenance is None:
+            return
+        now = self._provenance()
+        differ = [f"{k}={self._stored_provenance.get(k)!r} (given {now[k]!r})" for k in now
+                  if self._stored_provenance.get(k) != now[k]]
+        if differ:
+            raise DpltmUserError(f"the checkpoint's run was made with {', '.join(differ)}: resume with the same "
+                                 "DPCallback settings")
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Loaders may be reloaded between epochs: each epoch must draw from a Poisson sampler at the
@@ -249,8 +314,7 @@ class DPCallback(L.Callback):
     # ---- the step -----------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        first = batch[0] if isinstance(batch, (list, tuple)) else batch
-        self._batch_size = int(first.shape[0])  # the samples: every layer must see this many rows
+        self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
         issued = self._sampler.next_issued() if self._sampler is not None else None
         if issued is None or issued != self._batch_size:
             raise DpltmUserError(f"a training batch of {self._batch_size} rows did not come from the run's Poisson "
@@ -267,6 +331,8 @@ class DPCallback(L.Callback):
                                  "one Poisson step allows one noisy gradient")
         if self.segments.open_steps >= self.plan.steps:
             raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
+        if not self._grads and self._taps:
+            raise DpltmUserError("no gradient reached any layer: training_step must return the batch loss")
         if len(self._grads) != len(self._taps):
             missing = [t.name for i, t in enumerate(self._taps) if i not in self._grads]
             raise DpltmUserError(f"no gradient reached layer(s) {missing}: every trainable layer must take part")
@@ -289,6 +355,7 @@ class DPCallback(L.Callback):
                 parameter.grad = noisy[name].mul_(1.0 / self.plan.expected_batch_size)
         self._grads.clear()
         self._stepped = True
+        self._privatised = True
         self.segments.count_step()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -303,7 +370,8 @@ class DPCallback(L.Callback):
 
     # ---- resuming: what was spent travels in Lightning's checkpoint, never a seed ---------------
     def state_dict(self) -> dict[str, Any]:
-        return {"format_version": STATE_VERSION, "segments": self.segments.state(), "history": list(self.history)}
+        return {"format_version": STATE_VERSION, "segments": self.segments.state(), "history": list(self.history),
+                "provenance": self._provenance(), "tainted": self._tainted}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format_version") != STATE_VERSION or "segments" not in state:
@@ -311,6 +379,8 @@ class DPCallback(L.Callback):
                                  "its (q, σ, steps) segments: what it spent cannot be accounted; start a new run")
         self.segments = SpentSegments(state["segments"])
         self.history = list(state.get("history", []))
+        self._stored_provenance = state.get("provenance")
+        self._tainted = self._tainted or bool(state.get("tainted", False))
         self._fresh_noise = True  # never continue (or replay) a stored stream: fresh OS randomness
 
     # ---- what was spent -----------------------------------------------------------------------
@@ -323,5 +393,7 @@ class DPCallback(L.Callback):
     @property
     def epsilon(self) -> float:
         """The run's ε so far; ∞ when the masks came from the private records (`masks_private`)."""
+        if self._tainted:
+            return math.inf  # a non-private update ran (see _after_optimizer_step)
         ledger = self.ledger()
         return 0.0 if ledger is None else ledger.overall_epsilon

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
 from dpltm.errors import DpltmUserError
@@ -29,8 +29,11 @@ from dpltm.errors import DpltmUserError
 
 def _as_pair(batch: Any) -> tuple[Tensor, Tensor]:
     if not isinstance(batch, (list, tuple)) or len(batch) != 2:
-        raise DpltmUserError("each record must be a (features, label) pair")
-    features, labels = (torch.as_tensor(t) for t in batch)
+        raise DpltmUserError(f"each record must be a (features, label) pair, got {type(batch).__name__}")
+    try:
+        features, labels = (torch.as_tensor(t) for t in batch)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise DpltmUserError(f"records must hold tensors or numbers: {str(exc).splitlines()[0][:120]}") from None
     if not features.is_floating_point():
         features = features.float()
     if not labels.is_floating_point():
@@ -41,8 +44,11 @@ def _as_pair(batch: Any) -> tuple[Tensor, Tensor]:
 class TensorRecords:
     """Records held as two tensors on one device."""
 
-    def __init__(self, features: Tensor, labels: Tensor) -> None:
-        self.features, self.labels = features, labels
+    def __init__(self, features: Tensor, labels: Tensor, dtype: torch.dtype | None = None) -> None:
+        if features.shape[0] == 0:
+            raise DpltmUserError("the training data is empty")
+        self.features = features if dtype is None or not features.is_floating_point() else features.to(dtype)
+        self.labels = labels
         self.device = features.device
 
     def __len__(self) -> int:
@@ -60,8 +66,8 @@ class DatasetRecords:
     """Records read from a map-style Dataset by index, per batch (lazy: nothing is held)."""
 
     def __init__(self, dataset: Dataset, device: torch.device,  # type: ignore[type-arg]
-                 collate: Callable[[list[Any]], Any] | None = None) -> None:
-        self.dataset, self.device = dataset, device
+                 collate: Callable[[list[Any]], Any] | None = None, dtype: torch.dtype | None = None) -> None:
+        self.dataset, self.device, self.dtype = dataset, device, dtype
         self.collate = collate or default_collate
         self._n = len(dataset)  # type: ignore[arg-type]
         if self._n == 0:
@@ -77,6 +83,13 @@ class DatasetRecords:
             x, y = self._empty
         else:
             x, y = _as_pair(self.collate([self.dataset[i] for i in rows]))
+        if x.shape[0] != len(rows) or y.shape[0] != len(rows):
+            # each sampled record must give exactly one row: a record that gave two would add two
+            # clipped gradients, a sensitivity of 2C where the accountant assumes C
+            raise DpltmUserError(f"the collate function turned {len(rows)} sampled records into {x.shape[0]} rows: "
+                                 "each record must give exactly one row")
+        if self.dtype is not None and x.is_floating_point():
+            x = x.to(self.dtype)
         return x.to(self.device), y.to(self.device)
 
     def chunks(self, size: int = 4096) -> Iterator[tuple[Tensor, Tensor]]:
@@ -87,20 +100,37 @@ class DatasetRecords:
 Records = TensorRecords | DatasetRecords
 
 
+def _whole_dataset_loader(loader: DataLoader) -> None:  # type: ignore[type-arg]
+    """A loader lends its dataset only if it would have visited all of it: a custom sampler (a subset,
+    weights) says which records to train on, and silently training on others would be wrong."""
+    sampler = loader.sampler
+    whole = isinstance(sampler, SequentialSampler) or (
+        isinstance(sampler, RandomSampler) and not sampler.replacement
+        and sampler.num_samples == len(loader.dataset))  # type: ignore[arg-type]
+    if not whole or (loader.batch_sampler is not None and not isinstance(loader.batch_sampler, BatchSampler)):
+        raise DpltmUserError("the DataLoader has its own sampler: dpltm Poisson-samples the loader's whole dataset, "
+                             "so pass a loader without sampler/batch_sampler (or a Subset as its dataset)")
+
+
 def training_records(data: Any, device: torch.device, in_memory: bool,
-                     as_tensors: Callable[[Any, torch.device], tuple[Tensor, Tensor]]) -> Records:
+                     as_tensors: Callable[[Any, torch.device], tuple[Tensor, Tensor]],
+                     dtype: torch.dtype | None = None) -> Records:
     """The run's records: tensors as given; a Dataset read once into tensors (`in_memory`, the fast
-    path) or lazily; a DataLoader's dataset lazily with its collate_fn. Iterable streams are refused."""
+    path) or lazily; a DataLoader's dataset lazily with its collate_fn. Iterable streams are refused.
+    Floating-point features are cast to `dtype` (the model's)."""
     if isinstance(data, DataLoader):
         if isinstance(data.dataset, IterableDataset):
             raise DpltmUserError("the DataLoader streams an IterableDataset: Poisson sampling needs records it can "
                                  "fetch by index (a map-style Dataset)")
-        return DatasetRecords(data.dataset, device, data.collate_fn)
+        _whole_dataset_loader(data)
+        return DatasetRecords(data.dataset, device, data.collate_fn, dtype)
     if isinstance(data, IterableDataset):
         raise DpltmUserError("an IterableDataset cannot be Poisson-sampled (a stream has no index to include "
                              "independently): pass a map-style Dataset")
+    if isinstance(data, list) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        data = tuple(data)
     if isinstance(data, tuple) or in_memory:
-        return TensorRecords(*as_tensors(data, device))
+        return TensorRecords(*as_tensors(data, device), dtype=dtype)
     if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
         raise DpltmUserError(f"train must be (features, labels), a map-style Dataset or a DataLoader, got "
                              f"{type(data).__name__}")

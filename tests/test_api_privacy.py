@@ -69,7 +69,7 @@ def trainer(max_epochs: int, callback: L.Callback, root: Path | None = None, **k
                      default_root_dir=root, **kwargs)
 
 
-def loader(batch_size: int, seed: int = 5, n: int = 400) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+def loader(batch_size: int, seed: int | None = None, n: int = 400) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
     x, y = blobs(n, 0)
     return poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size, seed=seed)
 
@@ -143,12 +143,14 @@ def test_checkpoints_hold_no_seed_and_two_resumes_draw_different_noise(tmp_path)
     state = next(v for k, v in stored["callbacks"].items() if "DPCallback" in k)
     assert not any("seed" in k or "generator" in k for k in keys_anywhere(state))
     weights = []
-    for _ in range(2):  # the same checkpoint, the same sampler seed, even the same noise_seed argument
+    for _ in range(2):  # the same checkpoint, even the same noise_seed argument
         module = Classifier()
-        trainer(2, dpltm.DPCallback(noise_multiplier=1.0, noise_seed=7)).fit(module, loader(40, seed=9),
-                                                                             ckpt_path=ckpt)
+        trainer(2, dpltm.DPCallback(noise_multiplier=1.0, noise_seed=7)).fit(module, loader(40), ckpt_path=ckpt)
         weights.append(module.model[0].weight.detach().clone())
     assert not torch.equal(weights[0], weights[1])
+    # a seeded sampler would replay the first fit's batches: refused on resume
+    with pytest.raises(DpltmUserError, match="replay the batches"):
+        trainer(2, dpltm.DPCallback(noise_multiplier=1.0)).fit(Classifier(), loader(40, seed=9), ckpt_path=ckpt)
 
 
 def test_an_old_callback_state_with_a_seed_is_refused() -> None:
@@ -266,7 +268,7 @@ def test_masks_from_public_data_or_tickets_is_checked_for_overlap() -> None:
     masks = tickets[1].masks
     ok = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), private_data, noise_multiplier=1.0,
                             batch_size=30, masks=masks, masks_from=tickets)
-    assert "checked: none of the private training records" in str(ok.masks_from)
+    assert "checked: no exact copy of a private training record" in str(ok.masks_from)
     leaked = (torch.cat([private_data[0], public[0][:5]]), torch.cat([private_data[1], public[1][:5]]))
     for given in (tickets, tickets[1], public):
         with pytest.raises(DpltmUserError, match="5 of the private training records are among"):
@@ -365,3 +367,146 @@ def test_datasets_are_read_per_batch_and_loaders_lend_their_dataset() -> None:
         with pytest.raises(DpltmUserError, match="IterableDataset"):
             dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), stream, noise_multiplier=1.0,
                                batch_size=3)
+
+
+# ---- what an adversarial review of the API found (each failed before its fix) -----------------------
+
+def test_a_collate_that_adds_rows_is_refused() -> None:
+    x, y = blobs(300, 0)
+
+    def doubled(items):  # type: ignore[no-untyped-def]
+        xs, ys = torch.stack([i[0] for i in items]), torch.stack([i[1] for i in items])
+        return torch.cat([xs, xs]), torch.cat([ys, ys])
+
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="exactly one row"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), collate_fn=doubled),
+                           noise_multiplier=1.0, batch_size=30)
+
+
+class RawStep(Classifier):
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):  # type: ignore[no-untyped-def]
+        optimizer_closure()
+        optimizer.optimizer.step()
+
+
+def test_steps_that_skip_the_privatisation_are_refused() -> None:
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="no longer differentially private"):
+        trainer(1, callback).fit(RawStep(), loader(40))
+    assert callback.epsilon == float("inf")
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = dpltm.make_private(model, optimizer, blobs(300, 0), noise_multiplier=1.0, batch_size=30)
+    before = model[0].weight.detach().clone()
+    torch.nn.functional.cross_entropy(model(blobs(30, 1)[0]), blobs(30, 1)[1]).backward()
+    with pytest.raises(DpltmUserError, match="must go through"):
+        optimizer.step()
+    assert torch.equal(model[0].weight, before)
+    run.step()  # its own steps still run
+
+
+def test_resume_keeps_the_provenance_that_made_the_epsilon(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = blobs(300, 0)
+    masks = {"0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(1)) < 0.5}
+    model = mlp()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                             batch_size=30, epochs=1, masks=masks, masks_from="these records", masks_private=True)
+    run.fit()
+    path = run.save(tmp_path / "run.pt")
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="masks_private=True"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                           batch_size=30, epochs=2, masks=masks, masks_from="public (trust me)", resume_from=path)
+    with pytest.raises(DpltmUserError, match="used SGD"):
+        dpltm.make_private(model, torch.optim.Adam(model.parameters()), data, noise_multiplier=1.0, batch_size=30,
+                           epochs=2, masks=masks, masks_from="these records", masks_private=True, resume_from=path)
+    first = dpltm.DPCallback(noise_multiplier=1.0, masks={"model.0.weight": masks["0.weight"]},
+                             masks_from="these records", masks_private=True)
+    t1 = trainer(1, first)
+    t1.fit(Classifier(), loader(40))
+    t1.save_checkpoint(tmp_path / "one.ckpt")
+    with pytest.raises(DpltmUserError, match="masks_private=True"):
+        trainer(2, dpltm.DPCallback(noise_multiplier=1.0)).fit(Classifier(), loader(40),
+                                                              ckpt_path=tmp_path / "one.ckpt")
+
+
+def test_the_mechanism_cannot_be_swapped_under_the_ledger() -> None:
+    model = mlp()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), blobs(300, 0), noise_multiplier=1.0,
+                             batch_size=30)
+    for name in ("plan", "settings", "masks_private", "selection_eps1"):
+        with pytest.raises(AttributeError):
+            setattr(run, name, None)
+
+
+def test_the_overlap_check_says_what_it_can_check() -> None:
+    public, private_data = blobs(300, 1), blobs(300, 2)
+    model = mlp()
+    tickets = dpltm.generate_tickets(model, public, rounds=1, iterations=5, batch_size=32)
+    dataset = torch.utils.data.TensorDataset(*private_data)
+    cases = [
+        ({"train": dataset, "in_memory": False, "masks_from": tickets, "masks": tickets[1].masks}, "in_memory=True"),
+        ({"masks_from": (public[0][:0], public[1][:0]), "masks": tickets[1].masks}, "no public records"),
+        ({"masks_from": tickets, "masks": {"0.weight": torch.rand(16, 10) < 0.5}}, "none of theirs"),
+    ]
+    for kwargs, match in cases:
+        train = kwargs.pop("train", private_data)
+        with pytest.raises(DpltmUserError, match=match):
+            dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), train, noise_multiplier=1.0,
+                               batch_size=30, **kwargs)
+
+
+@pytest.mark.parametrize(("train", "match"), [
+    ("subset-sampler", "its own sampler"),
+    ("float-labels", "class labels must be integers"),
+    ("column-labels", "shape \\(N,\\)"),
+    ("dict", "got dict"),
+    ("empty", "empty"),
+])
+def test_more_bad_data_in_one_line(train: str, match: str) -> None:
+    x, y = blobs(300, 0)
+    data: Any = {
+        "subset-sampler": torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                                      sampler=torch.utils.data.SubsetRandomSampler(range(100))),
+        "float-labels": (x, y.float()),
+        "column-labels": (x, y[:, None]),
+        "dict": {"x": x, "y": y},
+        "empty": (x[:0], y[:0]),
+    }[train]
+    model = mlp()
+    with pytest.raises(DpltmUserError, match=match):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                           batch_size=30)
+
+
+def test_lists_float64_and_dict_batches_work() -> None:
+    x, y = blobs(300, 0)
+    model = mlp()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), [x.double(), y],
+                             noise_multiplier=1.0, batch_size=30)
+    run.step()
+    model64 = mlp().double()
+    run64 = dpltm.make_private(model64, torch.optim.SGD(model64.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                               batch_size=30)
+    run64.step()
+    assert run64.evaluate((x, y)) > 0.0
+    with pytest.raises(DpltmUserError, match="at most 100"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), target_epsilon=150.0,
+                           batch_size=30)
+
+    class Records(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 300
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"x": x[i], "y": y[i]}
+
+    class DictClassifier(Classifier):
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            return F.cross_entropy(self.model(batch["x"]), batch["y"])
+
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    trainer(1, callback).fit(DictClassifier(), poisson_loader(Records(), batch_size=30))
+    assert callback.steps_done == 10
