@@ -323,13 +323,20 @@ def inspect(
     """Show a dpltm file: a ticket set's C per layer and accuracies; a winner's ticket and selection; a
     model's accuracy, ledger and privacy statement (recomputed from the ledger it carries)."""
     from dpltm.checkpoint import load_checkpoint
-    from dpltm.export import SUFFIX, read_metadata
+    from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
+    from dpltm.export import SUFFIX, private_fingerprints, read_metadata
     from dpltm.report import print_tickets, tickets_json
+
+    def warn_if(found: list[str]) -> None:  # files written before dpltm.data.release's rule
+        if found:
+            err_console.print(f"warning: {path} {PRIVATE_FINGERPRINT_WARNING} ({', '.join(found)}); "
+                              "`dpltm export` drops it", markup=False, highlight=False)
 
     if path.suffix == SUFFIX:
         metadata = read_metadata(path)
         exported = {"kind": "export", **{k: (v if k in ("privacy_statement", "source_checkpoint", "format")
                                                else json.loads(v)) for k, v in metadata.items()}}
+        warn_if(["data"] if carries_private_fingerprint(exported.get("data")) else [])
         if json_out:
             emit_json(exported)
             return
@@ -345,6 +352,8 @@ def inspect(
             print_tickets(body, out_console)
         return
     if body["kind"] == "ticket":
+        private_ticket = body["selection"].get("method") == "private"
+        warn_if(["source.data"] if private_ticket and carries_private_fingerprint(body["source"]["data"]) else [])
         summary = {"kind": "winner", "round": body["round"], "density": body["density"],
                    "layer_density": body["layer_density"], "val_accuracy": body["val_accuracy"],
                    "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
@@ -353,6 +362,7 @@ def inspect(
     else:
         from dpltm.privacy.ledger import PrivacyLedger
 
+        warn_if(private_fingerprints(body))
         ledger = PrivacyLedger.from_json(body["ledger"])
         report = body["report"]
         summary = {"kind": "model", "architecture": body["architecture"], "dataset": report.get("dataset"),
@@ -383,14 +393,17 @@ def predict(
     download: Download = False,
     out: Annotated[Path | None, typer.Option(help="Write the predictions here as CSV: index, label, prediction and one probability per class.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
+    expose_training_records: Annotated[bool, typer.Option("--expose-training-records", help="Allow --part train on the model's own dataset: its output holds per-record labels and model outputs of the private training records, which are not differentially private.")] = False,
     json_out: Json = False,
 ) -> None:
     """Run a trained model on a dataset: accuracy, and with --out the predictions (post-processing:
-    no privacy is spent)."""
+    no privacy is spent, except on the private training records themselves: --part train)."""
     from dpltm.stages.predict import stage_predict
 
     report = stage_predict(model, value(dataset), value(part), data_dir, device, out, overwrite, download=download,
-                           split=value(split))
+                           split=value(split), expose_training_records=expose_training_records)
+    if report["warning"]:
+        err_console.print(f"warning: {report['warning']}", markup=False, highlight=False)
     if json_out:
         emit_json({k: v for k, v in report.items() if k != "statement"} | {"statement": report["statement"]})
         return
@@ -418,7 +431,7 @@ def export_command(
     if target.suffix != SUFFIX:
         raise DpltmUserError(f"--out {target}: an export is a {SUFFIX} file")
     prepare_output(target, overwrite=overwrite, inputs=[model])
-    metadata = export_model(model, target)
+    metadata = export_model(model, target, warn=lambda line: err_console.print(line, markup=False, highlight=False))
     privacy = json.loads(metadata["privacy"])
     if json_out:
         emit_json({"output": str(target), "privacy": privacy, "architecture": json.loads(metadata["architecture"]),
@@ -651,16 +664,21 @@ def audit(
     }
     report = stage_audit(cli, config, ticket, data_dir, device, plan, progress, noise_seed=noise_seed)
     result = report["audit"]
+    if report["warning"]:  # as `dpltm train` says it: a same-data ticket makes the run NOT end-to-end DP
+        err_console.print(report["warning"], markup=False, highlight=False)
     if json_out:
         emit_json({**result, "test_accuracy": report["test_accuracy"], "noise_multiplier": report["noise_multiplier"],
-                   "sample_rate": report["sample_rate"], "steps": report["steps"], "dataset": report["dataset"]})
+                   "sample_rate": report["sample_rate"], "steps": report["steps"], "dataset": report["dataset"],
+                   "end_to_end_dp": report["end_to_end_dp"], "epsilon_scope": report["epsilon_scope"],
+                   "warning": report["warning"]})
         return
     verdict = (f"REFUTED: the lower bound exceeds the claim; the mechanism that ran is likely not the one accounted "
                f"(a correct one is refuted with probability ≤ {1 - result['confidence']:.0%})"
                if result["refuted"] else "consistent: the attack does not refute the claim")
     err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
                       f"ε ≥ {result['epsilon_lower_bound']:.3f} at {result['confidence']:.0%} confidence; "
-                      f"claimed ε = {result['epsilon_claimed']:.4g}; {verdict}")
+                      f"claimed ε = {result['epsilon_claimed']:.4g} (training mechanism; scope of the run's ε: "
+                      f"{report['epsilon_scope']}); {verdict}")
 
 
 @app.command()

@@ -3,8 +3,9 @@
 Tensors: the released weights and biases (pruned weights exactly 0) and each layer's boolean
 mask (`mask_<layer>`), named as in the model's `state_dict`. Metadata (safetensors keeps only
 str → str, so structured values are JSON): the architecture, the input normalisation (how a raw
-record becomes the network's input, `data.loaders.INPUT_NORMALISATION`), the data settings (so
-`dpltm predict` rebuilds the same test set), the privacy statement and ledger, and the versions
+record becomes the network's input, `data.loaders.INPUT_NORMALISATION`), the data settings and counts (so
+`dpltm predict` rebuilds the same test set; a data fingerprint only when every raw file is the
+official published one, dpltm.data.release), the privacy statement and ledger, and the versions
 that made it. Safetensors rather than a pickle: loading it runs no code, and other frameworks
 read it.
 
@@ -15,6 +16,7 @@ is the one the file carries, including "NOT end-to-end DP" where that applies.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ class LoadedModel:
     model: Any  # MaskedMLP, in eval mode, on the CPU
     architecture: dict[str, Any]
     data: dict[str, Any]
-    """dataset, split, val_fraction, seed and fingerprint of the data the model was trained on."""
+    """dataset, split, val_fraction, seed and counts of the data the model was trained on, and its
+    fingerprint only for official files (dpltm.data.release)."""
     privacy: dict[str, Any]
     """epsilon (whole run; "inf" when not end to end), epsilon_dp_part, delta, end_to_end_dp, statement."""
     source: str  # "checkpoint" or "safetensors"
@@ -45,20 +48,60 @@ def _privacy_summary(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _data_summary(body: dict[str, Any]) -> dict[str, Any]:
+    """The data settings and counts, and a fingerprint only of official files (dpltm.data.release):
+    a model written by an older dpltm may carry one of the user's data, which is dropped here."""
+    from dpltm.data.release import scrub
+
     settings = body.get("config", {}).get("data", {})
-    return {"dataset": body["data"].get("dataset", body["report"].get("dataset")),
-            "split": settings.get("split"), "val_fraction": settings.get("val_fraction"),
-            "seed": body.get("config", {}).get("seed"), "fingerprint": body["data"].get("fingerprint")}
+    recorded = {key: body["data"].get(key) for key in ("official_files", "fingerprint", "n_train", "n_val", "n_test")}
+    return scrub({"dataset": body["data"].get("dataset", body["report"].get("dataset")),
+                  "split": settings.get("split"), "val_fraction": settings.get("val_fraction"),
+                  "seed": body.get("config", {}).get("seed"), **recorded})
 
 
-def export_model(model_path: Path, out: Path) -> dict[str, Any]:
-    """Write `model_path` (a `dpltm train` checkpoint) to `out` as safetensors; returns the metadata."""
+def _ticket_summary(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The model's ticket record, without fingerprints of tickets made on the private data."""
+    from dpltm.data.release import scrub_ticket
+
+    ticket = body.get("ticket")
+    return scrub_ticket(ticket if isinstance(ticket, dict) else None, ticket_data_public=_phase1(body) == "public")
+
+
+def _phase1(body: dict[str, Any]) -> Any:
+    ledger = body.get("ledger")
+    return ledger.get("phase1") if isinstance(ledger, dict) else None
+
+
+def private_fingerprints(body: dict[str, Any]) -> list[str]:
+    """Where a model file carries a fingerprint of user data (files written before the rule in
+    dpltm.data.release): `export` drops them, `inspect` warns."""
+    from dpltm.data.release import carries_private_fingerprint
+
+    found = ["data"] if carries_private_fingerprint(body.get("data")) else []
+    ticket = body.get("ticket")
+    if isinstance(ticket, dict) and _phase1(body) != "public":
+        selection = ticket.get("selection")
+        choice = selection.get("noise_aware") if isinstance(selection, dict) else None
+        choice = choice if isinstance(choice, dict) else {}
+        found += [where for where, record in (("ticket.source", ticket.get("source")),
+                                              ("ticket.selection", choice.get("public_data")))
+                  if carries_private_fingerprint(record)]
+    return found
+
+
+def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Write `model_path` (a `dpltm train` checkpoint) to `out` as safetensors; returns the metadata.
+    `warn` hears about fingerprints of user data an older model file carried (not exported)."""
     from safetensors.torch import save
 
     from dpltm.checkpoint import load_checkpoint, write_bytes_atomic
     from dpltm.data.loaders import INPUT_NORMALISATION
+    from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING
 
     body = load_checkpoint(model_path, "model")
+    dropped = private_fingerprints(body)
+    if dropped and warn is not None:
+        warn(f"warning: {model_path} {PRIVATE_FINGERPRINT_WARNING} ({', '.join(dropped)}); not copied to the export")
     data = _data_summary(body)
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in body["state_dict"].items()}
     metadata = {
@@ -70,7 +113,7 @@ def export_model(model_path: Path, out: Path) -> dict[str, Any]:
         "privacy_statement": str(body["report"].get("statement", "")),
         "ledger": json.dumps(body["ledger"]),
         "test_accuracy": json.dumps(body["report"].get("test_accuracy")),
-        "ticket": json.dumps(body.get("ticket")),
+        "ticket": json.dumps(_ticket_summary(body)),
         "environment": json.dumps(body.get("environment", {})),
         "exported_by": json.dumps(_environment()),
         "source_checkpoint": str(model_path),

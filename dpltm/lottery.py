@@ -84,7 +84,7 @@ def _new_payload(cfg: GenerateConfig, data: DatasetSplits, arch: Architecture,
         "architecture": arch.to_dict(),
         "prune_rates": rates,
         "seed": cfg.seed,
-        "data": data.summary(),
+        "data": data.ticket_set_summary(),
         "theta0": theta0,
         "privacy": {
             "phase1": "non-private",

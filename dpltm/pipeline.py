@@ -19,6 +19,7 @@ import torch
 from dpltm import __version__
 from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_atomic
 from dpltm.config import TrainConfig, to_dict
+from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.distributed import Distribution, is_main_process
@@ -100,10 +101,11 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
     source = ticket["source"]["data"]
     generated_on = f"{source['dataset']} ({source['split']} split)"
     if is_private_ticket(ticket) and source["dataset"] == private.name:
-        if source.get("fingerprint") != private.fingerprint:
+        differs = mismatch(source, private)  # settings and counts: the file holds no fingerprint of user data
+        if differs is not None:
             raise DpltmUserError(
-                f"this private ticket was made on {generated_on} with other data settings (data fingerprint "
-                "differs): train it on the same dataset, split, seed and --val-fraction it was made with")
+                f"this private ticket was made on {generated_on} with other data settings ({differs}): "
+                "train it on the same dataset, split, seed and --val-fraction it was made with")
         warmup = ticket.get("private_ticket", {}).get("warmup")
         if not isinstance(warmup, list) or not warmup:
             raise DpltmUserError("the private ticket lacks the record of its DP warm-up (a damaged or foreign file)")
@@ -319,10 +321,11 @@ def model_payload(released: MaskedMLP, ledger: PrivacyLedger, report: dict[str, 
         "report": report,
         "history": outcome.history,
         "config": to_dict(cfg),
-        "ticket": None if ticket is None else {
+        # a released file: no fingerprint of the private data, nor of tickets made on it (data.release)
+        "ticket": None if ticket is None else scrub_ticket({
             "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
             "source": ticket["source"]["data"], "selection": ticket["selection"],
-        },
+        }, ticket_data_public=ledger.phase1 == "public"),
         "transfer": transfer,
         "data": data.summary(),
     }

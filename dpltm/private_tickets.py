@@ -238,8 +238,9 @@ def is_private_ticket(ticket: dict[str, Any] | None) -> bool:
 
 def private_ticket_plan(ticket: dict[str, Any]) -> dict[str, Any]:
     """The training settings a private ticket was planned with, as a config tree: its data settings
-    and seed (so its data fingerprint matches), its recipe and model, and the whole run's ε as the
-    training target (`train.eps2` with a private ticket means the whole run's ε)."""
+    and seed (so the data it trains on matches the ticket's record: dpltm.data.release), its recipe
+    and model, and the whole run's ε as the training target (`train.eps2` with a private ticket
+    means the whole run's ε)."""
     record = ticket.get("private_ticket")
     config = ticket.get("source", {}).get("config")
     if not isinstance(record, dict) or not isinstance(config, dict) or "epsilon_total" not in record:

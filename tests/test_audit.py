@@ -235,3 +235,29 @@ def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path) -> None:
         bad = runner.invoke(app, ["audit", "--dataset", "digits", "--data-dir", str(root), "--device", "cpu",
                                   *args])
         assert bad.exit_code == 2 and message in bad.stderr and "Traceback" not in bad.output, (args, bad.output)
+
+
+def test_dpltm_audit_on_a_same_data_ticket_says_it_is_not_end_to_end_dp(tmp_path: Path) -> None:
+    """The audit trains as `dpltm train` does, so it states the same scope: tickets generated without
+    privacy on the private data make the run NOT end-to-end DP, whatever the audit finds."""
+    root = write_digits(tmp_path / "data")
+    common = ["--data-dir", str(root), "--device", "cpu", "--no-progress"]
+    tickets, winner = str(tmp_path / "t.pt"), str(tmp_path / "w.pt")
+    for args in (["generate", "--dataset", "digits", "--rounds", "1", "--iterations", "20", "--batch-size", "32",
+                  "--out", tickets, "--logger", "none", *common],
+                 ["select", "--best", "--tickets", tickets, "--out", winner]):
+        made = runner.invoke(app, args)
+        assert made.exit_code == 0, made.output
+    recipe = ["--ticket", winner, "--dataset", "digits", "--eps", "2", "--epochs", "1", "--batch-size", "64", *common]
+    trained = runner.invoke(app, ["train", *recipe, "--out", str(tmp_path / "m.pt"), "--logger", "none", "--json"])
+    audited = runner.invoke(app, ["audit", *recipe, "--canaries", "100", "--canary-seed", "0", "--json"])
+    assert trained.exit_code == 0 and audited.exit_code == 0, trained.output + audited.output
+    train_report, audit_report = json.loads(trained.stdout), json.loads(audited.stdout)
+    warning = train_report["warning"]
+    assert warning.startswith("NOT end-to-end differentially private")
+    assert audit_report["warning"] == warning and audit_report["end_to_end_dp"] is False
+    assert audit_report["epsilon_scope"] == train_report["epsilon_scope"]
+    assert " ".join(warning.split()) in " ".join(audited.stderr.split())  # on the terminal too, as train prints it
+    text = runner.invoke(app, ["audit", *recipe, "--canaries", "100", "--canary-seed", "0"])
+    assert text.exit_code == 0 and " ".join(warning.split()) in " ".join(text.stderr.split()), text.output
+    assert train_report["epsilon_scope"] in " ".join(text.stderr.split())

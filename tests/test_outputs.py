@@ -149,6 +149,34 @@ def test_output_mistakes_are_one_line(trained, data_root: Path, tmp_path: Path) 
     assert bad_choice.exit_code == 2 and "'bogus' is not one of" in bad_choice.output
 
 
+def test_predict_on_the_training_records_needs_an_explicit_opt_in(trained, data_root: Path,  # type: ignore[no-untyped-def]
+                                                                  tmp_path: Path) -> None:
+    """Per-record labels and outputs of the private training records are not DP: refused in one line,
+    nothing written, unless --expose-training-records (then a warning on stderr and in the JSON)."""
+    from test_bad_inputs import _run_in_process, assert_one_line_error, snapshot
+
+    model, _ = trained
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    exposed = "per-record labels and model outputs of the private training records: not differentially private"
+    for extra in ([], ["--out", "p.csv"], ["--out", "p.csv", "--json"]):
+        before = snapshot(tmp_path, data_root, model.parent)
+        code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--part", "train", *extra], cwd,
+                                               data_root)
+        assert_one_line_error(code, stdout, stderr, exposed)
+        assert "--expose-training-records" in stderr
+        assert snapshot(tmp_path, data_root, model.parent) == before
+    code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--part", "train",
+                                            "--expose-training-records", "--out", "p.csv", "--json"], cwd, data_root)
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert report["exposes_training_records"] is True and exposed in report["warning"]
+    assert "warning: NOT differentially private" in stderr and (cwd / "p.csv").is_file()
+    code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--part", "val", "--json"], cwd,
+                                           data_root)
+    assert code == 0 and json.loads(stdout)["exposes_training_records"] is False and "warning" not in stderr
+
+
 # ---- run folders ------------------------------------------------------------------------------
 
 

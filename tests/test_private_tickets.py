@@ -14,7 +14,7 @@ import torch
 
 from dpltm.checkpoint import load_checkpoint
 from dpltm.config import PrivateTicketSettings, TrainConfig, TrainSettings
-from dpltm.data.types import DatasetSplits
+from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.pipeline import load_ticket, train
@@ -115,11 +115,18 @@ def test_more_warmup_rounds_are_each_accounted(tiny_splits: DatasetSplits, tmp_p
 def test_a_private_ticket_is_refused_on_other_data_of_the_same_name(tiny_splits: DatasetSplits,
                                                                     tmp_path: Path) -> None:
     cfg = _config()
-    make_private_ticket(cfg, tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=1)
-    other = dataclasses.replace(tiny_splits, fingerprint="blobs-other-split")
-    with pytest.raises(DpltmUserError, match="same dataset, split, seed"):
-        train(cfg, other, tmp_path / "m.pt", ticket=load_ticket(tmp_path / "t.pt"), ticket_path=tmp_path / "t.pt",
-              private=True, progress=False)
+    made_on = dataclasses.replace(tiny_splits, seed=1, val_fraction=0.1)
+    make_private_ticket(cfg, made_on, tmp_path / "t.pt", progress=False, noise_seed=1)
+    assert load_ticket(tmp_path / "t.pt")["source"]["data"]["fingerprint"] is None  # user data: not recorded
+    # so the data settings and counts tell other data apart
+    fewer = LabeledTensors(made_on.train.features[:-1], made_on.train.labels[:-1])
+    for other, says in ((dataclasses.replace(made_on, source_split="all"), "split train in the file, all in the data"),
+                        (dataclasses.replace(made_on, train=fewer), "n_train 512 in the file, 511 in the data"),
+                        (dataclasses.replace(made_on, seed=2), "seed 1 in the file, 2 in the data")):
+        with pytest.raises(DpltmUserError, match="same dataset, split, seed") as refused:
+            train(cfg, other, tmp_path / "m.pt", ticket=load_ticket(tmp_path / "t.pt"), ticket_path=tmp_path / "t.pt",
+                  private=True, progress=False)
+        assert says in str(refused.value)
 
 
 def test_plan_refuses_what_it_cannot_account(tiny_splits: DatasetSplits) -> None:

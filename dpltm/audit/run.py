@@ -78,7 +78,8 @@ class AuditPlan:
         self.inputs = InputCanaries.draw(data.train.features, data.num_classes, self.canaries, self.seed)
         train = LabeledTensors(torch.cat([data.train.features, self.inputs.features]),
                                torch.cat([data.train.labels, self.inputs.labels]))
-        return dataclasses.replace(data, train=train, fingerprint=f"{data.fingerprint}+audit-canaries")
+        return dataclasses.replace(data, train=train, fingerprint=f"{data.fingerprint}+audit-canaries",
+                                   official_files=False)
 
     def conclude(self, released: torch.nn.Module, plan: Any, ledger: Any, settings: Any) -> dict[str, Any]:
         """The lower bound beside the claim; one bound per observation the threat model allows."""

@@ -91,7 +91,7 @@ def _check_options(name: str, split: str, val_fraction: float, seed: int) -> Non
 
 
 def _subset(portion: Portion, rows: np.ndarray) -> Portion:
-    return Portion(portion.features[rows], portion.labels[rows], portion.files)
+    return Portion(portion.features[rows], portion.labels[rows], portion.files, portion.official)
 
 
 def _concat(first: Portion, second: Portion) -> Portion:
@@ -99,6 +99,7 @@ def _concat(first: Portion, second: Portion) -> Portion:
         np.concatenate([first.features, second.features]),
         np.concatenate([first.labels, second.labels]),
         first.files + second.files,
+        first.official and second.official,
     )
 
 
@@ -180,6 +181,9 @@ def load_dataset(
             num_features=spec.num_features,
             num_classes=spec.num_classes,
             fingerprint=fingerprint(name, split, val_fraction, int(seed), train.files + test.files),
+            seed=int(seed),
+            val_fraction=float(val_fraction),
+            official_files=train.official and test.official,
         )
     except (RuntimeError, AssertionError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

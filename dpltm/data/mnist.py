@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dpltm.data.idx import decode_idx
-from dpltm.data.sources import Portion, find_file, load_decoded, missing_file, official_md5
+from dpltm.data.sources import Decoded, Portion, find_file, load_decoded, missing_file, official_md5
 from dpltm.errors import DpltmUserError
 
 FOLDERS: dict[str, str] = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST", "kmnist": "KMNIST"}
@@ -59,24 +59,24 @@ def _decode_idx(data: bytes, path: Path) -> tuple[np.ndarray, ...]:
     return (decode_idx(data, path),)
 
 
-def _read(root: Path, folder: str, stem: str) -> tuple[np.ndarray, str, Path]:
-    """One IDX file of the dataset (.gz preferred): array, md5 of its bytes, and its path."""
+def _read(root: Path, folder: str, stem: str) -> tuple[Decoded, Path]:
+    """One IDX file of the dataset (.gz preferred): its decoded array and md5, and its path."""
     raw_dir = root / folder / "raw"
     path = find_file([raw_dir / f"{stem}.gz", raw_dir / stem])
     if path is None:
         official = OFFICIAL[folder].get(f"{stem}.gz")
         hint = f"official md5 {official[0]}; " if official else ""
         raise missing_file(raw_dir / f"{stem}.gz", f"{hint}the uncompressed {stem} also works")
-    decoded = load_decoded(path, _decode_idx, official_md5(path, OFFICIAL[folder]))
-    return decoded.arrays[0], decoded.md5, path
+    return load_decoded(path, _decode_idx, official_md5(path, OFFICIAL[folder])), path
 
 
 def load_portion(name: str, root: Path, portion: str) -> Portion:
     """The official `portion` ("train" or "test") of `name`: pixels / 255, 784 features."""
     folder = FOLDERS[name]
     images_stem, labels_stem = _FILES[portion]
-    images, images_md5, images_path = _read(root, folder, images_stem)
-    labels, labels_md5, labels_path = _read(root, folder, labels_stem)
+    images_file, images_path = _read(root, folder, images_stem)
+    labels_file, labels_path = _read(root, folder, labels_stem)
+    images, labels = images_file.arrays[0], labels_file.arrays[0]
     if images.dtype != np.uint8 or images.shape[1:] != (IMAGE_SIDE, IMAGE_SIDE):
         raise DpltmUserError(
             f"corrupt file {images_path}: expected uint8 images of {IMAGE_SIDE}x{IMAGE_SIDE}, "
@@ -96,5 +96,6 @@ def load_portion(name: str, root: Path, portion: str) -> Portion:
     return Portion(
         features=features,
         labels=labels.astype(np.int64),
-        files=((f"{folder}/{images_stem}", images_md5), (f"{folder}/{labels_stem}", labels_md5)),
+        files=((f"{folder}/{images_stem}", images_file.md5), (f"{folder}/{labels_stem}", labels_file.md5)),
+        official=images_file.official and labels_file.official,
     )

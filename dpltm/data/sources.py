@@ -27,12 +27,15 @@ Decoder = Callable[[bytes, Path], tuple[np.ndarray, ...]]
 class Portion:
     """One official portion (train or test) of a dataset, normalised, on the CPU.
 
-    `files` pairs each raw file's role with the md5 of its bytes, for the fingerprint.
+    `files` pairs each raw file's role with the md5 of its bytes, for the fingerprint. `official`:
+    every one of those files matched its official published md5, so the fingerprint is a public
+    fact and not a function of a user's records (`dpltm.data.release`).
     """
 
     features: np.ndarray
     labels: np.ndarray
     files: tuple[tuple[str, str], ...]
+    official: bool = False
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -40,10 +43,14 @@ class Portion:
 
 @dataclass(frozen=True)
 class Decoded:
-    """Read-only decoded arrays of one file and the md5 of the file's bytes on disk."""
+    """Read-only decoded arrays of one file and the md5 of the file's bytes on disk.
+
+    `official`: the bytes were checked against, and match, the official published md5.
+    """
 
     arrays: tuple[np.ndarray, ...]
     md5: str
+    official: bool = False
 
 
 def _unreadable(path: Path, exc: OSError) -> DpltmUserError:
@@ -128,7 +135,7 @@ def _load_decoded(
     arrays = decode(gunzip_if_named(raw, path), Path(path))
     for array in arrays:
         array.setflags(write=False)
-    return Decoded(arrays=arrays, md5=md5)
+    return Decoded(arrays=arrays, md5=md5, official=expected_md5 is not None)
 
 
 def clear_cache() -> None:

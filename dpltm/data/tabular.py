@@ -9,6 +9,11 @@ official name and size (scikit-learn's digits.csv.gz, or the csv inside it), and
 structure: exactly 1797 rows with the official number per digit, 64 counts in 0..16 and a
 label in 0..9. So a file cut short (300 of 1797 rows) is refused, while the synthetic files
 tests write (same structure, other bytes) are accepted.
+
+Official files: MNIST's family and DIGITS have published md5s, so a file that matches one is a
+public fact. HAR and ISOLET have none (UCI publishes archives, not per-file digests): their
+portions are never `official`, and released files record nothing derived from their records
+(`dpltm.data.release`).
 """
 
 from __future__ import annotations
@@ -145,4 +150,4 @@ def load_digits(root: Path, portion: str) -> Portion:
     features, labels = decoded.arrays
     train, test = record_split(features, labels, DIGITS_TEST_FRACTION, DIGITS_SPLIT_SEED)
     rows = train if portion == "train" else test
-    return Portion(features[rows], labels[rows], (("digits/digits.csv", decoded.md5),))
+    return Portion(features[rows], labels[rows], (("digits/digits.csv", decoded.md5),), official=decoded.official)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from dpltm.data.release import released_summary
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,11 @@ class LabeledTensors:
 class DatasetSplits:
     """One dataset split three ways. `val` is held out of `train`; `test` only reports.
 
-    `fingerprint` identifies the exact bytes and split that produced these tensors, so a
-    checkpoint can say which data shaped it.
+    `fingerprint` identifies the exact bytes and split that produced these tensors, so ticket sets
+    can be resumed and checked against the private data record by record. It is a function of the
+    records: released files carry it only for `official_files` (`summary`, dpltm.data.release).
+    `seed` and `val_fraction` are the split settings that made the hold-outs (None: not loaded
+    from files).
     """
 
     name: str
@@ -38,28 +44,21 @@ class DatasetSplits:
     num_features: int
     num_classes: int
     fingerprint: str
+    seed: int | None = None
+    val_fraction: float | None = None
+    official_files: bool = False
+    """Every raw file matched its official published md5: the fingerprint is then public."""
 
     def to(self, device: torch.device | str) -> DatasetSplits:
-        return DatasetSplits(
-            name=self.name,
-            source_split=self.source_split,
-            train=self.train.to(device),
-            val=self.val.to(device),
-            test=self.test.to(device),
-            num_features=self.num_features,
-            num_classes=self.num_classes,
-            fingerprint=self.fingerprint,
-        )
+        return replace(self, train=self.train.to(device), val=self.val.to(device), test=self.test.to(device))
 
-    def summary(self) -> dict[str, object]:
-        """What a checkpoint records about the data (no tensors)."""
-        return {
-            "dataset": self.name,
-            "split": self.source_split,
-            "fingerprint": self.fingerprint,
-            "num_features": self.num_features,
-            "num_classes": self.num_classes,
-            "n_train": len(self.train),
-            "n_val": len(self.val),
-            "n_test": len(self.test),
-        }
+    def summary(self) -> dict[str, Any]:
+        """What a released file (model, export, private ticket) records about the data: settings
+        and counts, and the fingerprint only for official files (dpltm.data.release)."""
+        return released_summary(self)
+
+    def ticket_set_summary(self) -> dict[str, Any]:
+        """A ticket set's record of its data, with the fingerprint: generation saw the data without
+        privacy anyway, and resuming and the public-ticket overlap check need it."""
+        return {**self.summary(), "fingerprint": self.fingerprint,
+                "fingerprint_note": "ticket set: kept for resuming and the overlap check"}

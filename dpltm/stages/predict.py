@@ -16,6 +16,11 @@ from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input
 
 PARTS = ("test", "val", "train")
+TRAINING_RECORDS_EXPOSED = ("per-record labels and model outputs of the private training records: not "
+                            "differentially private")
+"""What `--part train` on the model's own dataset releases. The DP guarantee covers the model, not
+its outputs on the very records it protects: their labels and per-record outputs (and the accuracy
+on them) are a membership and attribute signal the ledger does not count."""
 
 
 def predictions_csv(labels: Any, probabilities: Any) -> str:
@@ -33,24 +38,30 @@ def predictions_csv(labels: Any, probabilities: Any) -> str:
 
 def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Path | None, device: str,
                   out: Path | None, overwrite: bool, download: bool = False,
-                  split: str | None = None) -> dict[str, Any]:
+                  split: str | None = None, expose_training_records: bool = False) -> dict[str, Any]:
     """`split` (the pool to draw from, as in training) defaults to the model's own on its training
-    dataset, else to "train" (the official test set is the test set)."""
+    dataset, else to "train" (the official test set is the test set). The training part of the
+    model's own dataset is refused unless `expose_training_records` (see `TRAINING_RECORDS_EXPOSED`)."""
     import torch
 
     from dpltm.checkpoint import prepare_output, write_text_atomic
     from dpltm.data import load_dataset
+    from dpltm.data.release import mismatch
     from dpltm.devices import resolve_device
     from dpltm.export import load_any_model
 
     if part not in PARTS:
         raise DpltmUserError(f"--part must be one of {', '.join(PARTS)}, got {part!r}")
-    if out is not None:
-        prepare_output(out, overwrite=overwrite, inputs=[model_path])
     loaded = load_any_model(model_path)
     trained_on = loaded.data
     name = dataset or trained_on["dataset"]
     same = name == trained_on["dataset"]
+    exposes = part == "train" and same
+    if exposes and not expose_training_records:
+        raise DpltmUserError(f"--part train on {name}, the model's training data: the output holds "
+                             f"{TRAINING_RECORDS_EXPOSED}; pass --expose-training-records to write it anyway")
+    if out is not None:
+        prepare_output(out, overwrite=overwrite, inputs=[model_path])
     settings: dict[str, Any] = ({"split": trained_on.get("split") or "train",
                                  "val_fraction": trained_on.get("val_fraction", 0.1),
                                  "seed": trained_on.get("seed") or 0} if same else {})
@@ -77,10 +88,14 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     report = {
         "model": str(model_path), "model_format": loaded.source, "dataset": name, "part": part,
         "records": len(records), "accuracy": correct / len(records) if len(records) else float("nan"),
-        "same_data_settings_as_training": same and data.fingerprint == trained_on.get("fingerprint"),
+        # settings and counts (a released model holds no fingerprint of user data: dpltm.data.release)
+        "same_data_settings_as_training": same and mismatch(trained_on, data) is None,
         "trained_on": trained_on["dataset"], "end_to_end_dp": loaded.privacy.get("end_to_end_dp"),
         "epsilon": loaded.privacy.get("epsilon"), "delta": loaded.privacy.get("delta"),
         "statement": loaded.privacy.get("statement"), "predictions": None if out is None else str(out),
+        "exposes_training_records": exposes,
+        "warning": f"NOT differentially private: {TRAINING_RECORDS_EXPOSED} ({len(records)} records)" if exposes
+        else None,
     }
     if out is not None:
         write_text_atomic(predictions_csv(records.labels.cpu(), probabilities.cpu()), out)
