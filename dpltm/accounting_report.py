@@ -27,7 +27,7 @@ from dpltm.privacy.accounting import (
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_paper_sigma
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
-from dpltm.privacy.ledger import round_up
+from dpltm.privacy.display import round_up
 
 SOUND = ("pld", "rdp")
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MAX_STEPS, MIN_NOISE_MULTIPLIER
 
 NEIGHBORING_NAMES = {"add_remove": "add_remove", "add-remove": "add_remove", "add/remove": "add_remove",
@@ -206,4 +207,4 @@ def check_budget_left(spent: list[Any], target_epsilon: float | None, delta: flo
     used = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), delta, accountant, neighboring)
     if used >= (1.0 - MIN_BUDGET_LEFT) * target_epsilon:
         raise DpltmUserError(f"cannot reach epsilon {target_epsilon:g} with more training: the steps already taken "
-                             f"spent epsilon {used:.6g} of it; raise target_epsilon to train on")
+                             f"spent epsilon {format_epsilon(used, 6)} of it; raise target_epsilon to train on")

@@ -672,12 +672,14 @@ def audit(
                    "end_to_end_dp": report["end_to_end_dp"], "epsilon_scope": report["epsilon_scope"],
                    "warning": report["warning"]})
         return
+    from dpltm.privacy.display import format_epsilon, round_down
+
     verdict = (f"REFUTED: the lower bound exceeds the claim; the mechanism that ran is likely not the one accounted "
                f"(a correct one is refuted with probability ≤ {1 - result['confidence']:.0%})"
                if result["refuted"] else "consistent: the attack does not refute the claim")
     err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
-                      f"ε ≥ {result['epsilon_lower_bound']:.3f} at {result['confidence']:.0%} confidence; "
-                      f"claimed ε = {result['epsilon_claimed']:.4g} (training mechanism; scope of the run's ε: "
+                      f"ε ≥ {round_down(result['epsilon_lower_bound'], 3)} at {result['confidence']:.0%} confidence; "
+                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (training mechanism; scope of the run's ε: "
                       f"{report['epsilon_scope']}); {verdict}")
 
 

@@ -27,8 +27,9 @@ from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.privacy.accounting import require_support
+from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent
-from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, round_up, training_record
+from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, training_record
 from dpltm.private_tickets import is_private_ticket
 from dpltm.private_training import (
     TrainOutcome,
@@ -225,8 +226,9 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     if plan is not None and s.max_eps is not None:
         allowed = epochs_within_budget(plan, s.max_eps, epsilon_after)
         if allowed < plan.epochs:
+            one_more = epsilon_after((allowed + 1) * plan.steps_per_epoch)
             budget_note = (f"--max-eps {s.max_eps:g}: stopped after {allowed} of {plan.epochs} epochs; "
-                           f"one more would spend ε = {epsilon_after((allowed + 1) * plan.steps_per_epoch):.4g}")
+                           f"one more would spend ε = {format_epsilon(one_more)}")
             plan = replace(plan, epochs=allowed)
     if plan is not None:  # refuse an accountant that cannot state this run before any step
         ledger = ledger_for(plan.steps)

@@ -40,6 +40,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, MaskedMLP, Masks, build_architecture, density, layer_densities
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.calibration import calibrate_phases
+from dpltm.privacy.display import format_delta, format_epsilon
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
 from dpltm.privacy.ledger import training_record
 from dpltm.private_training import TrainPlan, learning_rate, mechanism_seed, run_private
@@ -199,7 +200,8 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
             "epsilon_spent": spent_eps,
             "statement": (f"made with privacy on {data.name}: {p.rounds} DP-SGD warm-up round(s) of "
                           f"{plan.warmup_steps} steps, q = {plan.sample_rate:.4g}, σ = {plan.noise_multiplier:.4g}; "
-                          f"its weights and mask are (ε = {spent_eps:.4g}, δ = {plan.delta:g})-DP for the "
+                          f"its weights and mask are (ε = {format_epsilon(spent_eps)}, "
+                          f"δ = {format_delta(plan.delta)})-DP for the "
                           f"{plan.dataset_size} training records (its validation accuracy is not private)"),
         },
         "selection": {"method": SELECTION_METHOD, "eps1": None, "draws": 0, "eps1_total": None,

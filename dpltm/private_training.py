@@ -42,6 +42,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
+from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import DpEvent
 from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
 
@@ -144,7 +145,7 @@ def epochs_within_budget(plan: TrainPlan, max_eps: float, epsilon_after: Callabl
 
     if spent(1) > max_eps:
         raise DpltmUserError(f"--max-eps {max_eps:g} is spent within the first epoch "
-                             f"(one epoch costs ε = {spent(1):.4g})")
+                             f"(one epoch costs ε = {format_epsilon(spent(1))})")
     lo, hi = 1, plan.epochs  # ε(lo) ≤ target
     if spent(hi) <= max_eps:
         return hi

@@ -230,7 +230,7 @@ def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path) -> None:
     assert 0 <= report["epsilon_lower_bound"] <= report["epsilon_claimed"] <= 2.0
     assert report["by_observation"]["iterates"]["guesses"] > 0  # the attack's best guesses, even unrefuted
     for args, message in ((["--dense", "--ticket", "x.pt"], "--ticket PATH"), ([], "--ticket PATH"),
-                          (["--dense", "--canaries", "1"], "at least 2"),
+                          (["--dense", "--canaries", "1"], "must lie in [2, "),
                           (["--dense", "--confidence", "1.5"], "--confidence")):
         bad = runner.invoke(app, ["audit", "--dataset", "digits", "--data-dir", str(root), "--device", "cpu",
                                   *args])

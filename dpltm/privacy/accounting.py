@@ -43,6 +43,7 @@ from dp_accounting import (  # type: ignore[import-untyped]
 from scipy import optimize, special  # type: ignore[import-untyped]
 
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import DpEvent, event_from_json, event_to_json, selection_event
 
 ACCOUNTANTS = ("pld", "rdp")
@@ -169,7 +170,7 @@ def _check_pld_cost(event: DpEvent, delta: float, neighboring: str) -> None:
         bound = float(acc.get_epsilon(delta))
     if math.isfinite(bound) and bound > PLD_MAX_RDP_EPSILON:
         raise EpsilonOutOfRange(
-            f"epsilon is {bound:.4g} by the RDP bound at delta {delta:g}: no meaningful privacy; dpltm "
+            f"epsilon is {format_epsilon(bound)} by the RDP bound at delta {delta:g}: no meaningful privacy; dpltm "
             f"accounts only up to epsilon {PLD_MAX_RDP_EPSILON:g} (use more noise or fewer steps)"
         )
 
@@ -408,7 +409,7 @@ def composition_bounds(
     bounds = [
         Bound(
             BASIC_COMPOSITION, eps1 + eps_train, d, accountant, neighboring,
-            f"basic composition ε1 + ε_train = {eps1:g} + {eps_train:.4g} "
+            f"basic composition ε1 + ε_train = {eps1:g} + {format_epsilon(eps_train)} "
             f"(Dwork & Roth 2014, Thm 3.16; ε_train by {label})",
         )
     ]

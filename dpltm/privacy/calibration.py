@@ -42,6 +42,7 @@ from dpltm.privacy.accounting import (
     make_accountant,
     require_support,
 )
+from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, dpsgd_event, selection_event
 
 Composition = Literal["best", "basic", "rdp"]
@@ -129,7 +130,7 @@ def _search(
             if hi > _MAX_PARAM:
                 raise DpltmUserError(
                     f"cannot reach epsilon {t:g} at delta {d:g}: even a parameter of "
-                    f"{lo:g} gives epsilon {eps_hi:.4g}"
+                    f"{lo:g} gives epsilon {format_epsilon(eps_hi)}"
                 )
     # Invariant: ε(lo) > t >= ε(hi). ε(lo) may be infinite; then bisect in log space.
     log_t = math.log(t)
@@ -257,7 +258,7 @@ def calibrate_noise_multiplier(
 
             candidates.append(_calibrate(both, t, d, "rdp", neighboring, rel_tol))
         else:
-            reasons.append(f"the selection alone costs epsilon {floor:.4g} by RDP")
+            reasons.append(f"the selection alone costs epsilon {format_epsilon(floor)} by RDP")
     elif composition == "rdp":
         reasons.append("the RDP accountant does not support this training event")
     if not candidates:
@@ -289,7 +290,7 @@ def calibrate_after(
         if spent else 0.0
     if floor >= t:
         raise DpltmUserError(f"cannot reach epsilon {t:g}: what already ran on this data costs epsilon "
-                             f"{floor:.4g}")
+                             f"{format_epsilon(floor)}")
 
     def both(sigma: float) -> DpEvent:
         return dp_accounting.ComposedDpEvent([*spent, dpsgd_event(sample_rate, sigma, steps)])

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from dp_accounting import (  # type: ignore[import-untyped]
@@ -49,6 +48,7 @@ from dpltm.privacy.accounting import (
     check_neighboring,
     composition_bounds,
 )
+from dpltm.privacy.display import format_delta, round_up
 from dpltm.privacy.events import (
     DpEvent,
     dpsgd_event,
@@ -102,20 +102,6 @@ def training_record(
 def dpsgd_events(records: Iterable[Mapping[str, Any]]) -> list[DpEvent]:
     """The DP-SGD event of each `training_record`-style record (q, sigma, steps)."""
     return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in records]
-
-
-def round_up(value: float, digits: int = 3) -> str:
-    """`value` to `digits` significant digits, rounded UP: a displayed ε never understates."""
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "∞" if value > 0 else "-∞"
-    if value <= 0.0:
-        return "0"
-    exponent = math.floor(math.log10(value)) - digits + 1
-    exact = Decimal(repr(float(value)))  # repr: the shortest decimal that round-trips
-    rounded = exact.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_CEILING)
-    return format(rounded.normalize(), "f")
 
 
 def _json_float(value: float) -> float | str:
@@ -357,7 +343,7 @@ class PrivacyLedger:
             lines.append(warning)
         relation = NEIGHBORING_LABELS[self.neighboring]
         lines.append(
-            f"(ε = {round_up(best.epsilon)}, δ = {self.delta:.3g})-DP for {self.private_dataset} "
+            f"(ε = {round_up(best.epsilon)}, δ = {format_delta(self.delta)})-DP for {self.private_dataset} "
             f"under {relation} adjacency, {ACCOUNTANT_LABELS[best.accountant]} accountant, "
             f"composition: {_COMPOSITION_TEXT.get(best.name, best.name)}"
             + ("" if self.end_to_end_dp else f" [{self.epsilon_scope}]")

@@ -9,6 +9,7 @@ from typing import Any
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input
+from dpltm.privacy.display import format_epsilon
 
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
@@ -138,7 +139,8 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
 
     def on_round(record: dict[str, Any]) -> None:
         err_console.print(f"warm-up round {record['round']}: C={record['density']:.4f} "
-                          f"val acc={record['val_accuracy']:.4f}, ε so far ≤ {record['epsilon_so_far']:.4g}")
+                          f"val acc={record['val_accuracy']:.4f}, "
+                          f"ε so far ≤ {format_epsilon(record['epsilon_so_far'])}")
         rounds.append({"round": record["round"], "density": record["density"], "kind": "dp-warm-up",
                        "val_accuracy": record["val_accuracy"], "test_accuracy": None,
                        "epsilon": record["epsilon_so_far"]})

@@ -1,0 +1,40 @@
+"""Displayed privacy figures never understate an upper bound nor overstate a lower bound."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dpltm.privacy.display import format_delta, format_epsilon, round_down, round_up
+from dpltm.privacy.ledger import PrivacyLedger, training_record
+
+positive = st.floats(min_value=1e-12, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+def test_the_issues_example_rounds_up() -> None:
+    assert round_up(0.700612) == "0.701" and format_epsilon(0.700612) == "0.7007"
+    assert round_down(0.700612) == "0.7"
+    assert format_epsilon(1.0) == "1" and format_epsilon(math.inf) == "∞"
+    assert format_delta(1e-5) == "1e-05" and float(format_delta(1.00001e-5)) >= 1.00001e-5
+
+
+@given(positive, st.integers(min_value=1, max_value=8))
+def test_upper_bounds_round_up_and_lower_bounds_down(value: float, digits: int) -> None:
+    up, down = float(round_up(value, digits)), float(round_down(value, digits))
+    assert down <= value <= up
+    assert up <= value * (1 + 10 ** (1 - digits)) + 1e-300
+
+
+@given(positive)
+def test_format_delta_never_understates(value: float) -> None:
+    assert float(format_delta(value)) >= value
+
+
+def test_the_statement_shows_epsilon_rounded_up() -> None:
+    ledger = PrivacyLedger(phase1="none", phase1_dataset=None, private_dataset="x", selection_eps1=None,
+                           training=training_record(0.01, 1.0, 1000), delta=1e-5)
+    eps = ledger.best_bound().epsilon
+    shown = ledger.statement().split("(ε = ")[1].split(",")[0]
+    assert float(shown) >= eps and float(shown) - eps < 1e-3 * eps
