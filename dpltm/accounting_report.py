@@ -17,17 +17,19 @@ from rich.table import Table
 from dpltm.dp.noise import noise_class
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
+    NEIGHBORING_LABELS,
     check_delta,
     check_target_epsilon,
     composition_bounds,
     epsilon,
     gdp_epsilon,
     gdp_mu,
+    make_accountant,
 )
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_paper_sigma
-from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
 from dpltm.privacy.display import round_up
+from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
 
 SOUND = ("pld", "rdp")
 
@@ -65,8 +67,10 @@ def _mechanism(q: float | None, steps: int | None, dataset_size: int | None, bat
 
 def account_report(*, q: float | None, sigma: float | None, steps: int | None, delta: float,
                    dataset_size: int | None, batch_size: int | None, epochs: int | None,
-                   eps: float | None, eps1: float | None, noise: str = "gaussian") -> dict[str, Any]:
-    """Every input is validated here, once, before any accountant runs."""
+                   eps: float | None, eps1: float | None, noise: str = "gaussian",
+                   neighboring: str = "add_remove") -> dict[str, Any]:
+    """Every input is validated here, once, before any accountant runs. `neighboring`: the relation every
+    ε is stated for (add/remove-one with N public, or replace-one); the GDP CLT row is add/remove only."""
     if sigma is not None and eps is not None:
         raise DpltmUserError("give --sigma (to get ε) or --eps (to get σ), not both")
     if sigma is None and eps is None:
@@ -82,34 +86,51 @@ def account_report(*, q: float | None, sigma: float | None, steps: int | None, d
     mechanism = noise_class(noise)
     rows: list[dict[str, Any]] = []
     if eps is not None:
-        for name in SOUND:
-            s = calibrate_noise_multiplier(rate, n_steps, eps, delta, name, selection_eps1=eps1)
+        for name in _supported(dpsgd_event(rate, 1.0, n_steps), neighboring, rows, "sigma"):
+            s = calibrate_noise_multiplier(rate, n_steps, eps, delta, name, neighboring, selection_eps1=eps1)
             rows.append({"accountant": name, "sigma": mechanism.parameter_for(s), "effective_sigma": s,
                          "epsilon": eps, "kind": "upper bound"})
         if noise == "dpd":
             rows.append({"accountant": "dpd-paper-zcdp", "sigma": dpd_paper_sigma(eps, rate, n_steps, delta),
                          "epsilon": eps, "kind": COMPARISON_LABEL})
         return {"q": rate, "steps": n_steps, "delta": delta, "target_epsilon": eps, "eps1": eps1, "noise": noise,
-                "rows": rows}
+                "neighboring": neighboring, "rows": rows}
     assert sigma is not None
     parameter, sigma = sigma, mechanism.effective_for(sigma)  # the accountants see the effective multiplier
     event = dpsgd_event(rate, sigma, n_steps)
-    for name in SOUND:
-        row: dict[str, Any] = {"accountant": name, "epsilon": epsilon(event, delta, name), "kind": "upper bound"}
+    for name in _supported(event, neighboring, rows, "epsilon"):
+        row: dict[str, Any] = {"accountant": name, "epsilon": epsilon(event, delta, name, neighboring),
+                               "kind": "upper bound"}
         if eps1 is not None:
-            best = min(composition_bounds(eps1, event, delta, name), key=lambda b: b.epsilon)
+            best = min(composition_bounds(eps1, event, delta, name, neighboring), key=lambda b: b.epsilon)
             row["with_selection"] = best.epsilon
             row["composition"] = best.name
         rows.append(row)
-    mu = gdp_mu(rate, sigma, n_steps)
-    rows.append({"accountant": "gdp", "epsilon": gdp_epsilon(mu, delta), "mu": mu,
-                 "kind": "APPROXIMATION (CLT; may fall below the true ε)"})
+    if neighboring == "add_remove":  # the CLT's μ (Bu et al. 2020) is derived for add/remove
+        mu = gdp_mu(rate, sigma, n_steps)
+        rows.append({"accountant": "gdp", "epsilon": gdp_epsilon(mu, delta), "mu": mu,
+                     "kind": "APPROXIMATION (CLT; may fall below the true ε)"})
     if noise == "dpd":
         paper = dpd_paper_figure(parameter, rate, n_steps, delta)
         rows.append({"accountant": "dpd-paper-zcdp", "epsilon": paper.epsilon, "compositions": paper.compositions,
                      "kind": COMPARISON_LABEL})
     return {"q": rate, "sigma": parameter, "effective_sigma": sigma, "noise": noise, "steps": n_steps,
-            "delta": delta, "eps1": eps1, "rows": rows}
+            "delta": delta, "eps1": eps1, "neighboring": neighboring, "rows": rows}
+
+
+def _supported(event: Any, neighboring: str, rows: list[dict[str, Any]], key: str) -> list[str]:
+    """The sound accountants that can state `event` under `neighboring`; a row saying so for the others
+    (dp-accounting's RDP accountant has no replace-one analysis of Poisson sampling)."""
+    names = []
+    for name in SOUND:
+        if make_accountant(name, neighboring).supports(event):
+            names.append(name)
+        else:
+            rows.append({"accountant": name, key: None,
+                         "kind": f"not available under {NEIGHBORING_LABELS[neighboring]}"})
+    if not names:
+        raise DpltmUserError(f"no accountant states this run under {NEIGHBORING_LABELS[neighboring]} adjacency")
+    return names
 
 
 def print_account_report(report: dict[str, Any], console: Console) -> None:
@@ -120,7 +141,9 @@ def print_account_report(report: dict[str, Any], console: Console) -> None:
         title = f"{title} ({noise} noise" + (
             f"; accountants see the effective multiplier {report['effective_sigma']:g})" if not solving
             else "; σ is the plug-in's own parameter)")
-    table = Table(title=f"{title}, q = {report['q']:.5g}, T = {report['steps']}, δ = {report['delta']:g}")
+    relation = NEIGHBORING_LABELS[report.get("neighboring", "add_remove")]
+    table = Table(title=f"{title}, q = {report['q']:.5g}, T = {report['steps']}, δ = {report['delta']:g}, "
+                        f"{relation} adjacency")
     table.add_column("accountant")
     table.add_column("σ" if solving else "ε", justify="right")
     if report.get("eps1") is not None and not solving:
@@ -128,7 +151,8 @@ def print_account_report(report: dict[str, Any], console: Console) -> None:
     table.add_column("status")
     for row in report["rows"]:
         # ε and σ shown rounded up: a displayed ε never understates, a displayed σ always suffices
-        cells = [row["accountant"], round_up(row["sigma" if solving else "epsilon"], 5)]
+        figure = row["sigma" if solving else "epsilon"]
+        cells = [row["accountant"], "-" if figure is None else round_up(figure, 5)]
         if report.get("eps1") is not None and not solving:
             cells.append(f"{round_up(row['with_selection'], 5)} ({row['composition']})" if "with_selection" in row
                          else "-")

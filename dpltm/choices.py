@@ -59,6 +59,17 @@ class Accountant(Choice):
     rdp = "rdp"
 
 
+class Neighbouring(Choice):
+    """The neighbouring relation ε is stated for (dpltm.privacy.accounting.NEIGHBORING, with hyphens)."""
+
+    add_remove = "add-remove"
+    replace_one = "replace-one"
+
+    @property
+    def relation(self) -> str:
+        return self.value.replace("-", "_")
+
+
 class Rewind(Choice):
     warmup = "warmup"
     init = "init"

@@ -23,6 +23,7 @@ from dpltm.choices import (
     Arch,
     Dataset,
     Logger,
+    Neighbouring,
     Noise,
     Optimizer,
     Part,
@@ -199,6 +200,7 @@ OptimizerOption = Annotated[Optimizer | None, typer.Option(help="sgd, or adam (N
 Momentum = Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1).", show_default=cfg("train.momentum"))]
 NoiseOption = Annotated[Noise | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-dataset).", show_default=cfg("train.noise"))]
 AccountantOption = Annotated[Accountant | None, typer.Option(help="Privacy accountant: pld (tight numerical) or rdp.", show_default=cfg("train.accountant"))]
+NeighbouringOption = Annotated[Neighbouring | None, typer.Option("--neighbouring", "--neighboring", help="Neighbouring datasets ε is stated for: add-remove (one record added or removed; the number of training records N is treated as public, as Opacus and TF Privacy do) or replace-one (one record replaced, N fixed; a larger ε for the same run).", show_default="add-remove")]
 Seed = Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.", show_default=cfg("seed"))]
 
 
@@ -540,6 +542,7 @@ def train(
     arch: ArchOption = None,
     noise: NoiseOption = None,
     accountant: AccountantOption = None,
+    neighbouring: NeighbouringOption = None,
     max_eps: Annotated[float | None, typer.Option("--max-eps", help="A cap: stop before the ε spent would exceed this (σ stays calibrated to --eps).")] = None,
     target_eps: Annotated[float | None, typer.Option("--target-eps", hidden=True)] = None,
     patience: Annotated[int | None, typer.Option(help="Early-stop after this many epochs without validation gain.")] = None,
@@ -592,7 +595,7 @@ def train(
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
         "train": {"eps2": eps2, "delta": delta, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
                   "clip": clip, "lr": lr, "lr_sigma": lr_sigma, "optimizer": optimizer, "noise": noise, "accountant": accountant,
-                  "max_eps": max_eps, "patience": patience, "momentum": momentum, "ema": ema},
+                  "neighboring": neighbouring.relation if neighbouring is not None else None, "max_eps": max_eps, "patience": patience, "momentum": momentum, "ema": ema},
         "model": _model_cli(arch, None, activation=activation),
         "seed": seed,
         "recipe": recipe.value,
@@ -696,13 +699,16 @@ def account(
     eps: Annotated[float | None, typer.Option("--eps", "--eps2", help="Solve for σ reaching this ε instead.")] = None,
     eps1: Annotated[float | None, typer.Option(help="Also compose with an ε1 exponential-mechanism selection.")] = None,
     noise: Annotated[Noise, typer.Option(help="Noise plug-in --sigma belongs to: gaussian, dpd (accounted as 2σ; adds the DPD paper's own zCDP figure as a labelled comparison) or shaped.")] = Noise.gaussian,
+    neighbouring: NeighbouringOption = None,
     json_out: Json = False,
 ) -> None:
     """ε of Poisson-subsampled Gaussian DP-SGD by each accountant, side by side (or σ for a target ε)."""
     from dpltm.accounting_report import account_report, print_account_report
 
+    relation = (neighbouring or Neighbouring.add_remove).relation
     report = account_report(q=q, sigma=sigma, steps=steps, delta=delta, dataset_size=dataset_size,
-                            batch_size=batch_size, epochs=epochs, eps=eps, eps1=eps1, noise=value(noise))
+                            batch_size=batch_size, epochs=epochs, eps=eps, eps1=eps1, noise=value(noise),
+                            neighboring=relation)
     if json_out:
         emit_json(report)
     else:
