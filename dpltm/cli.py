@@ -419,7 +419,7 @@ def predict(
 @app.command("export")
 @user_errors
 def export_command(
-    model: Annotated[Path, typer.Option(help="A `dpltm train` checkpoint.")],
+    model: Annotated[Path, typer.Option(help="A `dpltm train` checkpoint, or a library run saved by `PrivateTraining.save`.")],
     out: Annotated[Path | None, typer.Option(help="The safetensors file.", show_default="the model's path with .safetensors")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
     json_out: Json = False,

@@ -98,7 +98,11 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
     from dpltm.data.loaders import INPUT_NORMALISATION
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING
 
-    body = load_checkpoint(model_path, "model")
+    body = load_checkpoint(model_path, ("model", "run"))
+    if body["kind"] == "run":
+        metadata, tensors = _run_export(body, model_path)
+        write_bytes_atomic(save(tensors, metadata=metadata), out)
+        return metadata
     dropped = private_fingerprints(body)
     if dropped and warn is not None:
         warn(f"warning: {model_path} {PRIVATE_FINGERPRINT_WARNING} ({', '.join(dropped)}); not copied to the export")
@@ -120,6 +124,50 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
     }
     write_bytes_atomic(save(tensors, metadata=metadata), out)
     return metadata
+
+
+USER_MODEL = "user-model"
+"""The architecture of an exported library run: the user's own nn.Module, which the file cannot rebuild."""
+
+
+def _run_export(body: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """A library run (`PrivateTraining.save`) as safetensors: the model's state_dict (pruned weights 0)
+    and masks, the ledger and the statement computed from it, and nothing about the data but its name
+    and N (public under add/remove). The network is the user's own: load the state_dict into it."""
+    from dpltm.privacy.ledger import PrivacyLedger
+
+    if body.get("ledger") is None:
+        raise DpltmUserError(f"{path} holds a run that has taken no DP step: nothing to release")
+    ledger = PrivacyLedger.from_json(body["ledger"])
+    tensors = {name: torch_tensor(value) for name, value in body["model"].items()}
+    for name, mask in body["masks"].items():
+        tensors[f"mask_{name}"] = torch_tensor(mask).bool()
+    report = ledger.report()
+    privacy = {"epsilon": report["overall_epsilon"], "epsilon_dp_part": report["epsilon"], "delta": ledger.delta,
+               "end_to_end_dp": ledger.end_to_end_dp, "private": True, "accountant": ledger.accountant,
+               "neighboring": ledger.neighboring, "statement": ledger.statement()}
+    metadata = {
+        "format": FORMAT,
+        "architecture": json.dumps({"kind": USER_MODEL, "note": "a dpltm.make_private run of your own nn.Module: "
+                                    "load these tensors (without the mask_ entries) with model.load_state_dict"}),
+        "input_normalisation": json.dumps({}),
+        "data": json.dumps({"dataset": body["dataset_name"], "n_train": body["dataset_size"]}),
+        "privacy": json.dumps(privacy),
+        "privacy_statement": ledger.statement(),
+        "ledger": json.dumps(body["ledger"]),
+        "test_accuracy": json.dumps(None),
+        "ticket": json.dumps(None),
+        "environment": json.dumps(body.get("environment", {})),
+        "exported_by": json.dumps(_environment()),
+        "source_checkpoint": str(path),
+    }
+    return metadata, tensors
+
+
+def torch_tensor(value: Any) -> Any:
+    import torch
+
+    return torch.as_tensor(value).detach().cpu().contiguous()
 
 
 def _environment() -> dict[str, str]:
@@ -154,6 +202,9 @@ def load_exported(path: Path) -> LoadedModel:
     from dpltm.model import Architecture, MaskedMLP
 
     metadata = read_metadata(path)
+    if json.loads(metadata["architecture"]).get("kind") == USER_MODEL:
+        raise DpltmUserError(f"{path} holds your own model's weights (a dpltm.make_private run): load them into "
+                             "your nn.Module with safetensors.torch.load_file; dpltm cannot rebuild that network")
     try:
         architecture = json.loads(metadata["architecture"])
         model = MaskedMLP(Architecture.from_dict(architecture))
