@@ -125,6 +125,10 @@ def test_cli_lenet5_ticket_generate_select_train(tmp_path: Path) -> None:
          "--noise dpd"),
         (("run", "--arch", "lenet5", "--eps", "1"), "--choice best"),
         (("generate", "--dataset", "digits", "--arch", "lenet5"), "too small"),
+        (("select", "--tickets", "t.pt", "--noise-aware", "--private-size", "300", "--eps2", "1", "--out", "n.pt"),
+         "--choice best"),
     ]:
         failed = dpltm(*args, cwd=tmp_path, data=data, ok=False)
         assert message in failed.stderr and "Traceback" not in failed.stderr
+        lines = failed.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("dpltm: error:"), failed.stderr  # refused before any work
