@@ -116,9 +116,18 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+_UNWINDING: list[int] = []
+"""The signal a run is unwinding from; while set, further signals are ignored."""
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
     """Signal handler: unwind the run as an exception (temp files are cleaned on the way out).
-    Further signals are ignored while it unwinds, so the clean-up itself is not cut short."""
+    Further signals are ignored while it unwinds, so the clean-up itself is not cut short: the
+    handler sets SIG_IGN, and since Lightning's signal connector may put this handler back during its
+    own tear-down, the handler itself also ignores every signal after the first."""
+    if _UNWINDING:
+        return
+    _UNWINDING.append(signum)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Interrupted(signum)
@@ -888,6 +897,7 @@ def main() -> None:
     run cleanly with one line and exit 130 / 143."""
     from typer.exceptions import Abort, TyperException
 
+    _UNWINDING.clear()
     previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
@@ -900,9 +910,11 @@ def main() -> None:
             raise SystemExit(0) from None
         typer.echo(f"dpltm: error: {one_line(message)}", err=True)
         raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
-    finally:  # main() may run inside another program (tests): leave its handlers as they were
+    finally:  # main() may run inside another program (tests): leave its handlers as they were,
+        # except after a signal, when the process is about to exit 128 + signum: a second Ctrl-C
+        # must not kill it with the default handler on the way out
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if _UNWINDING else handler)
     if isinstance(code, int) and code != 0:
         raise SystemExit(code)
 

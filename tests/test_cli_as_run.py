@@ -85,10 +85,14 @@ def test_no_arguments_prints_help_and_no_empty_error(tmp_path: Path, data: Path)
     assert "error" not in result.stderr
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(("signum", "code", "twice"), [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, False),
+                                                      (signal.SIGTERM, 143, True), (signal.SIGINT, 130, True)])
 @pytest.mark.parametrize("command", ["generate", "train"])
-def test_a_signal_stops_a_run_with_one_line_and_no_partial_output(command: str, signum: int, code: int,
+def test_a_signal_stops_a_run_with_one_line_and_no_partial_output(command: str, signum: int, code: int, twice: bool,
                                                                   data: Path, tmp_path: Path) -> None:
+    """One signal, or a second one during the clean-up (Lightning's signal connector once put dpltm's
+    handler back over its SIG_IGN, so the second gave exit -15 or a traceback and run.json stayed
+    'running')."""
     args = {"generate": ["generate", "--dataset", "digits", "--rounds", "3", "--iterations", "100000",
                          "--batch-size", "32", "--out", "t.pt"],
             "train": ["train", "--dense", "--dataset", "digits", "--eps2", "1", "--epochs", "5000",
@@ -105,6 +109,10 @@ def test_a_signal_stops_a_run_with_one_line_and_no_partial_output(command: str, 
         if process.poll() is not None:
             break
     process.send_signal(signum)
+    if twice:
+        time.sleep(0.05)
+        if process.poll() is None:
+            process.send_signal(signum)
     _, rest = process.communicate(timeout=120)
     lines = [line for line in re.split(r"[\r\n]", seen + rest) if line.startswith("dpltm:")]
     assert process.returncode == code, seen + rest
@@ -130,3 +138,13 @@ def test_pipeline_with_cuda_graphs(data: Path, tmp_path: Path) -> None:
                                      "--batch-size", "32", "--device", "cuda", "--cuda-graphs", "--out", "m.pt",
                                      "--json", cwd=tmp_path, data=data).stdout)
     assert report["steps"] > 0 and report["test_accuracy"] > 0.5
+
+
+def test_a_signal_while_starting_is_one_line_not_a_traceback() -> None:
+    """The console script's first act (dpltm.entry): before the CLI's half second of imports, a signal
+    ends the process with one line and 128 + signum."""
+    code = ("from dpltm.entry import install_start_handlers; install_start_handlers(); "
+            "import os, signal, time; os.kill(os.getpid(), signal.SIGINT); time.sleep(10)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130
+    assert result.stderr.strip().splitlines() == ["dpltm: interrupted (SIGINT) while starting; nothing was written"]
