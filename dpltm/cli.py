@@ -319,15 +319,16 @@ def generate(
 @app.command()
 @user_errors
 def inspect(
-    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`), a model (`dpltm train`) or its export (.safetensors).")],
+    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`), a model (`dpltm train`), its export (.safetensors) or a library run (`make_private(...).save`).")],
     json_out: Json = False,
 ) -> None:
-    """Show a dpltm file: a ticket set's C per layer and accuracies; a winner's ticket and selection; a
-    model's accuracy, ledger and privacy statement (recomputed from the ledger it carries)."""
+    """Show a dpltm file as tables: a ticket set's C per layer and accuracies; a winner's ticket and
+    selection; a model's accuracy, ledger and privacy statement (recomputed from the ledger it
+    carries); a library run's spent segments, epochs and statement."""
     from dpltm.checkpoint import load_checkpoint
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
     from dpltm.export import SUFFIX, private_fingerprints, read_metadata
-    from dpltm.report import print_tickets, tickets_json
+    from dpltm.report import print_export, print_model, print_run, print_tickets, print_winner, tickets_json
 
     def warn_if(found: list[str]) -> None:  # files written before dpltm.data.release's rule
         if found:
@@ -342,11 +343,9 @@ def inspect(
         if json_out:
             emit_json(exported)
             return
-        for key in ("format", "source_checkpoint", "data", "test_accuracy", "input_normalisation", "environment"):
-            out_console.print(f"{key}: {exported.get(key)}", markup=False, highlight=False)
-        out_console.print(exported["privacy_statement"], markup=False, highlight=False)
+        print_export(exported, out_console)
         return
-    body = load_checkpoint(path, ("tickets", "ticket", "model"))
+    body = load_checkpoint(path, ("tickets", "ticket", "model", "run"))
     if body["kind"] == "tickets":
         if json_out:
             emit_json(tickets_json(body))
@@ -361,6 +360,8 @@ def inspect(
                    "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
                    "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version"),
                    "environment": body.get("environment")}
+    elif body["kind"] == "run":
+        summary = run_summary(body)
     else:
         from dpltm.privacy.ledger import PrivacyLedger
 
@@ -376,11 +377,22 @@ def inspect(
     if json_out:
         emit_json(summary)
         return
-    for key, shown in summary.items():
-        if key not in ("statement", "ledger", "layer_density", "architecture"):
-            out_console.print(f"{key}: {shown}", markup=False, highlight=False)
-    if "statement" in summary:
-        out_console.print(summary["statement"], markup=False, highlight=False)
+    {"winner": print_winner, "model": print_model, "run": print_run}[summary["kind"]](summary, out_console)
+
+
+def run_summary(body: dict[str, Any]) -> dict[str, Any]:
+    """`inspect`'s view of a library run (kind "run", `PrivateTraining.save`): what it spent, segment by
+    segment, its epochs, and the statement of its ledger."""
+    from dpltm.privacy.ledger import PrivacyLedger
+
+    ledger = None if body.get("ledger") is None else PrivacyLedger.from_json(body["ledger"])
+    return {"kind": "run", "dataset": body["dataset_name"], "dataset_size": body["dataset_size"],
+            "epochs_done": body["epochs_done"], "steps": sum(int(s["steps"]) for s in body["segments"]),
+            "optimizer": body.get("optimizer_class"), "masks_from": body.get("masks_from"),
+            "masks_private": body.get("masks_private"), "settings": body["settings"],
+            "segments": body["segments"], "history": body["history"],
+            "ledger": None if ledger is None else ledger.report(),
+            "statement": "No DP step has run yet: nothing spent." if ledger is None else ledger.statement()}
 
 
 @app.command()

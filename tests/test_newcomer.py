@@ -17,6 +17,7 @@ from dpltm.cli import app
 runner = CliRunner()
 FAST_GEN = ["--rounds", "1", "--iterations", "15", "--batch-size", "16", "--device", "cpu"]
 ETA = re.compile(r"\d\d:\d\d<\d\d:\d\d")  # tqdm's [elapsed<remaining]
+REPR = re.compile(r"\{|\['|\[-?\d|\[\]|': ")  # a dict's or a list's repr (a statement may hold "[scope]")
 
 
 def invoke(*args: str):  # type: ignore[no-untyped-def]
@@ -28,6 +29,18 @@ def invoke(*args: str):  # type: ignore[no-untyped-def]
 def bars(stderr: str, phase: str) -> list[str]:
     """The updates of the bars named `phase` (tqdm's, each with [elapsed<remaining])."""
     return [line for line in re.split(r"[\r\n]", stderr) if line.startswith(phase) and ETA.search(line)]
+
+
+def values_of(word: str, tree: object):  # type: ignore[no-untyped-def]
+    """Every float under a key holding `word`, anywhere in a JSON tree."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if word in key and isinstance(value, float):
+                yield value
+            yield from values_of(word, value)
+    elif isinstance(tree, list):
+        for value in tree:
+            yield from values_of(word, value)
 
 
 def flat(text: str) -> str:
@@ -118,3 +131,44 @@ def test_train_and_private_generate_print_their_result_on_stdout(data_root: Path
     assert re.search(r"validation accuracy \d\.\d{4}", private.stdout) and "-DP" in flat(private.stdout)
     assert bars(private.stderr, "DP warm-up round 1/1"), private.stderr
     assert not ETA.search(private.stdout)
+
+
+def test_inspect_shows_tables_without_reprs_and_accuracies_to_4_digits(digits_tickets: Path, data_root: Path,
+                                                                      tmp_path: Path) -> None:
+    winner, model = tmp_path / "w.pt", tmp_path / "m.pt"
+    invoke("select", "--best", "--tickets", str(digits_tickets), "--out", str(winner))
+    report = json.loads(invoke("train", "--ticket", str(winner), "--dataset", "digits", "--data-dir", str(data_root),
+                               "--epochs", "1", "--batch-size", "64", "--eps", "1", "--device", "cpu",
+                               "--no-progress", "--out", str(model), "--json").stdout)
+    for path in (digits_tickets, winner, model):
+        shown = invoke("inspect", str(path)).stdout
+        assert not REPR.search(shown) and "│" in shown, shown  # rich tables, no reprs
+        accuracies = list(values_of("accuracy", json.loads(invoke("inspect", str(path), "--json").stdout)))
+        assert accuracies and all(f"{v:.4f}" in shown and repr(v) not in shown for v in accuracies), shown
+    shown = invoke("inspect", str(model)).stdout
+    assert f"{report['test_accuracy']:.4f}" in shown and "(ε = " in shown
+
+
+def test_inspect_reads_a_library_run(tmp_path: Path) -> None:
+    import torch
+
+    import dpltm
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 10, generator=g), torch.randint(0, 3, (300,), generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                             batch_size=30, epochs=2)
+    run.fit(val=(x, y))
+    path = run.save(tmp_path / "run.pt")
+    as_json = json.loads(invoke("inspect", str(path), "--json").stdout)
+    assert as_json["kind"] == "run" and as_json["statement"] == run.report()["statement"]
+    assert [s["steps"] for s in as_json["segments"]] == [20] and [h["epoch"] for h in as_json["history"]] == [1, 2]
+    assert as_json["ledger"]["epsilon"] == run.epsilon
+    shown = invoke("inspect", str(path)).stdout
+    assert "spent segments" in shown and "history" in shown and not REPR.search(shown)
+    assert flat(run.report()["statement"]) in flat(shown)
+    assert re.search(r"│\s+2 │\s+20 │\s+[\d.]+ │\s+\d\.\d{4} │", shown)  # epoch 2: steps, ε, val accuracy
+    fresh = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                               batch_size=30).save(tmp_path / "fresh.pt")
+    assert "nothing spent" in invoke("inspect", str(fresh)).stdout
