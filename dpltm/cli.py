@@ -328,7 +328,15 @@ def inspect(
     from dpltm.checkpoint import load_checkpoint
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
     from dpltm.export import SUFFIX, private_fingerprints, read_metadata
-    from dpltm.report import print_export, print_model, print_run, print_tickets, print_winner, tickets_json
+    from dpltm.report import (
+        print_export,
+        print_model,
+        print_run,
+        print_tickets,
+        print_winner,
+        run_summary,
+        tickets_json,
+    )
 
     def warn_if(found: list[str]) -> None:  # files written before dpltm.data.release's rule
         if found:
@@ -379,20 +387,6 @@ def inspect(
         return
     {"winner": print_winner, "model": print_model, "run": print_run}[summary["kind"]](summary, out_console)
 
-
-def run_summary(body: dict[str, Any]) -> dict[str, Any]:
-    """`inspect`'s view of a library run (kind "run", `PrivateTraining.save`): what it spent, segment by
-    segment, its epochs, and the statement of its ledger."""
-    from dpltm.privacy.ledger import PrivacyLedger
-
-    ledger = None if body.get("ledger") is None else PrivacyLedger.from_json(body["ledger"])
-    return {"kind": "run", "dataset": body["dataset_name"], "dataset_size": body["dataset_size"],
-            "epochs_done": body["epochs_done"], "steps": sum(int(s["steps"]) for s in body["segments"]),
-            "optimizer": body.get("optimizer_class"), "masks_from": body.get("masks_from"),
-            "masks_private": body.get("masks_private"), "settings": body["settings"],
-            "segments": body["segments"], "history": body["history"],
-            "ledger": None if ledger is None else ledger.report(),
-            "statement": "No DP step has run yet: nothing spent." if ledger is None else ledger.statement()}
 
 
 @app.command()

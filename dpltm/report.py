@@ -205,6 +205,21 @@ def print_winner(summary: dict[str, Any], console: Console) -> None:
         _print_statement(console, statement)
 
 
+def run_summary(body: dict[str, Any]) -> dict[str, Any]:
+    """`inspect`'s view of a library run (kind "run", `PrivateTraining.save`): what it spent, segment by
+    segment, its epochs, and the statement of its ledger."""
+    from dpltm.privacy.ledger import PrivacyLedger
+
+    ledger = None if body.get("ledger") is None else PrivacyLedger.from_json(body["ledger"])
+    return {"kind": "run", "dataset": body["dataset_name"], "dataset_size": body["dataset_size"],
+            "epochs_done": body["epochs_done"], "steps": sum(int(s["steps"]) for s in body["segments"]),
+            "optimizer": body.get("optimizer_class"), "masks_from": body.get("masks_from"),
+            "masks_private": body.get("masks_private"), "settings": body["settings"],
+            "segments": body["segments"], "history": body["history"],
+            "ledger": None if ledger is None else ledger.report(),
+            "statement": "No DP step has run yet: nothing spent." if ledger is None else ledger.statement()}
+
+
 def print_run(summary: dict[str, Any], console: Console) -> None:
     """A library run (`make_private(...).save`): its settings, the segments it spent, its epochs."""
     head = {k: summary[k] for k in ("dataset", "dataset_size", "epochs_done", "steps", "optimizer",
