@@ -39,7 +39,7 @@ from dpltm.paths import forget_inputs
 from dpltm.run_log import check_logger
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
-from dpltm.stages.train import check_planned_training, print_training_report, stage_train
+from dpltm.stages.train import check_lr_given, check_planned_training, print_training_report, stage_train
 
 app = typer.Typer(
     name="dpltm",
@@ -828,8 +828,9 @@ def run(
     public = load_dataset(public_dataset, split=gen_cfg.data.split, data_dir=data_dir,
                           val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
     # the recipe's settings against both datasets (L < N, σ, lr), before any ticket
-    check_planned_training(resolve_train_config(train_cli, config), private, train_cli["recipe"],
-                           public.train if noise_aware else None)
+    planned = resolve_train_config(train_cli, config)
+    check_lr_given(lr, planned, train_cli["recipe"])
+    check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
                       + f"; training recipe: {train_cli['recipe']}")
@@ -865,6 +866,7 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
     chosen = chosen_recipe(recipe or RunRecipe.auto, len(pool.train))
     settings = resolve_train_config({"data": {"dataset": dataset}, "train": {"epochs": epochs}, "recipe": chosen},
                                     config)
+    check_lr_given(lr, settings, chosen)
     warmup = warmup_epochs if warmup_epochs is not None else settings.private_ticket.warmup_epochs
     rounds = settings.private_ticket.rounds
     if warmup * rounds >= settings.train.epochs:

@@ -97,13 +97,15 @@ def test_run_checks_the_recipe_against_the_data_before_any_work(data_root: Path,
     def no_work(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("a stage ran before the settings were checked")
 
-    for stage in ("stage_generate", "stage_select", "stage_train"):
+    for stage in ("stage_generate", "stage_generate_private", "stage_select", "stage_train"):
         monkeypatch.setattr(dpltm.cli, stage, no_work)
     for args, message in (
         (["--recipe", "tuned"], "batch size 1600 (recipe tuned) must be smaller than digits's training set"),
         (["--batch-size", "110"], "public training set the noise-aware choice trains on (109 records)"),
         (["--config", "noise.yaml"], "noise shaped needs public data"),
         (["--eps", "1e-6"], "cannot"),
+        (["--recipe", "tuned", "--lr", "0.1"], "--lr 0.1 would be ignored: recipe tuned"),
+        (["--recipe", "tuned", "--lr", "0.1", "--ticket-source", "private"], "--lr 0.1 would be ignored"),
     ):
         (tmp_path / "noise.yaml").write_text("train:\n  noise: shaped\n")
         result = runner.invoke(app, ["run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split",

@@ -86,6 +86,13 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                           audit=audit)
 
 
+def check_lr_given(lr: float | None, cfg: TrainConfig, recipe: str) -> None:
+    """`run --lr` under a recipe whose DP learning rate is lr_sigma / σ would be ignored: say so."""
+    if lr is not None and cfg.train.lr_sigma is not None:
+        raise DpltmUserError(f"--lr {lr:g} would be ignored: recipe {recipe} sets a DP run's learning rate to "
+                             f"lr_sigma / σ ({cfg.train.lr_sigma:g} / σ); drop --lr, or use --recipe paper with --lr")
+
+
 def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str,
                            noise_aware_on: LabeledTensors | None = None) -> None:
     """`dpltm run`'s DP training checked against the data before any ticket is made (issue 19): the
