@@ -40,7 +40,7 @@ from dpltm.paths import forget_inputs
 from dpltm.run_log import check_logger
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
-from dpltm.stages.train import print_training_report, stage_train
+from dpltm.stages.train import check_lr_given, check_planned_training, print_training_report, stage_train
 
 app = typer.Typer(
     name="dpltm",
@@ -162,7 +162,7 @@ def finish_training_report(report: dict[str, Any], json_out: bool) -> None:
 
     if not is_main_process():  # another rank of a multi-device run: rank 0 reports
         return
-    print_training_report(report)
+    print_training_report(report, err_console if json_out else out_console)  # the result on stdout
     if json_out:
         emit_json({k: v for k, v in report.items() if k != "statement"})
 
@@ -297,7 +297,9 @@ def generate(
         if json_out:
             emit_json(summary)
         else:
-            err_console.print(f"private ticket: C={ticket['density']:.4f}, {ticket['privacy']['statement']}")
+            out_console.print(f"private ticket: C={ticket['density']:.4f}, validation accuracy "
+                              f"{ticket['val_accuracy']:.4f}", markup=False, highlight=False)
+            out_console.print(ticket["privacy"]["statement"], markup=False, highlight=False)
             err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']}"
                               f" (σ is calibrated so the whole run meets ε = {ticket['private_ticket']['epsilon_total']:g})")
         return
@@ -328,15 +330,24 @@ def generate(
 @app.command()
 @user_errors
 def inspect(
-    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`), a model (`dpltm train`) or its export (.safetensors).")],
+    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`), a model (`dpltm train`), its export (.safetensors) or a library run (`make_private(...).save`).")],
     json_out: Json = False,
 ) -> None:
-    """Show a dpltm file: a ticket set's C per layer and accuracies; a winner's ticket and selection; a
-    model's accuracy, ledger and privacy statement (recomputed from the ledger it carries)."""
+    """Show a dpltm file as tables: a ticket set's C per layer and accuracies; a winner's ticket and
+    selection; a model's accuracy, ledger and privacy statement (recomputed from the ledger it
+    carries); a library run's spent segments, epochs and statement."""
     from dpltm.checkpoint import load_checkpoint
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
     from dpltm.export import SUFFIX, private_fingerprints, read_metadata
-    from dpltm.report import print_tickets, tickets_json
+    from dpltm.report import (
+        print_export,
+        print_model,
+        print_run,
+        print_tickets,
+        print_winner,
+        run_summary,
+        tickets_json,
+    )
 
     def warn_if(found: list[str]) -> None:  # files written before dpltm.data.release's rule
         if found:
@@ -351,11 +362,9 @@ def inspect(
         if json_out:
             emit_json(exported)
             return
-        for key in ("format", "source_checkpoint", "data", "test_accuracy", "input_normalisation", "environment"):
-            out_console.print(f"{key}: {exported.get(key)}", markup=False, highlight=False)
-        out_console.print(exported["privacy_statement"], markup=False, highlight=False)
+        print_export(exported, out_console)
         return
-    body = load_checkpoint(path, ("tickets", "ticket", "model"))
+    body = load_checkpoint(path, ("tickets", "ticket", "model", "run"))
     if body["kind"] == "tickets":
         if json_out:
             emit_json(tickets_json(body))
@@ -370,6 +379,8 @@ def inspect(
                    "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
                    "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version"),
                    "environment": body.get("environment")}
+    elif body["kind"] == "run":
+        summary = run_summary(body)
     else:
         from dpltm.privacy.ledger import PrivacyLedger
 
@@ -385,11 +396,8 @@ def inspect(
     if json_out:
         emit_json(summary)
         return
-    for key, shown in summary.items():
-        if key not in ("statement", "ledger", "layer_density", "architecture"):
-            out_console.print(f"{key}: {shown}", markup=False, highlight=False)
-    if "statement" in summary:
-        out_console.print(summary["statement"], markup=False, highlight=False)
+    {"winner": print_winner, "model": print_model, "run": print_run}[summary["kind"]](summary, out_console)
+
 
 
 @app.command()
@@ -501,6 +509,7 @@ def select(
     config: ConfigFile = None,
     out: Annotated[Path | None, typer.Option(help="Winner file (default checkpoints/<dataset>-winner.pt).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing winner file.")] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
     json_out: Json = False,
 ) -> None:
     """Phase 2: choose the winning ticket with the exponential mechanism (or --best)."""
@@ -519,7 +528,8 @@ def select(
         raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma, not both")
     request = None if not noise_aware else NoiseAwareRequest(
         int(private_size),  # type: ignore[arg-type]
-        {"train": {"eps2": eps2, "sigma": sigma, "epochs": epochs, "batch_size": batch_size}}, data_dir, device)
+        {"train": {"eps2": eps2, "sigma": sigma, "epochs": epochs, "batch_size": batch_size}}, data_dir, device,
+        progress)
     winner, target = stage_select({"select": {"eps1": eps1, "nu": nu}}, config, tickets, best, seed, out,
                                   overwrite=overwrite, reselect=reselect, noise_aware=request)
     if json_out:
@@ -734,6 +744,8 @@ def run(
     delta: Annotated[float, typer.Option(help="δ.")] = 1e-5,
     epochs: Annotated[int | None, typer.Option(help="DP training epochs (paper: 50).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Expected DP batch size L (paper: 400).")] = None,
+    clip: Clip = None,
+    lr: LearningRate = None,
     rounds: Annotated[int | None, typer.Option(help="Pruning rounds (paper-style default: 10).")] = None,
     iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Input projection width of the tickets (default: added automatically when the two datasets' input sizes differ).")] = None,
@@ -788,7 +800,7 @@ def run(
                                  "--ticket-source private (its warm-up rounds are a config setting, private_ticket.rounds)")
         run_private_tickets(dataset, eps, delta, epochs, batch_size, activation, momentum, ema, seed, warmup_epochs,
                             density, device, config, data_dir, out, overwrite, progress, json_out, recipe,
-                            logging={"logger": value(logger), "log_dir": log_dir})
+                            logging={"logger": value(logger), "log_dir": log_dir}, lr=lr, clip=clip)
         return
     if warmup_epochs is not None or density is not None:
         raise DpltmUserError("--warmup-epochs and --density apply with --ticket-source private")
@@ -814,7 +826,7 @@ def run(
     winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
     train_cli = {"data": {"dataset": dataset},
                  "train": {"eps2": eps, "delta": delta, "epochs": epochs, "batch_size": batch_size,
-                           "momentum": momentum, "ema": ema},
+                           "clip": clip, "lr": lr, "momentum": momentum, "ema": ema},
                  "model": {"activation": activation}, "seed": seed}
     gen_cli = {"data": {"dataset": public_dataset, "split": public_split},
                "model": _model_cli(arch, None, project_to=project_to, activation=activation),
@@ -829,17 +841,20 @@ def run(
     private = load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     train_cli["recipe"] = chosen_recipe(recipe, len(private.train))
-    resolve_train_config(train_cli, config)  # the recipe's settings, checked before any ticket
-    load_dataset(public_dataset, split=gen_cfg.data.split, data_dir=data_dir, val_fraction=gen_cfg.data.val_fraction,
-                 seed=gen_cfg.seed, device=torch_device)
+    noise_aware = choice == TicketChoice.noise_aware
+    public = load_dataset(public_dataset, split=gen_cfg.data.split, data_dir=data_dir,
+                          val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
+    # the recipe's settings against both datasets (L < N, σ, lr), before any ticket
+    planned = resolve_train_config(train_cli, config)
+    check_lr_given(lr, planned, train_cli["recipe"])
+    check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
                       + f"; training recipe: {train_cli['recipe']}")
     stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress, cuda_graphs,
                    logger=value(logger), log_dir=log_dir)
-    noise_aware = choice == TicketChoice.noise_aware
     err_console.print(f"[bold]2/3[/bold] selection on public tickets ({choice.value}; spends nothing on private data)")
-    request = NoiseAwareRequest(len(private.train), train_cli, data_dir, device) if noise_aware else None
+    request = NoiseAwareRequest(len(private.train), train_cli, data_dir, device, progress) if noise_aware else None
     stage_select({"select": {}}, config, tickets_path, not noise_aware, seed, winner_path, overwrite=overwrite,
                  noise_aware=request)
     err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
@@ -853,7 +868,8 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
                         warmup_epochs: int | None, density: float | None, device: str, config: Path | None,
                         data_dir: Path | None, out: Path | None, overwrite: bool, progress: bool,
                         json_out: bool, recipe: RunRecipe = None,  # type: ignore[assignment]
-                        logging: dict[str, Any] | None = None) -> None:
+                        logging: dict[str, Any] | None = None, lr: float | None = None,
+                        clip: float | None = None) -> None:
     """`run --ticket-source private`: a private ticket on the private data, then its DP training; the warm-up
     is taken out of the recipe's epochs, and one σ makes the whole run meet --eps."""
     from dpltm.checkpoint import prepare_output
@@ -867,6 +883,7 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
     chosen = chosen_recipe(recipe or RunRecipe.auto, len(pool.train))
     settings = resolve_train_config({"data": {"dataset": dataset}, "train": {"epochs": epochs}, "recipe": chosen},
                                     config)
+    check_lr_given(lr, settings, chosen)
     warmup = warmup_epochs if warmup_epochs is not None else settings.private_ticket.warmup_epochs
     rounds = settings.private_ticket.rounds
     if warmup * rounds >= settings.train.epochs:
@@ -878,7 +895,7 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
         prepare_output(path, overwrite=overwrite, inputs=[config])
     train_cli = {"data": {"dataset": dataset},
                  "train": {"eps2": eps, "delta": delta, "epochs": settings.train.epochs - warmup * rounds,
-                           "batch_size": batch_size, "momentum": momentum, "ema": ema},
+                           "batch_size": batch_size, "clip": clip, "lr": lr, "momentum": momentum, "ema": ema},
                  "model": {"activation": activation},
                  "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed,
                  "recipe": chosen}

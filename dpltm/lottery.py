@@ -151,7 +151,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
             break
         record = _run_round(model, theta0, masks, data, cfg, k, progress, cuda_graphs)
         if g.controls and k > 0:
-            record["controls"] = _run_controls(arch, theta0, masks, data, cfg, k, device, cuda_graphs)
+            record["controls"] = _run_controls(arch, theta0, masks, data, cfg, k, device, cuda_graphs, progress)
         new_masks = prune_layerwise(model.weights(), masks, rates)
         record["next_density"] = density(new_masks)
         state.tickets.append(record)
@@ -206,7 +206,7 @@ def _run_round(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks,
 
 def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Masks,
                   data: DatasetSplits, cfg: GenerateConfig, k: int,
-                  device: torch.device, cuda_graphs: bool = False) -> dict[str, Any]:
+                  device: torch.device, cuda_graphs: bool = False, progress: bool = False) -> dict[str, Any]:
     """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density."""
     g = cfg.generate
     out: dict[str, Any] = {}
@@ -217,6 +217,7 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     rewind(rand, theta0, random_mask)
     for name, net in (("reinit", reinit), ("random_mask", rand)):
         train_classifier(net, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
-                         seed=round_seed(cfg.seed, k), log_every=g.log_every, cuda_graphs=cuda_graphs)
+                         seed=round_seed(cfg.seed, k), log_every=g.log_every, cuda_graphs=cuda_graphs,
+                         progress_label=f"round {k}/{g.rounds} control {name}" if progress else None)
         out[name] = {"val_accuracy": accuracy(net, data.val)}
     return out

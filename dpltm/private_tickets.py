@@ -163,7 +163,8 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
         context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name)
         outcome = run_private(model, data, round_plan, s, seed=phase_seed(seed, f"warm-up {r}"),
                               epsilon_after=epsilon_after,
-                              progress=progress, noise_context=context)
+                              progress=progress, noise_context=context,
+                              progress_label=f"DP warm-up round {r + 1}/{p.rounds}")
         released = outcome.released if outcome.released is not None else model
         weights = {n: w.detach() for n, w in released.weights().items()}
         masks = prune_layerwise(weights, masks, rates)

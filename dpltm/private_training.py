@@ -389,9 +389,10 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
                 distribution: Distribution | None = None, step_mode: str = "eager",
-                canaries: AuditCanaries | None = None) -> TrainOutcome:
+                canaries: AuditCanaries | None = None, progress_label: str = "DP training") -> TrainOutcome:
     """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
-    `step_mode` (see STEP_MODES) says how a step runs, not what it computes."""
+    `step_mode` (see STEP_MODES) says how a step runs, not what it computes. With `progress`, a bar
+    named `progress_label` on stderr."""
     device = data.train.labels.device
     distribution = distribution or Distribution()
     noise = make_noise(settings.noise, plan.noise_parameter, noise_context)
@@ -409,7 +410,7 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
             max_epochs=plan.epochs,
             logger=False,
             enable_progress_bar=progress,
-            callbacks=[RoundProgressBar("DP training")] if progress else [],
+            callbacks=[RoundProgressBar(progress_label)] if progress else [],
         )
         fit_on_device(trainer, module, None, device)
     finally:

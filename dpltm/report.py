@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def ticket_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,6 +37,14 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x:.{digits}f}"
+
+
+def arch_text(arch: dict[str, Any]) -> str:
+    """A network in one phrase: layer widths, convolutions, projection."""
+    return (f"{arch['in_features']}-" + "".join(f"conv{c[0]}@{c[1]}x{c[1]}-" for c in arch.get("conv", []))
+            + f"{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}"
+            + (f", projection {arch['project_to']}" if arch.get("project_to") else "")
+            + (f", {arch['activation']}" if arch.get("activation") else ""))
 
 
 def print_tickets(payload: dict[str, Any], console: Console) -> None:
@@ -74,3 +83,161 @@ def print_tickets(payload: dict[str, Any], console: Console) -> None:
     console.print(f"privacy: phase 1 ran WITHOUT privacy on {data['dataset']} ({data['split']}). "
                   "DP training on this same data would not be end-to-end DP; on other data these "
                   "tickets are public.")
+
+
+# ---- `dpltm inspect`'s other views: tables of fields, never a dict's or a list's repr -------------
+def cell(key: str, value: Any) -> str:
+    """One value as text: accuracies and densities to 4 digits, ε rounded up (never understated),
+    lists joined; nested values belong to `field_rows`."""
+    name = key.rsplit(".", 1)[-1].lower()
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(cell(key, v) for v in value) or "-"
+    if isinstance(value, dict):  # only reached for a dict inside a list of scalars' place
+        return "; ".join(f"{k} {cell(k, v)}" for k, v in value.items()) or "-"
+    if isinstance(value, str) and value in ("inf", "-inf") and ("eps" in name or "epsilon" in name):
+        return "∞" if value == "inf" else "-∞"
+    if isinstance(value, float):
+        if "accuracy" in name or "density" in name or name in ("c", "probabilities", "scores"):
+            return _fmt(value)
+        if "eps" in name or "epsilon" in name:
+            from dpltm.privacy.ledger import round_up
+
+            return round_up(value, 4)
+        return f"{value:.6g}"
+    return str(value)
+
+
+def field_rows(mapping: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """(field, text) rows: nested dicts as dotted names, a list of records as numbered names."""
+    rows: list[tuple[str, str]] = []
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            rows += field_rows(value, f"{name}.")
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
+            for i, item in enumerate(value, 1):
+                rows += field_rows(item, f"{name} {i}.")
+        else:
+            rows.append((name, cell(name, value)))
+    return rows
+
+
+def fields_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for name, text in rows:  # Text: a value is never read as rich markup
+        table.add_row(Text(name), Text(text))
+    return table
+
+
+def records_table(title: str, records: list[dict[str, Any]]) -> Table:
+    """Rows of like records (segments, epochs, bounds) under one header."""
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="left" if column in ("name", "description") else "right",
+                         overflow="fold")
+    for record in records:
+        table.add_row(*(Text(cell(c, record.get(c))) for c in columns))
+    return table
+
+
+def _print_statement(console: Console, statement: str) -> None:
+    console.print(statement, markup=False, highlight=False)
+
+
+def _environment(summary: dict[str, Any], console: Console) -> None:
+    env = summary.get("environment") or {}
+    if env:
+        console.print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()), markup=False,
+                      highlight=False)
+
+
+def print_ledger(ledger: dict[str, Any], console: Console) -> None:
+    shown = {k: v for k, v in ledger.items() if k not in ("format_version", "bounds", "warning")}
+    console.print(fields_table("privacy ledger", field_rows(shown)))
+    if ledger.get("bounds"):
+        console.print(records_table("bounds (the best one is the ledger's ε)", ledger["bounds"]))
+
+
+def print_model(summary: dict[str, Any], console: Console) -> None:
+    head = {"dataset": summary["dataset"], "network": arch_text(summary["architecture"]),
+            "test_accuracy": summary["test_accuracy"], "val_accuracy": summary["val_accuracy"],
+            "epochs_run": summary["epochs_run"], "steps": summary["steps"],
+            "released_weights": summary["released_weights"], "dpltm_version": summary["dpltm_version"]}
+    console.print(fields_table("model", field_rows(head)))
+    if summary.get("ticket"):
+        console.print(fields_table("ticket it was trained from", field_rows(summary["ticket"])))
+    print_ledger(summary["ledger"], console)
+    _environment(summary, console)
+    _print_statement(console, summary["statement"])
+
+
+def print_winner(summary: dict[str, Any], console: Console) -> None:
+    head = {"round": summary["round"], "density": summary["density"], "val_accuracy": summary["val_accuracy"],
+            "network": arch_text(summary["architecture"]), "dpltm_version": summary["dpltm_version"]}
+    console.print(fields_table("ticket (winner)", field_rows(head)))
+    layers = Table(title="surviving fraction per layer", title_justify="left")
+    layers.add_column("layer")
+    layers.add_column("C", justify="right")
+    for name, value in summary["layer_density"].items():
+        layers.add_row(Text(name), _fmt(value))
+    console.print(layers)
+    selection = dict(summary["selection"])
+    noise_aware = selection.pop("noise_aware", None)
+    console.print(fields_table("selection", field_rows(selection)))
+    if noise_aware:
+        console.print(records_table("noise-aware candidates (public validation accuracy after the planned run)",
+                                    noise_aware.get("candidates", [])))
+        rest = {k: v for k, v in noise_aware.items() if k != "candidates"}
+        console.print(fields_table("noise-aware plan", field_rows(rest)))
+    console.print(fields_table("ticket data", field_rows(summary["source"])))
+    privacy = dict(summary["privacy"])
+    statement = privacy.pop("statement", None)
+    console.print(fields_table("privacy", field_rows(privacy)))
+    _environment(summary, console)
+    if statement:
+        _print_statement(console, statement)
+
+
+def run_summary(body: dict[str, Any]) -> dict[str, Any]:
+    """`inspect`'s view of a library run (kind "run", `PrivateTraining.save`): what it spent, segment by
+    segment, its epochs, and the statement of its ledger."""
+    from dpltm.privacy.ledger import PrivacyLedger
+
+    ledger = None if body.get("ledger") is None else PrivacyLedger.from_json(body["ledger"])
+    return {"kind": "run", "dataset": body["dataset_name"], "dataset_size": body["dataset_size"],
+            "epochs_done": body["epochs_done"], "steps": sum(int(s["steps"]) for s in body["segments"]),
+            "optimizer": body.get("optimizer_class"), "masks_from": body.get("masks_from"),
+            "masks_private": body.get("masks_private"), "settings": body["settings"],
+            "segments": body["segments"], "history": body["history"],
+            "ledger": None if ledger is None else ledger.report(),
+            "statement": "No DP step has run yet: nothing spent." if ledger is None else ledger.statement()}
+
+
+def print_run(summary: dict[str, Any], console: Console) -> None:
+    """A library run (`make_private(...).save`): its settings, the segments it spent, its epochs."""
+    head = {k: summary[k] for k in ("dataset", "dataset_size", "epochs_done", "steps", "optimizer",
+                                      "masks_from", "masks_private")}
+    console.print(fields_table("library run (make_private)", field_rows(head)))
+    console.print(fields_table("settings", field_rows(summary["settings"])))
+    if summary["segments"]:
+        console.print(records_table("spent segments (composed by the ledger)", summary["segments"]))
+    if summary["history"]:
+        console.print(records_table("history", summary["history"]))
+    if summary["ledger"] is not None:
+        print_ledger(summary["ledger"], console)
+    _print_statement(console, summary["statement"])
+
+
+def print_export(exported: dict[str, Any], console: Console) -> None:
+    shown = {k: exported.get(k) for k in ("format", "source_checkpoint", "test_accuracy", "data",
+                                          "input_normalisation")}
+    console.print(fields_table("export", field_rows(shown)))
+    _environment(exported, console)
+    _print_statement(console, exported["privacy_statement"])

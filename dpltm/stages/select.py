@@ -68,17 +68,18 @@ class NoiseAwareRequest:
     train_cli: dict[str, Any]
     data_dir: Path | None
     device: str
+    progress: bool = True
+    """A bar with an ETA on stderr while the candidates train (the longest phase of `dpltm run`)."""
 
 
 def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, config: Path | None,
                         seed: int | None) -> Any:
-    from rich.progress import Progress
-
     from dpltm.config import resolve_train_config
     from dpltm.devices import resolve_device
     from dpltm.noise_aware import PlannedRun, noise_aware_choice
     from dpltm.pipeline import reload_ticket_data
     from dpltm.private_training import plan_training
+    from dpltm.training import step_bar
 
     cfg = resolve_train_config(request.train_cli, config)
     s = cfg.train
@@ -91,11 +92,9 @@ def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, con
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
                       f"{plan.steps} steps under σ = {plan.noise_multiplier:.4f}, L = {plan.expected_batch_size}, "
                       f"on {public.name} ({public.source_split} split, the tickets' public data); spends no ε")
-    with Progress(console=err_console, transient=True) as progress:
-        task = progress.add_task("noise-aware choice", total=plan.steps)
+    with step_bar("noise-aware choice", plan.steps, enabled=request.progress) as bar:
         choice = noise_aware_choice(payload, public, planned, seed=seed,
-                                    on_progress=lambda done, _: progress.update(task, completed=done)
-                                    if done % 50 == 0 or done == plan.steps else None)
+                                    on_progress=lambda done, _: bar.update(done - bar.n))
     return choice
 
 

@@ -9,7 +9,11 @@ from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from dpltm.audit.run import AuditPlan
+    from dpltm.config import TrainConfig
+    from dpltm.data.types import DatasetSplits, LabeledTensors
     from dpltm.dp.distributed import Distribution
 
 
@@ -82,15 +86,46 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                           audit=audit)
 
 
-def print_training_report(report: dict[str, Any]) -> None:
-    """The human summary on stderr (the JSON report, if asked for, is the CLI's)."""
-    err_console.print(f"test accuracy {report['test_accuracy']:.4f} (validation {report['val_accuracy']:.4f}) "
-                      f"after {report['epochs_run']} epochs, {report['steps']} steps: {report['stop_reason']}")
+def check_lr_given(lr: float | None, cfg: TrainConfig, recipe: str) -> None:
+    """`run --lr` under a recipe whose DP learning rate is lr_sigma / σ would be ignored: say so."""
+    if lr is not None and cfg.train.lr_sigma is not None:
+        raise DpltmUserError(f"--lr {lr:g} would be ignored: recipe {recipe} sets a DP run's learning rate to "
+                             f"lr_sigma / σ ({cfg.train.lr_sigma:g} / σ); drop --lr, or use --recipe paper with --lr")
+
+
+def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str,
+                           noise_aware_on: LabeledTensors | None = None) -> None:
+    """`dpltm run`'s DP training checked against the data before any ticket is made (issue 19): the
+    batch below the private training set, σ calibrable to the budget, lr_sigma's learning rate in
+    range, a noise `run` can give; with the noise-aware choice (`noise_aware_on`: its public
+    training records) Gaussian-type noise and a batch below that set too."""
+    from dpltm.private_training import plan_training
+
+    s, n = cfg.train, len(private.train)
+    remedy = "pass a smaller --batch-size" + (" or --recipe paper" if recipe != "paper" else "")
+    if s.batch_size >= n:
+        raise DpltmUserError(f"batch size {s.batch_size} (recipe {recipe}) must be smaller than {private.name}'s "
+                             f"training set ({n} records): {remedy}")
+    if noise_aware_on is not None and s.batch_size >= len(noise_aware_on):
+        raise DpltmUserError(f"batch size {s.batch_size} (recipe {recipe}) must be smaller than the public "
+                             f"training set the noise-aware choice trains on ({len(noise_aware_on)} records): "
+                             f"{remedy}, or --choice best")
+    if s.noise == "shaped":
+        raise DpltmUserError("noise shaped needs public data for its shape: use `dpltm train --public-dataset`; "
+                             "`dpltm run` trains with gaussian or dpd noise")
+    plan_training(s, n)  # σ for the budget and the learning rate it gives
+
+
+def print_training_report(report: dict[str, Any], console: Console = err_console) -> None:
+    """The human summary: the result on stdout as a CLI's output, or on stderr beside a `--json`
+    report (the CLI's, alone on stdout)."""
+    console.print(f"test accuracy {report['test_accuracy']:.4f} (validation {report['val_accuracy']:.4f}) "
+                  f"after {report['epochs_run']} epochs, {report['steps']} steps: {report['stop_reason']}")
     if report["noise_multiplier"] is not None:
         how = "calibrated" if report["sigma_calibrated"] else "given"
         if report["noise_parameter"] != report["noise_multiplier"]:
             how = f"effective; plug-in parameter {report['noise_parameter']:.4f}, {how}"
-        err_console.print(f"noise multiplier σ = {report['noise_multiplier']:.4f} ({how}), "
-                          f"q = {report['sample_rate']:.5f}")
-    err_console.print(report["statement"], markup=False, highlight=False)
-    err_console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))
+        console.print(f"noise multiplier σ = {report['noise_multiplier']:.4f} ({how}), "
+                      f"q = {report['sample_rate']:.5f}")
+    console.print(report["statement"], markup=False, highlight=False)
+    console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))
