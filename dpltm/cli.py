@@ -746,6 +746,7 @@ def run(
     batch_size: Annotated[int | None, typer.Option(help="Expected DP batch size L (paper: 400).")] = None,
     clip: Clip = None,
     lr: LearningRate = None,
+    neighbouring: NeighbouringOption = None,
     rounds: Annotated[int | None, typer.Option(help="Pruning rounds (paper-style default: 10).")] = None,
     iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
     project_to: Annotated[int | None, typer.Option("--project-to", help="Input projection width of the tickets (default: added automatically when the two datasets' input sizes differ).")] = None,
@@ -775,6 +776,7 @@ def run(
     """All stages in a sound (end-to-end DP) mode: public tickets → noise-aware choice → DP training, or
     with --ticket-source private a ticket made on the private data by DP warm-up → DP training."""
     check_logger(value(logger))
+    relation = neighbouring.relation if neighbouring is not None else None
     if old_tickets is not None:
         raise DpltmUserError(f"`dpltm run --tickets {old_tickets}` was renamed --ticket-source {old_tickets} "
                              "(--tickets names a ticket file, as in `dpltm select --tickets`)")
@@ -800,7 +802,8 @@ def run(
                                  "--ticket-source private (its warm-up rounds are a config setting, private_ticket.rounds)")
         run_private_tickets(dataset, eps, delta, epochs, batch_size, activation, momentum, ema, seed, warmup_epochs,
                             density, device, config, data_dir, out, overwrite, progress, json_out, recipe,
-                            logging={"logger": value(logger), "log_dir": log_dir}, lr=lr, clip=clip)
+                            logging={"logger": value(logger), "log_dir": log_dir}, lr=lr, clip=clip,
+                            neighboring=relation)
         return
     if warmup_epochs is not None or density is not None:
         raise DpltmUserError("--warmup-epochs and --density apply with --ticket-source private")
@@ -826,7 +829,7 @@ def run(
     winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
     train_cli = {"data": {"dataset": dataset},
                  "train": {"eps2": eps, "delta": delta, "epochs": epochs, "batch_size": batch_size,
-                           "clip": clip, "lr": lr, "momentum": momentum, "ema": ema},
+                           "clip": clip, "lr": lr, "momentum": momentum, "ema": ema, "neighboring": relation},
                  "model": {"activation": activation}, "seed": seed}
     gen_cli = {"data": {"dataset": public_dataset, "split": public_split},
                "model": _model_cli(arch, None, project_to=project_to, activation=activation),
@@ -869,7 +872,7 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
                         data_dir: Path | None, out: Path | None, overwrite: bool, progress: bool,
                         json_out: bool, recipe: RunRecipe = None,  # type: ignore[assignment]
                         logging: dict[str, Any] | None = None, lr: float | None = None,
-                        clip: float | None = None) -> None:
+                        clip: float | None = None, neighboring: str | None = None) -> None:
     """`run --ticket-source private`: a private ticket on the private data, then its DP training; the warm-up
     is taken out of the recipe's epochs, and one σ makes the whole run meet --eps."""
     from dpltm.checkpoint import prepare_output
@@ -895,7 +898,8 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
         prepare_output(path, overwrite=overwrite, inputs=[config])
     train_cli = {"data": {"dataset": dataset},
                  "train": {"eps2": eps, "delta": delta, "epochs": settings.train.epochs - warmup * rounds,
-                           "batch_size": batch_size, "clip": clip, "lr": lr, "momentum": momentum, "ema": ema},
+                           "batch_size": batch_size, "clip": clip, "lr": lr, "momentum": momentum, "ema": ema,
+                           "neighboring": neighboring},
                  "model": {"activation": activation},
                  "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed,
                  "recipe": chosen}

@@ -78,12 +78,14 @@ def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, 
     out = tmp_path / "m.pt"
     result = invoke("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split", "train",
                     "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "2",
-                    "--batch-size", "64", "--lr", "0.05", "--clip", "0.5", "--device", "cpu", "--out", str(out))
+                    "--batch-size", "64", "--lr", "0.05", "--clip", "0.5", "--device", "cpu", "--out", str(out),
+                    "--neighbouring", "replace-one")
     for phase in ("round 0/1", "round 1/1", "noise-aware choice", "DP training epoch 1/2", "DP training epoch 2/2"):
         assert bars(result.stderr, phase), (phase, result.stderr)
     stdout = flat(result.stdout)
     assert re.search(r"test accuracy \d\.\d{4}", stdout) and "-DP" in stdout and "model:" in stdout
     assert "test accuracy" not in result.stderr and not ETA.search(result.stdout)
+    assert load_checkpoint(out, "model")["ledger"]["neighboring"] == "replace_one" and "replace-one" in stdout
     config = load_checkpoint(out, "model")["config"]["train"]
     assert (config["lr"], config["clip"]) == (0.05, 0.5)  # run --lr/--clip reach the training
     winner = load_checkpoint(out.with_name("m-winner.pt"), "ticket")
