@@ -166,6 +166,8 @@ CASES = [
     Case("train-lr-inf", (*TRAIN, "--eps2", "1", "--lr", "inf"), "--lr must be a finite number"),
     Case("train-lr-1e30", (*TRAIN, "--eps2", "1", "--lr", "1e30"), "--lr must lie in (0, 1000]"),
     Case("train-clip-inf", (*TRAIN, "--eps2", "1", "--clip", "inf"), "--clip must be a finite number"),
+    Case("train-lr-under-tuned", (*TRAIN, "--eps2", "1", "--recipe", "tuned", "--lr", "0.1"),
+         "--lr 0.1 would be ignored"),
     Case("train-delta-nan", (*TRAIN, "--eps2", "1", "--delta", "nan"), "--delta must be a finite number"),
     Case("train-sigma-inf", (*TRAIN, "--sigma", "inf"), "--sigma must be a finite number"),
     Case("train-target-eps-inf", (*TRAIN, "--eps2", "1", "--max-eps", "inf"), "--max-eps must be"),

@@ -39,6 +39,9 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     if base is not None and not cli.get("data", {}).get("dataset"):  # the data it was made on
         cli = {**cli, "data": {**cli.get("data", {}), "dataset": ticket_body["source"]["data"]["dataset"]}}  # type: ignore[index]
     cfg = resolve_train_config(cli, config, base=base)
+    given = cli.get("train", {})
+    if not non_private and given.get("lr") is not None and given.get("lr_sigma") is None:
+        check_lr_given(given["lr"], cfg, str(cli.get("recipe", "the config's")))  # --lr would be ignored
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     distribution = distribution or Distribution()
@@ -87,7 +90,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
 
 
 def check_lr_given(lr: float | None, cfg: TrainConfig, recipe: str) -> None:
-    """`run --lr` under a recipe whose DP learning rate is lr_sigma / σ would be ignored: say so."""
+    """`--lr` under a recipe whose DP learning rate is lr_sigma / σ would be ignored: say so."""
     if lr is not None and cfg.train.lr_sigma is not None:
         raise DpltmUserError(f"--lr {lr:g} would be ignored: recipe {recipe} sets a DP run's learning rate to "
                              f"lr_sigma / σ ({cfg.train.lr_sigma:g} / σ); drop --lr, or use --recipe paper with --lr")
