@@ -143,7 +143,12 @@ class DPCallback(L.Callback):
     Lightning checkpoint, opens a new segment at the (q, σ) it runs at, and the ledger composes every
     segment (PRIVACY.md §8). With `target_epsilon`, each fit calibrates σ for what is left of the
     budget given the segments already spent, or refuses when nothing is left. No seed or generator
-    state is ever written to a checkpoint: a resumed fit draws fresh OS randomness."""
+    state is ever written to a checkpoint: a resumed fit draws fresh OS randomness.
+
+    Checked at every step: the batch has the size of the sampler's next batch, the optimiser steps once
+    per batch and only on the privatised gradient. Not checkable: a module hook that replaces records
+    within a batch of the right size, or two fits resumed from one checkpoint whose models are both
+    released (each ledger counts its own branch only)."""
 
     def __init__(self, *, target_epsilon: float | None = None, noise_multiplier: float | None = None,
                  delta: float | None = None, max_grad_norm: float = 1.0, masks: Mapping[str, Tensor] | None = None,
