@@ -38,3 +38,19 @@ def test_the_statement_shows_epsilon_rounded_up() -> None:
     eps = ledger.best_bound().epsilon
     shown = ledger.statement().split("(ε = ")[1].split(",")[0]
     assert float(shown) >= eps and float(shown) - eps < 1e-3 * eps
+
+
+def test_no_privacy_figure_is_formatted_by_hand() -> None:
+    """A guard against regressions: no `{eps…:.4g}`-style formatting of ε, δ or a spent amount in the
+    package (they go through dpltm.privacy.display); a suggested ε1 for the selection is not a bound."""
+    import re
+    from pathlib import Path
+
+    import dpltm
+
+    pattern = re.compile(r"\{[^}]*(eps|epsilon|delta|spent|floor|bound)[^}]*:\.[0-9]+[gfe]\}")
+    allowed = ("decisive_eps1",)
+    found = [f"{path.name}:{n}" for path in Path(dpltm.__file__).parent.rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if pattern.search(line) and not any(a in line for a in allowed)]
+    assert not found, found
