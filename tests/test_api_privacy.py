@@ -13,26 +13,14 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from apidata import blobs, mlp
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
-from torch import nn
 
 import dpltm
 from dpltm.errors import DpltmUserError
 from dpltm.lightning import poisson_loader
-
-
-def blobs(n: int, seed: int, d: int = 10, classes: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(classes, d, generator=torch.Generator().manual_seed(99)) * 3
-    labels = torch.randint(0, classes, (n,), generator=g)
-    return centers[labels] + torch.randn(n, d, generator=g), labels
-
-
-def mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
 def composed_epsilon(segments: list[tuple[float, float, int]], delta: float = 1e-5,
