@@ -903,6 +903,15 @@ def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | No
                  "model": {"activation": activation},
                  "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed,
                  "recipe": chosen}
+    # the whole plan checked against the data before the first line of work (σ, L < N, the density)
+    from dpltm.model import build_architecture
+    from dpltm.private_tickets import layer_keep_fractions, plan_private_ticket
+
+    planned = resolve_train_config(train_cli, config)
+    plan_private_ticket(planned, len(pool.train))
+    layer_keep_fractions(build_architecture(pool.num_features, pool.num_classes, planned.model.hidden,
+                                            planned.model.project_to, planned.model.activation),
+                         planned.private_ticket.density)
     err_console.print(f"[bold]1/2[/bold] private ticket on {dataset}: {rounds} × {warmup} DP warm-up epochs, then "
                       f"{settings.train.epochs - warmup * rounds} epochs of DP training, ε = {eps:g} in all; "
                       f"recipe {chosen}")

@@ -163,6 +163,8 @@ CASES = [
          "--canaries must lie in [2, 100000]"),
     Case("private-density-1e-9", ("generate", "--private", "--dataset", "digits", "--density", "1e-9",
                                   "--device", "cpu", "--no-progress"), "would keep no weight"),
+    Case("run-private-density-1e-9", ("run", "--dataset", "digits", "--ticket-source", "private", "--density", "1e-9",
+                                      "--device", "cpu", "--no-progress"), "would keep no weight"),
     Case("train-lr-inf", (*TRAIN, "--eps2", "1", "--lr", "inf"), "--lr must be a finite number"),
     Case("train-lr-1e30", (*TRAIN, "--eps2", "1", "--lr", "1e30"), "--lr must lie in (0, 1000]"),
     Case("train-clip-inf", (*TRAIN, "--eps2", "1", "--clip", "inf"), "--clip must be a finite number"),
