@@ -148,7 +148,9 @@ def test_inspect_shows_tables_without_reprs_and_accuracies_to_4_digits(digits_ti
         shown = invoke("inspect", str(path)).stdout
         assert not REPR.search(shown) and "│" in shown, shown  # rich tables, no reprs
         accuracies = list(values_of("accuracy", json.loads(invoke("inspect", str(path), "--json").stdout)))
-        assert accuracies and all(f"{v:.4f}" in shown and repr(v) not in shown for v in accuracies), shown
+        # each shown to 4 digits, never as its full repr (0.75 is shown "0.7500": a repr must not be a prefix)
+        assert accuracies and all(f"{v:.4f}" in shown and not re.search(rf"{re.escape(repr(v))}(?!\d)", shown)
+                                  for v in accuracies), shown
     shown = invoke("inspect", str(model)).stdout
     assert f"{report['test_accuracy']:.4f}" in shown and "(ε = " in shown
 
