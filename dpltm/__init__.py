@@ -2,8 +2,8 @@
 
 The Python API (imported on first use, so `import dpltm` and the CLI stay quick):
 
-* `generate_tickets(model, data, ...)`: iterative magnitude pruning of any model built from
-  nn.Linear / nn.Conv2d layers (not private: use public data);
+* `generate_tickets(model, data, ...)`: iterative magnitude pruning of any model's weight matrices
+  and kernels (not private: use public data);
 * `select_ticket(tickets, eps1=None)`: the best score, or the exponential mechanism with ε1;
 * `make_private(model, optimizer, data, target_epsilon=..., masks=...)`: masked DP-SGD with
   Poisson sampling, per-sample clipping and Gaussian noise on the surviving weights; reports ε;

@@ -2,7 +2,7 @@
 
 The CLI's mechanism, for any model built from `nn.Linear` and `nn.Conv2d` layers (plus
 parameter-free modules): Poisson sampling (dpltm.dp.sampling), per-sample clipping over the
-surviving weights (dpltm.dp.per_sample), Gaussian noise on the surviving coordinates only
+surviving weights (dpltm.dp.engine), Gaussian noise on the surviving coordinates only
 (dpltm.dp.noise), σ calibrated by dp-accounting and every ε stated by the ledger
 (dpltm.privacy.ledger). Pruned weights are zero at the start and stay exactly zero: their clipped
 sum and noise are zero, and the mask is applied again after every optimiser step.
@@ -49,8 +49,14 @@ from dpltm.api_checks import (
 from dpltm.config import TrainSettings
 from dpltm.data.splits import record_hashes
 from dpltm.dp.distributed import rank_sampling_seed
+from dpltm.dp.engine import (
+    Loss,
+    clipped_gradient_sum_of,
+    per_sample_cross_entropy,
+    prunable_weight_names,
+    trainable_layers,
+)
 from dpltm.dp.noise import GaussianNoise
-from dpltm.dp.per_sample import Loss, clipped_gradient_sum_of, per_sample_cross_entropy, trainable_layers
 from dpltm.dp.sampling import poisson_sample
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
@@ -103,9 +109,10 @@ def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Te
 
 
 def prunable_weights(model: nn.Module) -> dict[str, Tensor]:
-    """The weights a ticket masks: those of every trainable nn.Linear and nn.Conv2d (biases never)."""
-    return {(f"{name}." if name else "") + "weight": module.weight  # type: ignore[misc]
-            for name, module in trainable_layers(model) if module.weight.requires_grad}
+    """The weights a ticket masks: every trainable weight matrix or kernel (dpltm.dp.engine.prunable_weight_names;
+    biases and normalisation scales never)."""
+    parameters = dict(model.named_parameters())
+    return {name: parameters[name] for name in prunable_weight_names(model)}
 
 
 def check_user_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> Masks:

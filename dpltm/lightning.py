@@ -11,7 +11,7 @@ dimension or "sum": say which; each sample's loss must depend on its own record 
 optimiser (automatic optimisation, full precision, one device). During the backward pass the callback records,
 for every nn.Linear / nn.Conv2d, the layer's input and the gradient reaching its output; before the
 optimiser step it replaces the parameters' gradients with dpltm's masked clipped sum plus Gaussian
-noise on the surviving weights, over the expected batch size (dpltm.dp.per_sample: the same code as
+noise on the surviving weights, over the expected batch size (dpltm.dp.engine: the same code as
 `make_private`). The loader must be Poisson (`poisson_loader`): the accountant assumes it.
 """
 
@@ -41,8 +41,9 @@ from dpltm.api_checks import (
     check_single_evaluation,
 )
 from dpltm.config import TrainSettings
+from dpltm.dp.engine import clip_and_sum, trainable_layers
 from dpltm.dp.noise import GaussianNoise
-from dpltm.dp.per_sample import _Tap, clip_and_sum, trainable_layers
+from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
@@ -196,7 +197,7 @@ class DPCallback(L.Callback):
         self._stepped = False
         self._privatised = False
         self._calls: dict[int, int] = {}
-        self._taps: list[_Tap] = []
+        self._taps: list[LayerCall] = []
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
 
@@ -256,9 +257,9 @@ class DPCallback(L.Callback):
             seed = self._noise_seed if first_use else secrets.randbits(63)
             self._noise_generator = torch.Generator(device=pl_module.device).manual_seed(seed)
             self._noise_seed, self._fresh_noise = None, False
-        self._taps = [_Tap(name, module) for name, module in trainable_layers(pl_module)]
+        self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
         for index, tap in enumerate(self._taps):
-            self._handles.append(tap.module.register_forward_hook(self._forward_hook(index)))
+            self._handles.append(tap.module.register_forward_hook(self._forward_hook(index), with_kwargs=True))
         self._handles.append(trainer.optimizers[0].register_step_post_hook(self._after_optimizer_step))
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -297,12 +298,17 @@ class DPCallback(L.Callback):
         self._sampler = sampler
 
     def _forward_hook(self, index: int) -> Any:
-        def hook(module: torch.nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+        def hook(module: torch.nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if not module.training or not torch.is_grad_enabled():
                 return
             tap = self._taps[index]
             self._calls[index] = self._calls.get(index, 0) + 1
-            tap.input, tap.output = inputs[0].detach(), None
+            if not isinstance(output, Tensor):
+                raise DpltmUserError(f"layer {tap.name} ({type(module).__name__}) returns a "
+                                     f"{type(output).__name__}, not one tensor: not supported by dpltm's "
+                                     "per-sample clipping")
+            tap.inputs = tuple(v.detach() if isinstance(v, Tensor) else v for v in inputs)
+            tap.kwargs, tap.output = dict(kwargs), None
             if output.requires_grad:
                 output.register_hook(lambda grad: self._grads.__setitem__(index, grad.detach()))
         return hook
@@ -352,6 +358,8 @@ class DPCallback(L.Callback):
         if batch == 0:
             sums = {n: torch.zeros_like(p) for n, p in parameters.items() if p.requires_grad}
         else:
+            for tap in self._taps:  # the backward's batch gradients, for the rules that check per-sample-ness
+                tap.batch_grads = {n: p.grad * scale for n, p in tap.trainable().items() if p.grad is not None}
             sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
         assert self._noise_generator is not None
         noisy = self.noise.perturb(sums, self.surviving, self.clip, self._noise_generator)

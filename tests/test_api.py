@@ -13,8 +13,8 @@ from dp_accounting import dp_event, pld
 from torch import nn
 
 import dpltm
+from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.noise import GaussianNoise
-from dpltm.dp.per_sample import clipped_gradient_sum_of
 from dpltm.errors import DpltmUserError
 from dpltm.lightning import poisson_loader
 
@@ -230,3 +230,65 @@ def json_report(output: str) -> dict:  # type: ignore[type-arg]
     import json
 
     return json.loads(output[output.index("{"):])  # type: ignore[no-any-return]
+
+
+class Centring(nn.Module):
+    """A user's layer that mixes the batch (subtracts its mean): per-sample clipping cannot bound it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - x.mean(dim=0, keepdim=True)) * self.gain
+
+
+class NormClassifier(Classifier):
+    def __init__(self, middle: nn.Module) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(10, 16), middle, nn.Tanh(), nn.Linear(16, 3))
+
+
+def test_the_api_and_the_callback_train_normalisation_layers_with_the_same_engine() -> None:
+    """LayerNorm (the torch.func rule) trains through make_private and the callback: masked weights stay
+    zero and the callback's first gradient is the engine's; a layer that mixes the batch is refused."""
+    x, y = blobs(400, 0)
+    masks = {"model.0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(1)) < 0.5}
+    module = NormClassifier(nn.LayerNorm(16))
+    theta0 = {n: p.detach().clone() for n, p in module.model.named_parameters()}
+    callback = dpltm.DPCallback(target_epsilon=2.0, max_grad_norm=0.5, masks=masks, masks_from="public",
+                                noise_seed=4)
+    spy = GradientSpy()
+    trainer = L.Trainer(max_epochs=1, callbacks=[callback, spy], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer.fit(module, poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=40, seed=5))
+    assert callback.steps_done == 10 and bool((module.model[0].weight[~masks["model.0.weight"]] == 0).all())
+    reference = NormClassifier(nn.LayerNorm(16)).model
+    reference.load_state_dict(theta0)
+    with torch.no_grad():
+        reference[0].weight.mul_(masks["model.0.weight"])
+    bx, by = module.seen[0]
+    sums = clipped_gradient_sum_of(reference, bx, by, 0.5, {"0.weight": masks["model.0.weight"]}).grad_sums
+    assert set(sums) == {"0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"}
+    surviving = {n: None for n in sums}
+    surviving["0.weight"] = masks["model.0.weight"].flatten().nonzero().squeeze(1)
+    noisy = GaussianNoise(callback.plan.noise_multiplier).perturb(  # type: ignore[union-attr]
+        sums, surviving, 0.5, torch.Generator().manual_seed(4))
+    assert spy.first is not None
+    for name, value in noisy.items():
+        torch.testing.assert_close(spy.first[f"model.{name}"], value / 40, rtol=1e-4, atol=1e-6)
+
+    model = NormClassifier(nn.LayerNorm(16)).model
+    private = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), target_epsilon=1.0,
+                                 epochs=1, batch_size=40, masks={"0.weight": masks["model.0.weight"]},
+                                 masks_from="public")
+    private.fit()
+    assert private.steps_done == 10 and bool((model[0].weight[~masks["model.0.weight"]] == 0).all())
+
+    mixing = NormClassifier(Centring())
+    trainer = L.Trainer(max_epochs=1, callbacks=[dpltm.DPCallback(target_epsilon=2.0)], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu")
+    with pytest.raises(DpltmUserError, match="model.1 \\(Centring\\).*depends on other samples"):
+        trainer.fit(mixing, poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=40, seed=5))

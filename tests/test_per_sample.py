@@ -1,6 +1,7 @@
-"""Masked per-sample clipping for users' own models: every supported layer (nn.Linear anywhere, on
-flat or sequence inputs, and nn.Conv2d) against torch.func per-sample gradients; unsupported layers
-are a one-line error naming them."""
+"""The DP engine's per-sample core on users' own models: every registered rule (nn.Linear anywhere, on
+flat or sequence inputs; nn.Conv2d with any padding, groups and padding mode) and the torch.func rule
+for every other layer (GroupNorm, LayerNorm, Conv1d, Embedding, a user's own layer) against torch.func
+per-sample gradients of the whole model; layers that mix samples are a one-line error naming them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
-from dpltm.dp.per_sample import clipped_gradient_sum_of
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
@@ -48,7 +49,55 @@ def inplace_cnn() -> nn.Module:
                          nn.Linear(4 * 7 * 7, 8), nn.ReLU(inplace=True), nn.Linear(8, 5))
 
 
+class Scale(nn.Module):
+    """A user's own per-sample layer: a learned per-feature scale and shift."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, width))
+        self.shift = nn.Parameter(torch.linspace(-0.2, 0.2, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain + self.shift
+
+
+class BatchCentring(nn.Module):
+    """Mixes the samples of a batch (subtracts the batch mean): per-sample clipping bounds nothing."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - x.mean(dim=0, keepdim=True)) * self.gain
+
+
+class Tokens(nn.Module):
+    """Embedding → LayerNorm → Conv1d over the sequence → mean → Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, 6)
+        self.norm = nn.LayerNorm(6)
+        self.conv = nn.Conv1d(6, 4, 3, padding="same")
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.embed(x)).transpose(1, 2)
+        return self.head(torch.tanh(self.conv(h)).mean(dim=2))
+
+
+def exotic_cnn() -> nn.Module:
+    """Convolutions the exact rule handles beyond groups=1 and numeric zero padding, and GroupNorm."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding="same"), nn.GroupNorm(2, 4), nn.ReLU(),
+                         nn.Conv2d(4, 6, 3, groups=2, padding=1, padding_mode="reflect"), nn.Tanh(),
+                         nn.Conv2d(6, 6, (2, 3), stride=2, padding="valid", padding_mode="circular"), nn.Flatten(),
+                         nn.Linear(6 * 3 * 3, 8), Scale(8), nn.ReLU(), nn.Linear(8, 5))
+
+
 CASES = {
+    "exotic-cnn": (exotic_cnn, lambda g: torch.randn(9, 1, 7, 8, generator=g, dtype=torch.float64)),
+    "tokens": (Tokens, lambda g: torch.randint(0, 20, (9, 7), generator=g)),
     "cnn": (cnn, lambda g: torch.randn(9, 1, 7, 7, generator=g, dtype=torch.float64)),
     "inplace-cnn": (inplace_cnn, lambda g: torch.randn(9, 1, 7, 7, generator=g, dtype=torch.float64)),
     "nested": (Nested, lambda g: torch.randn(9, 4, 3, generator=g, dtype=torch.float64)),
@@ -124,28 +173,58 @@ def test_same_norms_and_sums_as_the_builtin_mlp_step() -> None:
         torch.testing.assert_close(mine.grad_sums[f"{index}.bias"], builtin.grad_sums[bias])
 
 
-@pytest.mark.parametrize(("layer", "match"), [
-    (nn.BatchNorm1d(10), "hidden.1 \\(BatchNorm1d\\)"),
-    (nn.LayerNorm(10), "hidden.1 \\(LayerNorm\\)"),
-])
-def test_unsupported_layers_are_one_line_errors_naming_them(layer: nn.Module, match: str) -> None:
+def mixing_model(layer: nn.Module) -> nn.Module:
     model = nn.Sequential()
     model.add_module("hidden", nn.Sequential(nn.Linear(12, 10), layer, nn.ReLU()))
     model.add_module("out", nn.Linear(10, 5))
+    return model
+
+
+def test_batch_norm_is_a_one_line_error_naming_it() -> None:
+    layer = nn.BatchNorm1d(10)
+    model = mixing_model(layer)
     x, y = torch.randn(4, 12), torch.randint(0, 5, (4,))
-    with pytest.raises(DpltmUserError, match=match):
+    with pytest.raises(DpltmUserError, match="hidden.1 \\(BatchNorm1d\\) mixes the samples"):
         clipped_gradient_sum_of(model, x, y, 1.0)
-    layer.requires_grad_(False)  # frozen: a per-sample layer is allowed (it has nothing to clip)
-    if isinstance(layer, nn.LayerNorm):
-        assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (4,)
-    else:  # batch statistics mix the samples: refused in training mode even frozen, fine in eval mode
-        with pytest.raises(DpltmUserError, match="mixes the samples"):
-            clipped_gradient_sum_of(model, x, y, 1.0)
-        layer.eval()
-        assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (4,)
+    layer.requires_grad_(False)  # batch statistics mix the samples: refused in training mode even frozen
+    with pytest.raises(DpltmUserError, match="mixes the samples"):
+        clipped_gradient_sum_of(model, x, y, 1.0)
+    layer.eval()
+    assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (4,)
 
 
-def test_weight_sharing_and_grouped_convs_are_refused() -> None:
+def test_a_users_layer_that_mixes_samples_is_caught_by_the_check() -> None:
+    """The torch.func rule checks that a layer of unknown type gives per-sample gradients adding up to
+    the batch gradient: one that centres on the batch mean does not."""
+    model = mixing_model(BatchCentring(10)).double()
+    x, y = torch.randn(6, 12, dtype=torch.float64), torch.randint(0, 5, (6,))
+    with pytest.raises(DpltmUserError, match="hidden.1 \\(BatchCentring\\).*depends on other samples"):
+        clipped_gradient_sum_of(model, x, y, 1.0)
+    model[0][1].requires_grad_(False)  # frozen it owns nothing to clip, but still mixes: not detectable here
+    assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (6,)
+
+
+def test_running_statistics_and_tuple_outputs_are_refused() -> None:
+    x, y = torch.randn(4, 2, 5, 5), torch.randint(0, 2, (4,))
+    tracked = nn.Sequential(nn.Conv2d(2, 3, 3), nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
+                            nn.Flatten(), nn.Linear(27, 2))
+    with pytest.raises(DpltmUserError, match="1 \\(InstanceNorm2d\\) keeps running statistics"):
+        clipped_gradient_sum_of(tracked, x, y, 1.0)
+
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = nn.GRU(3, 4, batch_first=True)
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.rnn(x)[0][:, -1])
+
+    with pytest.raises(DpltmUserError, match="rnn \\(GRU\\) returns a tuple"):
+        clipped_gradient_sum_of(Recurrent(), torch.randn(4, 5, 3), y, 1.0)
+
+
+def test_weight_sharing_is_refused() -> None:
     shared = nn.Linear(5, 5)
 
     class Twice(nn.Module):
@@ -162,9 +241,6 @@ def test_weight_sharing_and_grouped_convs_are_refused() -> None:
     tied[2].weight = tied[0].weight
     with pytest.raises(DpltmUserError, match="share a weight"):
         clipped_gradient_sum_of(tied, torch.randn(3, 5), torch.randint(0, 5, (3,)), 1.0)
-    grouped = nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
-    with pytest.raises(DpltmUserError, match="groups=1"):
-        clipped_gradient_sum_of(grouped, torch.randn(3, 2, 5, 5), torch.randint(0, 2, (3,)), 1.0)
 
 
 def test_samples_folded_into_rows_are_refused() -> None:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dpltm.dp.rules import conv2d_weight_grads, masked_sq_norms
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP
 
@@ -36,7 +37,7 @@ class MaskLayout:
     """What a DP step needs to know about the masks, computed once per training run.
 
     `norm_masks[l]` is layer l's mask (divided by s² under a noise geometry s) laid out for the
-    norm matmul (see `_masked_sq_norms`), None for a dense unscaled layer;
+    norm matmul (see `dpltm.dp.rules.masked_sq_norms`), None for a dense unscaled layer;
     `bias_weights[l]` is 1/s² for a scaled bias; `weight_masks[l]` the float mask for the
     clipped sum; `surviving[name]` the flat indices of a parameter's surviving coordinates
     (None: all survive), so noise is drawn only where it can act.
@@ -120,17 +121,6 @@ def _csr_if_sparse(weights: Tensor) -> Tensor | None:
     return None
 
 
-def _masked_sq_norms(a: Tensor, g2: Tensor, operator: Tensor) -> Tensor:
-    """Σ_jk g_ij² W_jk a_ik² per row i, with W the (scaled) mask: see the module docstring.
-
-    `operator` is W as sparse CSR (out, in) or dense Wᵀ (in, out)."""
-    if operator.layout == torch.sparse_csr:
-        # square straight into the (in, batch) layout the sparse product wants: one pass
-        a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
-        return (operator @ a2t).T.mul_(g2).sum(dim=1)
-    return ((a * a) @ operator).mul_(g2).sum(dim=1)
-
-
 INPUT_TERMS_MAX_BYTES = 1 << 30
 """`first_layer_input_terms` is skipped (the norm is computed per batch) above this size."""
 
@@ -164,17 +154,6 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
         else:
             parts.append(x2 @ operator)
     return torch.cat(parts).contiguous() if parts else features.new_zeros(0, columns)
-
-
-def conv_weight_grads(module: torch.nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
-    """Per-sample weight gradients (B, out, in, kh, kw) of a convolution with input `a` and output
-    gradient `g`: G_i U_iᵀ with U_i sample i's unfolded input patches (no ghost identity survives
-    the sum over positions once the weight is masked)."""
-    padding = 0 if module.padding == "valid" else module.padding
-    patches = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=padding,  # type: ignore[arg-type]
-                       stride=module.stride)
-    return torch.einsum("bol,bcl->boc", g.flatten(2), patches).reshape(a.shape[0], *module.weight.shape)
-
 
 
 @dataclass(frozen=True)
@@ -252,7 +231,7 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
         sq_norms = x.new_zeros(x.shape[0])
         conv_weight_per_sample = []
         for (layer, _, _, mask), a, g in zip(conv_constants, conv_inputs, conv_grads):
-            per_sample = conv_weight_grads(layer, a, g) * mask  # the surviving weights' share only
+            per_sample = conv2d_weight_grads(layer, a, g) * mask  # the surviving weights' share only
             conv_weight_per_sample.append(per_sample)
             sq_norms += per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1)
         for index, (a, g, norm_mask, bias_weight) in enumerate(
@@ -264,7 +243,7 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
             elif norm_mask is None:
                 sq_norms += g2_sum * (a * a).sum(dim=1)
             else:
-                sq_norms += _masked_sq_norms(a, g2, norm_mask)
+                sq_norms += masked_sq_norms(a, g2, norm_mask)
             sq_norms += g2_sum if bias_weight is None else g2 @ bias_weight  # bias
         norms = sq_norms.sqrt()
         factors = clip_factors(norms, clip)

@@ -1,0 +1,311 @@
+"""The per-layer registry of DP-SGD's two per-sample operations: the masked squared gradient norm, and
+the clipped gradient sum.
+
+A layer's rule receives what one forward pass recorded for it (its inputs a_i) and the per-sample
+gradient of the loss with respect to its output, g_i = ∂ℓ_i/∂z_i (one autograd call on Σ_i ℓ_i gives
+every g_i, because z_i influences only ℓ_i). From those two it returns, per sample i, the squared
+norm of ∇_θ ℓ_i ⊙ M over the layer's *surviving* coordinates, and, given clip factors c_i, the
+clipped sum Σ_i c_i ∇_θ ℓ_i ⊙ M (Abadi et al. 2016, Alg. 1; masked: docs/privacy.md §3).
+
+* `nn.Linear` on (B, in): the masked ghost norm ‖(g_i a_iᵀ) ⊙ M‖² = (g_i²)ᵀ M (a_i²) — one matmul,
+  no per-sample gradient is ever formed (Goodfellow 2015; Li et al. 2022) — and the clipped sum
+  (c ⊙ G)ᵀ A ⊙ M, the matmul a plain backward pass does. On (B, …, in) sequences the per-sample
+  gradient Σ_t g_it a_itᵀ is formed (no ghost identity survives the sum over t).
+* `nn.Conv2d` (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode):
+  per-sample weight gradients G_i U_iᵀ from the unfolded input patches U_i.
+* Anything else with trainable parameters (GroupNorm, LayerNorm, Conv1d/3d, Embedding, a user's own
+  layer): `torch.func` — vmap over samples of the vector-Jacobian product ⟨z(θ, a_i), g_i⟩ — which is
+  exact for any layer whose output for one sample depends only on that sample's input. A layer type
+  not known to be per-sample is *checked* at every step: the per-sample gradients must add up to the
+  batch gradient, or the step is refused (a layer that mixes the samples of a batch, like batch
+  normalisation, makes one record's gradient depend on the others and clipping bounds nothing).
+
+Adding a rule for a layer type: a class with `sq_norms` and `clipped_sums` (see `LayerRule`) and one
+`register_rule(LayerType)` line; tests/test_per_sample.py checks every registered rule against
+torch.func.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dpltm.errors import DpltmUserError
+
+LocalMasks = dict[str, Tensor]
+"""A layer's own parameter name (``weight``) → 0/1 mask of its shape, float, on the layer's device."""
+
+
+@dataclass
+class LayerCall:
+    """What one forward pass recorded for one layer: its positional inputs and keyword arguments, and
+    its output (kept in the autograd graph so that g = ∂Σℓ/∂z can be asked for)."""
+
+    name: str
+    module: nn.Module
+    inputs: tuple[Any, ...] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    output: Tensor | None = None
+    batch_grads: dict[str, Tensor] | None = None
+    """The layer's batch gradients Σ_i ∇_θ ℓ_i by local name, where a backward pass already formed them
+    (a Lightning step); else they are asked of `output`'s graph when a check needs them."""
+
+    @property
+    def input(self) -> Tensor | None:
+        """The first input: the tensor whose dimension 0 must be the sample."""
+        if not self.inputs:
+            return None
+        first = self.inputs[0]
+        return first if isinstance(first, Tensor) else None
+
+    def trainable(self) -> dict[str, nn.Parameter]:
+        """The layer's own parameters that training updates, by local name."""
+        return {n: p for n, p in self.module.named_parameters(recurse=False) if p.requires_grad}
+
+
+class LayerRule(Protocol):
+    """How one layer type gives masked per-sample squared norms and clipped sums."""
+
+    def check(self, label: str, module: nn.Module) -> None:
+        """Refuse, in one line naming the layer, a configuration the rule cannot handle exactly."""
+
+    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        """(B,) squared norms of the per-sample gradients over surviving coordinates, and any state
+        (per-sample gradients already formed) that `clipped_sums` may reuse."""
+
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor, masks: LocalMasks,
+                     state: Any) -> dict[str, Tensor]:
+        """Σ_i factors_i ∇_θ ℓ_i ⊙ M per local parameter name. Rows with `finite` False have factor 0
+        and must add exactly zero (their gradients may hold inf or NaN)."""
+
+
+RULES: dict[type[nn.Module], LayerRule] = {}
+
+
+def register_rule(*layer_types: type[nn.Module]) -> Callable[[type], type]:
+    """Class decorator: the rule serves these layer types and their subclasses."""
+    def decorate(rule_class: type) -> type:
+        for layer_type in layer_types:
+            RULES[layer_type] = rule_class()
+        return rule_class
+    return decorate
+
+
+def rule_for(module: nn.Module) -> LayerRule:
+    """The most specific registered rule for the module's type, else the torch.func rule."""
+    for klass in type(module).__mro__:
+        if klass in RULES:
+            return RULES[klass]
+    return FUNC_RULE
+
+
+def _zero_rows(values: Tensor, finite: Tensor) -> Tensor:
+    """`values` with the rows of non-finite records set to exactly zero (0·inf would be NaN)."""
+    if bool(finite.all()):
+        return values
+    return torch.where(finite.view(-1, *[1] * (values.dim() - 1)), values, torch.zeros_like(values))
+
+
+def masked_sq_norms(a: Tensor, g2: Tensor, operator: Tensor) -> Tensor:
+    """Σ_jk g_ij² W_jk a_ik² per row i, with W the (scaled) 0/1 mask: the masked ghost norm.
+
+    `operator` is W as sparse CSR (out, in) or dense Wᵀ (in, out)."""
+    if operator.layout == torch.sparse_csr:
+        # square straight into the (in, batch) layout the sparse product wants: one pass
+        a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
+        return (operator @ a2t).T.mul_(g2).sum(dim=1)
+    return ((a * a) @ operator).mul_(g2).sum(dim=1)
+
+
+class MaterialisedRule:
+    """A rule that forms each sample's gradient explicitly, then masks, squares and sums it."""
+
+    def check(self, label: str, module: nn.Module) -> None:
+        return None
+
+    def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        grads = self.per_sample_grads(call, g)
+        grads = {n: (v * masks[n] if n in masks else v) for n, v in grads.items()}
+        total = sum(v.flatten(1).pow(2).sum(dim=1) for v in grads.values())
+        return total, grads  # type: ignore[return-value]
+
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor, masks: LocalMasks,
+                     state: Any) -> dict[str, Tensor]:
+        return {n: torch.einsum("b,b...->...", factors, _zero_rows(v, finite).to(factors.dtype)).to(v.dtype)
+                for n, v in state.items()}
+
+
+@register_rule(nn.Linear)
+class LinearRule(MaterialisedRule):
+    """nn.Linear: the masked ghost norm on (B, in) inputs, formed gradients on (B, …, in) sequences."""
+
+    def check(self, label: str, module: nn.Module) -> None:
+        _only_weight_and_bias(label, module)
+
+    def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
+        a = call.input
+        assert a is not None
+        rows = g.shape[0]
+        grads = {}
+        if call.module.weight.requires_grad:
+            grads["weight"] = torch.einsum("bto,bti->boi", g.reshape(rows, -1, g.shape[-1]),
+                                           a.reshape(rows, -1, a.shape[-1]))
+        if call.module.bias is not None and call.module.bias.requires_grad:
+            grads["bias"] = g.reshape(rows, -1, g.shape[-1]).sum(dim=1)
+        return grads
+
+    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        a = call.input
+        assert a is not None
+        if a.dim() > 2:
+            return super().sq_norms(call, g, masks)
+        total = g.new_zeros(g.shape[0])
+        g2 = g * g
+        if call.module.weight.requires_grad:
+            mask = masks.get("weight")
+            total = total + (g2.sum(dim=1) * (a * a).sum(dim=1) if mask is None
+                             else masked_sq_norms(a, g2, mask.T.contiguous()))
+        if call.module.bias is not None and call.module.bias.requires_grad:
+            total = total + g2.sum(dim=1)
+        return total, None
+
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor, masks: LocalMasks,
+                     state: Any) -> dict[str, Tensor]:
+        if state is not None:
+            return super().clipped_sums(call, g, factors, finite, masks, state)
+        a = call.input
+        assert a is not None
+        scaled = _zero_rows(g, finite).to(factors.dtype) * factors[:, None]
+        sums = {}
+        if call.module.weight.requires_grad:
+            total = (scaled.T @ _zero_rows(a, finite).to(scaled.dtype)).to(g.dtype)
+            mask = masks.get("weight")
+            sums["weight"] = total if mask is None else total * mask
+        if call.module.bias is not None and call.module.bias.requires_grad:
+            sums["bias"] = scaled.sum(dim=0).to(g.dtype)
+        return sums
+
+
+def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
+    """Per-sample weight gradients (B, out, in/groups, kh, kw) of a 2-D convolution with input `a` and
+    output gradient `g`: per group, G_i U_iᵀ with U_i sample i's unfolded input patches (no ghost
+    identity survives the sum over positions once the weight is masked). Padding other than numeric
+    zeros ('same', reflect, replicate, circular) is applied first, exactly as nn.Conv2d does."""
+    padding: Any = module.padding
+    if isinstance(padding, str) or module.padding_mode != "zeros":
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        a = F.pad(a, module._reversed_padding_repeated_twice, mode=mode)
+        padding = 0
+    patches = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=padding,  # type: ignore[arg-type]
+                       stride=module.stride)
+    groups, rows = module.groups, a.shape[0]
+    out_per_group = module.out_channels // groups
+    grads = torch.einsum("bgol,bgcl->bgoc", g.reshape(rows, groups, out_per_group, -1),
+                         patches.reshape(rows, groups, patches.shape[1] // groups, -1))
+    return grads.reshape(rows, *module.weight.shape)
+
+
+@register_rule(nn.Conv2d)
+class Conv2dRule(MaterialisedRule):
+    """nn.Conv2d: unfolded patches, one einsum per layer."""
+
+    def check(self, label: str, module: nn.Module) -> None:
+        _only_weight_and_bias(label, module)
+
+    def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
+        module = call.module
+        assert isinstance(module, nn.Conv2d) and call.input is not None
+        grads = {}
+        if module.weight.requires_grad:
+            grads["weight"] = conv2d_weight_grads(module, call.input, g)
+        if module.bias is not None and module.bias.requires_grad:
+            grads["bias"] = g.flatten(2).sum(dim=2)
+        return grads
+
+
+KNOWN_PER_SAMPLE: tuple[type[nn.Module], ...] = (
+    nn.LayerNorm, nn.GroupNorm, nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+    nn.Embedding, nn.PReLU, nn.Bilinear, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+)
+"""Layer types whose output for one sample reads only that sample's input (instance normalisation
+too, when it keeps no running statistics): the torch.func rule is exact for them without a check."""
+
+
+class FuncRule(MaterialisedRule):
+    """Any other layer: per-sample gradients by torch.func (vmap of a vector-Jacobian product)."""
+
+    def check(self, label: str, module: nn.Module) -> None:
+        return None
+
+    def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
+        from torch.func import functional_call, grad, vmap
+
+        module, inputs = call.module, call.inputs or ()
+        rows = g.shape[0]
+        batched = [i for i, value in enumerate(inputs) if isinstance(value, Tensor) and value.dim() > 0
+                   and value.shape[0] == rows]
+        if any(isinstance(v, Tensor) for v in call.kwargs.values()):
+            raise DpltmUserError(f"layer {call.name} ({type(module).__name__}) takes tensor keyword arguments: "
+                                 "dpltm's per-sample clipping supports them only as positional inputs")
+        params = {n: p.detach() for n, p in call.trainable().items()}
+
+        def inner_product(p: dict[str, Tensor], rows_in: list[Tensor], g_i: Tensor) -> Tensor:
+            full = list(inputs)
+            for position, value in zip(batched, rows_in):
+                full[position] = value.unsqueeze(0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = functional_call(module, p, tuple(full), call.kwargs)
+            return (out * g_i.unsqueeze(0)).sum()
+
+        detached = [inputs[i].detach() for i in batched]
+        return vmap(grad(inner_product), in_dims=(None, 0, 0))(params, detached, g.detach())
+
+    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        total, grads = super().sq_norms(call, g, masks)
+        if not isinstance(call.module, KNOWN_PER_SAMPLE) or _keeps_running_statistics(call.module):
+            check_adds_up(call, g, grads, masks)
+        return total, grads
+
+
+FUNC_RULE = FuncRule()
+
+
+def _keeps_running_statistics(module: nn.Module) -> bool:
+    return bool(getattr(module, "track_running_stats", False))
+
+
+def check_adds_up(call: LayerCall, g: Tensor, grads: dict[str, Tensor], masks: LocalMasks) -> None:
+    """The per-sample gradients of a layer not known to be per-sample must add up to its batch gradient;
+    if they do not, the layer's output for one sample depends on other samples, and clipping each
+    sample's gradient bounds nothing (docs/privacy.md §3). Refused in one line naming the layer."""
+    parameters = call.trainable()
+    if call.batch_grads is not None:
+        batch: tuple[Tensor | None, ...] = tuple(call.batch_grads.get(n) for n in parameters)
+    else:
+        assert call.output is not None
+        with torch.enable_grad():
+            batch = torch.autograd.grad(call.output, list(parameters.values()), g, retain_graph=True,
+                                        allow_unused=True)
+    for (name, _), total in zip(parameters.items(), batch):
+        mine = grads[name].sum(dim=0)
+        expected = torch.zeros_like(mine) if total is None else (total * masks[name] if name in masks else total)
+        scale = float(expected.abs().max()) if expected.numel() else 0.0
+        if not torch.allclose(mine, expected, rtol=1e-3, atol=1e-5 * max(scale, 1e-12)):
+            raise DpltmUserError(f"layer {call.name} ({type(call.module).__name__}): its per-sample gradients do not "
+                                 "add up to the batch gradient, so its output for one sample depends on other "
+                                 "samples, which per-sample clipping cannot bound")
+
+
+def _only_weight_and_bias(label: str, module: nn.Module) -> None:
+    if {n for n, _ in module.named_parameters(recurse=False)} - {"weight", "bias"}:
+        raise DpltmUserError(f"layer {label} ({type(module).__name__}) has parameters besides weight and bias")
