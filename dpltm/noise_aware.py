@@ -6,7 +6,9 @@ the best density moves with σ, q and the number of steps (issue 9). Here every 
 always including the dense network (C = 1) — is trained from θ0 by the *planned* DP-SGD (same
 effective noise multiplier σ, expected batch L, number of steps T, clip C, learning rate and
 optimiser, so the noise per step σC/L is the one the private run will see) on the tickets' own
-public data, and the candidate with the best public validation accuracy wins.
+public data, and the candidate with the best public validation accuracy wins. MLP candidates are
+stacked into one set of batched kernels (dpltm.dp.batched); convolutional ones are stepped one by one
+by the private training's own step (`EachCandidate`).
 
 Privacy (PRIVACY.md §7): a function of public data and public hyperparameters (σ, L, T, C, lr,
 and the private set's size N, which dpltm treats as public) only. It reads no private record
@@ -26,7 +28,10 @@ import torch
 
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
+from dpltm.dp.gaussian import GaussianNoise
+from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.sampling import poisson_sample
+from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.lottery import rewind, ticket_masks
 from dpltm.model import Architecture, MaskedMLP
@@ -92,13 +97,55 @@ def candidate_models(payload: dict[str, Any], device: torch.device,
     return models
 
 
+def _optimizer(parameters: list[torch.nn.Parameter], plan: PlannedRun) -> torch.optim.Optimizer:
+    """The planned run's optimiser; element-wise, so one over every candidate's parameters is K
+    independent ones."""
+    if plan.optimizer == "adam":
+        return torch.optim.Adam(parameters, lr=plan.lr)
+    return torch.optim.SGD(parameters, lr=plan.lr, momentum=plan.momentum)
+
+
+class EachCandidate:
+    """Candidates of any architecture (convolutional ones included), each stepped in turn by the DP
+    training's own step (dpltm.dp.step: masked per-sample clipping, Gaussian noise on the surviving
+    coordinates, over L): the same Poisson batch for all of them, an independent noise draw each."""
+
+    def __init__(self, models: list[MaskedMLP], plan: PlannedRun, dtype: torch.dtype) -> None:
+        self.models, self.plan = models, plan
+        self.layouts = [MaskLayout.of(model, dtype) for model in models]
+        self.noise = GaussianNoise(plan.noise_multiplier)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for model in self.models for p in model.parameters()]
+
+    def step(self, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+             generator: torch.Generator) -> None:
+        for model, layout in zip(self.models, self.layouts):
+            grads, _, _ = private_gradients(model, x, y, clip=self.plan.clip, noise=self.noise,
+                                            expected_batch_size=self.plan.expected_batch_size, generator=generator,
+                                            layout=layout)
+            for name, parameter in model.named_parameters():
+                parameter.grad = grads[name]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def accuracies(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+        """Top-1 accuracy of every candidate, shape (K,)."""
+        if len(y) == 0:
+            return torch.full((len(self.models),), float("nan"))
+        correct = torch.zeros(len(self.models))
+        for k, model in enumerate(self.models):
+            for start in range(0, len(y), batch_size):
+                predicted = model(x[start:start + batch_size]).argmax(dim=1)
+                correct[k] += int((predicted == y[start:start + batch_size]).sum())
+        return correct / len(y)
+
+
 def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: PlannedRun, *,
                        seed: int | None = None,
                        on_progress: Callable[[int, int], None] | None = None) -> NoiseAwareChoice:
     """Train every ticket of `payload` under `plan` on `public` (its own data) and pick the best."""
-    if Architecture.from_dict(payload["architecture"]).conv:
-        raise DpltmUserError("the noise-aware choice trains MLP tickets side by side; for a convolutional "
-                             "ticket set use --choice best (or select --best)")
     if public.fingerprint != payload["data"]["fingerprint"]:
         raise DpltmUserError("the noise-aware choice runs on the tickets' own (public) data: the data given "
                              f"({public.name}, {public.source_split}) is not the data that made them")
@@ -109,20 +156,22 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         raise DpltmUserError(f"the planned batch size {plan.expected_batch_size} is not below the public "
                              f"training set ({n} records): no Poisson sampling to simulate")
     device = public.train.labels.device
-    stack = StackedMLP(candidate_models(payload, device, plan.activation))
-    if plan.optimizer == "adam":
-        optimizer: torch.optim.Optimizer = torch.optim.Adam(stack.parameters(), lr=plan.lr)
-    else:
-        optimizer = torch.optim.SGD(stack.parameters(), lr=plan.lr, momentum=plan.momentum)
+    models = candidate_models(payload, device, plan.activation)
+    stack: StackedMLP | EachCandidate = (EachCandidate(models, plan, public.train.features.dtype)
+                                         if models[0].arch.conv else StackedMLP(models))
+    optimizer = _optimizer(stack.parameters(), plan)
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
     q = plan.expected_batch_size / n
     x_all, y_all = public.train.features, public.train.labels
     averaged: list[torch.Tensor] | None = None
     for step in range(plan.steps):
         index = poisson_sample(n, q, generator, device)
-        noisy_step(stack, optimizer, x_all.index_select(0, index), y_all.index_select(0, index), clip=plan.clip,
-                   noise_multiplier=plan.noise_multiplier, expected_batch_size=plan.expected_batch_size,
-                   generator=generator)
+        x, y = x_all.index_select(0, index), y_all.index_select(0, index)
+        if isinstance(stack, EachCandidate):
+            stack.step(optimizer, x, y, generator)
+        else:
+            noisy_step(stack, optimizer, x, y, clip=plan.clip, noise_multiplier=plan.noise_multiplier,
+                       expected_batch_size=plan.expected_batch_size, generator=generator)
         if plan.ema is not None:
             with torch.no_grad():
                 if averaged is None:
@@ -138,7 +187,8 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                 p.copy_(mean)
     if len(public.val) == 0:
         raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
-    scores = accuracies(stack, public.val.features, public.val.labels)
+    scores = (stack.accuracies(public.val.features, public.val.labels) if isinstance(stack, EachCandidate)
+              else accuracies(stack, public.val.features, public.val.labels))
     candidates = [Candidate(t["round"], float(t["density"]), float(s))
                   for t, s in zip(payload["tickets"], scores.tolist())]
     best = max(range(len(candidates)), key=lambda i: (candidates[i].public_val_accuracy, -i))

@@ -95,3 +95,38 @@ def test_with_ema_the_candidates_are_compared_by_their_averaged_weights(
         expected = [0.8 * e + 0.2 * p for e, p in zip(expected, step)]
     for got, want in zip(evaluated[0], expected):
         torch.testing.assert_close(got, want)
+
+
+def test_convolutional_tickets_are_chosen_by_the_private_step_itself(tmp_path: Path) -> None:
+    """LeNet-5 candidates go through the DP training's own step (one engine): the dense network is a
+    candidate, pruned weights stay zero, and the choice is a function of the public data only."""
+    from conftest import make_blobs
+
+    import dpltm.noise_aware as module
+
+    images = DatasetSplits(name="blob-images", source_split="train", train=make_blobs(160, 784, 3, 0),
+                           val=make_blobs(60, 784, 3, 1), test=make_blobs(30, 784, 3, 2), num_features=784,
+                           num_classes=3, fingerprint="blob-images-v1")
+    cfg = GenerateConfig(data=DataSettings(dataset="blobs"), model=ModelSettings(hidden=(12,), arch="lenet5"),
+                         generate=GenerateSettings(rounds=2, iterations=10, batch_size=32, prune_rates=(0.5,)))
+    tickets = generate_tickets(cfg, images, tmp_path / "t.pt", progress=False)
+    plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=32, steps=6, clip=1.0, lr=0.2)
+    stepped: list[module.EachCandidate] = []
+    original = module.EachCandidate.step
+
+    def spy(self, optimizer, x, y, generator):  # type: ignore[no-untyped-def]
+        stepped.append(self)
+        original(self, optimizer, x, y, generator)
+
+    module.EachCandidate.step = spy  # type: ignore[method-assign]
+    try:
+        choice = noise_aware_choice(tickets, images, plan, seed=0)
+    finally:
+        module.EachCandidate.step = original  # type: ignore[method-assign]
+    assert len(stepped) == 6 and len(choice.candidates) == 3 and choice.candidates[0].density == 1.0
+    assert all(0.0 <= c.public_val_accuracy <= 1.0 for c in choice.candidates)
+    for model in stepped[-1].models:
+        for _, layer, mask in (*model.conv_layers_in_order(), *model.layers_in_order()):
+            assert torch.count_nonzero(layer.weight[mask == 0]) == 0
+    with pytest.raises(DpltmUserError, match="not the data that made them"):
+        noise_aware_choice(tickets, replace(images, fingerprint="private-v1"), plan, seed=0)

@@ -116,12 +116,6 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
         what = "a private ticket (generate --private)" if payload["selection"]["method"] == "private" else "a winner"
         raise DpltmUserError(f"{source} is {what}, not a ticket set: it needs no selection; train it with "
                              f"`dpltm train --ticket {source}`")
-    if noise_aware is not None:  # before any work: the noise-aware choice trains MLP tickets only
-        from dpltm.model import Architecture
-
-        if Architecture.from_dict(payload["architecture"]).conv:
-            raise DpltmUserError("the noise-aware choice trains MLP tickets side by side; for a convolutional "
-                                 "ticket set use --choice best (or select --best)")
     target = out or default_checkpoint_dir() / f"{payload['data']['dataset']}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config])
     chosen_eps1 = None if best or noise_aware is not None else settings.eps1
