@@ -121,7 +121,8 @@ def test_cli_lenet5_ticket_generate_select_train(tmp_path: Path) -> None:
     chosen = json.loads(dpltm("select", "--tickets", "t.pt", "--noise-aware", "--private-size", "300", "--eps2", "1",
                               "--epochs", "1", "--batch-size", "32", "--out", "n.pt", "--json", cwd=tmp_path,
                               data=data).stdout)  # convolutional candidates through the DP step itself
-    assert len(chosen["noise_aware"]["candidates"]) == 3, chosen
+    assert chosen["selection"]["method"] == "noise-aware", chosen
+    assert len(chosen["selection"]["noise_aware"]["candidates"]) == 3
     for args, message in [
         (("train", "--ticket", "w.pt", "--arch", "lenet5", "--dataset", "mnist", "--eps2", "1"),
          "--arch is for --dense"),
