@@ -58,6 +58,7 @@ from dpltm.dp.engine import (
 )
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
+from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
@@ -342,10 +343,11 @@ class PrivateTraining:
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
         batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self.masks, self.loss)
-        noisy = self._noise.perturb(batch.grad_sums, self.surviving, self._settings.clip, self._noise_generator)
+        grads = noisy_mean(batch.grad_sums, noise=self._noise, surviving=self.surviving, clip=self._settings.clip,
+                           expected_batch_size=plan.expected_batch_size, generator=self._noise_generator)
         parameters = dict(self.model.named_parameters())
-        for name, total in noisy.items():
-            parameters[name].grad = total.mul_(1.0 / plan.expected_batch_size)
+        for name, grad in grads.items():
+            parameters[name].grad = grad
         self._in_step = True
         try:
             self.optimizer.step()

@@ -45,6 +45,7 @@ from dpltm.dp.engine import clip_and_sum, trainable_layers
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
+from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
@@ -362,10 +363,11 @@ class DPCallback(L.Callback):
                 tap.batch_grads = {n: p.grad * scale for n, p in tap.trainable().items() if p.grad is not None}
             sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
         assert self._noise_generator is not None
-        noisy = self.noise.perturb(sums, self.surviving, self.clip, self._noise_generator)
+        grads = noisy_mean(sums, noise=self.noise, surviving=self.surviving, clip=self.clip,
+                           expected_batch_size=self.plan.expected_batch_size, generator=self._noise_generator)
         for name, parameter in parameters.items():
             if parameter.requires_grad:
-                parameter.grad = noisy[name].mul_(1.0 / self.plan.expected_batch_size)
+                parameter.grad = grads[name]
         self._grads.clear()
         self._stepped = True
         self._privatised = True

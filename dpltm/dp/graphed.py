@@ -35,6 +35,7 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import padded_chunks
+from dpltm.dp.step import noisy_mean
 from dpltm.model import MaskedMLP
 
 
@@ -48,7 +49,7 @@ class StaticShapeDpStep:
                  reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                  add_noise: bool = True, graphs: bool = False) -> None:
         self.model, self.train, self.clip, self.noise = model, train, clip, noise
-        self.scale = 1.0 / expected_batch_size
+        self.expected_batch_size = expected_batch_size
         self.capacity, self.generator, self.optimizer = capacity, generator, optimizer
         self.averager, self.ema_decay, self.reduce, self.add_noise = averager, ema_decay, reduce, add_noise
         device, dtype = train.labels.device, train.features.dtype
@@ -57,7 +58,7 @@ class StaticShapeDpStep:
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
         self.weight = torch.zeros(capacity, dtype=dtype, device=device)
         parameters = dict(model.named_parameters())
-        names = [name for pair in self.layout.parameter_names for name in pair]  # the eager step's order
+        names = self.layout.all_parameter_names  # the eager step's order (convolutions first)
         self.sums = {name: torch.zeros_like(parameters[name]) for name in names}
         self.grads = {name: torch.zeros_like(parameters[name]) for name in names}
         for name, parameter in parameters.items():
@@ -95,11 +96,9 @@ class StaticShapeDpStep:
 
     @torch.no_grad()
     def _update(self) -> None:
-        sums = (self.noise.perturb(dict(self.sums), self.layout.surviving, self.clip, self.generator)
-                if self.add_noise else self.sums)  # under DDP, rank 0 alone adds the one draw
-        noisy = sums if self.reduce is None else self.reduce(sums)
-        for name, grad in self.grads.items():
-            torch.mul(noisy[name], self.scale, out=grad)
+        noisy_mean(dict(self.sums), noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
+                   expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
+                   add_noise=self.add_noise, out=self.grads)
         self.optimizer.step()
         if self.averager is not None and self.ema_decay is not None:
             update_average(self.averager, self.model, self.ema_decay)

@@ -40,10 +40,34 @@ def private_gradients(model: MaskedMLP, x: Tensor, y: Tensor, *, clip: float,
     batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=input_terms)
     for name, extra in (extra_sums or {}).items():
         batch.grad_sums[name].add_(extra)
-    sums = noise.perturb(batch.grad_sums, layout.surviving, clip, generator) if add_noise else batch.grad_sums
-    noisy = sums if reduce is None else reduce(sums)
+    grads = noisy_mean(batch.grad_sums, noise=noise, surviving=layout.surviving, clip=clip,
+                       expected_batch_size=expected_batch_size, generator=generator, reduce=reduce,
+                       add_noise=add_noise)
+    return grads, batch.norms, batch.loss_sum
+
+
+def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dict[str, Tensor | None], clip: float,
+               expected_batch_size: float, generator: torch.Generator,
+               reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None, add_noise: bool = True,
+               out: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """ĝ = (Σ_i clip_C(∇ℓ_i) ⊙ M + one noise draw on the surviving coordinates) / L: the one place every
+    DP-SGD front end (the CLI's training, CUDA graphs, `make_private`, `DPCallback`) adds its noise.
+
+    `sums` are the masked clipped sums (modified in place). L is the *expected* batch size q·N, what
+    the Poisson-subsampled Gaussian accountant assumes (Abadi et al. 2016, Alg. 1; dividing by the
+    realised size would leak it). Under DDP rank 0 alone adds the draw (`add_noise`), then `reduce`
+    all-reduces, so the reduced sum carries exactly one draw (docs/privacy.md §7). `out`: write ĝ into
+    these tensors (static buffers for CUDA graphs) instead of returning the scaled sums.
+    """
+    noisy = noise.perturb(sums, surviving, clip, generator) if add_noise else sums
+    if reduce is not None:
+        noisy = reduce(noisy)
     scale = 1.0 / expected_batch_size
-    return {k: v.mul_(scale) for k, v in noisy.items()}, batch.norms, batch.loss_sum
+    if out is None:
+        return {name: total.mul_(scale) for name, total in noisy.items()}
+    for name, grad in out.items():
+        torch.mul(noisy[name], scale, out=grad)
+    return out
 
 
 def apply_gradients(model: MaskedMLP, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
