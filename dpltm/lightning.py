@@ -199,6 +199,7 @@ class DPCallback(L.Callback):
         self._privatised = False
         self._calls: dict[int, int] = {}
         self._taps: list[LayerCall] = []
+        self._clipping = False
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
 
@@ -300,8 +301,8 @@ class DPCallback(L.Callback):
 
     def _forward_hook(self, index: int) -> Any:
         def hook(module: torch.nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            if not module.training or not torch.is_grad_enabled():
-                return
+            if not module.training or not torch.is_grad_enabled() or self._clipping:
+                return  # not a training forward (or the engine's own per-sample calls, torch.func rule)
             tap = self._taps[index]
             self._calls[index] = self._calls.get(index, 0) + 1
             if not isinstance(output, Tensor):
@@ -361,7 +362,11 @@ class DPCallback(L.Callback):
         else:
             for tap in self._taps:  # the backward's batch gradients, for the rules that check per-sample-ness
                 tap.batch_grads = {n: p.grad * scale for n, p in tap.trainable().items() if p.grad is not None}
-            sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
+            self._clipping = True
+            try:
+                sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
+            finally:
+                self._clipping = False
         assert self._noise_generator is not None
         grads = noisy_mean(sums, noise=self.noise, surviving=self.surviving, clip=self.clip,
                            expected_batch_size=self.plan.expected_batch_size, generator=self._noise_generator)

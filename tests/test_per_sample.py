@@ -204,6 +204,27 @@ def test_a_users_layer_that_mixes_samples_is_caught_by_the_check() -> None:
     assert clipped_gradient_sum_of(model, x, y, 1.0).norms.shape == (6,)
 
 
+class Noisy(nn.Module):
+    """A user's layer with dropout inside: re-running it per sample would draw other masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x * self.gain, 0.5, training=True)
+
+
+def test_sparse_gradients_and_random_layers_are_refused() -> None:
+    tokens, y = torch.randint(0, 10, (5, 3)), torch.randint(0, 3, (5,))
+    sparse = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Flatten(), nn.Linear(12, 3))
+    with pytest.raises(DpltmUserError, match="layer 0 \\(Embedding\\) has sparse gradients"):
+        clipped_gradient_sum_of(sparse, tokens, y, 1.0)
+    noisy = nn.Sequential(nn.Linear(6, 4), Noisy(), nn.Linear(4, 3))
+    with pytest.raises(DpltmUserError, match="layer 1 \\(Noisy\\): torch.func cannot form"):
+        clipped_gradient_sum_of(noisy, torch.randn(5, 6), y, 1.0)
+
+
 def test_running_statistics_and_tuple_outputs_are_refused() -> None:
     x, y = torch.randn(4, 2, 5, 5), torch.randint(0, 2, (4,))
     tracked = nn.Sequential(nn.Conv2d(2, 3, 3), nn.InstanceNorm2d(3, affine=True, track_running_stats=True),

@@ -244,7 +244,9 @@ class FuncRule(MaterialisedRule):
     """Any other layer: per-sample gradients by torch.func (vmap of a vector-Jacobian product)."""
 
     def check(self, label: str, module: nn.Module) -> None:
-        return None
+        if bool(getattr(module, "sparse", False)):
+            raise DpltmUserError(f"layer {label} ({type(module).__name__}) has sparse gradients: not supported by "
+                                 "dpltm's per-sample clipping (use sparse=False)")
 
     def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
         from torch.func import functional_call, grad, vmap
@@ -268,7 +270,12 @@ class FuncRule(MaterialisedRule):
             return (out * g_i.unsqueeze(0)).sum()
 
         detached = [inputs[i].detach() for i in batched]
-        return vmap(grad(inner_product), in_dims=(None, 0, 0))(params, detached, g.detach())
+        try:
+            return vmap(grad(inner_product), in_dims=(None, 0, 0))(params, detached, g.detach())
+        except RuntimeError as error:  # e.g. randomness inside the layer, or an op torch.func cannot batch
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise DpltmUserError(f"layer {call.name} ({type(module).__name__}): torch.func cannot form its "
+                                 f"per-sample gradients ({first[:200]})") from None
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
         total, grads = super().sq_norms(call, g, masks)
