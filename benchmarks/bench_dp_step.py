@@ -7,6 +7,8 @@ ratios to the non-private masked step:
 * dpltm DP step: masked ghost norms (the first layer's share read from the per-record table
   `first_layer_input_terms`, built once per run: its one-time cost is printed) + clipped sum +
   noise on surviving weights (target ≤ 1.25× on 2 CPU threads);
+* the engine's hook path on the same network as a plain `nn.Sequential` (what `make_private` and
+  `DPCallback` run: the registry's Linear rule, no per-record table);
 * Opacus 1.x default (per-sample gradients by hooks), and Opacus ghost clipping
   (`grad_sample_mode="ghost"`), both on the same masked network;
 * on CUDA also both steps replayed from CUDA graphs (`--cuda-graphs`: the non-private
@@ -30,11 +32,12 @@ from torch import nn
 
 from dpltm.data.types import LabeledTensors
 from dpltm.devices import resolve_device
+from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.ghost import MaskLayout, first_layer_input_terms
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.padding import batch_capacity
-from dpltm.dp.step import apply_gradients, private_gradients
+from dpltm.dp.step import apply_gradients, noisy_mean, private_gradients
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training import GraphedSgdStep
@@ -136,8 +139,24 @@ def main() -> None:
                                         generator=g, layout=layout)
         apply_gradients(dp_model, grads, dp_opt)
 
+    user_model = opacus_model(make_ticket(args.rounds, device))  # the API's path: a plain nn.Sequential
+    user_masks = {f"{i}.weight": mask for i, (_, _, mask) in zip(range(0, 5, 2), dp_model.layers_in_order())}
+    user_opt = torch.optim.SGD(user_model.parameters(), lr=0.1)
+    user_surviving = {n: (m.flatten().nonzero().squeeze(1) if n in user_masks else None)
+                      for n, m in [(n, user_masks.get(n)) for n, _ in user_model.named_parameters()]}
+
+    def engine_step() -> None:
+        xb, yb = features.index_select(0, index), labels.index_select(0, index)
+        batch = clipped_gradient_sum_of(user_model, xb, yb, 1.0, user_masks)
+        grads = noisy_mean(batch.grad_sums, noise=noise, surviving=user_surviving, clip=1.0,
+                           expected_batch_size=args.batch_size, generator=g)
+        for name, parameter in user_model.named_parameters():
+            parameter.grad = grads[name]
+        user_opt.step()
+
     contenders = {"non-private masked step": plain_step, "dpltm DP step": dp_step,
-                  "dpltm DP step, no norm table": dp_step_without_table}
+                  "dpltm DP step, no norm table": dp_step_without_table,
+                  "dpltm engine, user nn.Sequential": engine_step}
     if device.type == "cuda":
         contenders.update(graph_steps(args.rounds, LabeledTensors(features, labels), index, args.batch_size, device))
     results = interleaved(contenders, device, rounds=args.repeats, per_round=10)
