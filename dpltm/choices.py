@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from dpltm.dp.plugins import NOISE_PLUGINS
+
 
 class Choice(str, Enum):
     """A str enum whose members print as their value (typer shows `[mnist|kmnist|...]`)."""
@@ -48,10 +50,8 @@ class Optimizer(Choice):
     adam = "adam"
 
 
-class Noise(Choice):
-    gaussian = "gaussian"
-    dpd = "dpd"
-    shaped = "shaped"
+Noise = Choice("Noise", {name.replace("-", "_"): name for name in NOISE_PLUGINS})  # type: ignore[misc]
+"""`--noise`: the plug-ins of dpltm/dp/plugins.py."""
 
 
 class Accountant(Choice):

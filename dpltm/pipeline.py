@@ -24,6 +24,7 @@ from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.distributed import Distribution, is_main_process
 from dpltm.dp.noise import NoiseContext
+from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.privacy.accounting import require_support
@@ -193,15 +194,17 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
     model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch)
-    if model.arch.conv and s.noise != "gaussian":
+    if model.arch.conv and not noise_plugin(s.noise).convolutions:
+        able = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.convolutions)
         raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "
-                             "--noise gaussian")
+                             f"--noise {able}")
     model.to(data.train.labels.device)
     if audit is not None:  # canaries join the training set (input canaries) or its index space (gradient ones)
         if not private or distribution.multi_process or step_mode != "eager":
             raise DpltmUserError("an audit runs DP training on one device, in the eager step")
-        if s.noise == "shaped":  # its clipping geometry ‖g/s‖ ≤ C is not the canaries' plain norm
-            raise DpltmUserError("the audit's canaries assume the plain clipping norm: audit --noise gaussian or dpd")
+        if not noise_plugin(s.noise).plain_norm:  # e.g. shaped: its clipping geometry ‖g/s‖ ≤ C
+            plain = " or ".join(n for n, p in NOISE_PLUGINS.items() if p.plain_norm)
+            raise DpltmUserError(f"the audit's canaries assume the plain clipping norm: audit --noise {plain}")
         data = audit.prepare(model, data, s.clip)
     n = len(data.train) + (audit.extra_records if audit is not None else 0)
     plan = plan_training(s, n, origin.spent_events()) if private else None

@@ -36,6 +36,7 @@ from dpltm.checkpoint import save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext, noise_class
+from dpltm.dp.plugins import noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, MaskedMLP, Masks, build_architecture, density, layer_densities
 from dpltm.privacy.accounting import epsilon
@@ -118,8 +119,8 @@ def plan_private_ticket(cfg: TrainConfig, dataset_size: int) -> PrivateTicketPla
         raise DpltmUserError("--private calibrates σ for the whole run: give --eps, not --sigma")
     if s.eps2 is None:
         raise DpltmUserError("--private needs --eps (the whole run's budget)")
-    if s.noise == "shaped":
-        raise DpltmUserError("--private does not support --noise shaped (it needs public data)")
+    if noise_plugin(s.noise).needs_public_data:
+        raise DpltmUserError(f"--private does not support --noise {s.noise} (it needs public data)")
     if s.patience is not None or s.max_eps is not None:
         # an early stop would choose the warm-up's end from private validation data without privacy
         raise DpltmUserError("--private plans every phase before it starts: drop train.patience / train.max_eps")

@@ -79,9 +79,32 @@ def scale_of(mechanism, name: str, like: torch.Tensor) -> torch.Tensor:  # type:
 
 
 def test_ledger_and_registry_agree() -> None:
-    assert set(NOISES) == set(NOISE_MECHANISMS)
+    """One table (dpltm/dp/plugins.py) gives the classes, the CLI's choices and the ledger's vocabulary."""
+    from dpltm import choices
+    from dpltm.dp.plugins import NOISE_PLUGINS
+
+    assert set(NOISES) == set(NOISE_MECHANISMS) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
     for name, cls in NOISE_MECHANISMS.items():
-        assert cls.name == name
+        assert cls.name == name and NOISE_PLUGINS[name].load() is cls
+
+
+def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_splits) -> None:  # type: ignore[no-untyped-def]
+    """A plug-in's declared capabilities, not its name, decide what a run may combine it with: declare
+    that gaussian needs public data, and `dpltm run`'s plan check refuses it as it refuses shaped."""
+    from dataclasses import replace
+
+    from dpltm.config import resolve_train_config
+    from dpltm.dp import plugins
+    from dpltm.stages.train import check_planned_training
+
+    cfg = resolve_train_config({"dataset": "digits", "eps2": 1.0, "epochs": 1, "batch_size": 32}, None, "paper")
+    check_planned_training(cfg, tiny_splits, "paper")
+    gaussian = plugins.NOISE_PLUGINS["gaussian"]
+    monkeypatch.setitem(plugins.NOISE_PLUGINS, "gaussian", replace(gaussian, needs_public_data=True))
+    with pytest.raises(DpltmUserError, match="noise gaussian needs public data for its shape"):
+        check_planned_training(cfg, tiny_splits, "paper")
+    with pytest.raises(DpltmUserError, match="unknown noise 'laplace' \\(choose from gaussian, dpd, shaped\\)"):
+        plugins.noise_plugin("laplace")
 
 
 @pytest.mark.parametrize("name", PLUGINS)

@@ -2,9 +2,8 @@
 
 Adding a mechanism: one module with a class satisfying `NoiseMechanism` (dpltm/dp/mechanism.py;
 like `dpltm/dp/gaussian.py`, `dpltm/dp/dpd.py`, `dpltm/dp/shaped.py`), and one line in
-`NOISE_MECHANISMS`. Every registered plug-in runs through the shared suite in
-tests/test_noise_plugins.py. The plug-ins import only dpltm.dp.mechanism, and this module imports
-them: no cycle.
+dpltm/dp/plugins.py (the torch-free table of names and capabilities). Every registered plug-in runs
+through the shared suite in tests/test_noise_plugins.py.
 """
 
 from __future__ import annotations
@@ -20,26 +19,20 @@ from dpltm.dp.mechanism import (
     add_gaussian,
     dp_event_of,
 )
+from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.dp.shaped import ShapedNoise
 from dpltm.errors import DpltmUserError
 
 __all__ = ["NOISE_MECHANISMS", "DropoutNoise", "GaussianNoise", "NoiseContext", "NoiseMechanism",
            "ScaledGaussianNoise", "ShapedNoise", "add_gaussian", "dp_event_of", "make_noise", "noise_class"]
 
-NOISE_MECHANISMS: dict[str, Any] = {
-    "gaussian": GaussianNoise,
-    "dpd": DropoutNoise,
-    "shaped": ShapedNoise,
-}
+NOISE_MECHANISMS: dict[str, Any] = {name: plugin.load() for name, plugin in NOISE_PLUGINS.items()}
 """name → class with `build(parameter, context)`, and the pure maps between its parameter and
 the effective multiplier: `effective_for(parameter)`, `parameter_for(effective)`."""
 
 
 def noise_class(name: str) -> Any:
-    try:
-        return NOISE_MECHANISMS[name]
-    except KeyError:
-        raise DpltmUserError(f"unknown noise '{name}' (choose from {', '.join(NOISE_MECHANISMS)})") from None
+    return NOISE_MECHANISMS[noise_plugin(name).name]
 
 
 def make_noise(name: str, parameter: float, context: NoiseContext | None = None) -> NoiseMechanism:

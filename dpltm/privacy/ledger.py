@@ -34,6 +34,7 @@ from dp_accounting import (  # type: ignore[import-untyped]
     NoOpDpEvent,
 )
 
+from dpltm.dp.plugins import NOISE_PLUGINS
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
     ACCOUNTANT_LABELS,
@@ -59,15 +60,11 @@ from dpltm.privacy.events import (
 
 FORMAT_VERSION = 1
 PHASE1_MODES = ("public", "same-data", "private", "none")
-NOISES = ("gaussian", "dpd", "shaped")
-"""Noise plug-ins a ledger may name (dpltm.dp.noise.NOISE_MECHANISMS). Each reduces exactly to
-the Poisson-subsampled Gaussian mechanism with the *effective* multiplier that `training`
-records as sigma, so the accounting does not depend on which one ran."""
-_NOISE_TEXT = {
-    "gaussian": "Gaussian noise",
-    "dpd": "differentially private dropout noise (Ermiş & Cemgil; effective multiplier = 2 × its σ)",
-    "shaped": "sensitivity-shaped noise (scales from public data, clipping in the rescaled norm)",
-}
+NOISES = tuple(NOISE_PLUGINS)
+"""Noise plug-ins a ledger may name (dpltm/dp/plugins.py). Each reduces exactly to the
+Poisson-subsampled Gaussian mechanism with the *effective* multiplier that `training` records as
+sigma, so the accounting does not depend on which one ran."""
+_NOISE_TEXT = {name: plugin.statement for name, plugin in NOISE_PLUGINS.items()}
 TRAINING_REQUIRED = ("q", "sigma", "steps")
 PRIVATE_TICKET_COMPOSITION = "private-ticket-composition"
 TRAINING_OPTIONAL = ("clip", "expected_batch_size", "dataset_size")

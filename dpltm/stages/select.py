@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dpltm.console import err_console
+from dpltm.dp.plugins import noise_plugin
 from dpltm.errors import DpltmUserError
 
 
@@ -83,8 +84,8 @@ def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, con
 
     cfg = resolve_train_config(request.train_cli, config)
     s = cfg.train
-    if s.noise == "shaped":
-        raise DpltmUserError("--noise-aware simulates Gaussian-type noise; with --noise shaped use --best")
+    if not noise_plugin(s.noise).plain_norm:
+        raise DpltmUserError(f"--noise-aware simulates Gaussian-type noise; with --noise {s.noise} use --best")
     plan = plan_training(s, request.private_size)
     planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
                          s.momentum, cfg.model.activation, s.ema)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.console import err_console, on_interrupt_kept
+from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
 
 if TYPE_CHECKING:
@@ -52,8 +53,9 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     if cuda_graphs and (torch_device.type != "cuda" or distribution.multi_process or non_private):
         raise DpltmUserError("--cuda-graphs needs DP training on one CUDA device (--device cuda, one process)")
     public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
-    if public_name is not None and cfg.train.noise != "shaped":
-        raise DpltmUserError(f"--public-dataset is only used by --noise shaped (this run uses {cfg.train.noise})")
+    if public_name is not None and not noise_plugin(cfg.train.noise).needs_public_data:
+        needing = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.needs_public_data)
+        raise DpltmUserError(f"--public-dataset is only used by --noise {needing} (this run uses {cfg.train.noise})")
     if public_name is not None and public_name == cfg.data.dataset:
         raise DpltmUserError(f"--public-dataset must be public: it names the private dataset {cfg.data.dataset}")
     if download:
@@ -113,9 +115,10 @@ def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str
         raise DpltmUserError(f"batch size {s.batch_size} (recipe {recipe}) must be smaller than the public "
                              f"training set the noise-aware choice trains on ({len(noise_aware_on)} records): "
                              f"{remedy}, or --choice best")
-    if s.noise == "shaped":
-        raise DpltmUserError("noise shaped needs public data for its shape: use `dpltm train --public-dataset`; "
-                             "`dpltm run` trains with gaussian or dpd noise")
+    if noise_plugin(s.noise).needs_public_data:
+        others = " or ".join(n for n, p in NOISE_PLUGINS.items() if not p.needs_public_data)
+        raise DpltmUserError(f"noise {s.noise} needs public data for its shape: use `dpltm train --public-dataset`; "
+                             f"`dpltm run` trains with {others} noise")
     plan_training(s, n)  # σ for the budget and the learning rate it gives
 
 

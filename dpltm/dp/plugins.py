@@ -1,0 +1,57 @@
+"""The noise plug-ins dpltm offers and what each can do: the one list every front end reads.
+
+Adding a noise mechanism: one module with a class satisfying `NoiseMechanism`
+(dpltm/dp/mechanism.py; like dpltm/dp/gaussian.py) and one `NoisePlugin` line below. The CLI's
+`--noise` choices, the ledger's vocabulary and statements, and every capability check (public data
+needed, convolutions supported, plain clipping norm) are derived from this table; the shared suite in
+tests/test_noise_plugins.py runs every entry. This module imports nothing heavy (no torch), so
+`dpltm --help` stays quick; a plug-in's class is imported when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from dpltm.errors import DpltmUserError
+
+
+@dataclass(frozen=True)
+class NoisePlugin:
+    name: str
+    target: str
+    """`module:Class` of the mechanism, imported on first use."""
+    statement: str
+    """How a privacy statement names it (dpltm.privacy.ledger)."""
+    needs_public_data: bool = False
+    """Its noise is shaped from public data (`--public-dataset`): runs without it are refused."""
+    plain_norm: bool = True
+    """It clips in the plain L2 norm and adds isotropic noise with an effective multiplier, so the
+    noise-aware choice can simulate it and the audit's canaries measure it."""
+    convolutions: bool = True
+    """It supports the convolutional layers of `--arch lenet5` (a noise geometry on the MLP's layers
+    only does not)."""
+
+    def load(self) -> Any:
+        module, name = self.target.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+NOISE_PLUGINS: dict[str, NoisePlugin] = {plugin.name: plugin for plugin in (
+    NoisePlugin("gaussian", "dpltm.dp.gaussian:GaussianNoise", "Gaussian noise"),
+    NoisePlugin("dpd", "dpltm.dp.dpd:DropoutNoise",
+                "differentially private dropout noise (Ermiş & Cemgil; effective multiplier = 2 × its σ)",
+                convolutions=False),
+    NoisePlugin("shaped", "dpltm.dp.shaped:ShapedNoise",
+                "sensitivity-shaped noise (scales from public data, clipping in the rescaled norm)",
+                needs_public_data=True, plain_norm=False, convolutions=False),
+)}
+
+
+def noise_plugin(name: str) -> NoisePlugin:
+    """The plug-in called `name`; an unknown name is one line listing the others."""
+    try:
+        return NOISE_PLUGINS[name]
+    except KeyError:
+        raise DpltmUserError(f"unknown noise '{name}' (choose from {', '.join(NOISE_PLUGINS)})") from None
