@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from dpltm.architectures import ARCHITECTURES
+from dpltm.data.catalog import DATASET_ENTRIES
 from dpltm.dp.plugins import NOISE_PLUGINS
 
 
@@ -20,13 +22,8 @@ class Choice(str, Enum):
         return str(self.value)
 
 
-class Dataset(Choice):
-    mnist = "mnist"
-    fashion_mnist = "fashion-mnist"
-    kmnist = "kmnist"
-    har = "har"
-    isolet = "isolet"
-    digits = "digits"
+Dataset = Choice("Dataset", {name.replace("-", "_"): name for name in DATASET_ENTRIES})  # type: ignore[misc]
+"""`--dataset`: the datasets of dpltm/data/catalog.py."""
 
 
 class Split(Choice):
@@ -40,9 +37,8 @@ class Activation(Choice):
     tanh = "tanh"
 
 
-class Arch(Choice):
-    mlp = "mlp"
-    lenet5 = "lenet5"
+Arch = Choice("Arch", {name: name for name in ARCHITECTURES})  # type: ignore[misc]
+"""`--arch`: the built-in networks of dpltm/architectures.py."""
 
 
 class Optimizer(Choice):

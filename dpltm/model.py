@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpltm.architectures import ARCHITECTURES
 from dpltm.errors import DpltmUserError
 
 Masks = dict[str, Tensor]
@@ -62,11 +63,10 @@ def check_network_size(in_features: int, hidden: Sequence[int], num_classes: int
         )
 
 
-ARCHS: dict[str, tuple[tuple[int, int], ...]] = {"mlp": (), "lenet5": ((6, 5), (16, 5))}
-"""`--arch`: the convolutional front of the network, as (output channels, kernel side) per layer, each
-followed by the activation and 2×2 average pooling (LeNet-5, LeCun et al. 1998), then the
-fully connected layers (`hidden`, LeNet-5's 120 and 84 by default)."""
-ARCH_DEFAULT_HIDDEN = {"lenet5": (120, 84)}
+ARCHS: dict[str, tuple[tuple[int, int], ...]] = {name: entry.conv for name, entry in ARCHITECTURES.items()}
+"""`--arch`: the convolutional front of each built-in network (dpltm/architectures.py)."""
+ARCH_DEFAULT_HIDDEN = {name: entry.default_hidden for name, entry in ARCHITECTURES.items()
+                       if entry.default_hidden is not None}
 
 
 def image_side(in_features: int) -> int:

@@ -19,20 +19,19 @@ import json
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dpltm.data import mnist, tabular
+from dpltm.data.catalog import DATASET_ENTRIES
 from dpltm.data.sources import Portion
 from dpltm.data.splits import derive_seed, record_split
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.paths import resolve_data_dir
 
-DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "kmnist", "har", "isolet", "digits")
+DATASETS: tuple[str, ...] = tuple(DATASET_ENTRIES)
 SPLITS: tuple[str, ...] = ("train", "test", "all")
 POOL_TEST_FRACTION = 0.2
 MAX_VAL_FRACTION = 0.5
@@ -49,27 +48,11 @@ class DatasetSpec:
     load_portion: Callable[[Path, str], Portion]
 
 
-#: How a raw record becomes the network's input (feature = raw · scale): what `dpltm export` writes
-#: beside the weights, so a user can feed new records exactly as training did.
-INPUT_NORMALISATION: dict[str, dict[str, object]] = {
-    **{name: {"raw": "28×28 grey pixels, uint8 0..255", "layout": "row-major, flattened to 784",
-              "scale": 1 / 255, "offset": 0.0} for name in ("mnist", "fashion-mnist", "kmnist")},
-    "har": {"raw": "561 features of UCI HAR's X_*.txt (already scaled to [-1, 1] by the archive)",
-            "layout": "the file's column order", "scale": 1.0, "offset": 0.0},
-    "isolet": {"raw": "617 features of ISOLET's *.data (already scaled to [-1, 1] by the archive)",
-               "layout": "the file's column order", "scale": 1.0, "offset": 0.0},
-    "digits": {"raw": "8×8 pixel counts 0..16 (scikit-learn's digits.csv)", "layout": "row-major, flattened to 64",
-               "scale": 1 / 16, "offset": 0.0},
-}
+#: How a raw record becomes the network's input, per dataset (dpltm/data/catalog.py).
+INPUT_NORMALISATION: dict[str, dict[str, object]] = {n: e.input_normalisation for n, e in DATASET_ENTRIES.items()}
 
-SPECS: dict[str, DatasetSpec] = {
-    "mnist": DatasetSpec(784, 10, partial(mnist.load_portion, "mnist")),
-    "fashion-mnist": DatasetSpec(784, 10, partial(mnist.load_portion, "fashion-mnist")),
-    "kmnist": DatasetSpec(784, 10, partial(mnist.load_portion, "kmnist")),
-    "har": DatasetSpec(tabular.HAR_FEATURES, tabular.HAR_CLASSES, tabular.load_har),
-    "isolet": DatasetSpec(tabular.ISOLET_FEATURES, tabular.ISOLET_CLASSES, tabular.load_isolet),
-    "digits": DatasetSpec(tabular.DIGITS_FEATURES, tabular.DIGITS_CLASSES, tabular.load_digits),
-}
+SPECS: dict[str, DatasetSpec] = {n: DatasetSpec(e.num_features, e.num_classes, e.load_portion())
+                                 for n, e in DATASET_ENTRIES.items()}
 
 
 def _check_options(name: str, split: str, val_fraction: float, seed: int) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpltm.data.catalog import DATASET_ENTRIES
 from dpltm.data.sources import (
     Portion,
     find_file,
@@ -35,9 +36,9 @@ from dpltm.data.sources import (
 from dpltm.data.splits import record_split
 from dpltm.errors import DpltmUserError
 
-HAR_FEATURES, HAR_CLASSES = 561, 6
-ISOLET_FEATURES, ISOLET_CLASSES = 617, 26
-DIGITS_FEATURES, DIGITS_CLASSES = 64, 10
+HAR_FEATURES, HAR_CLASSES = DATASET_ENTRIES["har"].num_features, DATASET_ENTRIES["har"].num_classes
+ISOLET_FEATURES, ISOLET_CLASSES = DATASET_ENTRIES["isolet"].num_features, DATASET_ENTRIES["isolet"].num_classes
+DIGITS_FEATURES, DIGITS_CLASSES = DATASET_ENTRIES["digits"].num_features, DATASET_ENTRIES["digits"].num_classes
 
 HAR_DIRS = ("UCIHAR", "UCI HAR Dataset")
 ISOLET_FILES = {"train": "isolet1+2+3+4.data", "test": "isolet5.data"}
