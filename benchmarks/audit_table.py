@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dpltm.audit._faults import fault  # noqa: E402
-from dpltm.audit.run import AuditPlan, stage_audit  # noqa: E402
+from dpltm.audit.run import AuditPlan  # noqa: E402
+from dpltm.stages.audit import stage_audit  # noqa: E402
 
 
 def one(eps: float, threat_model: str, args: argparse.Namespace, broken: str | None = None) -> dict:  # type: ignore[type-arg]

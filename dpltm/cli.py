@@ -666,7 +666,8 @@ def audit(
     """Empirical lower bound on ε (Steinke, Nasr & Jagielski 2023): DP training exactly as `dpltm
     train` runs it, with m canaries each included with probability 1/2, then an attack's guesses turned
     into a lower bound at --confidence, beside the accountant's claim. Above the claim: a bug."""
-    from dpltm.audit.run import AuditPlan, stage_audit
+    from dpltm.audit.run import AuditPlan
+    from dpltm.stages.audit import stage_audit
 
     if dense == (ticket is not None):
         raise DpltmUserError("give --ticket PATH (from `dpltm select`) or --dense")

@@ -1,6 +1,6 @@
-"""`dpltm audit`: DP training exactly as `dpltm train` runs it, with canaries, and a lower bound.
+"""`dpltm audit`'s plan: the canaries a DP training run adds, and the lower bound read afterwards.
 
-The run goes through `dpltm.pipeline.train` (the same ticket or dense network, noise plug-in,
+The run (dpltm.stages.audit) goes through `dpltm.pipeline.train` (the same ticket or dense network, noise plug-in,
 Poisson sampling, clipping and accountant as `dpltm train`); the plan only adds the canaries and
 reads the attack's scores at the end. The claimed ε is the accountant's ε for the training
 mechanism that ran (its q counts the included canaries as records). A lower bound above it means
@@ -11,9 +11,7 @@ nothing more than "not refuted by this attack".
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,16 +105,3 @@ class AuditPlan:
             "refuted": bounds[primary].epsilon_lower_bound > claimed,
             **describe(self.threat_model),
         }
-
-
-def stage_audit(cli: dict[str, Any], config: Path | None, ticket: Path | None, data_dir: Path | None, device: str,
-                plan: AuditPlan, progress: bool, noise_seed: int | None = None,
-                public_data: str | None = None) -> dict[str, Any]:
-    """`dpltm train`'s stage with canaries: the same settings, ticket, data and checks; the model
-    (trained on canaries) goes to a temporary file and is not kept."""
-    from dpltm.stages.train import stage_train
-
-    with tempfile.TemporaryDirectory(prefix="dpltm-audit-") as scratch:
-        report = stage_train(cli, config, ticket, False, False, data_dir, device, Path(scratch) / "audited.pt",
-                             progress, public_data=public_data, noise_seed=noise_seed, audit=plan)
-    return report
