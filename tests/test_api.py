@@ -185,6 +185,7 @@ def test_callback_needs_a_poisson_loader() -> None:
         trainer.fit(Classifier(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=10))
 
 
+@pytest.mark.slow
 def test_import_dpltm_is_light_and_exports_the_api() -> None:
     import subprocess
     import sys

@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 from datafiles import write_digits
 
+pytestmark = pytest.mark.slow  # end to end, in fresh processes
+
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 

@@ -101,6 +101,7 @@ def test_renamed_config_key_names_its_successor(tmp_path) -> None:  # type: igno
         resolve_train_config({}, config)
 
 
+@pytest.mark.slow
 def test_a_bad_choice_is_one_line_from_the_real_entry_point() -> None:
     import subprocess
     import sys

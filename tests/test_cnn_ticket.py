@@ -97,6 +97,7 @@ def dpltm(*args: str, cwd: Path, data: Path, ok: bool = True) -> subprocess.Comp
     return result
 
 
+@pytest.mark.slow
 def test_cli_lenet5_ticket_generate_select_train(tmp_path: Path) -> None:
     data = tmp_path / "data"
     write_mnist(data, "MNIST", n_train=300, n_test=60)

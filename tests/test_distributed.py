@@ -108,6 +108,7 @@ def _rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_rank_step_equals_one_process_over_the_union(tmp_path: Path) -> None:
     world = 2
     mp.spawn(_rank, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_import_contracts_are_kept() -> None:
     lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
     if not Path(lint).exists():

@@ -107,6 +107,7 @@ def test_export_holds_the_released_weights_masks_normalisation_and_privacy(train
     assert inspected["kind"] == "export" and inspected["privacy_statement"] == body["report"]["statement"]
 
 
+@pytest.mark.slow
 def test_predict_on_an_export_in_a_fresh_process_reproduces_the_test_accuracy(trained, data_root: Path,  # type: ignore[no-untyped-def]
                                                                              tmp_path: Path) -> None:
     model, report = trained

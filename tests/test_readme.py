@@ -32,6 +32,7 @@ def test_readme_python_api_blocks_run(tmp_path: Path, monkeypatch: pytest.Monkey
     assert namespace["private"].epsilon <= 1.0 and namespace["dp"].epsilon <= 1.0  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_own_model_example_prints_epsilon_and_accuracy() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "own_model.py"), "--epochs", "3"],
                             capture_output=True, text=True, timeout=600)

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end, in fresh processes
+
+
 REPO = Path(__file__).resolve().parent.parent
 OFFLINE = ("--no-index", "--disable-pip-version-check")
 """Tests never need the network: where none is reachable, pip's index and version checks hang."""
