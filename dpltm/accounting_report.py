@@ -1,6 +1,6 @@
 """`dpltm account`: ε of DP-SGD by every accountant, side by side, or σ for a target ε.
 
-`--noise` names the plug-in whose parameter `--sigma` is (dpltm.dp.noise.NOISE_MECHANISMS):
+`--noise` names the plug-in whose parameter `--sigma` is (dpltm/dp/plugins.py):
 the sound accountants always see its effective add/remove multiplier (for `dpd`, 2σ). For
 `dpd` one more row shows what the DPD paper's own zCDP accounting would claim
 (dpltm.privacy.comparisons), labelled as a comparison: it is never a bound.
@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dpltm.dp.noise import noise_class
+from dpltm.dp.plugins import noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
     NEIGHBORING_LABELS,
@@ -83,7 +83,7 @@ def account_report(*, q: float | None, sigma: float | None, steps: int | None, d
         eps = check_target_epsilon(eps, "--eps")
     if sigma is not None and not (math.isfinite(sigma) and sigma >= MIN_NOISE_MULTIPLIER):
         raise DpltmUserError(f"--sigma must be a finite number ≥ {MIN_NOISE_MULTIPLIER:g}, got {sigma}")
-    mechanism = noise_class(noise)
+    mechanism = noise_plugin(noise)
     rows: list[dict[str, Any]] = []
     if eps is not None:
         for name in _supported(dpsgd_event(rate, 1.0, n_steps), neighboring, rows, "sigma"):

@@ -86,6 +86,9 @@ def test_ledger_and_registry_agree() -> None:
     assert set(NOISES) == set(NOISE_MECHANISMS) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
     for name, cls in NOISE_MECHANISMS.items():
         assert cls.name == name and NOISE_PLUGINS[name].load() is cls
+        for sigma in (0.5, 1.3):  # the torch-free table's σ maps are the class's
+            assert NOISE_PLUGINS[name].effective_for(sigma) == cls.effective_for(sigma)
+            assert NOISE_PLUGINS[name].parameter_for(sigma) == cls.parameter_for(sigma)
 
 
 def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_splits) -> None:  # type: ignore[no-untyped-def]

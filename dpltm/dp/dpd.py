@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
+from dpltm.dp.plugins import NOISE_PLUGINS
 from dpltm.model import MaskedMLP
 
 #: torch.quantile refuses very large inputs; larger layers are summarised on an even stride.
@@ -63,7 +64,7 @@ class DropoutNoise(ScaledGaussianNoise):
 
     sigma: float
     name: ClassVar[str] = "dpd"
-    PER_PARAMETER: ClassVar[float] = 2.0
+    PER_PARAMETER: ClassVar[float] = NOISE_PLUGINS["dpd"].per_parameter
 
     @classmethod
     def build(cls, parameter: float, context: NoiseContext | None = None) -> DropoutNoise:

@@ -32,6 +32,17 @@ class NoisePlugin:
     convolutions: bool = True
     """It supports the convolutional layers of `--arch lenet5` (a noise geometry on the MLP's layers
     only does not)."""
+    per_parameter: float = 1.0
+    """Noise std per unit of the plug-in's own σ, in units of the clip C: its effective multiplier, what
+    the accountant sees, is per_parameter·σ (docs/privacy.md §4 for dpd's 2σ)."""
+
+    def effective_for(self, parameter: float) -> float:
+        """The effective Gaussian multiplier (noise std / add-remove sensitivity) of parameter σ."""
+        return self.per_parameter * parameter
+
+    def parameter_for(self, effective: float) -> float:
+        """The plug-in's σ that gives the effective multiplier `effective`."""
+        return effective / self.per_parameter
 
     def load(self) -> Any:
         module, name = self.target.split(":")
@@ -42,7 +53,7 @@ NOISE_PLUGINS: dict[str, NoisePlugin] = {plugin.name: plugin for plugin in (
     NoisePlugin("gaussian", "dpltm.dp.gaussian:GaussianNoise", "Gaussian noise"),
     NoisePlugin("dpd", "dpltm.dp.dpd:DropoutNoise",
                 "differentially private dropout noise (Ermiş & Cemgil; effective multiplier = 2 × its σ)",
-                convolutions=False),
+                convolutions=False, per_parameter=2.0),
     NoisePlugin("shaped", "dpltm.dp.shaped:ShapedNoise",
                 "sensitivity-shaped noise (scales from public data, clipping in the rescaled norm)",
                 needs_public_data=True, plain_norm=False, convolutions=False),
