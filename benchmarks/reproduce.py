@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import torch
+from grid import PROFILES
+from grid.experiment import Experiment, run_grid
+from grid.report import make_figures, read_rows, summarise, write_markdown
 
-from dpltm.config import CONFIG_DIR
 from dpltm.devices import resolve_device
-from dpltm.experiment import Experiment, run_grid
-from dpltm.results_report import make_figures, read_rows, summarise, write_markdown
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     path = Path(args.profile)
     if not path.suffix:
-        path = Path(str(CONFIG_DIR / "experiments" / f"{args.profile}.yaml"))
+        path = PROFILES / f"{args.profile}.yaml"
     exp = Experiment.from_file(path, args.out, args.data_dir, resolve_device(args.device))
     shard = tuple(int(v) for v in args.shard.split("/"))
     started = time.perf_counter()
@@ -82,7 +82,7 @@ def prepare_choices(exp: Experiment, shard: tuple[int, int]) -> None:
     """Every noise-aware choice the grid needs (public data only; cached per planned run), split
     across shards. Runs with the same plan (same N, ε and recipe, e.g. MNIST and Fashion-MNIST)
     share one choice. Needs the ticket sets: run after the ticket part of --prepare."""
-    from dpltm.experiment import Run
+    from grid.experiment import Run
 
     todo = []
     for entry in exp.available_datasets():

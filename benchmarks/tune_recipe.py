@@ -1,4 +1,4 @@
-"""Choose the DP-SGD recipe on public data only: the search behind `dpltm/configs/experiments/tuned.yaml`.
+"""Choose the DP-SGD recipe on public data only: the search behind `benchmarks/grid/profiles/tuned.yaml`.
 
     python benchmarks/tune_recipe.py --public kmnist:test --private-size 54000 --eps 1 0.25 \\
         --out docs/recipe_search.csv
@@ -21,8 +21,9 @@ import itertools
 import sys
 from pathlib import Path
 
+from grid.recipe_search import FIELDS, search_recipe
+
 from dpltm.data import load_dataset
-from dpltm.recipe_search import FIELDS, search_recipe
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -61,7 +61,7 @@ def _defaults_yaml() -> dict[str, Any]:
 
     import yaml
 
-    return yaml.safe_load((resources.files("dpltm") / "configs" / "defaults.yaml").read_text("utf-8")) or {}
+    return yaml.safe_load((resources.files("dpltm.configs") / "defaults.yaml").read_text("utf-8")) or {}
 
 
 def cfg(dotted: str, shown: str | None = None) -> str:

@@ -33,7 +33,7 @@ from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
 from dpltm.strict_yaml import DuplicateKeyError, safe_load_strict
 
-CONFIG_DIR: Traversable = resources.files("dpltm") / "configs"
+CONFIG_DIR: Traversable = resources.files("dpltm.configs")
 """The packaged YAML (defaults, per-dataset, experiment profiles): shipped as package data, so an
 installed wheel reads the same settings as a checkout."""
 

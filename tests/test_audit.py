@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 from datafiles import write_digits
+from faults import FAULTS, fault
 from scipy import stats
 from typer.testing import CliRunner
 
 from dpltm import pipeline
-from dpltm.audit._faults import FAULTS, fault
 from dpltm.audit.bounds import bound_from_scores, epsilon_lower_bound, p_value
 from dpltm.audit.canaries import GradientCanaries, InputCanaries, inclusion_bits
 from dpltm.audit.run import AuditPlan

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from grid import PROFILES
 
 from dpltm.config import (
     CONFIG_DIR,
@@ -70,12 +71,13 @@ def test_bad_values_are_user_errors(tmp_path: Path) -> None:
         resolve_generate_config({"generate": {"rounds": "many"}}, None)
 
 
-@pytest.mark.parametrize("path", _yaml_files("experiments"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(PROFILES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_experiment_profile_is_complete(path: Path) -> None:
     """The reproduction's profiles name only known methods and build valid settings."""
+    from grid.experiment import METHODS
+
     from dpltm.config import ModelSettings, PrivateTicketSettings
     from dpltm.data import DATASETS
-    from dpltm.experiment import METHODS
 
     spec = read_yaml(path)
     assert set(spec["methods"]) <= set(METHODS)

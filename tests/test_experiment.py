@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 from datafiles import write_digits, write_mnist
+from grid import PROFILES, experiment
 
-from dpltm import experiment
 from dpltm.errors import DpltmUserError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -165,7 +165,7 @@ def test_recipe_search_reads_only_the_public_data(tmp_path: Path, monkeypatch: p
 
 def test_cnn_profile_runs_lenet5_tickets_and_the_dense_cnn(tmp_path: Path) -> None:
     """The grid with `model: {arch: lenet5}`: CNN tickets from public data, the dense CNN under DP-SGD."""
-    shipped = yaml.safe_load((Path(experiment.__file__).parent / "configs" / "experiments" / "cnn.yaml").read_text())
+    shipped = yaml.safe_load((PROFILES / "cnn.yaml").read_text())
     assert shipped["model"]["arch"] == "lenet5"
     data = tmp_path / "data"
     write_mnist(data, "MNIST", n_train=120, n_test=30)

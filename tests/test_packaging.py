@@ -69,3 +69,16 @@ def test_version_and_short_help() -> None:
     for args in (["-h"], ["train", "-h"], ["generate", "-h"]):
         result = runner.invoke(app, args)
         assert result.exit_code == 0 and "Usage" in result.output, args
+
+
+def test_every_package_is_listed_and_configs_install_as_package_data() -> None:
+    """pyproject lists the packages by hand (configs/ maps to `dpltm.configs`): a new subpackage
+    must be added there, or an installed wheel would lack it."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "dpltm").rglob("__init__.py")}
+    assert set(setuptools["packages"]) == on_disk | {"dpltm.configs"}
+    assert setuptools["package-dir"] == {"dpltm.configs": "configs"}
+    from importlib import resources
+
+    shipped = resources.files("dpltm.configs")
+    assert (shipped / "defaults.yaml").is_file() and (shipped / "recipes" / "tuned.yaml").is_file()

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from dpltm import results_report
-from dpltm.results_report import NOT_DP_FLAG, make_figures, summarise, write_markdown
+from grid import report as results_report
+from grid.report import NOT_DP_FLAG, make_figures, summarise, write_markdown
 
 EPSILONS = [1.0, 0.2]
 

@@ -36,7 +36,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_ships_every_config(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {p.relative_to(REPO).as_posix() for p in (REPO / "dpltm" / "configs").rglob("*.yaml")}
+    shipped = {"dpltm/" + p.relative_to(REPO).as_posix() for p in (REPO / "configs").rglob("*.yaml")}
     assert shipped and shipped <= names
 
 
@@ -53,7 +53,7 @@ def test_installed_wheel_reads_its_dataset_config(wheel: Path, tmp_path: Path) -
                             timeout=120, check=True)
     where, values = result.stdout.splitlines()
     assert Path(where).is_relative_to(site)  # the wheel's copy, not the checkout
-    assert values == "100 2000"  # dpltm/configs/datasets/digits.yaml, not the global 400 / 5000
+    assert values == "100 2000"  # configs/datasets/digits.yaml, not the global 400 / 5000
 
 
 def test_installing_the_wheel_keeps_the_torch_already_installed(wheel: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Test-only fault switches: break the mechanism on purpose, so the tests can show the audit notices.
+"""Fault switches for the tests (never in the library): break the mechanism on purpose, so the
+tests can show the audit notices.
 
 Each fault patches the one function of the real training path it breaks, for the duration of a
 `with` block; nothing in the CLI or the library's API can turn one on. The audit must then report
