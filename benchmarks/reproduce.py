@@ -132,7 +132,7 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
     if "dpltm-same" in methods:
         bullets.append("- **DPLTM same-data** is the paper's main mode: tickets from non-private training on the "
                        "private set, selection with ε1 = 10 % of ε, training with the rest. It is **NOT end-to-end "
-                       "DP** (PRIVACY.md §1): the ε in its rows covers selection and training only."
+                       "DP** (docs/privacy.md §1): the ε in its rows covers selection and training only."
                        + (f" Seeds: {same_seeds}." if (same_seeds := spec.get("method_seeds", {}).get("dpltm-same"))
                           else ""))
     bullets.append("- **dense DP-SGD** and **non-private** use the same network and recipe.")

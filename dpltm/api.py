@@ -146,7 +146,7 @@ def user_run_ledger(segments: SpentSegments, delta: float, accountant: str, neig
                     masks: Mapping[str, Tensor], masks_from: str | None, masks_private: bool,
                     selection_eps1: float | None, dataset_name: str) -> PrivacyLedger | None:
     """What a `make_private` / `DPCallback` run spent: every DP-SGD segment as it ran (composed, never
-    re-planned: PRIVACY.md §8), any ε1 of the selection, and the masks' provenance (none; public; or
+    re-planned: docs/privacy.md §8), any ε1 of the selection, and the masks' provenance (none; public; or
     these private records: then not DP end to end). None before the first step."""
     records = segments.records()
     if not records:
@@ -251,7 +251,7 @@ def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float
                   accuracy_sensitivity: float = 1.0, seed: int | None = None) -> Ticket:
     """The ticket with the best score S = A·(1 − ν·C) (`eps1=None`: tickets made on public data, no ε
     spent), or one drawn by the exponential mechanism with ε1 (McSherry & Talwar 2007; sensitivity
-    `score_sensitivity`, PRIVACY.md §2) when the accuracies come from private data."""
+    `score_sensitivity`, docs/privacy.md §2) when the accuracies come from private data."""
     if any(t.accuracy is None for t in tickets):
         raise DpltmUserError("every ticket needs an accuracy: generate them with val=…")
     scores = ticket_scores([t.accuracy for t in tickets], [t.density for t in tickets], nu)  # type: ignore[misc]
@@ -276,7 +276,7 @@ class PrivateTraining:
 
     Every step draws its own batch from the run's Poisson sampler (each record in with probability
     q = L/N, from a generator seeded by the OS CSPRNG): `step()` takes no data, so no batch chosen
-    any other way can be booked as a Poisson step (PRIVACY.md §8)."""
+    any other way can be booked as a Poisson step (docs/privacy.md §8)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, records: Records, plan: TrainPlan,
                  settings: TrainSettings, masks: Masks, masks_from: str | None, loss: Loss,
@@ -445,7 +445,7 @@ def _record_keys(features: Tensor, labels: Tensor) -> np.ndarray:
 def public_provenance(masks_from: Any, records: Records, masks: Mapping[str, Tensor]) -> str | None:
     """`masks_from` as a provenance line, checked where it can be: given the public data itself (a
     (features, labels) pair or a Dataset) or the tickets of `generate_tickets` (which carry their
-    records' hashes), no private training record may be among the public ones (PRIVACY.md §8: public
+    records' hashes), no private training record may be among the public ones (docs/privacy.md §8: public
     knowledge is free only when no private record is in it). A string is taken on the user's word."""
     if masks_from is None or isinstance(masks_from, str):
         return masks_from

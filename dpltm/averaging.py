@@ -1,7 +1,7 @@
 """The exponential moving average of DP iterates: what a run may release instead of the last iterate.
 
 EMA_1 = θ_1, EMA_t = decay·EMA_{t-1} + (1 − decay)·θ_t. It is computed from the released iterates
-alone, so it is post-processing (PRIVACY.md §7) and costs no privacy. The update is written
+alone, so it is post-processing (docs/privacy.md §7) and costs no privacy. The update is written
 without a host synchronisation (torch's `AveragedModel.update_parameters` reads its step counter
 on the host twice per step), so it can sit inside a captured CUDA graph.
 """

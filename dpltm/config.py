@@ -477,7 +477,7 @@ class TrainSettings:
     """SGD momentum on the privatized gradients (post-processing); 0: plain SGD (sgd only)."""
     ema: float | None = None
     """Decay of an exponential moving average of the iterates, evaluated and released instead of
-    the final iterate (post-processing of the released iterates, PRIVACY.md §7); None: off."""
+    the final iterate (post-processing of the released iterates, docs/privacy.md §7); None: off."""
     lr_sigma: float | None = None
     """When set, a DP run's learning rate is lr_sigma / σ (σ the effective noise multiplier, a
     function of public q, T, ε and δ only), so the noise an update carries, lr·σC/L, stays the same
@@ -520,7 +520,7 @@ REWIND_POINTS = ("warmup", "init")
 
 @dataclass(frozen=True)
 class PrivateTicketSettings:
-    """A ticket made on the private data with privacy (`dpltm generate --private`, PRIVACY.md §7):
+    """A ticket made on the private data with privacy (`dpltm generate --private`, docs/privacy.md §7):
     `rounds` DP-SGD warm-up rounds of `warmup_epochs` epochs each (the `train:` recipe, one σ for
     every phase), masks by magnitude of the DP weights down to `density`, then training from the
     masked warm-up weights (`rewind: warmup`) or from the initialisation θ0 (`rewind: init`)."""

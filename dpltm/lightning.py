@@ -143,7 +143,7 @@ class DPCallback(L.Callback):
 
     What was spent is recorded segment by segment, as it ran: a second `fit`, or a resume from a
     Lightning checkpoint, opens a new segment at the (q, σ) it runs at, and the ledger composes every
-    segment (PRIVACY.md §8). With `target_epsilon`, each fit calibrates σ for what is left of the
+    segment (docs/privacy.md §8). With `target_epsilon`, each fit calibrates σ for what is left of the
     budget given the segments already spent, or refuses when nothing is left. No seed or generator
     state is ever written to a checkpoint: a resumed fit draws fresh OS randomness.
 

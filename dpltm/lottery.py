@@ -6,7 +6,7 @@ smallest surviving weights of each layer to get m_{k+1}, and rewinds to θ0. Rou
 dense network.
 
 This phase sees its data without any privacy. The ticket file says so: tickets generated on
-the data later trained with DP make that training not end-to-end DP (shared/PRIVACY.md §1).
+the data later trained with DP make that training not end-to-end DP (docs/privacy.md §1).
 Accuracy is measured on the validation hold-out only: a test accuracy on the ticket data
 (possibly the private pool) would be one more non-private release in every ticket and winner
 file, and no stage needs it.

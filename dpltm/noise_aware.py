@@ -10,7 +10,7 @@ public data, and the candidate with the best public validation accuracy wins. ML
 stacked into one set of batched kernels (dpltm.dp.batched); convolutional ones are stepped one by one
 by the private training's own step (`EachCandidate`).
 
-Privacy (PRIVACY.md §7): a function of public data and public hyperparameters (σ, L, T, C, lr,
+Privacy (docs/privacy.md §7): a function of public data and public hyperparameters (σ, L, T, C, lr,
 and the private set's size N, which dpltm treats as public) only. It reads no private record
 and spends no ε; the private ledger records the selection as touching no private data. The
 ticket data must be the public data it is run on (checked by fingerprint).

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TicketOrigin:
-    """How the ticket relates to the private data: decides end-to-end DP (PRIVACY.md §1)."""
+    """How the ticket relates to the private data: decides end-to-end DP (docs/privacy.md §1)."""
 
     phase1: str  # "public" | "same-data" | "private" | "none"
     phase1_dataset: str | None
@@ -173,7 +173,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     """Train and write the model checkpoint; returns the final report (JSON-able).
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
-    plug-in, e.g. for the sensitivity-shaped noise (PRIVACY.md §6). `noise_seed` seeds the noise
+    plug-in, e.g. for the sensitivity-shaped noise (docs/privacy.md §6). `noise_seed` seeds the noise
     and Poisson sampling (default: a fresh OS-CSPRNG seed; never stored). `ticket_data` is the
     tickets' own data, reloaded to check a `--public-tickets` assertion record by record.
     `on_start` is called once every check has passed, just before training (the output is
@@ -383,7 +383,7 @@ def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSpli
         "density": density(model.masks()),
         "transfer": transfer,
         # what the accuracies above and the checkpoint's state_dict are: the last iterate, or
-        # an EMA of the iterates (post-processing, PRIVACY.md §7)
+        # an EMA of the iterates (post-processing, docs/privacy.md §7)
         "released_weights": outcome.released_weights,
         "noise_multiplier": plan.noise_multiplier if plan is not None else None,
         "noise_parameter": plan.noise_parameter if plan is not None else None,

@@ -1,7 +1,7 @@
 """Private tickets: a lottery ticket made on the private data itself, with privacy (issue 9).
 
 For a user who has no public data to take tickets from. The paper's same-data mode prunes by
-the magnitudes of non-privately trained weights, so the mask leaks (PRIVACY.md §1). Here every
+the magnitudes of non-privately trained weights, so the mask leaks (docs/privacy.md §1). Here every
 look at the private data is DP-SGD (the same Poisson sampling, masked clipping and noise plug-in
 as training):
 

@@ -9,7 +9,7 @@ steps the optimiser. After every epoch it logs validation/test accuracy and the 
 The recipe options apply alike to tickets, the dense DP-SGD baseline and the non-private one:
 SGD momentum (`--momentum`) acts on the privatized gradients, and the optional exponential
 moving average of the iterates (`--ema`) is computed from the released iterates alone; both are
-post-processing (PRIVACY.md §7) and change nothing in the accounting. With EMA on, the average is
+post-processing (docs/privacy.md §7) and change nothing in the accounting. With EMA on, the average is
 what is evaluated every epoch and what the checkpoint releases.
 """
 

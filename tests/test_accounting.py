@@ -1,7 +1,7 @@
-"""ε from dp-accounting, checked against PRIVACY.md's figures and against Opacus.
+"""ε from dp-accounting, checked against docs/privacy.md's figures and against Opacus.
 
-Reference setting (PRIVACY.md §3): N = 60000, L = 400 (q = L/N), 7500 steps, δ = 1e-5,
-add/remove adjacency. PRIVACY.md quotes its figures to two or three significant digits, so
+Reference setting (docs/privacy.md §3): N = 60000, L = 400 (q = L/N), 7500 steps, δ = 1e-5,
+add/remove adjacency. docs/privacy.md quotes its figures to two or three significant digits, so
 they are checked to 1 % relative.
 """
 
@@ -41,7 +41,7 @@ from dpltm.privacy.events import MAX_STEPS, MIN_NOISE_MULTIPLIER, check_steps, d
 Q = 400 / 60000
 STEPS = 7500
 DELTA = 1e-5
-REFERENCE = [  # σ, PLD ε, RDP ε, GDP-CLT ε  (PRIVACY.md §3)
+REFERENCE = [  # σ, PLD ε, RDP ε, GDP-CLT ε  (docs/privacy.md §3)
     (2.49, 0.90, 0.99, 0.892),
     (10.43, 0.180, 0.200, 0.179),
 ]
@@ -109,7 +109,7 @@ def test_gdp_clt(sigma: float, _pld_ref: float, _rdp_ref: float, gdp_ref: float)
     assert eps == pytest.approx(opacus_gdp.eps_from_mu(mu=mu, delta=DELTA), rel=1e-6)
     assert eps == pytest.approx(gdp_ref, abs=5e-4)
     # The CLT falls BELOW the PLD upper bound (which is tight to ~1e-3 here): GDP would
-    # understate ε, which is why it is never the default (PRIVACY.md §3, §5).
+    # understate ε, which is why it is never the default (docs/privacy.md §3, §5).
     assert eps < _pld(sigma)
 
 

@@ -1,4 +1,4 @@
-"""Phase 2: the exponential mechanism over tickets (McSherry & Talwar 2007; PRIVACY.md §2)."""
+"""Phase 2: the exponential mechanism over tickets (McSherry & Talwar 2007; docs/privacy.md §2)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from dpltm.privacy.exponential import (
     ticket_scores,
 )
 
-# The paper's setting (PRIVACY.md §2): ν = 50, ten IMP rounds of 30 % each.
+# The paper's setting (docs/privacy.md §2): ν = 50, ten IMP rounds of 30 % each.
 NU = 50.0
 DENSITIES = 0.7 ** np.arange(10)
 ACCURACIES = np.full(10, 0.97)
@@ -65,7 +65,7 @@ def test_sensitivity_scales_with_accuracy_sensitivity() -> None:
     nu=st.floats(min_value=0.0, max_value=100.0),
 )
 def test_sensitivity_bounds_every_score_change(data: st.DataObject, k: int, nu: float) -> None:
-    # PRIVACY.md §2: densities fixed, accuracies change arbitrarily in [0, 1].
+    # docs/privacy.md §2: densities fixed, accuracies change arbitrarily in [0, 1].
     acc = st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k)
     c = data.draw(st.lists(st.floats(1e-3, 1.0), min_size=k, max_size=k))
     a, a2 = data.draw(acc), data.draw(acc)
@@ -91,7 +91,7 @@ def test_probabilities_are_a_stable_softmax() -> None:
 
 
 def test_privacy_md_figure_selection_is_near_uniform() -> None:
-    # PRIVACY.md §2 quotes "0.097–0.101" to three decimals for ε1 = 0.1; the exact values
+    # docs/privacy.md §2 quotes "0.097–0.101" to three decimals for ε1 = 0.1; the exact values
     # are 0.0967 ... 0.1014, so we check the figure after rounding to three decimals.
     s = ticket_scores(ACCURACIES, DENSITIES, NU)
     delta = score_sensitivity(DENSITIES, NU)
@@ -181,7 +181,7 @@ def test_decisive_eps1_edge_cases() -> None:
 
 
 def test_holdout_sensitivity_makes_selection_sharp_at_small_eps1() -> None:
-    # PRIVACY.md §2: scored on n = 10000 held-out records, ΔA = 1/n.
+    # docs/privacy.md §2: scored on n = 10000 held-out records, ΔA = 1/n.
     acc = np.linspace(0.90, 0.97, 10)
     dens = DENSITIES[::-1]
     s = ticket_scores(acc, dens, 0.5)

@@ -173,7 +173,7 @@ def test_public_ledger_is_end_to_end_dp() -> None:
 
 
 def test_public_tickets_selected_on_a_private_holdout() -> None:
-    # PRIVACY.md §2: public tickets scored on private records cost ε1.
+    # docs/privacy.md §2: public tickets scored on private records cost ε1.
     ledger = _ledger(selection_eps1=0.5, accountant="rdp")
     assert ledger.end_to_end_dp is True
     best = ledger.best_bound()

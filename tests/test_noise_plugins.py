@@ -248,7 +248,7 @@ def test_dpd_quantiles_sample_large_tensors(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_dpd_privacy_md_section_4_figures() -> None:
-    """PRIVACY.md §4: the paper's σ = 3.23 "for ε = 0.5" is ε ≈ 0.67 (PLD), ≈ 0.75 (RDP).
+    """docs/privacy.md §4: the paper's σ = 3.23 "for ε = 0.5" is ε ≈ 0.67 (PLD), ≈ 0.75 (RDP).
 
     The paper's MNIST settings (§5): N = 60000, S = 600 (ν = 0.01), E = 200 epochs, so
     T = E/ν = 20000 iterations, δ = 1e-4. Under add/remove the multiplier is 2σ = 6.46.

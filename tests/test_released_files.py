@@ -1,4 +1,4 @@
-"""Released files carry only DP outputs and public facts (PRIVACY.md §8; issue 19).
+"""Released files carry only DP outputs and public facts (docs/privacy.md §8; issue 19).
 
 A model checkpoint, its safetensors export and a private ticket made on a user's own data must
 not tell two neighbouring datasets apart except through their DP outputs: no fingerprint of the

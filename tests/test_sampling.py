@@ -1,4 +1,4 @@
-"""Poisson sampling: the realised inclusion probability never exceeds q (PRIVACY.md §7)."""
+"""Poisson sampling: the realised inclusion probability never exceeds q (docs/privacy.md §7)."""
 
 from __future__ import annotations
 

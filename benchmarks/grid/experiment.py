@@ -3,7 +3,7 @@
 Methods:
 * `dpltm-same` — the paper's mode: tickets generated (non-privately) on the private training
   data, selected with the exponential mechanism (ε1 = selection_fraction·ε), trained with
-  ε2 = ε − ε1. NOT end-to-end DP (PRIVACY.md §1); reported ε covers phases 2–3 only.
+  ε2 = ε − ε1. NOT end-to-end DP (docs/privacy.md §1); reported ε covers phases 2–3 only.
 * `dpltm-public` — the sound mode (paper §4.5): tickets from a public dataset (projection
   layer when input sizes differ), best score picked without touching private data, all of ε to
   training. End-to-end (ε, δ)-DP.

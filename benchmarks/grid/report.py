@@ -1,7 +1,7 @@
 """Aggregate a reproduction's CSVs into tables, figures and docs/results.md.
 
 Runs whose tickets were made on the private training data (`dpltm-same`, `random-ticket`) are
-not end-to-end DP (PRIVACY.md §1): every label that names them, in the figures' legends and in
+not end-to-end DP (docs/privacy.md §1): every label that names them, in the figures' legends and in
 the tables' headers, says so (`NOT_DP_FLAG`).
 """
 

@@ -1,4 +1,4 @@
-"""What a released file may say about the data it was trained on (PRIVACY.md §8).
+"""What a released file may say about the data it was trained on (docs/privacy.md §8).
 
 Released artefacts (model checkpoints, safetensors exports, private tickets) carry only DP
 outputs and public facts. The data fingerprint (SHA-256 over the raw files' md5) is a

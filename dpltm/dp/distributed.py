@@ -1,6 +1,6 @@
 """DP-SGD over several processes (Lightning DDP): the same mechanism as on one device.
 
-Per step, with R ranks (PRIVACY.md §7, "Multi-device DP-SGD"):
+Per step, with R ranks (docs/privacy.md §7, "Multi-device DP-SGD"):
 
 * **Sampling.** Rank r Poisson-samples its shard {i : i ≡ r (mod R)} at rate q with its own
   generator. Every record lies in exactly one shard, so it joins the step's batch (the union of

@@ -4,7 +4,7 @@ Algorithm 1 clips each per-sample gradient to L2 norm C and adds ξ' ~ N(0, 4C²
 clipped sum; §4.2 identifies this noise with Gaussian dropout's additive form
 N(0, α·diag(θ²)), so each weight carries an implied dropout rate α = 4C²σ²/θ².
 
-Privacy (PRIVACY.md §4). The mechanism *is* the Gaussian mechanism. The paper argues under
+Privacy (docs/privacy.md §4). The mechanism *is* the Gaussian mechanism. The paper argues under
 replace-one adjacency, where the clipped sum moves by at most 2C, so the noise std 2Cσ is
 multiplier σ. dpltm accounts under add/remove-one adjacency (what Poisson subsampling is
 analysed under, Mironov, Talwar & Zhang 2019): adding or removing one record moves the sum
@@ -71,7 +71,7 @@ class DropoutNoise(ScaledGaussianNoise):
         return cls(float(parameter))
 
     def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
-        """Median and quartiles of the implied dropout rates α per layer (PRIVACY.md §4)."""
+        """Median and quartiles of the implied dropout rates α per layer (docs/privacy.md §4)."""
         if not math.isfinite(clip):
             return {}
         metrics: dict[str, float] = {}

@@ -7,7 +7,7 @@ g_i = ∂ℓ_i/∂z_i. Its squared norm over the *surviving* weights is
     ‖(g_i a_iᵀ) ⊙ M‖² = Σ_jk g_ij² M_jk a_ik² = (g_i ⊙ g_i)ᵀ M (a_i ⊙ a_i)
 
 — one batched matmul per layer (the "ghost norm" of Goodfellow 2015 / Li et al. 2022,
-restricted to the mask; shared/PRIVACY.md §3). The unmasked bias adds ‖g_i‖². With clip
+restricted to the mask; docs/privacy.md §3). The unmasked bias adds ‖g_i‖². With clip
 factors c_i = min(1, C/‖g_i‖), the clipped sum Σ_i c_i g_i a_iᵀ is (c ⊙ G)ᵀ A: the same
 matmul a plain backward pass does. So a DP step costs one extra matmul per layer.
 

@@ -7,7 +7,7 @@ record's clipped gradient by its weight, so a padding row adds exactly zero; a d
 the capacity fills several chunks, whose clipped sums are added before the step's single noise
 draw. Every sampled record is processed once and nothing else counts, so the mechanism — each
 record in with probability q, the clipped sum over exactly the sampled records, one noise draw
-per step — is the eager one (PRIVACY.md §7, "Padding for static shapes"). Dropping or capping
+per step — is the eager one (docs/privacy.md §7, "Padding for static shapes"). Dropping or capping
 records would change it, and is never done.
 """
 

@@ -6,7 +6,7 @@ legal step (it still adds noise and is still counted). Shuffled fixed-size batch
 different mechanism (Chua et al. 2024) and are not offered here.
 
 The accountant is told q, so each record's realised inclusion probability must never exceed
-q (PRIVACY.md §7): a larger rate is a weaker guarantee than the one reported. Comparing
+q (docs/privacy.md §7): a larger rate is a weaker guarantee than the one reported. Comparing
 float32 uniforms with q does not ensure it: on CPU `torch.rand` gives multiples of 2⁻²⁴, so
 `u < q` holds with probability ⌈q·2²⁴⌉/2²⁴, which exceeds q whenever q is off that grid
 (for q = 2⁻⁶⁰ it is 2⁻²⁴). We compare uniform integers instead; see `inclusion_threshold`.

@@ -2,7 +2,7 @@
 
 The slides' idea: the cost is more sensitive to some parameters than to others (w_j =
 ∂cost/∂θ_j), so put less noise where the cost is sensitive and more where it is not. Two
-facts decide how dpltm does it soundly (PRIVACY.md §6):
+facts decide how dpltm does it soundly (docs/privacy.md §6):
 
 * w must not come from the private data (it would leak): it is computed once, before
   training, on PUBLIC data (`NoiseContext.public_data`, `--public-dataset`) at the starting
@@ -72,7 +72,7 @@ def public_sensitivity(model: MaskedMLP, features: Tensor, labels: Tensor,
                        max_records: int = PUBLIC_RECORDS) -> dict[str, Tensor]:
     """w = |∂L̄/∂θ| on public records (L̄: mean cross-entropy over at most `max_records`).
 
-    Never call this with private data (PRIVACY.md §6): w is not privatised.
+    Never call this with private data (docs/privacy.md §6): w is not privatised.
     """
     n = min(int(labels.shape[0]), max_records)
     if n == 0:

@@ -1,6 +1,6 @@
 """Privacy mathematics of dpltm: selection, events, accounting, calibration, the ledger.
 
-See PRIVACY.md for the facts these modules build on; every formula's docstring cites its
+See docs/privacy.md for the facts these modules build on; every formula's docstring cites its
 theorem.
 """
 

@@ -7,7 +7,7 @@ Two sound accountants from dp-accounting 0.6.0, both upper bounds on the true ε
   each PLD with `pessimistic_estimate=True`: losses are rounded up and the truncated tail
   is counted as infinite loss, so the ε it reports is an upper bound, and nearly tight.
   We use a value discretisation interval of 1e-4 (dp-accounting's default): at the
-  reference setting of PRIVACY.md §3 it is within 5e-4 of the 1e-5 result, whereas 1e-3
+  reference setting of docs/privacy.md §3 it is within 5e-4 of the 1e-5 result, whereas 1e-3
   overstates ε = 0.180 as 0.216. Default accountant.
 * ``"rdp"`` — Rényi DP (Mironov 2017; subsampled Gaussian per Mironov, Talwar & Zhang
   2019), converted to (ε, δ) by Canonne, Kamath & Steinke (2020), Prop. 12 (the same bound
@@ -330,7 +330,7 @@ def gdp_delta(eps: float, mu: float) -> float:
 def gdp_epsilon(mu: float, delta: float) -> float:
     """The ε at which a μ-GDP mechanism is (ε, δ)-DP, solving `gdp_delta(ε, μ) = δ` (brentq).
 
-    APPROXIMATION WARNING (PRIVACY.md §3, §5): with μ from `gdp_mu` this is the CLT
+    APPROXIMATION WARNING (docs/privacy.md §3, §5): with μ from `gdp_mu` this is the CLT
     approximation of Bu et al. (2020), not a bound. At the reference setting it gives 0.892
     where the (upper-bound) PLD accountant gives 0.900: it can fall BELOW the true ε
     (Opacus warns the same). Report it only labelled as an approximation; never use it
@@ -381,7 +381,7 @@ def composition_bounds(
 ) -> list[Bound]:
     """Every valid (ε, δ) bound for selection (ε1-DP exponential mechanism) then training.
 
-    * `selection_eps1` None (tickets and selection touch no private data, PRIVACY.md §1):
+    * `selection_eps1` None (tickets and selection touch no private data, docs/privacy.md §1):
       the training bound alone, from the chosen accountant.
     * Basic composition (Dwork & Roth 2014, Thm 3.16): (ε1, 0)-DP then (ε2, δ)-DP is
       (ε1 + ε2, δ)-DP; ε2 from the chosen accountant. Always valid; the paper's Theorem 3.

@@ -179,7 +179,7 @@ def _calibrate(
     """`calibrate_parameter`, started for PLD from the (cheap) RDP answer.
 
     RDP's ε is the larger, so its σ lies a little above PLD's (about 7 % at the reference
-    setting of PRIVACY.md §3): a bracket of ±25 % around it costs two PLD evaluations.
+    setting of docs/privacy.md §3): a bracket of ±25 % around it costs two PLD evaluations.
     """
     lower = MIN_NOISE_MULTIPLIER
     rdp_supported = make_accountant("rdp", neighboring).supports(make_event(1.0))

@@ -2,7 +2,7 @@
 
 Nothing here is ever used for a guarantee, to calibrate noise, or in a ledger: dpltm's ε
 always comes from the sound PLD/RDP accountants (dpltm.privacy.accounting) applied to the
-effective Gaussian multiplier of the noise plug-in (PRIVACY.md §4). These functions exist so
+effective Gaussian multiplier of the noise plug-in (docs/privacy.md §4). These functions exist so
 that a user can see what a paper would have claimed for the same run, and how far that is
 from a valid bound.
 
@@ -38,7 +38,7 @@ passes T"), not over the 20000 iterations actually run; composed over 20000 iter
 same formulas give σ = 13.9 (zCDP) and σ = 83.3 (AC). `paper_compositions` returns the
 paper's J. The printed figure understates ε: by the sound accountants σ = 3.23 at these
 settings is ε ≈ 0.67 (PLD) / ≈ 0.75 (RDP) under add/remove (effective multiplier 2σ,
-PRIVACY.md §4).
+docs/privacy.md §4).
 """
 
 from __future__ import annotations

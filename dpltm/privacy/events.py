@@ -47,7 +47,7 @@ EVENT_TYPES: dict[str, type] = {
 def dpsgd_event(sample_rate: float, noise_multiplier: float, steps: int) -> DpEvent:
     """DP-SGD as run in phase 3: T steps of the Poisson-subsampled Gaussian mechanism.
 
-    `SelfComposed(PoissonSampled(q, Gaussian(σ)), T)` (PRIVACY.md §3): each record joins a
+    `SelfComposed(PoissonSampled(q, Gaussian(σ)), T)` (docs/privacy.md §3): each record joins a
     batch independently with probability q, the clipped sum gets N(0, σ²C²) noise. This is
     the event the PLD and RDP accountants analyse exactly (Mironov, Talwar & Zhang 2019;
     Koskela et al. 2020), which is why sampling must really be Poisson.
@@ -89,7 +89,7 @@ def selection_event(eps1: float) -> DpEvent:
     (Durfee & Rogers 2019), and an ε-bounded-range mechanism is ε²/8-zCDP (Cesar & Rogers
     2021, "Bounding, Concentrating, and Truncating"), i.e.
     (α, α·ε1²/8)-RDP for all α. dp-accounting 0.6.0 has no exponential-mechanism event
-    (PRIVACY.md §2); the RDP accountant composes this one with DP-SGD, the PLD accountant
+    (docs/privacy.md §2); the RDP accountant composes this one with DP-SGD, the PLD accountant
     rejects it. The pure ε1-DP fact is used separately for basic
     composition (see `accounting.composition_bounds`).
     """

@@ -8,7 +8,7 @@ its accuracy and C_i the fraction of weights it keeps, and picks i with probabil
 the exponential mechanism of McSherry & Talwar (2007, Thm 6), which is ε1-DP whenever Δ
 bounds how much any single score can move between neighbouring datasets.
 
-Sensitivity (PRIVACY.md §2). C_i is fixed by the pruning schedule, not by data, while
+Sensitivity (docs/privacy.md §2). C_i is fixed by the pruning schedule, not by data, while
 A_i ∈ [0, 1] may change arbitrarily between neighbours (it comes from non-private
 training), so |S_i − S_i'| = |A_i − A_i'|·|1 − ν·C_i| ≤ ΔA·|1 − ν·C_i| and
 
@@ -130,7 +130,7 @@ def score_sensitivity(
 ) -> float:
     """Δ = ΔA · max_i |1 − ν·C_i|: how far one record can move any ticket's score.
 
-    Why (PRIVACY.md §2): C_i is set by the pruning schedule, independent of the data, so
+    Why (docs/privacy.md §2): C_i is set by the pruning schedule, independent of the data, so
     only A_i moves, by at most ΔA, and S_i moves by at most ΔA·|1 − ν·C_i|. The maximum over
     the candidates is the sensitivity the exponential mechanism needs (McSherry & Talwar
     2007). With ΔA = 1 (accuracy from non-private training on the private data can change
@@ -242,7 +242,7 @@ def near_uniform(
     """True when every ticket's probability is within ±`tolerance`·(1/k) of uniform.
 
     I.e. max_i |k·P(i) − 1| ≤ tolerance. At the paper's settings (ν = 50, ε1 = 0.1,
-    PRIVACY.md §2) the selection is this close to a coin toss: the CLI should say so rather
+    docs/privacy.md §2) the selection is this close to a coin toss: the CLI should say so rather
     than present the winner as chosen on merit.
     """
     p = _vector(probabilities, "probabilities")

@@ -1,9 +1,9 @@
 """The privacy record of a run: stored in checkpoints, printed to users.
 
-A `PrivacyLedger` says what touched the private data and how (PRIVACY.md §1):
+A `PrivacyLedger` says what touched the private data and how (docs/privacy.md §1):
 
 * phase 1 (ticket generation) by DP-SGD on the private data itself (`dpltm generate --private`:
-  a DP warm-up, masks by magnitude of the DP weights, PRIVACY.md §7) is recorded as one
+  a DP warm-up, masks by magnitude of the DP weights, docs/privacy.md §7) is recorded as one
   `SelfComposed(PoissonSampled(q, Gaussian(σ)), T)` per warm-up round; the run stays end-to-end
   DP and its ε composes every warm-up round with training in one PLD (or RDP) computation.
 * phase 1 (ticket generation) on the SAME private data is recorded as
@@ -204,7 +204,7 @@ class PrivacyLedger:
     # ---- events ----------------------------------------------------------------------------
 
     def phase1_event(self) -> DpEvent:
-        """Same-data tickets leak (PRIVACY.md §1): NonPrivate; DP tickets: their warm-up rounds'
+        """Same-data tickets leak (docs/privacy.md §1): NonPrivate; DP tickets: their warm-up rounds'
         DP-SGD events; public or none: NoOp."""
         if self.phase1 == "private":
             return ComposedDpEvent(self._warmup_events())

@@ -4,7 +4,7 @@ A library run (`make_private`, `DPCallback`) can change its sampling rate q or i
 multiplier σ between fits or across a resume. What it spent is then the adaptive composition of
 every stretch of steps at the (q, σ) it ran at (Dwork & Roth 2014, Thm 3.16), not "all steps at
 the latest plan": re-planning σ for the whole run and multiplying by every step done
-undercounts whenever an earlier segment had a smaller σ or a larger q (PRIVACY.md §8).
+undercounts whenever an earlier segment had a smaller σ or a larger q (docs/privacy.md §8).
 
 Each segment is one `SelfComposed(PoissonSampled(q, Gaussian(σ)), T)` event; the ledger composes
 them in one PLD (or RDP) computation. Consecutive segments with the same mechanism merge (T1 + T2
