@@ -27,3 +27,12 @@ ARCHITECTURES: dict[str, ArchitectureEntry] = {entry.name: entry for entry in (
     ArchitectureEntry("lenet5", ((6, 5), (16, 5)), (120, 84),
                       "LeNet-5 (LeCun et al. 1998): two 5×5 convolutions with 6 and 16 maps, then 120, 84"),
 )}
+
+
+def model_cli(arch: str | None, widths: list[int] | tuple[int, ...] | None, **rest: object) -> dict[str, object]:
+    """The `model:` part of a command's settings: a built-in architecture brings its own hidden widths
+    (LeNet-5's 120, 84) unless the command gives some."""
+    entry = ARCHITECTURES.get(arch) if arch is not None else None
+    if widths is None and entry is not None and entry.default_hidden is not None:
+        widths = list(entry.default_hidden)
+    return {"hidden": None if widths is None else list(widths), "arch": arch, **rest}

@@ -40,7 +40,7 @@ from dpltm.paths import forget_inputs
 from dpltm.run_log import check_logger
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, same_data_note, stage_select
-from dpltm.stages.train import check_lr_given, check_planned_training, print_training_report, stage_train
+from dpltm.stages.train import print_training_report, stage_train
 
 app = typer.Typer(
     name="dpltm",
@@ -181,17 +181,6 @@ class RunRecipe(str, Enum):
     tuned = "tuned"
 
 
-#: `run --recipe auto` takes the tuned recipe from this many private training records up: it was
-#: chosen for N = 54000 (MNIST, Fashion-MNIST); its batch of 1600 does not suit small sets.
-TUNED_RECIPE_MIN_RECORDS = 20000
-
-
-def chosen_recipe(recipe: RunRecipe, n_train: int) -> str:
-    if recipe == RunRecipe.auto:
-        return "tuned" if n_train >= TUNED_RECIPE_MIN_RECORDS else "paper"
-    return recipe.value
-
-
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 ArchOption = Annotated[Arch | None, typer.Option("--arch", help="Network: mlp (LeNet-300-100 by default; the paper's) or lenet5 (two 5×5 convolutions with 6 and 16 maps, each followed by the activation and 2×2 average pooling, then --hidden, default 120,84; masks on convolution and linear weights; 28×28 images).", show_default="mlp")]
 ActivationOption = Annotated[Activation | None, typer.Option(help="Hidden activation: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default=cfg("model.activation"))]
@@ -214,13 +203,12 @@ Seed = Annotated[int | None, typer.Option(help="Seed for the data split and any 
 
 
 def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, Any]:
-    """The `model:` part of a command's settings; --arch lenet5 brings LeNet-5's 120,84 unless --hidden says otherwise."""
-    from dpltm.model import ARCH_DEFAULT_HIDDEN
+    """The `model:` part of a command's settings (dpltm.architectures.model_cli)."""
+    from dpltm.architectures import model_cli
 
-    widths = _ints(hidden, "--hidden")
-    if widths is None and arch in ARCH_DEFAULT_HIDDEN:
-        widths = list(ARCH_DEFAULT_HIDDEN[arch])
-    return {"hidden": widths, "arch": arch, **rest}
+    return model_cli(arch, _ints(hidden, "--hidden"), **rest)
+
+
 Json = Annotated[bool, typer.Option("--json", help="Print the final report as one JSON object on stdout.")]
 LoggerOption = Annotated[Logger, typer.Option("--logger", help="Lightning logger of the run's versioned folder (<log-dir>/<command>/<dataset>/version_N): csv, tensorboard (pip install 'dpltm\\[tensorboard]'), mlflow (pip install 'dpltm\\[mlflow]'; $MLFLOW_TRACKING_URI, else <log-dir>/mlflow.db) or none (run.json only, which `dpltm plot` reads).")]
 LogDir = Annotated[Path | None, typer.Option("--log-dir", help="Root of the run folders (else $DPLTM_LOG_DIR, else ./logs).")]
@@ -776,151 +764,22 @@ def run(
 ) -> None:
     """All stages in a sound (end-to-end DP) mode: public tickets → noise-aware choice → DP training, or
     with --ticket-source private a ticket made on the private data by DP warm-up → DP training."""
+    from dpltm.stages.run import RunRequest, stage_run
+
     check_logger(value(logger))
-    relation = neighbouring.relation if neighbouring is not None else None
     if old_tickets is not None:
         raise DpltmUserError(f"`dpltm run --tickets {old_tickets}` was renamed --ticket-source {old_tickets} "
                              "(--tickets names a ticket file, as in `dpltm select --tickets`)")
-    dataset, public_dataset, public_split, activation, arch = map(
-        value, (dataset, public_dataset, public_split, activation, arch))
-    if download:
-        from dpltm.data.download import fetch_for_run
-
-        fetch_for_run([dataset] + ([public_dataset] if tickets == TicketSource.public else []), data_dir)
-    from dpltm.checkpoint import prepare_output
-    from dpltm.config import resolve_generate_config, resolve_train_config
-    from dpltm.data import load_dataset
-    from dpltm.data.loaders import DATASETS, SPECS
-    from dpltm.devices import resolve_device
-    from dpltm.paths import default_checkpoint_dir
-
-    if tickets == TicketSource.private:
-        public_only = {"--rounds": rounds, "--iterations": iterations, "--project-to": project_to,
-                       "--cuda-graphs": cuda_graphs or None, "--arch": arch}
-        given = [name for name, value in public_only.items() if value is not None]
-        if given or choice != TicketChoice.noise_aware:
-            raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
-                                 "--ticket-source private (its warm-up rounds are a config setting, private_ticket.rounds)")
-        run_private_tickets(dataset, eps, delta, epochs, batch_size, activation, momentum, ema, seed, warmup_epochs,
-                            density, device, config, data_dir, out, overwrite, progress, json_out, recipe,
-                            logging={"logger": value(logger), "log_dir": log_dir}, lr=lr, clip=clip,
-                            neighboring=relation)
-        return
-    if warmup_epochs is not None or density is not None:
-        raise DpltmUserError("--warmup-epochs and --density apply with --ticket-source private")
-    if arch not in (None, "mlp") and choice == TicketChoice.noise_aware:
-        raise DpltmUserError(f"--arch {arch}: the noise-aware choice trains MLP tickets side by side; "
-                             "add --choice best")
-    if public_dataset == dataset:
-        raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
-                             "(for the paper's same-data mode run generate, select and train yourself)")
-    for name in (dataset, public_dataset):
-        if name not in SPECS:
-            raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    private_spec, public_spec = SPECS[dataset], SPECS[public_dataset]
-    if project_to is None and private_spec.num_features != public_spec.num_features:
-        project_to = private_spec.num_features  # the paper's §4.5.2 transfer between input sizes
-    first_layer_inputs = project_to if project_to is not None else public_spec.num_features
-    if first_layer_inputs != private_spec.num_features:
-        raise DpltmUserError(f"--project-to {project_to} cannot transfer: {dataset} has {private_spec.num_features} "
-                             f"features, so the tickets' projection width must be {private_spec.num_features}")
-    # every check before the (long) ticket generation: settings, outputs, both datasets
-    model_out = out or default_checkpoint_dir() / f"{dataset}-dpltm.pt"
-    tickets_path = model_out.with_name(f"{model_out.stem}-tickets.pt")
-    winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
-    train_cli = {"data": {"dataset": dataset},
-                 "train": {"eps2": eps, "delta": delta, "epochs": epochs, "batch_size": batch_size,
-                           "clip": clip, "lr": lr, "momentum": momentum, "ema": ema, "neighboring": relation},
-                 "model": {"activation": activation}, "seed": seed}
-    gen_cli = {"data": {"dataset": public_dataset, "split": public_split},
-               "model": _model_cli(arch, None, project_to=project_to, activation=activation),
-               "generate": {"rounds": rounds, "iterations": iterations}, "seed": seed}
-    train_cfg = resolve_train_config(train_cli, config)
-    gen_cfg = resolve_generate_config(gen_cli, config)
-    for path in (model_out, winner_path):
-        prepare_output(path, overwrite=overwrite, inputs=[config])
-    torch_device = resolve_device(device)
-    if cuda_graphs and torch_device.type != "cuda":
-        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
-    private = load_dataset(dataset, split=train_cfg.data.split, data_dir=data_dir,
-                           val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
-    train_cli["recipe"] = chosen_recipe(recipe, len(private.train))
-    noise_aware = choice == TicketChoice.noise_aware
-    public = load_dataset(public_dataset, split=gen_cfg.data.split, data_dir=data_dir,
-                          val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
-    # the recipe's settings against both datasets (L < N, σ, lr), before any ticket
-    planned = resolve_train_config(train_cli, config)
-    check_lr_given(lr, planned, train_cli["recipe"])
-    check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
-    err_console.print(f"[bold]1/3[/bold] tickets from public data: {public_dataset} ({public_split} split)"
-                      + (f", input projection to {project_to}" if project_to is not None else "")
-                      + f"; training recipe: {train_cli['recipe']}")
-    stage_generate(gen_cli, config, data_dir, device, tickets_path, overwrite, progress, cuda_graphs,
-                   logger=value(logger), log_dir=log_dir)
-    err_console.print(f"[bold]2/3[/bold] selection on public tickets ({choice.value}; spends nothing on private data)")
-    request = NoiseAwareRequest(len(private.train), train_cli, data_dir, device, progress) if noise_aware else None
-    stage_select({"select": {}}, config, tickets_path, not noise_aware, seed, winner_path, overwrite=overwrite,
-                 noise_aware=request)
-    err_console.print(f"[bold]3/3[/bold] DP training on {dataset} at ε = {eps:g}, δ = {delta:g}")
-    report = stage_train(train_cli, config, winner_path, False, False, data_dir, device, model_out, progress,
-                         overwrite=overwrite, cuda_graphs=cuda_graphs, logger=value(logger), log_dir=log_dir)
-    finish_training_report(report, json_out)
-
-
-def run_private_tickets(dataset: str, eps: float, delta: float, epochs: int | None, batch_size: int | None,
-                        activation: str | None, momentum: float | None, ema: float | None, seed: int | None,
-                        warmup_epochs: int | None, density: float | None, device: str, config: Path | None,
-                        data_dir: Path | None, out: Path | None, overwrite: bool, progress: bool,
-                        json_out: bool, recipe: RunRecipe = None,  # type: ignore[assignment]
-                        logging: dict[str, Any] | None = None, lr: float | None = None,
-                        clip: float | None = None, neighboring: str | None = None) -> None:
-    """`run --ticket-source private`: a private ticket on the private data, then its DP training; the warm-up
-    is taken out of the recipe's epochs, and one σ makes the whole run meet --eps."""
-    from dpltm.checkpoint import prepare_output
-    from dpltm.config import resolve_train_config
-    from dpltm.data import load_dataset
-    from dpltm.paths import default_checkpoint_dir
-
-    base = resolve_train_config({"data": {"dataset": dataset}, "seed": seed}, config)
-    pool = load_dataset(dataset, split=base.data.split, data_dir=data_dir, val_fraction=base.data.val_fraction,
-                        seed=base.seed)
-    chosen = chosen_recipe(recipe or RunRecipe.auto, len(pool.train))
-    settings = resolve_train_config({"data": {"dataset": dataset}, "train": {"epochs": epochs}, "recipe": chosen},
-                                    config)
-    check_lr_given(lr, settings, chosen)
-    warmup = warmup_epochs if warmup_epochs is not None else settings.private_ticket.warmup_epochs
-    rounds = settings.private_ticket.rounds
-    if warmup * rounds >= settings.train.epochs:
-        raise DpltmUserError(f"{rounds} warm-up round(s) of {warmup} epochs leave none of the "
-                             f"{settings.train.epochs} epochs for training")
-    model_out = out or default_checkpoint_dir() / f"{dataset}-dpltm-private.pt"
-    ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
-    for path in (model_out, ticket_path):
-        prepare_output(path, overwrite=overwrite, inputs=[config])
-    train_cli = {"data": {"dataset": dataset},
-                 "train": {"eps2": eps, "delta": delta, "epochs": settings.train.epochs - warmup * rounds,
-                           "batch_size": batch_size, "clip": clip, "lr": lr, "momentum": momentum, "ema": ema,
-                           "neighboring": neighboring},
-                 "model": {"activation": activation},
-                 "private_ticket": {"warmup_epochs": warmup, "density": density}, "seed": seed,
-                 "recipe": chosen}
-    # the whole plan checked against the data before the first line of work (σ, L < N, the density)
-    from dpltm.model import build_architecture
-    from dpltm.private_tickets import layer_keep_fractions, plan_private_ticket
-
-    planned = resolve_train_config(train_cli, config)
-    plan_private_ticket(planned, len(pool.train))
-    layer_keep_fractions(build_architecture(pool.num_features, pool.num_classes, planned.model.hidden,
-                                            planned.model.project_to, planned.model.activation),
-                         planned.private_ticket.density)
-    err_console.print(f"[bold]1/2[/bold] private ticket on {dataset}: {rounds} × {warmup} DP warm-up epochs, then "
-                      f"{settings.train.epochs - warmup * rounds} epochs of DP training, ε = {eps:g} in all; "
-                      f"recipe {chosen}")
-    stage_generate_private(train_cli, config, data_dir, device, ticket_path, overwrite, progress, **(logging or {}))
-    err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {dataset}")
-    report = stage_train(train_cli, config, ticket_path, False, False, data_dir, device, model_out, progress,
-                         overwrite=overwrite, **(logging or {}))
-    finish_training_report(report, json_out)
+    request = RunRequest(
+        dataset=value(dataset), public_dataset=value(public_dataset), public_split=value(public_split), eps=eps,
+        delta=delta, epochs=epochs, batch_size=batch_size, clip=clip, lr=lr,
+        neighboring=neighbouring.relation if neighbouring is not None else None, rounds=rounds,
+        iterations=iterations, project_to=project_to, activation=value(activation), arch=value(arch),
+        momentum=momentum, ema=ema, recipe=value(recipe), ticket_source=tickets, warmup_epochs=warmup_epochs,
+        density=density, choice=choice, seed=seed, device=device, cuda_graphs=cuda_graphs, config=config,
+        data_dir=data_dir, download=download, out=out, overwrite=overwrite, progress=progress,
+        logger=value(logger), log_dir=log_dir)
+    finish_training_report(stage_run(request), json_out)
 
 
 def main() -> None:

@@ -129,7 +129,6 @@ def test_cli_lenet5_ticket_generate_select_train(tmp_path: Path) -> None:
          "--arch is for --dense"),
         (("train", "--ticket", "w.pt", "--dataset", "mnist", "--eps2", "1", "--noise", "dpd", "--out", "x.pt"),
          "--noise dpd"),
-        (("run", "--arch", "lenet5", "--eps", "1"), "--choice best"),
         (("generate", "--dataset", "digits", "--arch", "lenet5"), "too small"),
     ]:
         failed = dpltm(*args, cwd=tmp_path, data=data, ok=False)

@@ -75,6 +75,9 @@ def test_the_noise_aware_choice_shows_a_bar_with_its_name_and_eta(digits_tickets
 
 
 def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, tmp_path: Path) -> None:
+    from dpltm.privacy.calibration import _calibrated_dpsgd
+
+    _calibrated_dpsgd.cache_clear()
     out = tmp_path / "m.pt"
     result = invoke("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split", "train",
                     "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "2",
@@ -90,17 +93,22 @@ def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, 
     assert (config["lr"], config["clip"]) == (0.05, 0.5)  # run --lr/--clip reach the training
     winner = load_checkpoint(out.with_name("m-winner.pt"), "ticket")
     assert winner["selection"]["noise_aware"]["plan"]["clip"] == 0.5  # and the noise-aware plan
+    # σ calibrated once: the plan check, the noise-aware choice and the training share the one search
+    calibrations = _calibrated_dpsgd.cache_info()
+    assert (calibrations.misses, calibrations.hits) == (1, 2), calibrations
+    assert winner["selection"]["noise_aware"]["plan"]["noise_multiplier"] == load_checkpoint(out, "model")[
+        "ledger"]["training"]["sigma"]
 
 
 def test_run_checks_the_recipe_against_the_data_before_any_work(data_root: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpltm.cli
+    import dpltm.stages.run
 
     def no_work(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("a stage ran before the settings were checked")
 
     for stage in ("stage_generate", "stage_generate_private", "stage_select", "stage_train"):
-        monkeypatch.setattr(dpltm.cli, stage, no_work)
+        monkeypatch.setattr(dpltm.stages.run, stage, no_work)
     for args, message in (
         (["--recipe", "tuned"], "batch size 1600 (recipe tuned) must be smaller than digits's training set"),
         (["--batch-size", "110"], "public training set the noise-aware choice trains on (109 records)"),

@@ -169,8 +169,8 @@ def test_a_tickets_activation_can_be_overridden(tiny_splits: DatasetSplits) -> N
 
 
 def test_the_tuned_recipe_layers_under_the_config_file_and_flags(tmp_path: Any) -> None:
-    from dpltm.cli import RunRecipe, chosen_recipe
     from dpltm.config import resolve_train_config
+    from dpltm.stages.run import chosen_recipe
 
     tuned = resolve_train_config({"recipe": "tuned"}, None)
     assert (tuned.model.activation, tuned.train.batch_size, tuned.train.lr_sigma, tuned.train.ema) == (
@@ -180,5 +180,5 @@ def test_the_tuned_recipe_layers_under_the_config_file_and_flags(tmp_path: Any) 
     config.write_text("train:\n  batch_size: 800\n")
     both = resolve_train_config({"recipe": "tuned", "train": {"ema": 0.99}}, config)
     assert (both.train.batch_size, both.train.ema, both.train.lr_sigma) == (800, 0.99, 6.0)
-    assert chosen_recipe(RunRecipe.auto, 54000) == "tuned" and chosen_recipe(RunRecipe.auto, 1336) == "paper"
-    assert chosen_recipe(RunRecipe.paper, 54000) == "paper"
+    assert chosen_recipe("auto", 54000) == "tuned" and chosen_recipe("auto", 1336) == "paper"
+    assert chosen_recipe("paper", 54000) == "paper"

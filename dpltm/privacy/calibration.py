@@ -24,6 +24,7 @@ the search itself trusts them.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -230,6 +231,16 @@ def calibrate_noise_multiplier(
     if not (0.0 < rel_tol < 0.5):
         raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
+    return _calibrated_dpsgd(float(sample_rate), int(steps), t, d, accountant, neighboring,
+                             None if selection_eps1 is None else float(selection_eps1), composition, float(rel_tol))
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated_dpsgd(sample_rate: float, steps: int, t: float, d: float, accountant: str, neighboring: str,
+                      selection_eps1: float | None, composition: Composition, rel_tol: float) -> float:
+    """`calibrate_noise_multiplier` on checked arguments. A pure function of them (dp-accounting is
+    deterministic), so it is cached: the plan check, the noise-aware choice and the training of one
+    `dpltm run` calibrate the same plan once (a failed search raises and is not cached)."""
 
     def training(sigma: float) -> DpEvent:
         return dpsgd_event(sample_rate, sigma, steps)

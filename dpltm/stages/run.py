@@ -1,0 +1,215 @@
+"""`dpltm run`: every stage in a sound (end-to-end DP) mode, orchestrated in one place.
+
+Public tickets: IMP on the public dataset → the noise-aware choice (or the best score) on public data
+→ DP training of the winner on the private dataset with all of ε. Private tickets: a ticket made on
+the private data by DP warm-up → its DP training, one σ composed over both to ε.
+
+Every check runs before the first line of work (settings, outputs, both datasets, the recipe against
+the data: L < N, σ calibrable, lr in range). σ is calibrated by pure, cached functions
+(dpltm.privacy.calibration), so the plan check, the noise-aware choice and the training share one
+calibration per distinct plan. The CLI only parses the options into a `RunRequest` and prints the
+report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpltm.architectures import model_cli
+from dpltm.console import err_console
+from dpltm.errors import DpltmUserError
+from dpltm.stages.generate import stage_generate, stage_generate_private
+from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, stage_select
+from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
+
+TUNED_RECIPE_MIN_RECORDS = 20000
+"""`run --recipe auto` takes the tuned recipe from this many private training records up: it was
+chosen for N = 54000 (MNIST, Fashion-MNIST); its batch of 1600 does not suit small sets."""
+
+
+def chosen_recipe(recipe: str, n_train: int) -> str:
+    """The recipe `--recipe auto|paper|tuned` gives for a private training set of `n_train` records."""
+    if recipe == "auto":
+        return "tuned" if n_train >= TUNED_RECIPE_MIN_RECORDS else "paper"
+    return recipe
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """`dpltm run`'s options, as plain values (None: the recipe's or the config's)."""
+
+    dataset: str = "mnist"
+    public_dataset: str = "kmnist"
+    public_split: str = "test"
+    eps: float = 1.0
+    delta: float = 1e-5
+    epochs: int | None = None
+    batch_size: int | None = None
+    clip: float | None = None
+    lr: float | None = None
+    neighboring: str | None = None
+    rounds: int | None = None
+    iterations: int | None = None
+    project_to: int | None = None
+    activation: str | None = None
+    arch: str | None = None
+    momentum: float | None = None
+    ema: float | None = None
+    recipe: str = "auto"
+    ticket_source: TicketSource = TicketSource.public
+    warmup_epochs: int | None = None
+    density: float | None = None
+    choice: TicketChoice = TicketChoice.noise_aware
+    seed: int | None = None
+    device: str = "auto"
+    cuda_graphs: bool = False
+    config: Path | None = None
+    data_dir: Path | None = None
+    download: bool = False
+    out: Path | None = None
+    overwrite: bool = False
+    progress: bool = True
+    logger: str = "csv"
+    log_dir: Path | None = None
+
+
+def stage_run(request: RunRequest) -> dict[str, Any]:
+    """Run every stage; returns the DP training's report."""
+    r = request
+    if r.download:
+        from dpltm.data.download import fetch_for_run
+
+        fetch_for_run([r.dataset] + ([r.public_dataset] if r.ticket_source == TicketSource.public else []),
+                      r.data_dir)
+    if r.ticket_source == TicketSource.private:
+        public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
+                       "--cuda-graphs": r.cuda_graphs or None, "--arch": r.arch}
+        given = [name for name, value in public_only.items() if value is not None]
+        if given or r.choice != TicketChoice.noise_aware:
+            raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
+                                 "--ticket-source private (its warm-up rounds are a config setting, "
+                                 "private_ticket.rounds)")
+        return _run_private_tickets(r)
+    if r.warmup_epochs is not None or r.density is not None:
+        raise DpltmUserError("--warmup-epochs and --density apply with --ticket-source private")
+    return _run_public_tickets(r)
+
+
+def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
+    from dpltm.checkpoint import prepare_output
+    from dpltm.config import resolve_generate_config, resolve_train_config
+    from dpltm.data import load_dataset
+    from dpltm.data.loaders import DATASETS, SPECS
+    from dpltm.devices import resolve_device
+    from dpltm.paths import default_checkpoint_dir
+
+    if r.public_dataset == r.dataset:
+        raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
+                             "(for the paper's same-data mode run generate, select and train yourself)")
+    for name in (r.dataset, r.public_dataset):
+        if name not in SPECS:
+            raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    private_spec, public_spec = SPECS[r.dataset], SPECS[r.public_dataset]
+    project_to = r.project_to
+    if project_to is None and private_spec.num_features != public_spec.num_features:
+        project_to = private_spec.num_features  # the paper's §4.5.2 transfer between input sizes
+    first_layer_inputs = project_to if project_to is not None else public_spec.num_features
+    if first_layer_inputs != private_spec.num_features:
+        raise DpltmUserError(f"--project-to {project_to} cannot transfer: {r.dataset} has "
+                             f"{private_spec.num_features} features, so the tickets' projection width must be "
+                             f"{private_spec.num_features}")
+    # every check before the (long) ticket generation: settings, outputs, both datasets
+    model_out = r.out or default_checkpoint_dir() / f"{r.dataset}-dpltm.pt"
+    tickets_path = model_out.with_name(f"{model_out.stem}-tickets.pt")
+    winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
+    train_cli: dict[str, Any] = {
+        "data": {"dataset": r.dataset},
+        "train": {"eps2": r.eps, "delta": r.delta, "epochs": r.epochs, "batch_size": r.batch_size, "clip": r.clip,
+                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighboring},
+        "model": {"activation": r.activation}, "seed": r.seed}
+    gen_cli = {"data": {"dataset": r.public_dataset, "split": r.public_split},
+               "model": model_cli(r.arch, None, project_to=project_to, activation=r.activation),
+               "generate": {"rounds": r.rounds, "iterations": r.iterations}, "seed": r.seed}
+    train_cfg = resolve_train_config(train_cli, r.config)
+    gen_cfg = resolve_generate_config(gen_cli, r.config)
+    for path in (model_out, winner_path):
+        prepare_output(path, overwrite=r.overwrite, inputs=[r.config])
+    torch_device = resolve_device(r.device)
+    if r.cuda_graphs and torch_device.type != "cuda":
+        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+    private = load_dataset(r.dataset, split=train_cfg.data.split, data_dir=r.data_dir,
+                           val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
+    train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train))
+    noise_aware = r.choice == TicketChoice.noise_aware
+    public = load_dataset(r.public_dataset, split=gen_cfg.data.split, data_dir=r.data_dir,
+                          val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
+    # the recipe's settings against both datasets (L < N, σ, lr), before any ticket
+    planned = resolve_train_config(train_cli, r.config)
+    check_lr_given(r.lr, planned, train_cli["recipe"])
+    check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
+    err_console.print(f"[bold]1/3[/bold] tickets from public data: {r.public_dataset} ({r.public_split} split)"
+                      + (f", input projection to {project_to}" if project_to is not None else "")
+                      + f"; training recipe: {train_cli['recipe']}")
+    stage_generate(gen_cli, r.config, r.data_dir, r.device, tickets_path, r.overwrite, r.progress, r.cuda_graphs,
+                   logger=r.logger, log_dir=r.log_dir)
+    err_console.print(f"[bold]2/3[/bold] selection on public tickets ({r.choice.value}; spends nothing on private "
+                      "data)")
+    request = (NoiseAwareRequest(len(private.train), train_cli, r.data_dir, r.device, r.progress) if noise_aware
+               else None)
+    stage_select({"select": {}}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
+                 overwrite=r.overwrite, noise_aware=request)
+    err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
+    return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
+                       overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+
+
+def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
+    """A private ticket on the private data, then its DP training; the warm-up is taken out of the
+    recipe's epochs, and one σ makes the whole run meet --eps."""
+    from dpltm.checkpoint import prepare_output
+    from dpltm.config import resolve_train_config
+    from dpltm.data import load_dataset
+    from dpltm.model import build_architecture
+    from dpltm.paths import default_checkpoint_dir
+    from dpltm.private_tickets import layer_keep_fractions, plan_private_ticket
+
+    base = resolve_train_config({"data": {"dataset": r.dataset}, "seed": r.seed}, r.config)
+    pool = load_dataset(r.dataset, split=base.data.split, data_dir=r.data_dir, val_fraction=base.data.val_fraction,
+                        seed=base.seed)
+    chosen = chosen_recipe(r.recipe, len(pool.train))
+    settings = resolve_train_config({"data": {"dataset": r.dataset}, "train": {"epochs": r.epochs},
+                                     "recipe": chosen}, r.config)
+    check_lr_given(r.lr, settings, chosen)
+    warmup = r.warmup_epochs if r.warmup_epochs is not None else settings.private_ticket.warmup_epochs
+    rounds = settings.private_ticket.rounds
+    if warmup * rounds >= settings.train.epochs:
+        raise DpltmUserError(f"{rounds} warm-up round(s) of {warmup} epochs leave none of the "
+                             f"{settings.train.epochs} epochs for training")
+    model_out = r.out or default_checkpoint_dir() / f"{r.dataset}-dpltm-private.pt"
+    ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
+    for path in (model_out, ticket_path):
+        prepare_output(path, overwrite=r.overwrite, inputs=[r.config])
+    train_cli = {"data": {"dataset": r.dataset},
+                 "train": {"eps2": r.eps, "delta": r.delta, "epochs": settings.train.epochs - warmup * rounds,
+                           "batch_size": r.batch_size, "clip": r.clip, "lr": r.lr, "momentum": r.momentum,
+                           "ema": r.ema, "neighboring": r.neighboring},
+                 "model": {"activation": r.activation},
+                 "private_ticket": {"warmup_epochs": warmup, "density": r.density}, "seed": r.seed,
+                 "recipe": chosen}
+    # the whole plan checked against the data before the first line of work (σ, L < N, the density)
+    planned = resolve_train_config(train_cli, r.config)
+    plan_private_ticket(planned, len(pool.train))
+    layer_keep_fractions(build_architecture(pool.num_features, pool.num_classes, planned.model.hidden,
+                                            planned.model.project_to, planned.model.activation),
+                         planned.private_ticket.density)
+    err_console.print(f"[bold]1/2[/bold] private ticket on {r.dataset}: {rounds} × {warmup} DP warm-up epochs, "
+                      f"then {settings.train.epochs - warmup * rounds} epochs of DP training, ε = {r.eps:g} in all; "
+                      f"recipe {chosen}")
+    logging = {"logger": r.logger, "log_dir": r.log_dir}
+    stage_generate_private(train_cli, r.config, r.data_dir, r.device, ticket_path, r.overwrite, r.progress,
+                           **logging)
+    err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {r.dataset}")
+    return stage_train(train_cli, r.config, ticket_path, False, False, r.data_dir, r.device, model_out, r.progress,
+                       overwrite=r.overwrite, **logging)
