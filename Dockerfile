@@ -14,6 +14,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 COPY pyproject.toml README.md constraints.txt /src/
 COPY dpltm /src/dpltm
+COPY configs /src/configs
 COPY docker/install.sh /src/docker/install.sh
 RUN DPLTM_PIP_OPTIONS="-c /src/constraints.txt" bash /src/docker/install.sh /opt/venv /src && rm -rf /src \
     && useradd --create-home --uid 1000 dpltm \

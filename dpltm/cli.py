@@ -11,23 +11,17 @@ import json
 import signal
 import sys
 from collections.abc import Callable
-from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
+from dpltm import cli_options as opt
 from dpltm.choices import (
-    Accountant,
-    Activation,
-    Arch,
     Dataset,
     Logger,
     Neighbouring,
     Noise,
-    Optimizer,
     Part,
-    Rewind,
     Split,
     Strategy,
     ThreatModel,
@@ -51,28 +45,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 F = TypeVar("F", bound=Callable[..., Any])
-MAX_SEED = 2**63 - 1  # seeds fit torch's and numpy's generators (config.MAX_SEED, without importing torch)
-
-
-@functools.cache
-def _defaults_yaml() -> dict[str, Any]:
-    """configs/defaults.yaml, read without importing the config machinery (it loads torch)."""
-    from importlib import resources
-
-    import yaml
-
-    return yaml.safe_load((resources.files("dpltm.configs") / "defaults.yaml").read_text("utf-8")) or {}
-
-
-def cfg(dotted: str, shown: str | None = None) -> str:
-    """The effective default of an option that falls through to the config, for `--help`:
-    defaults.yaml's value, marked as the config's (a dataset's yaml or --config may override it)."""
-    if shown is None:
-        node: Any = _defaults_yaml()
-        for part in dotted.split("."):
-            node = node[part]
-        shown = "none" if node is None else ",".join(map(str, node)) if isinstance(node, list) else str(node)
-    return f"{shown} from config"
 
 
 def _print_version(value: bool) -> None:
@@ -167,39 +139,8 @@ def finish_training_report(report: dict[str, Any], json_out: bool) -> None:
         emit_json({k: v for k, v in report.items() if k != "statement"})
 
 
-DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data root (else $DPLTM_DATA_DIR, else ../shared/data).")]
-Download = Annotated[bool, typer.Option("--download", help="First fetch missing official files of the datasets used into the data root: mnist, fashion-mnist and kmnist, md5-checked, through torchvision's dataset classes (pip install 'dpltm\\[download]'); har, isolet and digits must already be there.")]
-ConfigFile = Annotated[Path | None, typer.Option("--config", help="YAML file overriding configs/defaults.yaml.")]
-class Recipe(str, Enum):
-    paper = "paper"
-    tuned = "tuned"
 
 
-class RunRecipe(str, Enum):
-    auto = "auto"
-    paper = "paper"
-    tuned = "tuned"
-
-
-Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-ArchOption = Annotated[Arch | None, typer.Option("--arch", help="Network: mlp (LeNet-300-100 by default; the paper's) or lenet5 (two 5×5 convolutions with 6 and 16 maps, each followed by the activation and 2×2 average pooling, then --hidden, default 120,84; masks on convolution and linear weights; 28×28 images).", show_default="mlp")]
-ActivationOption = Annotated[Activation | None, typer.Option(help="Hidden activation: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default=cfg("model.activation"))]
-SplitOption = Annotated[Split | None, typer.Option(help="Official split to draw from (train: the official training portion, the official test set as test set; test/all: a per-record 80/20 split of that pool).", show_default=cfg("data.split"))]
-ValFraction = Annotated[float | None, typer.Option(help="Fraction of the training pool held out for validation.", show_default=cfg("data.val_fraction"))]
-# Options `train` and `audit` share: one definition, one help text.
-PrivateDataset = Annotated[Dataset | None, typer.Option(help="Private dataset to train on (or the --config file's data.dataset).", show_default="mnist")]
-Sigma = Annotated[float | None, typer.Option(help="Noise multiplier σ (skips calibration; ε is reported).")]
-DeltaOption = Annotated[float | None, typer.Option(help="δ (paper: 1e-5).", show_default=cfg("train.delta"))]
-Epochs = Annotated[int | None, typer.Option(help="Epochs (paper: 50).", show_default=cfg("train.epochs"))]
-BatchSize = Annotated[int | None, typer.Option(help="Expected batch size L (Poisson sampling, q = L/N).", show_default=cfg("train.batch_size"))]
-Clip = Annotated[float | None, typer.Option(help="Per-sample clipping norm C (paper: 1).", show_default=cfg("train.clip"))]
-LearningRate = Annotated[float | None, typer.Option(help="Learning rate (paper: 0.1).", show_default=cfg("train.lr"))]
-OptimizerOption = Annotated[Optimizer | None, typer.Option(help="sgd, or adam (NoisyAdam).", show_default=cfg("train.optimizer"))]
-Momentum = Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1).", show_default=cfg("train.momentum"))]
-NoiseOption = Annotated[Noise | None, typer.Option(help="Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ) or shaped (needs --public-dataset).", show_default=cfg("train.noise"))]
-AccountantOption = Annotated[Accountant | None, typer.Option(help="Privacy accountant: pld (tight numerical) or rdp.", show_default=cfg("train.accountant"))]
-NeighbouringOption = Annotated[Neighbouring | None, typer.Option("--neighbouring", "--neighboring", help="Neighbouring datasets ε is stated for: add-remove (one record added or removed; the number of training records N is treated as public, as Opacus and TF Privacy do) or replace-one (one record replaced, N fixed; a larger ε for the same run).", show_default="add-remove")]
-Seed = Annotated[int | None, typer.Option(help="Seed for the data split and any fresh layer.", show_default=cfg("seed"))]
 
 
 def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, Any]:
@@ -209,49 +150,45 @@ def _model_cli(arch: str | None, hidden: str | None, **rest: Any) -> dict[str, A
     return model_cli(arch, _ints(hidden, "--hidden"), **rest)
 
 
-Json = Annotated[bool, typer.Option("--json", help="Print the final report as one JSON object on stdout.")]
-LoggerOption = Annotated[Logger, typer.Option("--logger", help="Lightning logger of the run's versioned folder (<log-dir>/<command>/<dataset>/version_N): csv, tensorboard (pip install 'dpltm\\[tensorboard]'), mlflow (pip install 'dpltm\\[mlflow]'; $MLFLOW_TRACKING_URI, else <log-dir>/mlflow.db) or none (run.json only, which `dpltm plot` reads).")]
-LogDir = Annotated[Path | None, typer.Option("--log-dir", help="Root of the run folders (else $DPLTM_LOG_DIR, else ./logs).")]
-CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs", help="Replay each training step from CUDA graphs (one CUDA device): the same batches and updates without per-step kernel launches; DP batches are padded to a fixed capacity with zero-weight rows (overflow in extra chunks, noise once per step): the same mechanism.")]
 
 
 @app.command()
 @user_errors
 def generate(
-    dataset: Annotated[Dataset | None, typer.Option(help="Dataset the tickets are made on.", show_default=cfg("data.dataset"))] = None,
-    split: SplitOption = None,
-    rounds: Annotated[int | None, typer.Option(help="Pruning rounds T (ticket 0 is the dense network).", show_default=cfg("generate.rounds"))] = None,
-    iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).", show_default=cfg("generate.iterations"))] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Mini-batch size (paper: 400).", show_default=cfg("generate.batch_size"))] = None,
-    lr: Annotated[float | None, typer.Option(help="SGD learning rate (paper: 0.1).", show_default=cfg("generate.lr"))] = None,
-    prune_rates: Annotated[str | None, typer.Option(help="Fraction of survivors pruned per round: one value, or one per layer (paper: 0.3,0.3,0.2).", show_default=cfg("", "0.3 per layer, 0.2 for the output layer"))] = None,
-    min_density: Annotated[float | None, typer.Option(help="Stop before a ticket would keep less than this fraction of weights.", show_default=cfg("generate.min_density"))] = None,
-    hidden: Annotated[str | None, typer.Option(help="Hidden layer widths (paper: 300,100).", show_default=cfg("model.hidden"))] = None,
-    arch: ArchOption = None,
-    project_to: Annotated[int | None, typer.Option("--project-to", help="Add an input projection layer to this width (paper §4.5.2 transfer).")] = None,
-    activation: ActivationOption = None,
-    controls: Annotated[bool | None, typer.Option("--controls/--no-controls", help="Also train the random-reinit and random-mask control tickets.", show_default=cfg("generate.controls"))] = None,
-    val_fraction: ValFraction = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for θ0, data split and batch order.", show_default=cfg("seed"))] = None,
-    private: Annotated[bool, typer.Option("--private", help="Make ONE ticket on the private data itself, with privacy: DP-SGD warm-up (the train: recipe), masks by magnitude of the DP weights, one σ calibrated so warm-up + the planned training meet --eps. Writes a ticket for `dpltm train --ticket` (no select).")] = False,
-    eps: Annotated[float | None, typer.Option("--eps", "--eps2", help="With --private: ε of the whole run (warm-up and training, composed by PLD).", show_default=cfg("train.eps2"))] = None,
-    delta: Annotated[float | None, typer.Option(help="With --private: δ.", show_default=cfg("train.delta"))] = None,
-    warmup_epochs: Annotated[int | None, typer.Option(help="With --private: DP-SGD epochs per warm-up round.", show_default=cfg("private_ticket.warmup_epochs"))] = None,
-    density: Annotated[float | None, typer.Option(help="With --private: fraction of weights the ticket keeps.", show_default=cfg("private_ticket.density"))] = None,
-    rewind: Annotated[Rewind | None, typer.Option(help="With --private: train from the masked warm-up weights (warmup) or from θ0 (init).", show_default=cfg("private_ticket.rewind"))] = None,
-    epochs: Annotated[int | None, typer.Option(help="With --private: epochs of the ticket's DP training, planned now (σ covers them).", show_default=cfg("train.epochs"))] = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
-    device: Device = "auto",
-    cuda_graphs: CudaGraphs = False,
-    config: ConfigFile = None,
-    data_dir: DataDir = None,
-    download: Download = False,
-    out: Annotated[Path | None, typer.Option(help="Ticket file (default checkpoints/<dataset>-tickets.pt; with --private <dataset>-private-ticket.pt).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing ticket file made with other settings.")] = False,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
-    logger: LoggerOption = Logger.csv,
-    log_dir: LogDir = None,
-    json_out: Json = False,
+    dataset: opt.GenerateDataset = None,
+    split: opt.SplitOption = None,
+    rounds: opt.GenerateRounds = None,
+    iterations: opt.GenerateIterations = None,
+    batch_size: opt.GenerateBatchSize = None,
+    lr: opt.GenerateLr = None,
+    prune_rates: opt.GeneratePruneRates = None,
+    min_density: opt.GenerateMinDensity = None,
+    hidden: opt.GenerateHidden = None,
+    arch: opt.ArchOption = None,
+    project_to: opt.GenerateProjectTo = None,
+    activation: opt.ActivationOption = None,
+    controls: opt.GenerateControls = None,
+    val_fraction: opt.ValFraction = None,
+    seed: opt.GenerateSeed = None,
+    private: opt.GeneratePrivate = False,
+    eps: opt.GenerateEps = None,
+    delta: opt.GenerateDelta = None,
+    warmup_epochs: opt.GenerateWarmupEpochs = None,
+    density: opt.GenerateDensity = None,
+    rewind: opt.GenerateRewind = None,
+    epochs: opt.GenerateEpochs = None,
+    noise_seed: opt.GenerateNoiseSeed = None,
+    device: opt.Device = "auto",
+    cuda_graphs: opt.CudaGraphs = False,
+    config: opt.ConfigFile = None,
+    data_dir: opt.DataDir = None,
+    download: opt.Download = False,
+    out: opt.GenerateOut = None,
+    overwrite: opt.GenerateOverwrite = False,
+    progress: opt.GenerateProgress = True,
+    logger: opt.LoggerOption = Logger.csv,
+    log_dir: opt.LogDir = None,
+    json_out: opt.Json = False,
 ) -> None:
     """Phase 1: lottery tickets by iterative magnitude pruning (non-private), or with --private one
     ticket made on the private data by DP warm-up (end-to-end DP with the training that follows)."""
@@ -267,7 +204,8 @@ def generate(
         if given:
             raise DpltmUserError(f"{', '.join(given)} belong to non-private IMP: drop them with --private")
         if arch not in (None, "mlp"):
-            raise DpltmUserError(f"--private makes MLP tickets; --arch {arch} is for public tickets (without --private)")
+            raise DpltmUserError(f"--private makes MLP tickets; --arch {arch} is for public tickets "
+                                 "(without --private)")
         private_cli = {
             "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
             "model": _model_cli(arch, hidden, project_to=project_to, activation=activation),
@@ -288,8 +226,9 @@ def generate(
             out_console.print(f"private ticket: C={ticket['density']:.4f}, validation accuracy "
                               f"{ticket['val_accuracy']:.4f}", markup=False, highlight=False)
             out_console.print(ticket["privacy"]["statement"], markup=False, highlight=False)
-            err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']}"
-                              f" (σ is calibrated so the whole run meets ε = {ticket['private_ticket']['epsilon_total']:g})")
+            err_console.print(f"train it with: dpltm train --ticket {target} --dataset "
+                              f"{ticket['source']['data']['dataset']} (σ is calibrated so the whole run meets "
+                              f"ε = {ticket['private_ticket']['epsilon_total']:g})")
         return
     private_only = {"--eps": eps, "--delta": delta, "--warmup-epochs": warmup_epochs, "--density": density,
                     "--rewind": rewind, "--epochs": epochs, "--noise-seed": noise_seed}
@@ -318,8 +257,8 @@ def generate(
 @app.command()
 @user_errors
 def inspect(
-    path: Annotated[Path, typer.Argument(help="A ticket file (`dpltm generate`), a winner (`dpltm select`), a model (`dpltm train`), its export (.safetensors) or a library run (`make_private(...).save`).")],
-    json_out: Json = False,
+    path: opt.InspectPath,
+    json_out: opt.Json = False,
 ) -> None:
     """Show a dpltm file as tables: a ticket set's C per layer and accuracies; a winner's ticket and
     selection; a model's accuracy, ledger and privacy statement (recomputed from the ledger it
@@ -391,17 +330,17 @@ def inspect(
 @app.command()
 @user_errors
 def predict(
-    model: Annotated[Path, typer.Option(help="A model: a `dpltm train` checkpoint or its `dpltm export` (.safetensors).")],
-    dataset: Annotated[Dataset | None, typer.Option(help="Dataset to predict on.", show_default="the one the model was trained on")] = None,
-    split: Annotated[Split | None, typer.Option(help="Official split to draw from, as in training (train: the official test set is the test set; test/all: a per-record 80/20 split of that pool).", show_default="the model's own on its training dataset, else train")] = None,
-    part: Annotated[Part, typer.Option(help="Which records: the test set, the validation hold-out or the training set (with the model's own data settings when the dataset is its training dataset).")] = Part.test,
-    device: Device = "auto",
-    data_dir: DataDir = None,
-    download: Download = False,
-    out: Annotated[Path | None, typer.Option(help="Write the predictions here as CSV: index, label, prediction and one probability per class.")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
-    expose_training_records: Annotated[bool, typer.Option("--expose-training-records", help="Allow --part train on the model's own dataset: its output holds per-record labels and model outputs of the private training records, which are not differentially private.")] = False,
-    json_out: Json = False,
+    model: opt.PredictModel,
+    dataset: opt.PredictDataset = None,
+    split: opt.PredictSplit = None,
+    part: opt.PredictPart = Part.test,
+    device: opt.Device = "auto",
+    data_dir: opt.DataDir = None,
+    download: opt.Download = False,
+    out: opt.PredictOut = None,
+    overwrite: opt.PredictOverwrite = False,
+    expose_training_records: opt.PredictExposeTrainingRecords = False,
+    json_out: opt.Json = False,
 ) -> None:
     """Run a trained model on a dataset: accuracy, and with --out the predictions (post-processing:
     no privacy is spent, except on the private training records themselves: --part train)."""
@@ -424,10 +363,10 @@ def predict(
 @app.command("export")
 @user_errors
 def export_command(
-    model: Annotated[Path, typer.Option(help="A `dpltm train` checkpoint, or a library run saved by `PrivateTraining.save`.")],
-    out: Annotated[Path | None, typer.Option(help="The safetensors file.", show_default="the model's path with .safetensors")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
-    json_out: Json = False,
+    model: opt.ExportModel,
+    out: opt.ExportOut = None,
+    overwrite: opt.ExportOverwrite = False,
+    json_out: opt.Json = False,
 ) -> None:
     """Write a trained model as safetensors: weights (pruned ones exactly 0), masks, input
     normalisation, data settings, and the privacy statement and ledger as metadata."""
@@ -451,9 +390,9 @@ def export_command(
 @app.command()
 @user_errors
 def plot(
-    runs: Annotated[list[Path], typer.Argument(help="Run folders (logs/<command>/<dataset>/version_N) or their run.json; several overlay.")],
-    out: Annotated[Path | None, typer.Option(help="Figure file (.png, .pdf or .svg).", show_default="plot.png in the first run's folder")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
+    runs: opt.PlotRuns,
+    out: opt.PlotOut = None,
+    overwrite: opt.PlotOverwrite = False,
 ) -> None:
     """Draw a run's curves: accuracy and ε spent per epoch (train), or accuracy against the
     fraction of weights left (generate)."""
@@ -466,9 +405,9 @@ def plot(
 @app.command()
 @user_errors
 def download(
-    datasets: Annotated[list[Dataset], typer.Argument(help="Datasets to fetch (mnist, fashion-mnist, kmnist: through torchvision's dataset classes).")],
-    data_dir: DataDir = None,
-    mirror: Annotated[str | None, typer.Option(help="URL base to fetch the official files from instead of torchvision's mirrors (else $DPLTM_DOWNLOAD_MIRROR).")] = None,
+    datasets: opt.DownloadDatasets,
+    data_dir: opt.DataDir = None,
+    mirror: opt.DownloadMirror = None,
 ) -> None:
     """Fetch the official files into the data root, md5-checked (what --download does before a run)."""
     from dpltm.data.download import download_dataset
@@ -480,25 +419,25 @@ def download(
 @app.command()
 @user_errors
 def select(
-    tickets: Annotated[Path | None, typer.Option(help="Ticket set (default: the newest in checkpoints/, named on screen).")] = None,
-    eps1: Annotated[float | None, typer.Option(help="Selection budget ε1 (paper: 0.1).", show_default=cfg("select.eps1"))] = None,
-    nu: Annotated[float | None, typer.Option(help="Score weight ν in S = A·(1 − ν·C) (paper: 50).", show_default=cfg("select.nu"))] = None,
-    best: Annotated[bool, typer.Option("--best", help="Pick the best paper score S = A·(1 − ν·C) without privacy (for tickets from public data). Beware: at ν = 50 the factor is negative for every C > 0.02, so it always takes the sparsest ticket, whatever the noise; prefer --noise-aware.")] = False,
-    noise_aware: Annotated[bool, typer.Option("--noise-aware", help="Train every ticket (the dense network included) under the planned DP noise on the tickets' own public data and pick the best; spends no ε. Needs --private-size; the planned run is --eps/--sigma, --epochs, --batch-size and the config's train section.")] = False,
-    private_size: Annotated[int | None, typer.Option("--private-size", help="N, the private training set's size (public), for --noise-aware's planned run.")] = None,
-    eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="--noise-aware: the planned training budget ε2 (σ calibrated to it).", show_default=cfg("train.eps2"))] = None,
-    sigma: Annotated[float | None, typer.Option(help="--noise-aware: the planned noise multiplier instead of --eps.")] = None,
-    epochs: Annotated[int | None, typer.Option(help="--noise-aware: the planned epochs.", show_default=cfg("train.epochs"))] = None,
-    batch_size: Annotated[int | None, typer.Option(help="--noise-aware: the planned expected batch size L.", show_default=cfg("train.batch_size"))] = None,
-    device: Device = "auto",
-    data_dir: DataDir = None,
-    reselect: Annotated[bool, typer.Option("--reselect", help="Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's ledger composes every draw.")] = False,
-    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed the draw (reproducible, not secret); default: OS CSPRNG.")] = None,
-    config: ConfigFile = None,
-    out: Annotated[Path | None, typer.Option(help="Winner file (default checkpoints/<dataset>-winner.pt).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing winner file.")] = False,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
-    json_out: Json = False,
+    tickets: opt.SelectTickets = None,
+    eps1: opt.SelectEps1 = None,
+    nu: opt.SelectNu = None,
+    best: opt.SelectBest = False,
+    noise_aware: opt.SelectNoiseAware = False,
+    private_size: opt.SelectPrivateSize = None,
+    eps2: opt.SelectEps2 = None,
+    sigma: opt.SelectSigma = None,
+    epochs: opt.SelectEpochs = None,
+    batch_size: opt.SelectBatchSize = None,
+    device: opt.Device = "auto",
+    data_dir: opt.DataDir = None,
+    reselect: opt.SelectReselect = False,
+    seed: opt.SelectSeed = None,
+    config: opt.ConfigFile = None,
+    out: opt.SelectOut = None,
+    overwrite: opt.SelectOverwrite = False,
+    progress: opt.SelectProgress = True,
+    json_out: opt.Json = False,
 ) -> None:
     """Phase 2: choose the winning ticket with the exponential mechanism (or --best)."""
     if best and eps1 is not None:
@@ -530,52 +469,52 @@ def select(
 @app.command()
 @user_errors
 def train(
-    ticket: Annotated[Path | None, typer.Option(help="Winning ticket from `dpltm select`.")] = None,
-    dataset: PrivateDataset = None,
-    split: SplitOption = None,
-    eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="Training budget ε (the paper's ε2); σ is calibrated to it. With a private ticket (generate --private): the whole run's ε, warm-up included (default: the ε the ticket was planned for).", show_default=cfg("train.eps2"))] = None,
-    delta: DeltaOption = None,
-    sigma: Sigma = None,
-    epochs: Epochs = None,
-    batch_size: BatchSize = None,
-    clip: Clip = None,
-    lr: LearningRate = None,
-    recipe: Annotated[Recipe, typer.Option(help="Training recipe under --config and flags: paper (defaults.yaml; the default) or tuned (chosen on public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml).")] = Recipe.paper,
-    lr_sigma: Annotated[float | None, typer.Option("--lr-sigma", help="Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets (the tuned recipe's rule; overrides --lr for DP runs).")] = None,
-    optimizer: OptimizerOption = None,
-    momentum: Momentum = None,
-    ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
-    activation: Annotated[Activation | None, typer.Option(help="Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default=cfg("model.activation"))] = None,
-    arch: ArchOption = None,
-    noise: NoiseOption = None,
-    accountant: AccountantOption = None,
-    neighbouring: NeighbouringOption = None,
-    max_eps: Annotated[float | None, typer.Option("--max-eps", help="A cap: stop before the ε spent would exceed this (σ stays calibrated to --eps).")] = None,
-    target_eps: Annotated[float | None, typer.Option("--target-eps", hidden=True)] = None,
-    patience: Annotated[int | None, typer.Option(help="Early-stop after this many epochs without validation gain.")] = None,
-    dense: Annotated[bool, typer.Option("--dense", help="DP-SGD baseline on the full network (no ticket).")] = False,
-    non_private: Annotated[bool, typer.Option("--non-private", help="Train without privacy (baseline).")] = False,
-    public_tickets: Annotated[bool, typer.Option("--public-tickets", help="Assert the ticket's generation data is public even though it has the private dataset's name (checked record by record).")] = False,
-    val_fraction: ValFraction = None,
-    public_dataset: Annotated[Dataset | None, typer.Option(help="Public dataset for noise plug-ins that need one (shaped); never the private dataset.")] = None,
-    public_split: Annotated[Split, typer.Option(help="Split of --public-dataset whose training part is used.")] = Split.train,
-    public_data: Annotated[str | None, typer.Option("--public-data", hidden=True)] = None,
-    seed: Seed = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). Default: a fresh OS-CSPRNG seed, never stored.")] = None,
-    device: Device = "auto",
-    devices: Annotated[int, typer.Option(help="DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced and the noise is added once: the same mechanism and ε as on one device.")] = 1,
-    num_nodes: Annotated[int, typer.Option("--num-nodes", help="Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, as Lightning documents).")] = 1,
-    strategy: Annotated[Strategy, typer.Option(help="auto, or ddp (what auto picks for more than one process).")] = Strategy.auto,
-    cuda_graphs: CudaGraphs = False,
-    config: ConfigFile = None,
-    data_dir: DataDir = None,
-    download: Download = False,
-    out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-<mode>.pt).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing model file.")] = False,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
-    logger: LoggerOption = Logger.csv,
-    log_dir: LogDir = None,
-    json_out: Json = False,
+    ticket: opt.TrainTicket = None,
+    dataset: opt.PrivateDataset = None,
+    split: opt.SplitOption = None,
+    eps2: opt.TrainEps2 = None,
+    delta: opt.DeltaOption = None,
+    sigma: opt.Sigma = None,
+    epochs: opt.Epochs = None,
+    batch_size: opt.BatchSize = None,
+    clip: opt.Clip = None,
+    lr: opt.LearningRate = None,
+    recipe: opt.TrainRecipe = opt.Recipe.paper,
+    lr_sigma: opt.TrainLrSigma = None,
+    optimizer: opt.OptimizerOption = None,
+    momentum: opt.Momentum = None,
+    ema: opt.TrainEma = None,
+    activation: opt.TrainActivation = None,
+    arch: opt.ArchOption = None,
+    noise: opt.NoiseOption = None,
+    accountant: opt.AccountantOption = None,
+    neighbouring: opt.NeighbouringOption = None,
+    max_eps: opt.TrainMaxEps = None,
+    target_eps: opt.TrainTargetEps = None,
+    patience: opt.TrainPatience = None,
+    dense: opt.TrainDense = False,
+    non_private: opt.TrainNonPrivate = False,
+    public_tickets: opt.TrainPublicTickets = False,
+    val_fraction: opt.ValFraction = None,
+    public_dataset: opt.TrainPublicDataset = None,
+    public_split: opt.TrainPublicSplit = Split.train,
+    public_data: opt.TrainPublicData = None,
+    seed: opt.Seed = None,
+    noise_seed: opt.TrainNoiseSeed = None,
+    device: opt.Device = "auto",
+    devices: opt.TrainDevices = 1,
+    num_nodes: opt.TrainNumNodes = 1,
+    strategy: opt.TrainStrategy = Strategy.auto,
+    cuda_graphs: opt.CudaGraphs = False,
+    config: opt.ConfigFile = None,
+    data_dir: opt.DataDir = None,
+    download: opt.Download = False,
+    out: opt.TrainOut = None,
+    overwrite: opt.TrainOverwrite = False,
+    progress: opt.TrainProgress = True,
+    logger: opt.LoggerOption = Logger.csv,
+    log_dir: opt.LogDir = None,
+    json_out: opt.Json = False,
 ) -> None:
     """Phase 3: DP-SGD on the masked winner (or --dense / --non-private baselines)."""
     check_logger(value(logger))
@@ -601,8 +540,10 @@ def train(
     cli = {
         "data": {"dataset": dataset, "split": split, "val_fraction": val_fraction},
         "train": {"eps2": eps2, "delta": delta, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
-                  "clip": clip, "lr": lr, "lr_sigma": lr_sigma, "optimizer": optimizer, "noise": noise, "accountant": accountant,
-                  "neighboring": neighbouring.relation if neighbouring is not None else None, "max_eps": max_eps, "patience": patience, "momentum": momentum, "ema": ema},
+                  "clip": clip, "lr": lr, "lr_sigma": lr_sigma, "optimizer": optimizer, "noise": noise,
+                  "accountant": accountant,
+                  "neighboring": neighbouring.relation if neighbouring is not None else None, "max_eps": max_eps,
+                  "patience": patience, "momentum": momentum, "ema": ema},
         "model": _model_cli(arch, None, activation=activation),
         "seed": seed,
         "recipe": recipe.value,
@@ -611,7 +552,8 @@ def train(
 
     distribution = Distribution(devices, num_nodes, value(strategy))
     report = stage_train(cli, config, ticket, non_private, public_tickets, data_dir, device, out, progress,
-                         public_data=None if public_dataset is None else f"{value(public_dataset)}:{value(public_split)}",
+                         public_data=(None if public_dataset is None
+                                      else f"{value(public_dataset)}:{value(public_split)}"),
                          noise_seed=noise_seed, overwrite=overwrite,
                          distribution=distribution, cuda_graphs=cuda_graphs, logger=value(logger), log_dir=log_dir,
                          download=download)
@@ -621,35 +563,35 @@ def train(
 @app.command()
 @user_errors
 def audit(
-    ticket: Annotated[Path | None, typer.Option(help="Winning ticket from `dpltm select` (as for `dpltm train`).")] = None,
-    dense: Annotated[bool, typer.Option("--dense", help="Audit DP-SGD on the full network (no ticket).")] = False,
-    dataset: PrivateDataset = None,
-    split: SplitOption = None,
-    eps2: Annotated[float | None, typer.Option("--eps", "--eps2", help="Training budget ε; σ is calibrated to it (the claim the audit tests).", show_default=cfg("train.eps2"))] = None,
-    sigma: Sigma = None,
-    delta: DeltaOption = None,
-    epochs: Epochs = None,
-    batch_size: BatchSize = None,
-    clip: Clip = None,
-    lr: LearningRate = None,
-    recipe: Annotated[Recipe, typer.Option(help="Training recipe, as for `dpltm train`.")] = Recipe.paper,
-    optimizer: OptimizerOption = None,
-    momentum: Momentum = None,
-    activation: ActivationOption = None,
-    arch: ArchOption = None,
-    noise: NoiseOption = None,
-    accountant: AccountantOption = None,
-    canaries: Annotated[int, typer.Option(help="Number m of canaries, each included with probability 1/2.")] = 1000,
-    threat_model: Annotated[ThreatModel, typer.Option(help="white-box: Dirac gradient canaries on surviving weights, observed through the released noisy gradients (also reported: the final model only); black-box: out-of-distribution input records with random labels, scored by the released model's loss.")] = ThreatModel.white_box,
-    confidence: Annotated[float, typer.Option(help="Confidence of the lower bound.")] = 0.95,
-    canary_seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.")] = None,
-    seed: Seed = None,
-    noise_seed: Annotated[int | None, typer.Option("--noise-seed", min=0, max=MAX_SEED, help="Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.")] = None,
-    device: Device = "auto",
-    config: ConfigFile = None,
-    data_dir: DataDir = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
-    json_out: Json = False,
+    ticket: opt.AuditTicket = None,
+    dense: opt.AuditDense = False,
+    dataset: opt.PrivateDataset = None,
+    split: opt.SplitOption = None,
+    eps2: opt.AuditEps2 = None,
+    sigma: opt.Sigma = None,
+    delta: opt.DeltaOption = None,
+    epochs: opt.Epochs = None,
+    batch_size: opt.BatchSize = None,
+    clip: opt.Clip = None,
+    lr: opt.LearningRate = None,
+    recipe: opt.AuditRecipe = opt.Recipe.paper,
+    optimizer: opt.OptimizerOption = None,
+    momentum: opt.Momentum = None,
+    activation: opt.ActivationOption = None,
+    arch: opt.ArchOption = None,
+    noise: opt.NoiseOption = None,
+    accountant: opt.AccountantOption = None,
+    canaries: opt.AuditCanaries = 1000,
+    threat_model: opt.AuditThreatModel = ThreatModel.white_box,
+    confidence: opt.AuditConfidence = 0.95,
+    canary_seed: opt.AuditCanarySeed = None,
+    seed: opt.Seed = None,
+    noise_seed: opt.AuditNoiseSeed = None,
+    device: opt.Device = "auto",
+    config: opt.ConfigFile = None,
+    data_dir: opt.DataDir = None,
+    progress: opt.AuditProgress = True,
+    json_out: opt.Json = False,
 ) -> None:
     """Empirical lower bound on ε (Steinke, Nasr & Jagielski 2023): DP training exactly as `dpltm
     train` runs it, with m canaries each included with probability 1/2, then an attack's guesses turned
@@ -690,25 +632,26 @@ def audit(
                if result["refuted"] else "consistent: the attack does not refute the claim")
     err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
                       f"ε ≥ {round_down(result['epsilon_lower_bound'], 3)} at {result['confidence']:.0%} confidence; "
-                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (training mechanism; scope of the run's ε: "
+                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (training mechanism; "
+                      "scope of the run's ε: "
                       f"{report['epsilon_scope']}); {verdict}")
 
 
 @app.command()
 @user_errors
 def account(
-    q: Annotated[float | None, typer.Option("--q", help="Poisson sampling rate.")] = None,
-    sigma: Annotated[float | None, typer.Option(help="Noise multiplier σ.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Number of steps T.")] = None,
-    delta: Annotated[float, typer.Option(help="δ.")] = 1e-5,
-    dataset_size: Annotated[int | None, typer.Option(help="N (with --batch-size and --epochs instead of --q/--steps).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Expected batch size L.")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Epochs (⌈N/L⌉ steps each).")] = None,
-    eps: Annotated[float | None, typer.Option("--eps", "--eps2", help="Solve for σ reaching this ε instead.")] = None,
-    eps1: Annotated[float | None, typer.Option(help="Also compose with an ε1 exponential-mechanism selection.")] = None,
-    noise: Annotated[Noise, typer.Option(help="Noise plug-in --sigma belongs to: gaussian, dpd (accounted as 2σ; adds the DPD paper's own zCDP figure as a labelled comparison) or shaped.")] = Noise.gaussian,
-    neighbouring: NeighbouringOption = None,
-    json_out: Json = False,
+    q: opt.AccountQ = None,
+    sigma: opt.AccountSigma = None,
+    steps: opt.AccountSteps = None,
+    delta: opt.AccountDelta = 1e-5,
+    dataset_size: opt.AccountDatasetSize = None,
+    batch_size: opt.AccountBatchSize = None,
+    epochs: opt.AccountEpochs = None,
+    eps: opt.AccountEps = None,
+    eps1: opt.AccountEps1 = None,
+    noise: opt.AccountNoise = Noise.gaussian,
+    neighbouring: opt.NeighbouringOption = None,
+    json_out: opt.Json = False,
 ) -> None:
     """ε of Poisson-subsampled Gaussian DP-SGD by each accountant, side by side (or σ for a target ε)."""
     from dpltm.accounting_report import account_report, print_account_report
@@ -726,41 +669,41 @@ def account(
 @app.command()
 @user_errors
 def run(
-    dataset: Annotated[Dataset, typer.Option(help="Private dataset to train on.")] = Dataset.mnist,
-    public_dataset: Annotated[Dataset, typer.Option(help="Public dataset the tickets come from.")] = Dataset.kmnist,
-    public_split: Annotated[Split, typer.Option(help="Split of the public dataset (KMNIST here: test).")] = Split.test,
-    eps: Annotated[float, typer.Option("--eps", "--eps2", help="Privacy budget ε for the private data (all of it goes to training: public tickets cost nothing).")] = 1.0,
-    delta: Annotated[float, typer.Option(help="δ.")] = 1e-5,
-    epochs: Annotated[int | None, typer.Option(help="DP training epochs (paper: 50).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Expected DP batch size L (paper: 400).")] = None,
-    clip: Clip = None,
-    lr: LearningRate = None,
-    neighbouring: NeighbouringOption = None,
-    rounds: Annotated[int | None, typer.Option(help="Pruning rounds (paper-style default: 10).")] = None,
-    iterations: Annotated[int | None, typer.Option(help="SGD iterations per ticket (paper: 5000).")] = None,
-    project_to: Annotated[int | None, typer.Option("--project-to", help="Input projection width of the tickets (default: added automatically when the two datasets' input sizes differ).")] = None,
-    activation: Annotated[Activation | None, typer.Option(help="Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps under DP, Papernot et al. 2021).", show_default="the recipe's")] = None,
-    arch: ArchOption = None,
-    momentum: Annotated[float | None, typer.Option(help="SGD momentum on the privatized gradients, in [0, 1).", show_default="the recipe's")] = None,
-    ema: Annotated[float | None, typer.Option("--ema", metavar="DECAY", help="Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 (post-processing: free). Default: the final iterate.")] = None,
-    recipe: Annotated[RunRecipe, typer.Option(help="Training recipe (under --config and flags): auto (the default: tuned for sets of at least 20000 training records, the size it was chosen for; paper below), tuned (chosen on public data: tanh, L = 1600, lr = 6/σ, EMA 0.999) or paper.")] = RunRecipe.auto,
-    tickets: Annotated[TicketSource, typer.Option("--ticket-source", help="Where the ticket comes from: public (generated without privacy on --public-dataset) or private (made on --dataset itself by DP warm-up, no public data needed; warm-up and training composed to --eps).")] = TicketSource.public,
-    old_tickets: Annotated[str | None, typer.Option("--tickets", hidden=True)] = None,
-    warmup_epochs: Annotated[int | None, typer.Option(help="With --ticket-source private: DP warm-up epochs, taken out of --epochs.", show_default=cfg("private_ticket.warmup_epochs"))] = None,
-    density: Annotated[float | None, typer.Option(help="With --ticket-source private: fraction of weights the ticket keeps.", show_default=cfg("private_ticket.density"))] = None,
-    choice: Annotated[TicketChoice, typer.Option(help="How to pick the public ticket: noise-aware (train every ticket, the dense network included, under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at ν = 50 always takes the sparsest ticket).")] = TicketChoice.noise_aware,
-    seed: Annotated[int | None, typer.Option(help="Seed.")] = None,
-    device: Device = "auto",
-    cuda_graphs: CudaGraphs = False,
-    config: ConfigFile = None,
-    data_dir: DataDir = None,
-    download: Download = False,
-    out: Annotated[Path | None, typer.Option(help="Model checkpoint (default checkpoints/<dataset>-dpltm.pt); the tickets and winner go beside it as <stem>-tickets.pt and <stem>-winner.pt.")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace existing outputs (finished tickets made with the same settings are reused).")] = False,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
-    logger: LoggerOption = Logger.csv,
-    log_dir: LogDir = None,
-    json_out: Json = False,
+    dataset: opt.RunDataset = Dataset.mnist,
+    public_dataset: opt.RunPublicDataset = Dataset.kmnist,
+    public_split: opt.RunPublicSplit = Split.test,
+    eps: opt.RunEps = 1.0,
+    delta: opt.RunDelta = 1e-5,
+    epochs: opt.RunEpochs = None,
+    batch_size: opt.RunBatchSize = None,
+    clip: opt.Clip = None,
+    lr: opt.LearningRate = None,
+    neighbouring: opt.NeighbouringOption = None,
+    rounds: opt.RunRounds = None,
+    iterations: opt.RunIterations = None,
+    project_to: opt.RunProjectTo = None,
+    activation: opt.RunActivation = None,
+    arch: opt.ArchOption = None,
+    momentum: opt.RunMomentum = None,
+    ema: opt.RunEma = None,
+    recipe: opt.RunRecipeOption = opt.RunRecipe.auto,
+    tickets: opt.RunTickets = TicketSource.public,
+    old_tickets: opt.RunOldTickets = None,
+    warmup_epochs: opt.RunWarmupEpochs = None,
+    density: opt.RunDensity = None,
+    choice: opt.RunChoice = TicketChoice.noise_aware,
+    seed: opt.RunSeed = None,
+    device: opt.Device = "auto",
+    cuda_graphs: opt.CudaGraphs = False,
+    config: opt.ConfigFile = None,
+    data_dir: opt.DataDir = None,
+    download: opt.Download = False,
+    out: opt.RunOut = None,
+    overwrite: opt.RunOverwrite = False,
+    progress: opt.RunProgress = True,
+    logger: opt.LoggerOption = Logger.csv,
+    log_dir: opt.LogDir = None,
+    json_out: opt.Json = False,
 ) -> None:
     """All stages in a sound (end-to-end DP) mode: public tickets → noise-aware choice → DP training, or
     with --ticket-source private a ticket made on the private data by DP warm-up → DP training."""
