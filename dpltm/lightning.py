@@ -305,12 +305,7 @@ class DPCallback(L.Callback):
                 return  # not a training forward (or the engine's own per-sample calls, torch.func rule)
             tap = self._taps[index]
             self._calls[index] = self._calls.get(index, 0) + 1
-            if not isinstance(output, Tensor):
-                raise DpltmUserError(f"layer {tap.name} ({type(module).__name__}) returns a "
-                                     f"{type(output).__name__}, not one tensor: not supported by dpltm's "
-                                     "per-sample clipping")
-            tap.inputs = tuple(v.detach() if isinstance(v, Tensor) else v for v in inputs)
-            tap.kwargs, tap.output = dict(kwargs), None
+            tap.record(module, inputs, kwargs, output, keep_output=False)  # the backward hook gives g
             if output.requires_grad:
                 output.register_hook(lambda grad: self._grads.__setitem__(index, grad.detach()))
         return hook

@@ -93,12 +93,7 @@ def _recording(layers: list[tuple[str, nn.Module]]) -> Iterator[list[LayerCall]]
             if call.output is not None:
                 raise DpltmUserError(f"layer {call.name} runs twice in one forward pass: weight sharing is not "
                                      "supported by dpltm's per-sample clipping")
-            if not isinstance(output, Tensor):
-                raise DpltmUserError(f"layer {call.name} ({type(module).__name__}) returns a "
-                                     f"{type(output).__name__}, not one tensor: not supported by dpltm's "
-                                     "per-sample clipping")
-            call.inputs = tuple(v.detach() if isinstance(v, Tensor) else v for v in args)
-            call.kwargs, call.output = dict(kwargs), output
+            call.record(module, args, kwargs, output)
             return output.clone()  # later in-place ops (ReLU(inplace=True)) act on the copy, not on z
         handles.append(call.module.register_forward_hook(hook, with_kwargs=True))
     try:

@@ -64,6 +64,16 @@ class LayerCall:
         first = self.inputs[0]
         return first if isinstance(first, Tensor) else None
 
+    def record(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any,
+               keep_output: bool = True) -> None:
+        """What a forward hook saw: the inputs (detached), keyword arguments and, to ask the graph for
+        g = ∂Σℓ/∂z later, the output. A layer must return one tensor."""
+        if not isinstance(output, Tensor):
+            raise DpltmUserError(f"layer {self.name} ({type(module).__name__}) returns a {type(output).__name__}, "
+                                 "not one tensor: not supported by dpltm's per-sample clipping")
+        self.inputs = tuple(v.detach() if isinstance(v, Tensor) else v for v in args)
+        self.kwargs, self.output = dict(kwargs), output if keep_output else None
+
     def trainable(self) -> dict[str, nn.Parameter]:
         """The layer's own parameters that training updates, by local name."""
         return {n: p for n, p in self.module.named_parameters(recurse=False) if p.requires_grad}
