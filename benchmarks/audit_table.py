@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the fault switches live with the tests, not the library
 
-from dpltm.audit._faults import fault  # noqa: E402
+from faults import fault  # noqa: E402
+
 from dpltm.audit.run import AuditPlan  # noqa: E402
 from dpltm.stages.audit import stage_audit  # noqa: E402
 
