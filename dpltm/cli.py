@@ -7,7 +7,6 @@ and logs go to stderr; `--json` reports go to stdout, so the output can be piped
 from __future__ import annotations
 
 import functools
-import json
 import signal
 import sys
 from collections.abc import Callable
@@ -263,68 +262,13 @@ def inspect(
     """Show a dpltm file as tables: a ticket set's C per layer and accuracies; a winner's ticket and
     selection; a model's accuracy, ledger and privacy statement (recomputed from the ledger it
     carries); a library run's spent segments, epochs and statement."""
-    from dpltm.checkpoint import load_checkpoint
-    from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
-    from dpltm.export import SUFFIX, private_fingerprints, read_metadata
-    from dpltm.report import (
-        print_export,
-        print_model,
-        print_run,
-        print_tickets,
-        print_winner,
-        run_summary,
-        tickets_json,
-    )
+    from dpltm.stages.inspect import inspect_file
 
-    def warn_if(found: list[str]) -> None:  # files written before dpltm.data.release's rule
-        if found:
-            err_console.print(f"warning: {path} {PRIVATE_FINGERPRINT_WARNING} ({', '.join(found)}); "
-                              "`dpltm export` drops it", markup=False, highlight=False)
-
-    if path.suffix == SUFFIX:
-        metadata = read_metadata(path)
-        exported = {"kind": "export", **{k: (v if k in ("privacy_statement", "source_checkpoint", "format")
-                                               else json.loads(v)) for k, v in metadata.items()}}
-        warn_if(["data"] if carries_private_fingerprint(exported.get("data")) else [])
-        if json_out:
-            emit_json(exported)
-            return
-        print_export(exported, out_console)
-        return
-    body = load_checkpoint(path, ("tickets", "ticket", "model", "run"))
-    if body["kind"] == "tickets":
-        if json_out:
-            emit_json(tickets_json(body))
-        else:
-            print_tickets(body, out_console)
-        return
-    if body["kind"] == "ticket":
-        private_ticket = body["selection"].get("method") == "private"
-        warn_if(["source.data"] if private_ticket and carries_private_fingerprint(body["source"]["data"]) else [])
-        summary = {"kind": "winner", "round": body["round"], "density": body["density"],
-                   "layer_density": body["layer_density"], "val_accuracy": body["val_accuracy"],
-                   "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
-                   "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version"),
-                   "environment": body.get("environment")}
-    elif body["kind"] == "run":
-        summary = run_summary(body)
-    else:
-        from dpltm.privacy.ledger import PrivacyLedger
-
-        warn_if(private_fingerprints(body))
-        ledger = PrivacyLedger.from_json(body["ledger"])
-        report = body["report"]
-        summary = {"kind": "model", "architecture": body["architecture"], "dataset": report.get("dataset"),
-                   "test_accuracy": report.get("test_accuracy"), "val_accuracy": report.get("val_accuracy"),
-                   "epochs_run": report.get("epochs_run"), "steps": report.get("steps"),
-                   "released_weights": report.get("released_weights"), "ticket": body.get("ticket"),
-                   "ledger": ledger.report(), "statement": ledger.statement(),
-                   "dpltm_version": body.get("dpltm_version"), "environment": body.get("environment")}
+    summary, show = inspect_file(path, warn=lambda line: err_console.print(line, markup=False, highlight=False))
     if json_out:
         emit_json(summary)
-        return
-    {"winner": print_winner, "model": print_model, "run": print_run}[summary["kind"]](summary, out_console)
-
+    else:
+        show(out_console)
 
 
 @app.command()
@@ -370,21 +314,15 @@ def export_command(
 ) -> None:
     """Write a trained model as safetensors: weights (pruned ones exactly 0), masks, input
     normalisation, data settings, and the privacy statement and ledger as metadata."""
-    from dpltm.checkpoint import prepare_output
-    from dpltm.export import SUFFIX, export_model
+    from dpltm.stages.export import stage_export
 
-    target = out or model.with_suffix(SUFFIX)
-    if target.suffix != SUFFIX:
-        raise DpltmUserError(f"--out {target}: an export is a {SUFFIX} file")
-    prepare_output(target, overwrite=overwrite, inputs=[model])
-    metadata = export_model(model, target, warn=lambda line: err_console.print(line, markup=False, highlight=False))
-    privacy = json.loads(metadata["privacy"])
+    exported = stage_export(model, out, overwrite, warn=lambda line: err_console.print(line, markup=False,
+                                                                                      highlight=False))
     if json_out:
-        emit_json({"output": str(target), "privacy": privacy, "architecture": json.loads(metadata["architecture"]),
-                   "input_normalisation": json.loads(metadata["input_normalisation"])})
+        emit_json({k: v for k, v in exported.items() if k != "privacy_statement"})
         return
-    err_console.print(f"exported {model} to {target}")
-    err_console.print(metadata["privacy_statement"], markup=False, highlight=False)
+    err_console.print(f"exported {model} to {exported['output']}")
+    err_console.print(exported["privacy_statement"], markup=False, highlight=False)
 
 
 @app.command()

@@ -1,0 +1,71 @@
+"""`dpltm inspect`: what a dpltm file holds, as a JSON-able summary and as tables.
+
+Ticket sets, winners and private tickets, models (their privacy statement recomputed from the
+ledger they carry), library runs and safetensors exports. Files written before
+dpltm.data.release's rule may carry a fingerprint of private data: `warn` is told so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Show = Callable[[Any], None]
+"""Prints the summary as tables on a rich console."""
+
+
+def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any], Show]:
+    """(the summary `--json` prints, the function that prints it as tables)."""
+    from dpltm.checkpoint import load_checkpoint
+    from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
+    from dpltm.export import SUFFIX, private_fingerprints, read_metadata
+    from dpltm.report import (
+        print_export,
+        print_model,
+        print_run,
+        print_tickets,
+        print_winner,
+        run_summary,
+        tickets_json,
+    )
+
+    def warn_if(found: list[str]) -> None:  # files written before dpltm.data.release's rule
+        if found:
+            warn(f"warning: {path} {PRIVATE_FINGERPRINT_WARNING} ({', '.join(found)}); `dpltm export` drops it")
+
+    if path.suffix == SUFFIX:
+        metadata = read_metadata(path)
+        exported = {"kind": "export", **{k: (v if k in ("privacy_statement", "source_checkpoint", "format")
+                                               else json.loads(v)) for k, v in metadata.items()}}
+        warn_if(["data"] if carries_private_fingerprint(exported.get("data")) else [])
+        return exported, functools.partial(print_export, exported)
+    body = load_checkpoint(path, ("tickets", "ticket", "model", "run"))
+    if body["kind"] == "tickets":
+        return tickets_json(body), functools.partial(print_tickets, body)
+    if body["kind"] == "ticket":
+        private_ticket = body["selection"].get("method") == "private"
+        warn_if(["source.data"] if private_ticket and carries_private_fingerprint(body["source"]["data"]) else [])
+        summary = {"kind": "winner", "round": body["round"], "density": body["density"],
+                   "layer_density": body["layer_density"], "val_accuracy": body["val_accuracy"],
+                   "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
+                   "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version"),
+                   "environment": body.get("environment")}
+    elif body["kind"] == "run":
+        summary = run_summary(body)
+    else:
+        from dpltm.privacy.ledger import PrivacyLedger
+
+        warn_if(private_fingerprints(body))
+        ledger = PrivacyLedger.from_json(body["ledger"])
+        report = body["report"]
+        summary = {"kind": "model", "architecture": body["architecture"], "dataset": report.get("dataset"),
+                   "test_accuracy": report.get("test_accuracy"), "val_accuracy": report.get("val_accuracy"),
+                   "epochs_run": report.get("epochs_run"), "steps": report.get("steps"),
+                   "released_weights": report.get("released_weights"), "ticket": body.get("ticket"),
+                   "ledger": ledger.report(), "statement": ledger.statement(),
+                   "dpltm_version": body.get("dpltm_version"), "environment": body.get("environment")}
+    printer = {"winner": print_winner, "model": print_model, "run": print_run}[summary["kind"]]
+    return summary, functools.partial(printer, summary)
