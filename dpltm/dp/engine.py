@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.dp.ghost import ClippedBatch, clip_factors
-from dpltm.dp.rules import KNOWN_PER_SAMPLE, FuncRule, LayerCall, rule_for
+from dpltm.dp.rules import FuncRule, LayerCall, rule_for
 from dpltm.errors import DpltmUserError
 
 Loss = Callable[[Tensor, Tensor], Tensor]
@@ -105,8 +105,7 @@ def _recording(layers: list[tuple[str, nn.Module]]) -> Iterator[list[LayerCall]]
 
 def _needs_graph(calls: list[LayerCall]) -> bool:
     """Whether a layer's rule will ask its output's graph for a batch gradient (the mixing check)."""
-    return any(isinstance(rule_for(c.module), FuncRule) and (not isinstance(c.module, KNOWN_PER_SAMPLE)
-               or bool(getattr(c.module, "track_running_stats", False))) for c in calls)
+    return any(isinstance(rule_for(c.module), FuncRule) and FuncRule.checks(c.module) for c in calls)
 
 
 def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
@@ -156,21 +155,23 @@ def clip_and_sum(calls: list[LayerCall], out_grads: list[Tensor], masks: dict[st
     sq_norms = out_grads[0].new_zeros(batch, dtype=dtype)
     states = []
     for call, g in zip(calls, out_grads):
-        local = _local_masks(call, masks, g)
-        norms_here, state = rule_for(call.module).sq_norms(call, g, local)
+        rule, local = rule_for(call.module), _local_masks(call, masks, g)
+        norms_here, state = rule.sq_norms(call, g, local)
         sq_norms += norms_here.to(dtype)
-        states.append((local, state))
+        states.append((rule, local, state))
     norms = sq_norms.sqrt()
-    finite = torch.isfinite(norms)
+    finite: Tensor | None = torch.isfinite(norms)
+    if bool(finite.all()):  # the one host synchronisation: the rules then skip zeroing rows
+        finite = None
     factors = clip_factors(norms, clip)
     if weights is not None:
         factors = factors * weights
     # factors stay float32 or wider: rounding them to bf16 could push a clipped norm past C
     factors = factors.to(dtype)
     sums: dict[str, Tensor] = {}
-    for call, g, (local, state) in zip(calls, out_grads, states):
+    for call, g, (rule, local, state) in zip(calls, out_grads, states):
         prefix = f"{call.name}." if call.name else ""
-        for local_name, total in rule_for(call.module).clipped_sums(call, g, factors, finite, local, state).items():
+        for local_name, total in rule.clipped_sums(call, g, factors, finite, local, state).items():
             sums[prefix + local_name] = total
     return sums, norms
 

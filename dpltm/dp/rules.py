@@ -89,10 +89,10 @@ class LayerRule(Protocol):
         """(B,) squared norms of the per-sample gradients over surviving coordinates, and any state
         (per-sample gradients already formed) that `clipped_sums` may reuse."""
 
-    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor, masks: LocalMasks,
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None, masks: LocalMasks,
                      state: Any) -> dict[str, Tensor]:
         """Σ_i factors_i ∇_θ ℓ_i ⊙ M per local parameter name. Rows with `finite` False have factor 0
-        and must add exactly zero (their gradients may hold inf or NaN)."""
+        and must add exactly zero (their gradients may hold inf or NaN); `finite` None: all are finite."""
 
 
 RULES: dict[type[nn.Module], LayerRule] = {}
@@ -115,9 +115,10 @@ def rule_for(module: nn.Module) -> LayerRule:
     return FUNC_RULE
 
 
-def _zero_rows(values: Tensor, finite: Tensor) -> Tensor:
-    """`values` with the rows of non-finite records set to exactly zero (0·inf would be NaN)."""
-    if bool(finite.all()):
+def _zero_rows(values: Tensor, finite: Tensor | None) -> Tensor:
+    """`values` with the rows of non-finite records set to exactly zero (0·inf would be NaN); `finite`
+    None: every record is finite (the engine asks the device once per step, not once per layer)."""
+    if finite is None:
         return values
     return torch.where(finite.view(-1, *[1] * (values.dim() - 1)), values, torch.zeros_like(values))
 
@@ -148,8 +149,8 @@ class MaterialisedRule:
         total = sum(v.flatten(1).pow(2).sum(dim=1) for v in grads.values())
         return total, grads  # type: ignore[return-value]
 
-    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor, masks: LocalMasks,
-                     state: Any) -> dict[str, Tensor]:
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
+                     masks: LocalMasks, state: Any) -> dict[str, Tensor]:
         return {n: torch.einsum("b,b...->...", factors, _zero_rows(v, finite).to(factors.dtype)).to(v.dtype)
                 for n, v in state.items()}
 
@@ -188,8 +189,8 @@ class LinearRule(MaterialisedRule):
             total = total + g2.sum(dim=1)
         return total, None
 
-    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor, masks: LocalMasks,
-                     state: Any) -> dict[str, Tensor]:
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
+                     masks: LocalMasks, state: Any) -> dict[str, Tensor]:
         if state is not None:
             return super().clipped_sums(call, g, factors, finite, masks, state)
         a = call.input
@@ -243,11 +244,13 @@ class Conv2dRule(MaterialisedRule):
 
 
 KNOWN_PER_SAMPLE: tuple[type[nn.Module], ...] = (
-    nn.LayerNorm, nn.GroupNorm, nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
-    nn.Embedding, nn.PReLU, nn.Bilinear, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+    nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm, nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d,
+    nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Embedding, nn.PReLU, nn.Bilinear,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
-"""Layer types whose output for one sample reads only that sample's input (instance normalisation
-too, when it keeps no running statistics): the torch.func rule is exact for them without a check."""
+"""Layer types whose output for one sample reads only that sample's input: the torch.func rule is
+exact for them without a check. (Instance normalisation keeping running statistics is refused in
+training mode by dpltm.dp.engine.trainable_layers; in eval mode it reads fixed statistics.)"""
 
 
 class FuncRule(MaterialisedRule):
@@ -287,18 +290,20 @@ class FuncRule(MaterialisedRule):
             raise DpltmUserError(f"layer {call.name} ({type(module).__name__}): torch.func cannot form its "
                                  f"per-sample gradients ({first[:200]})") from None
 
+    @staticmethod
+    def checks(module: nn.Module) -> bool:
+        """Whether the layer's per-sample gradients are checked against its batch gradient (its type is
+        not known to be per-sample)."""
+        return not isinstance(module, KNOWN_PER_SAMPLE)
+
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
         total, grads = super().sq_norms(call, g, masks)
-        if not isinstance(call.module, KNOWN_PER_SAMPLE) or _keeps_running_statistics(call.module):
+        if self.checks(call.module):
             check_adds_up(call, g, grads, masks)
         return total, grads
 
 
 FUNC_RULE = FuncRule()
-
-
-def _keeps_running_statistics(module: nn.Module) -> bool:
-    return bool(getattr(module, "track_running_stats", False))
 
 
 def check_adds_up(call: LayerCall, g: Tensor, grads: dict[str, Tensor], masks: LocalMasks) -> None:
