@@ -41,6 +41,21 @@ Arch = Choice("Arch", {name: name for name in ARCHITECTURES})  # type: ignore[mi
 """`--arch`: the built-in networks of dpltm/architectures.py."""
 
 
+class Recipe(Choice):
+    """`train --recipe`: the paper's settings, or the recipe chosen on public data (configs/recipes/tuned.yaml)."""
+
+    paper = "paper"
+    tuned = "tuned"
+
+
+class RunRecipe(Choice):
+    """`run --recipe`: auto picks tuned for private sets the size it was chosen for (dpltm.stages.run)."""
+
+    auto = "auto"
+    paper = "paper"
+    tuned = "tuned"
+
+
 class Optimizer(Choice):
     sgd = "sgd"
     adam = "adam"

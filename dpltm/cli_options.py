@@ -5,7 +5,6 @@ through to the config are read from configs/defaults.yaml (`cfg`) without import
 from __future__ import annotations
 
 import functools
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +20,9 @@ from dpltm.choices import (
     Noise,
     Optimizer,
     Part,
+    Recipe,
     Rewind,
+    RunRecipe,
     Split,
     Strategy,
     ThreatModel,
@@ -50,17 +51,6 @@ def cfg(dotted: str, shown: str | None = None) -> str:
             node = node[part]
         shown = "none" if node is None else ",".join(map(str, node)) if isinstance(node, list) else str(node)
     return f"{shown} from config"
-
-
-class Recipe(str, Enum):
-    paper = "paper"
-    tuned = "tuned"
-
-
-class RunRecipe(str, Enum):
-    auto = "auto"
-    paper = "paper"
-    tuned = "tuned"
 
 
 DataDir = Annotated[
