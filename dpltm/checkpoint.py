@@ -22,7 +22,9 @@ import torch
 from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input, check_path_length
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: config hashes cover every setting (format 1's hashes left out settings added at their defaults
+and hashed renamed ones under their old names); a format-1 file is refused in one line."""
 KINDS = ("tickets", "ticket", "model", "run")
 """tickets: a generated ticket set; ticket: one selected winner; model: a trained network; run: a library
 run of `make_private` (`PrivateTraining.save`), resumable, with the segments it spent."""

@@ -430,7 +430,6 @@ def train(
     accountant: opt.AccountantOption = None,
     neighbouring: opt.NeighbouringOption = None,
     max_eps: opt.TrainMaxEps = None,
-    target_eps: opt.TrainTargetEps = None,
     patience: opt.TrainPatience = None,
     dense: opt.TrainDense = False,
     non_private: opt.TrainNonPrivate = False,
@@ -438,7 +437,6 @@ def train(
     val_fraction: opt.ValFraction = None,
     public_dataset: opt.TrainPublicDataset = None,
     public_split: opt.TrainPublicSplit = Split.train,
-    public_data: opt.TrainPublicData = None,
     seed: opt.Seed = None,
     noise_seed: opt.TrainNoiseSeed = None,
     device: opt.Device = "auto",
@@ -458,11 +456,6 @@ def train(
 ) -> None:
     """Phase 3: DP-SGD on the masked winner (or --dense / --non-private baselines)."""
     check_logger(value(logger))
-    renamed = {"--target-eps": (target_eps, "--max-eps (a cap: stop before spending more; σ is calibrated to --eps)"),
-               "--public-data": (public_data, "--public-dataset NAME with --public-split SPLIT")}
-    for old, (given, new) in renamed.items():
-        if given is not None:
-            raise DpltmUserError(f"{old} was renamed {new}")
     dataset, split, optimizer, activation, arch, noise, accountant = map(
         value, (dataset, split, optimizer, activation, arch, noise, accountant))
     if dense and ticket is not None:
@@ -628,7 +621,6 @@ def run(
     ema: opt.RunEma = None,
     recipe: opt.RunRecipeOption = RunRecipe.auto,
     tickets: opt.RunTickets = TicketSource.public,
-    old_tickets: opt.RunOldTickets = None,
     warmup_epochs: opt.RunWarmupEpochs = None,
     density: opt.RunDensity = None,
     choice: opt.RunChoice = TicketChoice.noise_aware,
@@ -650,9 +642,6 @@ def run(
     from dpltm.stages.run import RunRequest, stage_run
 
     check_logger(value(logger))
-    if old_tickets is not None:
-        raise DpltmUserError(f"`dpltm run --tickets {old_tickets}` was renamed --ticket-source {old_tickets} "
-                             "(--tickets names a ticket file, as in `dpltm select --tickets`)")
     request = RunRequest(
         dataset=value(dataset), public_dataset=value(public_dataset), public_split=value(public_split), eps=eps,
         delta=delta, epochs=epochs, batch_size=batch_size, clip=clip, lr=lr,

@@ -842,14 +842,6 @@ TrainMaxEps = Annotated[
 ]
 
 
-TrainTargetEps = Annotated[
-    float | None,
-    typer.Option(
-        "--target-eps",
-        hidden=True,
-    ),
-]
-
 
 TrainPatience = Annotated[
     int | None,
@@ -902,14 +894,6 @@ TrainPublicSplit = Annotated[
     ),
 ]
 
-
-TrainPublicData = Annotated[
-    str | None,
-    typer.Option(
-        "--public-data",
-        hidden=True,
-    ),
-]
 
 
 TrainNoiseSeed = Annotated[
@@ -1287,14 +1271,6 @@ RunTickets = Annotated[
     ),
 ]
 
-
-RunOldTickets = Annotated[
-    str | None,
-    typer.Option(
-        "--tickets",
-        hidden=True,
-    ),
-]
 
 
 RunWarmupEpochs = Annotated[

@@ -171,38 +171,11 @@ def to_dict(settings: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(settings)))
 
 
-#: Settings added after configs were first hashed, with the value that reproduces the behaviour
-#: from before they existed. At that value they are left out of the hash, so files written
-#: earlier (ticket sets a resumed `generate` continues) keep their hash.
-HASH_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
-    "model": {"activation": "relu", "arch": "mlp"},
-    "train": {"momentum": 0.0, "ema": None, "lr_sigma": None},
-    "private_ticket": {"warmup_epochs": 10, "rounds": 1, "density": 0.25, "rewind": "warmup"},
-}
-"""Options added after configs were first hashed: at their defaults they leave the hash as it was
-(a section left empty is dropped), so older outputs still resume."""
-
-
-#: Settings renamed after configs were first hashed: hashed under their old name, so the rename
-#: alone does not make earlier outputs stale.
-HASH_RENAMED: dict[str, dict[str, str]] = {"train": {"max_eps": "target_eps"}}
-
-
 def config_hash(settings: Any) -> str:
-    tree = to_dict(settings)
-    for section, renamed in HASH_RENAMED.items():
-        part = tree.get(section)
-        if isinstance(part, dict):
-            tree[section] = {renamed.get(k, k): v for k, v in part.items()}
-    for section, omitted in HASH_OMITTED_AT_DEFAULT.items():
-        part = tree.get(section)
-        if isinstance(part, dict):
-            for key, value in omitted.items():
-                if key in part and part[key] == value:
-                    del part[key]
-            if not part:
-                del tree[section]
-    blob = json.dumps(tree, sort_keys=True).encode()
+    """Every setting, under its own name: a setting added or renamed changes every hash, so it comes
+    with a new checkpoint format (dpltm.checkpoint.FORMAT_VERSION), which refuses older files in one
+    line rather than calling their settings other ones. tests/test_config.py pins the defaults' hashes."""
+    blob = json.dumps(to_dict(settings), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -284,9 +257,6 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
 #: What a config file may hold at the top level: the sections (one settings class each) and `seed`.
 SECTIONS: dict[str, type] = {}  # filled below, once every settings class exists
 TOP_LEVEL_SCALARS: dict[str, type] = {"seed": int}
-#: Keys renamed since 0.1: an old file gets the new name in its error, not a bare "unknown key".
-RENAMED_KEYS: dict[str, str] = {"train.target_eps": "train.max_eps (a cap: stop before spending more; "
-                                                    "σ is calibrated to train.eps2)"}
 
 
 def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -311,9 +281,6 @@ def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
         cls = SECTIONS[key]
         hints = typing.get_type_hints(cls)
         unknown = sorted(map(str, set(value) - set(hints)))
-        for old in unknown:
-            if f"{key}.{old}" in RENAMED_KEYS:
-                raise DpltmUserError(f"config key {key}.{old} in {source} was renamed {RENAMED_KEYS[f'{key}.{old}']}")
         if unknown:
             raise DpltmUserError(f"unknown config key(s) {unknown} in section '{key}' of {source}")
         section = {k: _coerce(hints[k], v, f"{key}.{k}") for k, v in value.items()}

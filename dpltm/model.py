@@ -87,7 +87,7 @@ class Architecture:
     num_classes: int
     project_to: int | None = None
     activation: str = "relu"
-    """Hidden layers' activation (a key of ACTIVATIONS); files written before it existed: relu."""
+    """Hidden layers' activation (a key of ACTIVATIONS)."""
     conv: tuple[tuple[int, int], ...] = ()
     """Convolutional front (ARCHS): (output channels, kernel side) per layer; () for the MLP."""
 
@@ -125,7 +125,7 @@ class Architecture:
             hidden=tuple(int(h) for h in d["hidden"]),  # type: ignore[union-attr]
             num_classes=int(d["num_classes"]),  # type: ignore[call-overload]
             project_to=None if project_to is None else int(project_to),  # type: ignore[call-overload]
-            activation=str(d.get("activation", "relu")),
+            activation=str(d["activation"]),
             conv=tuple((int(c[0]), int(c[1])) for c in d.get("conv", ())),  # type: ignore[attr-defined]
         )
 

@@ -249,8 +249,7 @@ def private_ticket_plan(ticket: dict[str, Any]) -> dict[str, Any]:
     config = ticket.get("source", {}).get("config")
     if not isinstance(record, dict) or not isinstance(config, dict) or "epsilon_total" not in record:
         raise DpltmUserError("the private ticket lacks its plan (a damaged or foreign ticket file)")
-    # target_eps: max_eps's name in tickets written before the rename
-    dropped = ("sigma", "max_eps", "target_eps", "patience")
+    dropped = ("sigma", "max_eps", "patience")
     train = {k: v for k, v in config.get("train", {}).items() if k not in dropped}
     data = {k: v for k, v in config.get("data", {}).items() if k != "dataset"}
     plan: dict[str, Any] = {"data": data, "train": {**train, "eps2": record["epsilon_total"]}}

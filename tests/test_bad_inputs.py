@@ -25,6 +25,7 @@ import pytest
 import torch
 from datafiles import write_digits, write_mnist
 
+from dpltm.checkpoint import FORMAT_VERSION
 from dpltm.cli import main
 from dpltm.errors import DpltmUserError
 
@@ -106,7 +107,7 @@ def _broken_export(key: str, text: str) -> Callable[[Path], bytes]:
 def _headed_without_body(kind: str) -> bytes:
     """A file with dpltm's header and nothing else (a tester's hand-made 'checkpoint')."""
     buffer = io.BytesIO()
-    torch.save({"format": "dpltm", "kind": kind, "format_version": 1}, buffer)
+    torch.save({"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION}, buffer)
     return buffer.getvalue()
 
 CASES = [

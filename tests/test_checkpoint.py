@@ -77,6 +77,10 @@ def test_wrong_kind_and_version(tmp_path: Path) -> None:
     torch.save({"format": "dpltm", "kind": "tickets", "format_version": 99}, path)
     with pytest.raises(DpltmUserError, match="format 99"):
         load_checkpoint(path, "tickets")
+    # format 1 (dpltm 0.1.0 before the redesign: other config hashes, no required activation): refused
+    torch.save({"format": "dpltm", "kind": "tickets", "format_version": 1, "config_hash": "48e9bd96a4f0d481"}, path)
+    with pytest.raises(DpltmUserError, match=r"has checkpoint format 1, this dpltm reads format 2$"):
+        load_checkpoint(path, "tickets")
 
 
 def test_unwritable_output_fails_early(tmp_path: Path) -> None:

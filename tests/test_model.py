@@ -100,8 +100,8 @@ def test_same_seed_same_init() -> None:
 def test_activation_is_part_of_the_architecture() -> None:
     arch = build_architecture(10, 3, (6, 5), None, activation="tanh")
     assert Architecture.from_dict(arch.to_dict()) == arch
-    old_file = {k: v for k, v in arch.to_dict().items() if k != "activation"}  # written before the option
-    assert Architecture.from_dict(old_file).activation == "relu"
+    with pytest.raises(KeyError):  # no default: every file of the current format records it
+        Architecture.from_dict({k: v for k, v in arch.to_dict().items() if k != "activation"})
     assert build_architecture(10, 3, (6,), None).activation == "relu"  # the default is the paper's
     with pytest.raises(DpltmUserError, match="--activation must be one of relu, tanh, got 'gelu'"):
         build_architecture(10, 3, (6,), None, activation="gelu")
