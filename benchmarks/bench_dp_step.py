@@ -40,7 +40,7 @@ from dpltm.dp.padding import batch_capacity
 from dpltm.dp.step import apply_gradients, noisy_mean, private_gradients
 from dpltm.model import MaskedMLP, build_architecture, density
 from dpltm.pruning import paper_prune_rates, prune_layerwise
-from dpltm.training import GraphedSgdStep
+from dpltm.training.plain import GraphedSgdStep
 
 
 def make_ticket(rounds: int, device: torch.device) -> MaskedMLP:

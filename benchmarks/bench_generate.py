@@ -16,12 +16,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dpltm.batches import ShuffledBatches
 from dpltm.data import load_dataset
+from dpltm.data.batches import ShuffledBatches
 from dpltm.devices import resolve_device
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
-from dpltm.training import GraphedSgdStep, train_classifier
+from dpltm.training.plain import GraphedSgdStep, train_classifier
 
 
 def bare_loop(model: MaskedMLP, batches: ShuffledBatches, lr: float) -> None:

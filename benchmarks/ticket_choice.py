@@ -22,10 +22,10 @@ from dpltm.checkpoint import load_checkpoint
 from dpltm.config import DataSettings, TrainConfig, TrainSettings
 from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
-from dpltm.noise_aware import PlannedRun, noise_aware_choice
-from dpltm.pipeline import reload_ticket_data, train
-from dpltm.private_training import plan_training
-from dpltm.selection import choose, noise_aware_selection, winner_payload
+from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
+from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
+from dpltm.training.pipeline import reload_ticket_data, train
+from dpltm.training.private import plan_training
 
 
 def main() -> None:

@@ -65,9 +65,9 @@ from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
-from dpltm.private_training import TrainPlan, plan_training
 from dpltm.pruning import prune_layerwise
 from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
+from dpltm.training.private import TrainPlan, plan_training
 
 Data = tuple[Tensor, Tensor] | torch.utils.data.Dataset  # type: ignore[type-arg]
 Masks = dict[str, Tensor]

@@ -100,7 +100,7 @@ class ModelSettings:
     width, so `resolve_generate_config` checks it (and `model.Architecture` checks it again).
 
     `activation` is the hidden layers' (relu, the paper's; or tanh, bounded: Papernot et al. 2021).
-    Training uses it for the network it trains, a ticket's included (dpltm.transfer)."""
+    Training uses it for the network it trains, a ticket's included (dpltm.training.transfer)."""
 
     hidden: tuple[int, ...] = (300, 100)
     project_to: int | None = None

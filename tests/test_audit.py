@@ -17,7 +17,6 @@ from faults import FAULTS, fault
 from scipy import stats
 from typer.testing import CliRunner
 
-from dpltm import pipeline
 from dpltm.audit.bounds import bound_from_scores, epsilon_lower_bound, p_value
 from dpltm.audit.canaries import GradientCanaries, InputCanaries, inclusion_bits
 from dpltm.audit.run import AuditPlan
@@ -26,6 +25,7 @@ from dpltm.config import TrainConfig, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
+from dpltm.training import pipeline
 
 runner = CliRunner()
 

@@ -31,8 +31,8 @@ from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
-from dpltm.private_training import check_replicas_agree
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from dpltm.training.private import check_replicas_agree
 
 N, Q, SEED, SIGMA, CLIP = 300, 0.2, 11, 1.3, 0.5
 

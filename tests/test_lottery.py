@@ -10,7 +10,7 @@ import torch
 from dpltm.checkpoint import load_checkpoint
 from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.errors import DpltmUserError
-from dpltm.lottery import generate_tickets
+from dpltm.tickets.imp import generate_tickets
 
 
 def small_config(**generate: object) -> GenerateConfig:

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.lottery import rewind
 from dpltm.model import ACTIVATIONS, Architecture, MaskedMLP, activation_function, build_architecture, density
 from dpltm.pruning import paper_prune_rates, prune_layerwise
-from dpltm.training import accuracy, train_classifier
+from dpltm.tickets.imp import rewind
+from dpltm.training.plain import accuracy, train_classifier
 
 
 def pruned_model(seed: int = 0, rounds: int = 2) -> MaskedMLP:

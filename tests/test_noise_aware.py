@@ -14,8 +14,8 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, clipped_sums, noisy_step
 from dpltm.dp.ghost import clipped_gradient_sum
 from dpltm.errors import DpltmUserError
-from dpltm.lottery import generate_tickets
-from dpltm.noise_aware import PlannedRun, candidate_models, noise_aware_choice
+from dpltm.selection.noise_aware import PlannedRun, candidate_models, noise_aware_choice
+from dpltm.tickets.imp import generate_tickets
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_reads_only_the_tickets_own_public_data(tickets: dict, tiny_splits: Data
 
 def test_with_ema_the_candidates_are_compared_by_their_averaged_weights(
         tickets: dict, tiny_splits: DatasetSplits, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
-    import dpltm.noise_aware as module
+    import dpltm.selection.noise_aware as module
 
     iterates: list[list[torch.Tensor]] = []
     evaluated: list[list[torch.Tensor]] = []
@@ -102,7 +102,7 @@ def test_convolutional_tickets_are_chosen_by_the_private_step_itself(tmp_path: P
     candidate, pruned weights stay zero, and the choice is a function of the public data only."""
     from conftest import make_blobs
 
-    import dpltm.noise_aware as module
+    import dpltm.selection.noise_aware as module
 
     images = DatasetSplits(name="blob-images", source_split="train", train=make_blobs(160, 784, 3, 0),
                            val=make_blobs(60, 784, 3, 1), test=make_blobs(30, 784, 3, 2), num_features=784,

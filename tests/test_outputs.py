@@ -333,7 +333,7 @@ def test_a_refused_run_leaves_no_log_folder(data_root: Path, tmp_path: Path) -> 
 
 def test_old_private_tickets_still_train_after_the_rename() -> None:
     from dpltm.config import resolve_train_config
-    from dpltm.private_tickets import private_ticket_plan
+    from dpltm.tickets.private import private_ticket_plan
 
     ticket = {"private_ticket": {"epsilon_total": 1.0},
               "source": {"config": {"train": {"target_eps": None, "epochs": 5}, "data": {"dataset": "digits"}}}}

@@ -17,10 +17,10 @@ from dpltm.config import PrivateTicketSettings, TrainConfig, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
-from dpltm.pipeline import load_ticket, train
 from dpltm.privacy.accounting import PLD_VALUE_DISCRETIZATION_INTERVAL
 from dpltm.privacy.ledger import PrivacyLedger
-from dpltm.private_tickets import layer_keep_fractions, make_private_ticket, plan_private_ticket, round_prune_rates
+from dpltm.tickets.private import layer_keep_fractions, make_private_ticket, plan_private_ticket, round_prune_rates
+from dpltm.training.pipeline import load_ticket, train
 
 
 def _config(eps: float = 2.0, warmup: int = 2, epochs: int = 3, rounds: int = 1, density_: float = 0.3,
@@ -179,7 +179,7 @@ def test_ledger_of_a_private_ticket_round_trips_and_needs_its_warmup() -> None:
 
 
 def test_lr_sigma_sets_a_dp_runs_learning_rate_from_its_sigma(tiny_splits: DatasetSplits) -> None:
-    from dpltm.private_training import plan_training
+    from dpltm.training.private import plan_training
 
     settings = TrainSettings(epochs=2, batch_size=64, eps2=1.0, lr=0.1, lr_sigma=3.0)
     plan = plan_training(settings, len(tiny_splits.train))
@@ -204,7 +204,7 @@ def test_select_refuses_a_private_ticket_saying_what_to_do(tiny_splits: DatasetS
 def test_training_a_private_ticket_defaults_to_its_plan_under_config_and_flags(tiny_splits: DatasetSplits,
                                                                                tmp_path: Path) -> None:
     from dpltm.config import resolve_train_config
-    from dpltm.private_tickets import private_ticket_plan
+    from dpltm.tickets.private import private_ticket_plan
 
     cfg = dataclasses.replace(_config(eps=1.5, epochs=4), model=dataclasses.replace(_config().model,
                                                                                    activation="tanh"))
@@ -221,7 +221,7 @@ def test_training_a_private_ticket_defaults_to_its_plan_under_config_and_flags(t
 
 
 def test_phases_never_share_randomness_and_warmup_cannot_stop_early(tiny_splits: DatasetSplits) -> None:
-    from dpltm.private_tickets import phase_seed
+    from dpltm.tickets.private import phase_seed
 
     seeds = {phase_seed(5, "warm-up 0"), phase_seed(5, "warm-up 1"), 5, 6}
     assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)

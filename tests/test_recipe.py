@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-import dpltm.private_training as private_training
+import dpltm.training.private as private_training
 from dpltm.config import TrainSettings
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext
 from dpltm.model import MaskedMLP, build_architecture
-from dpltm.private_training import TrainOutcome, make_optimizer, plan_training, run_non_private, run_private
 from dpltm.pruning import paper_prune_rates, prune_layerwise
-from dpltm.training import accuracy, train_classifier
-from dpltm.transfer import model_from_ticket
+from dpltm.training.plain import accuracy, train_classifier
+from dpltm.training.private import TrainOutcome, make_optimizer, plan_training, run_non_private, run_private
+from dpltm.training.transfer import model_from_ticket
 
 Params = dict[str, torch.Tensor]
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from scipy import stats
 
-from dpltm.averaging import make_averager, update_average
-from dpltm.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.config import TrainSettings
+from dpltm.data.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.dp.averaging import make_averager, update_average
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise, NoiseContext
@@ -21,9 +21,9 @@ from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
-from dpltm.private_training import TrainOutcome, plan_training, run_private
 from dpltm.pruning import paper_prune_rates, prune_layerwise
-from dpltm.training import train_classifier
+from dpltm.training.plain import train_classifier
+from dpltm.training.private import TrainOutcome, plan_training, run_private
 
 N = 200
 

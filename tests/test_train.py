@@ -249,7 +249,7 @@ def test_released_ema_is_recomputed_from_the_dp_iterates(data_root: Path, tmp_pa
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """EMA weights are a function of the DP iterates only (issue 9): record every iterate of a run
     with a fixed noise seed, recompute the EMA by hand, and compare with the checkpoint."""
-    import dpltm.private_training as private_training
+    import dpltm.training.private as private_training
 
     invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
     invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))  # sparsest

@@ -59,9 +59,9 @@ from dpltm.config import (
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
-from dpltm.lottery import generate_tickets
-from dpltm.pipeline import train
-from dpltm.selection import Selection, choose, winner_payload
+from dpltm.selection.winner import Selection, choose, winner_payload
+from dpltm.tickets.imp import generate_tickets
+from dpltm.training.pipeline import train
 
 RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
                  "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
@@ -197,9 +197,9 @@ class Experiment:
 
     def noise_aware_winner(self, tickets: Path, run: Run, settings: TrainSettings, n_private: int) -> Path:
         """The noise-aware choice among the public tickets, made once per planned run and cached."""
-        from dpltm.noise_aware import PlannedRun, noise_aware_choice
-        from dpltm.private_training import plan_training
-        from dpltm.selection import noise_aware_selection
+        from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
+        from dpltm.selection.winner import noise_aware_selection
+        from dpltm.training.private import plan_training
 
         payload = load_checkpoint(tickets, "tickets")
         rounds = self.spec.get("noise_aware", {}).get("rounds")
@@ -226,7 +226,7 @@ class Experiment:
             cache.parent.mkdir(exist_ok=True)
             write_text_atomic(json.dumps({**choice.to_json(), "key": json.loads(key),
                                           "seconds": round(time.perf_counter() - started, 1)}, indent=1), cache)
-        from dpltm.noise_aware import Candidate, NoiseAwareChoice
+        from dpltm.selection.noise_aware import Candidate, NoiseAwareChoice
 
         stored = json.loads(cache.read_text())
         choice = NoiseAwareChoice(stored["index"], [Candidate(**c) for c in stored["candidates"]], planned,
@@ -242,7 +242,7 @@ class Experiment:
     def private_ticket(self, run: Run, data: DatasetSplits, settings: TrainSettings) -> tuple[Path, TrainSettings]:
         """A private ticket on the run's own data; the ticket's training gets the epochs the warm-up left."""
         from dpltm.config import PrivateTicketSettings
-        from dpltm.private_tickets import make_private_ticket
+        from dpltm.tickets.private import make_private_ticket
 
         p = PrivateTicketSettings(**self.spec.get("private_ticket", {}))
         if p.warmup_epochs * p.rounds >= settings.epochs:

@@ -1,6 +1,7 @@
 """`dpltm audit`'s plan: the canaries a DP training run adds, and the lower bound read afterwards.
 
-The run (dpltm.stages.audit) goes through `dpltm.pipeline.train` (the same ticket or dense network, noise plug-in,
+The run (dpltm.stages.audit) goes through `dpltm.training.pipeline.train` (the same ticket or dense
+network, noise plug-in,
 Poisson sampling, clipping and accountant as `dpltm train`); the plan only adds the canaries and
 reads the attack's scores at the end. The claimed ε is the accountant's ε for the training
 mechanism that ran (its q counts the included canaries as records). A lower bound above it means

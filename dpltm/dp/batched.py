@@ -1,6 +1,6 @@
 """K masked networks of one architecture trained side by side by DP-SGD, in one set of kernels.
 
-Used to compare tickets under the noise a planned private run will see (dpltm.noise_aware):
+Used to compare tickets under the noise a planned private run will see (dpltm.selection.noise_aware):
 every candidate gets the same Poisson batches (common random numbers, so differences between
 candidates are not sampling luck) and its own independent noise. Parameters are stacked along
 a leading candidate axis, (K, out, in) and (K, out), so a forward pass is one batched matmul

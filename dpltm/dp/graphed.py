@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 
-from dpltm.averaging import update_average
-from dpltm.cuda_graphs import capture
 from dpltm.data.types import LabeledTensors
+from dpltm.dp.averaging import update_average
+from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import padded_chunks

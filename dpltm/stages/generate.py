@@ -23,8 +23,8 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
-    from dpltm.lottery import generate_tickets
     from dpltm.paths import default_checkpoint_dir
+    from dpltm.tickets.imp import generate_tickets
 
     cfg = resolve_generate_config(cli, config)
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-tickets.pt"
@@ -99,7 +99,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
                            out: Path | None, overwrite: bool, progress: bool,
                            noise_seed: int | None = None, logger: str | None = None,
                            log_dir: Path | None = None, download: bool = False) -> tuple[dict[str, Any], Path]:
-    """`generate --private`: a ticket made on the private data by DP warm-up (dpltm.private_tickets).
+    """`generate --private`: a ticket made on the private data by DP warm-up (dpltm.tickets.private).
     `cli` is a training config tree: the warm-up uses the `train:` recipe, `private_ticket:` the rest."""
     from dpltm.checkpoint import output_lock, prepare_output
     from dpltm.config import resolve_train_config
@@ -107,7 +107,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     from dpltm.devices import resolve_device
     from dpltm.model import build_architecture
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.private_tickets import layer_keep_fractions, make_private_ticket, plan_private_ticket
+    from dpltm.tickets.private import layer_keep_fractions, make_private_ticket, plan_private_ticket
 
     cfg = resolve_train_config(cli, config)
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-private-ticket.pt"

@@ -173,7 +173,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.data import load_dataset
     from dpltm.model import build_architecture
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.private_tickets import layer_keep_fractions, plan_private_ticket
+    from dpltm.tickets.private import layer_keep_fractions, plan_private_ticket
 
     base = resolve_train_config({"data": {"dataset": r.dataset}, "seed": r.seed}, r.config)
     pool = load_dataset(r.dataset, split=base.data.split, data_dir=r.data_dir, val_fraction=base.data.val_fraction,

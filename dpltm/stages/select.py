@@ -77,10 +77,10 @@ def _noise_aware_choice(payload: dict[str, Any], request: NoiseAwareRequest, con
                         seed: int | None) -> Any:
     from dpltm.config import resolve_train_config
     from dpltm.devices import resolve_device
-    from dpltm.noise_aware import PlannedRun, noise_aware_choice
-    from dpltm.pipeline import reload_ticket_data
-    from dpltm.private_training import plan_training
-    from dpltm.training import step_bar
+    from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
+    from dpltm.training.pipeline import reload_ticket_data
+    from dpltm.training.plain import step_bar
+    from dpltm.training.private import plan_training
 
     cfg = resolve_train_config(request.train_cli, config)
     s = cfg.train
@@ -105,7 +105,7 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     from dpltm.checkpoint import load_checkpoint, output_lock, prepare_output, save_atomic
     from dpltm.config import resolve_select_config
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.selection import choose, newest_ticket_set, noise_aware_selection, previous_draws, winner_payload
+    from dpltm.selection.winner import choose, newest_ticket_set, noise_aware_selection, previous_draws, winner_payload
 
     settings = resolve_select_config(cli, config)
     source = tickets

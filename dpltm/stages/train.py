@@ -24,14 +24,14 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                 overwrite: bool = False, distribution: Distribution | None = None,
                 cuda_graphs: bool = False, logger: str | None = None,
                 log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
-    from dpltm import pipeline
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
     from dpltm.paths import check_not_input, default_checkpoint_dir
-    from dpltm.private_tickets import is_private_ticket, private_ticket_plan
+    from dpltm.tickets.private import is_private_ticket, private_ticket_plan
+    from dpltm.training import pipeline
 
     ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
     # A private ticket was made with a training plan (recipe, epochs, data settings, and the whole
@@ -104,7 +104,7 @@ def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str
     batch below the private training set, σ calibrable to the budget, lr_sigma's learning rate in
     range, a noise `run` can give; with the noise-aware choice (`noise_aware_on`: its public
     training records) Gaussian-type noise and a batch below that set too."""
-    from dpltm.private_training import plan_training
+    from dpltm.training.private import plan_training
 
     s, n = cfg.train, len(private.train)
     remedy = "pass a smaller --batch-size" + (" or --recipe paper" if recipe != "paper" else "")

@@ -44,8 +44,8 @@ from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.display import format_delta, format_epsilon
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
 from dpltm.privacy.ledger import training_record
-from dpltm.private_training import TrainPlan, learning_rate, mechanism_seed, run_private
 from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
+from dpltm.training.private import TrainPlan, learning_rate, mechanism_seed, run_private
 
 SELECTION_METHOD = "private"
 """`selection.method` of a private ticket: no choice among tickets was made, and none was needed."""

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dpltm.averaging import make_averager, released_model, released_weights, update_average
-from dpltm.batches import ShuffledBatches
 from dpltm.config import MAX_LR, TrainSettings
+from dpltm.data.batches import ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.dp.averaging import make_averager, released_model, released_weights, update_average
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout, first_layer_input_terms
 from dpltm.dp.graphed import StaticShapeDpStep
@@ -44,7 +44,7 @@ from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import DpEvent
-from dpltm.training import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
+from dpltm.training.plain import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
 
 if TYPE_CHECKING:
     from dpltm.audit.canaries import GradientCanaries, InputCanaries

@@ -25,9 +25,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
-from dpltm.batches import BlocksOfIndices, ShuffledBatches
-from dpltm.cuda_graphs import capture
+from dpltm.data.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.data.types import LabeledTensors
+from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP

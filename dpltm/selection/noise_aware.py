@@ -33,8 +33,8 @@ from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError
-from dpltm.lottery import rewind, ticket_masks
 from dpltm.model import Architecture, MaskedMLP
+from dpltm.tickets.imp import rewind, ticket_masks
 
 
 @dataclass(frozen=True)

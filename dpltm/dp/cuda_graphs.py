@@ -7,7 +7,7 @@ steps, so the weights are restored and the optimiser's state (momentum, Adam's m
 is set back to zero, which is what a step taken from fresh state reads. Replays then read and
 write the same tensors: inputs are fed by copying into the static buffers a piece reads.
 
-Used by the DP step (dpltm.dp.graphed) and the non-private generate step (dpltm.training); these
+Used by the DP step (dpltm.dp.graphed) and the non-private generate step (dpltm.training.plain); these
 paths run only where CUDA exists (tests marked `gpu`).
 """
 

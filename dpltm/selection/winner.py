@@ -16,7 +16,6 @@ from dp_accounting import NonPrivateDpEvent  # type: ignore[import-untyped]
 from dpltm import __version__
 from dpltm.checkpoint import load_checkpoint
 from dpltm.errors import DpltmUserError
-from dpltm.noise_aware import NoiseAwareChoice
 from dpltm.privacy.events import event_to_json, selection_event
 from dpltm.privacy.exponential import (
     decisive_eps1,
@@ -27,6 +26,7 @@ from dpltm.privacy.exponential import (
     selection_probabilities,
     ticket_scores,
 )
+from dpltm.selection.noise_aware import NoiseAwareChoice
 
 
 def newest_ticket_set(directory: Path) -> Path:

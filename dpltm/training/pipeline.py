@@ -31,8 +31,8 @@ from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent
 from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, training_record
-from dpltm.private_tickets import is_private_ticket
-from dpltm.private_training import (
+from dpltm.tickets.private import is_private_ticket
+from dpltm.training.private import (
     TrainOutcome,
     TrainPlan,
     epochs_within_budget,
@@ -41,7 +41,7 @@ from dpltm.private_training import (
     run_non_private,
     run_private,
 )
-from dpltm.transfer import model_from_ticket
+from dpltm.training.transfer import model_from_ticket
 
 if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan
