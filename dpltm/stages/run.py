@@ -21,6 +21,7 @@ from dpltm.architectures import model_cli
 from dpltm.console import err_console
 from dpltm.errors import DpltmUserError
 from dpltm.stages.generate import stage_generate, stage_generate_private
+from dpltm.stages.requests import CommandRequest
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, stage_select
 from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
 
@@ -37,7 +38,7 @@ def chosen_recipe(recipe: str, n_train: int) -> str:
 
 
 @dataclass(frozen=True)
-class RunRequest:
+class RunRequest(CommandRequest):
     """`dpltm run`'s options, as plain values (None: the recipe's or the config's)."""
 
     dataset: str = "mnist"
@@ -49,7 +50,7 @@ class RunRequest:
     batch_size: int | None = None
     clip: float | None = None
     lr: float | None = None
-    neighboring: str | None = None
+    neighbouring: str | None = None
     rounds: int | None = None
     iterations: int | None = None
     project_to: int | None = None
@@ -77,7 +78,10 @@ class RunRequest:
 
 def stage_run(request: RunRequest) -> dict[str, Any]:
     """Run every stage; returns the DP training's report."""
+    from dpltm.run_log import check_logger
+
     r = request
+    check_logger(r.logger)
     if r.download:
         from dpltm.data.download import fetch_for_run
 
@@ -127,7 +131,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     train_cli: dict[str, Any] = {
         "data": {"dataset": r.dataset},
         "train": {"eps2": r.eps, "delta": r.delta, "epochs": r.epochs, "batch_size": r.batch_size, "clip": r.clip,
-                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighboring},
+                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighbouring},
         "model": {"activation": r.activation}, "seed": r.seed}
     gen_cli = {"data": {"dataset": r.public_dataset, "split": r.public_split},
                "model": model_cli(r.arch, None, project_to=project_to, activation=r.activation),
@@ -154,8 +158,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                       + f"; training recipe: {train_cli['recipe']}")
     stage_generate(gen_cli, r.config, r.data_dir, r.device, tickets_path, r.overwrite, r.progress, r.cuda_graphs,
                    logger=r.logger, log_dir=r.log_dir)
-    err_console.print(f"[bold]2/3[/bold] selection on public tickets ({r.choice.value}; spends nothing on private "
-                      "data)")
+    err_console.print(f"[bold]2/3[/bold] selection on public tickets ({TicketChoice(r.choice).value}; spends nothing "
+                      "on private data)")
     request = (NoiseAwareRequest(len(private.train), train_cli, r.data_dir, r.device, r.progress) if noise_aware
                else None)
     stage_select({"select": {}}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
@@ -194,7 +198,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     train_cli = {"data": {"dataset": r.dataset},
                  "train": {"eps2": r.eps, "delta": r.delta, "epochs": settings.train.epochs - warmup * rounds,
                            "batch_size": r.batch_size, "clip": r.clip, "lr": r.lr, "momentum": r.momentum,
-                           "ema": r.ema, "neighboring": r.neighboring},
+                           "ema": r.ema, "neighboring": r.neighbouring},
                  "model": {"activation": r.activation},
                  "private_ticket": {"warmup_epochs": warmup, "density": r.density}, "seed": r.seed,
                  "recipe": chosen}

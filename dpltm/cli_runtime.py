@@ -1,0 +1,121 @@
+"""How the `dpltm` command line behaves as a program: one line per user error, signals, JSON out.
+
+Every user mistake surfaces as one line on stderr and exit code 2 (no traceback); SIGINT and
+SIGTERM unwind a run as an exception (temp files are cleaned on the way out) and exit 128 +
+signum; `--json` reports go to stdout. The commands themselves are in dpltm.cli.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from dpltm.console import kept_on_interrupt, on_interrupt_kept
+from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
+from dpltm.launch_env import check_rank_environment
+from dpltm.paths import forget_inputs
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(func: F) -> F:
+    """Turn user mistakes into one clear line and exit 2; a signal into one line and 128 + signum."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        on_interrupt_kept("nothing was written")
+        forget_inputs()
+        try:
+            check_rank_environment()  # before Lightning's import parses them
+            return func(*args, **kwargs)
+        except DpltmUserError as exc:
+            typer.echo(f"dpltm: error: {one_line(str(exc))}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:  # a full disk, a name too long: the user's to fix (written files are cleaned)
+            if exc.errno not in USER_ERRNOS:
+                raise
+            typer.echo(f"dpltm: error: {one_line(os_error_message(exc))}", err=True)
+            raise typer.Exit(2) from None
+        except (KeyboardInterrupt, Interrupted) as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            # on a line of its own: a progress bar may have left the cursor at the end of its line
+            typer.echo(f"\ndpltm: interrupted ({signal.Signals(signum).name}); {kept_on_interrupt()}", err=True)
+            raise typer.Exit(128 + signum) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+_UNWINDING: list[int] = []
+"""The signal a run is unwinding from; while set, further signals are ignored."""
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    """Signal handler: unwind the run as an exception (temp files are cleaned on the way out).
+    Further signals are ignored while it unwinds, so the clean-up itself is not cut short: the
+    handler sets SIG_IGN, and since Lightning's signal connector may put this handler back during its
+    own tear-down, the handler itself also ignores every signal after the first."""
+    if _UNWINDING:
+        return
+    _UNWINDING.append(signum)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def floats_option(text: str | None, option: str) -> tuple[float, ...] | None:
+    """A comma- or space-separated list of numbers (`--prune-rates 0.2,0.1`)."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        raise DpltmUserError(f"{option} takes comma-separated numbers, got '{text}'") from None
+
+
+def ints_option(text: str | None, option: str) -> tuple[int, ...] | None:
+    """A list of positive integers (`--hidden 300,100`)."""
+    values = floats_option(text, option)
+    if values is None:
+        return None
+    if any(not v.is_integer() or v <= 0 for v in values):
+        raise DpltmUserError(f"{option} takes positive integers, got '{text}'")
+    return tuple(int(v) for v in values)
+
+
+def emit_json(report: dict[str, Any]) -> None:
+    """A report as one line of strict JSON (no NaN) on stdout."""
+    from dpltm.strict_json import dumps
+
+    sys.stdout.write(dumps(report) + "\n")
+
+
+def run_app(app: typer.Typer) -> None:
+    """Run `app` as the entry point: the parser's own usage errors become one line too; SIGINT and SIGTERM stop a
+    run cleanly with one line and exit 130 / 143."""
+    from typer.exceptions import Abort, TyperException
+
+    _UNWINDING.clear()
+    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
+    except Abort:
+        typer.echo("dpltm: interrupted", err=True)
+        raise SystemExit(130) from None
+    except TyperException as exc:  # usage errors: bad option, bad value, missing argument
+        message = " ".join(exc.format_message().split()).replace("Value error, ", "")  # typer's enum wording
+        if not message:  # `dpltm` alone: the help was printed, there is no error to add
+            raise SystemExit(0) from None
+        typer.echo(f"dpltm: error: {one_line(message)}", err=True)
+        raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
+    finally:  # main() may run inside another program (tests): leave its handlers as they were,
+        # except after a signal, when the process is about to exit 128 + signum: a second Ctrl-C
+        # must not kill it with the default handler on the way out
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_IGN if _UNWINDING else handler)
+    if isinstance(code, int) and code != 0:
+        raise SystemExit(code)

@@ -1,0 +1,107 @@
+"""What each command prints: the human lines (the result on stdout, notes on stderr) or, with
+`--json`, one JSON report alone on stdout so the output can be piped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpltm.cli_runtime import emit_json
+from dpltm.console import err_console, out_console
+
+
+def _say(text: str) -> None:
+    err_console.print(text, markup=False, highlight=False)
+
+
+def show_tickets(payload: dict[str, Any], target: Path, json_out: bool) -> None:
+    """`generate`: the ticket set's table, or its JSON view."""
+    from dpltm.report import print_tickets, tickets_json
+
+    if json_out:
+        emit_json({**tickets_json(payload), "output": str(target)})
+        return
+    print_tickets(payload, err_console)
+    err_console.print(f"ticket file: {target}")
+
+
+def show_private_ticket(ticket: dict[str, Any], target: Path, json_out: bool) -> None:
+    """`generate --private`: the ticket, what it spent, and how to train it."""
+    summary = {"output": str(target), "density": ticket["density"], "layer_density": ticket["layer_density"],
+               "val_accuracy": ticket["val_accuracy"], "privacy": ticket["privacy"],
+               "private_ticket": {k: v for k, v in ticket["private_ticket"].items() if k != "dp_event"}}
+    if json_out:
+        emit_json(summary)
+        return
+    out_console.print(f"private ticket: C={ticket['density']:.4f}, validation accuracy {ticket['val_accuracy']:.4f}",
+                      markup=False, highlight=False)
+    out_console.print(ticket["privacy"]["statement"], markup=False, highlight=False)
+    err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']} "
+                      f"(σ is calibrated so the whole run meets ε = {ticket['private_ticket']['epsilon_total']:g})")
+
+
+def show_winner(winner: dict[str, Any], target: Path, json_out: bool) -> None:
+    """`select`: the stage has printed the choice on stderr; `--json` adds the record on stdout."""
+    from dpltm.stages.select import same_data_note
+
+    if json_out:
+        emit_json({"winner_round": winner["round"], "density": winner["density"],
+                   "val_accuracy": winner["val_accuracy"], "selection": winner["selection"],
+                   "tickets": winner["source"]["tickets"], "ticket_data": winner["source"]["data"],
+                   "same_data_note": same_data_note(winner["source"]["data"]), "output": str(target)})
+
+
+def show_training(report: dict[str, Any], json_out: bool) -> None:
+    """`train` and `run`: the summary (rank 0 of a multi-device run alone)."""
+    from dpltm.dp.distributed import is_main_process
+    from dpltm.stages.train import print_training_report
+
+    if not is_main_process():  # another rank of a multi-device run: rank 0 reports
+        return
+    print_training_report(report, err_console if json_out else out_console)  # the result on stdout
+    if json_out:
+        emit_json({k: v for k, v in report.items() if k != "statement"})
+
+
+def show_predictions(report: dict[str, Any], json_out: bool) -> None:
+    """`predict`: accuracy on the records, where the predictions went, the model's privacy statement."""
+    if report["warning"]:
+        _say(f"warning: {report['warning']}")
+    if json_out:
+        emit_json({k: v for k, v in report.items() if k != "statement"} | {"statement": report["statement"]})
+        return
+    err_console.print(f"{report['dataset']} {report['part']} set: accuracy {report['accuracy']:.4f} on "
+                      f"{report['records']} records ({report['model_format']} {report['model']})"
+                      + (f"; predictions: {report['predictions']}" if report["predictions"] else ""))
+    if report["statement"]:
+        _say(report["statement"])
+
+
+def show_export(exported: dict[str, Any], model: Path, json_out: bool) -> None:
+    """`export`: the file written and the privacy statement it carries."""
+    if json_out:
+        emit_json({k: v for k, v in exported.items() if k != "privacy_statement"})
+        return
+    err_console.print(f"exported {model} to {exported['output']}")
+    _say(exported["privacy_statement"])
+
+
+def show_audit(report: dict[str, Any], json_out: bool) -> None:
+    """`audit`: the empirical lower bound beside the accountant's claim, and the verdict."""
+    from dpltm.privacy.display import format_epsilon, round_down
+
+    result = report["audit"]
+    if report["warning"]:  # as `dpltm train` says it: a same-data ticket makes the run NOT end-to-end DP
+        _say(report["warning"])
+    if json_out:
+        emit_json({**result, **{key: report[key] for key in (
+            "test_accuracy", "noise_multiplier", "sample_rate", "steps", "dataset", "end_to_end_dp", "epsilon_scope",
+            "warning")}})
+        return
+    verdict = (f"REFUTED: the lower bound exceeds the claim; the mechanism that ran is likely not the one accounted "
+               f"(a correct one is refuted with probability ≤ {1 - result['confidence']:.0%})"
+               if result["refuted"] else "consistent: the attack does not refute the claim")
+    err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
+                      f"ε ≥ {round_down(result['epsilon_lower_bound'], 3)} at {result['confidence']:.0%} confidence; "
+                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (training mechanism; scope of the "
+                      f"run's ε: {report['epsilon_scope']}); {verdict}")
