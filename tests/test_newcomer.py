@@ -100,6 +100,22 @@ def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, 
         "ledger"]["training"]["sigma"]
 
 
+def test_run_with_private_tickets_calibrates_its_phases_once(data_root: Path, tmp_path: Path) -> None:
+    """The check before any work, the warm-up and the training of `run --ticket-source private` plan
+    the same phases: one σ search for the shared plan."""
+    from dpltm.privacy.calibration import _calibrated_phases
+
+    _calibrated_phases.cache_clear()
+    out = tmp_path / "m.pt"
+    invoke("run", "--dataset", "digits", "--ticket-source", "private", "--data-dir", str(data_root), "--epochs", "2",
+           "--warmup-epochs", "1", "--batch-size", "64", "--device", "cpu", "--no-progress", "--out", str(out))
+    calibrations = _calibrated_phases.cache_info()
+    assert calibrations.misses == 1 and calibrations.hits >= 1, calibrations
+    ledger = load_checkpoint(out, "model")["ledger"]
+    # training is calibrated after the warm-up that ran (calibrate_after): never more noise than planned
+    assert ledger["training"]["sigma"] <= ledger["phase1_training"][0]["sigma"]
+
+
 def test_run_checks_the_recipe_against_the_data_before_any_work(data_root: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import dpltm.stages.run

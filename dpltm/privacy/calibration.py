@@ -325,6 +325,15 @@ def calibrate_phases(
         raise DpltmUserError("no DP-SGD phase to calibrate")
     for q, steps in phases:
         dpsgd_event(q, 1.0, steps)
+    return _calibrated_phases(tuple((float(q), int(steps)) for q, steps in phases), t, d, accountant, neighboring,
+                              float(rel_tol))
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrated_phases(phases: tuple[tuple[float, int], ...], t: float, d: float, accountant: str,
+                       neighboring: str, rel_tol: float) -> float:
+    """`calibrate_phases` on checked arguments; pure, so cached like `_calibrated_dpsgd`: `dpltm run
+    --ticket-source private` plans the same phases in its check, its warm-up and its training."""
 
     def all_phases(sigma: float) -> DpEvent:
         return dp_accounting.ComposedDpEvent([dpsgd_event(q, sigma, steps) for q, steps in phases])
