@@ -55,7 +55,8 @@ def test_one_option_name_per_idea_across_commands() -> None:
     every = {opt for params in _options().values() for opts in params.values() for opt in opts}
     assert "--public-data" not in every and "--target-eps" not in every
     assert {"--eps", "--eps2"} <= set(_options()["train"]["eps2"]) and "--max-eps" in every
-    assert _options()["select"]["tickets"] == ("--tickets",) and _options()["run"]["ticket_source"] == ("--ticket-source",)
+    assert _options()["select"]["tickets"] == ("--tickets",)
+    assert _options()["run"]["ticket_source"] == ("--ticket-source",)
 
 
 @pytest.mark.parametrize("command", ["generate", "select", "train", "run", "account", "inspect"])
