@@ -1,22 +1,23 @@
-"""Phase 2: choose the winning ticket (exponential mechanism, or a non-private best pick).
+"""Phase 2: choose the winning ticket, by one of the rules of dpltm.selection.rules.
 
-The winner is written as a 'ticket' file: θ0, its mask and C, where it came from, and how it
-was chosen (ε1, ν, Δ, the probability table) so that training can state the guarantee.
+The rules' functions live here (`select_*`, `(payload, RuleSettings) -> Selection`). The winner is
+written as a 'ticket' file: θ0, its mask and C, where it came from, and how it was chosen (the rule,
+ε1, ν, Δ, the probability table, the rule's DpEvent) so that training can state the guarantee.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from dp_accounting import NonPrivateDpEvent  # type: ignore[import-untyped]
 
 from dpltm import __version__
 from dpltm.checkpoint import load_checkpoint
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.events import event_to_json, selection_event
+from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
     decisive_eps1,
     make_selection_rng,
@@ -27,6 +28,10 @@ from dpltm.privacy.exponential import (
     ticket_scores,
 )
 from dpltm.selection.noise_aware import NoiseAwareChoice
+from dpltm.selection.rules import RuleSettings, selection_rule
+
+if TYPE_CHECKING:
+    from dpltm.privacy.events import DpEvent
 
 
 def newest_ticket_set(directory: Path) -> Path:
@@ -49,10 +54,12 @@ class Selection:
     sensitivity: float
     near_uniform: bool
     decisive_eps1: float
+    record: dict[str, Any] = field(default_factory=dict)
+    """What the rule adds to the winner file's `selection` record (noise-aware: its candidates and plan)."""
 
 
-def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int | None) -> Selection:
-    """Score S = A·(1 − ν·C) per ticket; sample with the exponential mechanism, or argmax."""
+def _scored(payload: dict[str, Any], nu: float) -> tuple[np.ndarray, float]:
+    """S = A·(1 − ν·C) per ticket and its sensitivity Δ (dpltm.privacy.exponential), of a complete set."""
     tickets = payload["tickets"]
     if not tickets:
         raise DpltmUserError("the ticket set holds no tickets")
@@ -60,17 +67,73 @@ def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int 
         raise DpltmUserError("the ticket set is incomplete: rerun `dpltm generate` to finish it")
     accuracies = np.array([t["val_accuracy"] for t in tickets], dtype=np.float64)
     densities = np.array([t["density"] for t in tickets], dtype=np.float64)
-    scores = ticket_scores(accuracies, densities, nu)
-    sensitivity = score_sensitivity(densities, nu)
-    if eps1 is None:
-        best = int(np.argmax(scores))
-        probs = np.zeros_like(scores)
-        probs[best] = 1.0
-        return Selection(best, scores, probs, sensitivity, False, float("nan"))
+    return ticket_scores(accuracies, densities, nu), score_sensitivity(densities, nu)
+
+
+def _certain(scores: np.ndarray, index: int, sensitivity: float) -> Selection:
+    probabilities = np.zeros_like(scores)
+    probabilities[index] = 1.0
+    return Selection(index, scores, probabilities, sensitivity, False, float("nan"))
+
+
+def select_exponential(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+    """The exponential mechanism over S (ε1-DP, McSherry & Talwar 2007, Thm 6; DPLTM eq. 2)."""
+    scores, sensitivity = _scored(payload, settings.nu)
+    eps1 = float(settings.eps1)  # type: ignore[arg-type]  # the rule refuses None
     probs = selection_probabilities(scores, eps1, sensitivity)
-    index = sample_exponential(scores, eps1, sensitivity, make_selection_rng(seed))
-    return Selection(index, scores, probs, sensitivity, near_uniform(probs),
-                     decisive_eps1(scores, sensitivity))
+    index = sample_exponential(scores, eps1, sensitivity, make_selection_rng(settings.seed))
+    return Selection(index, scores, probs, sensitivity, near_uniform(probs), decisive_eps1(scores, sensitivity))
+
+
+def select_best(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+    """The highest score (the paper's pick for public tickets): no privacy on the ticket data."""
+    scores, sensitivity = _scored(payload, settings.nu)
+    return _certain(scores, int(np.argmax(scores)), sensitivity)
+
+
+def select_random(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+    """A uniformly random ticket (the paper's Table 2 control): it never looks at the ticket data, so it
+    spends nothing even on same-data tickets. The scores are shown, not used."""
+    scores, sensitivity = _scored(payload, settings.nu)
+    k = len(scores)
+    index = int(np.random.default_rng(settings.seed).integers(k))
+    return Selection(index, scores, np.full(k, 1 / k), sensitivity, True, math.nan)
+
+
+def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+    """Train every candidate under the planned noise on the tickets' public data (dpltm.selection.noise_aware)
+    and take the best public validation accuracy; spends no ε."""
+    from dpltm.config import resolve_train_config
+    from dpltm.console import err_console
+    from dpltm.devices import resolve_device
+    from dpltm.dp.plugins import noise_plugin
+    from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
+    from dpltm.training.pipeline import reload_ticket_data
+    from dpltm.training.plain import step_bar
+    from dpltm.training.private import plan_training
+
+    request = settings.planned_run
+    cfg = resolve_train_config(request.train_cli, settings.config)
+    s = cfg.train
+    if not noise_plugin(s.noise).plain_norm:
+        raise DpltmUserError(f"--noise-aware simulates Gaussian-type noise; with --noise {s.noise} use --best")
+    plan = plan_training(s, request.private_size)
+    planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
+                         s.momentum, cfg.model.activation, s.ema)
+    public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
+    err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
+                      f"{plan.steps} steps under σ = {plan.noise_multiplier:.4f}, L = {plan.expected_batch_size}, "
+                      f"on {public.name} ({public.source_split} split, the tickets' public data); spends no ε")
+    with step_bar("noise-aware choice", plan.steps, enabled=request.progress) as bar:
+        choice = noise_aware_choice(payload, public, planned, seed=settings.seed,
+                                    on_progress=lambda done, _: bar.update(done - bar.n))
+    return noise_aware_selection(choice)
+
+
+def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int | None) -> Selection:
+    """Score S = A·(1 − ν·C) per ticket; sample with the exponential mechanism, or argmax (`eps1` None)."""
+    rule = selection_rule("best" if eps1 is None else "exponential")
+    return rule.select(payload, RuleSettings(nu=nu, seed=seed, eps1=eps1)).selection
 
 
 def previous_draws(payload: dict[str, Any]) -> list[float]:
@@ -84,20 +147,25 @@ def previous_draws(payload: dict[str, Any]) -> list[float]:
 def noise_aware_selection(choice: NoiseAwareChoice) -> Selection:
     """A noise-aware pick as a `Selection`: its scores are the public accuracies under the planned noise."""
     scores = np.array([c.public_val_accuracy for c in choice.candidates], dtype=np.float64)
-    probabilities = np.zeros_like(scores)
-    probabilities[choice.index] = 1.0
-    return Selection(choice.index, scores, probabilities, float("nan"), False, float("nan"))
+    return replace(_certain(scores, choice.index, float("nan")), record={"noise_aware": choice.to_json()})
 
 
 def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, *,
                    eps1: float | None, nu: float, seeded: bool,
-                   noise_aware: NoiseAwareChoice | None = None) -> dict[str, Any]:
+                   noise_aware: NoiseAwareChoice | None = None, method: str | None = None,
+                   event: DpEvent | None = None) -> dict[str, Any]:
     """The winner file. An exponential draw composes with every earlier draw from the same ticket
-    set (`draws`, `eps1_total`): each released winner is a function of all of them."""
+    set (`draws`, `eps1_total`): each released winner is a function of all of them. `method` and
+    `event` are the rule's name and DpEvent (`SelectionRule.select`); without them they are inferred
+    as before the rules (exponential when `eps1` is given, noise-aware with `noise_aware`, else best)."""
     ticket = payload["tickets"][selection.index]
-    method = "exponential" if eps1 is not None else ("noise-aware" if noise_aware is not None else "best")
+    if method is None:
+        method = "exponential" if eps1 is not None else ("noise-aware" if noise_aware is not None else "best")
+    if event is None:
+        event = selection_rule(method).event(eps1)
+    record = selection.record or ({} if noise_aware is None else {"noise_aware": noise_aware.to_json()})
     earlier = previous_draws(payload) if eps1 is not None else []
-    return {
+    body: dict[str, Any] = {
         "dpltm_version": __version__,
         "architecture": payload["architecture"],
         "theta0": payload["theta0"],
@@ -119,7 +187,12 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
             "probabilities": selection.probabilities.tolist(),
             "near_uniform": selection.near_uniform,
             "randomness": "seeded (reproducible; not secret)" if seeded else "OS CSPRNG",
-            "dp_event": event_to_json(selection_event(eps1) if eps1 is not None else NonPrivateDpEvent()),
-            "noise_aware": None if noise_aware is None else noise_aware.to_json(),
+            "dp_event": event_to_json(event),
+            "noise_aware": None,
         },
     }
+    clash = sorted(set(record) & set(body["selection"]) - {"noise_aware"})
+    if clash:  # a rule's record must never overwrite what the ledger and the statement read
+        raise ValueError(f"the {method} rule's record would overwrite the winner file's {clash}")
+    body["selection"].update(record)
+    return body

@@ -31,6 +31,7 @@ from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent
 from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, training_record
+from dpltm.selection.rules import SELECTION_RULES
 from dpltm.tickets.private import is_private_ticket
 from dpltm.training.private import (
     TrainOutcome,
@@ -128,10 +129,14 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
             raise DpltmUserError(f"{refused} includes {overlap} of the private training records of "
                                  f"{private_dataset} ({private.source_split} split)")
     if same_name and not assert_public:
-        eps1 = selection.get("eps1_total", selection["eps1"]) if selection["method"] == "exponential" else None
+        # What the pick spent, from its rule's declared capabilities (dpltm.selection.rules); a method no
+        # rule knows is taken as a non-private look at the data.
+        rule = SELECTION_RULES.get(selection["method"])
+        spent = rule is not None and rule.spends_eps1
+        eps1 = selection.get("eps1_total", selection["eps1"]) if spent else None
         return TicketOrigin("same-data", generated_on, eps1,
                             f"tickets generated without privacy on {generated_on}, the private dataset",
-                            data_independent_selection=selection["method"] == "random",
+                            data_independent_selection=rule is not None and not rule.touches_ticket_data,
                             selection_draws=int(selection.get("draws", 1)) if eps1 is not None else 1)
     if same_name:
         return TicketOrigin("public", generated_on, None,

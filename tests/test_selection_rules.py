@@ -1,0 +1,154 @@
+"""The selection-rule registry (dpltm.selection.rules): one shared suite over every entry, the
+exponential rule's draws against its stated probabilities, and a rule added by this file alone used
+end to end by `stage_select` (the claim that a new rule touches the registry and its own function only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from datafiles import write_digits
+from dp_accounting import NonPrivateDpEvent, NoOpDpEvent, ZCDpEvent  # type: ignore[import-untyped]
+from scipy.stats import chisquare
+from typer.testing import CliRunner
+
+from dpltm.checkpoint import load_checkpoint
+from dpltm.cli import app
+from dpltm.data.types import DatasetSplits
+from dpltm.errors import DpltmUserError
+from dpltm.privacy.events import event_from_json
+from dpltm.privacy.exponential import selection_probabilities
+from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.selection.rules import SELECTION_RULES, RuleSettings, SelectionRule, selection_rule
+from dpltm.selection.winner import Selection, select_best, winner_payload
+from dpltm.stages.select import stage_select
+from dpltm.training.pipeline import ticket_origin
+
+ACCURACIES = [0.9, 0.8, 0.6, 0.3]
+DENSITIES = [1.0, 0.5, 0.25, 0.125]
+NU, EPS1 = 0.5, 10.0  # Δ = 0.9375: P ≈ (0.20, 0.44, 0.29, 0.08), neither uniform nor argmax
+
+
+def ticket_set(dataset: str = "blobs") -> dict[str, Any]:
+    """The fields of a ticket set that selection and the winner file read."""
+    tickets = [{"round": r, "val_accuracy": a, "density": c, "masks": {}, "layer_density": {}}
+               for r, (a, c) in enumerate(zip(ACCURACIES, DENSITIES))]
+    return {"tickets": tickets, "complete": True, "architecture": {}, "theta0": {}, "config": {}, "privacy": {},
+            "data": {"dataset": dataset, "split": "train"}}
+
+
+def stub_planned_run(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+    """Stands in for the noise-aware training (tests/test_noise_aware.py runs the real one)."""
+    return select_best(payload, settings)
+
+
+def settings_for(rule: SelectionRule, seed: int | None = 0) -> RuleSettings:
+    return RuleSettings(nu=NU, seed=seed, eps1=EPS1 if rule.spends_eps1 else None,
+                        planned_run=object() if rule.needs_planned_run else None)
+
+
+def runnable(rule: SelectionRule) -> SelectionRule:
+    """The rule, its planned-run training replaced by a stub (the event comes from the same `select`)."""
+    return dataclasses.replace(rule, target=f"{__name__}:stub_planned_run") if rule.needs_planned_run else rule
+
+
+def ledger_of(winner: dict[str, Any], private_name: str) -> PrivacyLedger:
+    """The ledger `dpltm train` builds for `winner` on the private dataset `private_name`."""
+    private = DatasetSplits(name=private_name, source_split="train", train=None, val=None,  # type: ignore[arg-type]
+                            test=None, num_features=1, num_classes=2, fingerprint="")  # type: ignore[arg-type]
+    origin = ticket_origin(winner, private, assert_public=False)
+    return PrivacyLedger(phase1=origin.phase1, phase1_dataset=origin.phase1_dataset, private_dataset=private_name,
+                         selection_eps1=origin.selection_eps1, training=None, delta=1e-5,
+                         data_independent_selection=origin.data_independent_selection,
+                         selection_draws=origin.selection_draws)
+
+
+@pytest.mark.parametrize("name", list(SELECTION_RULES))
+def test_every_rule_states_the_event_the_ledger_records(name: str) -> None:
+    rule = SELECTION_RULES[name]
+    payload = ticket_set()
+    chosen = runnable(rule).select(payload, settings_for(rule))
+    assert 0 <= chosen.selection.index < len(payload["tickets"])
+    assert math.isclose(float(np.sum(chosen.selection.probabilities)), 1.0)
+    winner = winner_payload(payload, Path("t.pt"), chosen.selection, eps1=settings_for(rule).eps1, nu=NU,
+                            seeded=True, method=rule.name, event=chosen.event)
+    assert event_from_json(winner["selection"]["dp_event"]) == chosen.event
+    assert winner["selection"]["method"] == name
+    # tickets made on the private data itself: the ledger records exactly the rule's event
+    assert ledger_of(winner, "blobs").selection_event() == chosen.event
+    # tickets from other (public) data: no private record was looked at, whatever the rule
+    assert ledger_of(winner, "other").selection_event() == NoOpDpEvent()
+
+
+def test_the_three_rules_of_the_cli_keep_their_events() -> None:
+    """As before the registry: ZCDp(ε1²/8) (Cesar & Rogers 2021), and NonPrivate for both free picks."""
+    assert SELECTION_RULES["exponential"].event(EPS1) == ZCDpEvent(EPS1 * EPS1 / 8.0)
+    assert SELECTION_RULES["best"].event() == NonPrivateDpEvent()
+    assert SELECTION_RULES["noise-aware"].event() == NonPrivateDpEvent()
+    assert SELECTION_RULES["random"].event() == NoOpDpEvent()
+
+
+def test_exponential_draws_follow_the_stated_probabilities() -> None:
+    rule, payload = selection_rule("exponential"), ticket_set()
+    draws = [rule.select(payload, RuleSettings(nu=NU, seed=seed, eps1=EPS1)).selection for seed in range(4000)]
+    stated = draws[0].probabilities
+    scores = np.array(ACCURACIES) * (1 - NU * np.array(DENSITIES))
+    assert np.allclose(stated, selection_probabilities(scores, EPS1, 1 - NU * min(DENSITIES)))
+    assert 0.05 < stated.min() and stated.max() < 0.9  # a test that can tell the rule from argmax or uniform
+    counts = np.bincount([d.index for d in draws], minlength=len(stated))
+    assert chisquare(counts, stated * len(draws)).pvalue > 1e-3
+
+
+def test_a_rule_needs_what_it_declares() -> None:
+    with pytest.raises(DpltmUserError, match="unknown selection rule 'nope'.*exponential"):
+        selection_rule("nope")
+    with pytest.raises(DpltmUserError, match="give --eps1"):
+        selection_rule("exponential").select(ticket_set(), RuleSettings(nu=NU))
+    with pytest.raises(DpltmUserError, match="drop --eps1"):
+        selection_rule("best").select(ticket_set(), RuleSettings(nu=NU, eps1=1.0))
+    with pytest.raises(DpltmUserError, match="planned private run"):
+        selection_rule("noise-aware").select(ticket_set(), RuleSettings(nu=NU))
+    forged = dataclasses.replace(select_best(ticket_set(), RuleSettings(nu=NU)), record={"dp_event": {}})
+    with pytest.raises(ValueError, match="overwrite.*dp_event"):  # a rule's record cannot rewrite its privacy
+        winner_payload(ticket_set(), Path("t.pt"), forged, eps1=None, nu=NU, seeded=True)
+
+
+# ---- a rule added by this file alone ---------------------------------------------------------
+
+
+def gumbel_max(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+    """Report-noisy-max with Gumbel(2Δ/ε1) noise: the exponential mechanism by another algorithm
+    (McSherry & Talwar 2007; Durfee & Rogers 2019), so ε1-DP and ε1-bounded-range like it."""
+    scores = np.array([t["val_accuracy"] * (1 - settings.nu * t["density"]) for t in payload["tickets"]])
+    sensitivity = float(np.max(np.abs(1 - settings.nu * np.array([t["density"] for t in payload["tickets"]]))))
+    eps1 = float(settings.eps1)  # type: ignore[arg-type]
+    noisy = scores + np.random.default_rng(settings.seed).gumbel(scale=2 * sensitivity / eps1, size=len(scores))
+    probabilities = selection_probabilities(scores, eps1, sensitivity)
+    return Selection(int(np.argmax(noisy)), scores, probabilities, sensitivity, False, math.nan,
+                     record={"noise_aware": None, "algorithm": "Gumbel report-noisy-max"})
+
+
+def test_a_rule_registered_here_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_digits(tmp_path)
+    result = CliRunner().invoke(app, ["generate", "--dataset", "digits", "--data-dir", str(tmp_path), "--rounds", "2",
+                                      "--iterations", "15", "--batch-size", "16", "--device", "cpu",
+                                      "--no-progress", "--out", str(tmp_path / "t.pt")])
+    assert result.exit_code == 0, result.output
+    monkeypatch.setitem(SELECTION_RULES, "gumbel", SelectionRule("gumbel", f"{__name__}:gumbel_max",
+                                                                 spends_eps1=True))
+    winner, target = stage_select({"select": {"eps1": 0.5, "nu": 0.5}}, None, tmp_path / "t.pt", False, 7,
+                                  tmp_path / "w.pt", rule="gumbel")
+    stored = load_checkpoint(target, "ticket")
+    selection = stored["selection"]
+    assert selection["method"] == "gumbel" and selection["algorithm"] == "Gumbel report-noisy-max"
+    assert event_from_json(selection["dp_event"]) == ZCDpEvent(0.5 * 0.5 / 8.0)
+    assert selection["eps1"] == 0.5 and selection["draws"] == 1
+    assert load_checkpoint(tmp_path / "t.pt", "tickets")["selection_draws"] == [0.5]  # the draw is counted
+    ledger = ledger_of(stored, "digits")
+    assert ledger.selection_eps1 == 0.5 and ledger.selection_event() == ZCDpEvent(0.5 * 0.5 / 8.0)
+    assert winner["round"] == stored["round"]
