@@ -13,6 +13,7 @@ from typing import Any
 from dpltm.architectures import ARCHITECTURES
 from dpltm.data.catalog import DATASET_ENTRIES
 from dpltm.dp.plugins import NOISE_PLUGINS
+from dpltm.selection.rules import SELECTION_RULES
 
 
 class Choice(str, Enum):
@@ -35,6 +36,11 @@ class Split(Choice):
 class Activation(Choice):
     relu = "relu"
     tanh = "tanh"
+
+
+SelectionRuleName = Choice(  # type: ignore[misc]
+    "SelectionRuleName", {name.replace("-", "_"): name for name in SELECTION_RULES})
+"""`select --rule`: the selection rules of dpltm/selection/rules.py."""
 
 
 Arch = Choice("Arch", {name: name for name in ARCHITECTURES})  # type: ignore[misc]

@@ -200,6 +200,7 @@ def select(
     tickets: opt.SelectTickets = None,
     eps1: opt.SelectEps1 = None,
     nu: opt.SelectNu = None,
+    rule: opt.SelectRuleOption = None,
     best: opt.SelectBest = False,
     noise_aware: opt.SelectNoiseAware = False,
     private_size: opt.SelectPrivateSize = None,

@@ -23,6 +23,7 @@ from dpltm.choices import (
     Recipe,
     Rewind,
     RunRecipe,
+    SelectionRuleName,
     Split,
     Strategy,
     ThreatModel,
@@ -656,6 +657,16 @@ SelectNu = Annotated[
     typer.Option(
         help="Score weight ν in S = A·(1 − ν·C) (paper: 50).",
         show_default=cfg("select.nu"),
+    ),
+]
+
+
+SelectRuleOption = Annotated[
+    SelectionRuleName | None,
+    typer.Option(
+        "--rule",
+        help=("Choose by a rule of dpltm/selection/rules.py by name (exponential: ε1-DP; best; noise-aware: needs "
+              "--private-size; random: looks at no data). Default: exponential, or what --best/--noise-aware name."),
     ),
 ]
 

@@ -152,3 +152,29 @@ def test_a_rule_registered_here_runs_end_to_end(tmp_path: Path, monkeypatch: pyt
     ledger = ledger_of(stored, "digits")
     assert ledger.selection_eps1 == 0.5 and ledger.selection_event() == ZCDpEvent(0.5 * 0.5 / 8.0)
     assert winner["round"] == stored["round"]
+
+
+def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_path: Path) -> None:
+    """`select --rule NAME` reaches every rule of the registry; the options a rule cannot use are one line."""
+    write_digits(tmp_path)
+    runner = CliRunner()
+    generated = runner.invoke(app, ["generate", "--dataset", "digits", "--data-dir", str(tmp_path), "--rounds", "2",
+                                    "--iterations", "15", "--batch-size", "16", "--device", "cpu", "--no-progress",
+                                    "--out", str(tmp_path / "t.pt")])
+    assert generated.exit_code == 0, generated.output
+    chosen = runner.invoke(app, ["select", "--rule", "random", "--tickets", str(tmp_path / "t.pt"), "--seed", "3",
+                                 "--out", str(tmp_path / "w.pt")])
+    assert chosen.exit_code == 0, chosen.output
+    selection = load_checkpoint(tmp_path / "w.pt", "ticket")["selection"]
+    assert selection["method"] == "random" and event_from_json(selection["dp_event"]) == NoOpDpEvent()
+    for args, message in ((["--rule", "random", "--eps1", "0.5"], "the random selection spends no ε1"),
+                          (["--rule", "best", "--best"], "--rule best is the choice: drop --best/--noise-aware"),
+                          (["--rule", "noise-aware"], "--rule noise-aware needs --private-size N"),
+                          (["--rule", "random", "--private-size", "100"], "describe the planned run"),
+                          (["--rule", "bogus"], "'bogus' is not one of")):
+        refused = runner.invoke(app, ["select", *args, "--tickets", str(tmp_path / "t.pt"),
+                                      "--out", str(tmp_path / "x.pt")])
+        lines = refused.stderr.strip().splitlines()
+        assert refused.exit_code == 2 and message in refused.stderr, (args, refused.output)
+        assert not (tmp_path / "x.pt").exists()
+        assert len(lines) <= 1 or "Usage" in refused.stderr, (args, lines)

@@ -162,6 +162,7 @@ class SelectRequest(CommandRequest):
     tickets: Path | None = None
     eps1: float | None = None
     nu: float | None = None
+    rule: str | None = None
     best: bool = False
     noise_aware: bool = False
     private_size: int | None = None
@@ -178,34 +179,51 @@ class SelectRequest(CommandRequest):
     overwrite: bool = False
     progress: bool = True
 
+    def rule_name(self) -> str:
+        """The rule `--rule` names, or the one the flags --best/--noise-aware name (else exponential)."""
+        if self.rule is not None:
+            if self.best or self.noise_aware:
+                raise DpltmUserError(f"--rule {self.rule} is the choice: drop --best/--noise-aware")
+            return self.rule
+        return "noise-aware" if self.noise_aware else "best" if self.best else "exponential"
+
     def check(self) -> None:
         """The options' combinations, one line each."""
+        from dpltm.selection.rules import selection_rule
+
         if self.best and self.eps1 is not None:
             raise DpltmUserError("--best picks without privacy and spends no ε1: drop --eps1, or drop --best for "
                                  "the exponential mechanism")
         if self.noise_aware and (self.best or self.eps1 is not None):
             raise DpltmUserError("--noise-aware is its own choice: drop --best/--eps1")
+        name = self.rule_name()
+        rule = selection_rule(name)
+        if self.eps1 is not None and not rule.spends_eps1:
+            raise DpltmUserError(f"the {name} selection spends no ε1: drop --eps1")
+        flag = "--noise-aware" if self.noise_aware else f"--rule {name}"
         planned = (self.eps2, self.sigma, self.epochs, self.batch_size, self.private_size)
-        if not self.noise_aware and any(v is not None for v in planned):
+        if not rule.needs_planned_run and any(v is not None for v in planned):
             raise DpltmUserError("--private-size, --eps, --sigma, --epochs and --batch-size describe the planned "
                                  "run of --noise-aware: add --noise-aware or drop them")
-        if self.noise_aware and self.private_size is None:
-            raise DpltmUserError("--noise-aware needs --private-size N, the private training set's size")
+        if rule.needs_planned_run and self.private_size is None:
+            raise DpltmUserError(f"{flag} needs --private-size N, the private training set's size")
         if self.eps2 is not None and self.sigma is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma, not both")
 
     def run(self) -> tuple[dict[str, Any], Path]:
         """The winner's body and the file it was written to."""
+        from dpltm.selection.rules import selection_rule
         from dpltm.stages.select import NoiseAwareRequest, stage_select
 
         self.check()
-        planned = None if not self.noise_aware else NoiseAwareRequest(
+        name = self.rule_name()
+        planned = None if not selection_rule(name).needs_planned_run else NoiseAwareRequest(
             int(self.private_size),  # type: ignore[arg-type]
             {"train": {"eps2": self.eps2, "sigma": self.sigma, "epochs": self.epochs,
                        "batch_size": self.batch_size}}, self.data_dir, self.device, self.progress)
         return stage_select({"select": {"eps1": self.eps1, "nu": self.nu}}, self.config, self.tickets, self.best,
                             self.seed, self.out, overwrite=self.overwrite, reselect=self.reselect,
-                            noise_aware=planned)
+                            noise_aware=planned, rule=name)
 
 
 @dataclass(frozen=True)
