@@ -25,12 +25,14 @@ def test_enums_match_the_registries() -> None:
     from dpltm.dp.noise import NOISE_MECHANISMS
     from dpltm.model import ACTIVATIONS, ARCHS
     from dpltm.run_log import LOGGERS
+    from dpltm.selection.rules import SELECTION_RULES
     from dpltm.stages.predict import PARTS
 
     pairs = [(choices.Dataset, DATASETS), (choices.Split, SPLITS), (choices.Activation, ACTIVATIONS),
              (choices.Arch, ARCHS), (choices.Optimizer, OPTIMIZERS), (choices.Noise, NOISE_MECHANISMS),
              (choices.Rewind, REWIND_POINTS), (choices.Strategy, STRATEGIES), (choices.Accountant, ("pld", "rdp")),
-             (choices.Logger, LOGGERS), (choices.Part, PARTS), (choices.ThreatModel, THREAT_MODELS)]
+             (choices.Logger, LOGGERS), (choices.Part, PARTS), (choices.ThreatModel, THREAT_MODELS),
+             (choices.SelectionRuleName, SELECTION_RULES)]
     for enum, registry in pairs:
         assert [m.value for m in enum] == list(registry), enum.__name__
 
