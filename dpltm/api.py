@@ -642,10 +642,6 @@ def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, mask
 
 def load_model(path: str | Path) -> nn.Module:
     """The released model of a `dpltm train` checkpoint (masks included), ready for inference."""
-    from dpltm.checkpoint import load_checkpoint
-    from dpltm.model import Architecture, MaskedMLP
+    from dpltm.artefacts import TrainedModel
 
-    body = load_checkpoint(Path(path), "model")
-    model = MaskedMLP(Architecture.from_dict(body["architecture"]))
-    model.load_state_dict(body["state_dict"])
-    return model.eval()
+    return TrainedModel.load(Path(path)).network()

@@ -22,10 +22,15 @@ import torch
 from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input, check_path_length
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """2: config hashes cover every setting (format 1's hashes left out settings added at their defaults
-and hashed renamed ones under their old names); a format-1 file is refused in one line."""
+and hashed renamed ones under their old names); a format-1 file is refused in one line.
+3: a model file is a `dpltm.artefacts.TrainedModel` whose privacy facts are stored once (format 2 kept
+a report that copied them beside the ledger); a format-2 model file is refused in one line. The other
+kinds did not change: their format-2 files are still read (`OLDEST_READABLE`)."""
 KINDS = ("tickets", "ticket", "model", "run")
+OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
+"""The oldest format each kind is read in: the last format that changed that kind's layout."""
 """tickets: a generated ticket set; ticket: one selected winner; model: a trained network; run: a library
 run of `make_private` (`PrivateTraining.save`), resumable, with the segments it spent."""
 
@@ -37,13 +42,12 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "ticket": {"architecture": dict, "theta0": dict, "masks": dict, "density": float, "round": int,
                "layer_density": dict, "source": dict, "source.data": dict, "source.data.dataset": str,
                "source.data.split": str, "selection": dict, "selection.method": str, "privacy": dict},
-    "model": {"architecture": dict, "state_dict": dict, "ledger": dict, "report": dict, "history": list,
-              "config": dict, "data": dict},
     "run": {"model": dict, "optimizer": dict, "masks": dict, "dataset_name": str, "dataset_size": int,
             "settings": dict, "segments": list, "epochs_done": int, "history": list},
 }
 """Keys each kind must hold (dotted paths into nested dicts) and their types: a file that
-claims to be a dpltm checkpoint but lacks its body is refused in one line, not a KeyError."""
+claims to be a dpltm checkpoint but lacks its body is refused in one line, not a KeyError. A "model"
+is checked by `dpltm.artefacts.TrainedModel.from_dict` instead."""
 TICKET_RECORD = {"round": int, "masks": dict, "density": float, "layer_density": dict,
                  "val_accuracy": float, "loss_curve": list}
 
@@ -220,18 +224,21 @@ def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
         raise DpltmUserError(f"{path} is not a readable dpltm checkpoint ({first[:120]})") from None
     if not isinstance(body, dict) or body.get("format") != "dpltm":
         raise DpltmUserError(f"{path} is not a dpltm checkpoint")
-    if body.get("format_version") != FORMAT_VERSION:
-        raise DpltmUserError(
-            f"{path} has checkpoint format {body.get('format_version')}, "
-            f"this dpltm reads format {FORMAT_VERSION}"
-        )
-    if body.get("kind") not in kinds:
-        raise DpltmUserError(
-            f"{path} holds a '{body.get('kind')}' checkpoint, expected {' or '.join(kinds)}"
-        )
-    _check_schema(body, body["kind"], path)
-    from dpltm.checkpoint_body import check_body
+    version, found = body.get("format_version"), body.get("kind")
+    oldest = OLDEST_READABLE.get(found, FORMAT_VERSION) if isinstance(found, str) else FORMAT_VERSION
+    readable = isinstance(version, int) and not isinstance(version, bool) and oldest <= version <= FORMAT_VERSION
+    if not readable:
+        from dpltm.artefacts import refusal
 
-    if body["kind"] == "model":  # what predict, export and load_model rebuild a network from
-        check_body(body, body["kind"], path)
+        if found == "model":
+            raise DpltmUserError(refusal(path, version))
+        raise DpltmUserError(f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}")
+    if found not in kinds:
+        raise DpltmUserError(f"{path} holds a '{found}' checkpoint, expected {' or '.join(kinds)}")
+    if found == "model":  # what predict, export, inspect and load_model rebuild a network from
+        from dpltm.artefacts import TrainedModel
+
+        TrainedModel.from_dict(body, path)
+    else:
+        _check_schema(body, found, path)
     return body

@@ -1,10 +1,11 @@
-"""Deep checks of a checkpoint's body, past the top-level schema of `checkpoint.SCHEMA`.
+"""Deep checks of a checkpoint's body and of an export's metadata, past their top-level keys.
 
-A file can carry every key `SCHEMA` asks for and still be broken inside: an `architecture` that
-builds no network, a `state_dict` whose tensors do not fit it, a `config` whose sections are not
-mappings, a report without its privacy statement. Every reader (predict, export, inspect,
-`dpltm.load_model`) would then fail late with a traceback, or, worse, export an empty privacy
-statement. `check_body` refuses such a file in one line when it is loaded.
+A file can carry every key a reader asks for and still be broken inside: an `architecture` that
+builds no network, a `state_dict` whose tensors do not fit it, an export without its privacy
+statement. Every reader (predict, export, inspect, `dpltm.load_model`) would then fail late with a
+traceback, or, worse, export an empty privacy statement. `architecture_of` and `check_tensors` (used
+by `dpltm.artefacts.TrainedModel.from_dict`) and `check_export_metadata` refuse such a file in one
+line when it is loaded.
 
 The network is built on PyTorch's `meta` device: shapes only, no memory, no initialisation.
 """
@@ -33,8 +34,10 @@ def architecture_of(body: dict[str, Any], kind: str, path: Path) -> Any:
         raise _damaged(path, kind, f"its 'architecture' is invalid ({type(exc).__name__}: {exc})") from None
 
 
-def _check_tensors(found: Any, expected: dict[str, Any], where: str, kind: str, path: Path,
-                   check_dtype: bool) -> None:
+def check_tensors(found: Any, expected: dict[str, Any], where: str, kind: str, path: Path,
+                  check_dtype: bool) -> None:
+    """`found` must hold exactly `expected`'s tensors, with their shapes (and, with `check_dtype`,
+    boolean where the reference is: the masks)."""
     import torch
 
     missing = sorted(set(expected) - set(found))
@@ -53,40 +56,6 @@ def _check_tensors(found: Any, expected: dict[str, Any], where: str, kind: str, 
             raise _damaged(path, kind, f"'{where}.{name}' has dtype {tensor.dtype}")
         if tensor.dtype != torch.bool and not tensor.is_floating_point():
             raise _damaged(path, kind, f"'{where}.{name}' has dtype {tensor.dtype}")
-
-
-def check_body(body: dict[str, Any], kind: str, path: Path) -> None:
-    """Refuse a body whose architecture, weights, config or report is broken (see the module doc)."""
-    import torch
-
-    from dpltm.model import MaskedMLP
-
-    arch = architecture_of(body, kind, path)
-    with torch.device("meta"):
-        reference = MaskedMLP(arch).state_dict()
-    weights = {k: v for k, v in reference.items() if v.dtype != torch.bool}
-    if kind == "model":
-        _check_tensors(body["state_dict"], reference, "state_dict", kind, path, check_dtype=True)
-        config = body["config"]
-        for section in ("data", "train", "model"):
-            if not isinstance(config.get(section, {}), dict):
-                raise _damaged(path, kind, f"'config.{section}' is not a mapping")
-        seed = config.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise _damaged(path, kind, "'config.seed' is not an integer")
-        statement = body["report"].get("statement")
-        if not isinstance(statement, str) or not statement.strip():
-            raise _damaged(path, kind, "its report has no privacy statement")
-        from dpltm.privacy.ledger import PrivacyLedger
-
-        try:
-            PrivacyLedger.from_json(body["ledger"])
-        except DpltmUserError as exc:
-            raise _damaged(path, kind, f"its ledger is invalid ({exc})") from None
-        except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
-            raise _damaged(path, kind, f"its ledger is invalid ({type(exc).__name__})") from None
-    else:
-        _check_tensors(body["theta0"], weights, "theta0", kind, path, check_dtype=False)
 
 
 EXPORT_TEXT_KEYS = ("format", "privacy_statement", "source_checkpoint")

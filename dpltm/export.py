@@ -9,8 +9,9 @@ official published one, dpltm.data.release), the privacy statement and ledger, a
 that made it. Safetensors rather than a pickle: loading it runs no code, and other frameworks
 read it.
 
-The privacy metadata is copied, never recomputed here: the statement the training run printed
-is the one the file carries, including "NOT end-to-end DP" where that applies.
+The privacy metadata is the model's `TrainedModel` privacy record, computed from its one ledger and
+caveats the way the training run's report was: the statement the training run printed is the one
+the file carries, including "NOT end-to-end DP" where that applies.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpltm.errors import DpltmUserError
+
+if TYPE_CHECKING:
+    from dpltm.artefacts import TrainedModel
 
 FORMAT = "dpltm-export-v1"
 SUFFIX = ".safetensors"
@@ -41,45 +45,32 @@ class LoadedModel:
     source: str  # "checkpoint" or "safetensors"
 
 
-def _privacy_summary(body: dict[str, Any]) -> dict[str, Any]:
-    report = body["report"]
-    return {key: report.get(key) for key in ("epsilon", "epsilon_dp_part", "delta", "end_to_end_dp", "private",
-                                              "accountant", "neighboring", "released_weights", "statement")}
-
-
-def _data_summary(body: dict[str, Any]) -> dict[str, Any]:
+def _data_summary(trained: TrainedModel) -> dict[str, Any]:
     """The data settings and counts, and a fingerprint only of official files (dpltm.data.release):
     a model written by an older dpltm may carry one of the user's data, which is dropped here."""
     from dpltm.data.release import scrub
 
-    settings = body.get("config", {}).get("data", {})
-    recorded = {key: body["data"].get(key) for key in ("official_files", "fingerprint", "n_train", "n_val", "n_test")}
-    return scrub({"dataset": body["data"].get("dataset", body["report"].get("dataset")),
-                  "split": settings.get("split"), "val_fraction": settings.get("val_fraction"),
-                  "seed": body.get("config", {}).get("seed"), **recorded})
+    settings = trained.config.get("data", {})
+    recorded = {key: trained.data.get(key) for key in ("official_files", "fingerprint", "n_train", "n_val", "n_test")}
+    return scrub({"dataset": trained.dataset, "split": settings.get("split"),
+                  "val_fraction": settings.get("val_fraction"), "seed": trained.config.get("seed"), **recorded})
 
 
-def _ticket_summary(body: dict[str, Any]) -> dict[str, Any] | None:
+def _ticket_summary(trained: TrainedModel) -> dict[str, Any] | None:
     """The model's ticket record, without fingerprints of tickets made on the private data."""
     from dpltm.data.release import scrub_ticket
 
-    ticket = body.get("ticket")
-    return scrub_ticket(ticket if isinstance(ticket, dict) else None, ticket_data_public=_phase1(body) == "public")
+    return scrub_ticket(trained.ticket, ticket_data_public=trained.privacy.ledger.phase1 == "public")
 
 
-def _phase1(body: dict[str, Any]) -> Any:
-    ledger = body.get("ledger")
-    return ledger.get("phase1") if isinstance(ledger, dict) else None
-
-
-def private_fingerprints(body: dict[str, Any]) -> list[str]:
+def private_fingerprints(trained: TrainedModel) -> list[str]:
     """Where a model file carries a fingerprint of user data (files written before the rule in
     dpltm.data.release): `export` drops them, `inspect` warns."""
     from dpltm.data.release import carries_private_fingerprint
 
-    found = ["data"] if carries_private_fingerprint(body.get("data")) else []
-    ticket = body.get("ticket")
-    if isinstance(ticket, dict) and _phase1(body) != "public":
+    found = ["data"] if carries_private_fingerprint(trained.data) else []
+    ticket = trained.ticket
+    if ticket is not None and trained.privacy.ledger.phase1 != "public":
         selection = ticket.get("selection")
         choice = selection.get("noise_aware") if isinstance(selection, dict) else None
         choice = choice if isinstance(choice, dict) else {}
@@ -94,6 +85,7 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
     `warn` hears about fingerprints of user data an older model file carried (not exported)."""
     from safetensors.torch import save
 
+    from dpltm.artefacts import TrainedModel
     from dpltm.checkpoint import load_checkpoint, write_bytes_atomic
     from dpltm.data.loaders import INPUT_NORMALISATION
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING
@@ -103,22 +95,23 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
         metadata, tensors = _run_export(body, model_path)
         write_bytes_atomic(save(tensors, metadata=metadata), out)
         return metadata
-    dropped = private_fingerprints(body)
+    trained = TrainedModel.from_dict(body, model_path)
+    dropped = private_fingerprints(trained)
     if dropped and warn is not None:
         warn(f"warning: {model_path} {PRIVATE_FINGERPRINT_WARNING} ({', '.join(dropped)}); not copied to the export")
-    data = _data_summary(body)
-    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in body["state_dict"].items()}
+    data = _data_summary(trained)
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in trained.state_dict.items()}
     metadata = {
         "format": FORMAT,
-        "architecture": json.dumps(body["architecture"]),
+        "architecture": json.dumps(trained.architecture),
         "input_normalisation": json.dumps(INPUT_NORMALISATION.get(str(data["dataset"]), {})),
         "data": json.dumps(data),
-        "privacy": json.dumps(_privacy_summary(body)),
-        "privacy_statement": str(body["report"].get("statement", "")),
-        "ledger": json.dumps(body["ledger"]),
-        "test_accuracy": json.dumps(body["report"].get("test_accuracy")),
-        "ticket": json.dumps(_ticket_summary(body)),
-        "environment": json.dumps(body.get("environment", {})),
+        "privacy": json.dumps(trained.privacy_summary()),
+        "privacy_statement": trained.privacy.statement,
+        "ledger": json.dumps(trained.privacy.ledger.to_json()),
+        "test_accuracy": json.dumps(trained.test_accuracy),
+        "ticket": json.dumps(_ticket_summary(trained)),
+        "environment": json.dumps(trained.environment or {}),
         "exported_by": json.dumps(_environment()),
         "source_checkpoint": str(model_path),
     }
@@ -219,10 +212,8 @@ def load_any_model(path: Path) -> LoadedModel:
     """A model from a `dpltm train` checkpoint or from its safetensors export."""
     if path.suffix == SUFFIX:
         return load_exported(path)
-    from dpltm.checkpoint import load_checkpoint
-    from dpltm.model import Architecture, MaskedMLP
+    from dpltm.artefacts import TrainedModel
 
-    body = load_checkpoint(path, "model")
-    model = MaskedMLP(Architecture.from_dict(body["architecture"]))
-    model.load_state_dict(body["state_dict"])
-    return LoadedModel(model.eval(), body["architecture"], _data_summary(body), _privacy_summary(body), "checkpoint")
+    trained = TrainedModel.load(path)
+    return LoadedModel(trained.network(), trained.architecture, _data_summary(trained), trained.privacy_summary(),
+                       "checkpoint")

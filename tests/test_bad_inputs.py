@@ -81,9 +81,12 @@ _BROKEN_MODELS: list[tuple[str, Callable[[dict], None], str]] = [
      "has shape (3,)"),
     ("config-data-int", lambda b: b["config"].__setitem__("data", 5), "'config.data' is not a mapping"),
     ("config-seed-text", lambda b: b["config"].__setitem__("seed", "x"), "'config.seed' is not an integer"),
-    ("no-statement", lambda b: b["report"].pop("statement"), "no privacy statement"),
-    ("statement-int", lambda b: b["report"].__setitem__("statement", 5), "no privacy statement"),
-    ("ledger-empty", lambda b: b.__setitem__("ledger", {}), "its ledger is invalid"),
+    ("statement-stored", lambda b: b["privacy"].__setitem__("statement", "(ε = 0.1)-DP"),
+     "computed from its ledger, not stored"),
+    ("report-stored", lambda b: b.__setitem__("report", {"epsilon": 0.1}), "holds unknown ['report']"),
+    ("caveats-int", lambda b: b["privacy"].__setitem__("caveats", 5), "'privacy.caveats' has the wrong type"),
+    ("no-outcome", lambda b: b.pop("outcome"), "lacks 'outcome'"),
+    ("ledger-empty", lambda b: b["privacy"].__setitem__("ledger", {}), "'privacy.ledger' is invalid"),
 ]
 
 

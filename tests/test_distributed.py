@@ -159,5 +159,5 @@ def test_cli_ddp_on_two_processes_reports_the_one_device_epsilon(tmp_path: Path)
     assert "2 processes (DDP)" in two.stderr and two.stderr.count("test accuracy") == 1  # rank 0 reports
     assert two_report["test_accuracy"] > 0.5  # it trained
     saved = torch.load(tmp_path / "two.pt", weights_only=False)
-    assert saved["report"]["processes"] == 2
+    assert saved["outcome"]["processes"] == 2
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".pt") == ["one.pt", "two.pt"]

@@ -47,7 +47,7 @@ def test_train_records_the_relation_in_the_ledger(tmp_path, monkeypatch) -> None
                                       "--neighbouring", "replace-one"])
     assert result.exit_code == 0, result.output
     body = torch.load(out, weights_only=True)
-    ledger = PrivacyLedger.from_json(body["ledger"])
+    ledger = PrivacyLedger.from_json(body["privacy"]["ledger"])
     assert ledger.neighboring == "replace_one" and "replace-one adjacency" in ledger.statement()
     t = ledger.training
     assert t is not None

@@ -88,7 +88,8 @@ def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, 
     stdout = flat(result.stdout)
     assert re.search(r"test accuracy \d\.\d{4}", stdout) and "-DP" in stdout and "model:" in stdout
     assert "test accuracy" not in result.stderr and not ETA.search(result.stdout)
-    assert load_checkpoint(out, "model")["ledger"]["neighboring"] == "replace_one" and "replace-one" in stdout
+    assert load_checkpoint(out, "model")["privacy"]["ledger"]["neighboring"] == "replace_one"
+    assert "replace-one" in stdout
     config = load_checkpoint(out, "model")["config"]["train"]
     assert (config["lr"], config["clip"]) == (0.05, 0.5)  # run --lr/--clip reach the training
     winner = load_checkpoint(out.with_name("m-winner.pt"), "ticket")
@@ -97,7 +98,7 @@ def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, 
     calibrations = _calibrated_dpsgd.cache_info()
     assert (calibrations.misses, calibrations.hits) == (1, 2), calibrations
     assert winner["selection"]["noise_aware"]["plan"]["noise_multiplier"] == load_checkpoint(out, "model")[
-        "ledger"]["training"]["sigma"]
+        "privacy"]["ledger"]["training"]["sigma"]
 
 
 def test_run_with_private_tickets_calibrates_its_phases_once(data_root: Path, tmp_path: Path) -> None:

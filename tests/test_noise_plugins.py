@@ -373,7 +373,7 @@ def test_train_with_dpd_reports_the_effective_multiplier(data_root: Path, tmp_pa
     assert report["noise_parameter"] == pytest.approx(report["noise_multiplier"] / 2)  # calibrated: σ_eff/2
     assert report["epsilon"] <= 2.0 and "'dpd'" in result.stderr
     body = load_checkpoint(out, "model")
-    ledger = PrivacyLedger.from_json(body["ledger"])
+    ledger = PrivacyLedger.from_json(body["privacy"]["ledger"])
     assert ledger.noise == "dpd" and ledger.training["sigma"] == pytest.approx(report["noise_multiplier"])  # type: ignore[index]
     record = body["history"][0]
     for layer in ("hidden.0", "hidden.1", "output"):

@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from dpltm.artefacts import TrainedModel
 from dpltm.checkpoint import load_checkpoint
 from dpltm.cli import app
 from dpltm.errors import DpltmUserError
@@ -96,7 +97,8 @@ def test_export_holds_the_released_weights_masks_normalisation_and_privacy(train
     assert pruned > 0  # the winner is a real ticket
     with safe_open(str(out), framework="pt") as handle:
         metadata = handle.metadata()
-    assert metadata["privacy_statement"] == body["report"]["statement"]
+    statement = TrainedModel.load(model).privacy.statement
+    assert metadata["privacy_statement"] == statement
     privacy = json.loads(metadata["privacy"])
     assert privacy["epsilon"] == report["epsilon"] == "inf" and privacy["end_to_end_dp"] is False  # same-data tickets
     assert metadata["privacy_statement"].startswith("NOT end-to-end differentially private")
@@ -104,7 +106,7 @@ def test_export_holds_the_released_weights_masks_normalisation_and_privacy(train
     assert shown["input_normalisation"]["scale"] == pytest.approx(1 / 16)
     assert json.loads(metadata["environment"])["torch"]
     inspected = invoke("inspect", str(out))
-    assert inspected["kind"] == "export" and inspected["privacy_statement"] == body["report"]["statement"]
+    assert inspected["kind"] == "export" and inspected["privacy_statement"] == statement
 
 
 @pytest.mark.slow
@@ -121,7 +123,7 @@ def test_predict_on_an_export_in_a_fresh_process_reproduces_the_test_accuracy(tr
     predicted = json.loads(result.stdout)
     assert predicted["dataset"] == "digits" and predicted["same_data_settings_as_training"] is True
     assert predicted["accuracy"] == pytest.approx(report["test_accuracy"], abs=1e-6)  # the report: float32
-    assert predicted["statement"] == load_checkpoint(model, "model")["report"]["statement"]
+    assert predicted["statement"] == TrainedModel.load(model).privacy.statement
     header, *rows = (tmp_path / "p.csv").read_text().splitlines()
     assert header.split(",")[:3] == ["index", "label", "prediction"] and len(rows) == predicted["records"]
     table = np.array([[float(c) for c in row.split(",")] for row in rows])

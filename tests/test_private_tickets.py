@@ -82,7 +82,7 @@ def test_private_ticket_then_training_meets_the_requested_epsilon(tiny_splits: D
     assert report["composition"] == "private-ticket-composition"
     assert report["epsilon"] <= 2.0
     # the ledger's ε is dp-accounting's for the same events (warm-up with σ_a, training with σ_b)
-    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "model.pt", ("model",))["ledger"])
+    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "model.pt", ("model",))["privacy"]["ledger"])
     warmup, training = ledger.phase1_training[0], ledger.training
     independent = _independent_pld_epsilon(
         [(warmup["q"], warmup["sigma"], warmup["steps"]), (training["q"], training["sigma"], training["steps"])],

@@ -65,9 +65,9 @@ def test_same_data_mode_is_labelled_not_end_to_end(data_root: Path, digits_winne
     assert report["epsilon_scope"] == "selection and training only (phases 2-3)"
     assert "train_loss" not in json.dumps(report)
     body = load_checkpoint(out, "model")
-    ledger = PrivacyLedger.from_json(body["ledger"])
+    ledger = PrivacyLedger.from_json(body["privacy"]["ledger"])
     assert ledger.phase1 == "same-data" and ledger.selection_eps1 == 0.1
-    assert body["ledger"]["dp_event"]["events"][0]["type"] == "NonPrivateDpEvent"
+    assert body["privacy"]["ledger"]["dp_event"]["events"][0]["type"] == "NonPrivateDpEvent"
     assert ledger.best_bound().epsilon == pytest.approx(report["epsilon_dp_part"])
     assert report["randomness"] == "OS CSPRNG seed, not stored"
     assert not any(k in record for record in body["history"] for k in ("train_loss", "clipped_fraction"))
@@ -88,7 +88,7 @@ def test_public_tickets_are_end_to_end_and_calibrated(data_root: Path, tmp_path:
     assert report["epsilon"] <= 0.5
     # the printed ε is the accountant's ε for exactly what ran (q, σ, steps)
     training = report["privacy"]["training"]
-    event = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["ledger"]).training_event()
+    event = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["privacy"]["ledger"]).training_event()
     assert training["steps"] == report["steps"]
     assert epsilon(event, 1e-5, "pld") == pytest.approx(report["epsilon"])
     assert report["epsilon"] > 0.45  # calibration is tight, not wildly conservative
@@ -212,7 +212,7 @@ def test_every_selection_draw_is_counted(data_root: Path, tmp_path: Path) -> Non
     assert load_checkpoint(tmp_path / "t.pt", "tickets")["selection_draws"] == [0.1, 0.2]
     report = invoke("train", "--ticket", str(tmp_path / "w2.pt"), "--dataset", "digits", "--data-dir",
                     str(data_root), "--sigma", "2", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
-    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["ledger"])
+    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["privacy"]["ledger"])
     assert ledger.selection_eps1 == pytest.approx(0.3) and ledger.selection_draws == 2
     assert "2 draws" in ledger.statement() and report["epsilon"] == "inf"
     # the basic-composition bound charges every draw: ε1 (0.1 + 0.2) + ε_train
@@ -336,7 +336,7 @@ def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_r
     report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "fashion-mnist", "--data-dir",
                     str(data_root), "--eps2", "1", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
     assert report["end_to_end_dp"] is True and report["composition"] == "training-only"
-    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["ledger"])
+    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "m.pt", "model")["privacy"]["ledger"])
     assert ledger.selection_eps1 is None and type(ledger.selection_event()).__name__ == "NoOpDpEvent"
 
 

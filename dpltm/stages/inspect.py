@@ -1,7 +1,7 @@
 """`dpltm inspect`: what a dpltm file holds, as a JSON-able summary and as tables.
 
-Ticket sets, winners and private tickets, models (their privacy statement recomputed from the
-ledger they carry), library runs and safetensors exports. Files written before
+Ticket sets, winners and private tickets, models (a `TrainedModel`: its privacy statement computed from
+the ledger it carries), library runs and safetensors exports. Files written before
 dpltm.data.release's rule may carry a fingerprint of private data: `warn` is told so.
 """
 
@@ -56,16 +56,16 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
     elif body["kind"] == "run":
         summary = run_summary(body)
     else:
-        from dpltm.privacy.ledger import PrivacyLedger
+        from dpltm.artefacts import TrainedModel
 
-        warn_if(private_fingerprints(body))
-        ledger = PrivacyLedger.from_json(body["ledger"])
-        report = body["report"]
-        summary = {"kind": "model", "architecture": body["architecture"], "dataset": report.get("dataset"),
-                   "test_accuracy": report.get("test_accuracy"), "val_accuracy": report.get("val_accuracy"),
-                   "epochs_run": report.get("epochs_run"), "steps": report.get("steps"),
-                   "released_weights": report.get("released_weights"), "ticket": body.get("ticket"),
-                   "ledger": ledger.report(), "statement": ledger.statement(),
-                   "dpltm_version": body.get("dpltm_version"), "environment": body.get("environment")}
+        trained = TrainedModel.from_dict(body, path)
+        warn_if(private_fingerprints(trained))
+        ledger = trained.privacy.ledger
+        summary = {"kind": "model", "architecture": trained.architecture, "dataset": trained.dataset,
+                   "test_accuracy": trained.test_accuracy, "val_accuracy": trained.val_accuracy,
+                   "epochs_run": trained.epochs_run, "steps": trained.outcome.steps,
+                   "released_weights": trained.outcome.released_weights, "ticket": trained.ticket,
+                   "ledger": trained.privacy.ledger_report, "statement": ledger.statement(),
+                   "dpltm_version": trained.dpltm_version, "environment": trained.environment}
     printer = {"winner": print_winner, "model": print_model, "run": print_run}[summary["kind"]]
     return summary, functools.partial(printer, summary)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from dpltm import __version__
+from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel
 from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.release import mismatch, scrub_ticket
@@ -302,43 +303,59 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             # (post-processing of all T iterates), not by the ε at the stopping point.
             guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
             ledger = ledger_for(guarantee_steps)
-            report = final_report(ledger, outcome, data, model, origin, transfer, plan, out, adaptive_stop)
-            report["randomness"] = randomness if plan is not None else None
-            report["processes"] = distribution.world_size
-            report["log_dir"] = None if run_log is None else str(run_log.folder)
-            if audit is not None and plan is not None:
-                released_now = outcome.released if outcome.released is not None else model
-                report["audit"] = audit.conclude(released_now, plan, ledger_for(guarantee_steps), s)
+            released = outcome.released if outcome.released is not None else model  # the EMA when on
+            audited = None if audit is None or plan is None else audit.conclude(released, plan, ledger, s)
+            trained = trained_model(released, ledger, outcome, cfg, ticket, ticket_path, transfer, data, origin,
+                                    plan, out, adaptive_stop, network_density=density(model.masks()),
+                                    randomness=randomness if plan is not None else None,
+                                    processes=distribution.world_size,
+                                    log_dir=None if run_log is None else str(run_log.folder), audit=audited)
+            report = trained.report()
             if not main:  # another rank of a multi-device run: rank 0 writes
                 return report
-            released = outcome.released if outcome.released is not None else model  # the EMA when on
-            payload = model_payload(released, ledger, report, outcome, cfg, ticket, ticket_path, transfer, data)
-            save_atomic(payload, out, "model")
+            save_atomic(trained.to_dict(), out, "model")
     if run_log is not None:  # finished only once the model it describes is kept
         run_log.finish(output=str(out), history=logged, report=report)
     return report
 
 
-def model_payload(released: MaskedMLP, ledger: PrivacyLedger, report: dict[str, Any], outcome: TrainOutcome,
-                  cfg: TrainConfig, ticket: dict[str, Any] | None, ticket_path: Path | None,
-                  transfer: dict[str, Any], data: DatasetSplits) -> dict[str, Any]:
-    """The model checkpoint's body: the released weights, the ledger, the report and provenance."""
-    return {
-        "dpltm_version": __version__,
-        "architecture": released.arch.to_dict(),
-        "state_dict": {k: v.detach().cpu() for k, v in released.state_dict().items()},
-        "ledger": ledger.to_json(),
-        "report": report,
-        "history": outcome.history,
-        "config": to_dict(cfg),
+def trained_model(released: MaskedMLP, ledger: PrivacyLedger, outcome: TrainOutcome, cfg: TrainConfig,
+                  ticket: dict[str, Any] | None, ticket_path: Path | None, transfer: dict[str, Any],
+                  data: DatasetSplits, origin: TicketOrigin, plan: TrainPlan | None, out: Path, adaptive_stop: bool,
+                  *, network_density: float, randomness: str | None, processes: int, log_dir: str | None,
+                  audit: dict[str, Any] | None) -> TrainedModel:
+    """The model checkpoint as a `TrainedModel`: the released weights, one privacy record (the ledger
+    and the caveats it cannot know), what the run did, and provenance. Its `report()` is the run's."""
+    caveats = [origin.caveat] if origin.caveat else []
+    if adaptive_stop:
+        caveats.append(
+            f"early stopping (--patience) chose the stopping epoch from validation accuracy on "
+            f"{len(data.val)} held-out private records without privacy: those records are not "
+            f"protected; the guarantee for the training records is the planned run's budget")
+    return TrainedModel(
+        architecture=released.arch.to_dict(),
+        state_dict={k: v.detach().cpu() for k, v in released.state_dict().items()},
+        privacy=PrivacyRecord(ledger, tuple(caveats), adaptive_stop),
+        history=tuple(outcome.history),
+        config=to_dict(cfg),
+        data=data.summary(),
+        outcome=Outcome(
+            steps=outcome.steps, stop_reason=outcome.stop_reason, tickets=origin.explanation,
+            density=network_density,
+            # what the accuracies and the state_dict are: the last iterate, or an EMA of the iterates
+            # (post-processing, docs/privacy.md §7)
+            released_weights=outcome.released_weights,
+            noise_parameter=plan.noise_parameter if plan is not None else None,
+            sigma_calibrated=plan.calibrated if plan is not None else None,
+            output=str(out), processes=processes, randomness=randomness, log_dir=log_dir, audit=audit),
+        transfer=transfer,
         # a released file: no fingerprint of the private data, nor of tickets made on it (data.release)
-        "ticket": None if ticket is None else scrub_ticket({
+        ticket=None if ticket is None else scrub_ticket({
             "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
             "source": ticket["source"]["data"], "selection": ticket["selection"],
         }, ticket_data_public=ledger.phase1 == "public"),
-        "transfer": transfer,
-        "data": data.summary(),
-    }
+        dpltm_version=__version__,
+    )
 
 
 def _print_epoch(record: dict[str, Any], end_to_end: bool) -> None:
@@ -348,52 +365,3 @@ def _print_epoch(record: dict[str, Any], end_to_end: bool) -> None:
     spent = "non-private: no guarantee" if math.isinf(eps) else f"ε spent ≤ {round_up(eps, 4)}{scope}"
     print(f"epoch {record['epoch']}: val acc {record['val_accuracy']:.4f}, test acc {record['test_accuracy']:.4f}, "
           f"{spent}", file=sys.stderr, flush=True)
-
-
-def final_report(ledger: PrivacyLedger, outcome: TrainOutcome, data: DatasetSplits, model: MaskedMLP,
-                 origin: TicketOrigin, transfer: dict[str, Any], plan: TrainPlan | None, out: Path,
-                 adaptive_stop: bool) -> dict[str, Any]:
-    last = outcome.history[-1] if outcome.history else {}
-    privacy = ledger.report()
-    caveats = [origin.caveat] if origin.caveat else []
-    if adaptive_stop:
-        caveats.append(
-            f"early stopping (--patience) chose the stopping epoch from validation accuracy on "
-            f"{len(data.val)} held-out private records without privacy: those records are not "
-            f"protected; the guarantee for the training records is the planned run's budget")
-    end_to_end = privacy["end_to_end_dp"] and not adaptive_stop
-    return {
-        "test_accuracy": last.get("test_accuracy"),
-        "val_accuracy": last.get("val_accuracy"),
-        "epochs_run": len(outcome.history),
-        "steps": outcome.steps,
-        "stop_reason": outcome.stop_reason,
-        # top-level ε is the whole run's: infinite unless end-to-end DP
-        "epsilon": privacy["epsilon"] if end_to_end else "inf",
-        "epsilon_dp_part": privacy["epsilon"],
-        "epsilon_scope": privacy["epsilon_scope"],
-        "warning": privacy["warning"],
-        # ε of the steps actually run; null after an adaptive stop, where it is no guarantee
-        "epsilon_spent_at_stop": None if adaptive_stop else last.get("epsilon"),
-        "delta": privacy["delta"],
-        "accountant": privacy["accountant"],
-        "composition": privacy["composition"],
-        "neighboring": privacy["neighboring"],
-        "end_to_end_dp": end_to_end,
-        "private": ledger.training is not None,
-        "caveats": caveats,
-        "statement": "\n".join([*(f"CAVEAT: {c}" for c in caveats), ledger.statement()]),
-        "privacy": privacy,
-        "tickets": origin.explanation,
-        "density": density(model.masks()),
-        "transfer": transfer,
-        # what the accuracies above and the checkpoint's state_dict are: the last iterate, or
-        # an EMA of the iterates (post-processing, docs/privacy.md §7)
-        "released_weights": outcome.released_weights,
-        "noise_multiplier": plan.noise_multiplier if plan is not None else None,
-        "noise_parameter": plan.noise_parameter if plan is not None else None,
-        "sigma_calibrated": plan.calibrated if plan is not None else None,
-        "sample_rate": plan.sample_rate if plan is not None else None,
-        "dataset": data.name,
-        "output": str(out),
-    }

@@ -1,0 +1,416 @@
+"""Typed artefacts of a run: `TrainedModel`, what a "model" checkpoint holds, with one privacy record.
+
+Checkpoint format 2 stored a model's privacy facts several times over: the ledger, and a report
+that copied ε, its scope, δ, the accountant, the statement and the ledger's own report beside it.
+Every reader picked from one copy or the other, and nothing kept the copies in agreement. Here the
+privacy record is stored once (`PrivacyRecord`: the ledger, which holds the DpEvent tree, plus the
+facts the ledger cannot know: caveats and whether early stopping chose the stopping epoch); every
+privacy fact a report, `inspect`, `predict` or `export` shows is computed from it, so a file cannot
+state an ε its ledger does not give.
+
+`TrainedModel.to_dict()` is the checkpoint body (format `checkpoint.FORMAT_VERSION`);
+`TrainedModel.from_dict(body, path)` checks it and refuses a damaged file in one line naming the
+file and the bad field.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpltm.errors import DpltmUserError
+from dpltm.privacy.ledger import PrivacyLedger
+
+if TYPE_CHECKING:
+    import torch
+
+    from dpltm.model import MaskedMLP
+
+KIND = "model"
+MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "data", "outcome", "transfer",
+              "ticket", "dpltm_version")
+"""The keys of a model checkpoint's body (besides the header and `environment`); no ε among them."""
+PRIVACY_KEYS = ("ledger", "caveats", "adaptive_stop")
+
+
+def _json_number(value: float) -> float | str:
+    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
+    if math.isfinite(value):
+        return float(value)
+    return "inf" if value > 0 else "-inf"
+
+
+def _damaged(path: Path | str, what: str) -> DpltmUserError:
+    return DpltmUserError(f"{path} is a damaged '{KIND}' checkpoint: {what}")
+
+
+def _typed(record: Mapping[str, Any], key: str, types: tuple[type, ...], where: str, path: Path | str,
+           optional: bool = False) -> Any:
+    """record[key], refused in one line when it is absent (and not `optional`) or of another type."""
+    if key not in record:
+        if optional:
+            return None
+        raise _damaged(path, f"it lacks '{where}{key}'")
+    value = record[key]
+    if value is None and optional:
+        return None
+    if float in types:
+        types = (*types, int)
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        raise _damaged(path, f"'{where}{key}' has the wrong type ({type(value).__name__})")
+    return value
+
+
+@dataclass(frozen=True)
+class PrivacyRecord:
+    """The one privacy record of a trained model: the ledger and what the ledger cannot know.
+
+    `caveats` are conditions the guarantee rests on (tickets asserted public; validation records
+    that early stopping looked at without privacy); `adaptive_stop` says early stopping chose the
+    stopping epoch, so the ledger holds the planned run (which covers it) and the run is not
+    called DP end to end. Everything else is computed, never stored.
+    """
+
+    ledger: PrivacyLedger
+    caveats: tuple[str, ...] = ()
+    adaptive_stop: bool = False
+
+    @functools.cached_property
+    def ledger_report(self) -> dict[str, Any]:
+        """`PrivacyLedger.report()` (every bound), computed once per record."""
+        return self.ledger.report()
+
+    @property
+    def private(self) -> bool:
+        return self.ledger.training is not None
+
+    @property
+    def end_to_end_dp(self) -> bool:
+        """The ledger's verdict, and no adaptive stop (its ε is no guarantee at the stopping point)."""
+        return bool(self.ledger_report["end_to_end_dp"]) and not self.adaptive_stop
+
+    @property
+    def epsilon_dp_part(self) -> float:
+        """ε of the DP part (the ledger's best bound), whether or not the whole run is DP."""
+        return self.ledger.best_bound().epsilon
+
+    @property
+    def epsilon(self) -> float:
+        """ε of the whole run: ∞ unless it is DP end to end."""
+        return self.epsilon_dp_part if self.end_to_end_dp else math.inf
+
+    @property
+    def epsilon_scope(self) -> str:
+        return str(self.ledger_report["epsilon_scope"])
+
+    @property
+    def warning(self) -> str | None:
+        return self.ledger.warning()
+
+    @property
+    def delta(self) -> float:
+        return self.ledger.delta
+
+    @property
+    def accountant(self) -> str:
+        return self.ledger.accountant
+
+    @property
+    def composition(self) -> str:
+        return str(self.ledger_report["composition"])
+
+    @property
+    def neighboring(self) -> str:
+        return self.ledger.neighboring
+
+    @property
+    def statement(self) -> str:
+        """The caveats, then the ledger's plain-English statement (what `train` prints and exports carry)."""
+        return "\n".join([*(f"CAVEAT: {c}" for c in self.caveats), self.ledger.statement()])
+
+    def summary(self) -> dict[str, Any]:
+        """The privacy facts a trained model's report shows, in the report's order (JSON-able)."""
+        return {
+            "epsilon": _json_number(self.epsilon),
+            "epsilon_dp_part": _json_number(self.epsilon_dp_part),
+            "epsilon_scope": self.epsilon_scope,
+            "warning": self.warning,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "composition": self.composition,
+            "neighboring": self.neighboring,
+            "end_to_end_dp": self.end_to_end_dp,
+            "private": self.private,
+            "caveats": list(self.caveats),
+            "statement": self.statement,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ledger": self.ledger.to_json(), "caveats": list(self.caveats), "adaptive_stop": self.adaptive_stop}
+
+    @classmethod
+    def from_dict(cls, record: Any, path: Path | str) -> PrivacyRecord:
+        """The record `to_dict` wrote; a stored ε, statement or any other extra key is refused:
+        those are computed from the ledger, and a stored copy could disagree with it."""
+        if not isinstance(record, Mapping):
+            raise _damaged(path, "'privacy' has the wrong type")
+        extra = sorted(set(record) - set(PRIVACY_KEYS))
+        if extra:
+            raise _damaged(path, f"'privacy' holds {extra[:3]}, which are computed from its ledger, not stored")
+        caveats = _typed(record, "caveats", (list,), "privacy.", path)
+        if not all(isinstance(c, str) for c in caveats):
+            raise _damaged(path, "'privacy.caveats' must be a list of strings")
+        adaptive_stop = _typed(record, "adaptive_stop", (bool,), "privacy.", path)
+        _typed(record, "ledger", (dict,), "privacy.", path)
+        try:
+            ledger = PrivacyLedger.from_json(record["ledger"])
+        except DpltmUserError as exc:
+            raise _damaged(path, f"'privacy.ledger' is invalid ({exc})") from None
+        except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
+            raise _damaged(path, f"'privacy.ledger' is invalid ({type(exc).__name__})") from None
+        return cls(ledger, tuple(caveats), adaptive_stop)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the training run did, beyond its privacy and its per-epoch history: no privacy facts."""
+
+    steps: int
+    stop_reason: str
+    tickets: str
+    """How the ticket relates to the private data (`TicketOrigin.explanation`)."""
+    density: float
+    released_weights: str
+    """What the state_dict is: the final iterate, or an EMA of the iterates (post-processing)."""
+    noise_parameter: float | None
+    """The noise plug-in's own parameter (the ledger holds the effective multiplier σ)."""
+    sigma_calibrated: bool | None
+    output: str
+    processes: int
+    randomness: str | None = None
+    log_dir: str | None = None
+    audit: dict[str, Any] | None = None
+    """An audit's empirical lower bound beside the claim (dpltm.audit), when the run was audited."""
+
+    _TYPES = {"steps": (int,), "stop_reason": (str,), "tickets": (str,), "density": (float,),
+              "released_weights": (str,), "noise_parameter": (float,), "sigma_calibrated": (bool,),
+              "output": (str,), "processes": (int,), "randomness": (str,), "log_dir": (str,), "audit": (dict,)}
+    _OPTIONAL = ("noise_parameter", "sigma_calibrated", "randomness", "log_dir", "audit")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["audit"] is None:
+            del out["audit"]
+        return out
+
+    @classmethod
+    def from_dict(cls, record: Any, path: Path | str) -> Outcome:
+        if not isinstance(record, Mapping):
+            raise _damaged(path, "'outcome' has the wrong type")
+        extra = sorted(set(record) - set(cls._TYPES))
+        if extra:
+            raise _damaged(path, f"'outcome' holds unknown {extra[:3]}")
+        values = {key: _typed(record, key, types, "outcome.", path, optional=key in cls._OPTIONAL)
+                  for key, types in cls._TYPES.items()}
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A trained network as `dpltm train` writes it: weights, one privacy record, how it was made.
+
+    `state_dict` holds the masks (boolean buffers) beside the weights. `report()` is the dict a run
+    returns and `train --json` prints, built from the stored facts and the privacy record.
+    """
+
+    architecture: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    privacy: PrivacyRecord
+    history: tuple[dict[str, Any], ...]
+    config: dict[str, Any]
+    data: dict[str, Any]
+    """Data settings and counts (`DatasetSplits.summary`): a fingerprint only of official files."""
+    outcome: Outcome
+    transfer: dict[str, Any] = field(default_factory=dict)
+    ticket: dict[str, Any] | None = None
+    """The ticket it was trained from (scrubbed of fingerprints of private data), or None (dense)."""
+    dpltm_version: str | None = None
+    environment: dict[str, Any] | None = None
+    """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
+
+    # ---- computed facts -------------------------------------------------------------------
+
+    @property
+    def dataset(self) -> str:
+        return str(self.data["dataset"])
+
+    @property
+    def last_epoch(self) -> dict[str, Any]:
+        return self.history[-1] if self.history else {}
+
+    @property
+    def test_accuracy(self) -> float | None:
+        return self.last_epoch.get("test_accuracy")
+
+    @property
+    def val_accuracy(self) -> float | None:
+        return self.last_epoch.get("val_accuracy")
+
+    @property
+    def epochs_run(self) -> int:
+        return len(self.history)
+
+    @property
+    def epsilon_spent_at_stop(self) -> Any:
+        """ε of the steps actually run; None after an adaptive stop, where it is no guarantee."""
+        return None if self.privacy.adaptive_stop else self.last_epoch.get("epsilon")
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        """The effective σ the accountant saw: the ledger's."""
+        training = self.privacy.ledger.training
+        return None if training is None else training["sigma"]
+
+    @property
+    def sample_rate(self) -> float | None:
+        """The Poisson sampling rate q: the ledger's."""
+        training = self.privacy.ledger.training
+        return None if training is None else training["q"]
+
+    def report(self) -> dict[str, Any]:
+        """The run's report (JSON-able), keys in the order `train --json` has always printed them."""
+        privacy = self.privacy.summary()
+        o = self.outcome
+        report = {
+            "test_accuracy": self.test_accuracy, "val_accuracy": self.val_accuracy, "epochs_run": self.epochs_run,
+            "steps": o.steps, "stop_reason": o.stop_reason,
+            **{k: privacy[k] for k in ("epsilon", "epsilon_dp_part", "epsilon_scope", "warning")},
+            "epsilon_spent_at_stop": self.epsilon_spent_at_stop,
+            **{k: privacy[k] for k in ("delta", "accountant", "composition", "neighboring", "end_to_end_dp",
+                                       "private", "caveats", "statement")},
+            "privacy": self.privacy.ledger_report,
+            "tickets": o.tickets, "density": o.density, "transfer": self.transfer,
+            "released_weights": o.released_weights, "noise_multiplier": self.noise_multiplier,
+            "noise_parameter": o.noise_parameter, "sigma_calibrated": o.sigma_calibrated,
+            "sample_rate": self.sample_rate, "dataset": self.dataset, "output": o.output,
+            "randomness": o.randomness, "processes": o.processes, "log_dir": o.log_dir,
+        }
+        if o.audit is not None:
+            report["audit"] = o.audit
+        return report
+
+    def privacy_summary(self) -> dict[str, Any]:
+        """What `predict` and an export's metadata say about privacy (`export.LoadedModel.privacy`)."""
+        privacy = self.privacy.summary()
+        return {**{k: privacy[k] for k in ("epsilon", "epsilon_dp_part", "delta", "end_to_end_dp", "private",
+                                           "accountant", "neighboring")},
+                "released_weights": self.outcome.released_weights, "statement": privacy["statement"]}
+
+    def network(self) -> MaskedMLP:
+        """The released network (masks included), in eval mode, on the CPU."""
+        from dpltm.model import Architecture, MaskedMLP
+
+        model = MaskedMLP(Architecture.from_dict(self.architecture))
+        model.load_state_dict(self.state_dict)
+        return model.eval()
+
+    # ---- storage --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint body: header, the stored facts, one privacy record; no computed ε."""
+        from dpltm.checkpoint import FORMAT_VERSION
+
+        body: dict[str, Any] = {
+            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            "dpltm_version": self.dpltm_version,
+            "architecture": self.architecture,
+            "state_dict": self.state_dict,
+            "privacy": self.privacy.to_dict(),
+            "history": list(self.history),
+            "config": self.config,
+            "data": self.data,
+            "outcome": self.outcome.to_dict(),
+            "transfer": self.transfer,
+            "ticket": self.ticket,
+        }
+        if self.environment is not None:
+            body["environment"] = self.environment
+        return body
+
+    @classmethod
+    def from_dict(cls, body: Any, path: Path | str) -> TrainedModel:
+        """A model checkpoint's body, checked: header and version, every field's type, an architecture
+        that builds a network, weights that fit it, a ledger that parses. One-line errors name the file
+        and the field."""
+        from dpltm.checkpoint import FORMAT_VERSION
+        from dpltm.checkpoint_body import architecture_of, check_tensors
+
+        if not isinstance(body, Mapping) or body.get("format") != "dpltm":
+            raise DpltmUserError(f"{path} is not a dpltm checkpoint")
+        if body.get("kind") != KIND:
+            raise DpltmUserError(f"{path} holds a '{body.get('kind')}' checkpoint, expected {KIND}")
+        version = body.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DpltmUserError(refusal(path, version))
+        extra = sorted(set(body) - {"format", "kind", "format_version", "environment", *MODEL_KEYS})
+        if extra:
+            raise _damaged(path, f"it holds unknown {extra[:3]} (privacy facts are computed from 'privacy.ledger')")
+        values = {key: _typed(body, key, (dict,), "", path)
+                  for key in ("architecture", "state_dict", "config", "data", "transfer")}
+        history = _typed(body, "history", (list,), "", path)
+        if not all(isinstance(r, dict) for r in history):
+            raise _damaged(path, "'history' must be a list of records")
+        ticket = _typed(body, "ticket", (dict,), "", path, optional=True)
+        version_text = _typed(body, "dpltm_version", (str,), "", path, optional=True)
+        environment = _typed(body, "environment", (dict,), "", path, optional=True)
+        if not isinstance(values["data"].get("dataset"), str):
+            raise _damaged(path, "'data.dataset' is not a dataset name")
+        config = values["config"]
+        for section in ("data", "train", "model"):
+            if not isinstance(config.get(section, {}), dict):
+                raise _damaged(path, f"'config.{section}' is not a mapping")
+        seed = config.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise _damaged(path, "'config.seed' is not an integer")
+        privacy = PrivacyRecord.from_dict(_typed(body, "privacy", (dict,), "", path), path)
+        outcome = Outcome.from_dict(_typed(body, "outcome", (dict,), "", path), path)
+        arch = architecture_of(body, KIND, path)
+        check_tensors(values["state_dict"], _reference_state(arch), "state_dict", KIND, path, check_dtype=True)
+        return cls(architecture=values["architecture"], state_dict=values["state_dict"], privacy=privacy,
+                   history=tuple(history), config=config, data=values["data"], outcome=outcome,
+                   transfer=values["transfer"], ticket=ticket, dpltm_version=version_text, environment=environment)
+
+    @classmethod
+    def load(cls, path: Path) -> TrainedModel:
+        """A `dpltm train` checkpoint, checked (`checkpoint.load_checkpoint`, then `from_dict`)."""
+        from dpltm.checkpoint import load_checkpoint
+
+        return cls.from_dict(load_checkpoint(path, KIND), path)
+
+
+def _reference_state(arch: Any) -> dict[str, Any]:
+    """The state_dict the architecture builds, on PyTorch's meta device (shapes only, no memory)."""
+    import torch
+
+    from dpltm.model import MaskedMLP
+
+    with torch.device("meta"):
+        return MaskedMLP(arch).state_dict()
+
+
+MODEL_FORMAT_2 = 2
+"""Model files of checkpoint format 2 stored the privacy facts twice (ledger and report)."""
+
+
+def refusal(path: Path | str, version: Any) -> str:
+    """The one line that refuses a model file of another checkpoint format."""
+    from dpltm.checkpoint import FORMAT_VERSION
+
+    if version == MODEL_FORMAT_2:
+        return (f"{path} is a model of checkpoint format 2 (its privacy facts stored twice), this dpltm reads "
+                f"format {FORMAT_VERSION}: train it again with this dpltm")
+    return f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}"
