@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datafiles import write_digits, write_mnist
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -24,6 +23,7 @@ from dpltm.checkpoint import load_checkpoint
 from dpltm.cli import app
 from dpltm.errors import DpltmUserError
 from dpltm.run_log import RunLog, claim_version_folder, float32_at_least
+from tests.datafiles import write_digits, write_mnist
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--no-progress"]

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from datafiles import write_mnist
 from torch.func import functional_call, grad, vmap
 from typer.testing import CliRunner
 
@@ -40,6 +39,7 @@ from dpltm.privacy.comparisons import (
 from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.ledger import NOISES, PrivacyLedger, training_record
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from tests.datafiles import write_mnist
 
 PLUGINS = sorted(NOISE_MECHANISMS)
 FEATURES, CLASSES = 12, 5

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from datafiles import write_digits
 from typer.testing import CliRunner
 
 from dpltm.cli import app
+from tests.datafiles import write_digits
 
 runner = CliRunner()
 

@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datafiles import write_digits
-from faults import FAULTS, fault
 from scipy import stats
 from typer.testing import CliRunner
 
@@ -26,6 +24,8 @@ from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.training import pipeline
+from tests.datafiles import write_digits
+from tests.faults import FAULTS, fault
 
 runner = CliRunner()
 

@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
-from datafiles import write_digits, write_mnist
 from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
 from dpltm.cli import app
+from tests.datafiles import write_digits, write_mnist
 
 runner = CliRunner()
 FAST_GEN = ["--rounds", "1", "--iterations", "15", "--batch-size", "16", "--device", "cpu"]

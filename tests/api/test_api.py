@@ -8,7 +8,6 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from apidata import blobs, mlp
 from dp_accounting import dp_event, pld
 from torch import nn
 
@@ -17,6 +16,7 @@ from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.noise import GaussianNoise
 from dpltm.errors import DpltmUserError
 from dpltm.lightning import poisson_loader
+from tests.apidata import blobs, mlp
 
 
 def independent_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -197,11 +197,11 @@ def test_import_dpltm_is_light_and_exports_the_api() -> None:
 
 
 def test_load_model_returns_the_released_model_of_a_train_checkpoint(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from datafiles import write_digits
     from typer.testing import CliRunner
 
     from dpltm.cli import app
     from dpltm.data import load_dataset
+    from tests.datafiles import write_digits
 
     data = write_digits(tmp_path / "data")
     monkeypatch.setenv("DPLTM_DATA_DIR", str(data))

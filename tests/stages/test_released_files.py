@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from datafiles import write_digits, write_mnist
 from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
@@ -24,6 +23,7 @@ from dpltm.cli import app
 from dpltm.data import load_dataset
 from dpltm.data.release import USER_DATA_NOTE, mismatch
 from dpltm.data.sources import clear_cache
+from tests.datafiles import write_digits, write_mnist
 
 runner = CliRunner()
 FAST = ["--device", "cpu", "--no-progress", "--logger", "none", "--log-dir", "logs"]  # relative: the same in both runs

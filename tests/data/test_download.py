@@ -21,7 +21,7 @@ from dpltm.data.download import MIRROR_ENV, download_dataset, download_root
 from dpltm.data.mnist import FOLDERS, OFFICIAL
 from dpltm.errors import DpltmUserError
 
-SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "MNIST" / "raw"
+SHARED_MNIST = Path(__file__).resolve().parents[3] / "shared" / "data" / "MNIST" / "raw"
 MNIST_FILES = tuple(OFFICIAL["MNIST"])
 PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
 

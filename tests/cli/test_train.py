@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from datafiles import write_digits, write_har, write_mnist
 from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
 from dpltm.cli import app
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.ledger import PrivacyLedger
+from tests.datafiles import write_digits, write_har, write_mnist
 
 runner = CliRunner()
 FAST_GEN = ["--rounds", "2", "--iterations", "15", "--batch-size", "16", "--device", "cpu", "--no-progress"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import torch
-from datafiles import write_digits
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
@@ -14,6 +13,7 @@ from typer.testing import CliRunner
 
 from dpltm.cli import app
 from dpltm.privacy.ledger import PrivacyLedger
+from tests.datafiles import write_digits
 
 
 def pld_epsilon(q: float, sigma: float, steps: int, relation: NeighboringRelation) -> float:

@@ -13,7 +13,6 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from apidata import blobs, mlp
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
@@ -21,6 +20,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 import dpltm
 from dpltm.errors import DpltmUserError
 from dpltm.lightning import poisson_loader
+from tests.apidata import blobs, mlp
 
 
 def composed_epsilon(segments: list[tuple[float, float, int]], delta: float = 1e-5,
