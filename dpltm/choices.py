@@ -2,7 +2,7 @@
 
 This module imports nothing heavy (no torch): `dpltm -h` stays fast. The names are owned by the
 registries they select from (datasets: data/loaders.py, noise plug-ins: dp/noise.py, ...);
-tests/test_cli_vocabulary.py checks every enum here against its registry, so the two cannot drift.
+tests/cli/test_cli_vocabulary.py checks every enum here against its registry, so the two cannot drift.
 """
 
 from __future__ import annotations

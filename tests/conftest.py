@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
 import pytest
 import torch
+from click.testing import Result
 
 from dpltm.data.types import DatasetSplits, LabeledTensors
 
@@ -40,3 +44,24 @@ def tiny_splits() -> DatasetSplits:
         train=make_blobs(512, 20, 4, 0), val=make_blobs(128, 20, 4, 1),
         test=make_blobs(128, 20, 4, 2), num_features=20, num_classes=4, fingerprint="blobs-v1",
     )
+
+
+@pytest.fixture(scope="session")
+def cli() -> Callable[..., Result]:
+    """`cli("train", "--dense", ...)` runs `dpltm.cli.app` in-process (typer's CliRunner) and returns
+    its Result (.output, .stdout, .stderr, .exit_code). With ok=True (the default) it asserts exit
+    code 0, showing the output if not; with ok=False the caller asserts what it expects. `env` sets
+    environment variables for that one call. Session-scoped, so module-scoped fixtures can use it."""
+    from typer.testing import CliRunner
+
+    from dpltm.cli import app
+
+    runner = CliRunner()
+
+    def invoke(*args: str | Path, ok: bool = True, env: Mapping[str, str] | None = None) -> Result:
+        result = runner.invoke(app, [str(arg) for arg in args], env=env)
+        if ok:
+            assert result.exit_code == 0, result.output
+        return result
+
+    return invoke

@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from typer.testing import CliRunner
 
 import dpltm
-from dpltm.cli import app
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,13 +59,12 @@ def test_every_third_party_import_is_declared() -> None:
     assert not missing, f"imported but not declared in pyproject.toml: {sorted(missing)}"
 
 
-def test_version_and_short_help() -> None:
-    runner = CliRunner()
-    version = runner.invoke(app, ["--version"])
+def test_version_and_short_help(cli) -> None:
+    version = cli("--version", ok=False)
     assert version.exit_code == 0 and version.output.strip() == f"dpltm {dpltm.__version__}"
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == dpltm.__version__
     for args in (["-h"], ["train", "-h"], ["generate", "-h"]):
-        result = runner.invoke(app, args)
+        result = cli(*args, ok=False)
         assert result.exit_code == 0 and "Usage" in result.output, args
 
 

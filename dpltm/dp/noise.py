@@ -3,7 +3,7 @@
 Adding a mechanism: one module with a class satisfying `NoiseMechanism` (dpltm/dp/mechanism.py;
 like `dpltm/dp/gaussian.py`, `dpltm/dp/dpd.py`, `dpltm/dp/shaped.py`), and one line in
 dpltm/dp/plugins.py (the torch-free table of names and capabilities). Every registered plug-in runs
-through the shared suite in tests/test_noise_plugins.py.
+through the shared suite in tests/dp/test_noise_plugins.py.
 """
 
 from __future__ import annotations

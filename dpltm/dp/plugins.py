@@ -4,7 +4,7 @@ Adding a noise mechanism: one module with a class satisfying `NoiseMechanism`
 (dpltm/dp/mechanism.py; like dpltm/dp/gaussian.py) and one `NoisePlugin` line below. The CLI's
 `--noise` choices, the ledger's vocabulary and statements, and every capability check (public data
 needed, convolutions supported, plain clipping norm) are derived from this table; the shared suite in
-tests/test_noise_plugins.py runs every entry. This module imports nothing heavy (no torch), so
+tests/dp/test_noise_plugins.py runs every entry. This module imports nothing heavy (no torch), so
 `dpltm --help` stays quick; a plug-in's class is imported when it is used.
 """
 

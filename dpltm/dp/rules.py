@@ -21,7 +21,7 @@ clipped sum Σ_i c_i ∇_θ ℓ_i ⊙ M (Abadi et al. 2016, Alg. 1; masked: docs
   normalisation, makes one record's gradient depend on the others and clipping bounds nothing).
 
 Adding a rule for a layer type: a class with `sq_norms` and `clipped_sums` (see `LayerRule`) and one
-`register_rule(LayerType)` line; tests/test_per_sample.py checks every registered rule against
+`register_rule(LayerType)` line; tests/dp/test_per_sample.py checks every registered rule against
 torch.func.
 """
 

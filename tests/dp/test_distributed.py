@@ -21,7 +21,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from datafiles import write_digits
 from scipy import stats
 
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
@@ -33,6 +32,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.private import check_replicas_agree
+from tests.datafiles import write_digits
 
 N, Q, SEED, SIGMA, CLIP = 300, 0.2, 11, 1.3, 0.5
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from datafiles import write_digits, write_mnist
 
 from dpltm.checkpoint import FORMAT_VERSION
 from dpltm.cli import main
 from dpltm.errors import DpltmUserError
+from tests.datafiles import write_digits, write_mnist
 
 
 @dataclass(frozen=True)

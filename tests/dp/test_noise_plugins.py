@@ -17,12 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from datafiles import write_mnist
 from torch.func import functional_call, grad, vmap
-from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.cli import app
 from dpltm.data.types import LabeledTensors
 from dpltm.dp import dpd as dpd_module
 from dpltm.dp.dpd import DropoutNoise, dropout_rates, quantiles
@@ -40,6 +37,7 @@ from dpltm.privacy.comparisons import (
 from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.ledger import NOISES, PrivacyLedger, training_record
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from tests.datafiles import write_mnist
 
 PLUGINS = sorted(NOISE_MECHANISMS)
 FEATURES, CLASSES = 12, 5
@@ -336,7 +334,6 @@ def test_ledger_statement_names_the_plug_in() -> None:
 
 # ---- the CLI -------------------------------------------------------------------------------------
 
-runner = CliRunner()
 FAST = ["--epochs", "1", "--batch-size", "16", "--device", "cpu", "--no-progress", "--json"]
 
 
@@ -348,27 +345,25 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_account_prints_the_dpd_paper_figure_as_a_comparison() -> None:
-    result = runner.invoke(app, ["account", "--q", "0.01", "--steps", "20000", "--sigma", "3.23", "--delta", "1e-4",
-                                 "--noise", "dpd", "--json"])
-    assert result.exit_code == 0, result.output
+def test_account_prints_the_dpd_paper_figure_as_a_comparison(cli) -> None:
+    result = cli("account", "--q", "0.01", "--steps", "20000", "--sigma", "3.23", "--delta", "1e-4",
+                 "--noise", "dpd", "--json")
     report = json.loads(result.stdout)
     assert report["effective_sigma"] == pytest.approx(6.46) and report["sigma"] == 3.23
     rows = {row["accountant"]: row for row in report["rows"]}
     assert round(rows["pld"]["epsilon"], 2) == 0.67 and rows["pld"]["kind"] == "upper bound"
     paper = rows["dpd-paper-zcdp"]
     assert paper["kind"] == COMPARISON_LABEL and paper["epsilon"] == pytest.approx(0.5, rel=0.02)
-    table = runner.invoke(app, ["account", "--q", "0.01", "--steps", "200", "--sigma", "3.23", "--noise", "dpd"])
+    table = cli("account", "--q", "0.01", "--steps", "200", "--sigma", "3.23", "--noise", "dpd", ok=False)
     assert table.exit_code == 0 and "COMPARISON ONLY" in table.stdout and "effective multiplier 6.46" in table.stdout
-    plain = runner.invoke(app, ["account", "--q", "0.01", "--steps", "200", "--sigma", "3.23", "--json"])
+    plain = cli("account", "--q", "0.01", "--steps", "200", "--sigma", "3.23", "--json", ok=False)
     assert "dpd-paper-zcdp" not in plain.stdout
 
 
-def test_train_with_dpd_reports_the_effective_multiplier(data_root: Path, tmp_path: Path) -> None:
+def test_train_with_dpd_reports_the_effective_multiplier(data_root: Path, tmp_path: Path, cli) -> None:
     out = tmp_path / "dpd.pt"
-    result = runner.invoke(app, ["train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
-                                 "--noise", "dpd", "--eps2", "2.0", "--out", str(out), *FAST])
-    assert result.exit_code == 0, result.output
+    result = cli("train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
+                 "--noise", "dpd", "--eps2", "2.0", "--out", str(out), *FAST)
     report = json.loads(result.stdout)
     assert report["noise_parameter"] == pytest.approx(report["noise_multiplier"] / 2)  # calibrated: σ_eff/2
     assert report["epsilon"] <= 2.0 and "'dpd'" in result.stderr
@@ -383,13 +378,12 @@ def test_train_with_dpd_reports_the_effective_multiplier(data_root: Path, tmp_pa
             f"dpd_alpha_q75/{layer}"]
 
 
-def test_train_with_shaped_noise_and_public_data(data_root: Path, tmp_path: Path) -> None:
+def test_train_with_shaped_noise_and_public_data(data_root: Path, tmp_path: Path, cli) -> None:
     out = tmp_path / "shaped.pt"
-    result = runner.invoke(app, ["train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
-                                 "--noise", "shaped", "--public-dataset", "mnist", "--public-split", "test",
-                                 "--sigma", "1.5",
-                                 "--out", str(out), *FAST])
-    assert result.exit_code == 0, result.output
+    result = cli("train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
+                 "--noise", "shaped", "--public-dataset", "mnist", "--public-split", "test",
+                 "--sigma", "1.5",
+                 "--out", str(out), *FAST)
     report = json.loads(result.stdout)
     assert report["noise_multiplier"] == 1.5 and report["noise_parameter"] == 1.5
     record = load_checkpoint(out, "model")["history"][0]
@@ -398,7 +392,7 @@ def test_train_with_shaped_noise_and_public_data(data_root: Path, tmp_path: Path
         (["--noise", "shaped"], "pass --public-dataset"),
         (["--noise", "shaped", "--public-dataset", "fashion-mnist"], "names the private dataset"),
     ):
-        failed = runner.invoke(app, ["train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
-                                     "--sigma", "1.0", "--out", str(tmp_path / "x.pt"), *FAST, *args])
+        failed = cli("train", "--dense", "--dataset", "fashion-mnist", "--data-dir", str(data_root),
+                     "--sigma", "1.0", "--out", str(tmp_path / "x.pt"), *FAST, *args, ok=False)
         assert failed.exit_code == 2, failed.output
         assert message in failed.stderr and "Traceback" not in failed.output

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from datafiles import write_digits
+
+from tests.datafiles import write_digits
 
 pytestmark = pytest.mark.slow  # end to end, in fresh processes
 

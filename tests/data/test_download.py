@@ -21,7 +21,7 @@ from dpltm.data.download import MIRROR_ENV, download_dataset, download_root
 from dpltm.data.mnist import FOLDERS, OFFICIAL
 from dpltm.errors import DpltmUserError
 
-SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "MNIST" / "raw"
+SHARED_MNIST = Path(__file__).resolve().parents[3] / "shared" / "data" / "MNIST" / "raw"
 MNIST_FILES = tuple(OFFICIAL["MNIST"])
 PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
 
@@ -232,32 +232,26 @@ def test_folders_and_md5s_agree_with_torchvision() -> None:
 
 
 def test_train_with_download_fetches_then_dpltm_download_finds_all_present(mirror: Mirror, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                          monkeypatch: pytest.MonkeyPatch, cli) -> None:
     """The user's path: `--download` on a command into an empty root, md5-checked, served locally;
     then `dpltm download` finds everything; a dataset torchvision cannot fetch is left to its loader."""
     import json
 
-    from typer.testing import CliRunner
 
-    from dpltm.cli import app
-
-    runner = CliRunner()
     root = tmp_path / "data"
     monkeypatch.setenv(MIRROR_ENV, mirror.url)
-    trained = runner.invoke(app, ["train", "--dense", "--dataset", "mnist", "--download", "--data-dir", str(root),
-                                  "--eps", "1", "--epochs", "1", "--batch-size", "4000", "--device", "cpu",
-                                  "--no-progress", "--out", str(tmp_path / "m.pt"), "--json"])
-    assert trained.exit_code == 0, trained.output
+    trained = cli("train", "--dense", "--dataset", "mnist", "--download", "--data-dir", str(root),
+                  "--eps", "1", "--epochs", "1", "--batch-size", "4000", "--device", "cpu",
+                  "--no-progress", "--out", str(tmp_path / "m.pt"), "--json")
     assert {path.rsplit("/", 1)[-1] for path in mirror.requests} == set(MNIST_FILES)  # all four, fetched now
     assert json.loads(trained.stdout)["dataset"] == "mnist"
     mirror.requests.clear()
-    again = runner.invoke(app, ["download", "mnist", "--data-dir", str(root)])
-    assert again.exit_code == 0, again.output
+    again = cli("download", "mnist", "--data-dir", str(root))
     assert "mnist: fetched 0, already present 4" in again.stderr and mirror.requests == []
-    har = runner.invoke(app, ["train", "--dense", "--dataset", "har", "--download", "--data-dir", str(root),
-                              "--device", "cpu", "--out", str(tmp_path / "h.pt")])
+    har = cli("train", "--dense", "--dataset", "har", "--download", "--data-dir", str(root),
+              "--device", "cpu", "--out", str(tmp_path / "h.pt"), ok=False)
     assert har.exit_code == 2 and "missing file" in har.stderr and "X_train.txt" in har.stderr
-    explicit = runner.invoke(app, ["download", "har", "--data-dir", str(root)])
+    explicit = cli("download", "har", "--data-dir", str(root), ok=False)
     assert explicit.exit_code == 2 and "har cannot be downloaded" in explicit.stderr
 
 

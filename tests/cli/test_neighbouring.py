@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
-from datafiles import write_digits
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
-from typer.testing import CliRunner
 
-from dpltm.cli import app
 from dpltm.privacy.ledger import PrivacyLedger
+from tests.datafiles import write_digits
 
 
 def pld_epsilon(q: float, sigma: float, steps: int, relation: NeighboringRelation) -> float:
@@ -23,13 +22,16 @@ def pld_epsilon(q: float, sigma: float, steps: int, relation: NeighboringRelatio
     return float(accountant.get_epsilon(1e-5))
 
 
-def account(*flags: str) -> dict:  # type: ignore[type-arg]
-    result = CliRunner().invoke(app, ["account", "--q", "0.01", "--sigma", "1.0", "--steps", "1000", "--json", *flags])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+@pytest.fixture(scope="session")
+def account(cli):  # type: ignore[no-untyped-def]
+    def run(*flags: str) -> dict:  # type: ignore[type-arg]
+        result = cli("account", "--q", "0.01", "--sigma", "1.0", "--steps", "1000", "--json", *flags)
+        return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+    return run
 
 
-def test_account_states_replace_one_as_dp_accounting_does() -> None:
+def test_account_states_replace_one_as_dp_accounting_does(account) -> None:
     add = {r["accountant"]: r["epsilon"] for r in account()["rows"]}
     replace = account("--neighbouring", "replace-one")
     rows = {r["accountant"]: r["epsilon"] for r in replace["rows"]}
@@ -39,13 +41,11 @@ def test_account_states_replace_one_as_dp_accounting_does() -> None:
     assert {r["accountant"]: r["epsilon"] for r in account("--neighboring", "add-remove")["rows"]} == add
 
 
-def test_train_records_the_relation_in_the_ledger(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_train_records_the_relation_in_the_ledger(tmp_path, monkeypatch, cli) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("DPLTM_DATA_DIR", str(write_digits(tmp_path / "data")))
     out = tmp_path / "m.pt"
-    result = CliRunner().invoke(app, ["train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "1",
-                                      "--batch-size", "32", "--device", "cpu", "--no-progress", "--out", str(out),
-                                      "--neighbouring", "replace-one"])
-    assert result.exit_code == 0, result.output
+    cli("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "1", "--batch-size", "32",
+        "--device", "cpu", "--no-progress", "--out", str(out), "--neighbouring", "replace-one")
     body = torch.load(out, weights_only=True)
     ledger = PrivacyLedger.from_json(body["privacy"]["ledger"])
     assert ledger.neighboring == "replace_one" and "replace-one adjacency" in ledger.statement()

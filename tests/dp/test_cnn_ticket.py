@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from datafiles import write_mnist
 from torch.func import functional_call, grad, vmap
 
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
@@ -20,6 +19,7 @@ from dpltm.dp.padding import padded_chunks
 from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, MaskedMLP, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from tests.datafiles import write_mnist
 
 
 def cnn_ticket(rounds: int = 2, activation: str = "tanh") -> MaskedMLP:

@@ -8,7 +8,6 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from apidata import blobs, mlp
 from dp_accounting import dp_event, pld
 from torch import nn
 
@@ -17,6 +16,7 @@ from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.noise import GaussianNoise
 from dpltm.errors import DpltmUserError
 from dpltm.lightning import poisson_loader
+from tests.apidata import blobs, mlp
 
 
 def independent_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -196,20 +196,17 @@ def test_import_dpltm_is_light_and_exports_the_api() -> None:
         assert name in out
 
 
-def test_load_model_returns_the_released_model_of_a_train_checkpoint(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from datafiles import write_digits
-    from typer.testing import CliRunner
+def test_load_model_returns_the_released_model_of_a_train_checkpoint(tmp_path, monkeypatch, cli) -> None:  # type: ignore[no-untyped-def]
 
-    from dpltm.cli import app
     from dpltm.data import load_dataset
+    from tests.datafiles import write_digits
 
     data = write_digits(tmp_path / "data")
     monkeypatch.setenv("DPLTM_DATA_DIR", str(data))
     out = tmp_path / "m.pt"
-    result = CliRunner().invoke(app, ["train", "--dense", "--dataset", "digits", "--eps2", "1", "--epochs", "1",
-                                      "--batch-size", "32", "--device", "cpu", "--no-progress", "--json",
-                                      "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    result = cli("train", "--dense", "--dataset", "digits", "--eps2", "1", "--epochs", "1",
+                 "--batch-size", "32", "--device", "cpu", "--no-progress", "--json",
+                 "--out", str(out))
     report = json_report(result.output)
     model = dpltm.load_model(out)
     assert not model.training
@@ -218,12 +215,11 @@ def test_load_model_returns_the_released_model_of_a_train_checkpoint(tmp_path, m
     with pytest.raises(DpltmUserError, match="does not exist"):
         dpltm.load_model(tmp_path / "missing.pt")
     # `dpltm inspect` reads model files too: the ledger's ε and statement, recomputed
-    inspected = CliRunner().invoke(app, ["inspect", str(out), "--json"])
-    assert inspected.exit_code == 0, inspected.output
+    inspected = cli("inspect", str(out), "--json")
     summary = json_report(inspected.output)
     assert summary["kind"] == "model" and summary["test_accuracy"] == report["test_accuracy"]
     assert summary["ledger"]["epsilon"] == report["epsilon"] and "-DP for digits" in summary["statement"]
-    human = CliRunner().invoke(app, ["inspect", str(out)])
+    human = cli("inspect", str(out), ok=False)
     assert human.exit_code == 0 and "-DP for digits" in human.output
 
 

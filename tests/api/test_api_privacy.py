@@ -13,7 +13,6 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from apidata import blobs, mlp
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
@@ -21,6 +20,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 import dpltm
 from dpltm.errors import DpltmUserError
 from dpltm.lightning import poisson_loader
+from tests.apidata import blobs, mlp
 
 
 def composed_epsilon(segments: list[tuple[float, float, int]], delta: float = 1e-5,
@@ -500,14 +500,12 @@ def test_lists_float64_and_dict_batches_work() -> None:
     assert callback.steps_done == 10
 
 
-def test_a_saved_run_exports_to_safetensors_with_its_statement(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_run_exports_to_safetensors_with_its_statement(tmp_path, cli) -> None:  # type: ignore[no-untyped-def]
     import json
 
     from safetensors import safe_open
     from safetensors.torch import load_file
-    from typer.testing import CliRunner
 
-    from dpltm.cli import app
 
     model = mlp()
     masks = {"0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(1)) < 0.5}
@@ -516,8 +514,7 @@ def test_a_saved_run_exports_to_safetensors_with_its_statement(tmp_path) -> None
     run.fit()
     path = run.save(tmp_path / "run.pt")
     out = tmp_path / "run.safetensors"
-    result = CliRunner().invoke(app, ["export", "--model", str(path), "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    cli("export", "--model", str(path), "--out", str(out))
     tensors = load_file(str(out))
     torch.testing.assert_close(tensors["0.weight"], model[0].weight.detach())
     assert torch.equal(tensors["mask_0.weight"], masks["0.weight"])
@@ -525,5 +522,5 @@ def test_a_saved_run_exports_to_safetensors_with_its_statement(tmp_path) -> None
         metadata = handle.metadata()
     assert metadata["privacy_statement"] == run.ledger().statement()  # type: ignore[union-attr]
     assert json.loads(metadata["privacy"])["epsilon"] == pytest.approx(run.epsilon)
-    predicted = CliRunner().invoke(app, ["predict", "--model", str(out)])
+    predicted = cli("predict", "--model", str(out), ok=False)
     assert predicted.exit_code == 2 and "your own model" in predicted.stderr

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from datafiles import write_digits
 from dp_accounting import NonPrivateDpEvent, NoOpDpEvent, ZCDpEvent  # type: ignore[import-untyped]
 from scipy.stats import chisquare
-from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.cli import app
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.events import event_from_json
@@ -28,6 +26,7 @@ from dpltm.selection.rules import SELECTION_RULES, RuleSettings, SelectionRule, 
 from dpltm.selection.winner import Selection, select_best, winner_payload
 from dpltm.stages.select import stage_select
 from dpltm.training.pipeline import ticket_origin
+from tests.datafiles import write_digits
 
 ACCURACIES = [0.9, 0.8, 0.6, 0.3]
 DENSITIES = [1.0, 0.5, 0.25, 0.125]
@@ -133,12 +132,11 @@ def gumbel_max(payload: dict[str, Any], settings: RuleSettings) -> Selection:
                      record={"noise_aware": None, "algorithm": "Gumbel report-noisy-max"})
 
 
-def test_a_rule_registered_here_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rule_registered_here_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                cli: Callable[..., Any]) -> None:
     write_digits(tmp_path)
-    result = CliRunner().invoke(app, ["generate", "--dataset", "digits", "--data-dir", str(tmp_path), "--rounds", "2",
-                                      "--iterations", "15", "--batch-size", "16", "--device", "cpu",
-                                      "--no-progress", "--out", str(tmp_path / "t.pt")])
-    assert result.exit_code == 0, result.output
+    cli("generate", "--dataset", "digits", "--data-dir", tmp_path, "--rounds", "2", "--iterations", "15",
+        "--batch-size", "16", "--device", "cpu", "--no-progress", "--out", tmp_path / "t.pt")
     monkeypatch.setitem(SELECTION_RULES, "gumbel", SelectionRule("gumbel", f"{__name__}:gumbel_max",
                                                                  spends_eps1=True))
     winner, target = stage_select({"select": {"eps1": 0.5, "nu": 0.5}}, None, tmp_path / "t.pt", False, 7,
@@ -154,17 +152,13 @@ def test_a_rule_registered_here_runs_end_to_end(tmp_path: Path, monkeypatch: pyt
     assert winner["round"] == stored["round"]
 
 
-def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_path: Path) -> None:
+def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_path: Path,
+                                                                          cli: Callable[..., Any]) -> None:
     """`select --rule NAME` reaches every rule of the registry; the options a rule cannot use are one line."""
     write_digits(tmp_path)
-    runner = CliRunner()
-    generated = runner.invoke(app, ["generate", "--dataset", "digits", "--data-dir", str(tmp_path), "--rounds", "2",
-                                    "--iterations", "15", "--batch-size", "16", "--device", "cpu", "--no-progress",
-                                    "--out", str(tmp_path / "t.pt")])
-    assert generated.exit_code == 0, generated.output
-    chosen = runner.invoke(app, ["select", "--rule", "random", "--tickets", str(tmp_path / "t.pt"), "--seed", "3",
-                                 "--out", str(tmp_path / "w.pt")])
-    assert chosen.exit_code == 0, chosen.output
+    cli("generate", "--dataset", "digits", "--data-dir", tmp_path, "--rounds", "2", "--iterations", "15",
+        "--batch-size", "16", "--device", "cpu", "--no-progress", "--out", tmp_path / "t.pt")
+    cli("select", "--rule", "random", "--tickets", tmp_path / "t.pt", "--seed", "3", "--out", tmp_path / "w.pt")
     selection = load_checkpoint(tmp_path / "w.pt", "ticket")["selection"]
     assert selection["method"] == "random" and event_from_json(selection["dp_event"]) == NoOpDpEvent()
     for args, message in ((["--rule", "random", "--eps1", "0.5"], "the random selection spends no ε1"),
@@ -172,8 +166,7 @@ def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_pa
                           (["--rule", "noise-aware"], "--rule noise-aware needs --private-size N"),
                           (["--rule", "random", "--private-size", "100"], "describe the planned run"),
                           (["--rule", "bogus"], "'bogus' is not one of")):
-        refused = runner.invoke(app, ["select", *args, "--tickets", str(tmp_path / "t.pt"),
-                                      "--out", str(tmp_path / "x.pt")])
+        refused = cli("select", *args, "--tickets", tmp_path / "t.pt", "--out", tmp_path / "x.pt", ok=False)
         lines = refused.stderr.strip().splitlines()
         assert refused.exit_code == 2 and message in refused.stderr, (args, refused.output)
         assert not (tmp_path / "x.pt").exists()

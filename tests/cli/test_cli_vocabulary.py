@@ -9,12 +9,9 @@ from collections import defaultdict
 
 import pytest
 import typer.main
-from typer.testing import CliRunner
 
 from dpltm import choices
 from dpltm.cli import app
-
-runner = CliRunner()
 
 
 def test_enums_match_the_registries() -> None:
@@ -62,9 +59,8 @@ def test_one_option_name_per_idea_across_commands() -> None:
 
 
 @pytest.mark.parametrize("command", ["generate", "select", "train", "run", "account", "inspect"])
-def test_help_shows_choices_and_effective_defaults(command: str) -> None:
-    result = runner.invoke(app, [command, "-h"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
+def test_help_shows_choices_and_effective_defaults(command: str, cli) -> None:
+    result = cli(command, "-h", env={"COLUMNS": "200"})
     text = result.output
     if command in ("generate", "train"):
         assert re.search(r"mnist\|fashion-mnist\|kmnist\|har\|isolet\|digits", text)
@@ -84,9 +80,9 @@ def test_help_shows_choices_and_effective_defaults(command: str) -> None:
 
 
 @pytest.mark.parametrize("argv", [["train", "--dense", "--target-eps", "1"], ["run", "--tickets", "private"]])
-def test_options_from_before_the_redesign_are_plain_unknown_options(argv: list[str]) -> None:
+def test_options_from_before_the_redesign_are_plain_unknown_options(argv: list[str], cli) -> None:
     """0.1.0's renamed spellings are gone (no hidden options that only say "renamed")."""
-    result = runner.invoke(app, argv)
+    result = cli(*argv, ok=False)
     assert result.exit_code == 2 and "No such option" in result.output and "Traceback" not in result.output
 
 

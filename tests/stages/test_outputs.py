@@ -15,32 +15,36 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datafiles import write_digits, write_mnist
 from hypothesis import given
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from dpltm.artefacts import TrainedModel
 from dpltm.checkpoint import load_checkpoint
-from dpltm.cli import app
 from dpltm.errors import DpltmUserError
 from dpltm.run_log import RunLog, claim_version_folder, float32_at_least
+from tests.datafiles import write_digits, write_mnist
 
-runner = CliRunner()
 FAST = ["--device", "cpu", "--no-progress"]
 
 
-def invoke(*args: str) -> dict:  # type: ignore[type-arg]
-    result = runner.invoke(app, [*args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+@pytest.fixture(scope="session")
+def invoke(cli):  # type: ignore[no-untyped-def]
+    def run(*args: str) -> dict:  # type: ignore[type-arg]
+        result = cli(*args, "--json")
+        return json.loads(result.stdout)
+
+    return run
 
 
-def fails(*args: str) -> str:
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    return result.stderr
+@pytest.fixture(scope="session")
+def fails(cli):  # type: ignore[no-untyped-def]
+    def run(*args: str) -> str:
+        result = cli(*args, ok=False)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return result.stderr
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,7 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def trained(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:  # type: ignore[type-arg]
+def trained(data_root: Path, tmp_path_factory: pytest.TempPathFactory, invoke) -> tuple[Path, dict]:  # type: ignore[type-arg]
     """A masked ticket trained under DP on DIGITS: tickets from MNIST-free digits data → winner → model."""
     folder = tmp_path_factory.mktemp("model")
     data = ["--data-dir", str(data_root)]
@@ -75,7 +79,7 @@ def test_every_checkpoint_records_the_versions_that_made_it(trained: tuple[Path,
         assert {"dp-accounting", "numpy", "python"} <= set(environment)
 
 
-def test_export_holds_the_released_weights_masks_normalisation_and_privacy(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_export_holds_the_released_weights_masks_normalisation_and_privacy(trained, tmp_path: Path, invoke) -> None:  # type: ignore[no-untyped-def]
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -111,7 +115,7 @@ def test_export_holds_the_released_weights_masks_normalisation_and_privacy(train
 
 @pytest.mark.slow
 def test_predict_on_an_export_in_a_fresh_process_reproduces_the_test_accuracy(trained, data_root: Path,  # type: ignore[no-untyped-def]
-                                                                             tmp_path: Path) -> None:
+                                                                             tmp_path: Path, invoke) -> None:
     model, report = trained
     exported = tmp_path / "m.safetensors"
     invoke("export", "--model", str(model), "--out", str(exported))
@@ -134,7 +138,7 @@ def test_predict_on_an_export_in_a_fresh_process_reproduces_the_test_accuracy(tr
     assert from_checkpoint["accuracy"] == predicted["accuracy"]
 
 
-def test_output_mistakes_are_one_line(trained, data_root: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_output_mistakes_are_one_line(trained, data_root: Path, tmp_path: Path, cli, invoke, fails) -> None:  # type: ignore[no-untyped-def]
     model, _ = trained
     assert "mnist has 784 features" in fails("predict", "--model", str(model), "--dataset", "mnist", "--data-dir",
                                              str(data_root))
@@ -148,7 +152,7 @@ def test_output_mistakes_are_one_line(trained, data_root: Path, tmp_path: Path) 
     invoke("export", "--model", str(model), "--out", str(tmp_path / "m.safetensors"))
     assert "--overwrite" in fails("export", "--model", str(model), "--out", str(tmp_path / "m.safetensors"))
     assert ".safetensors" in fails("export", "--model", str(model), "--out", str(tmp_path / "m.bin"))
-    bad_choice = runner.invoke(app, ["predict", "--model", str(model), "--part", "bogus"])  # main() makes it one line
+    bad_choice = cli("predict", "--model", str(model), "--part", "bogus", ok=False)  # main() makes it one line
     assert bad_choice.exit_code == 2 and "'bogus' is not one of" in bad_choice.output
 
 
@@ -156,7 +160,7 @@ def test_predict_on_the_training_records_needs_an_explicit_opt_in(trained, data_
                                                                   tmp_path: Path) -> None:
     """Per-record labels and outputs of the private training records are not DP: refused in one line,
     nothing written, unless --expose-training-records (then a warning on stderr and in the JSON)."""
-    from test_bad_inputs import _run_in_process, assert_one_line_error, snapshot
+    from tests.cli.test_bad_inputs import _run_in_process, assert_one_line_error, snapshot
 
     model, _ = trained
     cwd = tmp_path / "work"
@@ -216,7 +220,7 @@ def test_a_failed_run_says_so_in_its_folder(tmp_path: Path) -> None:
     assert second.folder.name == "version_1" and sorted(p.name for p in second.folder.iterdir()) == ["run.json"]
 
 
-def test_generate_and_a_dp_run_log_through_lightning(data_root: Path, tmp_path: Path) -> None:
+def test_generate_and_a_dp_run_log_through_lightning(data_root: Path, tmp_path: Path, invoke) -> None:
     logs = tmp_path / "logs"
     common = ["--data-dir", str(data_root), "--log-dir", str(logs), *FAST]
     invoke("generate", "--dataset", "digits", "--rounds", "1", "--iterations", "200", "--batch-size", "32",
@@ -241,7 +245,7 @@ def test_generate_and_a_dp_run_log_through_lightning(data_root: Path, tmp_path: 
     assert Path(again["log_dir"]).name == "version_1" and (folder / "metrics.csv").exists()  # never overwritten
 
 
-def test_a_dp_run_logs_to_tensorboard(data_root: Path, tmp_path: Path) -> None:
+def test_a_dp_run_logs_to_tensorboard(data_root: Path, tmp_path: Path, invoke) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -259,7 +263,7 @@ def test_a_dp_run_logs_to_tensorboard(data_root: Path, tmp_path: Path) -> None:
     assert json.loads((folder / "run.json").read_text())["logger"] == "tensorboard"
 
 
-def test_log_dir_mistakes_are_one_line(data_root: Path, tmp_path: Path) -> None:
+def test_log_dir_mistakes_are_one_line(data_root: Path, tmp_path: Path, fails) -> None:
     (tmp_path / "file").write_text("")
     assert "not a directory" in fails("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "1",
                                       "--log-dir", str(tmp_path / "file"), "--out", str(tmp_path / "d.pt"),
@@ -272,7 +276,7 @@ def test_run_log_refuses_an_unknown_logger(tmp_path: Path) -> None:
         RunLog("train", "digits", "wandb", tmp_path)
 
 
-def test_a_dp_run_logs_to_mlflow(data_root: Path, tmp_path: Path) -> None:
+def test_a_dp_run_logs_to_mlflow(data_root: Path, tmp_path: Path, invoke) -> None:
     """Where MLflow is installed (the `mlflow` extra; not in the test extra: it is heavy)."""
     mlflow = pytest.importorskip("mlflow")
     logs = tmp_path / "logs"
@@ -303,7 +307,7 @@ def test_tensorboard_never_shows_less_than_the_epsilon_spent(tmp_path: Path) -> 
     assert events.Scalars("val_accuracy")[0].value < 0.7  # accuracies are not rounded up
 
 
-def test_non_private_and_patience_runs_never_log_a_bare_epsilon(data_root: Path, tmp_path: Path) -> None:
+def test_non_private_and_patience_runs_never_log_a_bare_epsilon(data_root: Path, tmp_path: Path, invoke) -> None:
     common = ["--dataset", "digits", "--epochs", "3", "--batch-size", "64", "--data-dir", str(data_root),
               "--log-dir", str(tmp_path / "logs"), *FAST]
     plain = invoke("train", "--dense", "--non-private", "--out", str(tmp_path / "n.pt"), *common)
@@ -323,12 +327,12 @@ def test_non_private_and_patience_runs_never_log_a_bare_epsilon(data_root: Path,
     assert sorted(p.name for p in Path(quiet["log_dir"]).iterdir()) == ["run.json"]
 
 
-def test_a_refused_run_leaves_no_log_folder(data_root: Path, tmp_path: Path) -> None:
+def test_a_refused_run_leaves_no_log_folder(data_root: Path, tmp_path: Path, cli, invoke) -> None:
     invoke("train", "--dense", "--dataset", "digits", "--eps", "1", "--epochs", "1", "--data-dir", str(data_root),
            "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "d.pt"), *FAST)
-    refused = runner.invoke(app, ["train", "--dense", "--dataset", "digits", "--eps", "1", "--noise", "shaped",
-                                  "--data-dir", str(data_root), "--log-dir", str(tmp_path / "logs"),
-                                  "--out", str(tmp_path / "s.pt"), *FAST])
+    refused = cli("train", "--dense", "--dataset", "digits", "--eps", "1", "--noise", "shaped",
+                  "--data-dir", str(data_root), "--log-dir", str(tmp_path / "logs"),
+                  "--out", str(tmp_path / "s.pt"), *FAST, ok=False)
     assert refused.exit_code == 2, refused.output
     assert sorted(p.name for p in (tmp_path / "logs" / "train" / "digits").iterdir()) == ["version_0"]
 

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from datafiles import write_digits
-from typer.testing import CliRunner
 
-from dpltm.cli import app
-
-runner = CliRunner()
+from tests.datafiles import write_digits
 
 
 @pytest.fixture
@@ -20,25 +16,20 @@ def digits_dir(tmp_path: Path) -> Path:
     return write_digits(tmp_path / "data")
 
 
-def run(*args: str):  # type: ignore[no-untyped-def]
-    return runner.invoke(app, list(args))
-
-
-def test_generate_then_inspect(digits_dir: Path, tmp_path: Path) -> None:
+def test_generate_then_inspect(digits_dir: Path, tmp_path: Path, cli) -> None:
     out = tmp_path / "tickets.pt"
-    result = run("generate", "--dataset", "digits", "--data-dir", str(digits_dir), "--rounds", "2",
+    result = cli("generate", "--dataset", "digits", "--data-dir", str(digits_dir), "--rounds", "2",
                  "--iterations", "20", "--batch-size", "32", "--device", "cpu", "--out", str(out),
                  "--no-progress", "--json")
-    assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [t["round"] for t in report["tickets"]] == [0, 1, 2]
     assert report["config"]["generate"]["iterations"] == 20
     assert report["config"]["generate"]["batch_size"] == 32  # CLI beats configs/datasets/digits.yaml
     assert report["privacy"]["phase1"] == "non-private"
-    shown = run("inspect", str(out), "--json")
+    shown = cli("inspect", str(out), "--json", ok=False)
     assert shown.exit_code == 0
     assert json.loads(shown.stdout)["tickets"] == report["tickets"]
-    table = run("inspect", str(out))
+    table = cli("inspect", str(out), ok=False)
     assert "WITHOUT privacy" in table.stdout and "val acc" in table.stdout
 
 
@@ -55,8 +46,8 @@ def test_generate_then_inspect(digits_dir: Path, tmp_path: Path) -> None:
     ],
 )
 def test_user_mistakes_are_one_line(args: list[str], message: str, digits_dir: Path,
-                                    tmp_path: Path) -> None:
-    result = run(*args, "--data-dir", str(digits_dir)) if args[0] == "generate" else run(*args)
+                                    tmp_path: Path, cli) -> None:
+    result = cli(*args, "--data-dir", str(digits_dir), ok=False) if args[0] == "generate" else cli(*args, ok=False)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dpltm: error:"), result.stderr
@@ -64,32 +55,32 @@ def test_user_mistakes_are_one_line(args: list[str], message: str, digits_dir: P
     assert "Traceback" not in result.output
 
 
-def test_missing_data_file_names_it(tmp_path: Path) -> None:
-    result = run("generate", "--dataset", "kmnist", "--data-dir", str(tmp_path), "--out",
-                 str(tmp_path / "t.pt"))
+def test_missing_data_file_names_it(tmp_path: Path, cli) -> None:
+    result = cli("generate", "--dataset", "kmnist", "--data-dir", str(tmp_path), "--out",
+                 str(tmp_path / "t.pt"), ok=False)
     assert result.exit_code == 2
     assert "train-images-idx3-ubyte.gz" in result.stderr and "md5" in result.stderr
     assert not (tmp_path / "t.pt").exists()
 
 
-def test_foreign_checkpoint_and_bad_yaml(tmp_path: Path) -> None:
+def test_foreign_checkpoint_and_bad_yaml(tmp_path: Path, cli) -> None:
     junk = tmp_path / "junk.pt"
     junk.write_text("hello")
-    result = run("inspect", str(junk))
+    result = cli("inspect", str(junk), ok=False)
     assert result.exit_code == 2 and "not a readable dpltm checkpoint" in result.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("generate: {rounds: [}")
-    result = run("generate", "--config", str(bad))
+    result = cli("generate", "--config", str(bad), ok=False)
     assert result.exit_code == 2 and "not valid YAML" in result.stderr
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("generate: {roundz: 3}")
-    result = run("generate", "--config", str(unknown))
+    result = cli("generate", "--config", str(unknown), ok=False)
     assert result.exit_code == 2 and "roundz" in result.stderr
 
 
-def test_output_that_is_a_directory(digits_dir: Path, tmp_path: Path) -> None:
-    result = run("generate", "--dataset", "digits", "--data-dir", str(digits_dir), "--out",
-                 str(tmp_path))
+def test_output_that_is_a_directory(digits_dir: Path, tmp_path: Path, cli) -> None:
+    result = cli("generate", "--dataset", "digits", "--data-dir", str(digits_dir), "--out",
+                 str(tmp_path), ok=False)
     assert result.exit_code == 2 and "is a directory" in result.stderr
 
 

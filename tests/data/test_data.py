@@ -12,9 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datafiles import write_har as _write_har
-from datafiles import write_isolet as _write_isolet
-from datafiles import write_mnist as _write_mnist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +20,9 @@ from dpltm.data.idx import read_idx, write_idx
 from dpltm.data.splits import derive_seed, holdout_mask, holdout_threshold, record_split
 from dpltm.errors import DpltmUserError
 from dpltm.paths import DATA_DIR_ENV, resolve_data_dir
+from tests.datafiles import write_har as _write_har
+from tests.datafiles import write_isolet as _write_isolet
+from tests.datafiles import write_mnist as _write_mnist
 
 # ---- helpers ------------------------------------------------------------------------------
 

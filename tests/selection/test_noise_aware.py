@@ -100,9 +100,8 @@ def test_with_ema_the_candidates_are_compared_by_their_averaged_weights(
 def test_convolutional_tickets_are_chosen_by_the_private_step_itself(tmp_path: Path) -> None:
     """LeNet-5 candidates go through the DP training's own step (one engine): the dense network is a
     candidate, pruned weights stay zero, and the choice is a function of the public data only."""
-    from conftest import make_blobs
-
     import dpltm.selection.noise_aware as module
+    from tests.conftest import make_blobs
 
     images = DatasetSplits(name="blob-images", source_split="train", train=make_blobs(160, 784, 3, 0),
                            val=make_blobs(60, 784, 3, 1), test=make_blobs(30, 784, 3, 2), num_features=784,

@@ -8,23 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from datafiles import write_digits, write_har, write_mnist
-from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.cli import app
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.ledger import PrivacyLedger
+from tests.datafiles import write_digits, write_har, write_mnist
 
-runner = CliRunner()
 FAST_GEN = ["--rounds", "2", "--iterations", "15", "--batch-size", "16", "--device", "cpu", "--no-progress"]
 FAST_TRAIN = ["--epochs", "2", "--batch-size", "16", "--device", "cpu", "--no-progress", "--json"]
 
 
-def invoke(*args: str) -> dict:  # type: ignore[type-arg]
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout) if "--json" in args else {"stderr": result.stderr}
+@pytest.fixture(scope="session")
+def invoke(cli):  # type: ignore[no-untyped-def]
+    def run(*args: str) -> dict:  # type: ignore[type-arg]
+        result = cli(*args)
+        return json.loads(result.stdout) if "--json" in args else {"stderr": result.stderr}
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +38,20 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def digits_winner(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def digits_winner(data_root: Path, tmp_path_factory: pytest.TempPathFactory, cli, invoke) -> Path:
     folder = tmp_path_factory.mktemp("digits")
     invoke("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN,
            "--out", str(folder / "t.pt"))
-    result = runner.invoke(app, ["select", "--tickets", str(folder / "t.pt"), "--eps1", "0.1", "--seed", "3",
-                                 "--out", str(folder / "w.pt")])
-    assert result.exit_code == 0, result.output
+    result = cli("select", "--tickets", str(folder / "t.pt"), "--eps1", "0.1", "--seed", "3",
+                 "--out", str(folder / "w.pt"))
     assert "close to uniform" in result.stderr  # ν = 50 ⇒ Δ = 49: the paper's selection is a coin toss
     return folder / "w.pt"
 
 
-def test_same_data_mode_is_labelled_not_end_to_end(data_root: Path, digits_winner: Path, tmp_path: Path) -> None:
+def test_same_data_mode_is_labelled_not_end_to_end(data_root: Path, digits_winner: Path, tmp_path: Path, cli) -> None:
     out = tmp_path / "m.pt"
-    result = runner.invoke(app, ["train", "--ticket", str(digits_winner), "--dataset", "digits", "--data-dir",
-                                 str(data_root), "--eps2", "0.9", "--out", str(out), *FAST_TRAIN])
-    assert result.exit_code == 0, result.output
+    result = cli("train", "--ticket", str(digits_winner), "--dataset", "digits", "--data-dir",
+                 str(data_root), "--eps2", "0.9", "--out", str(out), *FAST_TRAIN)
     report = json.loads(result.stdout)
     assert report["end_to_end_dp"] is False
     assert "NOT end-to-end" in result.stderr
@@ -78,7 +76,7 @@ def test_same_data_mode_is_labelled_not_end_to_end(data_root: Path, digits_winne
         assert torch.count_nonzero(state[f"layers.{name}.weight"][~mask]) == 0
 
 
-def test_public_tickets_are_end_to_end_and_calibrated(data_root: Path, tmp_path: Path) -> None:
+def test_public_tickets_are_end_to_end_and_calibrated(data_root: Path, tmp_path: Path, invoke) -> None:
     invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
     invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))
     report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "fashion-mnist", "--data-dir",
@@ -94,7 +92,7 @@ def test_public_tickets_are_end_to_end_and_calibrated(data_root: Path, tmp_path:
     assert report["epsilon"] > 0.45  # calibration is tight, not wildly conservative
 
 
-def test_cross_architecture_transfer_keeps_hidden_masks(data_root: Path, tmp_path: Path) -> None:
+def test_cross_architecture_transfer_keeps_hidden_masks(data_root: Path, tmp_path: Path, invoke) -> None:
     invoke("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN, "--project-to", "561",
            "--out", str(tmp_path / "t.pt"))
     invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))
@@ -109,13 +107,13 @@ def test_cross_architecture_transfer_keeps_hidden_masks(data_root: Path, tmp_pat
     assert model["architecture"]["num_classes"] == 6 and model["architecture"]["in_features"] == 561
 
 
-def test_incompatible_ticket_is_a_clear_error(data_root: Path, digits_winner: Path, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["train", "--ticket", str(digits_winner), "--dataset", "har", "--data-dir",
-                                 str(data_root), "--out", str(tmp_path / "m.pt"), *FAST_TRAIN])
+def test_incompatible_ticket_is_a_clear_error(data_root: Path, digits_winner: Path, tmp_path: Path, cli) -> None:
+    result = cli("train", "--ticket", str(digits_winner), "--dataset", "har", "--data-dir",
+                 str(data_root), "--out", str(tmp_path / "m.pt"), *FAST_TRAIN, ok=False)
     assert result.exit_code == 2 and "--project-to 561" in result.stderr
 
 
-def test_dense_and_non_private_baselines(data_root: Path, tmp_path: Path) -> None:
+def test_dense_and_non_private_baselines(data_root: Path, tmp_path: Path, invoke) -> None:
     dense = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--eps2", "1.0",
                    "--out", str(tmp_path / "d.pt"), *FAST_TRAIN)
     assert dense["end_to_end_dp"] is True and dense["density"] == 1.0
@@ -125,18 +123,18 @@ def test_dense_and_non_private_baselines(data_root: Path, tmp_path: Path) -> Non
     assert plain["privacy"]["overall_epsilon"] == "inf"
 
 
-def test_target_eps_stops_before_overspending(data_root: Path, tmp_path: Path) -> None:
+def test_target_eps_stops_before_overspending(data_root: Path, tmp_path: Path, cli, invoke) -> None:
     report = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "1.0",
                     "--max-eps", "2.0", "--out", str(tmp_path / "d.pt"), "--epochs", "30", "--batch-size", "16",
                     "--device", "cpu", "--no-progress", "--json")
     assert report["epochs_run"] < 30 and "--max-eps" in report["stop_reason"]
     assert report["epsilon"] <= 2.0
-    result = runner.invoke(app, ["train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma",
-                                 "0.7", "--max-eps", "0.5", "--batch-size", "16", "--device", "cpu"])
+    result = cli("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma",
+                 "0.7", "--max-eps", "0.5", "--batch-size", "16", "--device", "cpu", ok=False)
     assert result.exit_code == 2 and "within the first epoch" in result.stderr
 
 
-def test_patience_reports_its_caveat(data_root: Path, tmp_path: Path) -> None:
+def test_patience_reports_its_caveat(data_root: Path, tmp_path: Path, invoke) -> None:
     report = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "50",
                     "--lr", "1e-12", "--patience", "1", "--out", str(tmp_path / "d.pt"), "--epochs", "8",
                     "--batch-size", "16", "--device", "cpu", "--no-progress", "--json", "--noise-seed", "1")
@@ -147,7 +145,7 @@ def test_patience_reports_its_caveat(data_root: Path, tmp_path: Path) -> None:
     assert report["epsilon_spent_at_stop"] is None  # after an adaptive stop it would be no guarantee
 
 
-def test_train_user_errors(data_root: Path, digits_winner: Path, tmp_path: Path) -> None:
+def test_train_user_errors(data_root: Path, digits_winner: Path, tmp_path: Path, cli) -> None:
     for args, message in (
         (["train", "--dataset", "digits"], "--ticket"),
         (["train", "--dense", "--ticket", str(digits_winner)], "drop --ticket"),
@@ -156,12 +154,13 @@ def test_train_user_errors(data_root: Path, digits_winner: Path, tmp_path: Path)
         (["train", "--dense", "--optimizer", "rmsprop"], "--optimizer"),
         (["train", "--dense", "--dataset", "digits", "--batch-size", "100000"], "smaller than the training set"),
     ):
-        result = runner.invoke(app, [*args, "--data-dir", str(data_root), "--device", "cpu"])
+        result = cli(*args, "--data-dir", str(data_root), "--device", "cpu", ok=False)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.stderr and "Traceback" not in result.output
 
 
-def test_run_chains_the_three_stages(data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_chains_the_three_stages(data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     cli, invoke) -> None:
     monkeypatch.chdir(tmp_path)
     report = invoke("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
                     "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
@@ -171,12 +170,12 @@ def test_run_chains_the_three_stages(data_root: Path, tmp_path: Path, monkeypatc
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "fashion-mnist-dpltm-tickets.pt", "fashion-mnist-dpltm-winner.pt",
         "fashion-mnist-dpltm.pt"]  # beside the model, nowhere else (logs: the suite's $DPLTM_LOG_DIR)
-    again = runner.invoke(app, ["run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--data-dir",
-                                str(data_root), "--device", "cpu"])
+    again = cli("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--data-dir",
+                str(data_root), "--device", "cpu", ok=False)
     assert again.exit_code == 2 and "pass --overwrite" in again.stderr
 
 
-def test_run_adds_the_projection_when_input_sizes_differ(data_root: Path, tmp_path: Path) -> None:
+def test_run_adds_the_projection_when_input_sizes_differ(data_root: Path, tmp_path: Path, invoke) -> None:
     report = invoke("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split", "train",
                     "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
                     "--batch-size", "16", "--device", "cpu", "--no-progress", "--json", "--out",
@@ -185,25 +184,25 @@ def test_run_adds_the_projection_when_input_sizes_differ(data_root: Path, tmp_pa
     assert load_checkpoint(tmp_path / "d-tickets.pt", "tickets")["architecture"]["project_to"] == 64
 
 
-def test_run_checks_everything_before_generating(data_root: Path, tmp_path: Path) -> None:
+def test_run_checks_everything_before_generating(data_root: Path, tmp_path: Path, cli) -> None:
     for args, message in (
         (["--dataset", "digits", "--project-to", "100"], "projection width must be 64"),
         (["--dataset", "isolet"], "ISOLET"),  # the private data is missing: said before any ticket
     ):
-        result = runner.invoke(app, ["run", *args, "--public-dataset", "mnist", "--public-split", "train",
-                                     "--data-dir", str(data_root), "--device", "cpu", "--out", str(tmp_path / "m.pt")])
+        result = cli("run", *args, "--public-dataset", "mnist", "--public-split", "train",
+                     "--data-dir", str(data_root), "--device", "cpu", "--out", str(tmp_path / "m.pt"), ok=False)
         assert result.exit_code == 2 and message in result.stderr, result.output
         assert not list(tmp_path.iterdir())
 
 
-def test_every_selection_draw_is_counted(data_root: Path, tmp_path: Path) -> None:
+def test_every_selection_draw_is_counted(data_root: Path, tmp_path: Path, cli, invoke) -> None:
     invoke("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
     first = invoke("select", "--tickets", str(tmp_path / "t.pt"), "--eps1", "0.1", "--out", str(tmp_path / "w1.pt"),
                    "--json")
     assert first["selection"]["draws"] == 1 and "test_accuracy" not in load_checkpoint(tmp_path / "w1.pt", "ticket")
     before = (tmp_path / "t.pt").read_bytes()
-    refused = runner.invoke(app, ["select", "--tickets", str(tmp_path / "t.pt"), "--eps1", "0.2", "--out",
-                                  str(tmp_path / "w2.pt")])
+    refused = cli("select", "--tickets", str(tmp_path / "t.pt"), "--eps1", "0.2", "--out",
+                  str(tmp_path / "w2.pt"), ok=False)
     assert refused.exit_code == 2 and "--reselect" in refused.stderr
     assert (tmp_path / "t.pt").read_bytes() == before and not (tmp_path / "w2.pt").exists()
     second = invoke("select", "--tickets", str(tmp_path / "t.pt"), "--eps1", "0.2", "--reselect", "--out",
@@ -221,7 +220,7 @@ def test_every_selection_draw_is_counted(data_root: Path, tmp_path: Path) -> Non
     assert basic.epsilon == pytest.approx(0.3 + training_only)
 
 
-def test_public_tickets_assertion_is_checked_record_by_record(data_root: Path, tmp_path: Path) -> None:
+def test_public_tickets_assertion_is_checked_record_by_record(data_root: Path, tmp_path: Path, cli, invoke) -> None:
     # tickets from MNIST's official test split may train a model on MNIST's training split ...
     invoke("generate", "--dataset", "mnist", "--split", "test", "--data-dir", str(data_root), *FAST_GEN,
            "--val-fraction", "0.2", "--out", str(tmp_path / "t.pt"))
@@ -230,14 +229,14 @@ def test_public_tickets_assertion_is_checked_record_by_record(data_root: Path, t
                     "--data-dir", str(data_root), "--sigma", "2", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN)
     assert report["end_to_end_dp"] is True and "asserted public" in report["caveats"][0]
     # ... but not on a pool that contains those same records
-    result = runner.invoke(app, ["train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "mnist", "--split", "all",
-                                 "--public-tickets", "--data-dir", str(data_root), "--sigma", "2", "--out",
-                                 str(tmp_path / "m2.pt"), *FAST_TRAIN])
+    result = cli("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "mnist", "--split", "all",
+                 "--public-tickets", "--data-dir", str(data_root), "--sigma", "2", "--out",
+                 str(tmp_path / "m2.pt"), *FAST_TRAIN, ok=False)
     assert result.exit_code == 2 and "private training records" in result.stderr, result.output
     assert not (tmp_path / "m2.pt").exists()
 
 
-def test_dense_baseline_reads_the_model_section_of_a_config(data_root: Path, tmp_path: Path) -> None:
+def test_dense_baseline_reads_the_model_section_of_a_config(data_root: Path, tmp_path: Path, invoke) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("model: {hidden: [32]}\n")
     invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "2", "--config",
@@ -246,7 +245,7 @@ def test_dense_baseline_reads_the_model_section_of_a_config(data_root: Path, tmp
 
 
 def test_released_ema_is_recomputed_from_the_dp_iterates(data_root: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+                                                         monkeypatch: pytest.MonkeyPatch, invoke) -> None:
     """EMA weights are a function of the DP iterates only (issue 9): record every iterate of a run
     with a fixed noise seed, recompute the EMA by hand, and compare with the checkpoint."""
     import dpltm.training.private as private_training
@@ -284,7 +283,7 @@ def test_released_ema_is_recomputed_from_the_dp_iterates(data_root: Path, tmp_pa
     assert body["history"][-1]["test_accuracy"] == report["test_accuracy"]
 
 
-def test_recipe_options_reach_the_dense_baselines(data_root: Path, tmp_path: Path) -> None:
+def test_recipe_options_reach_the_dense_baselines(data_root: Path, tmp_path: Path, cli, invoke) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("model: {activation: tanh}\ntrain: {momentum: 0.9, ema: 0.99}\n")
     dense = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "2",
@@ -304,13 +303,13 @@ def test_recipe_options_reach_the_dense_baselines(data_root: Path, tmp_path: Pat
         (["--momentum", "0.9", "--optimizer", "adam"], "--momentum is for --optimizer sgd"),
         (["--activation", "gelu"], "'gelu' is not one of"),
     ):
-        result = runner.invoke(app, ["train", "--dense", "--dataset", "digits", "--data-dir", str(data_root),
-                                     "--device", "cpu", "--out", str(tmp_path / "x.pt"), *args])
+        result = cli("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root),
+                     "--device", "cpu", "--out", str(tmp_path / "x.pt"), *args, ok=False)
         assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output, args
     assert not (tmp_path / "x.pt").exists()
 
 
-def test_generate_and_run_take_the_activation(data_root: Path, tmp_path: Path) -> None:
+def test_generate_and_run_take_the_activation(data_root: Path, tmp_path: Path, invoke) -> None:
     report = invoke("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
                     "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
                     "--batch-size", "16", "--activation", "tanh", "--ema", "0.9", "--momentum", "0.5",
@@ -321,7 +320,8 @@ def test_generate_and_run_take_the_activation(data_root: Path, tmp_path: Path) -
     assert "activation_override" not in report["transfer"]  # tickets and training share the activation
 
 
-def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_root: Path, tmp_path: Path) -> None:
+def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_root: Path, tmp_path: Path,
+                                                                          invoke) -> None:
     invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
     chosen = invoke("select", "--tickets", str(tmp_path / "t.pt"), "--noise-aware", "--private-size", "100",
                     "--eps2", "1", "--epochs", "2", "--batch-size", "16", "--data-dir", str(data_root),
@@ -340,7 +340,7 @@ def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_r
     assert ledger.selection_eps1 is None and type(ledger.selection_event()).__name__ == "NoOpDpEvent"
 
 
-def test_run_with_the_tuned_recipe_sets_lr_from_sigma(data_root: Path, tmp_path: Path) -> None:
+def test_run_with_the_tuned_recipe_sets_lr_from_sigma(data_root: Path, tmp_path: Path, invoke) -> None:
     report = invoke("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
                     "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
                     "--batch-size", "16", "--recipe", "tuned", "--device", "cpu", "--no-progress", "--json",

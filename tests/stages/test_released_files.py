@@ -16,16 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from datafiles import write_digits, write_mnist
-from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.cli import app
 from dpltm.data import load_dataset
 from dpltm.data.release import USER_DATA_NOTE, mismatch
 from dpltm.data.sources import clear_cache
+from tests.datafiles import write_digits, write_mnist
 
-runner = CliRunner()
 FAST = ["--device", "cpu", "--no-progress", "--logger", "none", "--log-dir", "logs"]  # relative: the same in both runs
 
 
@@ -63,12 +60,15 @@ def neighbours(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     raise AssertionError("no replacement kept the split sizes")
 
 
-def _invoke(folder: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
-    """Run in `folder` with relative paths, so both runs name the same paths."""
-    monkeypatch.chdir(folder)
-    result = runner.invoke(app, [*args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+@pytest.fixture(scope="session")
+def _invoke(cli):  # type: ignore[no-untyped-def]
+    def run(folder: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
+        """Run in `folder` with relative paths, so both runs name the same paths."""
+        monkeypatch.chdir(folder)
+        result = cli(*args, "--json")
+        return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+    return run
 
 
 def _without(body: dict[str, Any], dotted: tuple[str, ...]) -> dict[str, Any]:
@@ -108,7 +108,7 @@ by design); every other field must be the same for neighbouring datasets."""
 
 
 def test_model_and_export_metadata_do_not_depend_on_the_users_records(neighbours: tuple[Path, Path],
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     monkeypatch: pytest.MonkeyPatch, _invoke) -> None:
     bodies, exports = [], []
     for folder in neighbours:
         _invoke(folder, monkeypatch, "train", "--dense", "--dataset", "digits", "--data-dir", "data", "--seed", "3",
@@ -142,7 +142,7 @@ PRIVATE_TICKET_DP_OUTPUTS = ("theta0", "masks", "density", "layer_density", "val
 
 
 def test_private_ticket_metadata_does_not_depend_on_the_users_records(neighbours: tuple[Path, Path],
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                      monkeypatch: pytest.MonkeyPatch, _invoke) -> None:
     for folder in neighbours:
         _invoke(folder, monkeypatch, "generate", "--private", "--dataset", "digits", "--data-dir", "data",
                 "--seed", "3", "--hidden", "16", "--eps", "2", "--warmup-epochs", "1", "--epochs", "1",
@@ -203,7 +203,8 @@ def _md5(path: Path) -> str:
 
 
 def test_export_drops_and_inspect_warns_about_an_old_files_fingerprint(neighbours: tuple[Path, Path],
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       cli, _invoke) -> None:
     """A model written before this rule carries the user's fingerprint: inspect says so, export drops it."""
     folder = neighbours[0]
     _invoke(folder, monkeypatch, "train", "--dense", "--dataset", "digits", "--data-dir", "data", "--seed", "3",
@@ -213,9 +214,9 @@ def test_export_drops_and_inspect_warns_about_an_old_files_fingerprint(neighbour
         body["data"].pop(key)
     body["data"]["fingerprint"] = "0123456789abcdef"  # as older dpltm wrote it
     torch.save(body, folder / "old.pt")
-    inspected = runner.invoke(app, ["inspect", "old.pt"])
+    inspected = cli("inspect", "old.pt", ok=False)
     assert inspected.exit_code == 0 and "do not publish it" in inspected.stderr, inspected.output
-    exported = runner.invoke(app, ["export", "--model", "old.pt", "--out", "old.safetensors"])
+    exported = cli("export", "--model", "old.pt", "--out", "old.safetensors", ok=False)
     assert exported.exit_code == 0 and "not copied to the export" in exported.stderr, exported.output
     assert b"0123456789abcdef" not in (folder / "old.safetensors").read_bytes()
-    assert "0123456789abcdef" not in runner.invoke(app, ["inspect", "old.safetensors"]).output
+    assert "0123456789abcdef" not in cli("inspect", "old.safetensors", ok=False).output

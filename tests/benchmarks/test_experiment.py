@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from datafiles import write_digits, write_mnist
 from grid import PROFILES, experiment
 
 from dpltm.errors import DpltmUserError
+from tests.datafiles import write_digits, write_mnist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import reproduce  # noqa: E402
 
 PROFILE = {

@@ -12,23 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datafiles import write_digits
-from faults import FAULTS, fault
 from scipy import stats
-from typer.testing import CliRunner
 
 from dpltm.audit.bounds import bound_from_scores, epsilon_lower_bound, p_value
 from dpltm.audit.canaries import GradientCanaries, InputCanaries, inclusion_bits
 from dpltm.audit.run import AuditPlan
-from dpltm.cli import app
 from dpltm.config import TrainConfig, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.training import pipeline
-
-runner = CliRunner()
-
+from tests.datafiles import write_digits
+from tests.faults import FAULTS, fault
 
 # ---- the statistics (Steinke, Nasr & Jagielski 2023) -------------------------------------------
 
@@ -218,12 +213,11 @@ def test_noise_on_the_wrong_coordinates_is_refuted(tmp_path: Path) -> None:
 # ---- the command -----------------------------------------------------------------------------
 
 
-def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path) -> None:
+def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path, cli) -> None:
     root = write_digits(tmp_path / "data")
-    result = runner.invoke(app, ["audit", "--dense", "--dataset", "digits", "--data-dir", str(root), "--eps", "2",
-                                 "--epochs", "2", "--batch-size", "64", "--canaries", "100", "--canary-seed", "0",
-                                 "--noise-seed", "5", "--device", "cpu", "--no-progress", "--json"])
-    assert result.exit_code == 0, result.output
+    result = cli("audit", "--dense", "--dataset", "digits", "--data-dir", str(root), "--eps", "2",
+                 "--epochs", "2", "--batch-size", "64", "--canaries", "100", "--canary-seed", "0",
+                 "--noise-seed", "5", "--device", "cpu", "--no-progress", "--json")
     report = json.loads(result.stdout)
     assert {"epsilon_lower_bound", "epsilon_claimed", "canaries", "confidence", "threat_model"} <= set(report)
     assert report["canaries"] == 100 and report["confidence"] == 0.95 and report["threat_model"] == "white-box"
@@ -232,12 +226,12 @@ def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path) -> None:
     for args, message in ((["--dense", "--ticket", "x.pt"], "--ticket PATH"), ([], "--ticket PATH"),
                           (["--dense", "--canaries", "1"], "must lie in [2, "),
                           (["--dense", "--confidence", "1.5"], "--confidence")):
-        bad = runner.invoke(app, ["audit", "--dataset", "digits", "--data-dir", str(root), "--device", "cpu",
-                                  *args])
+        bad = cli("audit", "--dataset", "digits", "--data-dir", str(root), "--device", "cpu",
+                  *args, ok=False)
         assert bad.exit_code == 2 and message in bad.stderr and "Traceback" not in bad.output, (args, bad.output)
 
 
-def test_dpltm_audit_on_a_same_data_ticket_says_it_is_not_end_to_end_dp(tmp_path: Path) -> None:
+def test_dpltm_audit_on_a_same_data_ticket_says_it_is_not_end_to_end_dp(tmp_path: Path, cli) -> None:
     """The audit trains as `dpltm train` does, so it states the same scope: tickets generated without
     privacy on the private data make the run NOT end-to-end DP, whatever the audit finds."""
     root = write_digits(tmp_path / "data")
@@ -246,11 +240,10 @@ def test_dpltm_audit_on_a_same_data_ticket_says_it_is_not_end_to_end_dp(tmp_path
     for args in (["generate", "--dataset", "digits", "--rounds", "1", "--iterations", "20", "--batch-size", "32",
                   "--out", tickets, "--logger", "none", *common],
                  ["select", "--best", "--tickets", tickets, "--out", winner]):
-        made = runner.invoke(app, args)
-        assert made.exit_code == 0, made.output
+        cli(*args)
     recipe = ["--ticket", winner, "--dataset", "digits", "--eps", "2", "--epochs", "1", "--batch-size", "64", *common]
-    trained = runner.invoke(app, ["train", *recipe, "--out", str(tmp_path / "m.pt"), "--logger", "none", "--json"])
-    audited = runner.invoke(app, ["audit", *recipe, "--canaries", "100", "--canary-seed", "0", "--json"])
+    trained = cli("train", *recipe, "--out", str(tmp_path / "m.pt"), "--logger", "none", "--json", ok=False)
+    audited = cli("audit", *recipe, "--canaries", "100", "--canary-seed", "0", "--json", ok=False)
     assert trained.exit_code == 0 and audited.exit_code == 0, trained.output + audited.output
     train_report, audit_report = json.loads(trained.stdout), json.loads(audited.stdout)
     warning = train_report["warning"]
@@ -258,6 +251,6 @@ def test_dpltm_audit_on_a_same_data_ticket_says_it_is_not_end_to_end_dp(tmp_path
     assert audit_report["warning"] == warning and audit_report["end_to_end_dp"] is False
     assert audit_report["epsilon_scope"] == train_report["epsilon_scope"]
     assert " ".join(warning.split()) in " ".join(audited.stderr.split())  # on the terminal too, as train prints it
-    text = runner.invoke(app, ["audit", *recipe, "--canaries", "100", "--canary-seed", "0"])
+    text = cli("audit", *recipe, "--canaries", "100", "--canary-seed", "0", ok=False)
     assert text.exit_code == 0 and " ".join(warning.split()) in " ".join(text.stderr.split()), text.output
     assert train_report["epsilon_scope"] in " ".join(text.stderr.split())

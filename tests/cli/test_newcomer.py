@@ -8,22 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
-from datafiles import write_digits, write_mnist
-from typer.testing import CliRunner
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.cli import app
+from tests.datafiles import write_digits, write_mnist
 
-runner = CliRunner()
 FAST_GEN = ["--rounds", "1", "--iterations", "15", "--batch-size", "16", "--device", "cpu"]
 ETA = re.compile(r"\d\d:\d\d<\d\d:\d\d")  # tqdm's [elapsed<remaining]
 REPR = re.compile(r"\{|\['|\[-?\d|\[\]|': ")  # a dict's or a list's repr (a statement may hold "[scope]")
-
-
-def invoke(*args: str):  # type: ignore[no-untyped-def]
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result
 
 
 def bars(stderr: str, phase: str) -> list[str]:
@@ -56,33 +47,33 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def digits_tickets(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def digits_tickets(data_root: Path, tmp_path_factory: pytest.TempPathFactory, cli) -> Path:
     out = tmp_path_factory.mktemp("tickets") / "t.pt"
-    invoke("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN, "--no-progress",
-           "--out", str(out))
+    cli("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN, "--no-progress",
+        "--out", str(out))
     return out
 
 
 def test_the_noise_aware_choice_shows_a_bar_with_its_name_and_eta(digits_tickets: Path, data_root: Path,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, cli) -> None:
     planned = ["--noise-aware", "--private-size", "400", "--sigma", "1", "--epochs", "1", "--batch-size", "16",
                "--data-dir", str(data_root), "--device", "cpu", "--tickets", str(digits_tickets)]
-    shown = invoke("select", *planned, "--out", str(tmp_path / "w.pt"))
+    shown = cli("select", *planned, "--out", str(tmp_path / "w.pt"))
     assert "25/25" in bars(shown.stderr, "noise-aware choice")[-1], shown.stderr
-    quiet = invoke("select", *planned, "--out", str(tmp_path / "w2.pt"), "--no-progress")
+    quiet = cli("select", *planned, "--out", str(tmp_path / "w2.pt"), "--no-progress")
     assert "noise-aware choice:" in quiet.stderr  # the announcement, not a bar
     assert not ETA.search(quiet.stderr)
 
 
-def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, tmp_path: Path) -> None:
+def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, tmp_path: Path, cli) -> None:
     from dpltm.privacy.calibration import _calibrated_dpsgd
 
     _calibrated_dpsgd.cache_clear()
     out = tmp_path / "m.pt"
-    result = invoke("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split", "train",
-                    "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "2",
-                    "--batch-size", "64", "--lr", "0.05", "--clip", "0.5", "--device", "cpu", "--out", str(out),
-                    "--neighbouring", "replace-one")
+    result = cli("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split", "train",
+                 "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "2",
+                 "--batch-size", "64", "--lr", "0.05", "--clip", "0.5", "--device", "cpu", "--out", str(out),
+                 "--neighbouring", "replace-one")
     for phase in ("round 0/1", "round 1/1", "noise-aware choice", "DP training epoch 1/2", "DP training epoch 2/2"):
         assert bars(result.stderr, phase), (phase, result.stderr)
     stdout = flat(result.stdout)
@@ -101,15 +92,15 @@ def test_run_shows_every_phase_and_prints_its_result_on_stdout(data_root: Path, 
         "privacy"]["ledger"]["training"]["sigma"]
 
 
-def test_run_with_private_tickets_calibrates_its_phases_once(data_root: Path, tmp_path: Path) -> None:
+def test_run_with_private_tickets_calibrates_its_phases_once(data_root: Path, tmp_path: Path, cli) -> None:
     """The check before any work, the warm-up and the training of `run --ticket-source private` plan
     the same phases: one σ search for the shared plan."""
     from dpltm.privacy.calibration import _calibrated_phases
 
     _calibrated_phases.cache_clear()
     out = tmp_path / "m.pt"
-    invoke("run", "--dataset", "digits", "--ticket-source", "private", "--data-dir", str(data_root), "--epochs", "2",
-           "--warmup-epochs", "1", "--batch-size", "64", "--device", "cpu", "--no-progress", "--out", str(out))
+    cli("run", "--dataset", "digits", "--ticket-source", "private", "--data-dir", str(data_root), "--epochs", "2",
+        "--warmup-epochs", "1", "--batch-size", "64", "--device", "cpu", "--no-progress", "--out", str(out))
     calibrations = _calibrated_phases.cache_info()
     assert calibrations.misses == 1 and calibrations.hits >= 1, calibrations
     ledger = load_checkpoint(out, "model")["privacy"]["ledger"]
@@ -118,7 +109,7 @@ def test_run_with_private_tickets_calibrates_its_phases_once(data_root: Path, tm
 
 
 def test_run_checks_the_recipe_against_the_data_before_any_work(data_root: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                monkeypatch: pytest.MonkeyPatch, cli) -> None:
     import dpltm.stages.run
 
     def no_work(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -135,52 +126,52 @@ def test_run_checks_the_recipe_against_the_data_before_any_work(data_root: Path,
         (["--recipe", "tuned", "--lr", "0.1", "--ticket-source", "private"], "--lr 0.1 would be ignored"),
     ):
         (tmp_path / "noise.yaml").write_text("train:\n  noise: shaped\n")
-        result = runner.invoke(app, ["run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split",
-                                     "train", "--data-dir", str(data_root), "--device", "cpu",
-                                     "--out", str(tmp_path / "out" / "m.pt"), *[a.replace("noise.yaml", str(
-                                         tmp_path / "noise.yaml")) for a in args]])
+        result = cli("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split",
+                     "train", "--data-dir", str(data_root), "--device", "cpu",
+                     "--out", str(tmp_path / "out" / "m.pt"), *[a.replace("noise.yaml", str(
+                         tmp_path / "noise.yaml")) for a in args], ok=False)
         assert result.exit_code == 2, (args, result.output)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("dpltm: error:") and message in lines[0], (args, lines)
         assert result.stdout == "" and not (tmp_path / "out").exists()
 
 
-def test_train_and_private_generate_print_their_result_on_stdout(data_root: Path, tmp_path: Path) -> None:
+def test_train_and_private_generate_print_their_result_on_stdout(data_root: Path, tmp_path: Path, cli) -> None:
     train = ["train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--epochs", "1",
              "--batch-size", "32", "--device", "cpu", "--eps", "1"]
-    shown = invoke(*train, "--out", str(tmp_path / "m.pt"))
+    shown = cli(*train, "--out", str(tmp_path / "m.pt"))
     assert re.search(r"test accuracy \d\.\d{4}", shown.stdout) and "-DP" in flat(shown.stdout)
     assert bars(shown.stderr, "DP training")
-    as_json = invoke(*train, "--out", str(tmp_path / "m2.pt"), "--json", "--no-progress")
+    as_json = cli(*train, "--out", str(tmp_path / "m2.pt"), "--json", "--no-progress")
     assert json.loads(as_json.stdout)["test_accuracy"] >= 0  # JSON alone on stdout
     assert "test accuracy" in as_json.stderr
-    private = invoke("generate", "--private", "--dataset", "digits", "--data-dir", str(data_root), "--epochs", "2",
-                     "--warmup-epochs", "1", "--batch-size", "32", "--eps", "1", "--device", "cpu",
-                     "--out", str(tmp_path / "p.pt"))
+    private = cli("generate", "--private", "--dataset", "digits", "--data-dir", str(data_root), "--epochs", "2",
+                  "--warmup-epochs", "1", "--batch-size", "32", "--eps", "1", "--device", "cpu",
+                  "--out", str(tmp_path / "p.pt"))
     assert re.search(r"validation accuracy \d\.\d{4}", private.stdout) and "-DP" in flat(private.stdout)
     assert bars(private.stderr, "DP warm-up round 1/1"), private.stderr
     assert not ETA.search(private.stdout)
 
 
 def test_inspect_shows_tables_without_reprs_and_accuracies_to_4_digits(digits_tickets: Path, data_root: Path,
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path, cli) -> None:
     winner, model = tmp_path / "w.pt", tmp_path / "m.pt"
-    invoke("select", "--best", "--tickets", str(digits_tickets), "--out", str(winner))
-    report = json.loads(invoke("train", "--ticket", str(winner), "--dataset", "digits", "--data-dir", str(data_root),
-                               "--epochs", "1", "--batch-size", "64", "--eps", "1", "--device", "cpu",
-                               "--no-progress", "--out", str(model), "--json").stdout)
+    cli("select", "--best", "--tickets", str(digits_tickets), "--out", str(winner))
+    report = json.loads(cli("train", "--ticket", str(winner), "--dataset", "digits", "--data-dir", str(data_root),
+                            "--epochs", "1", "--batch-size", "64", "--eps", "1", "--device", "cpu",
+                            "--no-progress", "--out", str(model), "--json").stdout)
     for path in (digits_tickets, winner, model):
-        shown = invoke("inspect", str(path)).stdout
+        shown = cli("inspect", str(path)).stdout
         assert not REPR.search(shown) and "│" in shown, shown  # rich tables, no reprs
-        accuracies = list(values_of("accuracy", json.loads(invoke("inspect", str(path), "--json").stdout)))
+        accuracies = list(values_of("accuracy", json.loads(cli("inspect", str(path), "--json").stdout)))
         # each shown to 4 digits, never as its full repr (0.75 is shown "0.7500": a repr must not be a prefix)
         assert accuracies and all(f"{v:.4f}" in shown and not re.search(rf"{re.escape(repr(v))}(?!\d)", shown)
                                   for v in accuracies), shown
-    shown = invoke("inspect", str(model)).stdout
+    shown = cli("inspect", str(model)).stdout
     assert f"{report['test_accuracy']:.4f}" in shown and "(ε = " in shown
 
 
-def test_inspect_reads_a_library_run(tmp_path: Path) -> None:
+def test_inspect_reads_a_library_run(tmp_path: Path, cli) -> None:
     import torch
 
     import dpltm
@@ -192,14 +183,14 @@ def test_inspect_reads_a_library_run(tmp_path: Path) -> None:
                              batch_size=30, epochs=2)
     run.fit(val=(x, y))
     path = run.save(tmp_path / "run.pt")
-    as_json = json.loads(invoke("inspect", str(path), "--json").stdout)
+    as_json = json.loads(cli("inspect", str(path), "--json").stdout)
     assert as_json["kind"] == "run" and as_json["statement"] == run.report()["statement"]
     assert [s["steps"] for s in as_json["segments"]] == [20] and [h["epoch"] for h in as_json["history"]] == [1, 2]
     assert as_json["ledger"]["epsilon"] == run.epsilon
-    shown = invoke("inspect", str(path)).stdout
+    shown = cli("inspect", str(path)).stdout
     assert "spent segments" in shown and "history" in shown and not REPR.search(shown)
     assert flat(run.report()["statement"]) in flat(shown)
     assert re.search(r"│\s+2 │\s+20 │\s+[\d.]+ │\s+\d\.\d{4} │", shown)  # epoch 2: steps, ε, val accuracy
     fresh = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
                                batch_size=30).save(tmp_path / "fresh.pt")
-    assert "nothing spent" in invoke("inspect", str(fresh)).stdout
+    assert "nothing spent" in cli("inspect", str(fresh)).stdout

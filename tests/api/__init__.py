@@ -1,0 +1,1 @@
+"""dpltm.api and the Lightning callback (dpltm.lightning)."""

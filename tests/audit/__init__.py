@@ -1,0 +1,1 @@
+"""dpltm.audit: the empirical privacy audit."""

@@ -1,0 +1,1 @@
+"""benchmarks/grid: the experiment grid and its report."""

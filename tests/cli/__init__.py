@@ -1,0 +1,1 @@
+"""The CLI (dpltm.cli) and end-to-end commands."""

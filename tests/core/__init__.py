@@ -1,0 +1,1 @@
+"""The package's top-level modules: model, config, checkpoint, plotting."""

@@ -1,0 +1,1 @@
+"""dpltm.data: datasets, files, downloads."""

@@ -1,0 +1,1 @@
+"""dpltm.dp: the DP-SGD engine (clipping, noise, sampling, steps)."""

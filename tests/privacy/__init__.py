@@ -1,0 +1,1 @@
+"""dpltm.privacy: accounting, ledger, displayed figures."""

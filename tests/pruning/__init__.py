@@ -1,0 +1,1 @@
+"""dpltm.pruning."""

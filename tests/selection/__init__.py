@@ -1,0 +1,1 @@
+"""dpltm.selection: choosing the winning ticket."""

@@ -1,0 +1,1 @@
+"""dpltm.stages: what the stages write (exports, predictions, run folders, released files)."""

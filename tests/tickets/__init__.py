@@ -1,0 +1,1 @@
+"""dpltm.tickets: lottery tickets (IMP) and private tickets."""

@@ -1,0 +1,1 @@
+"""dpltm.training: plain, private and transfer training."""
