@@ -642,6 +642,6 @@ def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, mask
 
 def load_model(path: str | Path) -> nn.Module:
     """The released model of a `dpltm train` checkpoint (masks included), ready for inference."""
-    from dpltm.artefacts import TrainedModel
+    from dpltm.checkpoint import load_trained_model
 
-    return TrainedModel.load(Path(path)).network()
+    return load_trained_model(Path(path)).network()

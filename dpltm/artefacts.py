@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpltm.checkpoint_format import FORMAT_VERSION, refusal
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 
@@ -322,8 +323,6 @@ class TrainedModel:
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint body: header, the stored facts, one privacy record; no computed ε."""
-        from dpltm.checkpoint import FORMAT_VERSION
-
         body: dict[str, Any] = {
             "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
             "dpltm_version": self.dpltm_version,
@@ -346,7 +345,6 @@ class TrainedModel:
         """A model checkpoint's body, checked: header and version, every field's type, an architecture
         that builds a network, weights that fit it, a ledger that parses. One-line errors name the file
         and the field."""
-        from dpltm.checkpoint import FORMAT_VERSION
         from dpltm.checkpoint_body import architecture_of, check_tensors
 
         if not isinstance(body, Mapping) or body.get("format") != "dpltm":
@@ -355,7 +353,7 @@ class TrainedModel:
             raise DpltmUserError(f"{path} holds a '{body.get('kind')}' checkpoint, expected {KIND}")
         version = body.get("format_version")
         if version != FORMAT_VERSION:
-            raise DpltmUserError(refusal(path, version))
+            raise DpltmUserError(refusal(path, KIND, version))
         extra = sorted(set(body) - {"format", "kind", "format_version", "environment", *MODEL_KEYS})
         if extra:
             raise _damaged(path, f"it holds unknown {extra[:3]} (privacy facts are computed from 'privacy.ledger')")
@@ -384,13 +382,6 @@ class TrainedModel:
                    history=tuple(history), config=config, data=values["data"], outcome=outcome,
                    transfer=values["transfer"], ticket=ticket, dpltm_version=version_text, environment=environment)
 
-    @classmethod
-    def load(cls, path: Path) -> TrainedModel:
-        """A `dpltm train` checkpoint, checked (`checkpoint.load_checkpoint`, then `from_dict`)."""
-        from dpltm.checkpoint import load_checkpoint
-
-        return cls.from_dict(load_checkpoint(path, KIND), path)
-
 
 def _reference_state(arch: Any) -> dict[str, Any]:
     """The state_dict the architecture builds, on PyTorch's meta device (shapes only, no memory)."""
@@ -400,17 +391,3 @@ def _reference_state(arch: Any) -> dict[str, Any]:
 
     with torch.device("meta"):
         return MaskedMLP(arch).state_dict()
-
-
-MODEL_FORMAT_2 = 2
-"""Model files of checkpoint format 2 stored the privacy facts twice (ledger and report)."""
-
-
-def refusal(path: Path | str, version: Any) -> str:
-    """The one line that refuses a model file of another checkpoint format."""
-    from dpltm.checkpoint import FORMAT_VERSION
-
-    if version == MODEL_FORMAT_2:
-        return (f"{path} is a model of checkpoint format 2 (its privacy facts stored twice), this dpltm reads "
-                f"format {FORMAT_VERSION}: train it again with this dpltm")
-    return f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}"

@@ -19,21 +19,9 @@ from typing import Any, BinaryIO
 
 import torch
 
+from dpltm.checkpoint_format import FORMAT_VERSION, KINDS, OLDEST_READABLE, refusal
 from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input, check_path_length
-
-FORMAT_VERSION = 3
-"""2: config hashes cover every setting (format 1's hashes left out settings added at their defaults
-and hashed renamed ones under their old names); a format-1 file is refused in one line.
-3: a model file is a `dpltm.artefacts.TrainedModel` whose privacy facts are stored once (format 2 kept
-a report that copied them beside the ledger); a format-2 model file is refused in one line. The other
-kinds did not change: their format-2 files are still read (`OLDEST_READABLE`)."""
-KINDS = ("tickets", "ticket", "model", "run")
-OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
-"""The oldest format each kind is read in: the last format that changed that kind's layout."""
-"""tickets: a generated ticket set; ticket: one selected winner; model: a trained network; run: a library
-run of `make_private` (`PrivateTraining.save`), resumable, with the segments it spent."""
-
 
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "tickets": {"data": dict, "data.dataset": str, "data.split": str, "data.fingerprint": str,
@@ -228,11 +216,7 @@ def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     oldest = OLDEST_READABLE.get(found, FORMAT_VERSION) if isinstance(found, str) else FORMAT_VERSION
     readable = isinstance(version, int) and not isinstance(version, bool) and oldest <= version <= FORMAT_VERSION
     if not readable:
-        from dpltm.artefacts import refusal
-
-        if found == "model":
-            raise DpltmUserError(refusal(path, version))
-        raise DpltmUserError(f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}")
+        raise DpltmUserError(refusal(path, found, version))
     if found not in kinds:
         raise DpltmUserError(f"{path} holds a '{found}' checkpoint, expected {' or '.join(kinds)}")
     if found == "model":  # what predict, export, inspect and load_model rebuild a network from
@@ -242,3 +226,10 @@ def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     else:
         _check_schema(body, found, path)
     return body
+
+
+def load_trained_model(path: Path) -> Any:
+    """A `dpltm train` checkpoint as a checked `dpltm.artefacts.TrainedModel`."""
+    from dpltm.artefacts import TrainedModel
+
+    return TrainedModel.from_dict(load_checkpoint(path, "model"), path)

@@ -67,26 +67,6 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
-def floats_option(text: str | None, option: str) -> tuple[float, ...] | None:
-    """A comma- or space-separated list of numbers (`--prune-rates 0.2,0.1`)."""
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.replace(",", " ").split())
-    except ValueError:
-        raise DpltmUserError(f"{option} takes comma-separated numbers, got '{text}'") from None
-
-
-def ints_option(text: str | None, option: str) -> tuple[int, ...] | None:
-    """A list of positive integers (`--hidden 300,100`)."""
-    values = floats_option(text, option)
-    if values is None:
-        return None
-    if any(not v.is_integer() or v <= 0 for v in values):
-        raise DpltmUserError(f"{option} takes positive integers, got '{text}'")
-    return tuple(int(v) for v in values)
-
-
 def emit_json(report: dict[str, Any]) -> None:
     """A report as one line of strict JSON (no NaN) on stdout."""
     from dpltm.strict_json import dumps

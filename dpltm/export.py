@@ -212,8 +212,8 @@ def load_any_model(path: Path) -> LoadedModel:
     """A model from a `dpltm train` checkpoint or from its safetensors export."""
     if path.suffix == SUFFIX:
         return load_exported(path)
-    from dpltm.artefacts import TrainedModel
+    from dpltm.checkpoint import load_trained_model
 
-    trained = TrainedModel.load(path)
+    trained = load_trained_model(path)
     return LoadedModel(trained.network(), trained.architecture, _data_summary(trained), trained.privacy_summary(),
                        "checkpoint")

@@ -45,8 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpltm.artefacts import TrainedModel
-from dpltm.checkpoint import load_checkpoint, write_text_atomic
+from dpltm.checkpoint import load_checkpoint, load_trained_model, write_text_atomic
 from dpltm.config import (
     DataSettings,
     GenerateConfig,
@@ -322,7 +321,7 @@ class Experiment:
         report = train(cfg, data, out, ticket=ticket, ticket_path=ticket_path, private=private,
                        assert_public=assert_public, progress=False, noise_seed=None)
         report["seconds"] = time.perf_counter() - started
-        history = list(TrainedModel.load(out).history)
+        history = list(load_trained_model(out).history)
         ticket_round = ticket["round"] if ticket else None
         row = {
             "dataset": run.dataset, "method": run.method, "epsilon_target": f"{run.epsilon:g}", "seed": run.seed,

@@ -24,7 +24,7 @@ from dp_accounting.pld import PLDAccountant  # type: ignore[import-untyped]
 from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
 
 from dpltm.artefacts import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
-from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
+from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, load_trained_model, save_atomic
 from dpltm.errors import DpltmUserError
 from dpltm.model import MaskedMLP, build_architecture
 from dpltm.privacy.ledger import PrivacyLedger, training_record
@@ -85,7 +85,7 @@ def test_round_trip_in_memory_and_through_a_file(tmp_path: Path) -> None:
     _same(trained, TrainedModel.from_dict(trained.to_dict(), "memory"))
     path = tmp_path / "m.pt"
     save_atomic(trained.to_dict(), path, "model")
-    loaded = TrainedModel.load(path)
+    loaded = load_trained_model(path)
     _same(trained, loaded)
     assert loaded.environment and loaded.environment["dpltm"]  # provenance added by the write
     assert loaded.network()(torch.zeros(2, 64)).shape == (2, 10)

@@ -18,8 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpltm.artefacts import TrainedModel
-from dpltm.checkpoint import load_checkpoint
+from dpltm.checkpoint import load_checkpoint, load_trained_model
 from dpltm.errors import DpltmUserError
 from dpltm.run_log import RunLog, claim_version_folder, float32_at_least
 from tests.datafiles import write_digits, write_mnist
@@ -101,7 +100,7 @@ def test_export_holds_the_released_weights_masks_normalisation_and_privacy(train
     assert pruned > 0  # the winner is a real ticket
     with safe_open(str(out), framework="pt") as handle:
         metadata = handle.metadata()
-    statement = TrainedModel.load(model).privacy.statement
+    statement = load_trained_model(model).privacy.statement
     assert metadata["privacy_statement"] == statement
     privacy = json.loads(metadata["privacy"])
     assert privacy["epsilon"] == report["epsilon"] == "inf" and privacy["end_to_end_dp"] is False  # same-data tickets
@@ -127,7 +126,7 @@ def test_predict_on_an_export_in_a_fresh_process_reproduces_the_test_accuracy(tr
     predicted = json.loads(result.stdout)
     assert predicted["dataset"] == "digits" and predicted["same_data_settings_as_training"] is True
     assert predicted["accuracy"] == pytest.approx(report["test_accuracy"], abs=1e-6)  # the report: float32
-    assert predicted["statement"] == TrainedModel.load(model).privacy.statement
+    assert predicted["statement"] == load_trained_model(model).privacy.statement
     header, *rows = (tmp_path / "p.csv").read_text().splitlines()
     assert header.split(",")[:3] == ["index", "label", "prediction"] and len(rows) == predicted["records"]
     table = np.array([[float(c) for c in row.split(",")] for row in rows])

@@ -1,0 +1,31 @@
+"""The checkpoint format's version and kinds: the facts both the file layer (dpltm.checkpoint) and
+the typed artefacts (dpltm.artefacts) read, kept apart so neither imports the other's module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 3
+"""2: config hashes cover every setting (format 1's hashes left out settings added at their defaults
+and hashed renamed ones under their old names); a format-1 file is refused in one line.
+3: a model file is a `dpltm.artefacts.TrainedModel` whose privacy facts are stored once (format 2 kept
+a report that copied them beside the ledger); a format-2 model file is refused in one line. The other
+kinds did not change: their format-2 files are still read (`OLDEST_READABLE`)."""
+KINDS = ("tickets", "ticket", "model", "run")
+OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
+"""The oldest format each kind is read in: the last format that changed that kind's layout."""
+"""tickets: a generated ticket set; ticket: one selected winner; model: a trained network; run: a library
+run of `make_private` (`PrivateTraining.save`), resumable, with the segments it spent."""
+
+
+MODEL_FORMAT_2 = 2
+"""Model files of checkpoint format 2 stored the privacy facts twice (ledger and report)."""
+
+
+def refusal(path: Path | str, kind: Any, version: Any) -> str:
+    """The one line that refuses a file of a checkpoint format this dpltm does not read."""
+    if kind == "model" and version == MODEL_FORMAT_2:
+        return (f"{path} is a model of checkpoint format 2 (its privacy facts stored twice), this dpltm reads "
+                f"format {FORMAT_VERSION}: train it again with this dpltm")
+    return f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}"
