@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dpltm.checkpoint_format import FORMAT_VERSION, KINDS, OLDEST_READABLE, refusal
-from dpltm.errors import DpltmUserError
+from dpltm.errors import USER_ERRNOS, DpltmUserError
 from dpltm.paths import check_not_input, check_path_length
 
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -108,7 +108,12 @@ def output_lock(path: Path) -> Iterator[None]:
     _make_parent(path)
     lock_path = path.parent / f".{path.name}.lock"
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a folder that takes no files (/proc, /sys): the user's to change
+            if exc.errno in USER_ERRNOS:
+                raise
+            raise DpltmUserError(f"cannot write beside {path} ({exc.strerror}): write elsewhere") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -207,6 +207,8 @@ class SelectRequest(CommandRequest):
                                  "run of --noise-aware: add --noise-aware or drop them")
         if rule.needs_planned_run and self.private_size is None:
             raise DpltmUserError(f"{flag} needs --private-size N, the private training set's size")
+        if self.private_size is not None and self.private_size < 2:
+            raise DpltmUserError(f"--private-size must be at least 2 records, got {self.private_size}")
         if self.eps2 is not None and self.sigma is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma, not both")
 

@@ -209,6 +209,12 @@ CASES = [
     Case("account-steps-and-epochs", ("account", "--steps", "100", "--epochs", "2", "--sigma", "1"), "not both"),
     # ---- outputs that would destroy an input or an earlier result ({tickets}, {winner}: real files) --
     Case("select-out-is-tickets", ("select", "--best", "--out", "{tickets}"), "also this command's input"),
+    Case("select-out-in-proc", ("select", "--rule", "random", "--tickets", "{tickets}", "--out", "/proc/w.pt"),
+         "cannot write beside /proc/w.pt"),
+    Case("select-rule-private-size-negative", ("select", "--rule", "noise-aware", "--tickets", "{tickets}",
+                                               "--private-size", "-3"), "--private-size must be at least 2"),
+    Case("select-rule-random-eps1", ("select", "--rule", "random", "--tickets", "{tickets}", "--eps1", "0.5"),
+         "the random selection spends no ε1"),
     Case("select-existing-output", ("select", "--best", "--out", "{winner}"), "already exists: pass --overwrite"),
     Case("train-out-is-ticket", ("train", "--ticket", "{winner}", "--dataset", "digits", "--eps2", "1",
                                  "--out", "{winner}", "--device", "cpu"), "also this command's input"),
