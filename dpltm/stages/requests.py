@@ -181,11 +181,13 @@ class SelectRequest(CommandRequest):
 
     def rule_name(self) -> str:
         """The rule `--rule` names, or the one the flags --best/--noise-aware name (else exponential)."""
+        from dpltm.stages.select import rule_for_flags
+
         if self.rule is not None:
             if self.best or self.noise_aware:
                 raise DpltmUserError(f"--rule {self.rule} is the choice: drop --best/--noise-aware")
             return self.rule
-        return "noise-aware" if self.noise_aware else "best" if self.best else "exponential"
+        return rule_for_flags(self.best, self.noise_aware)
 
     def check(self) -> None:
         """The options' combinations, one line each."""
@@ -260,6 +262,8 @@ class _TrainingOptions(CommandRequest):
     def _check_network(self) -> None:
         if self.arch is not None and self.ticket is not None:
             raise DpltmUserError("--arch is for --dense: a ticket brings its own network")
+
+    def _check_budget(self) -> None:
         if self.sigma is not None and self.eps2 is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
 
@@ -299,8 +303,7 @@ class TrainRequest(_TrainingOptions):
             raise DpltmUserError("--dense trains the full network: drop --ticket")
         if self.dense and self.public_tickets:
             raise DpltmUserError("--public-tickets is about a ticket's data: drop it with --dense")
-        if self.sigma is not None and self.eps2 is not None:
-            raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
+        self._check_budget()
         if self.non_private and (self.eps2 is not None or self.sigma is not None):
             raise DpltmUserError("--non-private trains without noise: drop --eps/--sigma")
         if not self.dense and self.ticket is None:
@@ -352,6 +355,7 @@ class AuditRequest(_TrainingOptions):
         if self.dense == (self.ticket is not None):
             raise DpltmUserError("give --ticket PATH (from `dpltm select`) or --dense")
         self._check_network()
+        self._check_budget()
         plan = AuditPlan(self.threat_model, self.canaries, self.confidence, self.canary_seed)
         settings = {
             "data": {"dataset": self.dataset, "split": self.split},

@@ -69,9 +69,9 @@ class NoiseAwareRequest:
     """A bar with an ETA on stderr while the candidates train (the longest phase of `dpltm run`)."""
 
 
-def rule_for_flags(best: bool, noise_aware: NoiseAwareRequest | None) -> str:
+def rule_for_flags(best: bool, noise_aware: bool) -> str:
     """The selection rule the CLI's flags name: --noise-aware, --best, else the exponential mechanism."""
-    return "noise-aware" if noise_aware is not None else "best" if best else "exponential"
+    return "noise-aware" if noise_aware else "best" if best else "exponential"
 
 
 def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None, best: bool,
@@ -85,7 +85,7 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     from dpltm.paths import default_checkpoint_dir
     from dpltm.selection.winner import newest_ticket_set, previous_draws, winner_payload
 
-    chosen_rule = selection_rule(rule or rule_for_flags(best, noise_aware))
+    chosen_rule = selection_rule(rule or rule_for_flags(best, noise_aware is not None))
     settings = resolve_select_config(cli, config)
     source = tickets
     if source is None:
