@@ -38,28 +38,30 @@ from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.step import apply_gradients, noisy_mean, private_gradients
-from dpltm.model import MaskedMLP, build_architecture, density
+from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture, density
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import GraphedSgdStep
 
 
-def make_ticket(rounds: int, device: torch.device) -> MaskedMLP:
-    model = MaskedMLP(build_architecture(784, 10, (300, 100), None), torch.Generator().manual_seed(0))
+def make_ticket(rounds: int, device: torch.device) -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(784, 10, (300, 100), None), torch.Generator().manual_seed(0))
+    masks = model.full_masks()
     for _ in range(rounds):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    return model.to(device)
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    model.to(device)
+    return model, {n: m.to(device) for n, m in masks.items()}
 
 
-def opacus_model(ticket: MaskedMLP) -> nn.Module:
+def opacus_model(ticket: LeNet) -> nn.Module:
     """The same network as an nn.Sequential of nn.Linear (pruned weights are zero already).
 
     Opacus cannot restrict clipping or noise to the mask; its cost is what matters here.
     """
     layers: list[nn.Module] = []
-    for index, (_, layer, mask) in enumerate(ticket.layers_in_order()):
+    for index, (_, layer) in enumerate(ticket.layers_in_order()):
         copy = nn.Linear(layer.in_features, layer.out_features).to(layer.weight.device)
         with torch.no_grad():
-            copy.weight.copy_(layer.weight * mask)
+            copy.weight.copy_(layer.weight)
             copy.bias.copy_(layer.bias)
         layers.append(copy)
         if ticket.is_activation_after(index):
@@ -109,18 +111,20 @@ def main() -> None:
     index = torch.randperm(args.records, device=device, generator=g)[: args.batch_size].sort().values
     x, y = features[index], labels[index]  # for Opacus
 
-    plain_model = make_ticket(args.rounds, device)
+    plain_model, plain_masks = make_ticket(args.rounds, device)
     plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.1)
+    keep_pruned = PrunedWeights(plain_model, plain_masks)
 
-    def plain_step() -> None:
+    def plain_step() -> None:  # what ticket generation runs: the update, then the pruned weights re-zeroed
         xb, yb = features.index_select(0, index), labels.index_select(0, index)
         plain_opt.zero_grad(set_to_none=True)
         F.cross_entropy(plain_model(xb), yb).backward()
         plain_opt.step()
+        keep_pruned()
 
-    dp_model = make_ticket(args.rounds, device)
+    dp_model, dp_masks = make_ticket(args.rounds, device)
     dp_opt = torch.optim.SGD(dp_model.parameters(), lr=0.1)
-    layout = MaskLayout.of(dp_model)
+    layout = MaskLayout.of(dp_model, dp_masks)
     noise = GaussianNoise(1.0)
     start = time.perf_counter()
     table = first_layer_input_terms(features, layout)
@@ -139,8 +143,8 @@ def main() -> None:
                                         generator=g, layout=layout)
         apply_gradients(dp_model, grads, dp_opt)
 
-    user_model = opacus_model(make_ticket(args.rounds, device))  # the API's path: a plain nn.Sequential
-    user_masks = {f"{i}.weight": mask for i, (_, _, mask) in zip(range(0, 5, 2), dp_model.layers_in_order())}
+    user_model = opacus_model(make_ticket(args.rounds, device)[0])  # the API's path: a plain nn.Sequential
+    user_masks = {f"{i}.weight": dp_masks[name] for i, (name, _) in zip(range(0, 5, 2), dp_model.layers_in_order())}
     user_opt = torch.optim.SGD(user_model.parameters(), lr=0.1)
     user_surviving = {n: (m.flatten().nonzero().squeeze(1) if n in user_masks else None)
                       for n, m in [(n, user_masks.get(n)) for n, _ in user_model.named_parameters()]}
@@ -163,7 +167,7 @@ def main() -> None:
     if not args.no_opacus:
         results.update(opacus_steps(plain_model, x, y, args.batch_size, device, args.repeats))
     base = results["non-private masked step"]
-    print(f"device={device} batch={args.batch_size} ticket density C={density(dp_model.masks()):.3f} "
+    print(f"device={device} batch={args.batch_size} ticket density C={density(dp_masks):.3f} "
           f"threads={torch.get_num_threads()}")
     print(f"{'step':<34}{'ms/step':>10}{'× non-private':>16}")
     for name, seconds in results.items():
@@ -184,11 +188,12 @@ def main() -> None:
 def graph_steps(rounds: int, data: LabeledTensors, index: torch.Tensor, batch_size: int,
                 device: torch.device) -> dict[str, Callable[[], None]]:
     """Both steps replayed from CUDA graphs, on the same ticket, data and batch."""
-    plain_model = make_ticket(rounds, device)
-    plain = GraphedSgdStep(plain_model, data, batch_size, torch.optim.SGD(plain_model.parameters(), lr=0.1))
-    dp_model = make_ticket(rounds, device)
+    plain_model, plain_masks = make_ticket(rounds, device)
+    plain = GraphedSgdStep(plain_model, data, batch_size, torch.optim.SGD(plain_model.parameters(), lr=0.1),
+                           PrunedWeights(plain_model, plain_masks))
+    dp_model, dp_masks = make_ticket(rounds, device)
     n = len(data)
-    dp = StaticShapeDpStep(dp_model, data, clip=1.0, noise=GaussianNoise(1.0), expected_batch_size=batch_size,
+    dp = StaticShapeDpStep(dp_model, dp_masks, data, clip=1.0, noise=GaussianNoise(1.0), expected_batch_size=batch_size,
                            capacity=batch_capacity(n, batch_size / n),
                            generator=torch.Generator(device=device).manual_seed(1),
                            optimizer=torch.optim.SGD(dp_model.parameters(), lr=0.1), graphs=True)
@@ -202,7 +207,7 @@ def graph_steps(rounds: int, data: LabeledTensors, index: torch.Tensor, batch_si
     return {"non-private step, CUDA graph": plain_step, "dpltm DP step, CUDA graphs": dp_step}
 
 
-def opacus_steps(ticket: MaskedMLP, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+def opacus_steps(ticket: LeNet, x: torch.Tensor, y: torch.Tensor, batch_size: int,
                  device: torch.device, repeats: int) -> dict[str, float]:
     from opacus import PrivacyEngine
 

@@ -19,17 +19,18 @@ import torch.nn.functional as F
 from dpltm.data import load_dataset
 from dpltm.data.batches import ShuffledBatches
 from dpltm.devices import resolve_device
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, PrunedWeights, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import GraphedSgdStep, train_classifier
 
 
-def bare_loop(model: MaskedMLP, batches: ShuffledBatches, lr: float) -> None:
+def bare_loop(model: LeNet, keep_pruned: PrunedWeights, batches: ShuffledBatches, lr: float) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
+        keep_pruned()
 
 
 def synchronize(device: torch.device) -> None:
@@ -49,10 +50,11 @@ def main() -> None:
     device = resolve_device(args.device)
     data = load_dataset(args.dataset, split=args.split, device=device)
     arch = build_architecture(data.num_features, data.num_classes, (300, 100), None)
-    model = MaskedMLP(arch, torch.Generator().manual_seed(0)).to(device)
+    model = LeNet(arch, torch.Generator().manual_seed(0)).to(device)
     # A ticket of the kind generate trains: one pruning round applied.
-    model.set_masks(prune_layerwise(model.weights(), model.masks(),
-                                    paper_prune_rates(model.mask_names())))
+    masks = apply_masks_(model, prune_layerwise(model.weights(), model.full_masks(),
+                                                paper_prune_rates(model.mask_names())))
+    keep_pruned = PrunedWeights(model, masks)
     theta0 = {k: v.clone() for k, v in model.state_dict().items()}
 
     def time_bare() -> float:
@@ -60,7 +62,7 @@ def main() -> None:
         batches = ShuffledBatches(data.train, args.batch_size, args.steps, seed=1)
         synchronize(device)
         start = time.perf_counter()
-        bare_loop(model, batches, 0.1)
+        bare_loop(model, keep_pruned, batches, 0.1)
         synchronize(device)
         return time.perf_counter() - start
 
@@ -68,7 +70,7 @@ def main() -> None:
         model.load_state_dict(theta0)
         synchronize(device)
         start = time.perf_counter()
-        train_classifier(model, data.train, steps=args.steps, batch_size=args.batch_size,
+        train_classifier(model, data.train, masks=masks, steps=args.steps, batch_size=args.batch_size,
                          lr=0.1, seed=1, cuda_graphs=cuda_graphs)
         synchronize(device)
         return time.perf_counter() - start
@@ -76,7 +78,8 @@ def main() -> None:
     def time_bare_graph() -> float:
         model.load_state_dict(theta0)
         batches = ShuffledBatches(data.train, args.batch_size, args.steps, seed=1)
-        step = GraphedSgdStep(model, data.train, batches.batch_size, torch.optim.SGD(model.parameters(), lr=0.1))
+        step = GraphedSgdStep(model, data.train, batches.batch_size, torch.optim.SGD(model.parameters(), lr=0.1),
+                              keep_pruned)
         synchronize(device)
         start = time.perf_counter()
         for index in batches.indices():

@@ -29,7 +29,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 if TYPE_CHECKING:
     import torch
 
-    from dpltm.model import MaskedMLP
+    from dpltm.model import LeNet
 
 KIND = "model"
 MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "data", "outcome", "transfer",
@@ -224,7 +224,8 @@ class Outcome:
 class TrainedModel:
     """A trained network as `dpltm train` writes it: weights, one privacy record, how it was made.
 
-    `state_dict` holds the masks (boolean buffers) beside the weights. `report()` is the dict a run
+    `state_dict` holds the weights (pruned ones exactly 0) and the masks beside them
+    (`dpltm.model.stored_state`). `report()` is the dict a run
     returns and `train --json` prints, built from the stored facts and the privacy record.
     """
 
@@ -311,13 +312,21 @@ class TrainedModel:
                                            "accountant", "neighboring")},
                 "released_weights": self.outcome.released_weights, "statement": privacy["statement"]}
 
-    def network(self) -> MaskedMLP:
-        """The released network (masks included), in eval mode, on the CPU."""
-        from dpltm.model import Architecture, MaskedMLP
+    def network(self) -> LeNet:
+        """The released network, in eval mode, on the CPU (its pruned weights are 0)."""
+        from dpltm.model import Architecture, LeNet, split_stored_state
 
-        model = MaskedMLP(Architecture.from_dict(self.architecture))
-        model.load_state_dict(self.state_dict)
+        arch = Architecture.from_dict(self.architecture)
+        model = LeNet(arch)
+        model.load_state_dict(split_stored_state(arch, self.state_dict)[0])
         return model.eval()
+
+    @property
+    def masks(self) -> dict[str, torch.Tensor]:
+        """The ticket's masks, keyed by mask name (all True for a dense network)."""
+        from dpltm.model import Architecture, split_stored_state
+
+        return split_stored_state(Architecture.from_dict(self.architecture), self.state_dict)[1]
 
     # ---- storage --------------------------------------------------------------------------
 
@@ -387,7 +396,9 @@ def _reference_state(arch: Any) -> dict[str, Any]:
     """The state_dict the architecture builds, on PyTorch's meta device (shapes only, no memory)."""
     import torch
 
-    from dpltm.model import MaskedMLP
+    from dpltm.model import LeNet, stored_mask_key
 
     with torch.device("meta"):
-        return MaskedMLP(arch).state_dict()
+        model = LeNet(arch)
+        masks = {stored_mask_key(n): torch.ones(w.shape, dtype=torch.bool) for n, w in model.weights().items()}
+        return {**model.state_dict(), **masks}

@@ -35,7 +35,7 @@ SUFFIX = ".safetensors"
 class LoadedModel:
     """A model ready for inference, and what is known about how it was made."""
 
-    model: Any  # MaskedMLP, in eval mode, on the CPU
+    model: Any  # LeNet, in eval mode, on the CPU
     architecture: dict[str, Any]
     data: dict[str, Any]
     """dataset, split, val_fraction, seed and counts of the data the model was trained on, and its
@@ -192,7 +192,7 @@ def read_metadata(path: Path) -> dict[str, str]:
 def load_exported(path: Path) -> LoadedModel:
     from safetensors.torch import load_file
 
-    from dpltm.model import Architecture, MaskedMLP
+    from dpltm.model import Architecture, LeNet, split_stored_state
 
     metadata = read_metadata(path)
     if json.loads(metadata["architecture"]).get("kind") == USER_MODEL:
@@ -200,8 +200,9 @@ def load_exported(path: Path) -> LoadedModel:
                              "your nn.Module with safetensors.torch.load_file; dpltm cannot rebuild that network")
     try:
         architecture = json.loads(metadata["architecture"])
-        model = MaskedMLP(Architecture.from_dict(architecture))
-        model.load_state_dict(load_file(str(path)))
+        arch = Architecture.from_dict(architecture)
+        model = LeNet(arch)
+        model.load_state_dict(split_stored_state(arch, load_file(str(path)))[0])
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:

@@ -1,10 +1,11 @@
-"""The paper's fully connected network (ReLU, or a bounded activation) with one binary mask per
-weight matrix.
+"""The built-in networks (the paper's LeNet-300-100 and LeNet-5) as plain `nn.Module`s, and masks as
+data beside them.
 
-Masks are buffers, so they move with the model and live in its state_dict. The forward pass
-multiplies each weight by its mask, which makes pruned weights exactly zero in every forward
-pass and gives them exactly zero gradient, whatever the optimiser or noise does to the raw
-parameter (DP noise on a pruned coordinate is discarded by the mask: post-processing).
+A ticket is a mask per prunable weight (`Masks`, keyed by mask name such as ``hidden.0.weight``).
+Installing it zeroes the pruned weights (`apply_masks_`); training keeps them exactly zero
+(`PrunedWeights` after every update, and DP steps give pruned coordinates neither a clipped gradient
+nor noise). So a model file's weights are the released network as it is, and the forward pass
+carries no mask multiply.
 """
 
 from __future__ import annotations
@@ -169,12 +170,19 @@ class Architecture:
         return {n: (widths[i + 1], widths[i]) for i, n in enumerate(linear)}
 
 
-class MaskedMLP(nn.Module):
-    """Linear → activation → … → Linear, each weight multiplied by its mask (ReLU unless the
-    architecture names another activation).
+class LeNet(nn.Module):
+    """The built-in network family as a plain `nn.Module`: LeNet-300-100 (Linear → activation → … →
+    Linear, any widths) and LeNet-5 (a convolutional front, each convolution followed by the activation
+    and 2×2 average pooling, then the fully connected layers).
 
-    The optional ``project`` layer (paper §4.5.2) maps a dataset's own input size onto the
-    ticket's input size, so tickets transfer across domains; it is followed by no activation.
+    It holds no masks. A ticket's masks are data beside the model (`Masks`, keyed by mask name): they
+    are installed by `apply_masks_`, which zeroes the pruned weights, and the training loops keep them
+    zero (`PrunedWeights` after each update; DP steps never give a pruned coordinate a gradient or
+    noise). The forward pass is the dense network's, so a ticket costs no reparametrisation (unlike
+    `torch.nn.utils.prune`, which recomputes weight = weight_orig ⊙ mask on every call).
+
+    The optional ``project`` layer (paper §4.5.2) maps a dataset's own input size onto the ticket's
+    input size, so tickets transfer across domains; it is followed by no activation.
     """
 
     def __init__(self, arch: Architecture, generator: torch.Generator | None = None) -> None:
@@ -186,12 +194,6 @@ class MaskedMLP(nn.Module):
         for name, (fan_out, fan_in) in arch.linear_shapes().items():
             self.layers[name.replace(".", "_")] = nn.Linear(fan_in, fan_out)
         self.reset_parameters(generator)
-        for name in self.mask_names():
-            self.register_buffer(_buffer_name(name), torch.ones_like(self._weight(name), dtype=torch.bool))
-            # The same mask in the weights' dtype, for the forward pass: multiplying by a bool
-            # mask converts it to float on every call. Derived state, so not saved.
-            self.register_buffer(_float_buffer_name(name), torch.ones_like(self._weight(name)), persistent=False)
-        self.register_load_state_dict_post_hook(lambda module, _keys: module._refresh_float_masks())
         self._conv_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()
                            if n.startswith("conv.")]
         self._layer_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()
@@ -212,8 +214,15 @@ class MaskedMLP(nn.Module):
             layer.bias.uniform_(-bound, bound, generator=generator)
 
     def mask_names(self) -> list[str]:
-        """Parameter names of the prunable weights (biases are never pruned)."""
+        """Names of the prunable weights (biases are never pruned), as masks are keyed."""
         return [f"{n}.weight" for n in self.arch.layer_names()]
+
+    @staticmethod
+    def parameter_name(mask_name: str) -> str:
+        """The `named_parameters()` name of the weight a mask name denotes (hidden.0.weight →
+        layers.hidden_0.weight)."""
+        layer, _, leaf = mask_name.rpartition(".")
+        return f"layers.{layer.replace('.', '_')}.{leaf}"
 
     def _weight(self, name: str) -> Tensor:
         layer = self.layers[name.rsplit(".", 1)[0].replace(".", "_")]
@@ -221,36 +230,21 @@ class MaskedMLP(nn.Module):
         return layer.weight
 
     def weights(self) -> dict[str, Tensor]:
-        """The raw prunable weights, keyed by mask name."""
+        """The prunable weights, keyed by mask name."""
         return {n: self._weight(n) for n in self.mask_names()}
 
-    def masks(self) -> Masks:
-        return {n: getattr(self, _buffer_name(n)) for n in self.mask_names()}
+    def full_masks(self) -> Masks:
+        """The dense network's masks: every weight kept."""
+        return {n: torch.ones(w.shape, dtype=torch.bool) for n, w in self.weights().items()}
 
-    @torch.no_grad()
-    def set_masks(self, masks: Masks) -> None:
-        """Install masks (checked: same keys, shapes, 0/1 only) and zero the pruned weights."""
-        check_masks(masks, {n: tuple(w.shape) for n, w in self.weights().items()})
-        for name, mask in masks.items():
-            buf = getattr(self, _buffer_name(name))
-            buf.copy_(mask.to(device=buf.device, dtype=torch.bool))
-            self._weight(name).mul_(buf)
-        self._refresh_float_masks()
+    def conv_layers_in_order(self) -> list[tuple[str, nn.Conv2d]]:
+        """(mask name, convolution) of the convolutional front, input to output."""
+        return [(f"{n}.weight", layer) for layer, n in self._conv_list]  # type: ignore[misc]
 
-    @torch.no_grad()
-    def _refresh_float_masks(self) -> None:
-        for name in self.mask_names():
-            getattr(self, _float_buffer_name(name)).copy_(getattr(self, _buffer_name(name)))
-
-    def forward_masks(self) -> list[Tensor]:
-        """The linear layers' masks in the weights' dtype, input to output (what the forward pass
-        multiplies by)."""
-        return [getattr(self, _float_buffer_name(f"{n}.weight")) for _, n in self._layer_list]
-
-    def conv_layers_in_order(self) -> list[tuple[str, nn.Conv2d, Tensor]]:
-        """(mask name, convolution, float mask) of the convolutional front, input to output."""
-        return [(f"{n}.weight", layer, getattr(self, _float_buffer_name(f"{n}.weight")))  # type: ignore[misc]
-                for layer, n in self._conv_list]
+    def layers_in_order(self) -> list[tuple[str, nn.Linear]]:
+        """(mask name, layer) of the linear layers from input to output: what per-sample norm code
+        walks (after `conv_layers_in_order`)."""
+        return [(f"{n}.weight", layer) for layer, n in self._layer_list]  # type: ignore[misc]
 
     def images(self, x: Tensor) -> Tensor:
         """Flat records as (B, 1, side, side) images, for the convolutional front."""
@@ -263,36 +257,81 @@ class MaskedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self._conv_list:
             x = self.images(x)
-            for _, layer, mask in self.conv_layers_in_order():
-                x = self.after_conv(F.conv2d(x, layer.weight * mask, layer.bias))
+            for layer, _ in self._conv_list:
+                x = self.after_conv(layer(x))
             x = x.flatten(1)
-        last = len(self._layer_list) - 1
-        for i, (layer, name) in enumerate(self._layer_list):
-            mask = getattr(self, _float_buffer_name(f"{name}.weight"))
-            x = F.linear(x, layer.weight * mask, layer.bias)
-            if i != last and not (self._has_projection and i == 0):
+        for i, (layer, _) in enumerate(self._layer_list):
+            x = layer(x)
+            if self.is_activation_after(i):
                 x = self.activation(x)
         return x
-
-    def layers_in_order(self) -> list[tuple[str, nn.Linear, Tensor]]:
-        """(mask name, layer, mask) of the linear layers from input to output: what per-sample norm
-        code walks (after `conv_layers_in_order`)."""
-        return [
-            (f"{n}.weight", layer, getattr(self, _buffer_name(f"{n}.weight")))
-            for layer, n in self._layer_list
-        ]
 
     def is_activation_after(self, index: int) -> bool:
         """Whether the activation follows layer `index` (none after the projection or the output)."""
         return index != len(self._layer_list) - 1 and not (self._has_projection and index == 0)
 
 
-def _buffer_name(mask_name: str) -> str:
-    return "mask_" + mask_name.replace(".", "_")
+@torch.no_grad()
+def apply_masks_(model: LeNet, masks: Masks) -> Masks:
+    """Install a ticket: check `masks` against the model (keys, shapes, 0/1), zero its pruned weights in
+    place, and return the masks as bool tensors on the model's device (what the training loops keep)."""
+    weights = model.weights()
+    check_masks(masks, {n: tuple(w.shape) for n, w in weights.items()})
+    installed = {}
+    for name, mask in masks.items():
+        weight = weights[name]
+        installed[name] = mask.to(device=weight.device, dtype=torch.bool)
+        weight.mul_(installed[name])
+    return installed
 
 
-def _float_buffer_name(mask_name: str) -> str:
-    return "fmask_" + mask_name.replace(".", "_")
+class PrunedWeights:
+    """Keeps a ticket's pruned weights exactly zero through training: one in-place multiply per masked
+    weight after each update (a fused `_foreach_mul_`), whatever the optimiser does (momentum, weight
+    decay, a noisy update). Dense weights are skipped. Capturable in a CUDA graph (no host sync)."""
+
+    def __init__(self, model: LeNet, masks: Masks) -> None:
+        weights = model.weights()
+        pairs = [(weights[n], m.to(device=weights[n].device, dtype=weights[n].dtype))
+                 for n, m in masks.items() if not bool(m.all())]
+        self.weights = [w for w, _ in pairs]
+        self.masks = [m for _, m in pairs]
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        if self.weights:
+            torch._foreach_mul_(self.weights, self.masks)
+
+
+MASK_PREFIX = "mask_"
+"""A model file or export keeps each mask beside the weights as ``mask_<name with _ for .>`` (bool)."""
+
+
+def stored_mask_key(mask_name: str) -> str:
+    """The key a mask is stored under beside the weights: hidden.0.weight → mask_hidden_0_weight."""
+    return MASK_PREFIX + mask_name.replace(".", "_")
+
+
+def stored_state(model: LeNet, masks: Masks) -> dict[str, Tensor]:
+    """What a model file and an export hold: the weights (pruned ones exactly 0) and, beside them, each
+    mask as a bool tensor (`stored_mask_key`)."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    for name in model.mask_names():
+        state[stored_mask_key(name)] = masks[name].detach().to("cpu", torch.bool)
+    return state
+
+
+def split_stored_state(arch: Architecture, state: dict[str, Tensor]) -> tuple[dict[str, Tensor], Masks]:
+    """`stored_state` taken apart: (the weights for `load_state_dict`, the masks keyed by mask name)."""
+    keys = {stored_mask_key(f"{name}.weight"): f"{name}.weight" for name in arch.layer_names()}
+    weights = {k: v for k, v in state.items() if k not in keys}
+    masks = {keys[k]: v.to(torch.bool) for k, v in state.items() if k in keys}
+    return weights, masks
+
+
+def parameter_masks(model: LeNet, masks: Masks) -> dict[str, Tensor]:
+    """The masks keyed by `named_parameters()` name, as the DP engine (`dpltm.dp.engine`) takes them."""
+    return {model.parameter_name(n): m for n, m in masks.items()}
 
 
 def check_masks(masks: Masks, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -21,7 +21,7 @@ import torch
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, build_architecture
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 
 EMA_DECAYS = (None, 0.99, 0.995, 0.999)
@@ -57,8 +57,8 @@ def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: f
     steps = -(-private_size // batch) * epochs
     sigma = calibrate_noise_multiplier(q, steps, eps, delta)
     arch = build_architecture(public.num_features, public.num_classes, hidden, None, activation)
-    models = [MaskedMLP(arch, torch.Generator().manual_seed(seed)) for _ in lrs]  # same θ0 for every rate
-    stack = StackedMLP(models)
+    models = [LeNet(arch, torch.Generator().manual_seed(seed)) for _ in lrs]  # same θ0 for every rate
+    stack = StackedMLP(models, [model.full_masks() for model in models])
     optimizer = PerCandidateSGD(stack.parameters(), torch.tensor(lrs), momentum)
     generator = torch.Generator().manual_seed(seed + 1)
     n = len(public.train)

@@ -64,13 +64,15 @@ class AuditPlan:
 
         self.claimed = epsilon(ledger.training_event(), settings.delta, settings.accountant, "add_remove")
 
-    def prepare(self, model: torch.nn.Module, data: DatasetSplits, clip: float) -> DatasetSplits:
+    def prepare(self, model: torch.nn.Module, data: DatasetSplits, clip: float,
+                masks: dict[str, torch.Tensor] | None = None) -> DatasetSplits:
         """Draw the canaries; input canaries become the training set's last m rows (an excluded one's
         row is dropped whenever it is sampled: the universe is N + m records whatever the bits)."""
         if self.threat_model == "white-box":
             from dpltm.dp.ghost import MaskLayout
 
-            surviving = MaskLayout.of(model, data.train.features.dtype).surviving  # type: ignore[arg-type]
+            ticket = masks if masks is not None else model.full_masks()  # type: ignore[operator]
+            surviving = MaskLayout.of(model, ticket, data.train.features.dtype).surviving  # type: ignore[arg-type]
             self.gradient = GradientCanaries.draw(model, surviving, self.canaries, clip, self.seed,
                                                   features=data.train.features)
             return data

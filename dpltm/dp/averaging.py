@@ -11,15 +11,15 @@ from __future__ import annotations
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet
 
 
-def make_averager(model: MaskedMLP, decay: float | None) -> AveragedModel | None:
+def make_averager(model: LeNet, decay: float | None) -> AveragedModel | None:
     """An EMA of `model`'s parameters (None when `decay` is None), to be updated after each step.
 
-    `AveragedModel` copies the model (masks included) and holds the average of its *parameters*;
-    the masks are the model's (they never change during training), so the average keeps exactly
-    the model's masks, and pruned coordinates, exactly 0 in every iterate, stay exactly 0.
+    `AveragedModel` copies the model and holds the average of its *parameters*: a ticket's pruned
+    coordinates, exactly 0 in every iterate, stay exactly 0 in the average (the ticket's masks, beside
+    the model, hold for it as they are).
     """
     if decay is None:
         return None
@@ -30,7 +30,7 @@ def make_averager(model: MaskedMLP, decay: float | None) -> AveragedModel | None
 
 
 @torch.no_grad()
-def update_average(averager: AveragedModel, model: MaskedMLP, decay: float) -> None:
+def update_average(averager: AveragedModel, model: LeNet, decay: float) -> None:
     """One EMA step, on the device: weight 1 at the first update (EMA_1 = θ_1), 1 − decay after."""
     count = averager.n_averaged
     first = next(model.parameters())
@@ -43,12 +43,12 @@ def update_average(averager: AveragedModel, model: MaskedMLP, decay: float) -> N
     count.add_(1)
 
 
-def released_model(model: MaskedMLP, averager: AveragedModel | None) -> MaskedMLP:
+def released_model(model: LeNet, averager: AveragedModel | None) -> LeNet:
     """What a run evaluates and releases: the EMA when there is one, else the current iterate."""
     if averager is None:
         return model
     averaged = averager.module
-    assert isinstance(averaged, MaskedMLP)
+    assert isinstance(averaged, LeNet)
     return averaged
 
 

@@ -23,15 +23,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dpltm.dp.ghost import clip_factors
-from dpltm.model import MaskedMLP, activation_function
+from dpltm.model import LeNet, Masks, activation_function
 
 
 class StackedMLP:
-    """The parameters of K `MaskedMLP`s of one architecture, stacked (candidate axis first)."""
+    """The parameters of K `LeNet` MLPs of one architecture and their masks, stacked (candidate axis
+    first)."""
 
-    def __init__(self, models: Sequence[MaskedMLP]) -> None:
-        if not models:
-            raise ValueError("no candidate networks")
+    def __init__(self, models: Sequence[LeNet], masks: Sequence[Masks]) -> None:
+        if not models or len(models) != len(masks):
+            raise ValueError("one mask set per candidate network, and at least one candidate")
         arch = models[0].arch
         if any(m.arch != arch for m in models):
             raise ValueError("candidates must share one architecture")
@@ -41,11 +42,15 @@ class StackedMLP:
         depth = len(layers[0])
         self.activate_after = [models[0].is_activation_after(i) for i in range(depth)]
         with torch.no_grad():
-            self.weights = [torch.stack([ls[i][1].weight * ls[i][2] for ls in layers]).requires_grad_()
+            stacked_masks = [torch.stack([ms[ls[i][0]].to(ls[i][1].weight.device) for ls, ms in zip(layers, masks)])
+                             for i in range(depth)]
+            self.weights = [torch.stack([ls[i][1].weight for ls in layers]) * stacked_masks[i]
                             for i in range(depth)]
+            for w in self.weights:
+                w.requires_grad_()
             self.biases = [torch.stack([ls[i][1].bias for ls in layers]).detach().clone().requires_grad_()
                            for i in range(depth)]
-            self.masks = [torch.stack([ls[i][2] for ls in layers]).to(self.weights[i].dtype) for i in range(depth)]
+            self.masks = [m.to(self.weights[i].dtype) for i, m in enumerate(stacked_masks)]
 
     @property
     def size(self) -> int:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.dp.plugins import NOISE_PLUGINS
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet, Masks
 
 #: torch.quantile refuses very large inputs; larger layers are summarised on an even stride.
 QUANTILE_SAMPLE = 1_000_000
@@ -41,7 +41,7 @@ def quantiles(values: Tensor, probs: tuple[float, ...]) -> list[float]:
     return [float(v) for v in torch.quantile(flat, q)]
 
 
-def dropout_rates(model: MaskedMLP, clip: float, sigma: float) -> dict[str, Tensor]:
+def dropout_rates(model: LeNet, masks: Masks | None, clip: float, sigma: float) -> dict[str, Tensor]:
     """α = 4C²σ²/θ² for each surviving weight, per layer (keyed by layer name, e.g. hidden.0).
 
     §4.2 of the paper: N(0, 4C²σ²) = N(0, α θ²). A surviving weight that is exactly 0 has
@@ -50,8 +50,9 @@ def dropout_rates(model: MaskedMLP, clip: float, sigma: float) -> dict[str, Tens
     variance = 4.0 * clip * clip * sigma * sigma
     out: dict[str, Tensor] = {}
     with torch.no_grad():
-        for mask_name, layer, mask in model.layers_in_order():
-            theta = layer.weight.detach()[mask].double()
+        for mask_name, layer in model.layers_in_order():
+            theta = layer.weight.detach()
+            theta = (theta if masks is None else theta[masks[mask_name].to(theta.device, torch.bool)]).double()
             rates = torch.zeros_like(theta) if variance == 0.0 else variance / (theta * theta)
             out[mask_name.removesuffix(".weight")] = rates
     return out
@@ -70,12 +71,12 @@ class DropoutNoise(ScaledGaussianNoise):
     def build(cls, parameter: float, context: NoiseContext | None = None) -> DropoutNoise:
         return cls(float(parameter))
 
-    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
+    def epoch_metrics(self, model: LeNet, masks: Masks | None, clip: float) -> dict[str, float]:
         """Median and quartiles of the implied dropout rates α per layer (docs/privacy.md §4)."""
         if not math.isfinite(clip):
             return {}
         metrics: dict[str, float] = {}
-        for layer, alpha in dropout_rates(model, clip, self.sigma).items():
+        for layer, alpha in dropout_rates(model, masks, clip, self.sigma).items():
             if alpha.numel() == 0:
                 continue
             q25, median, q75 = quantiles(alpha, (0.25, 0.5, 0.75))

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from dpltm.dp.rules import conv2d_weight_grads, masked_sq_norms
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet, Masks
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ class MaskLayout:
     """CSR 0/1 mask for sparse big layers: their clipped sum is computed only where it survives
     (sampled dense-dense matmul), None for the rest."""
     conv_parameter_names: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    """(weight, bias) names of the convolutional front's layers (their masks are the model's)."""
+    """(weight, bias) names of the convolutional front's layers."""
+    conv_masks: list[Tensor | None] = dataclasses.field(default_factory=list)
+    """Each convolution's float mask (None: dense), for its per-sample weight gradients."""
 
     @property
     def all_parameter_names(self) -> list[str]:
@@ -61,9 +63,10 @@ class MaskLayout:
         return [name for pair in (*self.conv_parameter_names, *self.parameter_names) for name in pair]
 
     @classmethod
-    def of(cls, model: MaskedMLP, dtype: torch.dtype = torch.float32,
+    def of(cls, model: LeNet, masks: Masks, dtype: torch.dtype = torch.float32,
            scales: dict[str, Tensor | None] | None = None, allow_sparse: bool = True) -> MaskLayout:
-        """`scales` (per-parameter, positive) turn the clipping norm into ‖g / s‖: a noise plug-in
+        """The layout of `masks` (the ticket beside `model`, keyed by mask name) over the model's layers.
+        `scales` (per-parameter, positive) turn the clipping norm into ‖g / s‖: a noise plug-in
         that adds N(0, σ²C²s²) is then exactly the Gaussian mechanism in the rescaled space.
         `allow_sparse=False` keeps every product dense (sparse kernels do not go into CUDA graphs)."""
         norm_masks: list[Tensor | None] = []
@@ -73,7 +76,9 @@ class MaskLayout:
         names: list[tuple[str, str]] = []
         surviving: dict[str, Tensor | None] = {}
         scales = scales or {}
-        for mask_name, _, mask in model.layers_in_order():
+        device = next(model.parameters()).device
+        for mask_name, _ in model.layers_in_order():
+            mask = masks[mask_name].to(device=device, dtype=torch.bool)
             prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
             weight_name, bias_name = f"{prefix}.weight", f"{prefix}.bias"
             names.append((weight_name, bias_name))
@@ -91,16 +96,18 @@ class MaskLayout:
             sum_masks.append(_csr_if_sparse(float_mask) if allow_sparse else None)
             surviving[weight_name] = None if all_kept else mask.flatten().nonzero().squeeze(1)
             surviving[bias_name] = None
-        conv_names = []
-        for mask_name, _, mask in model.conv_layers_in_order():
+        conv_names, conv_masks = [], []
+        for mask_name, _ in model.conv_layers_in_order():
+            mask = masks[mask_name].to(device=device, dtype=torch.bool)
             prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
             if scales and (scales.get(f"{prefix}.weight") is not None or scales.get(f"{prefix}.bias") is not None):
                 raise DpltmUserError("noise geometries (dpd, shaped) apply to the MLP's layers, not to convolutions")
             conv_names.append((f"{prefix}.weight", f"{prefix}.bias"))
-            kept = mask.bool()
-            surviving[f"{prefix}.weight"] = None if bool(kept.all()) else kept.flatten().nonzero().squeeze(1)
+            all_kept = bool(mask.all())
+            conv_masks.append(None if all_kept else mask.to(dtype))
+            surviving[f"{prefix}.weight"] = None if all_kept else mask.flatten().nonzero().squeeze(1)
             surviving[f"{prefix}.bias"] = None
-        return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks, conv_names)
+        return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks, conv_names, conv_masks)
 
 
 SPARSE_BELOW_DENSITY = 0.2
@@ -178,8 +185,8 @@ def clip_factors(norms: Tensor, clip: float) -> Tensor:
     return torch.where(torch.isfinite(norms), factors, torch.zeros_like(factors))
 
 
-def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
-                         layout: MaskLayout | None = None, weights: Tensor | None = None,
+def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
+                         layout: MaskLayout, weights: Tensor | None = None,
                          input_terms: Tensor | None = None) -> ClippedBatch:
     """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
 
@@ -190,16 +197,13 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
     are the batch's rows of `first_layer_input_terms` (same layout): the first layer's norm is then
     read, not computed.
     """
-    layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
-    layers = model.layers_in_order()
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
-    # only ∂ℓ/∂z is needed: the weights enter as constants, so autograd records no weight path
-    with torch.no_grad():
-        constants = [(layer.weight * mask, layer.bias.detach())
-                     for (_, layer, _), mask in zip(layers, model.forward_masks())]
-        conv_constants = [(layer, layer.weight * mask, layer.bias.detach(), mask)
-                          for _, layer, mask in model.conv_layers_in_order()]
+    # only ∂ℓ/∂z is needed: the weights enter as constants, so autograd records no weight path (the
+    # pruned weights are zero: the ticket's forward pass is the dense one's)
+    constants = [(layer.weight.detach(), layer.bias.detach()) for _, layer in model.layers_in_order()]
+    conv_constants = [(layer, layer.weight.detach(), layer.bias.detach(), mask)
+                      for (_, layer), mask in zip(model.conv_layers_in_order(), layout.conv_masks)]
     conv_inputs: list[Tensor] = []
     conv_outputs: list[Tensor] = []
     h = x
@@ -231,7 +235,9 @@ def clipped_gradient_sum(model: MaskedMLP, x: Tensor, y: Tensor, clip: float,
         sq_norms = x.new_zeros(x.shape[0])
         conv_weight_per_sample = []
         for (layer, _, _, mask), a, g in zip(conv_constants, conv_inputs, conv_grads):
-            per_sample = conv2d_weight_grads(layer, a, g) * mask  # the surviving weights' share only
+            per_sample = conv2d_weight_grads(layer, a, g)
+            if mask is not None:
+                per_sample = per_sample * mask  # the surviving weights' share only
             conv_weight_per_sample.append(per_sample)
             sq_norms += per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1)
         for index, (a, g, norm_mask, bias_weight) in enumerate(

@@ -36,13 +36,13 @@ from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_t
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import padded_chunks
 from dpltm.dp.step import noisy_mean
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet, Masks
 
 
 class StaticShapeDpStep:
     """One DP-SGD step as fixed-shape pieces; `step(index)` runs one Poisson batch."""
 
-    def __init__(self, model: MaskedMLP, train: LabeledTensors, *, clip: float, noise: NoiseMechanism,
+    def __init__(self, model: LeNet, masks: Masks, train: LabeledTensors, *, clip: float, noise: NoiseMechanism,
                  expected_batch_size: float, capacity: int, generator: torch.Generator,
                  optimizer: torch.optim.Optimizer, averager: AveragedModel | None = None,
                  ema_decay: float | None = None,
@@ -53,7 +53,7 @@ class StaticShapeDpStep:
         self.capacity, self.generator, self.optimizer = capacity, generator, optimizer
         self.averager, self.ema_decay, self.reduce, self.add_noise = averager, ema_decay, reduce, add_noise
         device, dtype = train.labels.device, train.features.dtype
-        self.layout = MaskLayout.of(model, dtype, noise.coordinate_scales(), allow_sparse=False)
+        self.layout = MaskLayout.of(model, masks, dtype, noise.coordinate_scales(), allow_sparse=False)
         self.input_terms = first_layer_input_terms(train.features, self.layout)
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
         self.weight = torch.zeros(capacity, dtype=dtype, device=device)

@@ -20,17 +20,20 @@ from torch import Tensor
 
 from dpltm.data.types import LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet, Masks
 from dpltm.privacy.events import dpsgd_event
 
 
 @dataclass(frozen=True)
 class NoiseContext:
-    """What a plug-in may need to build itself: the network, and public data if any."""
+    """What a plug-in may need to build itself: the network and its ticket's masks (keyed by mask name),
+    and public data if any."""
 
-    model: MaskedMLP
+    model: LeNet
     clip: float
     private_dataset: str
+    masks: Masks | None = None
+    """None: the dense network."""
     public_data: LabeledTensors | None = None
     public_dataset: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -61,7 +64,7 @@ class NoiseMechanism(Protocol):
         """
         ...
 
-    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
+    def epoch_metrics(self, model: LeNet, masks: Masks | None, clip: float) -> dict[str, float]:
         """Extra per-epoch figures to log (e.g. DPD's implied dropout rates); may be empty."""
         ...
 
@@ -141,5 +144,5 @@ class ScaledGaussianNoise:
             out[name] = add_gaussian(total, surviving.get(name), std, generator, scale=scale)
         return out
 
-    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
+    def epoch_metrics(self, model: LeNet, masks: Masks | None, clip: float) -> dict[str, float]:
         return {}

@@ -48,7 +48,7 @@ from torch import Tensor
 from dpltm.dp.dpd import quantiles
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet, Masks
 
 PUBLIC_RECORDS = 4096
 """At most this many public records estimate the sensitivity (the first ones, in order)."""
@@ -58,17 +58,19 @@ SCALE_BOUNDS = (0.1, 10.0)
 FLOOR = 1e-3
 
 
-def _surviving_masks(model: MaskedMLP) -> dict[str, Tensor | None]:
+def _surviving_masks(model: LeNet, masks: Masks | None) -> dict[str, Tensor | None]:
     """Parameter name → bool mask of its surviving coordinates (None: all survive)."""
     out: dict[str, Tensor | None] = {}
-    for mask_name, _, mask in model.layers_in_order():
+    for mask_name, layer in model.layers_in_order():
+        mask = (torch.ones_like(layer.weight, dtype=torch.bool) if masks is None
+                else masks[mask_name].to(device=layer.weight.device, dtype=torch.bool))
         prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
         out[f"{prefix}.weight"] = None if bool(mask.all()) else mask
         out[f"{prefix}.bias"] = None
     return out
 
 
-def public_sensitivity(model: MaskedMLP, features: Tensor, labels: Tensor,
+def public_sensitivity(model: LeNet, features: Tensor, labels: Tensor,
                        max_records: int = PUBLIC_RECORDS) -> dict[str, Tensor]:
     """w = |∂L̄/∂θ| on public records (L̄: mean cross-entropy over at most `max_records`).
 
@@ -136,7 +138,7 @@ class ShapedNoise(ScaledGaussianNoise):
         if len(public) and int(public.labels.max()) >= model.arch.num_classes:
             raise DpltmUserError(f"public data has labels up to {int(public.labels.max())}, "
                                  f"the network has {model.arch.num_classes} classes")
-        surviving = _surviving_masks(model)
+        surviving = _surviving_masks(model, context.masks)
         exponent = float(context.options.get("shaped_exponent", EXPONENT))
         scales = scales_from_sensitivity(public_sensitivity(model, public.features, public.labels),
                                          surviving, exponent)
@@ -149,7 +151,7 @@ class ShapedNoise(ScaledGaussianNoise):
     def coordinate_scales(self) -> dict[str, Tensor | None] | None:
         return dict(self.scales)
 
-    def epoch_metrics(self, model: MaskedMLP, clip: float) -> dict[str, float]:
+    def epoch_metrics(self, model: LeNet, masks: Masks | None, clip: float) -> dict[str, float]:
         return dict(self.summary)
 
     def description(self) -> str:

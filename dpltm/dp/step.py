@@ -4,7 +4,8 @@
 
 with L the *expected* batch size q·N (what the Poisson accountant assumes; dividing by the
 realised batch size would leak it). The optimiser then applies ĝ; pruned coordinates get a
-zero gradient and, because the forward pass multiplies by the mask, stay exactly zero.
+zero gradient and no noise, so they stay exactly zero (the training loops also re-zero them after
+each update: `dpltm.model.PrunedWeights`).
 """
 
 from __future__ import annotations
@@ -16,27 +17,26 @@ from torch import Tensor
 
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.noise import NoiseMechanism
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet
 
 
-def private_gradients(model: MaskedMLP, x: Tensor, y: Tensor, *, clip: float,
+def private_gradients(model: LeNet, x: Tensor, y: Tensor, *, clip: float,
                       noise: NoiseMechanism, expected_batch_size: float,
                       generator: torch.Generator,
-                      layout: MaskLayout | None = None,
+                      layout: MaskLayout,
                       reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                       input_terms: Tensor | None = None, add_noise: bool = True,
                       extra_sums: dict[str, Tensor] | None = None,
                       ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
 
-    Pass `layout` (MaskLayout.of(model), computed once) in a training loop; masks are fixed.
+    `layout` is the ticket's `MaskLayout.of(model, masks)`, computed once per run (masks are fixed).
     `reduce` sums the ranks' sums in a multi-device run (dpltm.dp.distributed.all_reduce_sum), after
     rank 0 alone (`add_noise`) has added the noise: the reduced sum carries exactly one draw.
     `input_terms`: the batch's rows of `first_layer_input_terms` (computed once per run).
     `extra_sums`: clipped gradients of records that are not rows of `x` (an audit's gradient
     canaries, dpltm.audit.canaries), added to the clipped sum before the noise.
     """
-    layout = layout if layout is not None else MaskLayout.of(model, x.dtype)
     batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=input_terms)
     for name, extra in (extra_sums or {}).items():
         batch.grad_sums[name].add_(extra)
@@ -70,7 +70,7 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
     return out
 
 
-def apply_gradients(model: MaskedMLP, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
+def apply_gradients(model: LeNet, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
     """Install ĝ as .grad and step (Opacus' guard against stale gradients is implicit: we overwrite)."""
     for name, param in model.named_parameters():
         param.grad = grads[name]

@@ -33,7 +33,7 @@ from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, MaskedMLP
+from dpltm.model import Architecture, LeNet, Masks
 from dpltm.tickets.imp import rewind, ticket_masks
 
 
@@ -83,18 +83,18 @@ class NoiseAwareChoice:
 
 
 def candidate_models(payload: dict[str, Any], device: torch.device,
-                     activation: str | None = None) -> list[MaskedMLP]:
-    """Every ticket of a ticket set as a network at θ0 with its mask (round 0 is the dense one),
-    with the planned run's activation when it differs from the tickets' own."""
+                     activation: str | None = None) -> tuple[list[LeNet], list[Masks]]:
+    """Every ticket of a ticket set as a network at θ0 and its mask (round 0 is the dense one), with the
+    planned run's activation when it differs from the tickets' own."""
     arch = Architecture.from_dict(payload["architecture"])
     if activation is not None:
         arch = replace(arch, activation=activation)
-    models = []
+    models, masks = [], []
     for ticket in payload["tickets"]:
-        model = MaskedMLP(arch)
-        rewind(model, payload["theta0"], ticket_masks(ticket))
-        models.append(model.to(device))
-    return models
+        model = LeNet(arch).to(device)
+        masks.append(rewind(model, payload["theta0"], ticket_masks(ticket)))
+        models.append(model)
+    return models, masks
 
 
 def _optimizer(parameters: list[torch.nn.Parameter], plan: PlannedRun) -> torch.optim.Optimizer:
@@ -110,9 +110,9 @@ class EachCandidate:
     training's own step (dpltm.dp.step: masked per-sample clipping, Gaussian noise on the surviving
     coordinates, over L): the same Poisson batch for all of them, an independent noise draw each."""
 
-    def __init__(self, models: list[MaskedMLP], plan: PlannedRun, dtype: torch.dtype) -> None:
+    def __init__(self, models: list[LeNet], masks: list[Masks], plan: PlannedRun, dtype: torch.dtype) -> None:
         self.models, self.plan = models, plan
-        self.layouts = [MaskLayout.of(model, dtype) for model in models]
+        self.layouts = [MaskLayout.of(model, ms, dtype) for model, ms in zip(models, masks)]
         self.noise = GaussianNoise(plan.noise_multiplier)
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -156,9 +156,9 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         raise DpltmUserError(f"the planned batch size {plan.expected_batch_size} is not below the public "
                              f"training set ({n} records): no Poisson sampling to simulate")
     device = public.train.labels.device
-    models = candidate_models(payload, device, plan.activation)
-    stack: StackedMLP | EachCandidate = (EachCandidate(models, plan, public.train.features.dtype)
-                                         if models[0].arch.conv else StackedMLP(models))
+    models, masks = candidate_models(payload, device, plan.activation)
+    stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, plan, public.train.features.dtype)
+                                         if models[0].arch.conv else StackedMLP(models, masks))
     optimizer = _optimizer(stack.parameters(), plan)
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
     q = plan.expected_batch_size / n

@@ -30,7 +30,7 @@ from dpltm.checkpoint import load_checkpoint, save_atomic
 from dpltm.config import GenerateConfig, config_hash, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, MaskedMLP, Masks, build_architecture, density, layer_densities
+from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture, density, layer_densities
 from dpltm.pruning import paper_prune_rates, prune_layerwise, random_masks_like
 from dpltm.training.plain import accuracy, train_classifier
 
@@ -130,8 +130,8 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
                               cfg.model.project_to, cfg.model.activation, cfg.model.arch)
     rates = resolve_prune_rates(arch, cfg.generate.prune_rates)
     init_gen = torch.Generator(device="cpu").manual_seed(round_seed(cfg.seed, 0, stream=1))
-    model = MaskedMLP(arch, init_gen)
-    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.startswith("mask_")}
+    model = LeNet(arch, init_gen)
+    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     state = _resume_or_start(cfg, data, out, overwrite, arch, theta0, rates)
     payload = state.payload
     if payload["complete"]:
@@ -174,22 +174,23 @@ def _weight_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
     return {f"{n}.weight": s for n, s in arch.layer_shapes().items()}
 
 
-def rewind(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks) -> None:
-    """Rewind: every parameter back to θ0, then the mask (which zeroes the pruned weights)."""
+def rewind(model: LeNet, theta0: dict[str, torch.Tensor], masks: Masks) -> Masks:
+    """Rewind: every parameter back to θ0, then the mask, which zeroes the pruned weights; returns the
+    installed masks (bool, on the model's device)."""
     missing, unexpected = model.load_state_dict(theta0, strict=False)
-    if unexpected or any(not k.startswith("mask_") for k in missing):
+    if unexpected or missing:
         raise DpltmUserError("θ0 in the ticket file does not fit the architecture")
-    model.set_masks(masks)
+    return apply_masks_(model, masks)
 
 
-def _run_round(model: MaskedMLP, theta0: dict[str, torch.Tensor], masks: Masks,
+def _run_round(model: LeNet, theta0: dict[str, torch.Tensor], masks: Masks,
                data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool,
                cuda_graphs: bool = False) -> dict[str, Any]:
     g = cfg.generate
-    rewind(model, theta0, masks)
+    installed = rewind(model, theta0, masks)
     label = f"round {k}/{g.rounds} C={density(masks):.3f}"
     result = train_classifier(
-        model, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
+        model, data.train, masks=installed, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
         seed=round_seed(cfg.seed, k), log_every=g.log_every,
         progress_label=label if progress else None, cuda_graphs=cuda_graphs,
     )
@@ -210,13 +211,13 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density."""
     g = cfg.generate
     out: dict[str, Any] = {}
-    reinit = MaskedMLP(arch, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=2)))
-    reinit.to(device).set_masks(masks)
+    reinit = LeNet(arch, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=2))).to(device)
+    reinit_masks = apply_masks_(reinit, masks)
     random_mask = random_masks_like(masks, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=3)))
-    rand = MaskedMLP(arch).to(device)
-    rewind(rand, theta0, random_mask)
-    for name, net in (("reinit", reinit), ("random_mask", rand)):
-        train_classifier(net, data.train, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
+    rand = LeNet(arch).to(device)
+    rand_masks = rewind(rand, theta0, random_mask)
+    for name, net, net_masks in (("reinit", reinit, reinit_masks), ("random_mask", rand, rand_masks)):
+        train_classifier(net, data.train, masks=net_masks, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
                          seed=round_seed(cfg.seed, k), log_every=g.log_every, cuda_graphs=cuda_graphs,
                          progress_label=f"round {k}/{g.rounds} control {name}" if progress else None)
         out[name] = {"val_accuracy": accuracy(net, data.val)}

@@ -38,7 +38,7 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext, noise_class
 from dpltm.dp.plugins import noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, MaskedMLP, Masks, build_architecture, density, layer_densities
+from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture, density, layer_densities
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.display import format_delta, format_epsilon
@@ -146,12 +146,12 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     s = replace(cfg.train, lr=learning_rate(cfg.train, plan.noise_multiplier))  # lr_sigma: lr follows σ
     arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden, cfg.model.project_to,
                               cfg.model.activation)
-    model = MaskedMLP(arch, torch.Generator().manual_seed(cfg.seed)).to(data.train.labels.device)
+    model = LeNet(arch, torch.Generator().manual_seed(cfg.seed)).to(data.train.labels.device)
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rates = round_prune_rates(arch, p.density, p.rounds)
     seed, randomness = mechanism_seed(noise_seed)
     rounds: list[dict[str, Any]] = []
-    masks: Masks = model.masks()
+    masks: Masks = apply_masks_(model, model.full_masks())
     for r in range(p.rounds):
         spent = plan.warmup_events(r)
 
@@ -161,7 +161,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
 
         round_plan = TrainPlan(plan.dataset_size, plan.expected_batch_size, plan.sample_rate, plan.steps_per_epoch,
                                p.warmup_epochs, plan.noise_multiplier, plan.noise_parameter, True, s.lr)
-        context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name)
+        context = NoiseContext(model=model, masks=masks, clip=s.clip, private_dataset=data.name)
         outcome = run_private(model, data, round_plan, s, seed=phase_seed(seed, f"warm-up {r}"),
                               epsilon_after=epsilon_after,
                               progress=progress, noise_context=context,
@@ -180,8 +180,8 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
                 model.load_state_dict(theta0)
             else:
                 model.load_state_dict(released.state_dict())
-            model.set_masks(masks)
-    start = {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.startswith("mask_")}
+            masks = apply_masks_(model, masks)
+    start = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     warmup = [training_record(plan.sample_rate, plan.noise_multiplier, plan.warmup_steps, s.clip,
                               plan.expected_batch_size, plan.dataset_size) for _ in range(p.rounds)]
     spent_eps = epsilon(ComposedDpEvent(plan.warmup_events()), plan.delta, s.accountant, s.neighboring)

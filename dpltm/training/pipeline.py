@@ -27,7 +27,7 @@ from dpltm.dp.distributed import Distribution, is_main_process
 from dpltm.dp.noise import NoiseContext
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP, build_architecture, density
+from dpltm.model import LeNet, Masks, build_architecture, density, stored_state
 from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent
@@ -150,13 +150,15 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
 
 
 def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
-                seed: int, activation: str = "relu", arch: str = "mlp") -> tuple[MaskedMLP, dict[str, Any]]:
-    """The network to train: the dense one (`hidden`, `arch`), or the ticket's. Both get `activation`,
-    so a ticket and the dense baseline of one config train the same network family."""
+                seed: int, activation: str = "relu", arch: str = "mlp") -> tuple[LeNet, Masks, dict[str, Any]]:
+    """The network to train and its masks: the dense one (`hidden`, `arch`; every weight kept), or the
+    ticket's. Both get `activation`, so a ticket and the dense baseline of one config train the same
+    network family."""
     if ticket is None:
         architecture = build_architecture(data.num_features, data.num_classes, hidden, None, activation, arch)
         record = {"mode": "dense", "activation": activation, **({"arch": arch} if arch != "mlp" else {})}
-        return MaskedMLP(architecture, torch.Generator().manual_seed(seed)), record
+        model = LeNet(architecture, torch.Generator().manual_seed(seed))
+        return model, model.full_masks(), record
     return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation)
 
 
@@ -199,7 +201,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     check_writable(out)  # read-only, on every rank: under torchrun they all fail together
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
-    model, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch)
+    model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch)
     if model.arch.conv and not noise_plugin(s.noise).convolutions:
         able = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.convolutions)
         raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "
@@ -211,7 +213,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         if not noise_plugin(s.noise).plain_norm:  # e.g. shaped: its clipping geometry ‖g/s‖ ≤ C
             plain = " or ".join(n for n, p in NOISE_PLUGINS.items() if p.plain_norm)
             raise DpltmUserError(f"the audit's canaries assume the plain clipping norm: audit --noise {plain}")
-        data = audit.prepare(model, data, s.clip)
+        data = audit.prepare(model, data, s.clip, masks)
     n = len(data.train) + (audit.extra_records if audit is not None else 0)
     plan = plan_training(s, n, origin.spent_events()) if private else None
     if plan is not None and plan.lr != s.lr:  # lr_sigma: the run's lr follows its σ (and is stored)
@@ -287,7 +289,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         with run_log.closed_on_error() if run_log is not None else contextlib.nullcontext():
             seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
             if plan is not None:
-                context = NoiseContext(model=model, clip=s.clip, private_dataset=data.name,
+                context = NoiseContext(model=model, masks=masks, clip=s.clip, private_dataset=data.name,
                                        public_data=public_data, public_dataset=public_dataset)
                 outcome = run_private(model, data, plan, s, seed=seed,
                                       epsilon_after=epsilon_after, progress=progress and main,
@@ -295,7 +297,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                                       distribution=distribution, step_mode=step_mode,
                                       canaries=None if audit is None else audit.canaries_in_training)
             else:
-                outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch)
+                outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch,
+                                          masks=masks)
             if budget_note is not None and outcome.stop_reason.startswith("finished"):
                 outcome = replace(outcome, stop_reason=budget_note)
             adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
@@ -305,8 +308,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             ledger = ledger_for(guarantee_steps)
             released = outcome.released if outcome.released is not None else model  # the EMA when on
             audited = None if audit is None or plan is None else audit.conclude(released, plan, ledger, s)
-            trained = trained_model(released, ledger, outcome, cfg, ticket, ticket_path, transfer, data, origin,
-                                    plan, out, adaptive_stop, network_density=density(model.masks()),
+            trained = trained_model(released, masks, ledger, outcome, cfg, ticket, ticket_path, transfer, data,
+                                    origin, plan, out, adaptive_stop, network_density=density(masks),
                                     randomness=randomness if plan is not None else None,
                                     processes=distribution.world_size,
                                     log_dir=None if run_log is None else str(run_log.folder), audit=audited)
@@ -319,12 +322,12 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     return report
 
 
-def trained_model(released: MaskedMLP, ledger: PrivacyLedger, outcome: TrainOutcome, cfg: TrainConfig,
+def trained_model(released: LeNet, masks: Masks, ledger: PrivacyLedger, outcome: TrainOutcome, cfg: TrainConfig,
                   ticket: dict[str, Any] | None, ticket_path: Path | None, transfer: dict[str, Any],
                   data: DatasetSplits, origin: TicketOrigin, plan: TrainPlan | None, out: Path, adaptive_stop: bool,
                   *, network_density: float, randomness: str | None, processes: int, log_dir: str | None,
                   audit: dict[str, Any] | None) -> TrainedModel:
-    """The model checkpoint as a `TrainedModel`: the released weights, one privacy record (the ledger
+    """The model checkpoint as a `TrainedModel`: the released weights and masks, one privacy record (the ledger
     and the caveats it cannot know), what the run did, and provenance. Its `report()` is the run's."""
     caveats = [origin.caveat] if origin.caveat else []
     if adaptive_stop:
@@ -334,7 +337,7 @@ def trained_model(released: MaskedMLP, ledger: PrivacyLedger, outcome: TrainOutc
             f"protected; the guarantee for the training records is the planned run's budget")
     return TrainedModel(
         architecture=released.arch.to_dict(),
-        state_dict={k: v.detach().cpu() for k, v in released.state_dict().items()},
+        state_dict=stored_state(released, masks),
         privacy=PrivacyRecord(ledger, tuple(caveats), adaptive_stop),
         history=tuple(outcome.history),
         config=to_dict(cfg),

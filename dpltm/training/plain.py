@@ -1,9 +1,10 @@
-"""Non-private training of a masked network: a LightningModule run by a Lightning Trainer.
+"""Non-private training of a network and its ticket: a LightningModule run by a Lightning Trainer.
 
 Used by ticket generation (phase 1) and the non-private baseline. The loop is the plain one
 (cross-entropy, SGD); per-step work is kept to the forward/backward pass and one in-place
 accumulation of the loss, with no host synchronisation, so Lightning's overhead stays small
-(measured in benchmarks/bench_generate.py).
+(measured in benchmarks/bench_generate.py). A ticket's pruned weights are re-zeroed after every update
+(`PrunedWeights`: one fused multiply), so they stay exactly zero.
 """
 
 from __future__ import annotations
@@ -30,21 +31,23 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet, Masks, PrunedWeights
 
 
 class ClassifierModule(L.LightningModule):
-    """Cross-entropy classifier around a `MaskedMLP`, trained with plain SGD.
+    """Cross-entropy classifier around a `LeNet` and its ticket's masks, trained with plain SGD.
 
     Manual optimisation: the step is the textbook zero_grad/backward/step, without the closure
     machinery automatic optimisation wraps around it (a measurable share of a 4 ms step).
     """
 
-    def __init__(self, model: MaskedMLP, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
-                 batch_size: int = 0) -> None:
+    def __init__(self, model: LeNet, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
+                 batch_size: int = 0, masks: Masks | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
+        self.masks = masks or {}
+        self.keep_pruned = PrunedWeights(model, self.masks)
         self.lr = lr
         self.register_buffer("step_losses", torch.zeros(steps), persistent=False)
         self.steps_done = 0
@@ -67,14 +70,17 @@ class ClassifierModule(L.LightningModule):
         loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         optimizer.step()
+        self.keep_pruned()
         self.step_losses[batch_idx] = loss.detach()
         self.steps_done = batch_idx + 1
 
     def on_train_start(self) -> None:
         optimizer = self.optimizers()
         self._optimizer = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer  # type: ignore[union-attr]
+        self.keep_pruned = PrunedWeights(self.model, self.masks)  # on the device the trainer chose
         if self.graphed_on is not None:
-            self.graphed = GraphedSgdStep(self.model, self.graphed_on, self.batch_size, self._optimizer)
+            self.graphed = GraphedSgdStep(self.model, self.graphed_on, self.batch_size, self._optimizer,
+                                          self.keep_pruned)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Batches are slices of tensors that already live on the device: nothing to move."""
@@ -91,9 +97,10 @@ class GraphedSgdStep:
     the device-resident data, so a step is one copy and one replay, with no host synchronisation.
     """
 
-    def __init__(self, model: MaskedMLP, data: LabeledTensors, batch_size: int,
-                 optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: LeNet, data: LabeledTensors, batch_size: int,
+                 optimizer: torch.optim.Optimizer, keep_pruned: PrunedWeights | None = None) -> None:
         self.model, self.data, self.optimizer = model, data, optimizer
+        self.keep_pruned = keep_pruned
         self.index = torch.zeros(batch_size, dtype=torch.long, device=data.labels.device)
         self.loss = torch.zeros((), device=data.labels.device)
         # backward writes the gradients the capture allocates: they must not exist before it
@@ -106,6 +113,8 @@ class GraphedSgdStep:
         loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         self.optimizer.step()
+        if self.keep_pruned is not None:
+            self.keep_pruned()
         self.loss.copy_(loss.detach())
 
     def step(self, index: Tensor) -> Tensor:
@@ -206,17 +215,18 @@ GRAPH_BLOCK_STEPS = 500
 """Steps replayed per Lightning step in CUDA-graph mode."""
 
 
-def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batch_size: int,
-                     lr: float, seed: int, log_every: int = 100,
+def train_classifier(model: LeNet, data: LabeledTensors, *, steps: int, batch_size: int,
+                     lr: float, seed: int, log_every: int = 100, masks: Masks | None = None,
                      progress_label: str | None = None, cuda_graphs: bool = False) -> TrainResult:
     """Train `model` in place for `steps` SGD steps on device-resident `data` (with `cuda_graphs`,
-    each step replayed from a CUDA graph: the same batches, the same updates)."""
+    each step replayed from a CUDA graph: the same batches, the same updates). `masks` (the ticket,
+    already installed by `apply_masks_`) keep their pruned weights at zero; None trains every weight."""
     device = data.labels.device
     if cuda_graphs and device.type != "cuda":
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     shuffled = ShuffledBatches(data, batch_size, steps, seed)
     module = ClassifierModule(model, lr, steps, graphed_on=data if cuda_graphs else None,
-                              batch_size=shuffled.batch_size)
+                              batch_size=shuffled.batch_size, masks=masks)
     batches = torch.utils.data.DataLoader(
         BlocksOfIndices(shuffled, GRAPH_BLOCK_STEPS) if cuda_graphs else shuffled, batch_size=None, num_workers=0
     )
@@ -238,7 +248,7 @@ def train_classifier(model: MaskedMLP, data: LabeledTensors, *, steps: int, batc
 
 
 @torch.no_grad()
-def accuracy(model: MaskedMLP, data: LabeledTensors, batch_size: int = 8192) -> float:
+def accuracy(model: LeNet, data: LabeledTensors, batch_size: int = 8192) -> float:
     """Top-1 accuracy on device-resident data, accumulated by torchmetrics in batches."""
     if len(data) == 0:
         return float("nan")

@@ -39,7 +39,7 @@ from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP
+from dpltm.model import LeNet, Masks, PrunedWeights
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.display import format_epsilon
@@ -174,7 +174,7 @@ Poisson batch with exact-size tensors (sparse kernels for sparse tickets: the CP
 Lightning step (dpltm.dp.graphed); `graphs`, the static pieces captured in CUDA graphs."""
 
 
-def check_replicas_agree(model: MaskedMLP) -> None:
+def check_replicas_agree(model: LeNet) -> None:
     """Raise if the ranks' weights differ. Every rank applies the same all-reduced ĝ, so they stay
     bit-identical; compared by a fingerprint (sums of the weights and of their squares, all-reduced
     as min and max)."""
@@ -229,11 +229,12 @@ class _OneEpochAtATime(torch.utils.data.IterableDataset[list[Tensor]]):
 class DPTrainingModule(L.LightningModule):
     """One DP-SGD step per Poisson batch; per-epoch evaluation, ε bookkeeping and stopping."""
 
-    def __init__(self, model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
+    def __init__(self, model: LeNet, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
                  on_epoch: Callable[[dict[str, Any]], None] | None = None,
                  distribution: Distribution | None = None, step_mode: str = "eager",
-                 canaries: AuditCanaries | None = None) -> None:
+                 canaries: AuditCanaries | None = None, masks: Masks | None = None) -> None:
+        """`masks`: the ticket beside `model` (installed: its pruned weights are zero); None: dense."""
         super().__init__()
         if canaries is not None and (step_mode != "eager" or (distribution or Distribution()).multi_process):
             raise DpltmUserError("an audit's canaries run in the eager step on one device")
@@ -248,6 +249,7 @@ class DPTrainingModule(L.LightningModule):
         self.static_step: StaticShapeDpStep | None = None
         self.automatic_optimization = False
         self.model = model
+        self.masks = masks if masks is not None else model.full_masks()
         self.data = data
         self.plan = plan
         self.settings = settings
@@ -261,7 +263,7 @@ class DPTrainingModule(L.LightningModule):
         self.add_noise = True
         # masks (and any noise geometry) never change during training: nor does the first layer's
         # share of every record's masked norm (computed once, when training starts)
-        self.layout = MaskLayout.of(model, data.train.features.dtype, noise.coordinate_scales())
+        self.layout = MaskLayout.of(model, self.masks, data.train.features.dtype, noise.coordinate_scales())
         self.input_terms: Tensor | None = None
         self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
@@ -273,7 +275,7 @@ class DPTrainingModule(L.LightningModule):
         return make_optimizer(self.settings, self.model.parameters(), capturable=self.step_mode == "graphs")
 
     @property
-    def released(self) -> MaskedMLP:
+    def released(self) -> LeNet:
         return released_model(self.model, self.averager)
 
     def on_train_start(self) -> None:
@@ -285,7 +287,7 @@ class DPTrainingModule(L.LightningModule):
         train = self.data.train
         shard_size = -(-len(train) // self.trainer.world_size)  # this rank samples from its shard only
         self.static_step = StaticShapeDpStep(
-            self.model, train, clip=self.settings.clip, noise=self.noise,
+            self.model, self.masks, train, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size,
             capacity=batch_capacity(shard_size, self.plan.sample_rate),
             generator=self.noise_generator, optimizer=self.optimizers().optimizer,  # type: ignore[union-attr]
@@ -355,7 +357,7 @@ class DPTrainingModule(L.LightningModule):
             "val_accuracy": accuracy(self.released, self.data.val),
             "test_accuracy": accuracy(self.released, self.data.test),
             "epsilon": self.epsilon_after(steps),
-            **self.noise.epoch_metrics(self.model, self.settings.clip),
+            **self.noise.epoch_metrics(self.model, self.masks, self.settings.clip),
         }
         self.history.append(record)
         self._maybe_stop(record)
@@ -379,12 +381,12 @@ class TrainOutcome:
     history: list[dict[str, Any]]
     steps: int
     stop_reason: str
-    released: MaskedMLP | None = None
+    released: LeNet | None = None
     """The weights to release (the EMA, or the trained model itself); None: the trained model."""
     released_weights: str = "final iterate"
 
 
-def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
+def run_private(model: LeNet, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
                 seed: int, epsilon_after: Callable[[int], float],
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
@@ -392,7 +394,7 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
                 canaries: AuditCanaries | None = None, progress_label: str = "DP training") -> TrainOutcome:
     """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
     `step_mode` (see STEP_MODES) says how a step runs, not what it computes. With `progress`, a bar
-    named `progress_label` on stderr."""
+    named `progress_label` on stderr. The ticket's masks are `noise_context.masks` (None: dense)."""
     device = data.train.labels.device
     distribution = distribution or Distribution()
     noise = make_noise(settings.noise, plan.noise_parameter, noise_context)
@@ -401,7 +403,7 @@ def run_private(model: MaskedMLP, data: DatasetSplits, plan: TrainPlan, settings
     curve = EpsilonCurve(epsilon_after, [e * plan.steps_per_epoch for e in range(1, plan.epochs + 1)])
     try:
         module = DPTrainingModule(model, data, plan, settings, noise, seed, curve, on_epoch, distribution,
-                                  step_mode, canaries)
+                                  step_mode, canaries, masks=noise_context.masks)
         # No logger on the Trainer: `on_epoch` hands each epoch's record (released-model accuracies
         # and ε only) to the run's log (dpltm.run_log); nothing from private batches is logged.
         trainer = lightning_trainer(
@@ -443,11 +445,14 @@ class NonPrivateModule(L.LightningModule):
     """The non-private baseline with the same recipe (optimiser, momentum, EMA) as the DP run:
     mean cross-entropy on shuffled batches, evaluated after every epoch."""
 
-    def __init__(self, model: MaskedMLP, data: DatasetSplits, settings: TrainSettings,
-                 steps_per_epoch: int, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, model: LeNet, data: DatasetSplits, settings: TrainSettings,
+                 steps_per_epoch: int, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                 masks: Masks | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
+        self.masks = masks or {}
+        self.keep_pruned = PrunedWeights(model, self.masks)
         self.data = data
         self.settings = settings
         self.steps_per_epoch = steps_per_epoch
@@ -459,8 +464,11 @@ class NonPrivateModule(L.LightningModule):
         return make_optimizer(self.settings, self.model.parameters())
 
     @property
-    def released(self) -> MaskedMLP:
+    def released(self) -> LeNet:
         return released_model(self.model, self.averager)
+
+    def on_train_start(self) -> None:
+        self.keep_pruned = PrunedWeights(self.model, self.masks)  # on the device the trainer chose
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Batches are slices of tensors that already live on the device: nothing to move."""
@@ -472,6 +480,7 @@ class NonPrivateModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(self.model(x), y).backward()
         optimizer.step()
+        self.keep_pruned()
         if self.averager is not None:
             update_average(self.averager, self.model, self.settings.ema)  # type: ignore[arg-type]
         if (batch_idx + 1) % self.steps_per_epoch == 0:
@@ -484,12 +493,14 @@ class NonPrivateModule(L.LightningModule):
                 self.on_epoch(self.history[-1])
 
 
-def run_non_private(model: MaskedMLP, data: DatasetSplits, settings: TrainSettings, *, seed: int,
-                    progress: bool, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> TrainOutcome:
-    """The non-private baseline: the same network, epochs and recipe, without clipping or noise."""
+def run_non_private(model: LeNet, data: DatasetSplits, settings: TrainSettings, *, seed: int,
+                    progress: bool, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                    masks: Masks | None = None) -> TrainOutcome:
+    """The non-private baseline: the same network (and ticket: `masks`), epochs and recipe, without
+    clipping or noise."""
     steps_per_epoch = math.ceil(len(data.train) / settings.batch_size)
     device = data.train.labels.device
-    module = NonPrivateModule(model, data, settings, steps_per_epoch, on_epoch)
+    module = NonPrivateModule(model, data, settings, steps_per_epoch, on_epoch, masks)
     batches = torch.utils.data.DataLoader(
         _EpochBatches(data.train, settings.batch_size, steps_per_epoch, settings.epochs, seed),
         batch_size=None, num_workers=0,

@@ -19,25 +19,24 @@ from typing import Any
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, MaskedMLP
+from dpltm.model import Architecture, LeNet, Masks, apply_masks_
 
 
 def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: int,
-                      seed: int, activation: str | None = None) -> tuple[MaskedMLP, dict[str, Any]]:
-    """The network to train, and how it relates to the ticket. `activation` (None: the ticket's
-    own) replaces the activation the ticket was generated with."""
+                      seed: int, activation: str | None = None) -> tuple[LeNet, Masks, dict[str, Any]]:
+    """The network to train at the ticket's start, its masks (installed), and how it relates to the
+    ticket. `activation` (None: the ticket's own) replaces the activation the ticket was generated with."""
     ticket_arch = Architecture.from_dict(ticket["architecture"])
     arch = ticket_arch if activation is None else replace(ticket_arch, activation=activation)
     record = _activation_record(ticket_arch.activation, arch.activation)
     masks = {k: v.to(torch.bool) for k, v in ticket["masks"].items()}
     theta0 = ticket["theta0"]
     if arch.in_features == num_features and arch.num_classes == num_classes:
-        model = MaskedMLP(arch, torch.Generator().manual_seed(seed))
+        model = LeNet(arch, torch.Generator().manual_seed(seed))
         missing, unexpected = model.load_state_dict(theta0, strict=False)
-        if unexpected or any(not k.startswith("mask_") for k in missing):
+        if unexpected or missing:
             raise DpltmUserError("the ticket's θ0 does not fit its architecture (damaged or foreign ticket)")
-        model.set_masks(masks)
-        return model, {"mode": "direct", "kept_layers": arch.layer_names(), **record}
+        return model, apply_masks_(model, masks), {"mode": "direct", "kept_layers": arch.layer_names(), **record}
     if arch.conv:
         raise DpltmUserError(f"a convolutional ticket transfers only to data of its own shape ({arch.in_features} "
                              f"pixels, {arch.num_classes} classes); this data has {num_features} features and "
@@ -51,7 +50,7 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
             f"{num_features} features ({hint})"
         )
     new_arch = Architecture(num_features, arch.hidden, num_classes, None, arch.activation)
-    model = MaskedMLP(new_arch, torch.Generator().manual_seed(seed))  # fresh output layer
+    model = LeNet(new_arch, torch.Generator().manual_seed(seed))  # fresh output layer
     kept = [f"hidden.{i}" for i in range(len(arch.hidden))]
     with torch.no_grad():
         state = model.state_dict()
@@ -62,12 +61,12 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
                     raise DpltmUserError(f"the ticket's θ0 lacks a usable {key} (damaged or foreign ticket)")
                 state[key].copy_(theta0[key])
         model.load_state_dict(state)
-        new_masks = model.masks()
-        for name in kept:
-            new_masks[f"{name}.weight"] = masks[f"{name}.weight"]
-        model.set_masks(new_masks)
+    new_masks = model.full_masks()
+    for name in kept:
+        new_masks[f"{name}.weight"] = masks[f"{name}.weight"]
+    installed = apply_masks_(model, new_masks)
     dropped = ["output"] + (["project"] if arch.project_to is not None else [])
-    return model, {"mode": "cross-architecture", "kept_layers": kept, "dropped_layers": dropped,
+    return model, installed, {"mode": "cross-architecture", "kept_layers": kept, "dropped_layers": dropped,
                    "new_output_classes": num_classes, **record}
 
 

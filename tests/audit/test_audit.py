@@ -20,7 +20,7 @@ from dpltm.audit.run import AuditPlan
 from dpltm.config import TrainConfig, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, apply_masks_, build_architecture
 from dpltm.training import pipeline
 from tests.datafiles import write_digits
 from tests.faults import FAULTS, fault
@@ -77,8 +77,8 @@ def test_inclusion_bits_are_fair_coins() -> None:
 # ---- the canaries --------------------------------------------------------------------------------
 
 
-def _model(features: int = 30) -> MaskedMLP:
-    return MaskedMLP(build_architecture(features, 4, (32,), None, "relu", "mlp"), torch.Generator().manual_seed(0))
+def _model(features: int = 30) -> LeNet:
+    return LeNet(build_architecture(features, 4, (32,), None, "relu", "mlp"), torch.Generator().manual_seed(0))
 
 
 def test_gradient_canaries_sit_on_distinct_surviving_weights_quiet_ones_first() -> None:
@@ -86,9 +86,9 @@ def test_gradient_canaries_sit_on_distinct_surviving_weights_quiet_ones_first() 
 
     model = _model()
     masks = {name: torch.rand(mask.shape, generator=torch.Generator().manual_seed(2)) < 0.5
-             for name, mask in model.masks().items()}
-    model.set_masks(masks)
-    surviving = MaskLayout.of(model).surviving
+             for name, mask in model.full_masks().items()}
+    masks = apply_masks_(model, masks)
+    surviving = MaskLayout.of(model, masks).surviving
     features = torch.randn(100, 30)
     features[:, 20:] = 0  # ten features no record sets: their first-layer weights get no gradient
     canaries = GradientCanaries.draw(model, surviving, 60, clip=1.0, seed=0, features=features)
@@ -105,7 +105,7 @@ def test_sampled_gradient_canaries_add_exactly_the_clip_norm_and_excluded_ones_n
     from dpltm.dp.ghost import MaskLayout
 
     model = _model()
-    canaries = GradientCanaries.draw(model, MaskLayout.of(model).surviving, 20, clip=0.7, seed=4)
+    canaries = GradientCanaries.draw(model, MaskLayout.of(model, model.full_masks()).surviving, 20, clip=0.7, seed=4)
     canaries.start(model, torch.device("cpu"))
     rows = 100  # data rows 0..99; canary i is slot 100 + i of the sampled universe, in or out
     index = torch.tensor([3, 50, *(rows + i for i in range(20))])  # every canary slot sampled
@@ -194,11 +194,11 @@ def test_the_claim_does_not_depend_on_the_inclusion_bits(tmp_path: Path) -> None
 
 def test_noise_on_the_wrong_coordinates_is_refuted(tmp_path: Path) -> None:
     """A ticket: the noise lands on the pruned weights, the canaries' (surviving) ones go bare."""
-    model = MaskedMLP(build_architecture(30, 4, (32,), None, "relu", "mlp"), torch.Generator().manual_seed(0))
+    model = LeNet(build_architecture(30, 4, (32,), None, "relu", "mlp"), torch.Generator().manual_seed(0))
     masks = {name: torch.rand(mask.shape, generator=torch.Generator().manual_seed(5)) < 0.6
-             for name, mask in model.masks().items()}
+             for name, mask in model.full_masks().items()}
     ticket = {"architecture": model.arch.to_dict(), "round": 1, "density": 0.6,
-              "theta0": {k: v for k, v in model.state_dict().items() if not k.startswith("mask_")},
+              "theta0": {k: v.clone() for k, v in model.state_dict().items()},
               "masks": {k: v for k, v in masks.items()},
               "source": {"data": {"dataset": "public-blobs", "split": "train"}},
               "selection": {"method": "best"}, "privacy": {}}

@@ -26,7 +26,7 @@ from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
 from dpltm.artefacts import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
 from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, load_trained_model, save_atomic
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, apply_masks_, build_architecture, stored_state
 from dpltm.privacy.ledger import PrivacyLedger, training_record
 
 Q, SIGMA, STEPS, DELTA = 0.01, 1.1, 500, 1e-5
@@ -47,11 +47,14 @@ def _ledger(phase1: str = "public", accountant: str = "pld") -> PrivacyLedger:
 
 
 def _trained(privacy: PrivacyRecord | None = None) -> TrainedModel:
-    network = MaskedMLP(build_architecture(64, 10, (16,), None), torch.Generator().manual_seed(0))
+    network = LeNet(build_architecture(64, 10, (16,), None), torch.Generator().manual_seed(0))
+    masks = {name: mask.clone() for name, mask in network.full_masks().items()}
+    masks["hidden.0.weight"][:, ::2] = False  # a ticket: half of the first layer pruned
+    masks = apply_masks_(network, masks)
     history = ({"epoch": 1, "steps": 250, "val_accuracy": 0.5, "test_accuracy": 0.4, "epsilon": 0.7},
                {"epoch": 2, "steps": 500, "val_accuracy": 0.6, "test_accuracy": 0.55, "epsilon": 1.0})
     return TrainedModel(
-        architecture=network.arch.to_dict(), state_dict=dict(network.state_dict()),
+        architecture=network.arch.to_dict(), state_dict=stored_state(network, masks),
         privacy=privacy or PrivacyRecord(_ledger()), history=history,
         config={"data": {"split": "train", "val_fraction": 0.1}, "train": {"epochs": 2}, "model": {}, "seed": 0},
         data={"dataset": "digits", "split": "train", "n_train": 1000},
@@ -89,6 +92,16 @@ def test_round_trip_in_memory_and_through_a_file(tmp_path: Path) -> None:
     _same(trained, loaded)
     assert loaded.environment and loaded.environment["dpltm"]  # provenance added by the write
     assert loaded.network()(torch.zeros(2, 64)).shape == (2, 10)
+    # the network and its masks come back apart: a plain module with the stored weights, and the ticket
+    network, masks = loaded.network(), loaded.masks
+    assert not any(k.startswith("mask") for k in network.state_dict())
+    for key, value in network.state_dict().items():
+        assert torch.equal(value, trained.state_dict[key]), key
+    assert masks.keys() == set(network.mask_names())
+    for name, mask in masks.items():
+        assert mask.dtype == torch.bool and torch.equal(mask, trained.state_dict["mask_" + name.replace(".", "_")])
+        assert torch.count_nonzero(network.weights()[name][~mask]) == 0, name
+    assert not bool(masks["hidden.0.weight"].all()) and bool(masks["output.weight"].all())
 
 
 def _keys(value: Any) -> set[str]:
@@ -165,6 +178,8 @@ def _refused(path: Path) -> str:
     (lambda b: b["outcome"].__setitem__("steps", "many"), "'outcome.steps' has the wrong type"),
     (lambda b: b.pop("history"), "lacks 'history'"),
     (lambda b: b["state_dict"].__setitem__("layers.output.bias", torch.zeros(3)), "has shape (3,)"),
+    (lambda b: b["state_dict"].pop("mask_output_weight"), "missing ['mask_output_weight']"),
+    (lambda b: b["state_dict"].__setitem__("mask_output_weight", torch.ones(10, 16)), "has dtype torch.float32"),
     (lambda b: b.__setitem__("architecture", {}), "'architecture' is invalid"),
 ])
 def test_a_damaged_file_is_refused_in_one_line(tmp_path: Path, edit: Any, fragment: str) -> None:

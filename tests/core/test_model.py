@@ -1,4 +1,5 @@
-"""The masked network: pruned weights are exactly zero and never move; rewinding is exact."""
+"""The built-in network and its ticket: masks are data beside a plain module; pruned weights are
+exactly zero and never move; rewinding is exact."""
 
 from __future__ import annotations
 
@@ -6,93 +7,135 @@ import pytest
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import ACTIVATIONS, Architecture, MaskedMLP, activation_function, build_architecture, density
+from dpltm.model import (
+    ACTIVATIONS,
+    Architecture,
+    LeNet,
+    Masks,
+    PrunedWeights,
+    activation_function,
+    apply_masks_,
+    build_architecture,
+    density,
+    split_stored_state,
+    stored_state,
+)
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.tickets.imp import rewind
 from dpltm.training.plain import accuracy, train_classifier
 
 
-def pruned_model(seed: int = 0, rounds: int = 2) -> MaskedMLP:
-    model = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(seed))
+def pruned_model(seed: int = 0, rounds: int = 2) -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(seed))
+    masks = model.full_masks()
     for _ in range(rounds):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(),
-                                        paper_prune_rates(model.mask_names())))
-    return model
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    return model, masks
+
+
+def test_the_model_holds_no_masks() -> None:
+    model, masks = pruned_model()
+    assert all(not k.startswith("mask") for k in model.state_dict())
+    assert list(model.buffers()) == []
+    assert set(masks) == set(model.mask_names())
 
 
 def test_pruned_weights_stay_exactly_zero_through_training(tiny_splits) -> None:  # type: ignore[no-untyped-def]
-    model = pruned_model()
-    masks = {k: v.clone() for k, v in model.masks().items()}
-    train_classifier(model, tiny_splits.train, steps=60, batch_size=32, lr=0.5, seed=0)
+    model, masks = pruned_model()
+    train_classifier(model, tiny_splits.train, masks=masks, steps=60, batch_size=32, lr=0.5, seed=0)
     for name, weight in model.weights().items():
         assert torch.count_nonzero(weight[~masks[name]]) == 0, name
-        assert torch.equal(model.masks()[name], masks[name])
     assert accuracy(model, tiny_splits.val) > 0.5  # it did learn
 
 
-def test_forward_ignores_raw_values_at_pruned_positions() -> None:
-    model = pruned_model()
-    x = torch.randn(5, 20)
-    before = model(x)
-    with torch.no_grad():
-        for name, weight in model.weights().items():
-            weight[~model.masks()[name]] = 123.0  # corrupt the pruned coordinates
-    assert torch.equal(model(x), before)
-
-
-def test_gradient_is_zero_on_pruned_weights() -> None:
-    model = pruned_model()
-    model(torch.randn(7, 20)).sum().backward()
+@pytest.mark.parametrize("make_optimizer", [
+    lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9, weight_decay=1e-2),
+    lambda ps: torch.optim.Adam(ps, lr=0.1, weight_decay=1e-2),
+    lambda ps: torch.optim.AdamW(ps, lr=0.1),
+])
+def test_pruned_weights_stay_zero_whatever_the_optimiser(make_optimizer) -> None:  # type: ignore[no-untyped-def]
+    model, masks = pruned_model()
+    keep_pruned = PrunedWeights(model, masks)
+    optimizer = make_optimizer(model.parameters())
+    x, y = torch.randn(32, 20), torch.randint(0, 4, (32,))
+    survivors = {n: w.detach().clone() for n, w in model.weights().items()}
+    for _ in range(5):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        keep_pruned()
     for name, weight in model.weights().items():
-        assert weight.grad is not None
-        assert torch.count_nonzero(weight.grad[~model.masks()[name]]) == 0
+        assert torch.count_nonzero(weight[~masks[name]]) == 0, name
+        assert not torch.equal(weight[masks[name]], survivors[name][masks[name]])  # the survivors did move
+
+
+def test_installing_a_ticket_zeroes_exactly_its_pruned_weights() -> None:
+    model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0))
+    before = {n: w.detach().clone() for n, w in model.weights().items()}
+    masks = prune_layerwise(model.weights(), model.full_masks(), paper_prune_rates(model.mask_names()))
+    installed = apply_masks_(model, masks)
+    for name, weight in model.weights().items():
+        assert installed[name].dtype == torch.bool and torch.equal(installed[name], masks[name])
+        assert torch.equal(weight[masks[name]], before[name][masks[name]])
+        assert torch.count_nonzero(weight[~masks[name]]) == 0
+
+
+def test_the_forward_pass_is_the_dense_networks() -> None:
+    model, _ = pruned_model()
+    dense = LeNet(model.arch)
+    dense.load_state_dict(model.state_dict())
+    x = torch.randn(5, 20)
+    assert torch.equal(model(x), dense(x))
+
+
+def test_a_model_file_keeps_the_masks_beside_the_weights() -> None:
+    model, masks = pruned_model()
+    state = stored_state(model, masks)
+    assert state["mask_hidden_0_weight"].dtype == torch.bool
+    weights, back = split_stored_state(model.arch, state)
+    assert weights.keys() == model.state_dict().keys()
+    assert back.keys() == masks.keys() and all(torch.equal(back[n], masks[n]) for n in masks)
 
 
 def test_rewinding_restores_theta0_exactly_on_survivors(tiny_splits) -> None:  # type: ignore[no-untyped-def]
-    model = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(3))
-    theta0 = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("mask_")}
+    model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(3))
+    theta0 = {k: v.clone() for k, v in model.state_dict().items()}
     train_classifier(model, tiny_splits.train, steps=20, batch_size=32, lr=0.5, seed=0)
-    masks = prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names()))
+    masks = prune_layerwise(model.weights(), model.full_masks(), paper_prune_rates(model.mask_names()))
     rewind(model, theta0, masks)
     for name, weight in model.weights().items():
         keep = masks[name]
-        assert torch.equal(weight[keep], theta0[_param_key(name)][keep])
+        assert torch.equal(weight[keep], theta0[LeNet.parameter_name(name)][keep])
         assert torch.count_nonzero(weight[~keep]) == 0
     for key, value in theta0.items():
         if key.endswith("bias"):
             assert torch.equal(model.state_dict()[key], value)
 
 
-def _param_key(mask_name: str) -> str:
-    layer, _ = mask_name.rsplit(".", 1)
-    return f"layers.{layer.replace('.', '_')}.weight"
-
-
 def test_masks_are_checked_values() -> None:
-    model = pruned_model(rounds=0)
-    good = model.masks()
+    model, good = pruned_model(rounds=0)
     with pytest.raises(DpltmUserError, match="missing"):
-        model.set_masks({k: v for k, v in list(good.items())[1:]})
+        apply_masks_(model, {k: v for k, v in list(good.items())[1:]})
     with pytest.raises(DpltmUserError, match="shape"):
-        model.set_masks({**good, "output.weight": torch.ones(3, 3, dtype=torch.bool)})
+        apply_masks_(model, {**good, "output.weight": torch.ones(3, 3, dtype=torch.bool)})
     with pytest.raises(DpltmUserError, match="0 and 1"):
-        model.set_masks({**good, "output.weight": torch.full((4, 8), 0.5)})
+        apply_masks_(model, {**good, "output.weight": torch.full((4, 8), 0.5)})
 
 
 def test_projection_layer_has_no_activation_and_is_prunable() -> None:
     arch = build_architecture(10, 3, (6,), project_to=8)
-    model = MaskedMLP(arch, torch.Generator().manual_seed(0))
+    model = LeNet(arch, torch.Generator().manual_seed(0))
     assert model.mask_names() == ["project.weight", "hidden.0.weight", "output.weight"]
     assert arch.layer_shapes()["project"] == (8, 10)
     assert arch.layer_shapes()["hidden.0"] == (6, 8)
     assert not model.is_activation_after(0) and model.is_activation_after(1)
     assert model(torch.randn(2, 10)).shape == (2, 3)
-    assert density(model.masks()) == 1.0
+    assert density(model.full_masks()) == 1.0
 
 
 def test_same_seed_same_init() -> None:
-    a = MaskedMLP(build_architecture(20, 4, (16,), None), torch.Generator().manual_seed(5))
-    b = MaskedMLP(build_architecture(20, 4, (16,), None), torch.Generator().manual_seed(5))
+    a = LeNet(build_architecture(20, 4, (16,), None), torch.Generator().manual_seed(5))
+    b = LeNet(build_architecture(20, 4, (16,), None), torch.Generator().manual_seed(5))
     for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert ka == kb and torch.equal(va, vb)
 
@@ -112,11 +155,12 @@ def test_activation_is_part_of_the_architecture() -> None:
 
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
 def test_forward_uses_the_architectures_activation(activation: str) -> None:
-    model = MaskedMLP(build_architecture(10, 3, (6, 5), 8, activation), torch.Generator().manual_seed(0))
-    model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    model = LeNet(build_architecture(10, 3, (6, 5), 8, activation), torch.Generator().manual_seed(0))
+    masks = apply_masks_(model, prune_layerwise(model.weights(), model.full_masks(),
+                                                paper_prune_rates(model.mask_names())))
     act = {"relu": torch.relu, "tanh": torch.tanh}[activation]
     x = torch.randn(4, 10, generator=torch.Generator().manual_seed(1))
-    layers = [(model.layers[n.removesuffix(".weight").replace(".", "_")], m) for n, m in model.masks().items()]
+    layers = [(model.layers[n.removesuffix(".weight").replace(".", "_")], m) for n, m in masks.items()]
     h = x
     for i, (layer, mask) in enumerate(layers):
         h = torch.nn.functional.linear(h, layer.weight * mask, layer.bias)

@@ -17,17 +17,18 @@ from torch.func import functional_call, grad, vmap
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.padding import padded_chunks
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, MaskedMLP, build_architecture
+from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture, parameter_masks
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
 
 
-def cnn_ticket(rounds: int = 2, activation: str = "tanh") -> MaskedMLP:
-    model = MaskedMLP(build_architecture(784, 10, (20, 12), None, activation, "lenet5"),
-                      torch.Generator().manual_seed(0)).double()
+def cnn_ticket(rounds: int = 2, activation: str = "tanh") -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(784, 10, (20, 12), None, activation, "lenet5"),
+                  torch.Generator().manual_seed(0)).double()
+    masks = model.full_masks()
     for _ in range(rounds):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    return model
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    return model, masks
 
 
 def images(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,36 +38,39 @@ def images(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_cnn_norms_and_sums_equal_torch_func(activation: str) -> None:
-    model = cnn_ticket(activation=activation)
+    model, masks = cnn_ticket(activation=activation)
     x, y = images(7)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    buffers = dict(model.named_buffers())
+    by_parameter = parameter_masks(model, masks)
+    assert "layers.conv_0.weight" in by_parameter and "layers.conv_1.weight" in by_parameter
 
     def loss(p, xi, yi):  # type: ignore[no-untyped-def]
-        return F.cross_entropy(functional_call(model, (p, buffers), (xi[None],)), yi[None])
+        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
 
     per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    # the ticket's per-sample gradients are those of its surviving weights (pruned weights are not trained)
+    per_sample = {k: g * by_parameter[k].to(g.dtype) if k in by_parameter else g for k, g in per_sample.items()}
     norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
     clip = float(norms.median())
     factors = (clip / norms).clamp(max=1.0)
     expected = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
-    layout = MaskLayout.of(model, torch.float64)
+    layout = MaskLayout.of(model, masks, torch.float64)
     got = clipped_gradient_sum(model, x, y, clip, layout)
     torch.testing.assert_close(got.norms, norms)
     assert list(got.grad_sums) == layout.all_parameter_names and set(got.grad_sums) == set(expected)
     for name, value in expected.items():
         torch.testing.assert_close(got.grad_sums[name], value, msg=name)
-    conv0 = model.masks()["conv.0.weight"]
+    conv0 = masks["conv.0.weight"]
     assert bool((got.grad_sums["layers.conv_0.weight"][~conv0] == 0).all())
     assert layout.surviving["layers.conv_0.weight"] is not None and first_layer_input_terms(x, layout) is None
 
 
 def test_cnn_padded_chunks_and_empty_batch() -> None:
-    model = cnn_ticket()
+    model, masks = cnn_ticket()
     x, y = images(20)
     x[0] = float("nan")
     index = torch.arange(1, 20)
-    layout = MaskLayout.of(model, torch.float64, allow_sparse=False)
+    layout = MaskLayout.of(model, masks, torch.float64, allow_sparse=False)
     eager = clipped_gradient_sum(model, x[index], y[index], 0.5, layout).grad_sums
     total = {k: torch.zeros_like(v) for k, v in eager.items()}
     for chunk in padded_chunks(index, 8, torch.float64):

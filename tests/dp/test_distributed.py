@@ -29,7 +29,7 @@ from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, Masks, apply_masks_, build_architecture, parameter_masks
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.private import check_replicas_agree
 from tests.datafiles import write_digits
@@ -70,11 +70,12 @@ def test_distribution_checks() -> None:
         Distribution(0)
 
 
-def ticket() -> MaskedMLP:
-    model = MaskedMLP(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0))
+def ticket() -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0))
+    masks = model.full_masks()
     for _ in range(2):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    return model.double()
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    return model.double(), masks
 
 
 def records() -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,8 +86,8 @@ def records() -> tuple[torch.Tensor, torch.Tensor]:
 def _rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        model, (x, y) = ticket(), records()
-        layout = MaskLayout.of(model, x.dtype)
+        (model, masks), (x, y) = ticket(), records()
+        layout = MaskLayout.of(model, masks, x.dtype)
         index = next(iter(PoissonBatches(N, Q, 1, rank_sampling_seed(SEED, rank), shard=shard(N, rank, world))))
         results = {"index": index}
         for sigma in (0.0, SIGMA):
@@ -116,8 +117,8 @@ def test_two_rank_step_equals_one_process_over_the_union(tmp_path: Path) -> None
     union = torch.cat([r["index"] for r in ranks])
     assert union.numel() > 0 and union.unique().numel() == union.numel()
     assert all(r["divergence caught"] for r in ranks)  # every rank sees it
-    model, (x, y) = ticket(), records()
-    layout = MaskLayout.of(model, x.dtype)
+    (model, masks), (x, y) = ticket(), records()
+    layout = MaskLayout.of(model, masks, x.dtype)
     clipped = clipped_gradient_sum(model, x[union], y[union], CLIP, layout).grad_sums
     for sigma in (0.0, SIGMA):
         one = private_gradients(model, x[union], y[union], clip=CLIP, noise=GaussianNoise(sigma),
@@ -130,7 +131,9 @@ def test_two_rank_step_equals_one_process_over_the_union(tmp_path: Path) -> None
                 torch.testing.assert_close(ranks[0][f"sigma={sigma}"][name] * (N * Q), clipped[name],
                                            rtol=1e-12, atol=1e-12)
     # masked weights got exactly zero (noise only on surviving coordinates)
-    for name, mask in zip([w for w, _ in layout.parameter_names], model.masks().values()):
+    by_parameter = parameter_masks(model, masks)
+    assert set(by_parameter) == {w for w, _ in layout.parameter_names}
+    for name, mask in by_parameter.items():
         assert bool((ranks[0][f"sigma={SIGMA}"][name][~mask] == 0).all())
 
 

@@ -1,4 +1,4 @@
-"""DP-SGD step on a masked MLP: norms, clipping, noise, sampling."""
+"""DP-SGD step on a ticket (a plain MLP and its masks beside it): norms, clipping, noise, sampling."""
 
 from __future__ import annotations
 
@@ -14,15 +14,27 @@ from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_t
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches, poisson_sample
 from dpltm.dp.step import apply_gradients, private_gradients
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture, parameter_masks
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 
 
-def model_with(rounds: int, project_to: int | None = None, seed: int = 0, activation: str = "relu") -> MaskedMLP:
-    model = MaskedMLP(build_architecture(12, 5, (10, 7), project_to, activation), torch.Generator().manual_seed(seed))
+def prune(model: LeNet, rounds: int) -> Masks:
+    """`rounds` rounds of the paper's layerwise magnitude pruning, installed (pruned weights zeroed)."""
+    masks = model.full_masks()
     for _ in range(rounds):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    return model.double()
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    return masks
+
+
+def model_with(rounds: int, project_to: int | None = None, seed: int = 0,
+               activation: str = "relu") -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(12, 5, (10, 7), project_to, activation), torch.Generator().manual_seed(seed))
+    masks = prune(model, rounds)
+    return model.double(), masks
+
+
+def layout_of(model: LeNet, masks: Masks) -> MaskLayout:
+    return MaskLayout.of(model, masks, torch.float64)
 
 
 def batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,13 +42,21 @@ def batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 12, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g)
 
 
-def loop_norms(model: MaskedMLP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Reference: one backward pass per sample, norm of the masked gradient."""
+def masked_grads(model: LeNet, masks: Masks) -> dict[str, torch.Tensor]:
+    """Each parameter's .grad restricted to the ticket's surviving weights (a pruned weight is zero but not
+    trained: autograd still gives it a gradient, the ticket's step does not)."""
+    by_parameter = parameter_masks(model, masks)
+    return {name: p.grad * by_parameter[name].to(p.grad.dtype) if name in by_parameter else p.grad  # type: ignore[operator]
+            for name, p in model.named_parameters()}
+
+
+def loop_norms(model: LeNet, masks: Masks, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Reference: one backward pass per sample, norm of the gradient over the surviving weights."""
     norms = []
     for i in range(x.shape[0]):
         model.zero_grad()
         F.cross_entropy(model(x[i : i + 1]), y[i : i + 1], reduction="sum").backward()
-        sq = sum(float((p.grad**2).sum()) for p in model.parameters())
+        sq = sum(float((g**2).sum()) for g in masked_grads(model, masks).values())
         norms.append(math.sqrt(sq))
     return torch.tensor(norms, dtype=torch.float64)
 
@@ -45,29 +65,30 @@ def loop_norms(model: MaskedMLP, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
 @pytest.mark.parametrize("project_to", [None, 9])
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
 def test_ghost_norms_equal_single_sample_loop(rounds: int, project_to: int | None, activation: str) -> None:
-    model = model_with(rounds, project_to, activation=activation)
+    model, masks = model_with(rounds, project_to, activation=activation)
     x, y = batch(17)
-    ghost = clipped_gradient_sum(model, x, y, clip=float("inf")).norms
-    torch.testing.assert_close(ghost, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
+    ghost = clipped_gradient_sum(model, x, y, clip=float("inf"), layout=layout_of(model, masks)).norms
+    torch.testing.assert_close(ghost, loop_norms(model, masks, x, y), rtol=1e-10, atol=1e-12)
 
 
 def test_sparse_and_dense_norm_operators_agree() -> None:
     """Big sparse layers take the CSR path; it must give the same norms as the dense one."""
-    model = MaskedMLP(build_architecture(1800, 5, (60,), None), torch.Generator().manual_seed(0)).double()
-    for _ in range(6):  # density 0.7**6 ≈ 0.12 on the first layer: below SPARSE_BELOW_DENSITY
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    layout = MaskLayout.of(model, torch.float64)
+    model = LeNet(build_architecture(1800, 5, (60,), None), torch.Generator().manual_seed(0)).double()
+    masks = prune(model, 6)  # density 0.7**6 ≈ 0.12 on the first layer: below SPARSE_BELOW_DENSITY
+    layout = layout_of(model, masks)
     assert layout.norm_masks[0] is not None and layout.norm_masks[0].layout == torch.sparse_csr
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(9, 1800, generator=g, dtype=torch.float64), torch.randint(0, 5, (9,), generator=g)
     assert layout.sum_masks[0] is not None  # the clipped sum takes the sampled-matmul path too
     batch = clipped_gradient_sum(model, x, y, clip=float("inf"), layout=layout)
-    torch.testing.assert_close(batch.norms, loop_norms(model, x, y), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(batch.norms, loop_norms(model, masks, x, y), rtol=1e-10, atol=1e-12)
     # with no clipping the sum is the gradient of the summed loss (masked)
     model.zero_grad()
     F.cross_entropy(model(x), y, reduction="sum").backward()
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(batch.grad_sums[name], param.grad, msg=name)
+    for name, grad_sum in masked_grads(model, masks).items():
+        torch.testing.assert_close(batch.grad_sums[name], grad_sum, msg=name)
+    for name, mask in parameter_masks(model, masks).items():
+        assert torch.count_nonzero(batch.grad_sums[name][~mask]) == 0, name  # exactly: pruned weights get none
 
 
 @pytest.mark.parametrize(("width", "rounds", "sparse", "scaled"),
@@ -78,13 +99,12 @@ def test_precomputed_first_layer_terms_give_the_same_norms(width: int, rounds: i
     """The first layer's share of every record's masked norm, tabulated once per run and gathered per
     batch, gives the norms and clipped sums of the per-batch computation, for a dense first layer,
     a masked one (dense and CSR operators) and a noise geometry's scaled one."""
-    model = MaskedMLP(build_architecture(width, 5, (60, 7), None), torch.Generator().manual_seed(0)).double()
-    for _ in range(rounds):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    model = LeNet(build_architecture(width, 5, (60, 7), None), torch.Generator().manual_seed(0)).double()
+    masks = prune(model, rounds)
     g = torch.Generator().manual_seed(2)
     scales = ({name: 0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64)
                for name, p in model.named_parameters()} if scaled else None)
-    layout = MaskLayout.of(model, torch.float64, scales, allow_sparse=sparse)
+    layout = MaskLayout.of(model, masks, torch.float64, scales, allow_sparse=sparse)
     if width > 1000:  # a big sparse first layer: the CSR operator when allowed
         assert (layout.norm_masks[0].layout == torch.sparse_csr) == sparse  # type: ignore[union-attr]
     features = torch.randn(50, width, generator=g, dtype=torch.float64)
@@ -96,7 +116,7 @@ def test_precomputed_first_layer_terms_give_the_same_norms(width: int, rounds: i
     looked_up = clipped_gradient_sum(model, features[index], labels[index], 0.3, layout, input_terms=table[index])
     torch.testing.assert_close(looked_up.norms, direct.norms, rtol=1e-12, atol=1e-12)
     if not scaled:
-        torch.testing.assert_close(looked_up.norms, loop_norms(model, features[index], labels[index]),
+        torch.testing.assert_close(looked_up.norms, loop_norms(model, masks, features[index], labels[index]),
                                    rtol=1e-10, atol=1e-12)
     for name in direct.grad_sums:
         torch.testing.assert_close(looked_up.grad_sums[name], direct.grad_sums[name], rtol=1e-12, atol=1e-12)
@@ -105,23 +125,25 @@ def test_precomputed_first_layer_terms_give_the_same_norms(width: int, rounds: i
 @pytest.mark.parametrize(("activation", "project_to"), [("relu", None), ("tanh", None), ("tanh", 9)])
 def test_clipped_sum_equals_torch_func_per_sample_gradients(activation: str, project_to: int | None) -> None:
     """Masked ghost norms and the clipped sum match per-sample gradients from torch.func (vmap of
-    grad) whatever the activation: the identity does not depend on it."""
-    model = model_with(2, project_to, activation=activation)
+    grad), restricted to the surviving weights, whatever the activation: the identity does not depend
+    on it."""
+    model, masks = model_with(2, project_to, activation=activation)
     assert model.arch.activation == activation
     x, y = batch(23)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    buffers = dict(model.named_buffers())
+    by_parameter = parameter_masks(model, masks)
 
     def loss(p, xi, yi):  # type: ignore[no-untyped-def]
-        out = functional_call(model, (p, buffers), (xi[None],))
+        out = functional_call(model, p, (xi[None],))
         return F.cross_entropy(out, yi[None])
 
     per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    per_sample = {k: g * by_parameter[k].to(g.dtype) if k in by_parameter else g for k, g in per_sample.items()}
     norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
     clip = float(norms.median())
     factors = (clip / norms).clamp(max=1.0)
     expected = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
-    got = clipped_gradient_sum(model, x, y, clip=clip)
+    got = clipped_gradient_sum(model, x, y, clip=clip, layout=layout_of(model, masks))
     torch.testing.assert_close(got.norms, norms)
     for name, value in expected.items():
         torch.testing.assert_close(got.grad_sums[name], value)
@@ -130,27 +152,36 @@ def test_clipped_sum_equals_torch_func_per_sample_gradients(activation: str, pro
 
 
 def test_no_noise_no_clipping_equals_plain_masked_sgd() -> None:
-    dp_model, plain = model_with(2), model_with(2)
+    """The DP step without noise or clipping is the non-private masked SGD step: a plain SGD step, then
+    the ticket's pruned weights re-zeroed (`PrunedWeights`, what non-private training does)."""
+    (dp_model, masks), (plain, plain_masks) = model_with(2), model_with(2)
     x, y = batch(32)
     opt_dp = torch.optim.SGD(dp_model.parameters(), lr=0.3)
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.3)
+    keep_pruned = PrunedWeights(plain, plain_masks)
+    layout = layout_of(dp_model, masks)
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
         grads, _, _ = private_gradients(dp_model, x, y, clip=float("inf"), noise=GaussianNoise(0.0),
-                                        expected_batch_size=32, generator=g)
+                                        expected_batch_size=32, generator=g, layout=layout)
         apply_gradients(dp_model, grads, opt_dp)
         opt_plain.zero_grad()
         F.cross_entropy(plain(x), y).backward()
         opt_plain.step()
+        keep_pruned()
     for (name, a), b in zip(dp_model.named_parameters(), plain.parameters()):
         torch.testing.assert_close(a, b, msg=name)
+    for name, weight in dp_model.weights().items():
+        assert torch.count_nonzero(weight[~masks[name]]) == 0, name  # the DP step alone kept them at zero
 
 
 def test_noise_scale_on_zero_gradients_and_none_on_pruned() -> None:
-    model = model_with(3).float()
-    layout = MaskLayout.of(model)
-    masks = {f"layers.{n.removesuffix('.weight').replace('.', '_')}.{part}": (m if part == "weight" else None)
-             for n, _, m in model.layers_in_order() for part in ("weight", "bias")}
+    model, ticket_masks = model_with(3)
+    model = model.float()
+    layout = MaskLayout.of(model, ticket_masks)
+    masks = {f"layers.{n.removesuffix('.weight').replace('.', '_')}.{part}": (ticket_masks[n] if part == "weight"
+                                                                              else None)
+             for n, _ in model.layers_in_order() for part in ("weight", "bias")}
     sigma, clip, expected_batch = 1.7, 0.8, 50.0
     zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
     g = torch.Generator().manual_seed(0)
@@ -168,24 +199,25 @@ def test_noise_scale_on_zero_gradients_and_none_on_pruned() -> None:
 
 
 def test_pruned_weights_stay_zero_under_noisy_adam() -> None:
-    model = model_with(3)
-    masks = {k: v.clone() for k, v in model.masks().items()}
+    model, masks = model_with(3)
+    layout = layout_of(model, masks)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
     for step in range(5):
         x, y = batch(20, seed=step)
         grads, _, _ = private_gradients(model, x, y, clip=1.0, noise=GaussianNoise(2.0),
-                                        expected_batch_size=20, generator=g)
+                                        expected_batch_size=20, generator=g, layout=layout)
         apply_gradients(model, grads, opt)
     for name, weight in model.weights().items():
         assert torch.count_nonzero(weight[~masks[name]]) == 0
 
 
 def test_empty_batch_is_a_legal_noise_only_step() -> None:
-    model = model_with(1)
+    model, masks = model_with(1)
     x, y = batch(0)
     grads, norms, _ = private_gradients(model, x, y, clip=1.0, noise=GaussianNoise(1.0),
-                                        expected_batch_size=10, generator=torch.Generator().manual_seed(0))
+                                        expected_batch_size=10, generator=torch.Generator().manual_seed(0),
+                                        layout=layout_of(model, masks))
     assert norms.numel() == 0
     assert all(torch.isfinite(v).all() for v in grads.values())
     assert any(torch.count_nonzero(v) > 0 for v in grads.values())
@@ -214,11 +246,13 @@ def test_poisson_batch_sizes_are_binomial() -> None:
 
 def test_non_finite_record_is_dropped_not_spread() -> None:
     """One record with an infinite input must not turn the released sum into NaN."""
-    model = model_with(2)
+    model, masks = model_with(2)
+    layout = layout_of(model, masks)
     x, y = batch(6)
     x[2, 0] = float("inf")
-    result = clipped_gradient_sum(model, x, y, clip=1.0)
+    result = clipped_gradient_sum(model, x, y, clip=1.0, layout=layout)
     assert all(torch.isfinite(v).all() for v in result.grad_sums.values())
-    clean = clipped_gradient_sum(model, torch.cat([x[:2], x[3:]]), torch.cat([y[:2], y[3:]]), clip=1.0)
+    clean = clipped_gradient_sum(model, torch.cat([x[:2], x[3:]]), torch.cat([y[:2], y[3:]]), clip=1.0,
+                                 layout=layout)
     for name, value in clean.grad_sums.items():
         torch.testing.assert_close(result.grad_sums[name], value)

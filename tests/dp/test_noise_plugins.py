@@ -27,7 +27,7 @@ from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.noise import NOISE_MECHANISMS, NoiseContext, dp_event_of, make_noise, noise_class
 from dpltm.dp.shaped import ShapedNoise, public_sensitivity
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.comparisons import (
     COMPARISON_LABEL,
@@ -43,11 +43,12 @@ PLUGINS = sorted(NOISE_MECHANISMS)
 FEATURES, CLASSES = 12, 5
 
 
-def pruned_model(rounds: int = 3, seed: int = 0) -> MaskedMLP:
-    model = MaskedMLP(build_architecture(FEATURES, CLASSES, (10, 7), None), torch.Generator().manual_seed(seed))
+def pruned_model(rounds: int = 3, seed: int = 0) -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(FEATURES, CLASSES, (10, 7), None), torch.Generator().manual_seed(seed))
+    masks = model.full_masks()
     for _ in range(rounds):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    return model.double()
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    return model.double(), masks
 
 
 def records(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,16 +56,16 @@ def records(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, FEATURES, generator=g, dtype=torch.float64), torch.randint(0, CLASSES, (n,), generator=g)
 
 
-def context(model: MaskedMLP, clip: float = 0.8) -> NoiseContext:
+def context(model: LeNet, masks: Masks, clip: float = 0.8) -> NoiseContext:
     """Every plug-in gets public data (those that need none ignore it); never the private set."""
     x, y = records(256, seed=99)
-    return NoiseContext(model=model, clip=clip, private_dataset="private-blobs",
+    return NoiseContext(model=model, masks=masks, clip=clip, private_dataset="private-blobs",
                         public_data=LabeledTensors(x, y), public_dataset="public-blobs")
 
 
-def param_masks(model: MaskedMLP) -> dict[str, torch.Tensor | None]:
-    return {f"layers.{n.removesuffix('.weight').replace('.', '_')}.{part}": (m if part == "weight" else None)
-            for n, _, m in model.layers_in_order() for part in ("weight", "bias")}
+def param_masks(model: LeNet, masks: Masks) -> dict[str, torch.Tensor | None]:
+    return {f"layers.{n.removesuffix('.weight').replace('.', '_')}.{part}": (masks[n] if part == "weight" else None)
+            for n, _ in model.layers_in_order() for part in ("weight", "bias")}
 
 
 def scale_of(mechanism, name: str, like: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -111,18 +112,18 @@ def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_spl
 @pytest.mark.parametrize("name", PLUGINS)
 def test_noise_scale_and_masking_on_zero_gradients(name: str) -> None:
     """(a) std per surviving coordinate = σ_eff·C·s within 5 %; (b) none on pruned coordinates."""
-    model = pruned_model()
+    model, masks = pruned_model()
     clip, parameter = 0.8, 1.3
-    mechanism = make_noise(name, parameter, context(model, clip))
+    mechanism = make_noise(name, parameter, context(model, masks, clip))
     effective = noise_class(name).effective_for(parameter)
     assert mechanism.effective_noise_multiplier == pytest.approx(effective)
-    layout = MaskLayout.of(model, torch.float64, mechanism.coordinate_scales())
+    layout = MaskLayout.of(model, masks, torch.float64, mechanism.coordinate_scales())
     zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
     g = torch.Generator().manual_seed(0)
     # perturb may add in place (add_gaussian's contract): every draw gets fresh sums
     draws = [mechanism.perturb({k: v.clone() for k, v in zeros.items()}, layout.surviving, clip, g)
              for _ in range(400)]
-    for pname, mask in param_masks(model).items():
+    for pname, mask in param_masks(model, masks).items():
         stacked = torch.stack([d[pname] for d in draws])
         expected = effective * clip * scale_of(mechanism, pname, stacked[0])
         if mask is not None:
@@ -143,11 +144,11 @@ def test_noise_scale_and_masking_on_zero_gradients(name: str) -> None:
 @pytest.mark.parametrize("name", PLUGINS)
 def test_parameter_zero_is_clipped_sgd(name: str) -> None:
     """(c) parameter 0 returns the clipped sums unchanged (σ = 0 equals clipped SGD)."""
-    model = pruned_model()
-    mechanism = make_noise(name, 0.0, context(model))
+    model, masks = pruned_model()
+    mechanism = make_noise(name, 0.0, context(model, masks))
     assert mechanism.effective_noise_multiplier == 0.0
     x, y = records(20, seed=1)
-    layout = MaskLayout.of(model, torch.float64, mechanism.coordinate_scales())
+    layout = MaskLayout.of(model, masks, torch.float64, mechanism.coordinate_scales())
     sums = clipped_gradient_sum(model, x, y, 0.8, layout).grad_sums
     out = mechanism.perturb(dict(sums), layout.surviving, 0.8, torch.Generator().manual_seed(0))
     assert set(out) == set(sums)
@@ -159,7 +160,7 @@ def test_parameter_zero_is_clipped_sgd(name: str) -> None:
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_accountant_sees_the_effective_multiplier(name: str, accountant: str) -> None:
     """(d) dp_event_of(mech) has the same ε as the plain DP-SGD event at σ_eff."""
-    mechanism = make_noise(name, 1.1, context(pruned_model()))
+    mechanism = make_noise(name, 1.1, context(*pruned_model()))
     q, steps, delta = 0.02, 150, 1e-5
     expected = epsilon(dpsgd_event(q, noise_class(name).effective_for(1.1), steps), delta, accountant)
     assert epsilon(dp_event_of(mechanism, q, steps), delta, accountant) == pytest.approx(expected, rel=1e-12)
@@ -172,7 +173,7 @@ def test_parameter_and_effective_round_trip(name: str) -> None:
     for value in (0.0, 0.37, 1.0, 2.49, 10.43):
         assert cls.parameter_for(cls.effective_for(value)) == pytest.approx(value, rel=1e-15, abs=0)
         assert cls.effective_for(cls.parameter_for(value)) == pytest.approx(value, rel=1e-15, abs=0)
-    built = make_noise(name, 2.49, context(pruned_model()))
+    built = make_noise(name, 2.49, context(*pruned_model()))
     assert built.parameter == 2.49
     assert built.effective_noise_multiplier == pytest.approx(cls.effective_for(2.49))
     assert isinstance(built.description(), str) and built.description()
@@ -183,18 +184,23 @@ def test_per_record_sensitivity_in_the_clipping_geometry(name: str) -> None:
     """(f) ghost clipping in ‖g/s‖ equals a torch.func per-sample computation, and every
     clipped per-record contribution has norm ≤ C in the rescaled space: the sensitivity the
     Gaussian mechanism with multiplier σ_eff needs."""
-    model = pruned_model(2)
-    mechanism = make_noise(name, 1.0, context(model))
+    model, masks = pruned_model(2)
+    mechanism = make_noise(name, 1.0, context(model, masks))
     scales = {k: scale_of(mechanism, k, p.detach()) for k, p in model.named_parameters()}
-    layout = MaskLayout.of(model, torch.float64, mechanism.coordinate_scales())
+    layout = MaskLayout.of(model, masks, torch.float64, mechanism.coordinate_scales())
     x, y = records(23, seed=5)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    buffers = dict(model.named_buffers())
 
     def loss(p, xi, yi):  # type: ignore[no-untyped-def]
-        return F.cross_entropy(functional_call(model, (p, buffers), (xi[None],)), yi[None])
+        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
 
-    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)  # masked: pruned grads are 0
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    # the ticket's gradient is the surviving coordinates' share: the pruned weights (exactly 0 in the
+    # plain network) get none
+    for key, mask in param_masks(model, masks).items():
+        if mask is not None:
+            assert torch.count_nonzero(params[key][~mask]) == 0, key
+            per_sample[key] = per_sample[key] * mask
     rescaled = torch.sqrt(sum(((g / scales[k]).flatten(1) ** 2).sum(1) for k, g in per_sample.items()))
     clip = float(rescaled.median())  # half the records are clipped
     got = clipped_gradient_sum(model, x, y, clip, layout)
@@ -212,16 +218,16 @@ def test_per_record_sensitivity_in_the_clipping_geometry(name: str) -> None:
 
 def test_dpd_alpha_formula_on_a_known_model() -> None:
     """α = 4C²σ²/θ² for the surviving weights only; median and quartiles per layer."""
-    model = pruned_model(1)
+    model, masks = pruned_model(1)
     clip, sigma = 2.0, 0.5  # 4C²σ² = 4
     with torch.no_grad():
-        masks = model.masks()
         model.layers["hidden_0"].weight.fill_(0.5)  # α = 4 / 0.25 = 16 everywhere
         out = model.layers["output"].weight
         out.copy_(torch.linspace(0.1, 2.0, out.numel(), dtype=out.dtype).reshape(out.shape))
-        # pruned raw values are tiny: they would dominate α if they were counted
+        # pruned raw values are tiny: they would dominate α if they were counted (the masks beside the
+        # model, not the weights' values, say which coordinates survive)
         model.layers["hidden_1"].weight[~masks["hidden.1.weight"]] = 1e-6
-    metrics = DropoutNoise(sigma).epoch_metrics(model, clip)
+    metrics = DropoutNoise(sigma).epoch_metrics(model, masks, clip)
     assert set(metrics) == {f"dpd_alpha_{stat}/{layer}" for stat in ("q25", "median", "q75")
                             for layer in ("hidden.0", "hidden.1", "output")}
     for stat in ("q25", "median", "q75"):
@@ -233,8 +239,10 @@ def test_dpd_alpha_formula_on_a_known_model() -> None:
     hidden_1 = model.layers["hidden_1"].weight[masks["hidden.1.weight"]].detach()
     assert metrics["dpd_alpha_median/hidden.1"] == pytest.approx(float((4.0 / hidden_1**2).median()), rel=0.5)
     assert metrics["dpd_alpha_q75/hidden.1"] < 1e6
-    rates = dropout_rates(model, clip, sigma)
+    rates = dropout_rates(model, masks, clip, sigma)
     assert rates["output"].numel() == int(masks["output.weight"].sum())
+    assert not bool(masks["output.weight"].all())  # pruned: the count above bites
+    assert dropout_rates(model, None, clip, sigma)["output"].numel() == out.numel()  # None: the dense network
 
 
 def test_dpd_quantiles_sample_large_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,27 +290,27 @@ def test_dpd_description_states_both_readings() -> None:
 
 
 def test_shaped_needs_public_data() -> None:
-    model = pruned_model()
+    model, masks = pruned_model()
     with pytest.raises(DpltmUserError, match="pass --public-dataset"):
-        make_noise("shaped", 1.0, NoiseContext(model=model, clip=1.0, private_dataset="digits"))
+        make_noise("shaped", 1.0, NoiseContext(model=model, masks=masks, clip=1.0, private_dataset="digits"))
     with pytest.raises(DpltmUserError, match="pass --public-dataset"):
         make_noise("shaped", 1.0, None)
     x, y = records(10, seed=3)
     with pytest.raises(DpltmUserError, match="private dataset"):
-        make_noise("shaped", 1.0, NoiseContext(model=model, clip=1.0, private_dataset="digits",
+        make_noise("shaped", 1.0, NoiseContext(model=model, masks=masks, clip=1.0, private_dataset="digits",
                                                public_data=LabeledTensors(x, y), public_dataset="digits"))
 
 
 def test_shaped_scales_follow_public_sensitivity() -> None:
     """s > 0 per parameter, geometric mean ≈ 1 over surviving coordinates, within [1/10, 10],
     1 on pruned coordinates, and non-increasing in the public sensitivity w."""
-    model = pruned_model()
-    ctx = context(model)
+    model, ticket = pruned_model()
+    ctx = context(model, ticket)
     noise = make_noise("shaped", 1.0, ctx)
     assert isinstance(noise, ShapedNoise)
     scales = noise.coordinate_scales()
     assert scales is not None and set(scales) == {k for k, _ in model.named_parameters()}
-    masks = param_masks(model)
+    masks = param_masks(model, ticket)
     w = public_sensitivity(model, ctx.public_data.features, ctx.public_data.labels)  # type: ignore[union-attr]
     kept_s, kept_w = [], []
     for key, s in scales.items():
@@ -318,7 +326,7 @@ def test_shaped_scales_follow_public_sensitivity() -> None:
     assert float(s_all.max() / s_all.min()) > 2.0  # it really shapes
     order = torch.argsort(w_all)
     assert torch.all(s_all[order][1:] <= s_all[order][:-1] + 1e-12)  # less noise where more sensitive
-    metrics = noise.epoch_metrics(model, 1.0)
+    metrics = noise.epoch_metrics(model, ticket, 1.0)
     assert metrics["shaped_scale_min"] == pytest.approx(float(s_all.min()))
     assert metrics["shaped_scale_median"] == pytest.approx(float(s_all.median()), rel=0.05)
     assert metrics["shaped_scale_max"] == pytest.approx(float(s_all.max()))

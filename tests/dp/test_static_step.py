@@ -20,7 +20,7 @@ from dpltm.dp.padding import batch_capacity, padded_chunks
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import train_classifier
 from dpltm.training.private import TrainOutcome, plan_training, run_private
@@ -28,11 +28,19 @@ from dpltm.training.private import TrainOutcome, plan_training, run_private
 N = 200
 
 
-def ticket(dtype: torch.dtype = torch.float64, device: str = "cpu") -> MaskedMLP:
-    model = MaskedMLP(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0))
+def ticket(dtype: torch.dtype = torch.float64, device: str = "cpu") -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0))
+    masks = model.full_masks()
     for _ in range(2):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    return model.to(device=device, dtype=dtype)
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    model = model.to(device=device, dtype=dtype)
+    return model, apply_masks_(model, masks)  # the masks on the model's device (the weights are already 0)
+
+
+def assert_pruned_weights_are_zero(model: LeNet, masks: Masks) -> None:
+    """The ticket's pruned weights are exactly zero (the network carries no mask: what is zero is the weight)."""
+    for name, weight in model.weights().items():
+        assert torch.count_nonzero(weight.detach()[~masks[name].to(weight.device)]) == 0, name
 
 
 def records(dtype: torch.dtype = torch.float64, device: str = "cpu") -> LabeledTensors:
@@ -65,12 +73,12 @@ def test_chunks_keep_every_sampled_record_once_and_pad_with_zero_weight() -> Non
 
 @pytest.mark.parametrize("capacity", [64, 40, 8])  # room to spare, the exact size, overflow into 5 chunks
 def test_padded_chunked_clipped_sum_equals_the_eager_sum(capacity: int) -> None:
-    model, data = ticket(), records()
+    (model, masks), data = ticket(), records()
     data.features[0] = float("nan")  # the padding row's record: non-finite, still adds exactly zero
     index = torch.arange(1, 41)
-    layout = MaskLayout.of(model, torch.float64)
+    layout = MaskLayout.of(model, masks, torch.float64)
     eager = clipped_gradient_sum(model, data.features[index], data.labels[index], 0.7, layout).grad_sums
-    dense_layout = MaskLayout.of(model, torch.float64, allow_sparse=False)
+    dense_layout = MaskLayout.of(model, masks, torch.float64, allow_sparse=False)
     total = {name: torch.zeros_like(v) for name, v in eager.items()}
     for chunk in padded_chunks(index, capacity, torch.float64):
         part = clipped_gradient_sum(model, data.features[chunk.index], data.labels[chunk.index], 0.7,
@@ -100,12 +108,13 @@ def batches_for(steps: int, q: float = 0.15) -> list[torch.Tensor]:
     return poisson_batches_at_once(N, q, steps, torch.Generator().manual_seed(9))
 
 
-def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float, ema: float | None) -> MaskedMLP:
-    model, data = ticket(), records()
+def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float,
+              ema: float | None) -> tuple[LeNet, Masks]:
+    (model, masks), data = ticket(), records()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
     averager = make_averager(model, ema)
     generator = torch.Generator().manual_seed(5)
-    layout = MaskLayout.of(model, torch.float64)
+    layout = MaskLayout.of(model, masks, torch.float64)
     for index in batches:
         grads, _, _ = private_gradients(model, data.features[index], data.labels[index], clip=0.5,
                                         noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
@@ -113,21 +122,21 @@ def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float, ema: f
         apply_gradients(model, grads, optimizer)
         if averager is not None:
             update_average(averager, model, ema)  # type: ignore[arg-type]
-    return model if averager is None else averager.module  # type: ignore[return-value]
+    return (model if averager is None else averager.module), masks  # type: ignore[return-value]
 
 
 def run_static(batches: list[torch.Tensor], sigma: float, momentum: float, ema: float | None,
-               capacity: int, device: str = "cpu", graphs: bool = False) -> MaskedMLP:
-    model, data = ticket(device=device), records(device=device)
+               capacity: int, device: str = "cpu", graphs: bool = False) -> tuple[LeNet, Masks]:
+    (model, masks), data = ticket(device=device), records(device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
     averager = make_averager(model, ema)
     generator = torch.Generator(device=device).manual_seed(5)
-    step = StaticShapeDpStep(model, data, clip=0.5, noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
+    step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
                              capacity=capacity, generator=generator, optimizer=optimizer, averager=averager,
                              ema_decay=ema, graphs=graphs)
     for index in batches:
         step.step(index.to(device))
-    return model if averager is None else averager.module  # type: ignore[return-value]
+    return (model if averager is None else averager.module), masks  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize(("sigma", "momentum", "ema", "capacity"),
@@ -136,16 +145,16 @@ def test_static_step_trains_exactly_like_the_eager_step(sigma: float, momentum: 
                                                         capacity: int) -> None:
     batches = batches_for(12)
     assert max(len(b) for b in batches) > 16  # the capacity-16 case overflows into chunks
-    eager = run_eager(batches, sigma, momentum, ema)
-    static = run_static(batches, sigma, momentum, ema, capacity)
+    eager, _ = run_eager(batches, sigma, momentum, ema)
+    static, masks = run_static(batches, sigma, momentum, ema, capacity)
     for (name, a), b in zip(eager.named_parameters(), static.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=name)  # same noise draws on the CPU
-    for (_, layer, mask) in static.layers_in_order():
-        assert bool((layer.weight[~mask] == 0).all())
+    assert_pruned_weights_are_zero(static, masks)
+    assert_pruned_weights_are_zero(eager, masks)
 
 
 def test_ema_update_matches_the_definition() -> None:
-    model = ticket()
+    model, _ = ticket()
     averager = make_averager(model, 0.8)
     iterates = []
     for k in range(4):
@@ -166,17 +175,18 @@ def test_ema_update_matches_the_definition() -> None:
 @pytest.mark.parametrize("ema", [None, 0.9])
 def test_cuda_graph_step_equals_the_uncaptured_static_step_without_noise(ema: float | None) -> None:
     batches = batches_for(10)
-    plain = run_static(batches, 0.0, 0.9, ema, 16, device="cuda")
-    graphed = run_static(batches, 0.0, 0.9, ema, 16, device="cuda", graphs=True)
+    plain, _ = run_static(batches, 0.0, 0.9, ema, 16, device="cuda")
+    graphed, masks = run_static(batches, 0.0, 0.9, ema, 16, device="cuda", graphs=True)
     for a, b in zip(plain.parameters(), graphed.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-11)
+    assert_pruned_weights_are_zero(graphed, masks)
 
 
 @pytest.mark.gpu
 def test_cuda_graph_replays_draw_fresh_noise_on_surviving_weights_only() -> None:
-    model, data = ticket(device="cuda"), records(device="cuda")
+    (model, masks), data = ticket(device="cuda"), records(device="cuda")
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    step = StaticShapeDpStep(model, data, clip=0.5, noise=GaussianNoise(2.0), expected_batch_size=1.0,
+    step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=GaussianNoise(2.0), expected_batch_size=1.0,
                              capacity=8, generator=torch.Generator(device="cuda").manual_seed(3),
                              optimizer=optimizer, graphs=True)
     empty = torch.zeros(0, dtype=torch.long, device="cuda")
@@ -188,38 +198,41 @@ def test_cuda_graph_replays_draw_fresh_noise_on_surviving_weights_only() -> None
     noise = torch.cat([f.flatten() for f in first])
     assert not torch.equal(torch.cat([s.flatten() for s in second]), noise)  # fresh draw per replay
     surviving = torch.cat([torch.ones_like(p).flatten() if m is None else m.flatten()
-                           for p, m in zip(model.parameters(), _masks_in_parameter_order(model))]).bool()
+                           for p, m in zip(model.parameters(), _masks_in_parameter_order(model, masks))]).bool()
     assert bool((noise[~surviving] == 0).all())
     assert abs(float(noise[surviving].std()) - 2.0 * 0.5) < 0.15  # σC with lr 1 and L = 1
 
 
-def _masks_in_parameter_order(model: MaskedMLP) -> list[torch.Tensor | None]:
-    masks = []
-    for _, _, mask in model.layers_in_order():
-        masks += [mask, None]
-    return masks
+def _masks_in_parameter_order(model: LeNet, masks: Masks) -> list[torch.Tensor | None]:
+    ordered: list[torch.Tensor | None] = []
+    for mask_name, _ in model.layers_in_order():
+        ordered += [masks[mask_name], None]
+    return ordered
 
 
-def _run_mode(data: DatasetSplits, mode: str, ema: float | None = None) -> tuple[TrainOutcome, MaskedMLP]:
+def _run_mode(data: DatasetSplits, mode: str,
+              ema: float | None = None) -> tuple[TrainOutcome, LeNet, Masks]:
     settings = TrainSettings(epochs=3, batch_size=64, eps2=None, sigma=0.8, lr=0.3, momentum=0.5, ema=ema)
     plan = plan_training(settings, len(data.train))
-    model = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0))
-    model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
+    model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0))
+    masks = apply_masks_(model, prune_layerwise(model.weights(), model.full_masks(),
+                                                paper_prune_rates(model.mask_names())))
     outcome = run_private(model, data, plan, settings, seed=7, epsilon_after=lambda steps: steps / 1000,
                           progress=False, step_mode=mode,
-                          noise_context=NoiseContext(model=model, clip=settings.clip, private_dataset=data.name))
-    return outcome, model
+                          noise_context=NoiseContext(model=model, masks=masks, clip=settings.clip,
+                                                     private_dataset=data.name))
+    return outcome, model, masks
 
 
 def test_static_mode_runs_the_lightning_stage_with_the_same_accounting(tiny_splits: DatasetSplits) -> None:
-    eager, _ = _run_mode(tiny_splits, "eager")
-    static, model = _run_mode(tiny_splits, "static", ema=0.9)
+    eager, _, _ = _run_mode(tiny_splits, "eager")
+    static, model, masks = _run_mode(tiny_splits, "static", ema=0.9)
     assert [r["epsilon"] for r in static.history] == [r["epsilon"] for r in eager.history] == [0.008, 0.016, 0.024]
     assert static.steps == eager.steps == 24
     assert static.history[-1]["test_accuracy"] > 0.7  # it learned (blobs are easy)
-    for (_, layer, mask) in model.layers_in_order():
-        assert bool((layer.weight[~mask] == 0).all())
+    assert_pruned_weights_are_zero(model, masks)
     assert static.released is not model  # the EMA
+    assert_pruned_weights_are_zero(static.released, masks)  # type: ignore[arg-type]
 
 
 def test_cuda_graphs_need_cuda(tiny_splits: DatasetSplits) -> None:
@@ -233,10 +246,10 @@ def test_cuda_graph_mode_trains_on_the_gpu(tiny_splits: DatasetSplits) -> None:
                          fingerprint=tiny_splits.fingerprint,
                          **{k: LabeledTensors(getattr(tiny_splits, k).features.cuda(),
                                               getattr(tiny_splits, k).labels.cuda()) for k in ("train", "val", "test")})
-    outcome, model = _run_mode(cuda, "graphs", ema=0.9)
+    outcome, model, masks = _run_mode(cuda, "graphs", ema=0.9)
     assert outcome.steps == 24 and outcome.history[-1]["test_accuracy"] > 0.7
-    for (_, layer, mask) in model.layers_in_order():
-        assert bool((layer.weight[~mask] == 0).all())
+    assert_pruned_weights_are_zero(model, masks)
+    assert_pruned_weights_are_zero(outcome.released, masks)  # type: ignore[arg-type]
 
 
 def test_blocks_of_indices_are_the_shuffled_batches_in_order(tiny_splits: DatasetSplits) -> None:
@@ -253,14 +266,15 @@ def test_graphed_generate_steps_equal_eager_steps(tiny_splits: DatasetSplits) ->
     train = LabeledTensors(tiny_splits.train.features.cuda(), tiny_splits.train.labels.cuda())
     trained = []
     for graphs in (False, True):
-        model = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0)).cuda()
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-        result = train_classifier(model, train, steps=37, batch_size=48, lr=0.2, seed=3, log_every=10,
-                                  cuda_graphs=graphs)
+        model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0)).cuda()
+        masks = apply_masks_(model, prune_layerwise(model.weights(), model.full_masks(),
+                                                    paper_prune_rates(model.mask_names())))
+        result = train_classifier(model, train, masks=masks, steps=37, batch_size=48, lr=0.2, seed=3,
+                                  log_every=10, cuda_graphs=graphs)
         trained.append((model, result.losses))
     (eager, eager_losses), (graphed, graphed_losses) = trained
     for a, b in zip(eager.parameters(), graphed.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     assert graphed_losses == pytest.approx(eager_losses, rel=1e-4)
-    for (_, layer, mask) in graphed.layers_in_order():
-        assert bool((layer.weight[~mask] == 0).all()) or bool(((layer.weight * mask)[~mask] == 0).all())
+    for model in (eager, graphed):  # the graphed step replays the re-zeroing too (PrunedWeights in the graph)
+        assert_pruned_weights_are_zero(model, masks)

@@ -12,7 +12,7 @@ import torch
 from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, clipped_sums, noisy_step
-from dpltm.dp.ghost import clipped_gradient_sum
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.errors import DpltmUserError
 from dpltm.selection.noise_aware import PlannedRun, candidate_models, noise_aware_choice
 from dpltm.tickets.imp import generate_tickets
@@ -26,13 +26,15 @@ def tickets(tiny_splits: DatasetSplits, tmp_path: Path) -> dict:  # type: ignore
 
 
 def test_batched_clipped_sums_equal_the_single_model_dp_step(tickets: dict, tiny_splits: DatasetSplits) -> None:
-    models = candidate_models(tickets, torch.device("cpu"))
-    stack = StackedMLP(models)
+    models, masks = candidate_models(tickets, torch.device("cpu"))
+    assert len(models) == len(masks) == len(tickets["tickets"])
+    assert any(not bool(m.all()) for ms in masks for m in ms.values())  # real tickets among the candidates
+    stack = StackedMLP(models, masks)
     x, y = tiny_splits.train.features[:50], tiny_splits.train.labels[:50]
     weight_sums, bias_sums = clipped_sums(stack, x, y, clip=0.5)
-    for k, model in enumerate(models):
-        single = clipped_gradient_sum(model, x, y, 0.5)
-        for layer, (name, _, _) in enumerate(model.layers_in_order()):
+    for k, (model, ticket) in enumerate(zip(models, masks)):
+        single = clipped_gradient_sum(model, x, y, 0.5, MaskLayout.of(model, ticket, x.dtype))
+        for layer, (name, _) in enumerate(model.layers_in_order()):
             prefix = f"layers.{name.removesuffix('.weight').replace('.', '_')}"
             torch.testing.assert_close(weight_sums[layer][k], single.grad_sums[f"{prefix}.weight"],
                                        rtol=1e-4, atol=1e-5)
@@ -40,7 +42,8 @@ def test_batched_clipped_sums_equal_the_single_model_dp_step(tickets: dict, tiny
 
 
 def test_pruned_weights_stay_exactly_zero_under_noise(tickets: dict, tiny_splits: DatasetSplits) -> None:
-    stack = StackedMLP(candidate_models(tickets, torch.device("cpu")))
+    stack = StackedMLP(*candidate_models(tickets, torch.device("cpu")))
+    assert any(bool((mask == 0).any()) for mask in stack.masks)  # the check below bites
     optimizer = torch.optim.SGD(stack.parameters(), lr=0.5, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     for _ in range(5):
@@ -124,8 +127,10 @@ def test_convolutional_tickets_are_chosen_by_the_private_step_itself(tmp_path: P
         module.EachCandidate.step = original  # type: ignore[method-assign]
     assert len(stepped) == 6 and len(choice.candidates) == 3 and choice.candidates[0].density == 1.0
     assert all(0.0 <= c.public_val_accuracy <= 1.0 for c in choice.candidates)
-    for model in stepped[-1].models:
-        for _, layer, mask in (*model.conv_layers_in_order(), *model.layers_in_order()):
-            assert torch.count_nonzero(layer.weight[mask == 0]) == 0
+    _, masks = candidate_models(tickets, torch.device("cpu"))  # the tickets' masks, beside the networks
+    assert len(stepped[-1].models) == len(masks) and any(not bool(m.all()) for ms in masks for m in ms.values())
+    for model, ticket in zip(stepped[-1].models, masks):
+        for name, layer in (*model.conv_layers_in_order(), *model.layers_in_order()):
+            assert torch.count_nonzero(layer.weight[~ticket[name]]) == 0
     with pytest.raises(DpltmUserError, match="not the data that made them"):
         noise_aware_choice(tickets, replace(images, fingerprint="private-v1"), plan, seed=0)

@@ -16,7 +16,7 @@ from dpltm.checkpoint import load_checkpoint
 from dpltm.config import PrivateTicketSettings, TrainConfig, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, build_architecture
 from dpltm.privacy.accounting import PLD_VALUE_DISCRETIZATION_INTERVAL
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.tickets.private import layer_keep_fractions, make_private_ticket, plan_private_ticket, round_prune_rates
@@ -104,10 +104,12 @@ def test_more_warmup_rounds_are_each_accounted(tiny_splits: DatasetSplits, tmp_p
     densities = [r["density"] for r in payload["private_ticket"]["rounds"]]
     assert densities == sorted(densities, reverse=True) and densities[-1] == pytest.approx(0.2, abs=0.01)
     # rewind to init: the start is θ0 (the seeded initialisation), masked
-    init = MaskedMLP(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(cfg.seed))
+    init = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(cfg.seed))
     for key, value in payload["theta0"].items():
         if key.endswith("bias"):
             assert torch.equal(value, init.state_dict()[key])
+    for name, mask in payload["masks"].items():  # survivors at their initial value, pruned ones 0
+        assert torch.equal(payload["theta0"][LeNet.parameter_name(name)], init.weights()[name].detach() * mask), name
     eps_so_far = [r["epsilon_so_far"] for r in payload["private_ticket"]["rounds"]]
     assert eps_so_far == sorted(eps_so_far) and eps_so_far[-1] < 3.0
 

@@ -14,7 +14,7 @@ import dpltm.training.private as private_training
 from dpltm.config import TrainSettings
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext
-from dpltm.model import MaskedMLP, build_architecture
+from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import accuracy, train_classifier
 from dpltm.training.private import TrainOutcome, make_optimizer, plan_training, run_non_private, run_private
@@ -23,40 +23,43 @@ from dpltm.training.transfer import model_from_ticket
 Params = dict[str, torch.Tensor]
 
 
-def pruned_model(activation: str = "relu", rounds: int = 2) -> MaskedMLP:
-    model = MaskedMLP(build_architecture(20, 4, (16, 8), None, activation), torch.Generator().manual_seed(0))
+def pruned_model(activation: str = "relu", rounds: int = 2) -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(20, 4, (16, 8), None, activation), torch.Generator().manual_seed(0))
+    masks = model.full_masks()
     for _ in range(rounds):
-        model.set_masks(prune_layerwise(model.weights(), model.masks(), paper_prune_rates(model.mask_names())))
-    return model
+        masks = apply_masks_(model, prune_layerwise(model.weights(), masks, paper_prune_rates(model.mask_names())))
+    return model, masks
 
 
-def params_of(model: MaskedMLP) -> Params:
+def params_of(model: LeNet) -> Params:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
 def dp_run(data: DatasetSplits, monkeypatch: pytest.MonkeyPatch, **recipe: Any
-           ) -> tuple[TrainOutcome, MaskedMLP, Params, list[Params], list[Params]]:
-    """A short DP run with a fixed noise seed; returns what dpltm released, the trained model, θ0,
-    every iterate θ_1..θ_T and every privatized gradient ĝ_1..ĝ_T (recorded as they are applied)."""
+           ) -> tuple[TrainOutcome, LeNet, Masks, Params, list[Params], list[Params]]:
+    """A short DP run of a pruned ticket with a fixed noise seed; returns what dpltm released, the
+    trained model and its masks, θ0, every iterate θ_1..θ_T and every privatized gradient ĝ_1..ĝ_T
+    (recorded as they are applied)."""
     settings = TrainSettings(epochs=2, batch_size=64, eps2=None, sigma=1.0, lr=0.2, **recipe)
     plan = plan_training(settings, len(data.train))
-    model = pruned_model()
+    model, masks = pruned_model()
     theta0 = params_of(model)
     iterates: list[Params] = []
     grads: list[Params] = []
     apply = private_training.apply_gradients
 
-    def recording(model_: MaskedMLP, grads_: Params, optimizer: torch.optim.Optimizer) -> None:
+    def recording(model_: LeNet, grads_: Params, optimizer: torch.optim.Optimizer) -> None:
         grads.append({k: v.detach().clone() for k, v in grads_.items()})
         apply(model_, grads_, optimizer)
         iterates.append(params_of(model_))
 
     monkeypatch.setattr(private_training, "apply_gradients", recording)
     outcome = run_private(model, data, plan, settings, seed=7, epsilon_after=lambda steps: 0.0, progress=False,
-                          noise_context=NoiseContext(model=model, clip=settings.clip, private_dataset=data.name))
+                          noise_context=NoiseContext(model=model, masks=masks, clip=settings.clip,
+                                                     private_dataset=data.name))
     monkeypatch.undo()
     assert len(iterates) == plan.steps
-    return outcome, model, theta0, iterates, grads
+    return outcome, model, masks, theta0, iterates, grads
 
 
 def hand_ema(iterates: list[Params], decay: float) -> Params:
@@ -69,8 +72,8 @@ def hand_ema(iterates: list[Params], decay: float) -> Params:
 
 def test_ema_weights_are_a_function_of_the_dp_iterates_only(tiny_splits: DatasetSplits,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    plain, plain_model, _, plain_iterates, _ = dp_run(tiny_splits, monkeypatch, momentum=0.5)
-    outcome, model, _, iterates, _ = dp_run(tiny_splits, monkeypatch, momentum=0.5, ema=0.9)
+    plain, plain_model, _, _, plain_iterates, _ = dp_run(tiny_splits, monkeypatch, momentum=0.5)
+    outcome, model, masks, _, iterates, _ = dp_run(tiny_splits, monkeypatch, momentum=0.5, ema=0.9)
     # the average never feeds back: the same noise seed gives the same iterates with or without it
     for a, b in zip(plain_iterates, iterates):
         for name in a:
@@ -82,13 +85,16 @@ def test_ema_weights_are_a_function_of_the_dp_iterates_only(tiny_splits: Dataset
     expected = hand_ema(iterates, 0.9)
     for name, value in released.named_parameters():
         torch.testing.assert_close(value.detach().double(), expected[name], rtol=1e-5, atol=1e-6, msg=name)
-    # the average keeps the model's masks (copied, not averaged); pruned coordinates are exactly 0
-    for name, mask in model.masks().items():
-        assert torch.equal(released.masks()[name], mask)
+    # the ticket's masks (beside the model) hold for the average as they are: pruned coordinates are
+    # exactly 0 in every iterate, so in their average too
+    for name, mask in masks.items():
+        assert not bool(mask.all())  # the ticket is pruned: the checks below bite
+        key = LeNet.parameter_name(name)
+        assert all(torch.count_nonzero(theta[key][~mask]) == 0 for theta in iterates), name
         assert torch.count_nonzero(released.weights()[name][~mask]) == 0, name
-        assert not bool(mask.all())  # the ticket is pruned: the check above bites
     released_state = released.state_dict()
-    assert set(released_state) == set(model.state_dict())  # a MaskedMLP checkpoint, same keys
+    assert set(released_state) == set(model.state_dict())  # a LeNet checkpoint, same keys
+    assert not any(k.startswith("mask") for k in released_state)  # the average holds no masks
     # the reported accuracies are the released weights'
     assert outcome.history[-1]["val_accuracy"] == pytest.approx(accuracy(released, tiny_splits.val))
     assert outcome.history[-1]["test_accuracy"] == pytest.approx(accuracy(released, tiny_splits.test))
@@ -97,7 +103,7 @@ def test_ema_weights_are_a_function_of_the_dp_iterates_only(tiny_splits: Dataset
 def test_momentum_acts_on_the_privatized_gradients(tiny_splits: DatasetSplits,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """θ_{t+1} = θ_t − lr·v_{t+1}, v_{t+1} = μ·v_t + ĝ_t: the optimiser sees only ĝ (post-processing)."""
-    _, _, theta0, iterates, grads = dp_run(tiny_splits, monkeypatch, momentum=0.5)
+    _, _, _, theta0, iterates, grads = dp_run(tiny_splits, monkeypatch, momentum=0.5)
     theta = {k: v.double() for k, v in theta0.items()}
     velocity = {k: torch.zeros_like(v) for k, v in theta.items()}
     for step, (g, recorded) in enumerate(zip(grads, iterates)):
@@ -105,19 +111,20 @@ def test_momentum_acts_on_the_privatized_gradients(tiny_splits: DatasetSplits,
             velocity[name] = 0.5 * velocity[name] + g[name].double() if step else g[name].double()
             theta[name] = theta[name] - 0.2 * velocity[name]
             torch.testing.assert_close(recorded[name].double(), theta[name], rtol=1e-4, atol=1e-5)
-    optimizer = make_optimizer(TrainSettings(momentum=0.9), pruned_model().parameters())
+    optimizer = make_optimizer(TrainSettings(momentum=0.9), pruned_model()[0].parameters())
     assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["momentum"] == 0.9
-    assert make_optimizer(TrainSettings(), pruned_model().parameters()).param_groups[0]["momentum"] == 0.0
+    assert make_optimizer(TrainSettings(), pruned_model()[0].parameters()).param_groups[0]["momentum"] == 0.0
 
 
 def test_non_private_baseline_default_is_unchanged(tiny_splits: DatasetSplits) -> None:
     """Momentum 0 and no EMA reproduce the earlier baseline (plain SGD, one reshuffle per epoch)."""
     settings = TrainSettings(epochs=2, batch_size=64, lr=0.3)
-    model, reference = pruned_model(), pruned_model()
-    outcome = run_non_private(model, tiny_splits, settings, seed=3, progress=False)
+    (model, masks), (reference, reference_masks) = pruned_model(), pruned_model()
+    outcome = run_non_private(model, tiny_splits, settings, seed=3, progress=False, masks=masks)
     steps = math.ceil(len(tiny_splits.train) / settings.batch_size)
     for epoch in (1, 2):  # the loop run_non_private replaced
-        train_classifier(reference, tiny_splits.train, steps=steps, batch_size=64, lr=0.3, seed=3 * 100_003 + epoch)
+        train_classifier(reference, tiny_splits.train, masks=reference_masks, steps=steps, batch_size=64, lr=0.3,
+                         seed=3 * 100_003 + epoch)
     for (name, a), b in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(a, b), name
     assert outcome.released is model and outcome.released_weights == "final iterate"
@@ -127,42 +134,46 @@ def test_non_private_baseline_default_is_unchanged(tiny_splits: DatasetSplits) -
 
 def test_non_private_baseline_takes_the_same_recipe(tiny_splits: DatasetSplits) -> None:
     settings = TrainSettings(epochs=2, batch_size=64, lr=0.3, momentum=0.9, ema=0.95)
-    model = pruned_model("tanh")
-    outcome = run_non_private(model, tiny_splits, settings, seed=0, progress=False)
+    model, masks = pruned_model("tanh")
+    outcome = run_non_private(model, tiny_splits, settings, seed=0, progress=False, masks=masks)
     released = outcome.released
     assert released is not None and released is not model and outcome.released_weights == "ema(0.95)"
     assert released.arch.activation == "tanh"
-    for name, mask in model.masks().items():
-        assert torch.equal(released.masks()[name], mask)
-        assert torch.count_nonzero(released.weights()[name][~mask]) == 0
+    for name, mask in masks.items():  # the ticket holds for the trained model and for its average
+        assert not bool(mask.all())
+        assert torch.count_nonzero(model.weights()[name][~mask]) == 0, name
+        assert torch.count_nonzero(released.weights()[name][~mask]) == 0, name
     assert any(not torch.equal(a, b) for a, b in zip(released.parameters(), model.parameters()))
     assert outcome.history[-1]["val_accuracy"] == pytest.approx(accuracy(released, tiny_splits.val))
     assert outcome.history[-1]["val_accuracy"] > 0.5  # it learned
 
 
-def ticket_of(model: MaskedMLP) -> dict[str, Any]:
-    return {"architecture": model.arch.to_dict(), "masks": model.masks(),
-            "theta0": {k: v for k, v in model.state_dict().items() if not k.startswith("mask_")}}
+def ticket_of(model: LeNet, masks: Masks) -> dict[str, Any]:
+    return {"architecture": model.arch.to_dict(), "masks": masks, "theta0": dict(model.state_dict())}
 
 
 def test_a_tickets_activation_can_be_overridden(tiny_splits: DatasetSplits) -> None:
-    source = pruned_model("relu")
-    ticket = ticket_of(source)
-    same, record = model_from_ticket(ticket, 20, 4, seed=0)
+    source, source_masks = pruned_model("relu")
+    ticket = ticket_of(source, source_masks)
+    same, same_masks, record = model_from_ticket(ticket, 20, 4, seed=0)
     assert same.arch.activation == "relu" and record == {"mode": "direct", "kept_layers": same.arch.layer_names(),
                                                          "activation": "relu"}
-    model, record = model_from_ticket(ticket, 20, 4, seed=0, activation="tanh")
+    model, masks, record = model_from_ticket(ticket, 20, 4, seed=0, activation="tanh")
     assert model.arch.activation == "tanh"
     assert record["activation_override"] == {"ticket": "relu", "used": "tanh"}
     for name, value in source.state_dict().items():  # masks and θ0 carry over unchanged
         assert torch.equal(model.state_dict()[name], value), name
+    assert masks.keys() == source_masks.keys() == same_masks.keys()
+    for name, mask in source_masks.items():
+        assert torch.equal(masks[name], mask) and torch.equal(same_masks[name], mask), name
     x = tiny_splits.val.features[:5]
     assert not torch.allclose(model(x), same(x))  # it is another network
     # cross-architecture transfer (other classes): hidden masks and θ0 kept, activation as asked
-    cross, record = model_from_ticket(ticket, 20, 3, seed=0, activation="tanh")
+    cross, cross_masks, record = model_from_ticket(ticket, 20, 3, seed=0, activation="tanh")
     assert record["mode"] == "cross-architecture" and cross.arch.activation == "tanh"
     assert record["activation_override"] == {"ticket": "relu", "used": "tanh"}
-    assert torch.equal(cross.masks()["hidden.0.weight"], source.masks()["hidden.0.weight"])
+    assert torch.equal(cross_masks["hidden.0.weight"], source_masks["hidden.0.weight"])
+    assert torch.count_nonzero(cross.weights()["hidden.0.weight"][~source_masks["hidden.0.weight"]]) == 0
 
 
 def test_the_tuned_recipe_layers_under_the_config_file_and_flags(tmp_path: Any) -> None:
