@@ -24,20 +24,14 @@ from dpltm.errors import USER_ERRNOS, DpltmUserError
 from dpltm.paths import check_not_input, check_path_length
 
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "tickets": {"data": dict, "data.dataset": str, "data.split": str, "data.fingerprint": str,
-                "architecture": dict, "theta0": dict, "config": dict, "privacy": dict,
-                "tickets": list, "complete": bool, "seed": int},
-    "ticket": {"architecture": dict, "theta0": dict, "masks": dict, "density": float, "round": int,
-               "layer_density": dict, "source": dict, "source.data": dict, "source.data.dataset": str,
-               "source.data.split": str, "selection": dict, "selection.method": str, "privacy": dict},
     "run": {"model": dict, "optimizer": dict, "masks": dict, "dataset_name": str, "dataset_size": int,
             "settings": dict, "segments": list, "epochs_done": int, "history": list},
 }
-"""Keys each kind must hold (dotted paths into nested dicts) and their types: a file that
-claims to be a dpltm checkpoint but lacks its body is refused in one line, not a KeyError. A "model"
-is checked by `dpltm.artefacts.TrainedModel.from_dict` instead."""
-TICKET_RECORD = {"round": int, "masks": dict, "density": float, "layer_density": dict,
-                 "val_accuracy": float, "loss_curve": list}
+"""Keys a library run must hold (dotted paths into nested dicts) and their types: a file that claims to
+be a dpltm checkpoint but lacks its body is refused in one line, not a KeyError. The other kinds are
+typed artefacts, checked by their own `from_dict` (`ARTEFACTS`)."""
+ARTEFACTS = {"tickets": "TicketSet", "ticket": "Winner", "model": "TrainedModel"}
+"""The kinds read as typed artefacts (dpltm.artefacts), each checked field by field when loaded."""
 
 
 def _lookup(body: dict[str, Any], dotted: str) -> Any:
@@ -50,24 +44,16 @@ def _lookup(body: dict[str, Any], dotted: str) -> Any:
 
 
 def _check_schema(body: dict[str, Any], kind: str, path: Path) -> None:
-    def check(record: dict[str, Any], schema: dict[str, Any], where: str) -> None:
-        for key, expected in schema.items():
-            try:
-                value = _lookup(record, key)
-            except KeyError:
-                raise DpltmUserError(f"{path} is a damaged '{kind}' checkpoint: it lacks '{where}{key}'") from None
-            types_ = expected if isinstance(expected, tuple) else (expected,)
-            if float in types_:
-                types_ = (*types_, int)
-            if isinstance(value, bool) and bool not in types_ or not isinstance(value, types_):
-                raise DpltmUserError(f"{path} is a damaged '{kind}' checkpoint: '{where}{key}' has the wrong type")
-
-    check(body, SCHEMA[kind], "")
-    if kind == "tickets":
-        for i, record in enumerate(body["tickets"]):
-            if not isinstance(record, dict):
-                raise DpltmUserError(f"{path} is a damaged 'tickets' checkpoint: ticket {i} is not a record")
-            check(record, TICKET_RECORD, f"tickets[{i}].")
+    for key, expected in SCHEMA[kind].items():
+        try:
+            value = _lookup(body, key)
+        except KeyError:
+            raise DpltmUserError(f"{path} is a damaged '{kind}' checkpoint: it lacks '{key}'") from None
+        types_ = expected if isinstance(expected, tuple) else (expected,)
+        if float in types_:
+            types_ = (*types_, int)
+        if isinstance(value, bool) and bool not in types_ or not isinstance(value, types_):
+            raise DpltmUserError(f"{path} is a damaged '{kind}' checkpoint: '{key}' has the wrong type")
 
 
 def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None] = (),
@@ -205,7 +191,25 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
 
 
 def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
-    """Read a dpltm checkpoint of the expected kind(s), or explain in one line why not."""
+    """Read a dpltm checkpoint of the expected kind(s), or explain in one line why not. Every kind is
+    checked field by field (a typed artefact by its `from_dict`, a library run by `SCHEMA`)."""
+    body = _read(path, kind)
+    found = body["kind"]
+    if found in ARTEFACTS:
+        _artefact(found).from_dict(body, path)
+    else:
+        _check_schema(body, found, path)
+    return body
+
+
+def _artefact(kind: str) -> Any:
+    import dpltm.artefacts
+
+    return getattr(dpltm.artefacts, ARTEFACTS[kind])
+
+
+def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
+    """The body of a dpltm checkpoint of a readable format and of the expected kind(s), unchecked."""
     kinds = (kind,) if isinstance(kind, str) else kind
     from dpltm.paths import check_input_file
 
@@ -224,17 +228,43 @@ def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
         raise DpltmUserError(refusal(path, found, version))
     if found not in kinds:
         raise DpltmUserError(f"{path} holds a '{found}' checkpoint, expected {' or '.join(kinds)}")
-    if found == "model":  # what predict, export, inspect and load_model rebuild a network from
-        from dpltm.artefacts import TrainedModel
-
-        TrainedModel.from_dict(body, path)
-    else:
-        _check_schema(body, found, path)
     return body
+
+
+def load_artefact(path: Path, kinds: tuple[str, ...]) -> Any:
+    """A checkpoint of one of `kinds`, as its typed artefact (`dpltm.artefacts`), or as the checked body
+    of a library run (kind "run", not an artefact)."""
+    body = _read(path, kinds)
+    if body["kind"] in ARTEFACTS:
+        return _artefact(body["kind"]).from_dict(body, path)
+    _check_schema(body, body["kind"], path)
+    return body
+
+
+def load_ticket_set(path: Path) -> Any:
+    """A `dpltm generate` checkpoint as a checked `dpltm.artefacts.TicketSet`; a winner (which needs no
+    selection) is refused in one line that says how to train it."""
+    body = _read(path, ("tickets", "ticket"))
+    artefact = _artefact(body["kind"]).from_dict(body, path)
+    if body["kind"] == "ticket":
+        what = "a private ticket (generate --private)" if artefact.is_private_ticket else "a winner"
+        raise DpltmUserError(f"{path} is {what}, not a ticket set: it needs no selection; train it with "
+                             f"`dpltm train --ticket {path}`")
+    return artefact
+
+
+def load_winner(path: Path) -> Any:
+    """A `dpltm select` (or `generate --private`) checkpoint as a checked `dpltm.artefacts.Winner`; a
+    ticket set is refused in one line that says to select from it first."""
+    body = _read(path, ("ticket", "tickets"))
+    artefact = _artefact(body["kind"]).from_dict(body, path)
+    if body["kind"] == "tickets":
+        raise DpltmUserError(f"{path} is a ticket set: pick a winner with `dpltm select --tickets {path}` first")
+    return artefact
 
 
 def load_trained_model(path: Path) -> Any:
     """A `dpltm train` checkpoint as a checked `dpltm.artefacts.TrainedModel`."""
     from dpltm.artefacts import TrainedModel
 
-    return TrainedModel.from_dict(load_checkpoint(path, "model"), path)
+    return TrainedModel.from_dict(_read(path, "model"), path)

@@ -4,8 +4,8 @@ A file can carry every key a reader asks for and still be broken inside: an `arc
 builds no network, a `state_dict` whose tensors do not fit it, an export without its privacy
 statement. Every reader (predict, export, inspect, `dpltm.load_model`) would then fail late with a
 traceback, or, worse, export an empty privacy statement. `architecture_of` and `check_tensors` (used
-by `dpltm.artefacts.TrainedModel.from_dict`) and `check_export_metadata` refuse such a file in one
-line when it is loaded.
+by the typed artefacts' `from_dict`: `TrainedModel`, `TicketSet`, `Winner`) and `check_export_metadata`
+refuse such a file in one line when it is loaded.
 
 The network is built on PyTorch's `meta` device: shapes only, no memory, no initialisation.
 """

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpltm.cli_runtime import emit_json
 from dpltm.console import err_console, out_console
+
+if TYPE_CHECKING:
+    from dpltm.artefacts import Winner
 
 
 def _say(text: str) -> None:
@@ -40,15 +43,15 @@ def show_private_ticket(ticket: dict[str, Any], target: Path, json_out: bool) ->
                       f"(σ is calibrated so the whole run meets ε = {ticket['private_ticket']['epsilon_total']:g})")
 
 
-def show_winner(winner: dict[str, Any], target: Path, json_out: bool) -> None:
+def show_winner(winner: Winner, target: Path, json_out: bool) -> None:
     """`select`: the stage has printed the choice on stderr; `--json` adds the record on stdout."""
     from dpltm.stages.select import same_data_note
 
     if json_out:
-        emit_json({"winner_round": winner["round"], "density": winner["density"],
-                   "val_accuracy": winner["val_accuracy"], "selection": winner["selection"],
-                   "tickets": winner["source"]["tickets"], "ticket_data": winner["source"]["data"],
-                   "same_data_note": same_data_note(winner["source"]["data"]), "output": str(target)})
+        emit_json({"winner_round": winner.round, "density": winner.density,
+                   "val_accuracy": winner.val_accuracy, "selection": winner.selection,
+                   "tickets": winner.source["tickets"], "ticket_data": winner.source_data,
+                   "same_data_note": same_data_note(winner.source_data), "output": str(target)})
 
 
 def show_training(report: dict[str, Any], json_out: bool) -> None:

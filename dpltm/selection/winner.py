@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpltm import __version__
-from dpltm.checkpoint import load_checkpoint
+from dpltm.checkpoint import load_ticket_set
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
@@ -39,7 +39,7 @@ def newest_ticket_set(directory: Path) -> Path:
     candidates = sorted(directory.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         try:
-            load_checkpoint(path, "tickets")
+            load_ticket_set(path)
         except DpltmUserError:
             continue
         return path
@@ -154,8 +154,9 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
                    eps1: float | None, nu: float, seeded: bool,
                    noise_aware: NoiseAwareChoice | None = None, method: str | None = None,
                    event: DpEvent | None = None) -> dict[str, Any]:
-    """The winner file. An exponential draw composes with every earlier draw from the same ticket
-    set (`draws`, `eps1_total`): each released winner is a function of all of them. `method` and
+    """The winner file's body (`dpltm.artefacts.Winner.from_payload` checks it before it is written). An
+    exponential draw composes with every earlier draw from the same ticket set (`draws`, `eps1_total`):
+    each released winner is a function of all of them. `method` and
     `event` are the rule's name and DpEvent (`SelectionRule.select`); without them they are inferred
     as before the rules (exponential when `eps1` is given, noise-aware with `noise_aware`, else best)."""
     ticket = payload["tickets"][selection.index]

@@ -19,7 +19,8 @@ Show = Callable[[Any], None]
 
 def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any], Show]:
     """(the summary `--json` prints, the function that prints it as tables)."""
-    from dpltm.checkpoint import load_checkpoint
+    from dpltm.artefacts import TicketSet, TrainedModel, Winner
+    from dpltm.checkpoint import load_artefact
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
     from dpltm.export import SUFFIX, private_fingerprints, read_metadata
     from dpltm.report import (
@@ -42,23 +43,23 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
                                                else json.loads(v)) for k, v in metadata.items()}}
         warn_if(["data"] if carries_private_fingerprint(exported.get("data")) else [])
         return exported, functools.partial(print_export, exported)
-    body = load_checkpoint(path, ("tickets", "ticket", "model", "run"))
-    if body["kind"] == "tickets":
+    artefact = load_artefact(path, ("tickets", "ticket", "model", "run"))
+    if isinstance(artefact, TicketSet):
+        body = artefact.to_dict()
         return tickets_json(body), functools.partial(print_tickets, body)
-    if body["kind"] == "ticket":
-        private_ticket = body["selection"].get("method") == "private"
-        warn_if(["source.data"] if private_ticket and carries_private_fingerprint(body["source"]["data"]) else [])
-        summary = {"kind": "winner", "round": body["round"], "density": body["density"],
-                   "layer_density": body["layer_density"], "val_accuracy": body["val_accuracy"],
-                   "selection": body["selection"], "source": body["source"]["data"], "privacy": body["privacy"],
-                   "architecture": body["architecture"], "dpltm_version": body.get("dpltm_version"),
-                   "environment": body.get("environment")}
-    elif body["kind"] == "run":
-        summary = run_summary(body)
+    if isinstance(artefact, Winner):
+        winner = artefact
+        private_data = winner.is_private_ticket and carries_private_fingerprint(winner.source_data)
+        warn_if(["source.data"] if private_data else [])
+        summary = {"kind": "winner", "round": winner.round, "density": winner.density,
+                   "layer_density": winner.layer_density, "val_accuracy": winner.val_accuracy,
+                   "selection": winner.selection, "source": winner.source_data, "privacy": winner.privacy,
+                   "architecture": winner.architecture, "dpltm_version": winner.dpltm_version,
+                   "environment": winner.environment}
+    elif not isinstance(artefact, TrainedModel):  # a library run's checked body
+        summary = run_summary(artefact)
     else:
-        from dpltm.artefacts import TrainedModel
-
-        trained = TrainedModel.from_dict(body, path)
+        trained = artefact
         warn_if(private_fingerprints(trained))
         ledger = trained.privacy.ledger
         summary = {"kind": "model", "architecture": trained.architecture, "dataset": trained.dataset,

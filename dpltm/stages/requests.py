@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dpltm.architectures import model_cli
 from dpltm.errors import DpltmUserError
+
+if TYPE_CHECKING:
+    from dpltm.artefacts import Winner
 
 R = TypeVar("R", bound="CommandRequest")
 
@@ -214,8 +217,8 @@ class SelectRequest(CommandRequest):
         if self.eps2 is not None and self.sigma is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma, not both")
 
-    def run(self) -> tuple[dict[str, Any], Path]:
-        """The winner's body and the file it was written to."""
+    def run(self) -> tuple[Winner, Path]:
+        """The winner (`dpltm.artefacts.Winner`) and the file it was written to."""
         from dpltm.selection.rules import selection_rule
         from dpltm.stages.select import NoiseAwareRequest, stage_select
 

@@ -5,26 +5,29 @@ the ticket file before its winner is written."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpltm.console import err_console
 from dpltm.errors import DpltmUserError
 from dpltm.selection.rules import RuleSettings, SelectionRule, selection_rule
 
+if TYPE_CHECKING:
+    from dpltm.artefacts import TicketSet, Winner
 
-def _print_selection(payload: dict[str, Any], selection: Any, rule: SelectionRule, eps1: float | None,
+
+def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule, eps1: float | None,
                      nu: float) -> None:
     from rich.table import Table
 
-    table = Table(title=rule.title.format(k=len(payload["tickets"]), nu=nu))
+    table = Table(title=rule.title.format(k=len(ticket_set.tickets), nu=nu))
     for column in ("round", "C", "A (val)", rule.score_name, "P(select)"):
         table.add_column(column, justify="right")
-    for i, t in enumerate(payload["tickets"]):
+    for i, t in enumerate(ticket_set.tickets):
         mark = " ←" if i == selection.index else ""
-        table.add_row(str(t["round"]), f"{t['density']:.4f}", f"{t['val_accuracy']:.4f}",
+        table.add_row(str(t.round), f"{t.density:.4f}", f"{t.val_accuracy:.4f}",
                       f"{selection.scores[i]:.4f}", f"{selection.probabilities[i]:.4f}{mark}")
     err_console.print(table)
     if rule.note is not None:
@@ -35,7 +38,7 @@ def _print_selection(payload: dict[str, Any], selection: Any, rule: SelectionRul
     if selection.near_uniform:
         err_console.print(
             f"[bold]the choice is close to uniform at ε1 = {eps1:g}[/bold] (every probability within 10 % of "
-            f"1/{len(payload['tickets'])}); ε1 ≈ {selection.decisive_eps1:.3g} would pick the best ticket "
+            f"1/{len(ticket_set.tickets)}); ε1 ≈ {selection.decisive_eps1:.3g} would pick the best ticket "
             f"with probability 0.9"
         )
 
@@ -77,13 +80,14 @@ def rule_for_flags(best: bool, noise_aware: bool) -> str:
 def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None, best: bool,
                  seed: int | None, out: Path | None, *, overwrite: bool = False,
                  reselect: bool = False, noise_aware: NoiseAwareRequest | None = None,
-                 rule: str | None = None) -> tuple[dict[str, Any], Path]:
+                 rule: str | None = None) -> tuple[Winner, Path]:
     """Choose the winner of a ticket set by the rule `rule` of dpltm.selection.rules (None: the one the
     CLI's flags `best`/`noise_aware` name); `noise_aware` is also the planned run a rule may need."""
-    from dpltm.checkpoint import load_checkpoint, output_lock, prepare_output, save_atomic
+    from dpltm.artefacts import Winner
+    from dpltm.checkpoint import load_ticket_set, output_lock, prepare_output, save_atomic
     from dpltm.config import resolve_select_config
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.selection.winner import newest_ticket_set, previous_draws, winner_payload
+    from dpltm.selection.winner import newest_ticket_set, winner_payload
 
     chosen_rule = selection_rule(rule or rule_for_flags(best, noise_aware is not None))
     settings = resolve_select_config(cli, config)
@@ -91,12 +95,9 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     if source is None:
         source = newest_ticket_set(default_checkpoint_dir())
         err_console.print(f"using the newest ticket set in {default_checkpoint_dir()}/: {source} (--tickets to choose)")
-    payload = load_checkpoint(source, ("tickets", "ticket"))
-    if payload["kind"] == "ticket":
-        what = "a private ticket (generate --private)" if payload["selection"]["method"] == "private" else "a winner"
-        raise DpltmUserError(f"{source} is {what}, not a ticket set: it needs no selection; train it with "
-                             f"`dpltm train --ticket {source}`")
-    target = out or default_checkpoint_dir() / f"{payload['data']['dataset']}-winner.pt"
+    ticket_set = load_ticket_set(source)  # a winner is refused: it needs no selection
+    payload = ticket_set.to_dict()  # what the rules read
+    target = out or default_checkpoint_dir() / f"{ticket_set.dataset}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config])
     chosen_eps1 = settings.eps1 if chosen_rule.spends_eps1 else None
     rule_settings = RuleSettings(nu=settings.nu, seed=seed, eps1=chosen_eps1, planned_run=noise_aware, config=config)
@@ -106,31 +107,33 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     with contextlib.ExitStack() as stack:
         if chosen_rule.spends_eps1:  # the draw is recorded in the ticket file: lock it, re-read it
             stack.enter_context(output_lock(source))
-            payload = load_checkpoint(source, "tickets")
-            draws = previous_draws(payload)
+            ticket_set = load_ticket_set(source)
+            payload = ticket_set.to_dict()
+            draws = ticket_set.draws
             if draws and not reselect:
                 raise DpltmUserError(
                     f"{source} was already drawn from {len(draws)} time(s) (ε1 = {sum(draws):g} in all): another "
-                    f"draw spends ε1 again on {payload['data']['dataset']}; pass --reselect to draw again "
+                    f"draw spends ε1 again on {ticket_set.dataset}; pass --reselect to draw again "
                     f"(the winner's ledger then composes every draw)")
         stack.enter_context(output_lock(target))
         if chosen is None:
             chosen = chosen_rule.select(payload, rule_settings)
         selection = chosen.selection
-        winner = winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu, seeded=seed is not None,
-                                method=chosen_rule.name, event=chosen.event)
+        winner = Winner.from_payload(winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu,
+                                                    seeded=seed is not None, method=chosen_rule.name,
+                                                    event=chosen.event))
         if chosen_eps1 is not None:  # recorded before the winner is released, so no draw goes uncounted
-            payload["selection_draws"] = [*previous_draws(payload), chosen_eps1]
-            save_atomic(payload, source, "tickets")
-        save_atomic(winner, target, "ticket")
-    _print_selection(payload, selection, chosen_rule, chosen_eps1, settings.nu)
-    data = payload["data"]
+            ticket_set = replace(ticket_set, selection_draws=(*ticket_set.draws, chosen_eps1))
+            save_atomic(ticket_set.to_dict(), source, "tickets")
+        save_atomic(winner.to_dict(), target, "ticket")
+    _print_selection(ticket_set, selection, chosen_rule, chosen_eps1, settings.nu)
+    data = ticket_set.data
     spend = (chosen_rule.spend if not chosen_rule.spends_eps1 else
              f"spends ε1 = {chosen_eps1:g} on {data['dataset']} ({data['split']}), the data that made the tickets"
-             + (f"; {winner['selection']['draws']} draws from this ticket set, ε1 = "
-                f"{winner['selection']['eps1_total']:g} in all" if winner["selection"]["draws"] > 1 else ""))
-    err_console.print(f"winner: round {winner['round']} (C = {winner['density']:.4f}, "
-                      f"A = {winner['val_accuracy']:.4f}); selection {spend}")
+             + (f"; {winner.selection['draws']} draws from this ticket set, ε1 = "
+                f"{winner.selection['eps1_total']:g} in all" if winner.selection["draws"] > 1 else ""))
+    err_console.print(f"winner: round {winner.round} (C = {winner.density:.4f}, "
+                      f"A = {winner.val_accuracy:.4f}); selection {spend}")
     err_console.print(same_data_note(data), markup=False)
     err_console.print(f"ticket file: {target}")
     return winner, target

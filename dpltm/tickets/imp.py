@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from dpltm import __version__
-from dpltm.checkpoint import load_checkpoint, save_atomic
+from dpltm.artefacts import TicketSet
+from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import GenerateConfig, config_hash, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
@@ -106,7 +107,7 @@ def _resume_or_start(cfg: GenerateConfig, data: DatasetSplits, out: Path, overwr
                      arch: Architecture, theta0: dict[str, torch.Tensor],
                      rates: dict[str, float]) -> GenerationState:
     if out.exists() and not overwrite:
-        body = load_checkpoint(out, "tickets")
+        body = load_ticket_set(out).to_dict()
         if body.get("config_hash") != config_hash(cfg) or body["data"]["fingerprint"] != data.fingerprint:
             raise DpltmUserError(
                 f"{out} holds tickets from other settings or data; pass --overwrite to replace "
@@ -157,7 +158,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
         state.tickets.append(record)
         payload["next_masks"] = {n: m.cpu() for n, m in new_masks.items()}
         payload["wall_seconds"] = wall_before + time.perf_counter() - started
-        save_atomic(payload, out, "tickets")
+        save_atomic(TicketSet.from_payload(payload).to_dict(), out, "tickets")
         new_rounds += 1
         if on_round is not None:
             on_round(record)
@@ -166,7 +167,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
     payload["complete"] = True
     payload["stop_reason"] = payload["stop_reason"] or f"finished {g.rounds} pruning rounds"
     payload["wall_seconds"] = wall_before + time.perf_counter() - started
-    save_atomic(payload, out, "tickets")
+    save_atomic(TicketSet.from_payload(payload).to_dict(), out, "tickets")
     return payload
 
 

@@ -32,6 +32,8 @@ import torch
 from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
 
 from dpltm import __version__
+from dpltm.artefacts import Winner
+from dpltm.artefacts.winner import PRIVATE_METHOD
 from dpltm.checkpoint import save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.types import DatasetSplits
@@ -47,7 +49,7 @@ from dpltm.privacy.ledger import training_record
 from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
 from dpltm.training.private import TrainPlan, learning_rate, mechanism_seed, run_private
 
-SELECTION_METHOD = "private"
+SELECTION_METHOD = PRIVATE_METHOD
 """`selection.method` of a private ticket: no choice among tickets was made, and none was needed."""
 
 
@@ -224,7 +226,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
             "randomness": randomness,
         },
     }
-    save_atomic(payload, out, "ticket")
+    save_atomic(Winner.from_payload(payload).to_dict(), out, "ticket")
     return payload
 
 

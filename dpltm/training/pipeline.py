@@ -18,7 +18,7 @@ import torch
 
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel
-from dpltm.checkpoint import check_writable, load_checkpoint, output_lock, save_atomic
+from dpltm.checkpoint import check_writable, load_winner, output_lock, save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
@@ -163,10 +163,8 @@ def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tupl
 
 
 def load_ticket(path: Path) -> dict[str, Any]:
-    body = load_checkpoint(path, ("ticket", "tickets"))
-    if body["kind"] == "tickets":
-        raise DpltmUserError(f"{path} is a ticket set: pick a winner with `dpltm select --tickets {path}` first")
-    return body
+    """A winner's body, checked as a `dpltm.artefacts.Winner` (a ticket set is refused in one line)."""
+    return load_winner(path).to_dict()
 
 
 def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str, Any] | None,

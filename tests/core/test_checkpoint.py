@@ -11,6 +11,7 @@ import torch
 from dpltm import checkpoint
 from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from dpltm.errors import DpltmUserError
+from tests.core.bodies import ticket_set
 
 
 def tickets_body(**extra: object) -> dict[str, object]:
@@ -21,11 +22,12 @@ def tickets_body(**extra: object) -> dict[str, object]:
 
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "a.pt"
-    payload = tickets_body(masks={"w": torch.ones(2, 3, dtype=torch.bool)}, x=[1.5, None, "s"])
+    payload = ticket_set().to_dict()
     save_atomic(payload, path, "tickets")
     body = load_checkpoint(path, "tickets")
     assert body["format_version"] == FORMAT_VERSION and body["kind"] == "tickets"
-    assert torch.equal(body["masks"]["w"], payload["masks"]["w"]) and body["x"] == [1.5, None, "s"]
+    masks, saved = body["tickets"][1]["masks"], payload["tickets"][1]["masks"]
+    assert all(torch.equal(masks[k], saved[k]) for k in saved) and body["data"] == payload["data"]
     assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]  # no temp files left
 
 

@@ -149,7 +149,7 @@ def test_a_rule_registered_here_runs_end_to_end(tmp_path: Path, monkeypatch: pyt
     assert load_checkpoint(tmp_path / "t.pt", "tickets")["selection_draws"] == [0.5]  # the draw is counted
     ledger = ledger_of(stored, "digits")
     assert ledger.selection_eps1 == 0.5 and ledger.selection_event() == ZCDpEvent(0.5 * 0.5 / 8.0)
-    assert winner["round"] == stored["round"]
+    assert winner.round == stored["round"]  # stage_select returns the typed Winner
 
 
 def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_path: Path,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.checkpoint_format import FORMAT_VERSION, refusal
+from dpltm.artefacts.fields import check_header, damaged, json_number, typed
+from dpltm.checkpoint_format import FORMAT_VERSION
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 
@@ -38,32 +39,14 @@ MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "dat
 PRIVACY_KEYS = ("ledger", "caveats", "adaptive_stop")
 
 
-def _json_number(value: float) -> float | str:
-    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
-    if math.isfinite(value):
-        return float(value)
-    return "inf" if value > 0 else "-inf"
-
-
 def _damaged(path: Path | str, what: str) -> DpltmUserError:
-    return DpltmUserError(f"{path} is a damaged '{KIND}' checkpoint: {what}")
+    return damaged(path, KIND, what)
 
 
 def _typed(record: Mapping[str, Any], key: str, types: tuple[type, ...], where: str, path: Path | str,
            optional: bool = False) -> Any:
     """record[key], refused in one line when it is absent (and not `optional`) or of another type."""
-    if key not in record:
-        if optional:
-            return None
-        raise _damaged(path, f"it lacks '{where}{key}'")
-    value = record[key]
-    if value is None and optional:
-        return None
-    if float in types:
-        types = (*types, int)
-    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        raise _damaged(path, f"'{where}{key}' has the wrong type ({type(value).__name__})")
-    return value
+    return typed(record, key, types, where, path, KIND, optional)
 
 
 @dataclass(frozen=True)
@@ -136,8 +119,8 @@ class PrivacyRecord:
     def summary(self) -> dict[str, Any]:
         """The privacy facts a trained model's report shows, in the report's order (JSON-able)."""
         return {
-            "epsilon": _json_number(self.epsilon),
-            "epsilon_dp_part": _json_number(self.epsilon_dp_part),
+            "epsilon": json_number(self.epsilon),
+            "epsilon_dp_part": json_number(self.epsilon_dp_part),
             "epsilon_scope": self.epsilon_scope,
             "warning": self.warning,
             "delta": self.delta,
@@ -356,13 +339,7 @@ class TrainedModel:
         and the field."""
         from dpltm.checkpoint_body import architecture_of, check_tensors
 
-        if not isinstance(body, Mapping) or body.get("format") != "dpltm":
-            raise DpltmUserError(f"{path} is not a dpltm checkpoint")
-        if body.get("kind") != KIND:
-            raise DpltmUserError(f"{path} holds a '{body.get('kind')}' checkpoint, expected {KIND}")
-        version = body.get("format_version")
-        if version != FORMAT_VERSION:
-            raise DpltmUserError(refusal(path, KIND, version))
+        body = check_header(body, KIND, path)
         extra = sorted(set(body) - {"format", "kind", "format_version", "environment", *MODEL_KEYS})
         if extra:
             raise _damaged(path, f"it holds unknown {extra[:3]} (privacy facts are computed from 'privacy.ledger')")
@@ -394,11 +371,6 @@ class TrainedModel:
 
 def _reference_state(arch: Any) -> dict[str, Any]:
     """The state_dict the architecture builds, on PyTorch's meta device (shapes only, no memory)."""
-    import torch
+    from dpltm.artefacts.networks import reference_state
 
-    from dpltm.model import LeNet, stored_mask_key
-
-    with torch.device("meta"):
-        model = LeNet(arch)
-        masks = {stored_mask_key(n): torch.ones(w.shape, dtype=torch.bool) for n, w in model.weights().items()}
-        return {**model.state_dict(), **masks}
+    return reference_state(arch)

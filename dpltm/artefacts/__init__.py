@@ -1,0 +1,20 @@
+"""Typed artefacts of a run, one module each, every one a frozen dataclass whose `to_dict()` is its
+checkpoint body and whose `from_dict(body, path)` checks that body and refuses a damaged file in one
+line naming the file and the field:
+
+- `TicketSet` ("tickets", dpltm.artefacts.ticket_set): the ticket set `dpltm generate` writes;
+- `Winner` ("ticket", dpltm.artefacts.winner): the one ticket `select` or `generate --private` writes;
+- `TrainedModel` ("model", dpltm.artefacts.trained_model): the network `dpltm train` writes, with one
+  privacy record.
+
+Privacy facts are stored once, as the DpEvents that ran plus their provenance; what reports and
+statements say is computed from them. The file layer (dpltm.checkpoint: atomic writes, version
+checks, `load_ticket_set`, `load_winner`, `load_trained_model`) sits above these modules.
+"""
+
+from dpltm.artefacts.ticket_set import Ticket, TicketSet
+from dpltm.artefacts.trained_model import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
+from dpltm.artefacts.winner import Winner
+
+__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "Outcome", "PrivacyRecord", "Ticket", "TicketSet", "TrainedModel",
+           "Winner"]

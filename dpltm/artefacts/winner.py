@@ -1,0 +1,211 @@
+"""`Winner`: what a "ticket" checkpoint holds, the one ticket `dpltm train --ticket` trains.
+
+Two writers make it: `dpltm select` (a winner drawn from a ticket set by a selection rule; its
+`selection` record holds the rule, ε1, ν, Δ, the probability table and the rule's DpEvent) and
+`dpltm generate --private` (a ticket made with privacy on the private data itself; its
+`private_ticket` record holds the DP warm-up rounds and their composed DpEvent). Either way the file
+holds θ0, the mask and its C, where it came from, and the events that touched data; readers ask the
+computed properties (`dp_event`, `is_private_ticket`, `dataset`, …) rather than the dict.
+
+`Winner.to_dict()` is the checkpoint body, in the layout both writers have always written;
+`Winner.from_dict(body, path)` checks every field and refuses a damaged file in one line naming the
+file and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpltm.artefacts.fields import HEADER_KEYS, check_header, check_unknown, damaged, mapping_of, number_list, typed
+from dpltm.artefacts.ticket_set import PHASE1_KEYS, parse_event
+from dpltm.checkpoint_format import FORMAT_VERSION
+
+if TYPE_CHECKING:
+    import torch
+
+    from dpltm.privacy.events import DpEvent
+
+KIND = "ticket"
+PRIVATE_METHOD = "private"
+"""`selection.method` of a private ticket (`generate --private`): made, not selected."""
+WINNER_KEYS = ("dpltm_version", "architecture", "theta0", "masks", "density", "layer_density", "round",
+               "val_accuracy", "source", "privacy", "selection", "private_ticket")
+"""The keys of a winner's body besides the header, in the order the writers write them."""
+PRIVATE_PRIVACY_KEYS = ("phase1", "end_to_end_dp", "epsilon_spent", "statement")
+SELECTION_TYPES: dict[str, tuple[type, ...]] = {
+    "eps1": (float,), "draws": (int,), "eps1_total": (float,), "nu": (float,), "sensitivity": (float,),
+    "near_uniform": (bool,), "randomness": (str,), "dp_event": (dict,), "noise_aware": (dict,)}
+"""Types of the selection record's fields besides `method` (each may be absent or null; a rule may add
+its own record beside them: `selection.winner.Selection.record`)."""
+PRIVATE_TICKET_TYPES: dict[str, tuple[type, ...]] = {
+    "warmup": (list,), "rounds": (list,), "rewind": (str,), "target_density": (float,), "noise": (str,),
+    "noise_multiplier": (float,), "planned_training_steps": (int,), "epsilon_total": (float,),
+    "delta": (float,), "accountant": (str,), "neighboring": (str,), "dp_event": (dict,), "randomness": (str,)}
+
+
+def _damaged(path: Path | str, what: str) -> Any:
+    return damaged(path, KIND, what)
+
+
+def _typed(record: Mapping[str, Any], key: str, types: tuple[type, ...], where: str, path: Path | str,
+           optional: bool = False) -> Any:
+    return typed(record, key, types, where, path, KIND, optional)
+
+
+@dataclass(frozen=True)
+class Winner:
+    """A ticket ready to train: θ0, its mask, where it came from, and what touched data to make it."""
+
+    architecture: dict[str, Any]
+    theta0: dict[str, torch.Tensor]
+    masks: dict[str, torch.Tensor]
+    density: float
+    layer_density: dict[str, float]
+    round: int
+    val_accuracy: float
+    source: dict[str, Any]
+    """The ticket set's path (None for a private ticket), its data record and its config."""
+    privacy: dict[str, Any]
+    """Phase 1's record: the ticket set's (non-private IMP), or a private ticket's (DP warm-up)."""
+    selection: dict[str, Any]
+    private_ticket: dict[str, Any] | None = None
+    """A private ticket's warm-up rounds, their DpEvent and the whole run's plan; None for a winner."""
+    dpltm_version: str | None = None
+    environment: dict[str, Any] | None = None
+    """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
+
+    # ---- computed facts -------------------------------------------------------------------
+
+    @property
+    def is_private_ticket(self) -> bool:
+        """Made with privacy on the private data (`generate --private`), not selected from a set."""
+        return self.selection_method == PRIVATE_METHOD
+
+    @property
+    def selection_method(self) -> str:
+        return str(self.selection["method"])
+
+    @property
+    def source_data(self) -> dict[str, Any]:
+        """The record of the data the ticket was made on."""
+        return self.source["data"]  # type: ignore[no-any-return]
+
+    @property
+    def dataset(self) -> str:
+        return str(self.source_data["dataset"])
+
+    @property
+    def selection_event(self) -> DpEvent | None:
+        """The selection rule's DpEvent (None for a private ticket: it was not selected)."""
+        record = self.selection.get("dp_event")
+        return None if record is None else parse_event(record, "selection.dp_event", "winner", KIND)
+
+    @property
+    def dp_event(self) -> DpEvent:
+        """Everything that touched the ticket's data to make it, as one DpEvent tree: a private ticket's
+        composed DP warm-up; a winner's phase 1 (non-private IMP) composed with its selection."""
+        from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
+
+        if self.private_ticket is not None:
+            return parse_event(self.private_ticket["dp_event"], "private_ticket.dp_event", "winner", KIND)
+        phase1 = parse_event(self.privacy["dp_event"], "privacy.dp_event", "winner", KIND)
+        selection = self.selection_event
+        return phase1 if selection is None else ComposedDpEvent([phase1, selection])
+
+    @property
+    def statement(self) -> str | None:
+        """A private ticket's privacy statement (what `generate --private` prints); None for a winner,
+        whose guarantee is stated by the model trained from it."""
+        return self.privacy.get("statement") if self.is_private_ticket else None
+
+    # ---- storage --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint body: header, then the fields in the order the writers write them."""
+        body: dict[str, Any] = {
+            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            "dpltm_version": self.dpltm_version, "architecture": self.architecture, "theta0": self.theta0,
+            "masks": self.masks, "density": self.density, "layer_density": self.layer_density,
+            "round": self.round, "val_accuracy": self.val_accuracy, "source": self.source,
+            "privacy": self.privacy, "selection": self.selection,
+        }
+        if self.private_ticket is not None:
+            body["private_ticket"] = self.private_ticket
+        if self.environment is not None:
+            body["environment"] = self.environment
+        return body
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> Winner:
+        """A winner from the dict a writer builds (no header), checked as a file would be."""
+        header = {"format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION}
+        return cls.from_dict({**payload, **header}, "the ticket being written")
+
+    @classmethod
+    def from_dict(cls, body: Any, path: Path | str) -> Winner:
+        """A winner's body, checked: header and version, every field's type, an architecture that builds
+        a network, θ0 and the mask fitting it, its DpEvents parsing. One-line errors name the file and
+        the field."""
+        from dpltm.artefacts.networks import reference_masks, reference_theta0
+        from dpltm.checkpoint_body import architecture_of, check_tensors
+
+        body = check_header(body, KIND, path)
+        architecture = _typed(body, "architecture", (dict,), "", path)
+        theta0 = _typed(body, "theta0", (dict,), "", path)
+        masks = _typed(body, "masks", (dict,), "", path)
+        density = _typed(body, "density", (float,), "", path)
+        round_ = _typed(body, "round", (int,), "", path)
+        layer_density = mapping_of(body, "layer_density", (float,), "", path, KIND)
+        source = _typed(body, "source", (dict,), "", path)
+        source_data = _typed(source, "data", (dict,), "source.", path)
+        for key in ("dataset", "split"):
+            _typed(source_data, key, (str,), "source.data.", path)
+        _typed(source, "tickets", (str,), "source.", path, optional=True)
+        _typed(source, "config", (dict,), "source.", path, optional=True)
+        selection = _typed(body, "selection", (dict,), "", path)
+        method = _typed(selection, "method", (str,), "selection.", path)
+        privacy = _typed(body, "privacy", (dict,), "", path)
+        val_accuracy = _typed(body, "val_accuracy", (float,), "", path)
+        check_unknown(body, (*HEADER_KEYS, *WINNER_KEYS), "", path, KIND)
+        version_text = _typed(body, "dpltm_version", (str,), "", path, optional=True)
+        environment = _typed(body, "environment", (dict,), "", path, optional=True)
+        for key, types in SELECTION_TYPES.items():
+            _typed(selection, key, types, "selection.", path, optional=True)
+        for key in ("scores", "probabilities"):
+            number_list(selection, key, "selection.", path, KIND, optional=True)
+        if selection.get("dp_event") is not None:
+            parse_event(selection["dp_event"], "selection.dp_event", path, KIND)
+        private_ticket = _typed(body, "private_ticket", (dict,), "", path, optional=method != PRIVATE_METHOD)
+        if method == PRIVATE_METHOD:
+            _check_private(privacy, private_ticket, path)
+        else:
+            if private_ticket is not None:
+                raise _damaged(path, f"a winner selected by '{method}' holds a 'private_ticket' record")
+            check_unknown(privacy, PHASE1_KEYS, "'privacy'", path, KIND)
+            _typed(privacy, "phase1", (str,), "privacy.", path)
+            parse_event(_typed(privacy, "dp_event", (dict,), "privacy.", path), "privacy.dp_event", path, KIND)
+        arch = architecture_of(body, KIND, path)
+        check_tensors(theta0, reference_theta0(arch), "theta0", KIND, path, check_dtype=True)
+        check_tensors(masks, reference_masks(arch), "masks", KIND, path, check_dtype=False)
+        return cls(architecture=architecture, theta0=theta0, masks=masks, density=density,
+                   layer_density=layer_density, round=round_, val_accuracy=val_accuracy,  # type: ignore[arg-type]
+                   source=source, privacy=privacy, selection=selection, private_ticket=private_ticket,
+                   dpltm_version=version_text, environment=environment)
+
+
+def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: Path | str) -> None:
+    """A private ticket's privacy record and its warm-up record (`tickets.private.make_private_ticket`)."""
+    check_unknown(privacy, PRIVATE_PRIVACY_KEYS, "'privacy'", path, KIND)
+    for key, types in (("phase1", (str,)), ("end_to_end_dp", (bool,)), ("epsilon_spent", (float,)),
+                       ("statement", (str,))):
+        _typed(privacy, key, types, "privacy.", path)
+    check_unknown(record, tuple(PRIVATE_TICKET_TYPES), "'private_ticket'", path, KIND)
+    for key, types in PRIVATE_TICKET_TYPES.items():
+        _typed(record, key, types, "private_ticket.", path)
+    warmup = record["warmup"]
+    if not warmup or not all(isinstance(r, dict) for r in warmup):
+        raise _damaged(path, "'private_ticket.warmup' must list the DP warm-up rounds' records")
+    parse_event(record["dp_event"], "private_ticket.dp_event", path, KIND)
