@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from dpltm.checkpoint_format import FORMAT_VERSION, KINDS, OLDEST_READABLE, refusal
+from dpltm.checkpoint_format import FORMAT_VERSION, KINDS, OLDEST_READABLE, current_parameter_names, refusal
 from dpltm.errors import USER_ERRNOS, DpltmUserError
 from dpltm.paths import check_not_input, check_path_length
 
@@ -228,6 +228,9 @@ def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
         raise DpltmUserError(refusal(path, found, version))
     if found not in kinds:
         raise DpltmUserError(f"{path} holds a '{found}' checkpoint, expected {' or '.join(kinds)}")
+    for key in ("theta0", "state_dict"):  # files written before the networks' parameters were renamed
+        if found != "run" and isinstance(body.get(key), dict):
+            body[key] = current_parameter_names(body[key])
     return body
 
 

@@ -3,6 +3,7 @@ the typed artefacts (dpltm.artefacts) read, kept apart so neither imports the ot
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +30,22 @@ def refusal(path: Path | str, kind: Any, version: Any) -> str:
         return (f"{path} is a model of checkpoint format 2 (its privacy facts stored twice), this dpltm reads "
                 f"format {FORMAT_VERSION}: train it again with this dpltm")
     return f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}"
+
+
+_OLD_PARAMETER_NAME = re.compile(r"^layers\.(?:(conv|hidden)_(\d+)|(project|output))\.(weight|bias)$")
+
+
+def current_parameter_names(state: dict[str, Any]) -> dict[str, Any]:
+    """A built-in network's weights under today's parameter names. Until the networks became plain modules
+    (`dpltm.model.LeNet`), their parameters lived in one `layers` dict: `layers.hidden_0.weight` is now
+    `hidden.0.weight`, `layers.output.bias` is `output.bias`. Files written before keep loading: their
+    θ0 and state_dict keys are renamed as they are read (values untouched; other keys kept as they are)."""
+    renamed = {}
+    for key, value in state.items():
+        match = _OLD_PARAMETER_NAME.match(key) if isinstance(key, str) else None
+        if match is None:
+            renamed[key] = value
+            continue
+        family, index, single, leaf = match.groups()
+        renamed[f"{family}.{index}.{leaf}" if family else f"{single}.{leaf}"] = value
+    return renamed

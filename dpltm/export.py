@@ -192,6 +192,7 @@ def read_metadata(path: Path) -> dict[str, str]:
 def load_exported(path: Path) -> LoadedModel:
     from safetensors.torch import load_file
 
+    from dpltm.checkpoint_format import current_parameter_names
     from dpltm.model import Architecture, LeNet, split_stored_state
 
     metadata = read_metadata(path)
@@ -202,7 +203,7 @@ def load_exported(path: Path) -> LoadedModel:
         architecture = json.loads(metadata["architecture"])
         arch = Architecture.from_dict(architecture)
         model = LeNet(arch)
-        model.load_state_dict(split_stored_state(arch, load_file(str(path)))[0])
+        model.load_state_dict(split_stored_state(arch, current_parameter_names(load_file(str(path))))[0])
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:

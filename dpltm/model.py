@@ -188,16 +188,20 @@ class LeNet(nn.Module):
     def __init__(self, arch: Architecture, generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.arch = arch
-        self.layers = nn.ModuleDict()
-        for name, (out, channels, kernel, _) in zip(arch.layer_names(), arch.conv_shapes()):
-            self.layers[name.replace(".", "_")] = nn.Conv2d(channels, out, kernel)
-        for name, (fan_out, fan_in) in arch.linear_shapes().items():
-            self.layers[name.replace(".", "_")] = nn.Linear(fan_in, fan_out)
+        # parameter names are the layer names (conv.0.weight, project.weight, hidden.0.weight,
+        # output.weight): a ticket's masks are keyed by them, as the DP engine keys any module's
+        self.conv = nn.ModuleList(nn.Conv2d(channels, out, kernel) for out, channels, kernel, _ in arch.conv_shapes())
+        linear = arch.linear_shapes()
+        self.project = (nn.Linear(linear["project"][1], linear["project"][0]) if "project" in linear else None)
+        self.hidden = nn.ModuleList(nn.Linear(linear[f"hidden.{i}"][1], linear[f"hidden.{i}"][0])
+                                    for i in range(len(arch.hidden)))
+        self.output = nn.Linear(linear["output"][1], linear["output"][0])
+        self._conv_list = [(layer, f"conv.{i}") for i, layer in enumerate(self.conv)]
+        self._layer_list: list[tuple[nn.Linear, str]] = (
+            ([(self.project, "project")] if self.project is not None else [])
+            + [(layer, f"hidden.{i}") for i, layer in enumerate(self.hidden)]  # type: ignore[misc]
+            + [(self.output, "output")])
         self.reset_parameters(generator)
-        self._conv_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()
-                           if n.startswith("conv.")]
-        self._layer_list = [(self.layers[n.replace(".", "_")], n) for n in arch.layer_names()
-                            if not n.startswith("conv.")]
         self._side = image_side(arch.in_features) if arch.conv else 0
         self._has_projection = arch.project_to is not None
         self.activation = activation_function(arch.activation)
@@ -205,8 +209,7 @@ class LeNet(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """PyTorch's default Linear and Conv2d init (Kaiming-uniform), drawn from an explicit generator."""
-        for layer in self.layers.values():
-            assert isinstance(layer, (nn.Linear, nn.Conv2d))
+        for layer, _ in (*self._conv_list, *self._layer_list):  # input to output, as the layers are named
             bound = 1.0 / (layer.weight[0].numel()) ** 0.5  # fan_in: in_features, or in_channels·k·k
             # kaiming_uniform_(a=sqrt(5)) == U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the weight.
             layer.weight.uniform_(-bound, bound, generator=generator)
@@ -217,17 +220,9 @@ class LeNet(nn.Module):
         """Names of the prunable weights (biases are never pruned), as masks are keyed."""
         return [f"{n}.weight" for n in self.arch.layer_names()]
 
-    @staticmethod
-    def parameter_name(mask_name: str) -> str:
-        """The `named_parameters()` name of the weight a mask name denotes (hidden.0.weight →
-        layers.hidden_0.weight)."""
-        layer, _, leaf = mask_name.rpartition(".")
-        return f"layers.{layer.replace('.', '_')}.{leaf}"
-
     def _weight(self, name: str) -> Tensor:
-        layer = self.layers[name.rsplit(".", 1)[0].replace(".", "_")]
-        assert isinstance(layer, (nn.Linear, nn.Conv2d))
-        return layer.weight
+        weight = self.get_parameter(name)
+        return weight
 
     def weights(self) -> dict[str, Tensor]:
         """The prunable weights, keyed by mask name."""
@@ -327,11 +322,6 @@ def split_stored_state(arch: Architecture, state: dict[str, Tensor]) -> tuple[di
     weights = {k: v for k, v in state.items() if k not in keys}
     masks = {keys[k]: v.to(torch.bool) for k, v in state.items() if k in keys}
     return weights, masks
-
-
-def parameter_masks(model: LeNet, masks: Masks) -> dict[str, Tensor]:
-    """The masks keyed by `named_parameters()` name, as the DP engine (`dpltm.dp.engine`) takes them."""
-    return {model.parameter_name(n): m for n, m in masks.items()}
 
 
 def check_masks(masks: Masks, shapes: dict[str, tuple[int, ...]]) -> None:

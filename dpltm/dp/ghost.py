@@ -79,8 +79,7 @@ class MaskLayout:
         device = next(model.parameters()).device
         for mask_name, _ in model.layers_in_order():
             mask = masks[mask_name].to(device=device, dtype=torch.bool)
-            prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
-            weight_name, bias_name = f"{prefix}.weight", f"{prefix}.bias"
+            weight_name, bias_name = mask_name, f"{mask_name.removesuffix('.weight')}.bias"
             names.append((weight_name, bias_name))
             weight_scale, bias_scale = scales.get(weight_name), scales.get(bias_name)
             float_mask = mask.to(dtype)
@@ -99,7 +98,7 @@ class MaskLayout:
         conv_names, conv_masks = [], []
         for mask_name, _ in model.conv_layers_in_order():
             mask = masks[mask_name].to(device=device, dtype=torch.bool)
-            prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
+            prefix = mask_name.removesuffix(".weight")
             if scales and (scales.get(f"{prefix}.weight") is not None or scales.get(f"{prefix}.bias") is not None):
                 raise DpltmUserError("noise geometries (dpd, shaped) apply to the MLP's layers, not to convolutions")
             conv_names.append((f"{prefix}.weight", f"{prefix}.bias"))

@@ -64,7 +64,7 @@ def _surviving_masks(model: LeNet, masks: Masks | None) -> dict[str, Tensor | No
     for mask_name, layer in model.layers_in_order():
         mask = (torch.ones_like(layer.weight, dtype=torch.bool) if masks is None
                 else masks[mask_name].to(device=layer.weight.device, dtype=torch.bool))
-        prefix = f"layers.{mask_name.removesuffix('.weight').replace('.', '_')}"
+        prefix = mask_name.removesuffix(".weight")
         out[f"{prefix}.weight"] = None if bool(mask.all()) else mask
         out[f"{prefix}.bias"] = None
     return out

@@ -56,7 +56,7 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
         state = model.state_dict()
         for name in kept:
             for part in ("weight", "bias"):
-                key = f"layers.{name.replace('.', '_')}.{part}"
+                key = f"{name}.{part}"
                 if key not in theta0 or theta0[key].shape != state[key].shape:
                     raise DpltmUserError(f"the ticket's θ0 lacks a usable {key} (damaged or foreign ticket)")
                 state[key].copy_(theta0[key])

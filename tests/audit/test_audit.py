@@ -96,7 +96,7 @@ def test_gradient_canaries_sit_on_distinct_surviving_weights_quiet_ones_first() 
     assert len(pairs) == 60 and all(name.endswith(".weight") for name in canaries.names)
     for name, flat in pairs:
         assert int(flat) in set(surviving[name].tolist())  # type: ignore[union-attr]
-        assert name == "layers.hidden_0.weight" and flat % 30 >= 20  # enough quiet weights: all quiet
+        assert name == "hidden.0.weight" and flat % 30 >= 20  # enough quiet weights: all quiet
     with pytest.raises(DpltmUserError, match="surviving weights"):
         GradientCanaries.draw(model, surviving, 10**6, clip=1.0, seed=0)
 

@@ -77,7 +77,7 @@ _BROKEN_MODELS: list[tuple[str, Callable[[dict], None], str]] = [
      "does not fit its architecture"),
     ("state-dict-not-tensors", lambda b: b.__setitem__("state_dict", dict.fromkeys(b["state_dict"], 5)),
      "is not a tensor"),
-    ("state-dict-wrong-shape", lambda b: b["state_dict"].__setitem__("layers.output.bias", torch.zeros(3)),
+    ("state-dict-wrong-shape", lambda b: b["state_dict"].__setitem__("output.bias", torch.zeros(3)),
      "has shape (3,)"),
     ("config-data-int", lambda b: b["config"].__setitem__("data", 5), "'config.data' is not a mapping"),
     ("config-seed-text", lambda b: b["config"].__setitem__("seed", "x"), "'config.seed' is not an integer"),

@@ -73,7 +73,7 @@ def test_same_data_mode_is_labelled_not_end_to_end(data_root: Path, digits_winne
     state = body["state_dict"]
     for name in ("hidden_0", "hidden_1", "output"):
         mask = state[f"mask_{name}_weight"]
-        assert torch.count_nonzero(state[f"layers.{name}.weight"][~mask]) == 0
+        assert torch.count_nonzero(state[name.replace("_", ".") + ".weight"][~mask]) == 0
 
 
 def test_public_tickets_are_end_to_end_and_calibrated(data_root: Path, tmp_path: Path, invoke) -> None:
@@ -279,7 +279,7 @@ def test_released_ema_is_recomputed_from_the_dp_iterates(data_root: Path, tmp_pa
         assert not torch.equal(state[name].double(), iterates[-1][name])  # not the final iterate
     for layer in ("hidden_0", "hidden_1", "output"):
         mask = state[f"mask_{layer}_weight"]
-        assert not bool(mask.all()) and torch.count_nonzero(state[f"layers.{layer}.weight"][~mask]) == 0
+        assert not bool(mask.all()) and torch.count_nonzero(state[layer.replace("_", ".") + ".weight"][~mask]) == 0
     assert body["history"][-1]["test_accuracy"] == report["test_accuracy"]
 
 

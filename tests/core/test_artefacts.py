@@ -177,7 +177,7 @@ def _refused(path: Path) -> str:
     (lambda b: b["privacy"].__setitem__("caveats", [1]), "'privacy.caveats' must be a list of strings"),
     (lambda b: b["outcome"].__setitem__("steps", "many"), "'outcome.steps' has the wrong type"),
     (lambda b: b.pop("history"), "lacks 'history'"),
-    (lambda b: b["state_dict"].__setitem__("layers.output.bias", torch.zeros(3)), "has shape (3,)"),
+    (lambda b: b["state_dict"].__setitem__("output.bias", torch.zeros(3)), "has shape (3,)"),
     (lambda b: b["state_dict"].pop("mask_output_weight"), "missing ['mask_output_weight']"),
     (lambda b: b["state_dict"].__setitem__("mask_output_weight", torch.ones(10, 16)), "has dtype torch.float32"),
     (lambda b: b.__setitem__("architecture", {}), "'architecture' is invalid"),

@@ -31,6 +31,24 @@ def test_round_trip(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]  # no temp files left
 
 
+def test_files_from_before_the_plain_modules_load_under_todays_names(tmp_path: Path) -> None:
+    """θ0 keys of the old `layers` dict (layers.hidden_0.weight) are read as today's (hidden.0.weight)."""
+    from dpltm.checkpoint import load_ticket_set
+    from dpltm.checkpoint_format import current_parameter_names
+
+    assert current_parameter_names({"layers.hidden_0.weight": 1, "layers.conv_1.bias": 2, "layers.project.weight": 3,
+                                    "layers.output.bias": 4, "mask_hidden_0_weight": 5, "hidden.1.bias": 6}) == {
+        "hidden.0.weight": 1, "conv.1.bias": 2, "project.weight": 3, "output.bias": 4, "mask_hidden_0_weight": 5,
+        "hidden.1.bias": 6}
+    payload = ticket_set().to_dict()
+    today = dict(payload["theta0"])
+    old = {"layers." + k.rsplit(".", 1)[0].replace(".", "_") + "." + k.rsplit(".", 1)[1]: v for k, v in today.items()}
+    assert set(old) == {"layers.hidden_0.weight", "layers.hidden_0.bias", "layers.output.weight", "layers.output.bias"}
+    torch.save({**payload, "theta0": old}, tmp_path / "old.pt")
+    loaded = load_ticket_set(tmp_path / "old.pt")
+    assert loaded.theta0.keys() == today.keys() and all(torch.equal(loaded.theta0[k], today[k]) for k in today)
+
+
 def test_crash_during_write_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "a.pt"
     save_atomic({"v": 1}, path, "tickets")

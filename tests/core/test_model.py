@@ -105,7 +105,7 @@ def test_rewinding_restores_theta0_exactly_on_survivors(tiny_splits) -> None:  #
     rewind(model, theta0, masks)
     for name, weight in model.weights().items():
         keep = masks[name]
-        assert torch.equal(weight[keep], theta0[LeNet.parameter_name(name)][keep])
+        assert torch.equal(weight[keep], theta0[name][keep])
         assert torch.count_nonzero(weight[~keep]) == 0
     for key, value in theta0.items():
         if key.endswith("bias"):
@@ -160,7 +160,7 @@ def test_forward_uses_the_architectures_activation(activation: str) -> None:
                                                 paper_prune_rates(model.mask_names())))
     act = {"relu": torch.relu, "tanh": torch.tanh}[activation]
     x = torch.randn(4, 10, generator=torch.Generator().manual_seed(1))
-    layers = [(model.layers[n.removesuffix(".weight").replace(".", "_")], m) for n, m in masks.items()]
+    layers = [(model.get_submodule(n.removesuffix(".weight")), m) for n, m in masks.items()]
     h = x
     for i, (layer, mask) in enumerate(layers):
         h = torch.nn.functional.linear(h, layer.weight * mask, layer.bias)

@@ -123,7 +123,7 @@ DAMAGE = [
     (lambda b: b["tickets"][1]["masks"].__setitem__("output.weight", torch.ones(3, 3, dtype=torch.bool)),
      "'tickets[1].masks.output.weight' has shape (3, 3)"),
     (lambda b: b["next_masks"].__setitem__("extra.weight", torch.ones(1)), "'next_masks' does not fit"),
-    (lambda b: b["theta0"].__setitem__("layers.output.bias", torch.zeros(3)), "'theta0.layers.output.bias' has shape"),
+    (lambda b: b["theta0"].__setitem__("output.bias", torch.zeros(3)), "'theta0.output.bias' has shape"),
     (lambda b: b.__setitem__("architecture", {}), "'architecture' is invalid"),
     (lambda b: b["privacy"].pop("dp_event"), "lacks 'privacy.dp_event'"),
     (lambda b: b["privacy"].__setitem__("dp_event", {"type": "Nonsense"}), "'privacy.dp_event' is not a DpEvent"),

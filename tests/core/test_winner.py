@@ -99,8 +99,8 @@ SELECTED_DAMAGE = [
     (lambda b: b.__setitem__("epsilon", 1.0), "it holds unknown ['epsilon']"),
     (lambda b: b.__setitem__("private_ticket", {}), "a winner selected by 'exponential' holds a 'private_ticket'"),
     (lambda b: b["masks"].pop("hidden.0.weight"), "'masks' does not fit its architecture"),
-    (lambda b: b["theta0"].__setitem__("layers.hidden_0.weight", torch.zeros(2, 2)),
-     "'theta0.layers.hidden_0.weight' has shape (2, 2)"),
+    (lambda b: b["theta0"].__setitem__("hidden.0.weight", torch.zeros(2, 2)),
+     "'theta0.hidden.0.weight' has shape (2, 2)"),
     (lambda b: b.__setitem__("architecture", {"hidden": "wide"}), "'architecture' is invalid"),
 ]
 PRIVATE_DAMAGE = [

@@ -17,7 +17,7 @@ from torch.func import functional_call, grad, vmap
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.padding import padded_chunks
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture, parameter_masks
+from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
 
@@ -41,8 +41,8 @@ def test_cnn_norms_and_sums_equal_torch_func(activation: str) -> None:
     model, masks = cnn_ticket(activation=activation)
     x, y = images(7)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    by_parameter = parameter_masks(model, masks)
-    assert "layers.conv_0.weight" in by_parameter and "layers.conv_1.weight" in by_parameter
+    by_parameter = dict(masks)
+    assert "conv.0.weight" in by_parameter and "conv.1.weight" in by_parameter
 
     def loss(p, xi, yi):  # type: ignore[no-untyped-def]
         return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
@@ -61,8 +61,8 @@ def test_cnn_norms_and_sums_equal_torch_func(activation: str) -> None:
     for name, value in expected.items():
         torch.testing.assert_close(got.grad_sums[name], value, msg=name)
     conv0 = masks["conv.0.weight"]
-    assert bool((got.grad_sums["layers.conv_0.weight"][~conv0] == 0).all())
-    assert layout.surviving["layers.conv_0.weight"] is not None and first_layer_input_terms(x, layout) is None
+    assert bool((got.grad_sums["conv.0.weight"][~conv0] == 0).all())
+    assert layout.surviving["conv.0.weight"] is not None and first_layer_input_terms(x, layout) is None
 
 
 def test_cnn_padded_chunks_and_empty_batch() -> None:
@@ -118,7 +118,7 @@ def test_cli_lenet5_ticket_generate_select_train(tmp_path: Path) -> None:
     state = body["state_dict"]
     for layer in ("conv_0", "conv_1", "hidden_0"):
         mask = state[f"mask_{layer}_weight"]
-        assert float(mask.float().mean()) < 0.6 and bool((state[f"layers.{layer}.weight"][~mask] == 0).all())
+        assert float(mask.float().mean()) < 0.6 and bool((state[layer.replace("_", ".") + ".weight"][~mask] == 0).all())
     dense = json.loads(dpltm("train", "--dense", "--arch", "lenet5", "--dataset", "mnist", "--eps2", "1", "--epochs",
                              "1", "--batch-size", "32", "--device", "cpu", "--out", "d.pt", "--no-progress", "--json",
                              cwd=tmp_path, data=data).stdout)

@@ -14,7 +14,7 @@ from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_t
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches, poisson_sample
 from dpltm.dp.step import apply_gradients, private_gradients
-from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture, parameter_masks
+from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 
 
@@ -45,7 +45,7 @@ def batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 def masked_grads(model: LeNet, masks: Masks) -> dict[str, torch.Tensor]:
     """Each parameter's .grad restricted to the ticket's surviving weights (a pruned weight is zero but not
     trained: autograd still gives it a gradient, the ticket's step does not)."""
-    by_parameter = parameter_masks(model, masks)
+    by_parameter = dict(masks)
     return {name: p.grad * by_parameter[name].to(p.grad.dtype) if name in by_parameter else p.grad  # type: ignore[operator]
             for name, p in model.named_parameters()}
 
@@ -87,7 +87,7 @@ def test_sparse_and_dense_norm_operators_agree() -> None:
     F.cross_entropy(model(x), y, reduction="sum").backward()
     for name, grad_sum in masked_grads(model, masks).items():
         torch.testing.assert_close(batch.grad_sums[name], grad_sum, msg=name)
-    for name, mask in parameter_masks(model, masks).items():
+    for name, mask in dict(masks).items():
         assert torch.count_nonzero(batch.grad_sums[name][~mask]) == 0, name  # exactly: pruned weights get none
 
 
@@ -131,7 +131,7 @@ def test_clipped_sum_equals_torch_func_per_sample_gradients(activation: str, pro
     assert model.arch.activation == activation
     x, y = batch(23)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    by_parameter = parameter_masks(model, masks)
+    by_parameter = dict(masks)
 
     def loss(p, xi, yi):  # type: ignore[no-untyped-def]
         out = functional_call(model, p, (xi[None],))
@@ -179,7 +179,7 @@ def test_noise_scale_on_zero_gradients_and_none_on_pruned() -> None:
     model, ticket_masks = model_with(3)
     model = model.float()
     layout = MaskLayout.of(model, ticket_masks)
-    masks = {f"layers.{n.removesuffix('.weight').replace('.', '_')}.{part}": (ticket_masks[n] if part == "weight"
+    masks = {f"{n.removesuffix('.weight')}.{part}": (ticket_masks[n] if part == "weight"
                                                                               else None)
              for n, _ in model.layers_in_order() for part in ("weight", "bias")}
     sigma, clip, expected_batch = 1.7, 0.8, 50.0

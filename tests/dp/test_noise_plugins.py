@@ -64,7 +64,7 @@ def context(model: LeNet, masks: Masks, clip: float = 0.8) -> NoiseContext:
 
 
 def param_masks(model: LeNet, masks: Masks) -> dict[str, torch.Tensor | None]:
-    return {f"layers.{n.removesuffix('.weight').replace('.', '_')}.{part}": (masks[n] if part == "weight" else None)
+    return {f"{n.removesuffix('.weight')}.{part}": (masks[n] if part == "weight" else None)
             for n, _ in model.layers_in_order() for part in ("weight", "bias")}
 
 
@@ -221,12 +221,12 @@ def test_dpd_alpha_formula_on_a_known_model() -> None:
     model, masks = pruned_model(1)
     clip, sigma = 2.0, 0.5  # 4C²σ² = 4
     with torch.no_grad():
-        model.layers["hidden_0"].weight.fill_(0.5)  # α = 4 / 0.25 = 16 everywhere
-        out = model.layers["output"].weight
+        model.hidden[0].weight.fill_(0.5)  # α = 4 / 0.25 = 16 everywhere
+        out = model.output.weight
         out.copy_(torch.linspace(0.1, 2.0, out.numel(), dtype=out.dtype).reshape(out.shape))
         # pruned raw values are tiny: they would dominate α if they were counted (the masks beside the
         # model, not the weights' values, say which coordinates survive)
-        model.layers["hidden_1"].weight[~masks["hidden.1.weight"]] = 1e-6
+        model.hidden[1].weight[~masks["hidden.1.weight"]] = 1e-6
     metrics = DropoutNoise(sigma).epoch_metrics(model, masks, clip)
     assert set(metrics) == {f"dpd_alpha_{stat}/{layer}" for stat in ("q25", "median", "q75")
                             for layer in ("hidden.0", "hidden.1", "output")}
@@ -236,7 +236,7 @@ def test_dpd_alpha_formula_on_a_known_model() -> None:
     alpha = 4.0 / theta**2
     for stat, p in (("q25", 0.25), ("median", 0.5), ("q75", 0.75)):
         assert metrics[f"dpd_alpha_{stat}/output"] == pytest.approx(float(torch.quantile(alpha, p)))
-    hidden_1 = model.layers["hidden_1"].weight[masks["hidden.1.weight"]].detach()
+    hidden_1 = model.hidden[1].weight[masks["hidden.1.weight"]].detach()
     assert metrics["dpd_alpha_median/hidden.1"] == pytest.approx(float((4.0 / hidden_1**2).median()), rel=0.5)
     assert metrics["dpd_alpha_q75/hidden.1"] < 1e6
     rates = dropout_rates(model, masks, clip, sigma)

@@ -35,7 +35,7 @@ def test_batched_clipped_sums_equal_the_single_model_dp_step(tickets: dict, tiny
     for k, (model, ticket) in enumerate(zip(models, masks)):
         single = clipped_gradient_sum(model, x, y, 0.5, MaskLayout.of(model, ticket, x.dtype))
         for layer, (name, _) in enumerate(model.layers_in_order()):
-            prefix = f"layers.{name.removesuffix('.weight').replace('.', '_')}"
+            prefix = name.removesuffix('.weight')
             torch.testing.assert_close(weight_sums[layer][k], single.grad_sums[f"{prefix}.weight"],
                                        rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(bias_sums[layer][k], single.grad_sums[f"{prefix}.bias"], rtol=1e-4, atol=1e-5)

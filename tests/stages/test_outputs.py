@@ -94,7 +94,7 @@ def test_export_holds_the_released_weights_masks_normalisation_and_privacy(train
     assert masks and all(m.dtype == torch.bool for m in masks.values())
     pruned = 0
     for name, mask in masks.items():
-        weight = tensors["layers." + name.removeprefix("mask_").removesuffix("_weight") + ".weight"]
+        weight = tensors[name.removeprefix("mask_").removesuffix("_weight").replace("_", ".") + ".weight"]
         assert torch.count_nonzero(weight[~mask]) == 0  # pruned weights are exactly zero
         pruned += int((~mask).sum())
     assert pruned > 0  # the winner is a real ticket

@@ -40,7 +40,7 @@ def test_schedule_records_and_phase1_label(tiny_splits, tmp_path: Path) -> None:
     assert payload["privacy"]["dp_event"] == {"type": "NonPrivateDpEvent"}
     body = load_checkpoint(out, "tickets")
     assert body["complete"] and body["data"]["fingerprint"] == "blobs-v1"
-    assert set(body["theta0"]) >= {"layers.hidden_0.weight", "layers.output.bias"}
+    assert set(body["theta0"]) >= {"hidden.0.weight", "output.bias"}
 
 
 def test_resume_after_interruption_gives_identical_tickets(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -89,7 +89,7 @@ def test_ema_weights_are_a_function_of_the_dp_iterates_only(tiny_splits: Dataset
     # exactly 0 in every iterate, so in their average too
     for name, mask in masks.items():
         assert not bool(mask.all())  # the ticket is pruned: the checks below bite
-        key = LeNet.parameter_name(name)
+        key = name
         assert all(torch.count_nonzero(theta[key][~mask]) == 0 for theta in iterates), name
         assert torch.count_nonzero(released.weights()[name][~mask]) == 0, name
     released_state = released.state_dict()
