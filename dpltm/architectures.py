@@ -1,10 +1,11 @@
 """The built-in networks `--arch` names, one entry each: the one list every front end reads.
 
-Each is the masked network of dpltm.model: an optional convolutional front — (output channels,
-kernel side) per layer, each followed by the activation and 2×2 average pooling — then fully
-connected layers. Adding one of this family is one `ArchitectureEntry` line; the CLI's choices,
-the config check and the default hidden widths derive from this table. Nothing heavy is imported
-here (no torch), so `dpltm --help` stays quick.
+Most are of dpltm.model's LeNet family: an optional convolutional front — (output channels, kernel
+side) per layer, each followed by the activation and 2×2 average pooling — then fully connected
+layers; adding one of this family is one `ArchitectureEntry` line. Any other network is one file under
+dpltm/networks/ (a `build(arch, generator)` returning a plain `nn.Module`) and one line here naming it
+(`module`). The CLI's choices, the config check and the default hidden widths derive from this table.
+Nothing heavy is imported here (no torch), so `dpltm --help` stays quick.
 """
 
 from __future__ import annotations
@@ -20,12 +21,20 @@ class ArchitectureEntry:
     default_hidden: tuple[int, ...] | None
     """Its fully connected widths unless --hidden says otherwise (None: the config's, LeNet-300-100's)."""
     description: str
+    module: str | None = None
+    """A network of its own file: the module (under dpltm/networks/) whose `build(arch, generator)`
+    returns it as a plain `nn.Module`; None for the LeNet family above (dpltm.model.LeNet). Such a network
+    trains through the DP engine's per-layer rules (dpltm.dp.engine)."""
 
 
 ARCHITECTURES: dict[str, ArchitectureEntry] = {entry.name: entry for entry in (
     ArchitectureEntry("mlp", (), None, "LeNet-300-100 by default; the paper's"),
     ArchitectureEntry("lenet5", ((6, 5), (16, 5)), (120, 84),
                       "LeNet-5 (LeCun et al. 1998): two 5×5 convolutions with 6 and 16 maps, then 120, 84"),
+    ArchitectureEntry("dp-cnn", (), (32,),
+                      "the small CNN of the DP-SGD image benchmarks (16 8×8/2 and 32 4×4/2 convolutions, each with "
+                      "2×2/1 max pooling, then 32): Opacus's and TF Privacy's MNIST examples; with --activation "
+                      "tanh, Papernot et al. 2021's tempered-sigmoid network", module="dpltm.networks.dp_cnn"),
 )}
 
 

@@ -35,7 +35,7 @@ SUFFIX = ".safetensors"
 class LoadedModel:
     """A model ready for inference, and what is known about how it was made."""
 
-    model: Any  # LeNet, in eval mode, on the CPU
+    model: Any  # the network (dpltm.model.build_network), in eval mode, on the CPU
     architecture: dict[str, Any]
     data: dict[str, Any]
     """dataset, split, val_fraction, seed and counts of the data the model was trained on, and its
@@ -193,7 +193,7 @@ def load_exported(path: Path) -> LoadedModel:
     from safetensors.torch import load_file
 
     from dpltm.checkpoint_format import current_parameter_names
-    from dpltm.model import Architecture, LeNet, split_stored_state
+    from dpltm.model import Architecture, build_network, split_stored_state
 
     metadata = read_metadata(path)
     if json.loads(metadata["architecture"]).get("kind") == USER_MODEL:
@@ -202,7 +202,7 @@ def load_exported(path: Path) -> LoadedModel:
     try:
         architecture = json.loads(metadata["architecture"])
         arch = Architecture.from_dict(architecture)
-        model = LeNet(arch)
+        model = build_network(arch)
         model.load_state_dict(split_stored_state(arch, current_parameter_names(load_file(str(path))))[0])
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")

@@ -10,6 +10,7 @@ carries no mask multiply.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -91,9 +92,21 @@ class Architecture:
     """Hidden layers' activation (a key of ACTIVATIONS)."""
     conv: tuple[tuple[int, int], ...] = ()
     """Convolutional front (ARCHS): (output channels, kernel side) per layer; () for the MLP."""
+    name: str | None = None
+    """An architecture of its own file (`dpltm.architectures`: an entry with a `module`), built by that
+    module's `build`; None for the LeNet family (`conv` and `hidden` describe it)."""
 
     def __post_init__(self) -> None:
         activation_function(self.activation)
+        if self.name is not None:
+            entry = ARCHITECTURES.get(self.name)
+            if entry is None or entry.module is None:
+                raise DpltmUserError(f"unknown architecture {self.name!r}")
+            if self.conv or self.project_to is not None:
+                raise DpltmUserError(f"--arch {self.name} has its own layers: --project-to applies to --arch mlp")
+            with torch.device("meta"):  # the module's own checks (image shape, widths), no memory used
+                build_network(self)
+            return
         if self.conv:
             if self.project_to is not None:
                 raise DpltmUserError("--project-to applies to the MLP (--arch mlp)")
@@ -116,7 +129,15 @@ class Architecture:
             d["conv"] = [list(c) for c in self.conv]
         else:
             del d["conv"]  # an MLP's record is what it has always been
+        if self.name is None:
+            del d["name"]  # the LeNet family's record is what it has always been
         return d
+
+    @property
+    def is_mlp(self) -> bool:
+        """LeNet-300-100's family (fully connected layers only): what the stacked candidates, the noise
+        geometries and cross-architecture transfer handle."""
+        return not self.conv and self.name is None
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> Architecture:
@@ -128,6 +149,7 @@ class Architecture:
             project_to=None if project_to is None else int(project_to),  # type: ignore[call-overload]
             activation=str(d["activation"]),
             conv=tuple((int(c[0]), int(c[1])) for c in d.get("conv", ())),  # type: ignore[attr-defined]
+            name=None if d.get("name") is None else str(d["name"]),
         )
 
     def conv_shapes(self) -> list[tuple[int, int, int, int]]:
@@ -149,6 +171,8 @@ class Architecture:
 
     def layer_names(self) -> list[str]:
         """Names of the masked layers (convolutions, then linear layers), input to output."""
+        if self.name is not None:
+            return [name.removesuffix(".weight") for name in self._built_shapes()]
         names = [f"conv.{i}" for i in range(len(self.conv))]
         names += ["project"] if self.project_to is not None else []
         names += [f"hidden.{i}" for i in range(len(self.hidden))]
@@ -157,8 +181,15 @@ class Architecture:
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each layer's weight shape, keyed by layer name: (out, in, k, k) for a convolution, (out, in)
         for a linear layer."""
+        if self.name is not None:
+            return {name.removesuffix(".weight"): shape for name, shape in self._built_shapes().items()}
         convs: dict[str, tuple[int, ...]] = {f"conv.{i}": shape for i, shape in enumerate(self.conv_shapes())}
         return {**convs, **self.linear_shapes()}
+
+    def _built_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The prunable weights' shapes of the network `build_network` makes (on the meta device)."""
+        with torch.device("meta"):
+            return {name: tuple(w.shape) for name, w in prunable_weights(build_network(self)).items()}
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(out, in) of each linear layer's weight, keyed by layer name."""
@@ -218,19 +249,15 @@ class LeNet(nn.Module):
 
     def mask_names(self) -> list[str]:
         """Names of the prunable weights (biases are never pruned), as masks are keyed."""
-        return [f"{n}.weight" for n in self.arch.layer_names()]
-
-    def _weight(self, name: str) -> Tensor:
-        weight = self.get_parameter(name)
-        return weight
+        return list(prunable_weights(self))
 
     def weights(self) -> dict[str, Tensor]:
         """The prunable weights, keyed by mask name."""
-        return {n: self._weight(n) for n in self.mask_names()}
+        return prunable_weights(self)
 
     def full_masks(self) -> Masks:
         """The dense network's masks: every weight kept."""
-        return {n: torch.ones(w.shape, dtype=torch.bool) for n, w in self.weights().items()}
+        return full_masks(self)
 
     def conv_layers_in_order(self) -> list[tuple[str, nn.Conv2d]]:
         """(mask name, convolution) of the convolutional front, input to output."""
@@ -266,11 +293,36 @@ class LeNet(nn.Module):
         return index != len(self._layer_list) - 1 and not (self._has_projection and index == 0)
 
 
+def prunable_weights(model: nn.Module) -> dict[str, Tensor]:
+    """The weights a ticket masks, keyed by parameter name (which is the mask's name): every trainable
+    parameter of two or more dimensions (linear and convolution weights; never biases or normalisation
+    scales), as the DP engine's `prunable_weight_names` counts them."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad and p.dim() >= 2}
+
+
+def full_masks(model: nn.Module) -> Masks:
+    """The dense network's masks: every prunable weight kept."""
+    return {n: torch.ones(w.shape, dtype=torch.bool) for n, w in prunable_weights(model).items()}
+
+
+def build_network(arch: Architecture, generator: torch.Generator | None = None) -> nn.Module:
+    """The network `arch` describes, as a plain `nn.Module` with `arch` recorded on it: a LeNet for the
+    built-in family, else the `build(arch, generator)` of the architecture's own module (one file under
+    `dpltm/networks/` and its line in `dpltm/architectures.py`)."""
+    if arch.name is None:
+        return LeNet(arch, generator)
+    module = ARCHITECTURES[arch.name].module
+    assert module is not None
+    network: nn.Module = importlib.import_module(module).build(arch, generator)
+    network.arch = arch  # type: ignore[assignment]
+    return network
+
+
 @torch.no_grad()
-def apply_masks_(model: LeNet, masks: Masks) -> Masks:
+def apply_masks_(model: nn.Module, masks: Masks) -> Masks:
     """Install a ticket: check `masks` against the model (keys, shapes, 0/1), zero its pruned weights in
     place, and return the masks as bool tensors on the model's device (what the training loops keep)."""
-    weights = model.weights()
+    weights = prunable_weights(model)
     check_masks(masks, {n: tuple(w.shape) for n, w in weights.items()})
     installed = {}
     for name, mask in masks.items():
@@ -285,8 +337,8 @@ class PrunedWeights:
     weight after each update (a fused `_foreach_mul_`), whatever the optimiser does (momentum, weight
     decay, a noisy update). Dense weights are skipped. Capturable in a CUDA graph (no host sync)."""
 
-    def __init__(self, model: LeNet, masks: Masks) -> None:
-        weights = model.weights()
+    def __init__(self, model: nn.Module, masks: Masks) -> None:
+        weights = prunable_weights(model)
         pairs = [(weights[n], m.to(device=weights[n].device, dtype=weights[n].dtype))
                  for n, m in masks.items() if not bool(m.all())]
         self.weights = [w for w, _ in pairs]
@@ -307,11 +359,11 @@ def stored_mask_key(mask_name: str) -> str:
     return MASK_PREFIX + mask_name.replace(".", "_")
 
 
-def stored_state(model: LeNet, masks: Masks) -> dict[str, Tensor]:
+def stored_state(model: nn.Module, masks: Masks) -> dict[str, Tensor]:
     """What a model file and an export hold: the weights (pruned ones exactly 0) and, beside them, each
     mask as a bool tensor (`stored_mask_key`)."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    for name in model.mask_names():
+    for name in prunable_weights(model):
         state[stored_mask_key(name)] = masks[name].detach().to("cpu", torch.bool)
     return state
 
@@ -357,5 +409,6 @@ def build_architecture(
     """The ticket's network for a dataset: input and class counts come from the data."""
     if arch not in ARCHS:
         raise DpltmUserError(f"--arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    own_file = ARCHITECTURES[arch].module is not None
     return Architecture(int(in_features), tuple(int(h) for h in hidden), int(num_classes), project_to,
-                        activation, ARCHS[arch])
+                        activation, ARCHS[arch], name=arch if own_file else None)

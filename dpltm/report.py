@@ -40,21 +40,23 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 
 def arch_text(arch: dict[str, Any]) -> str:
-    """A network in one phrase: layer widths, convolutions, projection."""
-    return (f"{arch['in_features']}-" + "".join(f"conv{c[0]}@{c[1]}x{c[1]}-" for c in arch.get("conv", []))
-            + f"{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}"
-            + (f", projection {arch['project_to']}" if arch.get("project_to") else "")
+    """A network in one phrase: layer widths, convolutions, projection (a network of its own file: its
+    name first)."""
+    return (_widths(arch) + (f", projection {arch['project_to']}" if arch.get("project_to") else "")
             + (f", {arch['activation']}" if arch.get("activation") else ""))
+
+
+def _widths(arch: dict[str, Any]) -> str:
+    named = f"{arch['name']} " if arch.get("name") else ""
+    return (f"{named}{arch['in_features']}-" + "".join(f"conv{c[0]}@{c[1]}x{c[1]}-" for c in arch.get("conv", []))
+            + f"{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}")
 
 
 def print_tickets(payload: dict[str, Any], console: Console) -> None:
     data = payload["data"]
     arch = payload["architecture"]
     layers = list(payload["tickets"][0]["layer_density"]) if payload["tickets"] else []
-    table = Table(title=f"tickets: {data['dataset']} ({data['split']} split), "
-                        f"{arch['in_features']}-"
-                        + "".join(f"conv{c[0]}@{c[1]}x{c[1]}-" for c in arch.get("conv", []))
-                        + f"{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}"
+    table = Table(title=f"tickets: {data['dataset']} ({data['split']} split), " + _widths(arch)
                         + (f", projection {arch['project_to']}" if arch.get("project_to") else ""))
     table.add_column("round", justify="right")
     table.add_column("C", justify="right")

@@ -21,10 +21,10 @@ def reference_theta0(arch: Any) -> dict[str, Any]:
     """θ0 as ticket files keep it: the network's parameters (the model holds no masks)."""
     import torch
 
-    from dpltm.model import LeNet
+    from dpltm.model import build_network
 
     with torch.device("meta"):
-        return LeNet(arch).state_dict()
+        return build_network(arch).state_dict()
 
 
 def reference_masks(arch: Any) -> dict[str, Any]:

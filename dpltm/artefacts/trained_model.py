@@ -29,8 +29,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 
 if TYPE_CHECKING:
     import torch
-
-    from dpltm.model import LeNet
+    from torch import nn
 
 KIND = "model"
 MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "data", "outcome", "transfer",
@@ -295,12 +294,12 @@ class TrainedModel:
                                            "accountant", "neighboring")},
                 "released_weights": self.outcome.released_weights, "statement": privacy["statement"]}
 
-    def network(self) -> LeNet:
+    def network(self) -> nn.Module:
         """The released network, in eval mode, on the CPU (its pruned weights are 0)."""
-        from dpltm.model import Architecture, LeNet, split_stored_state
+        from dpltm.model import Architecture, build_network, split_stored_state
 
         arch = Architecture.from_dict(self.architecture)
-        model = LeNet(arch)
+        model = build_network(arch)
         model.load_state_dict(split_stored_state(arch, self.state_dict)[0])
         return model.eval()
 

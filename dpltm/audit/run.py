@@ -69,10 +69,11 @@ class AuditPlan:
         """Draw the canaries; input canaries become the training set's last m rows (an excluded one's
         row is dropped whenever it is sampled: the universe is N + m records whatever the bits)."""
         if self.threat_model == "white-box":
-            from dpltm.dp.ghost import MaskLayout
+            from dpltm.dp.step import step_layout
+            from dpltm.model import full_masks
 
-            ticket = masks if masks is not None else model.full_masks()  # type: ignore[operator]
-            surviving = MaskLayout.of(model, ticket, data.train.features.dtype).surviving  # type: ignore[arg-type]
+            ticket = masks if masks is not None else full_masks(model)
+            surviving = step_layout(model, ticket, data.train.features.dtype).surviving
             self.gradient = GradientCanaries.draw(model, surviving, self.canaries, clip, self.seed,
                                                   features=data.train.features)
             return data

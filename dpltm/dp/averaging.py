@@ -9,12 +9,11 @@ on the host twice per step), so it can sit inside a captured CUDA graph.
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from dpltm.model import LeNet
 
-
-def make_averager(model: LeNet, decay: float | None) -> AveragedModel | None:
+def make_averager(model: nn.Module, decay: float | None) -> AveragedModel | None:
     """An EMA of `model`'s parameters (None when `decay` is None), to be updated after each step.
 
     `AveragedModel` copies the model and holds the average of its *parameters*: a ticket's pruned
@@ -30,7 +29,7 @@ def make_averager(model: LeNet, decay: float | None) -> AveragedModel | None:
 
 
 @torch.no_grad()
-def update_average(averager: AveragedModel, model: LeNet, decay: float) -> None:
+def update_average(averager: AveragedModel, model: nn.Module, decay: float) -> None:
     """One EMA step, on the device: weight 1 at the first update (EMA_1 = θ_1), 1 − decay after."""
     count = averager.n_averaged
     first = next(model.parameters())
@@ -43,12 +42,12 @@ def update_average(averager: AveragedModel, model: LeNet, decay: float) -> None:
     count.add_(1)
 
 
-def released_model(model: LeNet, averager: AveragedModel | None) -> LeNet:
+def released_model(model: nn.Module, averager: AveragedModel | None) -> nn.Module:
     """What a run evaluates and releases: the EMA when there is one, else the current iterate."""
     if averager is None:
         return model
     averaged = averager.module
-    assert isinstance(averaged, LeNet)
+    assert isinstance(averaged, nn.Module)
     return averaged
 
 

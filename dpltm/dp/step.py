@@ -4,40 +4,86 @@
 
 with L the *expected* batch size q·N (what the Poisson accountant assumes; dividing by the
 realised batch size would leak it). The optimiser then applies ĝ; pruned coordinates get a
-zero gradient and no noise, so they stay exactly zero (the training loops also re-zero them after
-each update: `dpltm.model.PrunedWeights`).
+zero gradient and no noise, so they stay exactly zero (element-wise optimisers: SGD, momentum, Adam).
+
+The per-sample part runs one of two ways, chosen by the layout: the LeNet family's fused step
+(`MaskLayout`, dpltm.dp.ghost: ghost norms with a per-record table for the first layer), or the DP
+engine's per-layer rules for any other `nn.Module` (`EngineLayout`, dpltm.dp.engine). Both give the
+masked per-sample norms and the masked clipped sum; the noise and the division by L are one function
+(`noisy_mean`) for every front end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.noise import NoiseMechanism
-from dpltm.model import LeNet
+from dpltm.errors import DpltmUserError
+from dpltm.model import LeNet, Masks, full_masks
 
 
-def private_gradients(model: LeNet, x: Tensor, y: Tensor, *, clip: float,
+@dataclass(frozen=True)
+class EngineLayout:
+    """A ticket over any `nn.Module`, as the DP engine takes it: the masks (keyed by parameter name) on
+    the model's device, and each parameter's surviving flat indices (None: all survive), for the noise."""
+
+    masks: dict[str, Tensor]
+    surviving: dict[str, Tensor | None]
+
+    @classmethod
+    def of(cls, model: nn.Module, masks: Masks) -> EngineLayout:
+        device = next(model.parameters()).device
+        on_device = {n: m.to(device=device, dtype=torch.bool) for n, m in masks.items()}
+        surviving: dict[str, Tensor | None] = {}
+        for name, parameter in model.named_parameters():
+            if not parameter.requires_grad:
+                continue
+            mask = on_device.get(name)
+            surviving[name] = None if mask is None or bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
+        return cls(on_device, surviving)
+
+
+def step_layout(model: nn.Module, masks: Masks | None, dtype: torch.dtype = torch.float32,
+                scales: dict[str, Tensor | None] | None = None,
+                allow_sparse: bool = True) -> MaskLayout | EngineLayout:
+    """The layout a DP step uses for `model` and its ticket `masks` (None: dense): the fused step's for
+    the LeNet family, the engine's for any other network (which takes no noise geometry `scales`)."""
+    masks = masks if masks is not None else full_masks(model)
+    if isinstance(model, LeNet):
+        return MaskLayout.of(model, masks, dtype, scales, allow_sparse)
+    if scales and any(s is not None for s in scales.values()):
+        raise DpltmUserError("noise geometries (dpd, shaped) shape the MLP's layers (--arch mlp); this network "
+                             "trains with --noise gaussian")
+    return EngineLayout.of(model, masks)
+
+
+def private_gradients(model: nn.Module, x: Tensor, y: Tensor, *, clip: float,
                       noise: NoiseMechanism, expected_batch_size: float,
                       generator: torch.Generator,
-                      layout: MaskLayout,
+                      layout: MaskLayout | EngineLayout,
                       reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                       input_terms: Tensor | None = None, add_noise: bool = True,
                       extra_sums: dict[str, Tensor] | None = None,
                       ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
 
-    `layout` is the ticket's `MaskLayout.of(model, masks)`, computed once per run (masks are fixed).
+    `layout` is the ticket's `step_layout(model, masks)`, computed once per run (masks are fixed).
     `reduce` sums the ranks' sums in a multi-device run (dpltm.dp.distributed.all_reduce_sum), after
     rank 0 alone (`add_noise`) has added the noise: the reduced sum carries exactly one draw.
     `input_terms`: the batch's rows of `first_layer_input_terms` (computed once per run).
     `extra_sums`: clipped gradients of records that are not rows of `x` (an audit's gradient
     canaries, dpltm.audit.canaries), added to the clipped sum before the noise.
     """
-    batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=input_terms)
+    if isinstance(layout, EngineLayout):
+        batch = clipped_gradient_sum_of(model, x, y, clip, layout.masks)
+    else:
+        batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=input_terms)  # type: ignore[arg-type]
     for name, extra in (extra_sums or {}).items():
         batch.grad_sums[name].add_(extra)
     grads = noisy_mean(batch.grad_sums, noise=noise, surviving=layout.surviving, clip=clip,
@@ -70,7 +116,7 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
     return out
 
 
-def apply_gradients(model: LeNet, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
+def apply_gradients(model: nn.Module, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
     """Install ĝ as .grad and step (Opacus' guard against stale gradients is implicit: we overwrite)."""
     for name, param in model.named_parameters():
         param.grad = grads[name]

@@ -29,11 +29,10 @@ import torch
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
-from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.sampling import poisson_sample
-from dpltm.dp.step import private_gradients
+from dpltm.dp.step import private_gradients, step_layout
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, LeNet, Masks
+from dpltm.model import Architecture, Masks, build_network
 from dpltm.tickets.imp import rewind, ticket_masks
 
 
@@ -83,7 +82,7 @@ class NoiseAwareChoice:
 
 
 def candidate_models(payload: dict[str, Any], device: torch.device,
-                     activation: str | None = None) -> tuple[list[LeNet], list[Masks]]:
+                     activation: str | None = None) -> tuple[list[torch.nn.Module], list[Masks]]:
     """Every ticket of a ticket set as a network at θ0 and its mask (round 0 is the dense one), with the
     planned run's activation when it differs from the tickets' own."""
     arch = Architecture.from_dict(payload["architecture"])
@@ -91,7 +90,7 @@ def candidate_models(payload: dict[str, Any], device: torch.device,
         arch = replace(arch, activation=activation)
     models, masks = [], []
     for ticket in payload["tickets"]:
-        model = LeNet(arch).to(device)
+        model = build_network(arch).to(device)
         masks.append(rewind(model, payload["theta0"], ticket_masks(ticket)))
         models.append(model)
     return models, masks
@@ -110,9 +109,10 @@ class EachCandidate:
     training's own step (dpltm.dp.step: masked per-sample clipping, Gaussian noise on the surviving
     coordinates, over L): the same Poisson batch for all of them, an independent noise draw each."""
 
-    def __init__(self, models: list[LeNet], masks: list[Masks], plan: PlannedRun, dtype: torch.dtype) -> None:
+    def __init__(self, models: list[torch.nn.Module], masks: list[Masks], plan: PlannedRun,
+                 dtype: torch.dtype) -> None:
         self.models, self.plan = models, plan
-        self.layouts = [MaskLayout.of(model, ms, dtype) for model, ms in zip(models, masks)]
+        self.layouts = [step_layout(model, ms, dtype) for model, ms in zip(models, masks)]
         self.noise = GaussianNoise(plan.noise_multiplier)
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -158,7 +158,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     device = public.train.labels.device
     models, masks = candidate_models(payload, device, plan.activation)
     stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, plan, public.train.features.dtype)
-                                         if models[0].arch.conv else StackedMLP(models, masks))
+                                         if not models[0].arch.is_mlp else StackedMLP(models, masks))
     optimizer = _optimizer(stack.parameters(), plan)
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
     q = plan.expected_batch_size / n

@@ -31,7 +31,16 @@ from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import GenerateConfig, config_hash, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture, density, layer_densities
+from dpltm.model import (
+    Architecture,
+    Masks,
+    apply_masks_,
+    build_architecture,
+    build_network,
+    density,
+    layer_densities,
+    prunable_weights,
+)
 from dpltm.pruning import paper_prune_rates, prune_layerwise, random_masks_like
 from dpltm.training.plain import accuracy, train_classifier
 
@@ -131,7 +140,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
                               cfg.model.project_to, cfg.model.activation, cfg.model.arch)
     rates = resolve_prune_rates(arch, cfg.generate.prune_rates)
     init_gen = torch.Generator(device="cpu").manual_seed(round_seed(cfg.seed, 0, stream=1))
-    model = LeNet(arch, init_gen)
+    model = build_network(arch, init_gen)
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     state = _resume_or_start(cfg, data, out, overwrite, arch, theta0, rates)
     payload = state.payload
@@ -153,7 +162,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
         record = _run_round(model, theta0, masks, data, cfg, k, progress, cuda_graphs)
         if g.controls and k > 0:
             record["controls"] = _run_controls(arch, theta0, masks, data, cfg, k, device, cuda_graphs, progress)
-        new_masks = prune_layerwise(model.weights(), masks, rates)
+        new_masks = prune_layerwise(prunable_weights(model), masks, rates)
         record["next_density"] = density(new_masks)
         state.tickets.append(record)
         payload["next_masks"] = {n: m.cpu() for n, m in new_masks.items()}
@@ -175,7 +184,7 @@ def _weight_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
     return {f"{n}.weight": s for n, s in arch.layer_shapes().items()}
 
 
-def rewind(model: LeNet, theta0: dict[str, torch.Tensor], masks: Masks) -> Masks:
+def rewind(model: torch.nn.Module, theta0: dict[str, torch.Tensor], masks: Masks) -> Masks:
     """Rewind: every parameter back to θ0, then the mask, which zeroes the pruned weights; returns the
     installed masks (bool, on the model's device)."""
     missing, unexpected = model.load_state_dict(theta0, strict=False)
@@ -184,7 +193,7 @@ def rewind(model: LeNet, theta0: dict[str, torch.Tensor], masks: Masks) -> Masks
     return apply_masks_(model, masks)
 
 
-def _run_round(model: LeNet, theta0: dict[str, torch.Tensor], masks: Masks,
+def _run_round(model: torch.nn.Module, theta0: dict[str, torch.Tensor], masks: Masks,
                data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool,
                cuda_graphs: bool = False) -> dict[str, Any]:
     g = cfg.generate
@@ -212,10 +221,10 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density."""
     g = cfg.generate
     out: dict[str, Any] = {}
-    reinit = LeNet(arch, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=2))).to(device)
+    reinit = build_network(arch, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=2))).to(device)
     reinit_masks = apply_masks_(reinit, masks)
     random_mask = random_masks_like(masks, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=3)))
-    rand = LeNet(arch).to(device)
+    rand = build_network(arch).to(device)
     rand_masks = rewind(rand, theta0, random_mask)
     for name, net, net_masks in (("reinit", reinit, reinit_masks), ("random_mask", rand, rand_masks)):
         train_classifier(net, data.train, masks=net_masks, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,

@@ -27,7 +27,7 @@ from dpltm.dp.distributed import Distribution, is_main_process
 from dpltm.dp.noise import NoiseContext
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, build_architecture, density, stored_state
+from dpltm.model import Masks, build_architecture, build_network, density, full_masks, stored_state
 from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent
@@ -150,15 +150,16 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
 
 
 def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
-                seed: int, activation: str = "relu", arch: str = "mlp") -> tuple[LeNet, Masks, dict[str, Any]]:
+                seed: int, activation: str = "relu",
+                arch: str = "mlp") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
     """The network to train and its masks: the dense one (`hidden`, `arch`; every weight kept), or the
     ticket's. Both get `activation`, so a ticket and the dense baseline of one config train the same
     network family."""
     if ticket is None:
         architecture = build_architecture(data.num_features, data.num_classes, hidden, None, activation, arch)
         record = {"mode": "dense", "activation": activation, **({"arch": arch} if arch != "mlp" else {})}
-        model = LeNet(architecture, torch.Generator().manual_seed(seed))
-        return model, model.full_masks(), record
+        model = build_network(architecture, torch.Generator().manual_seed(seed))
+        return model, full_masks(model), record
     return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation)
 
 
@@ -200,7 +201,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
     model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch)
-    if model.arch.conv and not noise_plugin(s.noise).convolutions:
+    if not model.arch.is_mlp and not noise_plugin(s.noise).convolutions:
         able = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.convolutions)
         raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "
                              f"--noise {able}")
@@ -320,8 +321,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     return report
 
 
-def trained_model(released: LeNet, masks: Masks, ledger: PrivacyLedger, outcome: TrainOutcome, cfg: TrainConfig,
-                  ticket: dict[str, Any] | None, ticket_path: Path | None, transfer: dict[str, Any],
+def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger, outcome: TrainOutcome,
+                  cfg: TrainConfig, ticket: dict[str, Any] | None, ticket_path: Path | None, transfer: dict[str, Any],
                   data: DatasetSplits, origin: TicketOrigin, plan: TrainPlan | None, out: Path, adaptive_stop: bool,
                   *, network_density: float, randomness: str | None, processes: int, log_dir: str | None,
                   audit: dict[str, Any] | None) -> TrainedModel:

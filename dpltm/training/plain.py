@@ -31,17 +31,17 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, PrunedWeights
+from dpltm.model import Masks, PrunedWeights
 
 
 class ClassifierModule(L.LightningModule):
-    """Cross-entropy classifier around a `LeNet` and its ticket's masks, trained with plain SGD.
+    """Cross-entropy classifier around a network and its ticket's masks, trained with plain SGD.
 
     Manual optimisation: the step is the textbook zero_grad/backward/step, without the closure
     machinery automatic optimisation wraps around it (a measurable share of a 4 ms step).
     """
 
-    def __init__(self, model: LeNet, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
+    def __init__(self, model: torch.nn.Module, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
                  batch_size: int = 0, masks: Masks | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -97,7 +97,7 @@ class GraphedSgdStep:
     the device-resident data, so a step is one copy and one replay, with no host synchronisation.
     """
 
-    def __init__(self, model: LeNet, data: LabeledTensors, batch_size: int,
+    def __init__(self, model: torch.nn.Module, data: LabeledTensors, batch_size: int,
                  optimizer: torch.optim.Optimizer, keep_pruned: PrunedWeights | None = None) -> None:
         self.model, self.data, self.optimizer = model, data, optimizer
         self.keep_pruned = keep_pruned
@@ -215,7 +215,7 @@ GRAPH_BLOCK_STEPS = 500
 """Steps replayed per Lightning step in CUDA-graph mode."""
 
 
-def train_classifier(model: LeNet, data: LabeledTensors, *, steps: int, batch_size: int,
+def train_classifier(model: torch.nn.Module, data: LabeledTensors, *, steps: int, batch_size: int,
                      lr: float, seed: int, log_every: int = 100, masks: Masks | None = None,
                      progress_label: str | None = None, cuda_graphs: bool = False) -> TrainResult:
     """Train `model` in place for `steps` SGD steps on device-resident `data` (with `cuda_graphs`,
@@ -248,7 +248,7 @@ def train_classifier(model: LeNet, data: LabeledTensors, *, steps: int, batch_si
 
 
 @torch.no_grad()
-def accuracy(model: LeNet, data: LabeledTensors, batch_size: int = 8192) -> float:
+def accuracy(model: torch.nn.Module, data: LabeledTensors, batch_size: int = 8192) -> float:
     """Top-1 accuracy on device-resident data, accumulated by torchmetrics in batches."""
     if len(data) == 0:
         return float("nan")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from dpltm.config import MAX_LR, TrainSettings
 from dpltm.data.batches import ShuffledBatches
@@ -37,9 +37,9 @@ from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import PoissonBatches
-from dpltm.dp.step import apply_gradients, private_gradients
+from dpltm.dp.step import apply_gradients, private_gradients, step_layout
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, PrunedWeights
+from dpltm.model import Masks, PrunedWeights, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.display import format_epsilon
@@ -174,7 +174,7 @@ Poisson batch with exact-size tensors (sparse kernels for sparse tickets: the CP
 Lightning step (dpltm.dp.graphed); `graphs`, the static pieces captured in CUDA graphs."""
 
 
-def check_replicas_agree(model: LeNet) -> None:
+def check_replicas_agree(model: nn.Module) -> None:
     """Raise if the ranks' weights differ. Every rank applies the same all-reduced ĝ, so they stay
     bit-identical; compared by a fingerprint (sums of the weights and of their squares, all-reduced
     as min and max)."""
@@ -229,7 +229,7 @@ class _OneEpochAtATime(torch.utils.data.IterableDataset[list[Tensor]]):
 class DPTrainingModule(L.LightningModule):
     """One DP-SGD step per Poisson batch; per-epoch evaluation, ε bookkeeping and stopping."""
 
-    def __init__(self, model: LeNet, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
+    def __init__(self, model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
                  on_epoch: Callable[[dict[str, Any]], None] | None = None,
                  distribution: Distribution | None = None, step_mode: str = "eager",
@@ -249,7 +249,7 @@ class DPTrainingModule(L.LightningModule):
         self.static_step: StaticShapeDpStep | None = None
         self.automatic_optimization = False
         self.model = model
-        self.masks = masks if masks is not None else model.full_masks()
+        self.masks = masks if masks is not None else full_masks(model)
         self.data = data
         self.plan = plan
         self.settings = settings
@@ -263,7 +263,10 @@ class DPTrainingModule(L.LightningModule):
         self.add_noise = True
         # masks (and any noise geometry) never change during training: nor does the first layer's
         # share of every record's masked norm (computed once, when training starts)
-        self.layout = MaskLayout.of(model, self.masks, data.train.features.dtype, noise.coordinate_scales())
+        self.layout = step_layout(model, self.masks, data.train.features.dtype, noise.coordinate_scales())
+        if step_mode != "eager" and not isinstance(self.layout, MaskLayout):
+            raise DpltmUserError("--step-mode static/--cuda-graphs run the built-in networks (--arch mlp, lenet5); "
+                                 "this network trains in the eager step")
         self.input_terms: Tensor | None = None
         self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
@@ -275,14 +278,15 @@ class DPTrainingModule(L.LightningModule):
         return make_optimizer(self.settings, self.model.parameters(), capturable=self.step_mode == "graphs")
 
     @property
-    def released(self) -> LeNet:
+    def released(self) -> nn.Module:
         return released_model(self.model, self.averager)
 
     def on_train_start(self) -> None:
         if self.canaries is not None:
             self.canaries.start(self.model, self.data.train.labels.device)
         if self.step_mode == "eager":
-            self.input_terms = first_layer_input_terms(self.data.train.features, self.layout)
+            if isinstance(self.layout, MaskLayout):
+                self.input_terms = first_layer_input_terms(self.data.train.features, self.layout)
             return
         train = self.data.train
         shard_size = -(-len(train) // self.trainer.world_size)  # this rank samples from its shard only
@@ -381,12 +385,12 @@ class TrainOutcome:
     history: list[dict[str, Any]]
     steps: int
     stop_reason: str
-    released: LeNet | None = None
+    released: nn.Module | None = None
     """The weights to release (the EMA, or the trained model itself); None: the trained model."""
     released_weights: str = "final iterate"
 
 
-def run_private(model: LeNet, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
+def run_private(model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
                 seed: int, epsilon_after: Callable[[int], float],
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
@@ -445,7 +449,7 @@ class NonPrivateModule(L.LightningModule):
     """The non-private baseline with the same recipe (optimiser, momentum, EMA) as the DP run:
     mean cross-entropy on shuffled batches, evaluated after every epoch."""
 
-    def __init__(self, model: LeNet, data: DatasetSplits, settings: TrainSettings,
+    def __init__(self, model: nn.Module, data: DatasetSplits, settings: TrainSettings,
                  steps_per_epoch: int, on_epoch: Callable[[dict[str, Any]], None] | None = None,
                  masks: Masks | None = None) -> None:
         super().__init__()
@@ -464,7 +468,7 @@ class NonPrivateModule(L.LightningModule):
         return make_optimizer(self.settings, self.model.parameters())
 
     @property
-    def released(self) -> LeNet:
+    def released(self) -> nn.Module:
         return released_model(self.model, self.averager)
 
     def on_train_start(self) -> None:
@@ -493,7 +497,7 @@ class NonPrivateModule(L.LightningModule):
                 self.on_epoch(self.history[-1])
 
 
-def run_non_private(model: LeNet, data: DatasetSplits, settings: TrainSettings, *, seed: int,
+def run_non_private(model: nn.Module, data: DatasetSplits, settings: TrainSettings, *, seed: int,
                     progress: bool, on_epoch: Callable[[dict[str, Any]], None] | None = None,
                     masks: Masks | None = None) -> TrainOutcome:
     """The non-private baseline: the same network (and ticket: `masks`), epochs and recipe, without

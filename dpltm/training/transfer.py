@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, LeNet, Masks, apply_masks_
+from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_network
 
 
 def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: int,
-                      seed: int, activation: str | None = None) -> tuple[LeNet, Masks, dict[str, Any]]:
+                      seed: int, activation: str | None = None) -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
     """The network to train at the ticket's start, its masks (installed), and how it relates to the
     ticket. `activation` (None: the ticket's own) replaces the activation the ticket was generated with."""
     ticket_arch = Architecture.from_dict(ticket["architecture"])
@@ -32,13 +32,13 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
     masks = {k: v.to(torch.bool) for k, v in ticket["masks"].items()}
     theta0 = ticket["theta0"]
     if arch.in_features == num_features and arch.num_classes == num_classes:
-        model = LeNet(arch, torch.Generator().manual_seed(seed))
+        model = build_network(arch, torch.Generator().manual_seed(seed))
         missing, unexpected = model.load_state_dict(theta0, strict=False)
         if unexpected or missing:
             raise DpltmUserError("the ticket's θ0 does not fit its architecture (damaged or foreign ticket)")
         return model, apply_masks_(model, masks), {"mode": "direct", "kept_layers": arch.layer_names(), **record}
-    if arch.conv:
-        raise DpltmUserError(f"a convolutional ticket transfers only to data of its own shape ({arch.in_features} "
+    if not arch.is_mlp:
+        raise DpltmUserError(f"a ticket of this network transfers only to data of its own shape ({arch.in_features} "
                              f"pixels, {arch.num_classes} classes); this data has {num_features} features and "
                              f"{num_classes} classes")
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
