@@ -29,16 +29,19 @@ def show_tickets(payload: dict[str, Any], target: Path, json_out: bool) -> None:
 
 
 def show_private_ticket(ticket: dict[str, Any], target: Path, json_out: bool) -> None:
-    """`generate --private`: the ticket, what it spent, and how to train it."""
+    """`generate --private`: the ticket, what it spent (computed from its DpEvent), and how to train it."""
+    from dpltm.artefacts import Winner
+
+    privacy = Winner.from_payload(ticket).privacy_view
     summary = {"output": str(target), "density": ticket["density"], "layer_density": ticket["layer_density"],
-               "val_accuracy": ticket["val_accuracy"], "privacy": ticket["privacy"],
+               "val_accuracy": ticket["val_accuracy"], "privacy": privacy,
                "private_ticket": {k: v for k, v in ticket["private_ticket"].items() if k != "dp_event"}}
     if json_out:
         emit_json(summary)
         return
     out_console.print(f"private ticket: C={ticket['density']:.4f}, validation accuracy {ticket['val_accuracy']:.4f}",
                       markup=False, highlight=False)
-    out_console.print(ticket["privacy"]["statement"], markup=False, highlight=False)
+    out_console.print(privacy["statement"], markup=False, highlight=False)
     err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']} "
                       f"(σ is calibrated so the whole run meets ε = {ticket['private_ticket']['epsilon_total']:g})")
 

@@ -14,6 +14,7 @@ file and the field.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,12 @@ PRIVATE_METHOD = "private"
 WINNER_KEYS = ("dpltm_version", "architecture", "theta0", "masks", "density", "layer_density", "round",
                "val_accuracy", "source", "privacy", "selection", "private_ticket")
 """The keys of a winner's body besides the header, in the order the writers write them."""
-PRIVATE_PRIVACY_KEYS = ("phase1", "end_to_end_dp", "epsilon_spent", "statement")
+PRIVATE_PRIVACY_KEYS = ("phase1",)
+"""A private ticket's stored privacy record: phase 1's kind; its ε and statement are computed from the
+warm-up's DpEvent (`Winner.epsilon_spent`, `Winner.statement`)."""
+STORED_COPIES = ("end_to_end_dp", "epsilon_spent", "statement")
+"""Copies of computed facts that private tickets written before stored beside `phase1`: read (checked
+for type), never trusted: the computed ones are what every reader sees."""
 SELECTION_TYPES: dict[str, tuple[type, ...]] = {
     "eps1": (float,), "draws": (int,), "eps1_total": (float,), "nu": (float,), "sensitivity": (float,),
     "near_uniform": (bool,), "randomness": (str,), "dp_event": (dict,), "noise_aware": (dict,)}
@@ -115,11 +121,42 @@ class Winner:
         selection = self.selection_event
         return phase1 if selection is None else ComposedDpEvent([phase1, selection])
 
+    @functools.cached_property
+    def epsilon_spent(self) -> float | None:
+        """What a private ticket's DP warm-up spent: its composed DpEvent under the run's δ, accountant and
+        neighbouring relation (docs/privacy.md §2); None for a winner, whose ε is the trained model's."""
+        if self.private_ticket is None:
+            return None
+        from dpltm.privacy.accounting import epsilon
+
+        record = self.private_ticket
+        return epsilon(self.dp_event, float(record["delta"]), str(record["accountant"]), str(record["neighboring"]))
+
     @property
     def statement(self) -> str | None:
-        """A private ticket's privacy statement (what `generate --private` prints); None for a winner,
-        whose guarantee is stated by the model trained from it."""
-        return self.privacy.get("statement") if self.is_private_ticket else None
+        """A private ticket's privacy statement (what `generate --private` prints), computed from its
+        warm-up record; None for a winner, whose guarantee is stated by the model trained from it."""
+        if self.private_ticket is None or self.epsilon_spent is None:
+            return None
+        from dpltm.privacy.display import format_delta, format_epsilon
+
+        record = self.private_ticket
+        first = record["warmup"][0]
+        records = f"{int(first['dataset_size'])} " if "dataset_size" in first else ""
+        return (f"made with privacy on {self.dataset}: {len(record['rounds'])} DP-SGD warm-up round(s) of "
+                f"{int(first['steps'])} steps, q = {float(first['q']):.4g}, σ = {float(first['sigma']):.4g}; "
+                f"its weights and mask are (ε = {format_epsilon(self.epsilon_spent)}, "
+                f"δ = {format_delta(float(record['delta']))})-DP for the {records}training records (its validation "
+                "accuracy is not private)")
+
+    @property
+    def privacy_view(self) -> dict[str, Any]:
+        """The privacy record as `inspect` and `generate --private` show it: a private ticket's computed
+        ε spent, statement and end-to-end flag beside its stored `phase1`."""
+        if self.private_ticket is None:
+            return dict(self.privacy)
+        return {"phase1": self.privacy["phase1"], "end_to_end_dp": True, "epsilon_spent": self.epsilon_spent,
+                "statement": self.statement}
 
     # ---- storage --------------------------------------------------------------------------
 
@@ -181,6 +218,7 @@ class Winner:
         private_ticket = _typed(body, "private_ticket", (dict,), "", path, optional=method != PRIVATE_METHOD)
         if method == PRIVATE_METHOD:
             _check_private(privacy, private_ticket, path)
+            privacy = {k: v for k, v in privacy.items() if k not in STORED_COPIES}
         else:
             if private_ticket is not None:
                 raise _damaged(path, f"a winner selected by '{method}' holds a 'private_ticket' record")
@@ -198,10 +236,10 @@ class Winner:
 
 def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: Path | str) -> None:
     """A private ticket's privacy record and its warm-up record (`tickets.private.make_private_ticket`)."""
-    check_unknown(privacy, PRIVATE_PRIVACY_KEYS, "'privacy'", path, KIND)
-    for key, types in (("phase1", (str,)), ("end_to_end_dp", (bool,)), ("epsilon_spent", (float,)),
-                       ("statement", (str,))):
-        _typed(privacy, key, types, "privacy.", path)
+    check_unknown(privacy, (*PRIVATE_PRIVACY_KEYS, *STORED_COPIES), "'privacy'", path, KIND)
+    _typed(privacy, "phase1", (str,), "privacy.", path)
+    for key, types in (("end_to_end_dp", (bool,)), ("epsilon_spent", (float,)), ("statement", (str,))):
+        _typed(privacy, key, types, "privacy.", path, optional=True)
     check_unknown(record, tuple(PRIVATE_TICKET_TYPES), "'private_ticket'", path, KIND)
     for key, types in PRIVATE_TICKET_TYPES.items():
         _typed(record, key, types, "private_ticket.", path)
@@ -209,3 +247,8 @@ def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: 
     if not warmup or not all(isinstance(r, dict) for r in warmup):
         raise _damaged(path, "'private_ticket.warmup' must list the DP warm-up rounds' records")
     parse_event(record["dp_event"], "private_ticket.dp_event", path, KIND)
+    from dpltm.privacy.accounting import ACCOUNTANTS, NEIGHBORING
+
+    for key, known in (("accountant", ACCOUNTANTS), ("neighboring", NEIGHBORING)):  # what ε is computed under
+        if record[key] not in known:
+            raise _damaged(path, f"'private_ticket.{key}' is {record[key]!r}, not one of {', '.join(known)}")

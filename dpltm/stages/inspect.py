@@ -53,7 +53,7 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
         warn_if(["source.data"] if private_data else [])
         summary = {"kind": "winner", "round": winner.round, "density": winner.density,
                    "layer_density": winner.layer_density, "val_accuracy": winner.val_accuracy,
-                   "selection": winner.selection, "source": winner.source_data, "privacy": winner.privacy,
+                   "selection": winner.selection, "source": winner.source_data, "privacy": winner.privacy_view,
                    "architecture": winner.architecture, "dpltm_version": winner.dpltm_version,
                    "environment": winner.environment}
     elif not isinstance(artefact, TrainedModel):  # a library run's checked body

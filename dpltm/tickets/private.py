@@ -43,7 +43,6 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture, density, layer_densities
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.calibration import calibrate_phases
-from dpltm.privacy.display import format_delta, format_epsilon
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
 from dpltm.privacy.ledger import training_record
 from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
@@ -186,7 +185,6 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     start = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     warmup = [training_record(plan.sample_rate, plan.noise_multiplier, plan.warmup_steps, s.clip,
                               plan.expected_batch_size, plan.dataset_size) for _ in range(p.rounds)]
-    spent_eps = epsilon(ComposedDpEvent(plan.warmup_events()), plan.delta, s.accountant, s.neighboring)
     cpu_masks = {k: v.cpu() for k, v in masks.items()}
     payload = {
         "dpltm_version": __version__,
@@ -198,16 +196,8 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
         "round": p.rounds,
         "val_accuracy": rounds[-1]["val_accuracy"],
         "source": {"tickets": None, "data": data.summary(), "config": to_dict(replace(cfg, train=s))},
-        "privacy": {
-            "phase1": "private",
-            "end_to_end_dp": True,
-            "epsilon_spent": spent_eps,
-            "statement": (f"made with privacy on {data.name}: {p.rounds} DP-SGD warm-up round(s) of "
-                          f"{plan.warmup_steps} steps, q = {plan.sample_rate:.4g}, σ = {plan.noise_multiplier:.4g}; "
-                          f"its weights and mask are (ε = {format_epsilon(spent_eps)}, "
-                          f"δ = {format_delta(plan.delta)})-DP for the "
-                          f"{plan.dataset_size} training records (its validation accuracy is not private)"),
-        },
+        # ε spent and the statement are computed from `private_ticket.dp_event` (Winner.privacy_view)
+        "privacy": {"phase1": "private"},
         "selection": {"method": SELECTION_METHOD, "eps1": None, "draws": 0, "eps1_total": None,
                       "noise_aware": None},
         "private_ticket": {

@@ -11,6 +11,7 @@ from dp_accounting import ComposedDpEvent, NonPrivateDpEvent  # type: ignore[imp
 from dpltm.artefacts import Ticket, TicketSet, Winner
 from dpltm.model import LeNet, build_architecture
 from dpltm.privacy.events import dpsgd_event, event_to_json, selection_event
+from dpltm.privacy.ledger import training_record
 
 DATA = {"dataset": "kmnist", "split": "test", "n_train": 900, "fingerprint": "abc123",
         "fingerprint_note": "ticket set: kept for resuming and the overlap check"}
@@ -69,18 +70,17 @@ def private_ticket() -> Winner:
     """A ticket made with privacy on its own data (two DP warm-up rounds)."""
     warmup = ComposedDpEvent([dpsgd_event(0.01, 1.2, 100), dpsgd_event(0.01, 1.2, 100)])
     masks = _masks(0.3)
-    round_record = {"sample_rate": 0.01, "noise_multiplier": 1.2, "steps": 100}
+    round_record = training_record(0.01, 1.2, 100, 1.0, 10.0, 1000)
     return Winner(
         architecture=_network().arch.to_dict(), theta0=theta0(), masks=masks, density=0.3,
         layer_density={n: float(m.float().mean()) for n, m in masks.items()}, round=2, val_accuracy=0.7,
         source={"tickets": None, "data": {"dataset": "digits", "split": "train", "n_train": 1000},
                 "config": {"seed": 0, "train": {}, "data": {}}},
-        privacy={"phase1": "private", "end_to_end_dp": True, "epsilon_spent": 0.4,
-                 "statement": "made with privacy on digits"},
+        privacy={"phase1": "private"},
         selection={"method": "private", "eps1": None, "draws": 0, "eps1_total": None, "noise_aware": None},
         private_ticket={"warmup": [round_record, round_record], "rounds": [{"round": 1}, {"round": 2}],
                         "rewind": "init", "target_density": 0.3, "noise": "gaussian", "noise_multiplier": 1.2,
                         "planned_training_steps": 1000, "epsilon_total": 1.0, "delta": 1e-5, "accountant": "pld",
-                        "neighboring": "add_or_remove_one", "dp_event": event_to_json(warmup),
+                        "neighboring": "add_remove", "dp_event": event_to_json(warmup),
                         "randomness": "OS CSPRNG"},
         dpltm_version="test")

@@ -21,6 +21,8 @@ from dpltm.artefacts import Winner
 from dpltm.artefacts.winner import WINNER_KEYS
 from dpltm.checkpoint import load_checkpoint, load_winner, save_atomic
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import epsilon
+from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import selection_event
 from dpltm.tickets.private import is_private_ticket
 from tests.core.bodies import private_ticket, ticket_set, winner
@@ -63,9 +65,25 @@ def test_computed_facts() -> None:
     assert selected.selection_event == selection_event(0.5) and made.selection_event is None
     assert selected.dp_event == ComposedDpEvent([NonPrivateDpEvent(), selection_event(0.5)])
     assert isinstance(made.dp_event, ComposedDpEvent) and len(made.dp_event.events) == 2
-    assert made.statement == "made with privacy on digits" and selected.statement is None
+    spent = epsilon(made.dp_event, 1e-5, "pld", "add_remove")
+    assert made.epsilon_spent == spent and selected.epsilon_spent is None and selected.statement is None
+    assert made.statement == ("made with privacy on digits: 2 DP-SGD warm-up round(s) of 100 steps, q = 0.01, σ = 1.2; "
+                              f"its weights and mask are (ε = {format_epsilon(spent)}, δ = 1e-05)-DP for the 1000 "
+                              "training records (its validation accuracy is not private)")
+    assert made.privacy_view == {"phase1": "private", "end_to_end_dp": True, "epsilon_spent": spent,
+                                 "statement": made.statement}
+    assert made.to_dict()["privacy"] == {"phase1": "private"}  # ε and the statement are never stored
     with pytest.raises(dataclasses.FrozenInstanceError):
         selected.round = 0  # type: ignore[misc]
+
+
+def test_a_private_ticket_written_with_stored_copies_reads_its_computed_facts() -> None:
+    """Private tickets written before kept ε spent and the statement beside the DpEvent: read, never trusted."""
+    body = private_ticket().to_dict()
+    body["privacy"].update(end_to_end_dp=True, epsilon_spent=0.001, statement="made with privacy: ε = 0.001")
+    read = Winner.from_dict(body, "old.pt")
+    assert read.privacy == {"phase1": "private"} and read.epsilon_spent == private_ticket().epsilon_spent
+    assert read.privacy_view["statement"] == private_ticket().statement
 
 
 def _refused(path: Path) -> str:
@@ -110,7 +128,9 @@ PRIVATE_DAMAGE = [
     (lambda b: b["private_ticket"].__setitem__("epsilon_total", "one"), "'private_ticket.epsilon_total' has the"),
     (lambda b: b["private_ticket"].__setitem__("dp_event", {}), "'private_ticket.dp_event' is not a DpEvent"),
     (lambda b: b["private_ticket"].__setitem__("epsilon", 1), "'private_ticket' holds unknown ['epsilon']"),
-    (lambda b: b["privacy"].pop("statement"), "lacks 'privacy.statement'"),
+    (lambda b: b["privacy"].pop("phase1"), "lacks 'privacy.phase1'"),
+    (lambda b: b["private_ticket"].__setitem__("neighboring", "swap"), "'private_ticket.neighboring' is 'swap'"),
+    (lambda b: b["privacy"].__setitem__("epsilon", 0.1), "'privacy' holds unknown ['epsilon']"),
     (lambda b: b["privacy"].__setitem__("end_to_end_dp", "yes"), "'privacy.end_to_end_dp' has the wrong type"),
 ]
 
