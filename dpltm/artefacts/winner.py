@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.fields import HEADER_KEYS, check_header, check_unknown, damaged, mapping_of, number_list, typed
-from dpltm.artefacts.ticket_set import PHASE1_KEYS, parse_event
+from dpltm.artefacts.ticket_set import check_phase1, parse_event, phase1_view
 from dpltm.checkpoint_format import FORMAT_VERSION
 
 if TYPE_CHECKING:
@@ -152,9 +152,10 @@ class Winner:
     @property
     def privacy_view(self) -> dict[str, Any]:
         """The privacy record as `inspect` and `generate --private` show it: a private ticket's computed
-        ε spent, statement and end-to-end flag beside its stored `phase1`."""
+        ε spent, statement and end-to-end flag beside its stored `phase1`; a selected winner's phase 1
+        with where it ran."""
         if self.private_ticket is None:
-            return dict(self.privacy)
+            return phase1_view(self.privacy, self.source_data)
         return {"phase1": self.privacy["phase1"], "end_to_end_dp": True, "epsilon_spent": self.epsilon_spent,
                 "statement": self.statement}
 
@@ -222,9 +223,7 @@ class Winner:
         else:
             if private_ticket is not None:
                 raise _damaged(path, f"a winner selected by '{method}' holds a 'private_ticket' record")
-            check_unknown(privacy, PHASE1_KEYS, "'privacy'", path, KIND)
-            _typed(privacy, "phase1", (str,), "privacy.", path)
-            parse_event(_typed(privacy, "dp_event", (dict,), "privacy.", path), "privacy.dp_event", path, KIND)
+            privacy = check_phase1(privacy, path, KIND)
         arch = architecture_of(body, KIND, path)
         check_tensors(theta0, reference_theta0(arch), "theta0", KIND, path, check_dtype=True)
         check_tensors(masks, reference_masks(arch), "masks", KIND, path, check_dtype=False)

@@ -45,7 +45,7 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
         return exported, functools.partial(print_export, exported)
     artefact = load_artefact(path, ("tickets", "ticket", "model", "run"))
     if isinstance(artefact, TicketSet):
-        body = artefact.to_dict()
+        body = {**artefact.to_dict(), "privacy": artefact.privacy_view}
         return tickets_json(body), functools.partial(print_tickets, body)
     if isinstance(artefact, Winner):
         winner = artefact

@@ -43,8 +43,7 @@ def ticket_set(**changes: Any) -> TicketSet:
         architecture=_network().arch.to_dict(), theta0=theta0(),
         tickets=(ticket(0, 1.01, 0.9), ticket(1, 0.5, 0.88), ticket(2, 0.25, 0.8)),
         data=dict(DATA), config={"seed": 0, "data": {"val_fraction": 0.1}}, seed=0, complete=True,
-        privacy={"phase1": "non-private", "dp_event": event_to_json(NonPrivateDpEvent()), "dataset": "kmnist",
-                 "split": "test", "fingerprint": "abc123", "note": "made without privacy"},
+        privacy={"phase1": "non-private", "dp_event": event_to_json(NonPrivateDpEvent())},
         dpltm_version="test", config_hash="0123456789abcdef", prune_rates={"hidden.0.weight": 0.2},
         next_masks=_masks(0.2), stop_reason="finished 2 pruning rounds", wall_seconds=1.5)
     fields.update(changes)

@@ -146,3 +146,16 @@ def test_a_winner_is_no_ticket_set(tmp_path: Path) -> None:
     save_atomic(winner().to_dict(), path, "ticket")
     with pytest.raises(DpltmUserError, match=r"is a winner, not a ticket set: .*dpltm train --ticket"):
         load_ticket_set(path)
+
+
+def test_a_set_written_with_copies_of_its_data_in_privacy_reads_them_from_data() -> None:
+    """Ticket sets written before kept phase 1's dataset, split, fingerprint and note in `privacy` too:
+    read and dropped; `privacy_view` shows them from `data` (what inspect prints, unchanged)."""
+    from dpltm.artefacts.ticket_set import PHASE1_NOTE
+
+    body = ticket_set().to_dict()
+    body["privacy"].update(dataset="kmnist", split="test", fingerprint="abc123", note="old words")
+    read = TicketSet.from_dict(body, "old.pt")
+    assert set(read.privacy) == {"phase1", "dp_event"}
+    assert read.privacy_view == {**read.privacy, "dataset": "kmnist", "split": "test", "fingerprint": "abc123",
+                                 "note": PHASE1_NOTE}
