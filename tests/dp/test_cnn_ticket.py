@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.padding import padded_chunks
@@ -20,6 +18,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
+from tests.dp.reference import masked_reference
 
 
 def cnn_ticket(rounds: int = 2, activation: str = "tanh") -> tuple[LeNet, Masks]:
@@ -40,23 +39,12 @@ def images(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 def test_cnn_norms_and_sums_equal_torch_func(activation: str) -> None:
     model, masks = cnn_ticket(activation=activation)
     x, y = images(7)
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    by_parameter = dict(masks)
-    assert "conv.0.weight" in by_parameter and "conv.1.weight" in by_parameter
-
-    def loss(p, xi, yi):  # type: ignore[no-untyped-def]
-        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
-
-    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
-    # the ticket's per-sample gradients are those of its surviving weights (pruned weights are not trained)
-    per_sample = {k: g * by_parameter[k].to(g.dtype) if k in by_parameter else g for k, g in per_sample.items()}
-    norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
-    clip = float(norms.median())
-    factors = (clip / norms).clamp(max=1.0)
-    expected = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
+    assert "conv.0.weight" in masks and "conv.1.weight" in masks
+    ref = masked_reference(model, masks, x, y)
+    expected = ref.clipped_sum
     layout = MaskLayout.of(model, masks, torch.float64)
-    got = clipped_gradient_sum(model, x, y, clip, layout)
-    torch.testing.assert_close(got.norms, norms)
+    got = clipped_gradient_sum(model, x, y, ref.clip, layout)
+    torch.testing.assert_close(got.norms, ref.norms)
     assert list(got.grad_sums) == layout.all_parameter_names and set(got.grad_sums) == set(expected)
     for name, value in expected.items():
         torch.testing.assert_close(got.grad_sums[name], value, msg=name)

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from scipy import stats
-from torch.func import functional_call, grad, vmap
 
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import GaussianNoise
@@ -16,6 +15,7 @@ from dpltm.dp.sampling import PoissonBatches, poisson_sample
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from tests.dp.reference import masked_reference
 
 
 def prune(model: LeNet, rounds: int) -> Masks:
@@ -130,25 +130,12 @@ def test_clipped_sum_equals_torch_func_per_sample_gradients(activation: str, pro
     model, masks = model_with(2, project_to, activation=activation)
     assert model.arch.activation == activation
     x, y = batch(23)
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    by_parameter = dict(masks)
-
-    def loss(p, xi, yi):  # type: ignore[no-untyped-def]
-        out = functional_call(model, p, (xi[None],))
-        return F.cross_entropy(out, yi[None])
-
-    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
-    per_sample = {k: g * by_parameter[k].to(g.dtype) if k in by_parameter else g for k, g in per_sample.items()}
-    norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
-    clip = float(norms.median())
-    factors = (clip / norms).clamp(max=1.0)
-    expected = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
-    got = clipped_gradient_sum(model, x, y, clip=clip, layout=layout_of(model, masks))
-    torch.testing.assert_close(got.norms, norms)
-    for name, value in expected.items():
+    ref = masked_reference(model, masks, x, y)
+    got = clipped_gradient_sum(model, x, y, clip=ref.clip, layout=layout_of(model, masks))
+    torch.testing.assert_close(got.norms, ref.norms)
+    for name, value in ref.clipped_sum.items():
         torch.testing.assert_close(got.grad_sums[name], value)
-    clipped_norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values())) * factors
-    assert float(clipped_norms.max()) <= clip * (1 + 1e-9)
+    assert float((ref.norms * ref.factors).max()) <= ref.clip * (1 + 1e-9)
 
 
 def test_no_noise_no_clipping_equals_plain_masked_sgd() -> None:

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
 from dpltm.architectures import ARCHITECTURES
 from dpltm.dp.gaussian import GaussianNoise
@@ -27,6 +25,7 @@ from dpltm.model import (
 )
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
+from tests.dp.reference import masked_reference
 
 OWN_FILES = [name for name, entry in ARCHITECTURES.items() if entry.module is not None]
 
@@ -76,17 +75,9 @@ def test_the_engine_step_is_masked_clipping_and_masked_noise() -> None:
     assert isinstance(layout, EngineLayout)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(12, 784, generator=g, dtype=torch.float64), torch.randint(0, 10, (12,), generator=g)
-    params = {n: p.detach() for n, p in model.named_parameters()}
-
-    def loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
-
-    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
-    per_sample = {n: g * masks[n] if n in masks else g for n, g in per_sample.items()}  # surviving weights only
-    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample.values()))
-    clip = float(norms.median())
-    factors = (clip / norms).clamp(max=1.0)
-    expected = {n: torch.einsum("b,b...->...", factors, g) / 10.0 for n, g in per_sample.items()}
+    ref = masked_reference(model, masks, x, y)
+    clip, norms = ref.clip, ref.norms
+    expected = {n: total / 10.0 for n, total in ref.clipped_sum.items()}
     grads, got_norms, _ = private_gradients(model, x, y, clip=clip, noise=GaussianNoise(0.0), expected_batch_size=10.0,
                                             generator=torch.Generator().manual_seed(0), layout=layout)
     torch.testing.assert_close(got_norms, norms, rtol=1e-9, atol=1e-9)

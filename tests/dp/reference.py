@@ -1,0 +1,38 @@
+"""The reference the DP steps are checked against: per-sample gradients from torch.func (vmap of grad),
+restricted to a ticket's surviving weights, their norms, and the clipped sum (Abadi et al. 2016, Alg. 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+
+@dataclass(frozen=True)
+class MaskedReference:
+    per_sample: dict[str, torch.Tensor]
+    """Each record's gradient over the surviving weights (pruned weights are not trained)."""
+    norms: torch.Tensor
+    clip: float
+    """The median norm: half the records are clipped."""
+    factors: torch.Tensor
+    clipped_sum: dict[str, torch.Tensor]
+
+
+def masked_reference(model: nn.Module, masks: dict[str, torch.Tensor], x: torch.Tensor,
+                     y: torch.Tensor) -> MaskedReference:
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, yi):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    per_sample = {k: g * masks[k].to(g.dtype) if k in masks else g for k, g in per_sample.items()}
+    norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
+    clip = float(norms.median())
+    factors = (clip / norms).clamp(max=1.0)
+    clipped = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
+    return MaskedReference(per_sample, norms, clip, factors, clipped)
