@@ -117,6 +117,12 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
             raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
     private_spec, public_spec = SPECS[r.dataset], SPECS[r.public_dataset]
     project_to = r.project_to
+    mlp = r.arch in (None, "mlp")
+    if not mlp and private_spec.num_features != public_spec.num_features:
+        raise DpltmUserError(f"--arch {r.arch} tickets made on {r.public_dataset} ({public_spec.num_features} "
+                             f"features) train only on data of that shape; {r.dataset} has "
+                             f"{private_spec.num_features}: use --arch mlp, whose input projection carries tickets "
+                             "across input sizes")
     if project_to is None and private_spec.num_features != public_spec.num_features:
         project_to = private_spec.num_features  # the paper's §4.5.2 transfer between input sizes
     first_layer_inputs = project_to if project_to is not None else public_spec.num_features

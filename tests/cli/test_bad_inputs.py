@@ -272,6 +272,11 @@ CASES = [
     Case("run-projection-mismatch", ("run", "--dataset", "digits", "--public-dataset", "mnist", "--project-to", "100"),
          "projection width must be 64"),
     Case("run-unknown-dataset", ("run", "--dataset", "cifar"), "'cifar' is not one of"),
+    Case("run-cnn-across-input-sizes", ("run", "--dataset", "digits", "--public-dataset", "mnist", "--arch", "dp-cnn"),
+         "use --arch mlp"),
+    Case("generate-dp-cnn-on-8x8", (*GEN, "--arch", "dp-cnn"), "at least 16×16 pixels"),
+    Case("generate-private-dp-cnn", ("generate", "--private", "--dataset", "digits", "--arch", "dp-cnn", "--eps", "1"),
+         "--private makes MLP tickets"),
     # ---- model checkpoints that pass the top-level schema but are broken inside ------------------
     *[Case(f"{cmd}-{name}", args, message, {"b.pt": _broken_model(edit)})
       for name, edit, message in _BROKEN_MODELS
