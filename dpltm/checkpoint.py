@@ -230,7 +230,7 @@ def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
         raise DpltmUserError(f"{path} holds a '{found}' checkpoint, expected {' or '.join(kinds)}")
     for key in ("theta0", "state_dict"):  # files written before the networks' parameters were renamed
         if found != "run" and isinstance(body.get(key), dict):
-            body[key] = current_parameter_names(body[key])
+            body[key] = current_parameter_names(body[key], f"{path}'s {key}")
     return body
 
 

@@ -35,11 +35,14 @@ def refusal(path: Path | str, kind: Any, version: Any) -> str:
 _OLD_PARAMETER_NAME = re.compile(r"^layers\.(?:(conv|hidden)_(\d+)|(project|output))\.(weight|bias)$")
 
 
-def current_parameter_names(state: dict[str, Any]) -> dict[str, Any]:
+def current_parameter_names(state: dict[str, Any], where: str = "the file") -> dict[str, Any]:
     """A built-in network's weights under today's parameter names. Until the networks became plain modules
     (`dpltm.model.LeNet`), their parameters lived in one `layers` dict: `layers.hidden_0.weight` is now
     `hidden.0.weight`, `layers.output.bias` is `output.bias`. Files written before keep loading: their
-    θ0 and state_dict keys are renamed as they are read (values untouched; other keys kept as they are)."""
+    θ0 and state_dict keys are renamed as they are read (values untouched; other keys kept as they are).
+    A file holding one parameter under both names is refused in one line (which one would be trained?)."""
+    from dpltm.errors import DpltmUserError
+
     renamed = {}
     for key, value in state.items():
         match = _OLD_PARAMETER_NAME.match(key) if isinstance(key, str) else None
@@ -47,5 +50,8 @@ def current_parameter_names(state: dict[str, Any]) -> dict[str, Any]:
             renamed[key] = value
             continue
         family, index, single, leaf = match.groups()
-        renamed[f"{family}.{index}.{leaf}" if family else f"{single}.{leaf}"] = value
+        new = f"{family}.{index}.{leaf}" if family else f"{single}.{leaf}"
+        if new in state:
+            raise DpltmUserError(f"{where} holds {key} and {new}, one parameter under its old and its new name")
+        renamed[new] = value
     return renamed

@@ -193,7 +193,7 @@ def load_exported(path: Path) -> LoadedModel:
     from safetensors.torch import load_file
 
     from dpltm.checkpoint_format import current_parameter_names
-    from dpltm.model import Architecture, build_network, split_stored_state
+    from dpltm.model import Architecture, build_network, pruned_but_not_zero, split_stored_state
 
     metadata = read_metadata(path)
     if json.loads(metadata["architecture"]).get("kind") == USER_MODEL:
@@ -203,7 +203,11 @@ def load_exported(path: Path) -> LoadedModel:
         architecture = json.loads(metadata["architecture"])
         arch = Architecture.from_dict(architecture)
         model = build_network(arch)
-        model.load_state_dict(split_stored_state(arch, current_parameter_names(load_file(str(path))))[0])
+        weights, masks = split_stored_state(arch, current_parameter_names(load_file(str(path)), str(path)))
+        acting = pruned_but_not_zero(weights, masks)
+        if acting is not None:
+            raise DpltmUserError(f"{path} is a damaged dpltm export: {acting} is non-zero where its mask prunes it")
+        model.load_state_dict(weights)
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:

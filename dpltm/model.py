@@ -44,6 +44,17 @@ def activation_function(name: str) -> Callable[[Tensor], Tensor]:
         raise DpltmUserError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}") from None
 
 
+def pruned_but_not_zero(weights: dict[str, Tensor], masks: Masks) -> str | None:
+    """The first weight that is non-zero where its mask prunes it, or None. A released network's pruned
+    weights are zero (the forward pass does not mask: a non-zero pruned weight would act), so a file
+    naming one is damaged."""
+    for name, mask in masks.items():
+        weight = weights.get(name)
+        if weight is not None and weight.shape == mask.shape and bool((weight[~mask.bool()] != 0).any()):
+            return name
+    return None
+
+
 def parameter_count(in_features: int, hidden: Sequence[int], num_classes: int,
                     project_to: int | None = None) -> int:
     """Weights and biases of the network `Architecture` describes (exact Python ints)."""
@@ -102,10 +113,22 @@ class Architecture:
             entry = ARCHITECTURES.get(self.name)
             if entry is None or entry.module is None:
                 raise DpltmUserError(f"unknown architecture {self.name!r}")
-            if self.conv or self.project_to is not None:
-                raise DpltmUserError(f"--arch {self.name} has its own layers: --project-to applies to --arch mlp")
+            if self.conv:
+                raise DpltmUserError(f"--arch {self.name} has its own layers: its record lists no 'conv'")
+            if self.project_to is not None:
+                raise DpltmUserError("--project-to applies to --arch mlp")
+            if any(int(s) <= 0 for s in (self.in_features, *self.hidden, self.num_classes)):
+                raise DpltmUserError(f"layer sizes must be positive, got {[self.in_features, *self.hidden]}")
             with torch.device("meta"):  # the module's own checks (image shape, widths), no memory used
-                build_network(self)
+                try:
+                    network = build_network(self)
+                except (RuntimeError, IndexError, ValueError, TypeError) as exc:
+                    raise DpltmUserError(f"--arch {self.name} cannot be built with these sizes "
+                                         f"({str(exc).splitlines()[0][:100]})") from None
+            count = sum(p.numel() for p in network.parameters())
+            if count > MAX_PARAMETERS:
+                raise DpltmUserError(f"--arch {self.name} with --hidden {','.join(map(str, self.hidden))} makes a "
+                                     f"network of {count:.3g} parameters; dpltm builds at most {MAX_PARAMETERS:.0e}")
             return
         if self.conv:
             if self.project_to is not None:

@@ -363,6 +363,11 @@ class TrainedModel:
         outcome = Outcome.from_dict(_typed(body, "outcome", (dict,), "", path), path)
         arch = architecture_of(body, KIND, path)
         check_tensors(values["state_dict"], _reference_state(arch), "state_dict", KIND, path, check_dtype=True)
+        from dpltm.model import pruned_but_not_zero, split_stored_state
+
+        acting = pruned_but_not_zero(*split_stored_state(arch, values["state_dict"]))
+        if acting is not None:
+            raise _damaged(path, f"'state_dict.{acting}' is non-zero where its mask prunes it")
         return cls(architecture=values["architecture"], state_dict=values["state_dict"], privacy=privacy,
                    history=tuple(history), config=config, data=values["data"], outcome=outcome,
                    transfer=values["transfer"], ticket=ticket, dpltm_version=version_text, environment=environment)

@@ -246,7 +246,18 @@ def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: 
     if not warmup or not all(isinstance(r, dict) for r in warmup):
         raise _damaged(path, "'private_ticket.warmup' must list the DP warm-up rounds' records")
     parse_event(record["dp_event"], "private_ticket.dp_event", path, KIND)
+    from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
+
     from dpltm.privacy.accounting import ACCOUNTANTS, NEIGHBORING
+    from dpltm.privacy.events import event_to_json
+    from dpltm.privacy.ledger import dpsgd_events
+
+    try:  # the event ε is computed from must be what training composes: one fact, not two
+        composed = event_to_json(ComposedDpEvent(dpsgd_events(warmup)))
+    except (KeyError, TypeError, ValueError):
+        raise _damaged(path, "'private_ticket.warmup' records lack q, sigma or steps") from None
+    if composed != record["dp_event"]:
+        raise _damaged(path, "'private_ticket.dp_event' is not the composition of 'private_ticket.warmup'")
 
     for key, known in (("accountant", ACCOUNTANTS), ("neighboring", NEIGHBORING)):  # what ε is computed under
         if record[key] not in known:

@@ -181,6 +181,7 @@ def _refused(path: Path) -> str:
     (lambda b: b["state_dict"].pop("mask_output_weight"), "missing ['mask_output_weight']"),
     (lambda b: b["state_dict"].__setitem__("mask_output_weight", torch.ones(10, 16)), "has dtype torch.float32"),
     (lambda b: b.__setitem__("architecture", {}), "'architecture' is invalid"),
+    (lambda b: b["state_dict"]["hidden.0.weight"].fill_(1.0), "'state_dict.hidden.0.weight' is non-zero where"),
 ])
 def test_a_damaged_file_is_refused_in_one_line(tmp_path: Path, edit: Any, fragment: str) -> None:
     path = tmp_path / "m.pt"

@@ -47,6 +47,10 @@ def test_files_from_before_the_plain_modules_load_under_todays_names(tmp_path: P
     torch.save({**payload, "theta0": old}, tmp_path / "old.pt")
     loaded = load_ticket_set(tmp_path / "old.pt")
     assert loaded.theta0.keys() == today.keys() and all(torch.equal(loaded.theta0[k], today[k]) for k in today)
+    mixed = {**today, "layers.output.weight": today["output.weight"] + 7}
+    torch.save({**payload, "theta0": mixed}, tmp_path / "mix.pt")
+    with pytest.raises(DpltmUserError, match="holds layers.output.weight and output.weight"):
+        load_ticket_set(tmp_path / "mix.pt")
 
 
 def test_crash_during_write_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,6 +130,9 @@ PRIVATE_DAMAGE = [
     (lambda b: b["private_ticket"].__setitem__("epsilon", 1), "'private_ticket' holds unknown ['epsilon']"),
     (lambda b: b["privacy"].pop("phase1"), "lacks 'privacy.phase1'"),
     (lambda b: b["private_ticket"].__setitem__("neighboring", "swap"), "'private_ticket.neighboring' is 'swap'"),
+    (lambda b: b["private_ticket"]["warmup"][0].__setitem__("steps", 2000),
+     "'private_ticket.dp_event' is not the composition of 'private_ticket.warmup'"),
+    (lambda b: b["private_ticket"]["warmup"][0].pop("sigma"), "records lack q, sigma or steps"),
     (lambda b: b["privacy"].__setitem__("epsilon", 0.1), "'privacy' holds unknown ['epsilon']"),
     (lambda b: b["privacy"].__setitem__("end_to_end_dp", "yes"), "'privacy.end_to_end_dp' has the wrong type"),
 ]

@@ -57,6 +57,13 @@ def test_the_dp_cnn_is_the_benchmarks_network() -> None:
         build_architecture(64, 10, (32,), None, "tanh", "dp-cnn")  # 8×8 digits: refused before any data is read
     with pytest.raises(DpltmUserError, match="--project-to"):
         Architecture(784, (32,), 10, 64, "tanh", name="dp-cnn")
+    for hidden, classes in (((0,), 10), ((32,), 0), ((-1,), 10)):  # a damaged record: one line, no traceback
+        with pytest.raises(DpltmUserError, match="positive"):
+            Architecture(784, hidden, classes, None, "tanh", name="dp-cnn")
+    with pytest.raises(DpltmUserError, match="at most 1e"):
+        Architecture(784, (10**5, 10**5), 10, None, "tanh", name="dp-cnn")
+    with pytest.raises(DpltmUserError, match="lists no 'conv'"):
+        Architecture(784, (32,), 10, None, "tanh", ((6, 5),), name="dp-cnn")
 
 
 def _ticket(rounds: int = 2) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
