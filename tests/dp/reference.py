@@ -17,13 +17,13 @@ class MaskedReference:
     """Each record's gradient over the surviving weights (pruned weights are not trained)."""
     norms: torch.Tensor
     clip: float
-    """The median norm: half the records are clipped."""
+    """The clip norm asked for, or the median norm: half the records are clipped."""
     factors: torch.Tensor
     clipped_sum: dict[str, torch.Tensor]
 
 
 def masked_reference(model: nn.Module, masks: dict[str, torch.Tensor], x: torch.Tensor,
-                     y: torch.Tensor) -> MaskedReference:
+                     y: torch.Tensor, clip: float | None = None) -> MaskedReference:
     params = {k: v.detach() for k, v in model.named_parameters()}
 
     def loss(p, xi, yi):  # type: ignore[no-untyped-def]
@@ -32,7 +32,7 @@ def masked_reference(model: nn.Module, masks: dict[str, torch.Tensor], x: torch.
     per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
     per_sample = {k: g * masks[k].to(g.dtype) if k in masks else g for k, g in per_sample.items()}
     norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
-    clip = float(norms.median())
+    clip = float(norms.median()) if clip is None else clip
     factors = (clip / norms).clamp(max=1.0)
     clipped = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
     return MaskedReference(per_sample, norms, clip, factors, clipped)

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
 
 from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from tests.dp.reference import masked_reference
 
 
 class Pool(nn.Module):
@@ -114,16 +114,8 @@ def random_masks(model: nn.Module, g: torch.Generator) -> dict[str, torch.Tensor
 
 def reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor],
               clip: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    params = {k: v.detach() for k, v in model.named_parameters()}
-
-    def loss(p, xi, yi):  # type: ignore[no-untyped-def]
-        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
-
-    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
-    per_sample = {k: g * masks[k].to(g.dtype) if k in masks else g for k, g in per_sample.items()}
-    norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in per_sample.values()))
-    factors = (clip / norms).clamp(max=1.0)
-    return norms, {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
+    ref = masked_reference(model, masks, x, y, clip)
+    return ref.norms, ref.clipped_sum
 
 
 @pytest.mark.parametrize("case", list(CASES))
