@@ -117,8 +117,10 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
 
 
 def apply_gradients(model: nn.Module, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
-    """Install ĝ as .grad and step (Opacus' guard against stale gradients is implicit: we overwrite)."""
+    """Install ĝ as .grad and step (Opacus' guard against stale gradients is implicit: we overwrite).
+    A frozen parameter (`requires_grad=False`: fixed at public weights) gets no ĝ and is not updated."""
     for name, param in model.named_parameters():
-        param.grad = grads[name]
+        if param.requires_grad:
+            param.grad = grads[name]
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

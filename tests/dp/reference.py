@@ -14,7 +14,8 @@ from torch.func import functional_call, grad, vmap
 @dataclass(frozen=True)
 class MaskedReference:
     per_sample: dict[str, torch.Tensor]
-    """Each record's gradient over the surviving weights (pruned weights are not trained)."""
+    """Each record's gradient over the surviving weights of the trainable parameters (pruned weights and
+    frozen parameters are not trained)."""
     norms: torch.Tensor
     clip: float
     """The clip norm asked for, or the median norm: half the records are clipped."""
@@ -24,10 +25,11 @@ class MaskedReference:
 
 def masked_reference(model: nn.Module, masks: dict[str, torch.Tensor], x: torch.Tensor,
                      y: torch.Tensor, clip: float | None = None) -> MaskedReference:
-    params = {k: v.detach() for k, v in model.named_parameters()}
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    frozen = {k: v.detach() for k, v in model.named_parameters() if not v.requires_grad}  # constants
 
     def loss(p, xi, yi):  # type: ignore[no-untyped-def]
-        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+        return F.cross_entropy(functional_call(model, {**frozen, **p}, (xi[None],)), yi[None])
 
     per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
     per_sample = {k: g * masks[k].to(g.dtype) if k in masks else g for k, g in per_sample.items()}

@@ -12,7 +12,7 @@ import torch
 
 from dpltm.architectures import ARCHITECTURES
 from dpltm.dp.gaussian import GaussianNoise
-from dpltm.dp.step import EngineLayout, private_gradients, step_layout
+from dpltm.dp.step import EngineLayout, apply_gradients, private_gradients, step_layout
 from dpltm.errors import DpltmUserError
 from dpltm.model import (
     Architecture,
@@ -94,6 +94,30 @@ def test_the_engine_step_is_masked_clipping_and_masked_noise() -> None:
                                     generator=torch.Generator().manual_seed(0), layout=layout)
     for n, mask in masks.items():
         assert bool((noisy[n][~mask] == 0).all()) and bool((noisy[n][mask] != expected[n][mask]).any()), n
+
+
+def test_frozen_layers_are_left_out_of_clipping_noise_and_the_update() -> None:
+    """Layers fixed at their (public) weights: norms and sums over the trainable parameters only, no noise
+    or update for the frozen ones, and the ticket's pruned weights stay zero."""
+    model, masks = _ticket()
+    for p in (*model.conv.parameters(), model.hidden[0].bias):  # type: ignore[union-attr]
+        p.requires_grad_(False)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    layout = step_layout(model, masks, torch.float64)
+    assert set(layout.surviving) == {"hidden.0.weight", "output.weight", "output.bias"}  # type: ignore[union-attr]
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(8, 784, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
+    reference = masked_reference(model, masks, x, y)
+    grads, norms, _ = private_gradients(model, x, y, clip=reference.clip, noise=GaussianNoise(1.0),
+                                        expected_batch_size=8.0, generator=torch.Generator().manual_seed(0),
+                                        layout=layout)
+    assert set(grads) == {"hidden.0.weight", "output.weight", "output.bias"}
+    torch.testing.assert_close(norms, reference.norms, rtol=1e-9, atol=1e-9)
+    apply_gradients(model, grads, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5))
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+    parameters = dict(model.named_parameters())
+    for name, mask in masks.items():
+        assert bool((parameters[name][~mask] == 0).all()), name
 
 
 def test_noise_geometries_and_static_steps_are_for_the_built_in_networks() -> None:
