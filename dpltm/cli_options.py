@@ -100,7 +100,7 @@ ArchOption = Annotated[
               "maps, each followed by the activation and 2×2 average pooling, then --hidden, default 120,84; "
               "masks on convolution and linear weights; 28×28 images) or dp-cnn (the DP-SGD benchmarks' small "
               "CNN: 16 8×8/2 and 32 4×4/2 convolutions with 2×2/1 max pooling, then --hidden, default 32; "
-              "images of 16×16 or more)."),
+              "images of 14×14 or more)."),
         show_default="mlp",
     ),
 ]

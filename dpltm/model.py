@@ -318,9 +318,10 @@ class LeNet(nn.Module):
 
 def prunable_weights(model: nn.Module) -> dict[str, Tensor]:
     """The weights a ticket masks, keyed by parameter name (which is the mask's name): every trainable
-    parameter of two or more dimensions (linear and convolution weights; never biases or normalisation
-    scales), as the DP engine's `prunable_weight_names` counts them."""
-    return {name: p for name, p in model.named_parameters() if p.requires_grad and p.dim() >= 2}
+    `weight` of two or more dimensions (linear, convolution and embedding matrices; never biases or
+    normalisation scales). The one rule for the CLI's networks, the API and the DP engine."""
+    return {name: p for name, p in model.named_parameters()
+            if name.rpartition(".")[2] == "weight" and p.requires_grad and p.dim() >= 2}
 
 
 def full_masks(model: nn.Module) -> Masks:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from dpltm.dp.ghost import ClippedBatch, clip_factors
 from dpltm.dp.rules import FuncRule, LayerCall, rule_for
 from dpltm.errors import DpltmUserError
+from dpltm.model import prunable_weights
 
 Loss = Callable[[Tensor, Tensor], Tensor]
 """(outputs, targets) -> per-sample losses, shape (B,)."""
@@ -73,14 +74,10 @@ def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def prunable_weight_names(model: nn.Module) -> list[str]:
-    """The weights a ticket may mask: every trainable `weight` of two or more dimensions (linear,
-    convolution and embedding matrices; never biases or normalisation scales)."""
-    names = []
-    for name, module in trainable_layers(model):
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter) and weight.requires_grad and weight.dim() >= 2:
-            names.append((f"{name}." if name else "") + "weight")
-    return names
+    """The weights a ticket may mask (`dpltm.model.prunable_weights`: one rule for every network), once
+    every layer is checked to be one the engine can clip (`trainable_layers`, one-line refusals)."""
+    trainable_layers(model)
+    return list(prunable_weights(model))
 
 
 @contextmanager

@@ -26,8 +26,9 @@ CONVOLUTIONS = ((16, 8, 2, 3), (32, 4, 2, 0))
 
 
 def _after(side: int, kernel: int, stride: int, padding: int) -> int:
-    """The side after a convolution and the 2×2, stride-1 max pooling that follows it."""
-    return (side + 2 * padding - kernel) // stride + 1 - 1
+    """The side after a convolution, (side + 2p − k) // s + 1, and the 2×2, stride-1 max pooling that
+    follows it (one less)."""
+    return (side + 2 * padding - kernel) // stride
 
 
 class DpCnn(nn.Module):
@@ -37,15 +38,12 @@ class DpCnn(nn.Module):
         super().__init__()
         self.side = image_side(arch.in_features)
         side, channels = self.side, 1
+        self.conv = nn.ModuleList()
         for out, kernel, stride, padding in CONVOLUTIONS:
             side = _after(side, kernel, stride, padding)
             if side < 1:
-                raise DpltmUserError(f"--arch dp-cnn needs images of at least 16×16 pixels; these are "
+                raise DpltmUserError(f"--arch dp-cnn needs images of at least 14×14 pixels; these are "
                                      f"{self.side}×{self.side}")
-            channels = out
-        self.conv = nn.ModuleList()
-        channels = 1
-        for out, kernel, stride, padding in CONVOLUTIONS:
             self.conv.append(nn.Conv2d(channels, out, kernel, stride=stride, padding=padding))
             channels = out
         widths = [channels * side * side, *arch.hidden, arch.num_classes]

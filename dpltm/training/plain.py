@@ -47,7 +47,7 @@ class ClassifierModule(L.LightningModule):
         self.automatic_optimization = False
         self.model = model
         self.masks = masks or {}
-        self.keep_pruned = PrunedWeights(model, self.masks)
+        self.keep_pruned: PrunedWeights | None = None  # built when training starts, on the trainer's device
         self.lr = lr
         self.register_buffer("step_losses", torch.zeros(steps), persistent=False)
         self.steps_done = 0
@@ -70,7 +70,7 @@ class ClassifierModule(L.LightningModule):
         loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         optimizer.step()
-        self.keep_pruned()
+        self.keep_pruned()  # type: ignore[misc]
         self.step_losses[batch_idx] = loss.detach()
         self.steps_done = batch_idx + 1
 

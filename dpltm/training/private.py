@@ -265,8 +265,8 @@ class DPTrainingModule(L.LightningModule):
         # share of every record's masked norm (computed once, when training starts)
         self.layout = step_layout(model, self.masks, data.train.features.dtype, noise.coordinate_scales())
         if step_mode != "eager" and not isinstance(self.layout, MaskLayout):
-            raise DpltmUserError("--step-mode static/--cuda-graphs run the built-in networks (--arch mlp, lenet5); "
-                                 "this network trains in the eager step")
+            raise DpltmUserError("--cuda-graphs (and the static-shape step) run the built-in networks (--arch mlp, "
+                                 "lenet5); this network trains in the eager step: drop --cuda-graphs")
         self.input_terms: Tensor | None = None
         self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
@@ -456,7 +456,7 @@ class NonPrivateModule(L.LightningModule):
         self.automatic_optimization = False
         self.model = model
         self.masks = masks or {}
-        self.keep_pruned = PrunedWeights(model, self.masks)
+        self.keep_pruned: PrunedWeights | None = None  # built when training starts, on the trainer's device
         self.data = data
         self.settings = settings
         self.steps_per_epoch = steps_per_epoch
@@ -484,7 +484,7 @@ class NonPrivateModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(self.model(x), y).backward()
         optimizer.step()
-        self.keep_pruned()
+        self.keep_pruned()  # type: ignore[misc]
         if self.averager is not None:
             update_average(self.averager, self.model, self.settings.ema)  # type: ignore[arg-type]
         if (batch_idx + 1) % self.steps_per_epoch == 0:

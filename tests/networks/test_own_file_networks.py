@@ -53,7 +53,7 @@ def test_the_dp_cnn_is_the_benchmarks_network() -> None:
     assert {n: tuple(p.shape) for n, p in net.named_parameters()} == {
         "conv.0.weight": (16, 1, 8, 8), "conv.0.bias": (16,), "conv.1.weight": (32, 16, 4, 4), "conv.1.bias": (32,),
         "hidden.0.weight": (32, 512), "hidden.0.bias": (32,), "output.weight": (10, 32), "output.bias": (10,)}
-    with pytest.raises(DpltmUserError, match="at least 16×16"):
+    with pytest.raises(DpltmUserError, match="at least 14×14"):
         build_architecture(64, 10, (32,), None, "tanh", "dp-cnn")  # 8×8 digits: refused before any data is read
     with pytest.raises(DpltmUserError, match="--project-to"):
         Architecture(784, (32,), 10, 64, "tanh", name="dp-cnn")
