@@ -35,6 +35,13 @@ ARCHITECTURES: dict[str, ArchitectureEntry] = {entry.name: entry for entry in (
                       "the small CNN of the DP-SGD image benchmarks (16 8×8/2 and 32 4×4/2 convolutions, each with "
                       "2×2/1 max pooling, then 32): Opacus's and TF Privacy's MNIST examples; with --activation "
                       "tanh, Papernot et al. 2021's tempered-sigmoid network", module="dpltm.networks.dp_cnn"),
+    ArchitectureEntry("scatter-linear", (), (),
+                      "a fixed ScatterNet front end (wavelet scattering, J = 2, per-record group normalisation; no "
+                      "weights, reads no data) and one linear layer over its 81 maps: Tramèr & Boneh 2021",
+                      module="dpltm.networks.scatter"),
+    ArchitectureEntry("scatter-cnn", (), (32,),
+                      "the same ScatterNet front end and Tramèr & Boneh 2021's small CNN over its maps (16 and 32 "
+                      "3×3 convolutions, then 32); theirs with --activation tanh", module="dpltm.networks.scatter"),
 )}
 
 

@@ -32,6 +32,7 @@ from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import private_gradients, step_layout
 from dpltm.errors import DpltmUserError
+from dpltm.features import network_inputs
 from dpltm.model import Architecture, Masks, build_network
 from dpltm.tickets.imp import rewind, ticket_masks
 
@@ -157,6 +158,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                              f"training set ({n} records): no Poisson sampling to simulate")
     device = public.train.labels.device
     models, masks = candidate_models(payload, device, plan.activation)
+    public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
     stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, plan, public.train.features.dtype)
                                          if not models[0].arch.is_mlp else StackedMLP(models, masks))
     optimizer = _optimizer(stack.parameters(), plan)

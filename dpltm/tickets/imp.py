@@ -31,6 +31,7 @@ from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import GenerateConfig, config_hash, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
+from dpltm.features import network_inputs
 from dpltm.model import (
     Architecture,
     Masks,
@@ -138,6 +139,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
         return payload
     theta0 = payload["theta0"]
     model.to(device)
+    data = network_inputs(model, data, progress=progress)  # a fixed front end's cached features
     g = cfg.generate
     started = time.perf_counter()
     wall_before = float(payload.get("wall_seconds", 0.0))

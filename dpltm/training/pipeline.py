@@ -27,6 +27,7 @@ from dpltm.dp.distributed import Distribution, is_main_process
 from dpltm.dp.noise import NoiseContext
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
+from dpltm.features import network_inputs
 from dpltm.model import Masks, build_architecture, build_network, density, full_masks, stored_state
 from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
@@ -206,6 +207,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "
                              f"--noise {able}")
     model.to(data.train.labels.device)
+    data = network_inputs(model, data, progress=progress and main)  # a fixed front end's cached features
     if audit is not None:  # canaries join the training set (input canaries) or its index space (gradient ones)
         if not private or distribution.multi_process or step_mode != "eager":
             raise DpltmUserError("an audit runs DP training on one device, in the eager step")

@@ -277,6 +277,9 @@ CASES = [
     Case("generate-dp-cnn-on-8x8", (*GEN, "--arch", "dp-cnn"), "at least 14×14 pixels"),
     Case("generate-private-dp-cnn", ("generate", "--private", "--dataset", "digits", "--arch", "dp-cnn", "--eps", "1"),
          "--private makes MLP tickets"),
+    Case("generate-scatter-linear-hidden", (*GEN, "--arch", "scatter-linear", "--hidden", "32"), "takes no --hidden"),
+    Case("generate-private-scatter-cnn", ("generate", "--private", "--dataset", "digits", "--arch", "scatter-cnn",
+                                          "--eps", "1"), "--private makes MLP tickets"),
     # ---- model checkpoints that pass the top-level schema but are broken inside ------------------
     *[Case(f"{cmd}-{name}", args, message, {"b.pt": _broken_model(edit)})
       for name, edit, message in _BROKEN_MODELS

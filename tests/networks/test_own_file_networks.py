@@ -36,7 +36,8 @@ def test_there_is_a_network_of_its_own_file() -> None:
 
 @pytest.mark.parametrize("name", OWN_FILES)
 def test_a_network_of_its_own_file_builds_from_its_catalogue_line(name: str) -> None:
-    arch = build_architecture(784, 10, ARCHITECTURES[name].default_hidden or (32,), None, "tanh", name)
+    hidden = ARCHITECTURES[name].default_hidden
+    arch = build_architecture(784, 10, (32,) if hidden is None else hidden, None, "tanh", name)
     assert arch.name == name and not arch.is_mlp
     assert Architecture.from_dict(arch.to_dict()) == arch and arch.to_dict()["name"] == name
     a, b = build_network(arch, torch.Generator().manual_seed(3)), build_network(arch, torch.Generator().manual_seed(3))
