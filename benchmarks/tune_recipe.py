@@ -19,11 +19,23 @@ import argparse
 import csv
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from grid.recipe_search import FIELDS, search_recipe
 
 from dpltm.data import load_dataset
+from dpltm.data.types import DatasetSplits
+
+
+def scatter_features(public: DatasetSplits) -> DatasetSplits:
+    """`public` as scatter-linear's head reads it: its records' scattering features (dpltm.features)."""
+    from dpltm.features import network_inputs
+    from dpltm.model import build_architecture, build_network
+
+    net = build_network(build_architecture(public.num_features, public.num_classes, (), None, "relu",
+                                           "scatter-linear"))
+    return replace(network_inputs(net, public, progress=True), num_features=net.front.out_features)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,11 +52,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hidden", type=int, nargs="+", default=[300, 100], help="hidden layer widths")
+    parser.add_argument("--front", choices=["scatter"], default=None,
+                        help="search the linear head over a fixed front end's features (--arch scatter-linear): "
+                             "the public records' cached features, no hidden layer")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="append rows to this CSV")
     args = parser.parse_args(argv)
     name, split = (args.public.split(":", 1) + ["train"])[:2]
     public = load_dataset(name, split=split, data_dir=args.data_dir, val_fraction=0.1, seed=args.seed)
+    if args.front is not None:  # the head's own inputs: the front end's features, computed once (cached)
+        public = scatter_features(public)
+        args.hidden = []
     print(f"public data: {public.name} ({public.source_split}): {len(public.train)} train, {len(public.val)} val; "
           f"private N = {args.private_size} (size only)", file=sys.stderr)
     writer = None

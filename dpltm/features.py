@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -82,11 +83,22 @@ def features_of(front: Any, records: Tensor, folder: Path, *, progress: bool = F
         return records.new_zeros(0, front.out_features)
     key = cache_key(front.settings(), records)
     path = folder / f"{key}.pt"
-    features = read_cached(path, key, (records.shape[0], front.out_features))
+    features = _recent.pop(key, None)
+    if features is None:
+        features = read_cached(path, key, (records.shape[0], front.out_features))
     if features is None:
         features = compute_features(front, records, progress=progress, label=label)
         write_cached(path, key, front.settings(), features)
+    _recent[key] = features  # most recent last
+    while len(_recent) > RECENT:
+        _recent.popitem(last=False)
     return features.to(device=records.device, dtype=records.dtype)
+
+
+_recent: OrderedDict[str, Tensor] = OrderedDict()
+"""Splits this process read or computed last, by cache key: the stages of one `dpltm run` and the runs of
+a grid read each split's file (and check its checksum) once."""
+RECENT = 6
 
 
 def cache_key(settings: dict[str, Any], records: Tensor) -> str:

@@ -30,6 +30,12 @@ from tests.dp.reference import masked_reference
 SCATTER = ("scatter-linear", "scatter-cnn")
 
 
+@pytest.fixture(autouse=True)
+def _nothing_recent() -> None:
+    """Each test starts with no split held in memory: what it reads comes from its own cache folder."""
+    feature_cache._recent.clear()
+
+
 def _network(name: str, seed: int = 0, activation: str = "tanh") -> torch.nn.Module:
     arch = build_architecture(784, 10, ARCHITECTURES[name].default_hidden or (), None, activation, name)
     return build_network(arch, torch.Generator().manual_seed(seed))
@@ -148,7 +154,10 @@ def test_features_are_computed_once_then_read_from_the_cache(tmp_path: Path, mon
         raise AssertionError("computed again")
 
     monkeypatch.setattr(feature_cache, "compute_features", never)
-    again = network_inputs(net, data, cache_dir=tmp_path)
+    held = network_inputs(net, data, cache_dir=tmp_path)  # held in memory by this process
+    assert held.train.features.data_ptr() == first.train.features.data_ptr()
+    feature_cache._recent.clear()
+    again = network_inputs(net, data, cache_dir=tmp_path)  # from the files
     assert torch.equal(again.train.features, first.train.features)
     assert network_inputs(net, first, cache_dir=tmp_path) is not None  # features in: passed through
 
@@ -186,10 +195,13 @@ def test_a_damaged_cache_file_is_rebuilt_never_used(tmp_path: Path, damage: str,
         torch.save(body, path)
     else:
         torch.save({"format": 1, "key": "0" * 64, "features": good}, path)
+    feature_cache._recent.clear()
     again = features_of(front, x, tmp_path)
     torch.testing.assert_close(again, good)
     assert "damaged" in capsys.readouterr().err
+    feature_cache._recent.clear()
     assert torch.equal(features_of(front, x, tmp_path), again)  # and the rebuilt file is good
+    assert "damaged" not in capsys.readouterr().err
 
 
 def test_an_unwritable_cache_folder_is_a_note_not_a_failure(tmp_path: Path,
