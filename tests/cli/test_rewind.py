@@ -162,3 +162,13 @@ def test_bad_combinations_are_one_line(public_winner: Path, data_root: Path, tmp
                  ok=False)
     _one_line_error(result, "drop them with --dense")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_run_passes_the_start_on(data_root: Path, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
+                 "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1", "--choice",
+                 "best", "--rewind", "public", "--batch-size", "16", "--device", "cpu", "--no-progress", "--json",
+                 "--out", str(tmp_path / "m.pt"))
+    report = json.loads(result.stdout)
+    assert report["transfer"]["rewind"] == "public" and report["end_to_end_dp"] is True
+    assert load_winner(tmp_path / "m-winner.pt").public_weights is not None
