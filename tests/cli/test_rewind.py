@@ -52,11 +52,14 @@ def _one_line_error(result: Any, fragment: str) -> None:
     assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
-def test_the_winner_carries_its_rounds_trained_weights(public_winner: Path) -> None:
+def test_the_winner_carries_its_rounds_trained_weights(public_winner: Path, cli) -> None:  # type: ignore[no-untyped-def]
     winner = load_winner(public_winner)
     tickets = load_checkpoint(Path(winner.source["tickets"]), "tickets")
     chosen = next(t for t in tickets["tickets"] if t["round"] == winner.round)
     assert winner.public_weights is not None and set(winner.public_weights) == set(winner.theta0)
+    shown = cli("inspect", str(public_winner), "--json")
+    assert json.loads(shown.stdout)["public_weights"] is True
+    assert "kept (train --rewind public)" in cli("inspect", str(public_winner)).stdout
     for key, value in chosen["trained"].items():
         assert torch.equal(winner.public_weights[key], value), key
 
