@@ -19,12 +19,14 @@ from dpltm.choices import (
     Neighbouring,
     Noise,
     Optimizer,
+    OutputLayer,
     Part,
     Recipe,
     Rewind,
     RunRecipe,
     SelectionRuleName,
     Split,
+    Start,
     Strategy,
     ThreatModel,
 )
@@ -836,6 +838,28 @@ TrainEma = Annotated[
 ]
 
 
+TrainRewind = Annotated[
+    Start | None,
+    typer.Option(
+        "--rewind",
+        help=("Where the ticket's weights start: θ0 (init, the paper's) or the weights its public IMP round ended "
+              "with (public; public data adds nothing to ε; refused for tickets made on the private data)."),
+        show_default=cfg("train.rewind"),
+    ),
+]
+
+
+TrainOutputLayer = Annotated[
+    OutputLayer | None,
+    typer.Option(
+        "--output-layer",
+        help=("With --rewind public: θ0's output layer (reinit; the public one learned other classes) or the "
+              "public-trained one (keep; same class count only)."),
+        show_default=cfg("train.output_layer"),
+    ),
+]
+
+
 TrainActivation = Annotated[
     Activation | None,
     typer.Option(
@@ -1260,6 +1284,27 @@ RunEma = Annotated[
         metavar="DECAY",
         help=("Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 "
               "(post-processing: free). Default: the final iterate."),
+    ),
+]
+
+
+RunRewind = Annotated[
+    Start | None,
+    typer.Option(
+        "--rewind",
+        help=("Where the winner's weights start for DP training: θ0 (init) or the weights its public IMP round "
+              "ended with (public; adds nothing to ε). Public tickets only."),
+        show_default=cfg("train.rewind"),
+    ),
+]
+
+
+RunOutputLayer = Annotated[
+    OutputLayer | None,
+    typer.Option(
+        "--output-layer",
+        help="With --rewind public: θ0's output layer (reinit) or the public-trained one (keep).",
+        show_default=cfg("train.output_layer"),
     ),
 ]
 

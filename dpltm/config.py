@@ -421,6 +421,11 @@ class SelectSettings:
 
 
 OPTIMIZERS = ("sgd", "adam")
+TICKET_STARTS = ("init", "public")
+"""`train.rewind`: a ticket's training starts from θ0 or from the weights its public IMP round ended with
+(dpltm.training.transfer.start_weights)."""
+OUTPUT_LAYERS = ("reinit", "keep")
+"""`train.output_layer`: a public start's output layer, θ0's or the public-trained one."""
 
 
 @dataclass(frozen=True)
@@ -449,6 +454,13 @@ class TrainSettings:
     """When set, a DP run's learning rate is lr_sigma / σ (σ the effective noise multiplier, a
     function of public q, T, ε and δ only), so the noise an update carries, lr·σC/L, stays the same
     across budgets; chosen on public data (configs/recipes/tuned.yaml). Non-private runs use `lr`."""
+    rewind: str = "init"
+    """Where a ticket's training starts: θ0 (init, the paper's), or the weights its public IMP round ended
+    with (public: the public training is kept; public data adds nothing to the privacy ledger). Refused
+    for tickets made on the private data itself (dpltm.training.pipeline.check_start)."""
+    output_layer: str = "reinit"
+    """With rewind public: θ0's output layer (reinit; the public one was trained for other classes) or the
+    public-trained one (keep, only for as many classes)."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
@@ -480,6 +492,10 @@ class TrainSettings:
             raise DpltmUserError(f"--lr-sigma must lie in (0, {MAX_LR:g}], got {self.lr_sigma:g}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise DpltmUserError(f"--ema must lie in (0, 1), got {self.ema:g}")
+        if self.rewind not in TICKET_STARTS:
+            raise DpltmUserError(f"--rewind must be one of {', '.join(TICKET_STARTS)}, got {self.rewind}")
+        if self.output_layer not in OUTPUT_LAYERS:
+            raise DpltmUserError(f"--output-layer must be one of {', '.join(OUTPUT_LAYERS)}, got {self.output_layer}")
 
 
 REWIND_POINTS = ("warmup", "init")

@@ -182,7 +182,8 @@ def print_model(summary: dict[str, Any], console: Console) -> None:
 
 def print_winner(summary: dict[str, Any], console: Console) -> None:
     head = {"round": summary["round"], "density": summary["density"], "val_accuracy": summary["val_accuracy"],
-            "network": arch_text(summary["architecture"]), "dpltm_version": summary["dpltm_version"]}
+            "network": arch_text(summary["architecture"]), "dpltm_version": summary["dpltm_version"],
+            "public_weights": "kept (train --rewind public)" if summary.get("public_weights") else "none"}
     console.print(fields_table("ticket (winner)", field_rows(head)))
     layers = Table(title="surviving fraction per layer", title_justify="left")
     layers.add_column("layer")

@@ -1,6 +1,7 @@
 """`TicketSet`: what a "tickets" checkpoint holds, the output of `dpltm generate` (IMP, phase 1).
 
-θ0, one record per round (its mask, C, A and loss curve), the data they were made on, and a privacy
+θ0, one record per round (its mask, C, A, loss curve and the weights its public training ended
+with), the data they were made on, and a privacy
 record: the DpEvent of phase 1 (`NonPrivateDpEvent`: IMP saw its data without privacy) and where it
 ran. `TicketSet.to_dict()` is the checkpoint body, in the layout `dpltm.tickets.imp` has always
 written; `TicketSet.from_dict(body, path)` checks every field and refuses a damaged file in one line
@@ -87,15 +88,18 @@ class Ticket:
     """C of the mask this round's pruning made (the next round's)."""
     controls: dict[str, Any] | None = None
     """The lottery-ticket controls (reinit, random mask), when generation ran them."""
+    trained: dict[str, torch.Tensor] | None = None
+    """The network's weights at the end of this round's training, before pruning (θ0's keys; zero where
+    the mask prunes): where `train --rewind public` starts. None in files written before they were kept."""
 
     _KEYS = ("round", "masks", "density", "layer_density", "val_accuracy", "loss_curve", "loss_every",
-             "next_density", "controls")
+             "next_density", "controls", "trained")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"round": self.round, "masks": self.masks, "density": self.density,
                                "layer_density": self.layer_density, "val_accuracy": self.val_accuracy,
                                "loss_curve": list(self.loss_curve)}
-        for key in ("loss_every", "next_density", "controls"):
+        for key in ("loss_every", "next_density", "controls", "trained"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -116,8 +120,23 @@ class Ticket:
         loss_every = _typed(record, "loss_every", (int,), where, path, optional=True)
         next_density = _typed(record, "next_density", (float,), where, path, optional=True)
         controls = _typed(record, "controls", (dict,), where, path, optional=True)
+        trained = _typed(record, "trained", (dict,), where, path, optional=True)
         return cls(round_, masks, density, layer_density, val_accuracy,  # type: ignore[arg-type]
-                   tuple(loss_curve), loss_every, next_density, controls)  # type: ignore[arg-type]
+                   tuple(loss_curve), loss_every, next_density, controls, trained)  # type: ignore[arg-type]
+
+
+def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: Any, where: str, kind: str,
+                  path: Path | str) -> None:
+    """Public-trained weights checked as θ0 is (its keys, shapes, floating dtypes), and zero where the mask
+    prunes: a ticket's weights that act where its mask prunes would not be that ticket."""
+    from dpltm.artefacts.networks import reference_theta0
+    from dpltm.checkpoint_body import check_tensors
+    from dpltm.model import pruned_but_not_zero
+
+    check_tensors(weights, reference_theta0(arch), where, kind, path, check_dtype=True)
+    acting = pruned_but_not_zero(dict(weights), dict(masks))
+    if acting is not None:
+        raise damaged(path, kind, f"'{where}.{acting}' is non-zero where the mask prunes it")
 
 
 def check_phase1(privacy: Mapping[str, Any], path: Path | str, kind: str) -> dict[str, Any]:
@@ -265,6 +284,8 @@ class TicketSet:
         masks = reference_masks(arch)
         for i, ticket in enumerate(tickets):
             check_tensors(ticket.masks, masks, f"tickets[{i}].masks", KIND, path, check_dtype=False)
+            if ticket.trained is not None:
+                check_trained(ticket.trained, ticket.masks, arch, f"tickets[{i}].trained", KIND, path)
         if optional["next_masks"] is not None:
             check_tensors(optional["next_masks"], masks, "next_masks", KIND, path, check_dtype=False)
         return cls(architecture=architecture, theta0=theta0, tickets=tickets, data=data, config=config,

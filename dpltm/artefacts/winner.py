@@ -5,7 +5,9 @@ Two writers make it: `dpltm select` (a winner drawn from a ticket set by a selec
 `dpltm generate --private` (a ticket made with privacy on the private data itself; its
 `private_ticket` record holds the DP warm-up rounds and their composed DpEvent). Either way the file
 holds θ0, the mask and its C, where it came from, and the events that touched data; readers ask the
-computed properties (`dp_event`, `is_private_ticket`, `dataset`, …) rather than the dict.
+computed properties (`dp_event`, `is_private_ticket`, `dataset`, …) rather than the dict. A winner
+selected from a ticket set that kept its rounds' trained weights also holds the chosen round's
+(`public_weights`), where `dpltm train --rewind public` starts.
 
 `Winner.to_dict()` is the checkpoint body, in the layout both writers have always written;
 `Winner.from_dict(body, path)` checks every field and refuses a damaged file in one line naming the
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.fields import HEADER_KEYS, check_header, check_unknown, damaged, mapping_of, number_list, typed
-from dpltm.artefacts.ticket_set import check_phase1, parse_event, phase1_view
+from dpltm.artefacts.ticket_set import check_phase1, check_trained, parse_event, phase1_view
 from dpltm.checkpoint_format import FORMAT_VERSION
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ KIND = "ticket"
 PRIVATE_METHOD = "private"
 """`selection.method` of a private ticket (`generate --private`): made, not selected."""
 WINNER_KEYS = ("dpltm_version", "architecture", "theta0", "masks", "density", "layer_density", "round",
-               "val_accuracy", "source", "privacy", "selection", "private_ticket")
+               "val_accuracy", "source", "privacy", "selection", "private_ticket", "public_weights")
 """The keys of a winner's body besides the header, in the order the writers write them."""
 PRIVATE_PRIVACY_KEYS = ("phase1",)
 """A private ticket's stored privacy record: phase 1's kind; its ε and statement are computed from the
@@ -82,6 +84,9 @@ class Winner:
     dpltm_version: str | None = None
     environment: dict[str, Any] | None = None
     """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
+    public_weights: dict[str, torch.Tensor] | None = None
+    """The chosen ticket's weights at the end of its public training round (θ0's keys, zero where the mask
+    prunes): `train --rewind public` starts from them. None for a private ticket and in older files."""
 
     # ---- computed facts -------------------------------------------------------------------
 
@@ -172,6 +177,8 @@ class Winner:
         }
         if self.private_ticket is not None:
             body["private_ticket"] = self.private_ticket
+        if self.public_weights is not None:
+            body["public_weights"] = self.public_weights
         if self.environment is not None:
             body["environment"] = self.environment
         return body
@@ -217,6 +224,9 @@ class Winner:
         if selection.get("dp_event") is not None:
             parse_event(selection["dp_event"], "selection.dp_event", path, KIND)
         private_ticket = _typed(body, "private_ticket", (dict,), "", path, optional=method != PRIVATE_METHOD)
+        public_weights = _typed(body, "public_weights", (dict,), "", path, optional=True)
+        if method == PRIVATE_METHOD and public_weights is not None:
+            raise _damaged(path, "a private ticket holds 'public_weights' (it was made on private data)")
         if method == PRIVATE_METHOD:
             _check_private(privacy, private_ticket, path)
             privacy = {k: v for k, v in privacy.items() if k not in STORED_COPIES}
@@ -227,10 +237,12 @@ class Winner:
         arch = architecture_of(body, KIND, path)
         check_tensors(theta0, reference_theta0(arch), "theta0", KIND, path, check_dtype=True)
         check_tensors(masks, reference_masks(arch), "masks", KIND, path, check_dtype=False)
+        if public_weights is not None:
+            check_trained(public_weights, masks, arch, "public_weights", KIND, path)
         return cls(architecture=architecture, theta0=theta0, masks=masks, density=density,
                    layer_density=layer_density, round=round_, val_accuracy=val_accuracy,  # type: ignore[arg-type]
                    source=source, privacy=privacy, selection=selection, private_ticket=private_ticket,
-                   dpltm_version=version_text, environment=environment)
+                   dpltm_version=version_text, environment=environment, public_weights=public_weights)
 
 
 def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: Path | str) -> None:

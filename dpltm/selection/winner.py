@@ -2,7 +2,9 @@
 
 The rules' functions live here (`select_*`, `(payload, RuleSettings) -> Selection`). The winner is
 written as a 'ticket' file: θ0, its mask and C, where it came from, and how it was chosen (the rule,
-ε1, ν, Δ, the probability table, the rule's DpEvent) so that training can state the guarantee.
+ε1, ν, Δ, the probability table, the rule's DpEvent) so that training can state the guarantee; and,
+where the ticket set kept them, the chosen round's trained weights (`public_weights`, for `train
+--rewind public`).
 """
 
 from __future__ import annotations
@@ -192,6 +194,8 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
             "noise_aware": None,
         },
     }
+    if ticket.get("trained") is not None:  # the round's trained weights (older ticket sets kept none)
+        body["public_weights"] = ticket["trained"]
     clash = sorted(set(record) & set(body["selection"]) - {"noise_aware"})
     if clash:  # a rule's record must never overwrite what the ledger and the statement read
         raise ValueError(f"the {method} rule's record would overwrite the winner file's {clash}")

@@ -55,7 +55,8 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
                    "layer_density": winner.layer_density, "val_accuracy": winner.val_accuracy,
                    "selection": winner.selection, "source": winner.source_data, "privacy": winner.privacy_view,
                    "architecture": winner.architecture, "dpltm_version": winner.dpltm_version,
-                   "environment": winner.environment}
+                   "environment": winner.environment,
+                   "public_weights": winner.public_weights is not None}  # can `train --rewind public` start here
     elif not isinstance(artefact, TrainedModel):  # a library run's checked body
         summary = run_summary(artefact)
     else:

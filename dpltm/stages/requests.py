@@ -282,6 +282,8 @@ class TrainRequest(_TrainingOptions):
 
     lr_sigma: float | None = None
     ema: float | None = None
+    rewind: str | None = None
+    output_layer: str | None = None
     neighbouring: str | None = None
     max_eps: float | None = None
     patience: int | None = None
@@ -311,6 +313,8 @@ class TrainRequest(_TrainingOptions):
             raise DpltmUserError("--non-private trains without noise: drop --eps/--sigma")
         if not self.dense and self.ticket is None:
             raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
+        if self.dense and (self.rewind == "public" or self.output_layer is not None):
+            raise DpltmUserError("--rewind public and --output-layer choose a ticket's start: drop them with --dense")
         self._check_network()
 
     def settings(self) -> dict[str, Any]:
@@ -318,7 +322,8 @@ class TrainRequest(_TrainingOptions):
         return {
             "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
             "train": {**self._train_settings(), "lr_sigma": self.lr_sigma, "neighboring": self.neighbouring,
-                      "max_eps": self.max_eps, "patience": self.patience, "ema": self.ema},
+                      "max_eps": self.max_eps, "patience": self.patience, "ema": self.ema,
+                      "rewind": self.rewind, "output_layer": self.output_layer},
             "model": model_cli(self.arch, None, activation=self.activation),
             "seed": self.seed,
             "recipe": self.recipe,

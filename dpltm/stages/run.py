@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpltm.architectures import model_cli
 from dpltm.console import err_console
@@ -24,6 +24,9 @@ from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
 from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, stage_select
 from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
+
+if TYPE_CHECKING:
+    from dpltm.config import TrainConfig
 
 TUNED_RECIPE_MIN_RECORDS = 20000
 """`run --recipe auto` takes the tuned recipe from this many private training records up: it was
@@ -58,6 +61,8 @@ class RunRequest(CommandRequest):
     arch: str | None = None
     momentum: float | None = None
     ema: float | None = None
+    rewind: str | None = None
+    output_layer: str | None = None
     recipe: str = "auto"
     ticket_source: TicketSource = TicketSource.public
     warmup_epochs: int | None = None
@@ -89,7 +94,8 @@ def stage_run(request: RunRequest) -> dict[str, Any]:
                       r.data_dir)
     if r.ticket_source == TicketSource.private:
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
-                       "--cuda-graphs": r.cuda_graphs or None, "--arch": r.arch}
+                       "--cuda-graphs": r.cuda_graphs or None, "--arch": r.arch,
+                       "--rewind": r.rewind, "--output-layer": r.output_layer}
         given = [name for name, value in public_only.items() if value is not None]
         if given or r.choice != TicketChoice.noise_aware:
             raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
@@ -137,7 +143,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     train_cli: dict[str, Any] = {
         "data": {"dataset": r.dataset},
         "train": {"eps2": r.eps, "delta": r.delta, "epochs": r.epochs, "batch_size": r.batch_size, "clip": r.clip,
-                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighbouring},
+                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighbouring,
+                  "rewind": r.rewind, "output_layer": r.output_layer},
         "model": {"activation": r.activation}, "seed": r.seed}
     gen_cli = {"data": {"dataset": r.public_dataset, "split": r.public_split},
                "model": model_cli(r.arch, None, project_to=project_to, activation=r.activation),
@@ -158,6 +165,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     # the recipe's settings against both datasets (L < N, σ, lr), before any ticket
     planned = resolve_train_config(train_cli, r.config)
     check_lr_given(r.lr, planned, train_cli["recipe"])
+    check_planned_start(planned, private_spec.num_classes, public_spec.num_classes, project_to)
     check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {r.public_dataset} ({r.public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
@@ -173,6 +181,21 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+
+
+def check_planned_start(planned: TrainConfig, private_classes: int, public_classes: int,
+                        project_to: int | None) -> None:
+    """The winner's start (`--rewind`, `--output-layer`) checked before the tickets are made: a kept output
+    layer needs a public start, as many classes, and no input projection (which builds a new output layer)."""
+    if planned.train.output_layer != "keep":
+        return
+    if planned.train.rewind != "public":
+        raise DpltmUserError("--output-layer keep applies with --rewind public (from θ0 every layer is θ0's)")
+    if private_classes != public_classes or project_to is not None:
+        projection = ", an input projection" if project_to is not None else ""
+        raise DpltmUserError(f"--output-layer keep: the public tickets' output layer cannot carry over "
+                             f"({public_classes} classes{projection}; the private data has {private_classes} "
+                             "classes); use --output-layer reinit")
 
 
 def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
@@ -210,6 +233,9 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
                  "recipe": chosen}
     # the whole plan checked against the data before the first line of work (σ, L < N, the density)
     planned = resolve_train_config(train_cli, r.config)
+    if planned.train.rewind == "public":  # e.g. from a --config file
+        raise DpltmUserError("train.rewind public starts from public-trained weights: a private ticket has none "
+                             "(its start is private_ticket.rewind)")
     plan_private_ticket(planned, len(pool.train))
     layer_keep_fractions(build_architecture(pool.num_features, pool.num_classes, planned.model.hidden,
                                             planned.model.project_to, planned.model.activation),

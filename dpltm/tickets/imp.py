@@ -1,9 +1,11 @@
 """Phase 1: lottery tickets by iterative magnitude pruning with rewinding.
 
 Frankle & Carbin (2019); DPLTM paper Alg. 1 phase 1. Round k trains the network with mask
-m_k from θ0 for I iterations, records its validation accuracy A_k and density C_k, prunes the
-smallest surviving weights of each layer to get m_{k+1}, and rewinds to θ0. Round 0 is the
-dense network.
+m_k from θ0 for I iterations, records its validation accuracy A_k, density C_k and the trained
+weights, prunes the smallest surviving weights of each layer to get m_{k+1}, and rewinds to θ0.
+Round 0 is the dense network. The trained weights (zero where m_k prunes) are what `dpltm train
+--rewind public` starts from: on public data they are public, and they carry the round's training
+instead of throwing it away.
 
 This phase sees its data without any privacy. The ticket file says so: tickets generated on
 the data later trained with DP make that training not end-to-end DP (docs/privacy.md §1).
@@ -204,7 +206,14 @@ def _run_round(model: torch.nn.Module, theta0: dict[str, torch.Tensor], masks: M
         "val_accuracy": accuracy(model, data.val),
         "loss_curve": result.losses,
         "loss_every": g.log_every,
+        "trained": trained_weights(model),
     }
+
+
+def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as a ticket keeps them (θ0's keys, on the CPU, detached copies): taken before
+    pruning, so they are the trained masked network itself (zero exactly where its mask prunes)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Masks,

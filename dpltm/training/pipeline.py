@@ -150,18 +150,41 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
                                                       "private one")
 
 
+def check_start(start: str, output_layer: str, ticket: dict[str, Any] | None, origin: TicketOrigin) -> None:
+    """`--rewind public` starts from weights trained without privacy on the tickets' data. Trained on other,
+    public data they are public knowledge and add nothing to the ledger; trained on the private data itself
+    (same-data tickets) they would make the run not DP at all, beyond the mask's own leak, so they are
+    refused, as for a private ticket (made on the private data; its own start is `generate --private
+    --rewind`). One line each, before any work."""
+    if start != "public":
+        if output_layer == "keep":
+            raise DpltmUserError("--output-layer keep applies with --rewind public (from θ0 every layer is θ0's)")
+        return
+    if ticket is None:
+        raise DpltmUserError("--rewind public starts a ticket from its public-trained weights: the dense network "
+                             "has none (give --ticket, or drop --rewind public)")
+    if origin.phase1 == "private":
+        raise DpltmUserError("--rewind public is refused for a private ticket: it was made on the private data, "
+                             "not public data (its start is chosen when it is made: generate --private --rewind)")
+    if origin.phase1 == "same-data":
+        raise DpltmUserError(f"--rewind public is refused: the tickets were trained without privacy on "
+                             f"{origin.phase1_dataset}, the private dataset, so starting from their weights is not "
+                             "DP; use tickets from other (public) data, or --rewind init")
+
+
 def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
                 seed: int, activation: str = "relu",
-                arch: str = "mlp") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
+                arch: str = "mlp", start: str = "init",
+                output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
     """The network to train and its masks: the dense one (`hidden`, `arch`; every weight kept), or the
-    ticket's. Both get `activation`, so a ticket and the dense baseline of one config train the same
-    network family."""
+    ticket's, from θ0 or its public-trained weights (`start`, `output_layer`: transfer.start_weights). Both
+    get `activation`, so a ticket and the dense baseline of one config train the same network family."""
     if ticket is None:
         architecture = build_architecture(data.num_features, data.num_classes, hidden, None, activation, arch)
         record = {"mode": "dense", "activation": activation, **({"arch": arch} if arch != "mlp" else {})}
         model = build_network(architecture, torch.Generator().manual_seed(seed))
         return model, full_masks(model), record
-    return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation)
+    return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation, start, output_layer)
 
 
 def load_ticket(path: Path) -> dict[str, Any]:
@@ -201,7 +224,9 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     check_writable(out)  # read-only, on every rank: under torchrun they all fail together
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data)
-    model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch)
+    check_start(s.rewind, s.output_layer, ticket, origin)
+    model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch,
+                                         s.rewind, s.output_layer)
     if not model.arch.is_mlp and not noise_plugin(s.noise).convolutions:
         able = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.convolutions)
         raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "

@@ -9,6 +9,15 @@
 The activation is the training run's choice (`model.activation`), not necessarily the one the
 ticket was found with: masks and θ0 carry over either way, and the transfer record says when
 the two differ (so the dense baseline and the ticket train with the same network family).
+
+Where the weights start (`start`, `train --rewind`): θ0 (`init`, the paper's), or the weights the
+ticket's public IMP round ended with (`public`, the winner's `public_weights`), so the public
+training is not thrown away. The public weights' output layer was trained for the public data's
+classes, which are not the private data's even when their number agrees (KMNIST's ten characters
+are not MNIST's digits): `output_layer="reinit"` (the default) takes θ0's output layer and the rest
+public, `keep` keeps the public one (refused when the class count differs). A cross-architecture
+transfer builds a new output layer either way. The masks are applied after loading, so pruned
+weights are exactly zero whichever start. The transfer record says which start was used.
 """
 
 from __future__ import annotations
@@ -18,29 +27,60 @@ from typing import Any
 
 import torch
 
+from dpltm.config import OUTPUT_LAYERS, TICKET_STARTS
 from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_network
 
 
+def start_weights(ticket: dict[str, Any], start: str, output_layer: str, num_classes: int) -> dict[str, torch.Tensor]:
+    """The weights training starts from: θ0 (`init`), or the ticket's public-trained weights (`public`) with
+    θ0's output layer (`reinit`) or their own (`keep`, only for as many classes as the ticket's)."""
+    if start not in TICKET_STARTS:
+        raise DpltmUserError(f"--rewind must be one of {', '.join(TICKET_STARTS)}, got {start!r}")
+    if output_layer not in OUTPUT_LAYERS:
+        raise DpltmUserError(f"--output-layer must be one of {', '.join(OUTPUT_LAYERS)}, got {output_layer!r}")
+    theta0: dict[str, torch.Tensor] = ticket["theta0"]
+    if start == "init":  # every layer θ0's (`pipeline.check_start` refuses `keep` here for a run)
+        return theta0
+    public = ticket.get("public_weights")
+    if public is None:
+        raise DpltmUserError("--rewind public: this ticket holds no public-trained weights (a winner selected from "
+                             "a ticket set written before they were kept): generate and select again, or train "
+                             "with --rewind init")
+    arch = Architecture.from_dict(ticket["architecture"])
+    if output_layer == "keep":
+        if arch.num_classes != num_classes:
+            raise DpltmUserError(f"--output-layer keep: the ticket's output layer was trained for {arch.num_classes} "
+                                 f"classes, this data has {num_classes}; use --output-layer reinit")
+        return dict(public)
+    output = f"{arch.layer_names()[-1]}."
+    return {k: theta0[k] if k.startswith(output) else v for k, v in public.items()}
+
+
 def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: int,
-                      seed: int, activation: str | None = None) -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
+                      seed: int, activation: str | None = None, start: str = "init",
+                      output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
     """The network to train at the ticket's start, its masks (installed), and how it relates to the
-    ticket. `activation` (None: the ticket's own) replaces the activation the ticket was generated with."""
+    ticket. `activation` (None: the ticket's own) replaces the activation the ticket was generated with;
+    `start` and `output_layer` choose the weights (`start_weights`)."""
     ticket_arch = Architecture.from_dict(ticket["architecture"])
     arch = ticket_arch if activation is None else replace(ticket_arch, activation=activation)
-    record = _activation_record(ticket_arch.activation, arch.activation)
+    record = {**_activation_record(ticket_arch.activation, arch.activation), **_start_record(start, output_layer)}
     masks = {k: v.to(torch.bool) for k, v in ticket["masks"].items()}
-    theta0 = ticket["theta0"]
+    weights = start_weights(ticket, start, output_layer, num_classes)
     if arch.in_features == num_features and arch.num_classes == num_classes:
         model = build_network(arch, torch.Generator().manual_seed(seed))
-        missing, unexpected = model.load_state_dict(theta0, strict=False)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected or missing:
-            raise DpltmUserError("the ticket's θ0 does not fit its architecture (damaged or foreign ticket)")
+            raise DpltmUserError("the ticket's start weights do not fit its architecture (damaged or foreign ticket)")
         return model, apply_masks_(model, masks), {"mode": "direct", "kept_layers": arch.layer_names(), **record}
     if not arch.is_mlp:
         raise DpltmUserError(f"a ticket of this network transfers only to data of its own shape ({arch.in_features} "
                              f"pixels, {arch.num_classes} classes); this data has {num_features} features and "
                              f"{num_classes} classes")
+    if output_layer == "keep" and start == "public":
+        raise DpltmUserError("--output-layer keep: a cross-architecture transfer builds a new output layer (the data's "
+                             "input size differs from the ticket's); use --output-layer reinit")
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
     if num_features != first_in:
         hint = (f"generate tickets with --project-to {num_features}" if arch.project_to is None
@@ -57,9 +97,9 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
         for name in kept:
             for part in ("weight", "bias"):
                 key = f"{name}.{part}"
-                if key not in theta0 or theta0[key].shape != state[key].shape:
-                    raise DpltmUserError(f"the ticket's θ0 lacks a usable {key} (damaged or foreign ticket)")
-                state[key].copy_(theta0[key])
+                if key not in weights or weights[key].shape != state[key].shape:
+                    raise DpltmUserError(f"the ticket's start weights lack a usable {key} (damaged or foreign ticket)")
+                state[key].copy_(weights[key])
         model.load_state_dict(state)
     new_masks = model.full_masks()
     for name in kept:
@@ -68,6 +108,11 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
     dropped = ["output"] + (["project"] if arch.project_to is not None else [])
     return model, installed, {"mode": "cross-architecture", "kept_layers": kept, "dropped_layers": dropped,
                    "new_output_classes": num_classes, **record}
+
+
+def _start_record(start: str, output_layer: str) -> dict[str, Any]:
+    """Which weights training started from; for the public ones, whose output layer."""
+    return {"rewind": start} if start == "init" else {"rewind": start, "output_layer": output_layer}
 
 
 def _activation_record(ticket_activation: str, used: str) -> dict[str, Any]:

@@ -30,12 +30,18 @@ def theta0() -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in _network().state_dict().items()}
 
 
+def trained(masks: dict[str, torch.Tensor], shift: float) -> dict[str, torch.Tensor]:
+    """Weights a round's training could end with: θ0 moved by `shift`, zero where `masks` prune."""
+    return {k: (v + shift) * masks[k] if k in masks else v + shift for k, v in theta0().items()}
+
+
 def ticket(round_: int, keep: float, accuracy: float) -> Ticket:
     masks = _masks(keep)
     kept = sum(int(m.sum()) for m in masks.values()) / sum(m.numel() for m in masks.values())
     return Ticket(round=round_, masks=masks, density=kept,
                   layer_density={n: float(m.float().mean()) for n, m in masks.items()}, val_accuracy=accuracy,
-                  loss_curve=(2.3, 1.1, 0.7), loss_every=10, next_density=kept * 0.8)
+                  loss_curve=(2.3, 1.1, 0.7), loss_every=10, next_density=kept * 0.8,
+                  trained=trained(masks, 0.1 * (round_ + 1)))
 
 
 def ticket_set(**changes: Any) -> TicketSet:
@@ -62,7 +68,7 @@ def winner(eps1: float = 0.5) -> Winner:
                    "sensitivity": 0.5, "scores": [0.45, 0.66, 0.7], "probabilities": [0.3, 0.33, 0.37],
                    "near_uniform": True, "randomness": "OS CSPRNG",
                    "dp_event": event_to_json(selection_event(eps1)), "noise_aware": None},
-        dpltm_version="test")
+        dpltm_version="test", public_weights=chosen.trained)
 
 
 def private_ticket() -> Winner:

@@ -54,7 +54,7 @@ def test_the_layout_is_the_one_generate_writes() -> None:
     assert list(body)[3:] == [*TICKET_SET_KEYS[:-1], "environment", "selection_draws"]
     assert set(ticket_set().to_dict()) == {"format", "kind", "format_version", *TICKET_SET_KEYS} - {"selection_draws"}
     assert list(body["tickets"][0]) == ["round", "masks", "density", "layer_density", "val_accuracy", "loss_curve",
-                                        "loss_every", "next_density"]
+                                        "loss_every", "next_density", "trained"]
 
 
 def test_a_file_of_the_current_layout_without_optional_keys_still_loads() -> None:
@@ -63,9 +63,10 @@ def test_a_file_of_the_current_layout_without_optional_keys_still_loads() -> Non
     for key in ("dpltm_version", "config_hash", "prune_rates", "next_masks", "stop_reason", "wall_seconds"):
         del body[key]
     for record in body["tickets"]:
-        del record["loss_every"], record["next_density"]
+        del record["loss_every"], record["next_density"], record["trained"]
     loaded = TicketSet.from_dict(body, "old.pt")
     assert loaded.config_hash is None and loaded.tickets[0].next_density is None and loaded.draws == ()
+    assert loaded.tickets[0].trained is None  # sets written before the rounds' weights were kept
 
 
 def test_computed_facts() -> None:
@@ -123,6 +124,14 @@ DAMAGE = [
     (lambda b: b["tickets"][1]["masks"].__setitem__("output.weight", torch.ones(3, 3, dtype=torch.bool)),
      "'tickets[1].masks.output.weight' has shape (3, 3)"),
     (lambda b: b["next_masks"].__setitem__("extra.weight", torch.ones(1)), "'next_masks' does not fit"),
+    (lambda b: b["tickets"][1].__setitem__("trained", [1.0]), "'tickets[1].trained' has the wrong type (list)"),
+    (lambda b: b["tickets"][1]["trained"].pop("output.bias"), "'tickets[1].trained' does not fit its architecture"),
+    (lambda b: b["tickets"][1]["trained"].__setitem__("output.bias", torch.zeros(3)),
+     "'tickets[1].trained.output.bias' has shape (3,)"),
+    (lambda b: b["tickets"][1]["trained"].__setitem__("output.bias", torch.zeros(10, dtype=torch.int64)),
+     "'tickets[1].trained.output.bias' has dtype torch.int64"),
+    (lambda b: b["tickets"][1]["trained"].__setitem__("hidden.0.weight", torch.ones(16, 64)),
+     "'tickets[1].trained.hidden.0.weight' is non-zero where the mask prunes it"),
     (lambda b: b["theta0"].__setitem__("output.bias", torch.zeros(3)), "'theta0.output.bias' has shape"),
     (lambda b: b.__setitem__("architecture", {}), "'architecture' is invalid"),
     (lambda b: b["privacy"].pop("dp_event"), "lacks 'privacy.dp_event'"),

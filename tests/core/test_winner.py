@@ -53,8 +53,8 @@ def test_round_trip_in_memory_and_through_a_file(tmp_path: Path, make: Any) -> N
 def test_the_layout_is_the_one_the_writers_write() -> None:
     """Keys and order of `selection.winner.winner_payload` and `tickets.private.make_private_ticket`."""
     selected, made = winner().to_dict(), private_ticket().to_dict()
-    assert list(selected) == ["format", "kind", "format_version", *WINNER_KEYS[:-1]]
-    assert list(made) == ["format", "kind", "format_version", *WINNER_KEYS]
+    assert list(selected) == ["format", "kind", "format_version", *WINNER_KEYS[:-2], "public_weights"]
+    assert list(made) == ["format", "kind", "format_version", *WINNER_KEYS[:-1]]
 
 
 def test_computed_facts() -> None:
@@ -120,8 +120,16 @@ SELECTED_DAMAGE = [
     (lambda b: b["theta0"].__setitem__("hidden.0.weight", torch.zeros(2, 2)),
      "'theta0.hidden.0.weight' has shape (2, 2)"),
     (lambda b: b.__setitem__("architecture", {"hidden": "wide"}), "'architecture' is invalid"),
+    (lambda b: b.__setitem__("public_weights", []), "'public_weights' has the wrong type (list)"),
+    (lambda b: b["public_weights"].pop("output.weight"), "'public_weights' does not fit its architecture"),
+    (lambda b: b["public_weights"].__setitem__("hidden.0.bias", torch.zeros(2)),
+     "'public_weights.hidden.0.bias' has shape (2,)"),
+    (lambda b: b["public_weights"].__setitem__("output.weight", torch.ones(10, 16)),
+     "'public_weights.output.weight' is non-zero where the mask prunes it"),
 ]
 PRIVATE_DAMAGE = [
+    (lambda b: b.__setitem__("public_weights", winner().public_weights),
+     "a private ticket holds 'public_weights'"),
     (lambda b: b.pop("private_ticket"), "lacks 'private_ticket'"),
     (lambda b: b["private_ticket"].pop("warmup"), "lacks 'private_ticket.warmup'"),
     (lambda b: b["private_ticket"].__setitem__("warmup", []), "'private_ticket.warmup' must list the DP warm-up"),
@@ -148,6 +156,14 @@ def test_a_damaged_file_is_refused_in_one_line(tmp_path: Path, make: Any, edit: 
     torch.save(body, path)
     message = _refused(path)
     assert "is a damaged 'ticket' checkpoint" in message and fragment in message, message
+
+
+def test_a_winner_written_before_public_weights_still_loads() -> None:
+    """Winners selected before the rounds' trained weights were kept have none: they load (and train from
+    θ0; `train --rewind public` refuses them)."""
+    body = winner().to_dict()
+    del body["public_weights"]
+    assert Winner.from_dict(body, "old.pt").public_weights is None
 
 
 def test_a_ticket_set_is_no_winner(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm.checkpoint import load_checkpoint
+from dpltm.checkpoint import load_checkpoint, load_ticket_set
 from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.errors import DpltmUserError
 from dpltm.tickets.imp import generate_tickets
@@ -83,3 +83,37 @@ def test_prune_rates_must_match_layers(tiny_splits, tmp_path: Path) -> None:  # 
     with pytest.raises(DpltmUserError, match="one per layer"):
         generate_tickets(small_config(prune_rates=(0.3, 0.2)), tiny_splits, tmp_path / "t.pt",
                          progress=False)
+
+
+def test_each_ticket_keeps_the_weights_its_round_trained(tiny_splits, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --rewind public` starts from a ticket's `trained` weights: they must be the network as that
+    round's training left it (before pruning: the next mask prunes their smallest), zero where it prunes."""
+    import dpltm.tickets.imp as imp
+    from dpltm.pruning import prune_layerwise
+
+    after_training: list[dict[str, torch.Tensor]] = []
+
+    def recording(model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = real(model, *args, **kwargs)
+        after_training.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return result
+
+    real = imp.train_classifier
+    monkeypatch.setattr(imp, "train_classifier", recording)
+    out = tmp_path / "t.pt"
+    generate_tickets(small_config(), tiny_splits, out, progress=False)
+    tickets = load_ticket_set(out).tickets
+    assert len(after_training) == len(tickets) == 4
+    for ticket, state in zip(tickets, after_training):
+        assert ticket.trained is not None and set(ticket.trained) == set(state)
+        for key, value in state.items():
+            assert ticket.trained[key].device.type == "cpu" and torch.equal(ticket.trained[key], value)
+        for name, mask in ticket.masks.items():
+            assert torch.count_nonzero(ticket.trained[name][~mask]) == 0
+        assert not torch.equal(ticket.trained["hidden.0.bias"], load_ticket_set(out).theta0["hidden.0.bias"])
+    rates = load_ticket_set(out).prune_rates
+    for ticket, following in zip(tickets, tickets[1:]):
+        weights = {name: ticket.trained[name] for name in ticket.masks}
+        pruned = prune_layerwise(weights, ticket.masks, rates)
+        assert all(torch.equal(pruned[n], following.masks[n]) for n in pruned)

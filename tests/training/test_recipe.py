@@ -157,7 +157,7 @@ def test_a_tickets_activation_can_be_overridden(tiny_splits: DatasetSplits) -> N
     ticket = ticket_of(source, source_masks)
     same, same_masks, record = model_from_ticket(ticket, 20, 4, seed=0)
     assert same.arch.activation == "relu" and record == {"mode": "direct", "kept_layers": same.arch.layer_names(),
-                                                         "activation": "relu"}
+                                                         "activation": "relu", "rewind": "init"}
     model, masks, record = model_from_ticket(ticket, 20, 4, seed=0, activation="tanh")
     assert model.arch.activation == "tanh"
     assert record["activation_override"] == {"ticket": "relu", "used": "tanh"}
