@@ -3,7 +3,8 @@
 The paper's score S = A·(1 − ν·C) ignores the noise: at ν = 50 it always takes the sparsest
 public ticket, although a sparser ticket has less noise to absorb but also less capacity, and
 the best density moves with σ, q and the number of steps (issue 9). Here every candidate —
-always including the dense network (C = 1) — is trained from θ0 by the *planned* DP-SGD (same
+always including the dense network (C = 1) — is trained from the planned start (θ0, or with
+`--rewind public` its public-trained weights) by the *planned* DP-SGD (same
 effective noise multiplier σ, expected batch L, number of steps T, clip C, learning rate and
 optimiser, so the noise per step σC/L is the one the private run will see) on the tickets' own
 public data, and the candidate with the best public validation accuracy wins. MLP candidates are
@@ -35,6 +36,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
 from dpltm.model import Architecture, Masks, build_network
 from dpltm.tickets.imp import rewind, ticket_masks
+from dpltm.training.transfer import start_weights
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,11 @@ class PlannedRun:
     ema: float | None = None
     """The planned run's EMA decay: candidates are then compared by their averaged weights, as
     the private run will release them (the average starts at the first iterate, as there)."""
+    start: str = "init"
+    """Where the planned run's weights start (`train --rewind`): θ0, or each ticket's public-trained weights,
+    so each candidate is simulated from the start it would get."""
+    output_layer: str = "reinit"
+    """With `start="public"`: θ0's output layer (`reinit`) or the public one (`keep`)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
@@ -82,17 +89,22 @@ class NoiseAwareChoice:
                 "plan": asdict(self.plan), "public_data": self.public_data}
 
 
-def candidate_models(payload: dict[str, Any], device: torch.device,
-                     activation: str | None = None) -> tuple[list[torch.nn.Module], list[Masks]]:
-    """Every ticket of a ticket set as a network at θ0 and its mask (round 0 is the dense one), with the
-    planned run's activation when it differs from the tickets' own."""
+def candidate_models(payload: dict[str, Any], device: torch.device, activation: str | None = None,
+                     start: str = "init", output_layer: str = "reinit") -> tuple[list[torch.nn.Module], list[Masks]]:
+    """Every ticket of a ticket set as a network at its planned start and its mask (round 0 is the dense
+    one): θ0, or (`start="public"`) the weights its public IMP round ended with, as `train --rewind`
+    would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
+    differs from the tickets' own."""
     arch = Architecture.from_dict(payload["architecture"])
     if activation is not None:
         arch = replace(arch, activation=activation)
     models, masks = [], []
     for ticket in payload["tickets"]:
+        as_winner = {"theta0": payload["theta0"], "public_weights": ticket.get("trained"),
+                     "architecture": payload["architecture"]}
+        weights = start_weights(as_winner, start, output_layer, arch.num_classes)
         model = build_network(arch).to(device)
-        masks.append(rewind(model, payload["theta0"], ticket_masks(ticket)))
+        masks.append(rewind(model, weights, ticket_masks(ticket)))
         models.append(model)
     return models, masks
 
@@ -157,7 +169,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         raise DpltmUserError(f"the planned batch size {plan.expected_batch_size} is not below the public "
                              f"training set ({n} records): no Poisson sampling to simulate")
     device = public.train.labels.device
-    models, masks = candidate_models(payload, device, plan.activation)
+    models, masks = candidate_models(payload, device, plan.activation, plan.start, plan.output_layer)
     public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
     stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, plan, public.train.features.dtype)
                                          if not models[0].arch.is_mlp else StackedMLP(models, masks))

@@ -134,3 +134,33 @@ def test_convolutional_tickets_are_chosen_by_the_private_step_itself(tmp_path: P
             assert torch.count_nonzero(layer.weight[~ticket[name]]) == 0
     with pytest.raises(DpltmUserError, match="not the data that made them"):
         noise_aware_choice(tickets, replace(images, fingerprint="private-v1"), plan, seed=0)
+
+
+def test_candidates_start_where_the_planned_run_starts(tickets: dict) -> None:  # type: ignore[type-arg]
+    """With `--rewind public` every candidate is simulated from its round's public-trained weights (θ0's
+    output layer under `reinit`, its own under `keep`), pruned weights exactly zero; by default from θ0."""
+    theta0 = tickets["theta0"]
+    at_init, _ = candidate_models(tickets, torch.device("cpu"))
+    public, masks = candidate_models(tickets, torch.device("cpu"), start="public")
+    kept, _ = candidate_models(tickets, torch.device("cpu"), start="public", output_layer="keep")
+    for k, ticket in enumerate(tickets["tickets"]):
+        trained = ticket["trained"]
+        for name, value in public[k].state_dict().items():
+            mask = masks[k].get(name)
+            expected = theta0[name] if name.startswith("output.") else trained[name]
+            expected = expected * mask if mask is not None else expected
+            assert torch.equal(value, expected), (k, name)
+            assert torch.equal(kept[k].state_dict()[name], trained[name] if mask is None else trained[name] * mask)
+        for name, value in at_init[k].state_dict().items():
+            mask = masks[k].get(name)
+            assert torch.equal(value, theta0[name] if mask is None else theta0[name] * mask)
+
+
+def test_a_public_start_changes_what_the_choice_trains_not_what_it_reads(tickets: dict,  # type: ignore[type-arg]
+                                                                         tiny_splits: DatasetSplits) -> None:
+    plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=64, steps=5, clip=1.0, lr=0.1, start="public")
+    choice = noise_aware_choice(tickets, tiny_splits, plan, seed=0)
+    assert len(choice.candidates) == len(tickets["tickets"]) and choice.plan.start == "public"
+    old = {**tickets, "tickets": [{k: v for k, v in t.items() if k != "trained"} for t in tickets["tickets"]]}
+    with pytest.raises(DpltmUserError, match="no public-trained weights"):
+        noise_aware_choice(old, tiny_splits, plan, seed=0)
