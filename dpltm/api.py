@@ -290,6 +290,8 @@ class PrivateTraining:
         self._masks_private, self._selection_eps1 = masks_private, selection_eps1
         self._noise = GaussianNoise(plan.noise_multiplier)
         self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
+        # the masks that prune something: a weight kept whole takes the plain ghost norm, not the masked one
+        self._pruning = {n: m for n, m in masks.items() if self.surviving.get(n) is not None}
         self._noise_generator = torch.Generator(device=records.device).manual_seed(seed)
         # one sampling stream for the whole run, apart from the noise's: every step draws a fresh batch
         self._sampling_generator = torch.Generator(device=records.device).manual_seed(rank_sampling_seed(seed, 0))
@@ -342,7 +344,7 @@ class PrivateTraining:
             raise DpltmUserError(f"the planned {plan.steps} steps are done: the privacy budget is spent")
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
-        batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self.masks, self.loss)
+        batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self._pruning, self.loss)
         grads = noisy_mean(batch.grad_sums, noise=self._noise, surviving=self.surviving, clip=self._settings.clip,
                            expected_batch_size=plan.expected_batch_size, generator=self._noise_generator)
         parameters = dict(self.model.named_parameters())

@@ -30,8 +30,10 @@ from dpltm.model import LeNet, Masks, full_masks
 
 @dataclass(frozen=True)
 class EngineLayout:
-    """A ticket over any `nn.Module`, as the DP engine takes it: the masks (keyed by parameter name) on
-    the model's device, and each parameter's surviving flat indices (None: all survive), for the noise."""
+    """A ticket over any `nn.Module`, as the DP engine takes it: the masks that prune something (keyed by
+    parameter name, on the model's device; a weight whose mask keeps everything is dense and takes the
+    plain ghost norm, not the masked one), and each parameter's surviving flat indices (None: all
+    survive), for the noise."""
 
     masks: dict[str, Tensor]
     surviving: dict[str, Tensor | None]
@@ -39,14 +41,13 @@ class EngineLayout:
     @classmethod
     def of(cls, model: nn.Module, masks: Masks) -> EngineLayout:
         device = next(model.parameters()).device
-        on_device = {n: m.to(device=device, dtype=torch.bool) for n, m in masks.items()}
+        pruning = {n: m.to(device=device, dtype=torch.bool) for n, m in masks.items() if not bool(m.all())}
         surviving: dict[str, Tensor | None] = {}
         for name, parameter in model.named_parameters():
-            if not parameter.requires_grad:
-                continue
-            mask = on_device.get(name)
-            surviving[name] = None if mask is None or bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
-        return cls(on_device, surviving)
+            if parameter.requires_grad:
+                mask = pruning.get(name)
+                surviving[name] = None if mask is None else mask.flatten().nonzero().squeeze(1)
+        return cls(pruning, surviving)
 
 
 def step_layout(model: nn.Module, masks: Masks | None, dtype: torch.dtype = torch.float32,
