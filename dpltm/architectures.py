@@ -39,6 +39,9 @@ ARCHITECTURES: dict[str, ArchitectureEntry] = {entry.name: entry for entry in (
                       "a fixed ScatterNet front end (wavelet scattering, J = 2, per-record group normalisation; no "
                       "weights, reads no data) and one linear layer over its 81 maps: Tramèr & Boneh 2021",
                       module="dpltm.networks.scatter"),
+    ArchitectureEntry("scatter-mlp", (), (100,),
+                      "the same ScatterNet front end and fully connected layers over its maps (100 by default), "
+                      "then the classes", module="dpltm.networks.scatter"),
     ArchitectureEntry("scatter-cnn", (), (32,),
                       "the same ScatterNet front end and Tramèr & Boneh 2021's small CNN over its maps (16 and 32 "
                       "3×3 convolutions, then 32); theirs with --activation tanh", module="dpltm.networks.scatter"),

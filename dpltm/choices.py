@@ -48,10 +48,11 @@ Arch = Choice("Arch", {name: name for name in ARCHITECTURES})  # type: ignore[mi
 
 
 class Recipe(Choice):
-    """`train --recipe`: the paper's settings, or the recipe chosen on public data (configs/recipes/tuned.yaml)."""
+    """`train --recipe`: the paper's settings, or a recipe chosen on public data (configs/recipes/)."""
 
     paper = "paper"
     tuned = "tuned"
+    scatter = "scatter"
 
 
 class RunRecipe(Choice):
@@ -60,6 +61,7 @@ class RunRecipe(Choice):
     auto = "auto"
     paper = "paper"
     tuned = "tuned"
+    scatter = "scatter"
 
 
 class Optimizer(Choice):

@@ -811,8 +811,10 @@ TrainEps2 = Annotated[
 TrainRecipe = Annotated[
     Recipe,
     typer.Option(
-        help=("Training recipe under --config and flags: paper (defaults.yaml; the default) or tuned (chosen on "
-              "public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml)."),
+        help=("Training recipe under --config and flags: paper (defaults.yaml; the default), tuned (chosen on "
+              "public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml) "
+              "or scatter (chosen on public data: the ScatterNet front end and a linear head, --arch "
+              "scatter-linear, L = 4096, momentum 0.9, lr = 1/σ, 40 epochs; configs/recipes/scatter.yaml)."),
     ),
 ]
 
@@ -845,6 +847,19 @@ TrainRewind = Annotated[
         help=("Where the ticket's weights start: θ0 (init, the paper's) or the weights its public IMP round ended "
               "with (public; public data adds nothing to ε; refused for tickets made on the private data)."),
         show_default=cfg("train.rewind"),
+    ),
+]
+
+
+TrainFreeze = Annotated[
+    str | None,
+    typer.Option(
+        "--freeze",
+        metavar="LAYER[,LAYER…]",
+        help=("Layers held at their start weights and not trained (e.g. hidden.0, or conv.0,conv.1): no clipped "
+              "gradient, no noise, no update. With --rewind public they keep what public data taught them "
+              "(public knowledge: nothing added to ε)."),
+        show_default=cfg("train.freeze"),
     ),
 ]
 
@@ -1288,6 +1303,18 @@ RunEma = Annotated[
 ]
 
 
+RunFreeze = Annotated[
+    str | None,
+    typer.Option(
+        "--freeze",
+        metavar="LAYER[,LAYER…]",
+        help=("Layers of the winner held at their start weights and not trained (e.g. hidden.0); the noise-aware "
+              "choice simulates the same. Public tickets only."),
+        show_default=cfg("train.freeze"),
+    ),
+]
+
+
 RunRewind = Annotated[
     Start | None,
     typer.Option(
@@ -1314,7 +1341,8 @@ RunRecipeOption = Annotated[
     typer.Option(
         help=("Training recipe (under --config and flags): auto (the default: tuned for sets of at least 20000 "
               "training records, the size it was chosen for; paper below), tuned (chosen on public data: tanh, L "
-              "= 1600, lr = 6/σ, EMA 0.999) or paper."),
+              "= 1600, lr = 6/σ, EMA 0.999), scatter (the ScatterNet front end and a linear head, chosen on public "
+              "data: L = 4096, momentum 0.9, lr = 1/σ) or paper."),
     ),
 ]
 

@@ -461,6 +461,10 @@ class TrainSettings:
     output_layer: str = "reinit"
     """With rewind public: θ0's output layer (reinit; the public one was trained for other classes) or the
     public-trained one (keep, only for as many classes)."""
+    freeze: tuple[str, ...] = ()
+    """Layers (e.g. hidden.0) held at their start weights — public-trained with rewind public, else θ0 —
+    and not trained: no clipped gradient, no noise, no update (dpltm.model.freeze_layers_). Public
+    knowledge: nothing is added to the privacy ledger."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
@@ -548,9 +552,10 @@ def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> S
     return from_dict(SelectSettings, tree.get("select", {}), "select")
 
 
-RECIPES = ("paper", "tuned")
-"""Training recipes: the paper's settings (defaults.yaml) or the DP recipe chosen on public data
-(configs/recipes/tuned.yaml, for MNIST-sized sets)."""
+RECIPES = ("paper", "tuned", "scatter")
+"""Training recipes: the paper's settings (defaults.yaml), the DP recipe chosen on public data
+(configs/recipes/tuned.yaml, for MNIST-sized sets), or the ScatterNet one (configs/recipes/scatter.yaml:
+the scattering front end and a linear head, chosen on public data too)."""
 
 
 def recipe_tree(recipe: str | None) -> dict[str, Any]:
@@ -562,7 +567,7 @@ def recipe_tree(recipe: str | None) -> dict[str, Any]:
     return read_config_file(CONFIG_DIR / "recipes" / f"{recipe}.yaml")
 
 
-RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all"))}
+RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all")), "scatter": ("kmnist", ("test", "all"))}
 """The public data each recipe was chosen on: a run that protects those very records cannot use it."""
 
 

@@ -356,15 +356,39 @@ def apply_masks_(model: nn.Module, masks: Masks) -> Masks:
     return installed
 
 
+def freeze_layers_(model: nn.Module, layers: Sequence[str]) -> list[str]:
+    """Hold `layers` (layer names such as ``hidden.0`` or ``conv.1``) at the weights they have now: their
+    parameters stop requiring gradients, so the DP step gives them no clipped gradient, no noise and no
+    update (dpltm.dp.engine clips over the trainable parameters only), and they stay what the start made
+    them — public-trained weights or θ0, both independent of the private data (Adamczewski & Park 2023,
+    "parameter freezing"). Returns the frozen parameters' names. One-line refusals: a name that is no layer
+    of this network, and freezing every layer (nothing left to train)."""
+    layers = list(dict.fromkeys(layers))
+    if not layers:
+        return []
+    owners = {name.rpartition(".")[0]: None for name, _ in model.named_parameters()}
+    unknown = [layer for layer in layers if layer not in owners]
+    if unknown:
+        raise DpltmUserError(f"--freeze names no layer of this network: {', '.join(unknown)} (its layers: "
+                             f"{', '.join(owners)})")
+    frozen = [name for name, _ in model.named_parameters() if name.rpartition(".")[0] in layers]
+    if len(frozen) == len(list(model.parameters())):
+        raise DpltmUserError("--freeze would hold every layer: nothing would be trained")
+    parameters = dict(model.named_parameters())
+    for name in frozen:
+        parameters[name].requires_grad_(False)
+    return frozen
+
+
 class PrunedWeights:
     """Keeps a ticket's pruned weights exactly zero through training: one in-place multiply per masked
     weight after each update (a fused `_foreach_mul_`), whatever the optimiser does (momentum, weight
     decay, a noisy update). Dense weights are skipped. Capturable in a CUDA graph (no host sync)."""
 
     def __init__(self, model: nn.Module, masks: Masks) -> None:
-        weights = prunable_weights(model)
+        weights = prunable_weights(model)  # a frozen layer is never updated: nothing to re-zero
         pairs = [(weights[n], m.to(device=weights[n].device, dtype=weights[n].dtype))
-                 for n, m in masks.items() if not bool(m.all())]
+                 for n, m in masks.items() if n in weights and not bool(m.all())]
         self.weights = [w for w, _ in pairs]
         self.masks = [m for _, m in pairs]
 
@@ -387,7 +411,7 @@ def stored_state(model: nn.Module, masks: Masks) -> dict[str, Tensor]:
     """What a model file and an export hold: the weights (pruned ones exactly 0) and, beside them, each
     mask as a bool tensor (`stored_mask_key`)."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    for name in prunable_weights(model):
+    for name in dict.fromkeys([*prunable_weights(model), *masks]):  # frozen layers' masks too
         state[stored_mask_key(name)] = masks[name].detach().to("cpu", torch.bool)
     return state
 

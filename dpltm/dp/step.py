@@ -54,10 +54,11 @@ def step_layout(model: nn.Module, masks: Masks | None, dtype: torch.dtype = torc
                 scales: dict[str, Tensor | None] | None = None,
                 allow_sparse: bool = True) -> MaskLayout | EngineLayout:
     """The layout a DP step uses for `model` and its ticket `masks` (None: dense): the fused step's for
-    the LeNet family, the engine's for any other network (which takes no noise geometry `scales`)."""
+    the LeNet family with every layer trained, the engine's for any other network or one with frozen layers
+    (which takes no noise geometry `scales`)."""
     masks = masks if masks is not None else full_masks(model)
-    if isinstance(model, LeNet):
-        return MaskLayout.of(model, masks, dtype, scales, allow_sparse)
+    if isinstance(model, LeNet) and all(p.requires_grad for p in model.parameters()):
+        return MaskLayout.of(model, masks, dtype, scales, allow_sparse)  # frozen layers: the engine's rules
     if scales and any(s is not None for s in scales.values()):
         raise DpltmUserError("noise geometries (dpd, shaped) shape the MLP's layers (--arch mlp); this network "
                              "trains with --noise gaussian")

@@ -17,6 +17,8 @@ kept beside the module, never in a state_dict): it is excluded from the masks, t
 noise, the parameter count and every file. The heads, named as dpltm's masks are keyed:
 - scatter-linear: one linear layer `output` (zero-initialised: Tramèr & Boneh's linear model is convex,
   and a zero start adds nothing for the noise to undo);
+- scatter-mlp: fully connected layers over the features (100 by default, `--hidden`), then the classes:
+  the head whose first layer a ticket can prune and public data can train (issue 21's levers);
 - scatter-cnn: Tramèr & Boneh's CNN over the 81 × 7 × 7 maps (their code, `MNIST_CNN` with
   in_channels = 81): Conv(16, 3×3, stride 2, padding 1) → activation → Conv(32, 3×3, padding 1) →
   activation → fully connected (32 by default, `--hidden`) → activation → the classes. With
@@ -114,6 +116,10 @@ class ScatterNet(nn.Module):
                 self.conv.append(nn.Conv2d(channels, out, kernel, stride=stride, padding=padding))
                 channels, side = out, (side + 2 * padding - kernel) // stride + 1
             widths = [channels * side * side, *arch.hidden]
+            self.hidden.extend(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+            last = widths[-1]
+        elif arch.name == "scatter-mlp":
+            widths = [self.front.out_features, *arch.hidden]
             self.hidden.extend(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
             last = widths[-1]
         else:

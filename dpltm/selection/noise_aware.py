@@ -34,7 +34,7 @@ from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import private_gradients, step_layout
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
-from dpltm.model import Architecture, Masks, build_network
+from dpltm.model import Architecture, Masks, build_network, freeze_layers_
 from dpltm.tickets.imp import rewind, ticket_masks
 from dpltm.training.transfer import start_weights
 
@@ -61,6 +61,8 @@ class PlannedRun:
     so each candidate is simulated from the start it would get."""
     output_layer: str = "reinit"
     """With `start="public"`: θ0's output layer (`reinit`) or the public one (`keep`)."""
+    freeze: tuple[str, ...] = ()
+    """Layers the planned run holds at their start weights (`train --freeze`): held in every candidate too."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
@@ -90,7 +92,8 @@ class NoiseAwareChoice:
 
 
 def candidate_models(payload: dict[str, Any], device: torch.device, activation: str | None = None,
-                     start: str = "init", output_layer: str = "reinit") -> tuple[list[torch.nn.Module], list[Masks]]:
+                     start: str = "init", output_layer: str = "reinit",
+                     freeze: tuple[str, ...] = ()) -> tuple[list[torch.nn.Module], list[Masks]]:
     """Every ticket of a ticket set as a network at its planned start and its mask (round 0 is the dense
     one): θ0, or (`start="public"`) the weights its public IMP round ended with, as `train --rewind`
     would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
@@ -105,6 +108,7 @@ def candidate_models(payload: dict[str, Any], device: torch.device, activation: 
         weights = start_weights(as_winner, start, output_layer, arch.num_classes)
         model = build_network(arch).to(device)
         masks.append(rewind(model, weights, ticket_masks(ticket)))
+        freeze_layers_(model, freeze)
         models.append(model)
     return models, masks
 
@@ -138,7 +142,7 @@ class EachCandidate:
                                             expected_batch_size=self.plan.expected_batch_size, generator=generator,
                                             layout=layout)
             for name, parameter in model.named_parameters():
-                parameter.grad = grads[name]
+                parameter.grad = grads.get(name)  # a frozen parameter has none: not updated
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -169,10 +173,10 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         raise DpltmUserError(f"the planned batch size {plan.expected_batch_size} is not below the public "
                              f"training set ({n} records): no Poisson sampling to simulate")
     device = public.train.labels.device
-    models, masks = candidate_models(payload, device, plan.activation, plan.start, plan.output_layer)
+    models, masks = candidate_models(payload, device, plan.activation, plan.start, plan.output_layer, plan.freeze)
     public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
     stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, plan, public.train.features.dtype)
-                                         if not models[0].arch.is_mlp else StackedMLP(models, masks))
+                                         if not models[0].arch.is_mlp or plan.freeze else StackedMLP(models, masks))
     optimizer = _optimizer(stack.parameters(), plan)
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
     q = plan.expected_batch_size / n

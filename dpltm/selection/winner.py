@@ -121,7 +121,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
         raise DpltmUserError(f"--noise-aware simulates Gaussian-type noise; with --noise {s.noise} use --best")
     plan = plan_training(s, request.private_size)
     planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
-                         s.momentum, cfg.model.activation, s.ema, s.rewind, s.output_layer)
+                         s.momentum, cfg.model.activation, s.ema, s.rewind, s.output_layer, s.freeze)
     public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
                       f"{plan.steps} steps under σ = {plan.noise_multiplier:.4f}, L = {plan.expected_batch_size}, "

@@ -284,6 +284,7 @@ class TrainRequest(_TrainingOptions):
     ema: float | None = None
     rewind: str | None = None
     output_layer: str | None = None
+    freeze: str | None = None
     neighbouring: str | None = None
     max_eps: float | None = None
     patience: int | None = None
@@ -323,7 +324,7 @@ class TrainRequest(_TrainingOptions):
             "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
             "train": {**self._train_settings(), "lr_sigma": self.lr_sigma, "neighboring": self.neighbouring,
                       "max_eps": self.max_eps, "patience": self.patience, "ema": self.ema,
-                      "rewind": self.rewind, "output_layer": self.output_layer},
+                      "rewind": self.rewind, "output_layer": self.output_layer, "freeze": self.freeze},
             "model": model_cli(self.arch, None, activation=self.activation),
             "seed": self.seed,
             "recipe": self.recipe,

@@ -63,6 +63,7 @@ class RunRequest(CommandRequest):
     ema: float | None = None
     rewind: str | None = None
     output_layer: str | None = None
+    freeze: str | None = None
     recipe: str = "auto"
     ticket_source: TicketSource = TicketSource.public
     warmup_epochs: int | None = None
@@ -95,7 +96,7 @@ def stage_run(request: RunRequest) -> dict[str, Any]:
     if r.ticket_source == TicketSource.private:
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
                        "--cuda-graphs": r.cuda_graphs or None, "--arch": r.arch,
-                       "--rewind": r.rewind, "--output-layer": r.output_layer}
+                       "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze}
         given = [name for name, value in public_only.items() if value is not None]
         if given or r.choice != TicketChoice.noise_aware:
             raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
@@ -144,7 +145,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
         "data": {"dataset": r.dataset},
         "train": {"eps2": r.eps, "delta": r.delta, "epochs": r.epochs, "batch_size": r.batch_size, "clip": r.clip,
                   "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighbouring,
-                  "rewind": r.rewind, "output_layer": r.output_layer},
+                  "rewind": r.rewind, "output_layer": r.output_layer, "freeze": r.freeze},
         "model": {"activation": r.activation}, "seed": r.seed}
     gen_cli = {"data": {"dataset": r.public_dataset, "split": r.public_split},
                "model": model_cli(r.arch, None, project_to=project_to, activation=r.activation),

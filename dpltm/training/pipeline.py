@@ -28,7 +28,7 @@ from dpltm.dp.noise import NoiseContext
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
-from dpltm.model import Masks, build_architecture, build_network, density, full_masks, stored_state
+from dpltm.model import Masks, build_architecture, build_network, density, freeze_layers_, full_masks, stored_state
 from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent
@@ -227,6 +227,14 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     check_start(s.rewind, s.output_layer, ticket, origin)
     model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch,
                                          s.rewind, s.output_layer)
+    if s.freeze:  # held at the start's weights (public-trained or θ0): trained, clipped and noised is the rest
+        if step_mode != "eager" or audit is not None or s.noise != "gaussian":
+            raise DpltmUserError("--freeze trains in the eager DP step with --noise gaussian, without an audit "
+                                 "(drop --cuda-graphs, the audit or the noise plug-in, or --freeze)")
+        frozen = freeze_layers_(model, s.freeze)
+        transfer = {**transfer, "frozen_layers": list(dict.fromkeys(s.freeze)),
+                    "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                    "frozen_parameters": sum(p.numel() for n, p in model.named_parameters() if n in frozen)}
     if not model.arch.is_mlp and not noise_plugin(s.noise).convolutions:
         able = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.convolutions)
         raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "

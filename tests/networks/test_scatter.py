@@ -27,7 +27,7 @@ from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
 from tests.dp.reference import masked_reference
 
-SCATTER = ("scatter-linear", "scatter-cnn")
+SCATTER = ("scatter-linear", "scatter-mlp", "scatter-cnn")
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +63,8 @@ def test_the_front_end_has_no_parameters_and_is_in_no_file(name: str) -> None:
     assert list(net.front.parameters()) == [] and list(net.buffers()) == []  # type: ignore[union-attr]
     net(_images(2))  # builds the transform's filters: still nothing registered
     assert list(net.buffers()) == [] and not any(k.startswith("front") for k in net.state_dict())
-    head = {"scatter-linear": {"output"}, "scatter-cnn": {"conv.0", "conv.1", "hidden.0", "output"}}[name]
+    head = {"scatter-linear": {"output"}, "scatter-mlp": {"hidden.0", "output"},
+            "scatter-cnn": {"conv.0", "conv.1", "hidden.0", "output"}}[name]
     assert {n.rsplit(".", 1)[0] for n in net.state_dict()} == head
     assert set(prunable_weights(net)) == {f"{layer}.weight" for layer in head}  # masks and the count: the head
 
