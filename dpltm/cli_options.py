@@ -102,7 +102,9 @@ ArchOption = Annotated[
               "maps, each followed by the activation and 2×2 average pooling, then --hidden, default 120,84; "
               "masks on convolution and linear weights; 28×28 images) or dp-cnn (the DP-SGD benchmarks' small "
               "CNN: 16 8×8/2 and 32 4×4/2 convolutions with 2×2/1 max pooling, then --hidden, default 32; "
-              "images of 14×14 or more)."),
+              "images of 14×14 or more), or a fixed ScatterNet front end (wavelet scattering, no weights, "
+              "costs no privacy; features cached per record) with a head: scatter-linear (one linear layer), "
+              "scatter-mlp (--hidden, default 100) or scatter-cnn (Tramèr & Boneh's small CNN)."),
         show_default="mlp",
     ),
 ]
