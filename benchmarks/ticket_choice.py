@@ -50,7 +50,7 @@ def main() -> None:
                 settings = TrainSettings(eps2=eps, epochs=args.epochs)
                 plan = plan_training(settings, len(data.train))
                 planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
-                                     plan.lr, settings.optimizer)
+                                     plan.lr, settings.optimizer, private_size=len(data.train))
                 started = time.perf_counter()
                 choice = noise_aware_choice(payload, public, planned, seed=seed)
                 choice_seconds = time.perf_counter() - started

@@ -213,7 +213,8 @@ class Experiment:
         plan = plan_training(settings, nominal)
         planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
                              plan.lr, settings.optimizer, settings.momentum,
-                             self.model_settings(run.dataset).activation, settings.ema)
+                             self.model_settings(run.dataset).activation, settings.ema, settings.rewind,
+                             settings.output_layer, settings.freeze, nominal)
         key = json.dumps({"tickets": tickets.name, "rounds": [t["round"] for t in payload["tickets"]],
                           "plan": dataclasses.asdict(planned)}, sort_keys=True)
         cache = self.out_dir / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

@@ -63,6 +63,20 @@ class PlannedRun:
     """With `start="public"`: θ0's output layer (`reinit`) or the public one (`keep`)."""
     freeze: tuple[str, ...] = ()
     """Layers the planned run holds at their start weights (`train --freeze`): held in every candidate too."""
+    private_size: int | None = None
+    """N, the private training set's size (public in dpltm). Given, the public run is *epoch-matched*
+    (`on_public`): as many passes over the public set as the private run makes over N, with the same
+    noise per step σC/L (Sander et al. 2023: runs with equal σ/L and equal steps behave alike). None: the
+    private run's L and σ as they are, which on a small public set means many more passes over it."""
+
+    def on_public(self, public_size: int) -> tuple[int, float]:
+        """(expected batch, noise multiplier) of the public proxy run: L_pub = round(L·n/N) and
+        σ_pub = σ·L_pub/L, so σ_pub/L_pub = σ/L exactly and T steps are the private run's epochs over n
+        records; or (L, σ) when N is not given."""
+        if self.private_size is None:
+            return self.expected_batch_size, self.noise_multiplier
+        batch = max(1, round(self.expected_batch_size * public_size / self.private_size))
+        return batch, self.noise_multiplier * batch / self.expected_batch_size
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
@@ -169,17 +183,19 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     if not payload["tickets"] or payload["tickets"][0]["density"] != 1.0:
         raise DpltmUserError("the ticket set has no dense round 0: the dense network must be a candidate")
     n = len(public.train)
-    if plan.expected_batch_size >= n:
-        raise DpltmUserError(f"the planned batch size {plan.expected_batch_size} is not below the public "
-                             f"training set ({n} records): no Poisson sampling to simulate")
+    batch, sigma = plan.on_public(n)
+    if batch >= n:
+        raise DpltmUserError(f"the planned batch size {batch} is not below the public training set ({n} records): "
+                             "no Poisson sampling to simulate")
+    proxy = replace(plan, expected_batch_size=batch, noise_multiplier=sigma)  # what the candidates train under
     device = public.train.labels.device
     models, masks = candidate_models(payload, device, plan.activation, plan.start, plan.output_layer, plan.freeze)
     public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
-    stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, plan, public.train.features.dtype)
+    stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, proxy, public.train.features.dtype)
                                          if not models[0].arch.is_mlp or plan.freeze else StackedMLP(models, masks))
     optimizer = _optimizer(stack.parameters(), plan)
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
-    q = plan.expected_batch_size / n
+    q = batch / n
     x_all, y_all = public.train.features, public.train.labels
     averaged: list[torch.Tensor] | None = None
     for step in range(plan.steps):
@@ -188,8 +204,8 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         if isinstance(stack, EachCandidate):
             stack.step(optimizer, x, y, generator)
         else:
-            noisy_step(stack, optimizer, x, y, clip=plan.clip, noise_multiplier=plan.noise_multiplier,
-                       expected_batch_size=plan.expected_batch_size, generator=generator)
+            noisy_step(stack, optimizer, x, y, clip=plan.clip, noise_multiplier=sigma, expected_batch_size=batch,
+                       generator=generator)
         if plan.ema is not None:
             with torch.no_grad():
                 if averaged is None:

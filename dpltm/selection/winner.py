@@ -121,11 +121,14 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
         raise DpltmUserError(f"--noise-aware simulates Gaussian-type noise; with --noise {s.noise} use --best")
     plan = plan_training(s, request.private_size)
     planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
-                         s.momentum, cfg.model.activation, s.ema, s.rewind, s.output_layer, s.freeze)
+                         s.momentum, cfg.model.activation, s.ema, s.rewind, s.output_layer, s.freeze,
+                         request.private_size)
     public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
+    batch, sigma = planned.on_public(len(public.train))
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
-                      f"{plan.steps} steps under σ = {plan.noise_multiplier:.4f}, L = {plan.expected_batch_size}, "
-                      f"on {public.name} ({public.source_split} split, the tickets' public data); spends no ε")
+                      f"{plan.steps} steps under σ = {sigma:.4f}, L = {batch} on {public.name} ({public.source_split} "
+                      f"split, the tickets' public data): the private run's {plan.epochs} epochs and noise per step "
+                      f"σ/L = {plan.noise_multiplier / plan.expected_batch_size:.3g}; spends no ε")
     with step_bar("noise-aware choice", plan.steps, enabled=request.progress) as bar:
         choice = noise_aware_choice(payload, public, planned, seed=settings.seed,
                                     on_progress=lambda done, _: bar.update(done - bar.n))

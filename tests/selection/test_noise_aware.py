@@ -164,3 +164,21 @@ def test_a_public_start_changes_what_the_choice_trains_not_what_it_reads(tickets
     old = {**tickets, "tickets": [{k: v for k, v in t.items() if k != "trained"} for t in tickets["tickets"]]}
     with pytest.raises(DpltmUserError, match="no public-trained weights"):
         noise_aware_choice(old, tiny_splits, plan, seed=0)
+
+
+def test_the_public_proxy_is_epoch_matched(tickets: dict, tiny_splits: DatasetSplits,  # type: ignore[type-arg]
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the private set's size N, candidates make as many passes over the public set as the private
+    run makes over N (L_pub = L·n/N) with the same noise per step σ/L; without it, the private L and σ."""
+    plan = PlannedRun(noise_multiplier=4.0, expected_batch_size=1600, steps=6, clip=1.0, lr=0.1, private_size=54000)
+    batch, sigma = plan.on_public(7208)
+    assert batch == round(1600 * 7208 / 54000) == 214 and sigma / batch == pytest.approx(4.0 / 1600, rel=1e-12)
+    assert replace(plan, private_size=None).on_public(7208) == (1600, 4.0)
+    rates = []
+    import dpltm.selection.noise_aware as module
+
+    real = module.poisson_sample
+    monkeypatch.setattr(module, "poisson_sample", lambda n, q, *a: rates.append(q) or real(n, q, *a))
+    n = len(tiny_splits.train)
+    noise_aware_choice(tickets, tiny_splits, replace(plan, expected_batch_size=400, private_size=4 * n), seed=0)
+    assert set(rates) == {100 / n}  # L_pub = 400 · n / 4n
