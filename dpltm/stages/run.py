@@ -33,11 +33,27 @@ TUNED_RECIPE_MIN_RECORDS = 20000
 chosen for N = 54000 (MNIST, Fashion-MNIST); its batch of 1600 does not suit small sets."""
 
 
-def chosen_recipe(recipe: str, n_train: int) -> str:
-    """The recipe `--recipe auto|paper|tuned` gives for a private training set of `n_train` records."""
+def chosen_recipe(recipe: str, n_train: int, scatter: bool = False) -> str:
+    """The recipe `--recipe auto|paper|tuned|scatter` gives for a private training set of `n_train` records:
+    auto is the ScatterNet one (the best sound configuration measured, docs/results.md) where its front end
+    applies (`scatter`: square images of a side it takes, public tickets of the same shape, no other --arch),
+    else tuned from TUNED_RECIPE_MIN_RECORDS records up (the size both were chosen for), else paper."""
     if recipe == "auto":
-        return "tuned" if n_train >= TUNED_RECIPE_MIN_RECORDS else "paper"
+        if n_train < TUNED_RECIPE_MIN_RECORDS:
+            return "paper"
+        return "scatter" if scatter else "tuned"
     return recipe
+
+
+def scatter_applies(arch: str | None, private_features: int, public_features: int) -> bool:
+    """Whether `run --recipe auto` may take the ScatterNet front end: no --arch or a scatter-* one, the same
+    input size on both sides (its tickets do not transfer across sizes), square images whose side is a
+    multiple of 4 (the scattering's J = 2)."""
+    import math
+
+    side = math.isqrt(private_features)
+    return ((arch is None or arch.startswith("scatter-")) and private_features == public_features
+            and side * side == private_features and side % 4 == 0 and side >= 8)
 
 
 @dataclass(frozen=True)
@@ -147,11 +163,10 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                   "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighbouring,
                   "rewind": r.rewind, "output_layer": r.output_layer, "freeze": r.freeze},
         "model": {"activation": r.activation}, "seed": r.seed}
-    gen_cli = {"data": {"dataset": r.public_dataset, "split": r.public_split},
-               "model": model_cli(r.arch, None, project_to=project_to, activation=r.activation),
-               "generate": {"rounds": r.rounds, "iterations": r.iterations}, "seed": r.seed}
     train_cfg = resolve_train_config(train_cli, r.config)
-    gen_cfg = resolve_generate_config(gen_cli, r.config)
+    # the given generation options checked before any data is read (the recipe's own come once it is chosen)
+    resolve_generate_config(generation_settings(r, "paper" if r.recipe == "auto" else r.recipe, project_to),
+                            r.config)
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config])
     torch_device = resolve_device(r.device)
@@ -159,7 +174,10 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     private = load_dataset(r.dataset, split=train_cfg.data.split, data_dir=r.data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
-    train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train))
+    scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features) and not r.cuda_graphs
+    train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter)
+    gen_cli = generation_settings(r, train_cli["recipe"], project_to)
+    gen_cfg = resolve_generate_config(gen_cli, r.config)
     noise_aware = r.choice == TicketChoice.noise_aware
     public = load_dataset(r.public_dataset, split=gen_cfg.data.split, data_dir=r.data_dir,
                           val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
@@ -182,6 +200,23 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+
+
+def generation_settings(r: RunRequest, recipe: str, project_to: int | None) -> dict[str, Any]:
+    """The public tickets' settings tree: the given options, else the recipe's network (`model.arch`,
+    `model.activation`) and IMP length (`generate.rounds`, `generate.iterations`; configs/recipes/), else the
+    config's."""
+    from dpltm.config import recipe_tree
+
+    tree = recipe_tree(recipe)
+    network, imp = tree.get("model", {}), tree.get("generate", {})
+    arch = r.arch if r.arch is not None else network.get("arch")
+    activation = r.activation if r.activation is not None else network.get("activation")
+    return {"data": {"dataset": r.public_dataset, "split": r.public_split},
+            "model": model_cli(arch, None, project_to=project_to, activation=activation),
+            "generate": {"rounds": r.rounds if r.rounds is not None else imp.get("rounds"),
+                         "iterations": r.iterations if r.iterations is not None else imp.get("iterations")},
+            "seed": r.seed}
 
 
 def check_planned_start(planned: TrainConfig, private_classes: int, public_classes: int,

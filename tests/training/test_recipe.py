@@ -190,3 +190,24 @@ def test_the_tuned_recipe_layers_under_the_config_file_and_flags(tmp_path: Any) 
     assert (both.train.batch_size, both.train.ema, both.train.lr_sigma) == (800, 0.99, 6.0)
     assert chosen_recipe("auto", 54000) == "tuned" and chosen_recipe("auto", 1336) == "paper"
     assert chosen_recipe("paper", 54000) == "paper"
+    assert chosen_recipe("auto", 54000, scatter=True) == "scatter" and chosen_recipe("auto", 1336, True) == "paper"
+    scatter = resolve_train_config({"recipe": "scatter"}, None)
+    assert (scatter.model.arch, scatter.train.batch_size, scatter.train.lr_sigma, scatter.train.momentum) == (
+        "scatter-linear", 4096, 1.0, 0.9)
+
+
+def test_run_takes_the_scatter_front_end_where_it_applies() -> None:
+    """`run --recipe auto`: the ScatterNet front end for square images of a side it takes with public tickets of
+    the same shape and no other --arch; otherwise the recipes it had."""
+    from dpltm.stages.run import RunRequest, generation_settings, scatter_applies
+
+    assert scatter_applies(None, 784, 784) and scatter_applies("scatter-cnn", 784, 784)
+    assert not scatter_applies("mlp", 784, 784) and not scatter_applies("lenet5", 784, 784)
+    assert not scatter_applies(None, 64, 784)  # tickets do not transfer across input sizes
+    assert not scatter_applies(None, 561, 561) and not scatter_applies(None, 900, 900)  # not square; 30 % 4
+    settings = generation_settings(RunRequest(), "scatter", None)
+    assert settings["model"]["arch"] == "scatter-linear" and settings["model"]["hidden"] == []
+    assert settings["generate"] == {"rounds": 5, "iterations": 1000}
+    given = generation_settings(RunRequest(arch="scatter-mlp", rounds=2), "scatter", None)
+    assert given["model"]["hidden"] == [100] and given["generate"]["rounds"] == 2
+    assert generation_settings(RunRequest(), "tuned", None)["model"]["arch"] is None
