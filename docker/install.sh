@@ -21,6 +21,9 @@ from dpltm.config import CONFIG_DIR
 assert "site-packages" in pathlib.Path(dpltm.__file__).as_posix(), dpltm.__file__
 assert (CONFIG_DIR / "defaults.yaml").is_file() and (CONFIG_DIR / "recipes" / "tuned.yaml").is_file()
 assert importlib.util.find_spec("dp_accounting") is not None
+assert (CONFIG_DIR / "recipes" / "scatter.yaml").is_file()
+from dpltm.networks.scatter import scattering_class  # kymatio's 2-D torch front end: `dpltm run`'s default
+scattering_class()
 print(f"dpltm {dpltm.__version__} installed at {pathlib.Path(dpltm.__file__).parent}")
 PY
 "$prefix/bin/dpltm" account --dataset-size 60000 --batch-size 400 --epochs 1 --sigma 1.0 --json > /dev/null
