@@ -17,6 +17,9 @@ Methods:
   training of the ticket, one σ for both, composed by PLD to ε. End-to-end (ε, δ)-DP.
 * `dpsgd` — dense DP-SGD with the same settings. `nonprivate` — dense, no noise.
 * `random-ticket` (at `random_ticket_eps`) — a same-data ticket drawn uniformly (Table 2).
+* `random-mask` (at `random_mask_eps`) — the noise-aware winner's mask replaced by a random one of the same
+  per-layer density, drawn from the run seed alone (independent of any data), trained from θ0 by the same
+  recipe: is it the ticket or just the sparsity? End-to-end (ε, δ)-DP.
 
 Each run appends one row to `results.csv` (a run already there is skipped, so an interrupted
 reproduction resumes) and its per-epoch history to `curves.csv`.
@@ -66,7 +69,8 @@ from dpltm.training.pipeline import train
 RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
                  "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
                  "epochs_run", "seconds", "prep_seconds", "noise_seed", "selection_seed"]
-METHODS = ("dpltm-same", "dpltm-public", "dpltm-noise-aware", "dpltm-private", "dpsgd", "nonprivate", "random-ticket")
+METHODS = ("dpltm-same", "dpltm-public", "dpltm-noise-aware", "dpltm-private", "dpsgd", "nonprivate", "random-ticket",
+           "random-mask")
 """Every method a grid can run (see the module docstring)."""
 FRESH_SEED = "csprng"
 """Value of the `noise_seed`/`selection_seed` columns: a fresh OS-CSPRNG seed, not stored."""
@@ -133,6 +137,8 @@ class Experiment:
                         yield Run(entry["name"], entry["split"], method, eps, seed)
                 if "random_ticket_eps" in self.spec:
                     yield Run(entry["name"], entry["split"], "random-ticket", self.spec["random_ticket_eps"], seed)
+                if "random_mask_eps" in self.spec:
+                    yield Run(entry["name"], entry["split"], "random-mask", self.spec["random_mask_eps"], seed)
 
     # ---- pieces --------------------------------------------------------------------------
     def data(self, name: str, split: str, seed: int) -> DatasetSplits:
@@ -187,6 +193,22 @@ class Experiment:
         from dpltm.checkpoint import save_atomic
 
         save_atomic(winner, path, "ticket")
+        return path
+
+    def random_mask(self, winner_path: Path, run: Run) -> Path:
+        """The winner with its mask replaced by a random mask of the same per-layer density, drawn from the
+        run seed only (no data), at θ0 (its public weights dropped: they belong to the real mask)."""
+        from dpltm.checkpoint import save_atomic
+        from dpltm.pruning import random_masks_like
+
+        body = load_checkpoint(winner_path, "ticket")
+        masks = random_masks_like(body["masks"], torch.Generator().manual_seed(1_000_003 + run.seed))
+        body = {k: v for k, v in body.items() if k not in ("format", "kind", "format_version", "environment",
+                                                           "public_weights")}
+        body["masks"] = masks
+        body["selection"] = {**body["selection"], "method": "random"}
+        path = self.model_dir / f"random-mask-{run.dataset}-{run.epsilon:g}-{run.seed}.pt"
+        save_atomic(body, path, "ticket")
         return path
 
     def model_settings(self, dataset: str | None = None) -> ModelSettings:
@@ -292,7 +314,7 @@ class Experiment:
             ticket_path = self.winner(tickets, run, "exponential" if run.method == "dpltm-same" else "random")
             eps2 = run.epsilon * (1 - frac)
             settings = dataclasses.replace(self.train_settings(n, run.dataset, eps2=run.epsilon), eps2=eps2)
-        elif run.method in ("dpltm-public", "dpltm-noise-aware"):
+        elif run.method in ("dpltm-public", "dpltm-noise-aware", "random-mask"):
             public = self.spec["public"].get(run.dataset, self.spec["public"]["default"])
             pub_data = self.data(public["name"], public["split"], 0)
             project = data.num_features if pub_data.num_features != data.num_features else None
@@ -300,6 +322,8 @@ class Experiment:
             settings = self.train_settings(n, run.dataset, eps2=run.epsilon)
             ticket_path = (self.winner(tickets, run, "best") if run.method == "dpltm-public"
                            else self.noise_aware_winner(tickets, run, settings, n))
+            if run.method == "random-mask":
+                ticket_path = self.random_mask(ticket_path, run)
         elif run.method == "dpltm-private":
             recipe = self.train_settings(n, run.dataset, eps2=run.epsilon)
             ticket_path, settings = self.private_ticket(run, data, recipe)

@@ -28,6 +28,7 @@ METHOD_LABELS = {
     "dpsgd": "dense DP-SGD",
     "nonprivate": "non-private",
     "random-ticket": f"random same-data ticket ({NOT_DP_FLAG})",
+    "random-mask": "random mask at the winner's density (control; end-to-end DP)",
 }
 LEGEND_LABELS = {
     "dpltm-noise-aware": "DPLTM noise-aware public (DP)",
@@ -37,13 +38,14 @@ LEGEND_LABELS = {
     "dpsgd": "dense DP-SGD",
     "nonprivate": "non-private",
     "random-ticket": f"random same-data ticket ({NOT_DP_FLAG})",
+    "random-mask": "random mask (control, DP)",
 }
 """Shorter labels for the figures' legends; the flag stays."""
-METHOD_ORDER = ("dpltm-noise-aware", "dpltm-private", "dpltm-public", "dpsgd", "dpltm-same")
+METHOD_ORDER = ("dpltm-noise-aware", "dpltm-private", "dpltm-public", "random-mask", "dpsgd", "dpltm-same")
 """Rows and curves, sound modes first; only the methods a grid ran are shown."""
 SOUND_METHODS = ("dpltm-noise-aware", "dpltm-private", "dpltm-public")
 COLOURS = {"dpltm-noise-aware": "tab:orange", "dpltm-private": "tab:brown", "dpltm-same": "tab:red",
-           "dpltm-public": "tab:purple", "dpsgd": "tab:blue", "nonprivate": "tab:green"}
+           "dpltm-public": "tab:purple", "dpsgd": "tab:blue", "nonprivate": "tab:green", "random-mask": "tab:gray"}
 TABLE2_HEADER = (f"| dataset | DPLTM winner (same-data; {NOT_DP_FLAG}) | random ticket (same-data; {NOT_DP_FLAG}) "
                  "| DPLTM public tickets (end-to-end DP) | DPLTM private tickets (end-to-end DP) | DP-SGD "
                  f"| paper's DPLTM (same-data; {NOT_DP_FLAG}) |")
