@@ -28,6 +28,8 @@ def _run_folders_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.setenv("DPLTM_LOG_DIR", str(tmp_path_factory.getbasetemp() / "run-logs"))
     # the front ends' feature cache (dpltm.features) too: never the user's ~/.cache
     monkeypatch.setenv("DPLTM_FEATURE_CACHE", str(tmp_path_factory.getbasetemp() / "feature-cache"))
+    # and the public-ticket cache, one per test: a test's run never finds another test's tickets
+    monkeypatch.setenv("DPLTM_TICKET_CACHE", str(tmp_path_factory.mktemp("ticket-cache")))
 
 
 def make_blobs(n: int, features: int, classes: int, seed: int) -> LabeledTensors:

@@ -189,8 +189,18 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {r.public_dataset} ({r.public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
                       + f"; training recipe: {train_cli['recipe']}")
-    stage_generate(gen_cli, r.config, r.data_dir, r.device, tickets_path, r.overwrite, r.progress, r.cuda_graphs,
-                   logger=r.logger, log_dir=r.log_dir)
+    from dpltm.tickets.cache import keep_tickets, restore_tickets
+
+    cached = restore_tickets(gen_cfg, public.fingerprint, tickets_path) if (
+        r.overwrite or not tickets_path.exists()) else None
+    if cached is not None:  # public tickets are public artefacts: made once per settings and public data
+        err_console.print(f"tickets: {tickets_path}, from the cache of public tickets ({cached}: made before with "
+                          "these settings on this public data)")
+    else:
+        payload, _ = stage_generate(gen_cli, r.config, r.data_dir, r.device, tickets_path, r.overwrite, r.progress,
+                                    r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+        if payload.get("complete"):
+            keep_tickets(gen_cfg, public.fingerprint, tickets_path)
     err_console.print(f"[bold]2/3[/bold] selection on public tickets ({TicketChoice(r.choice).value}; spends nothing "
                       "on private data)")
     request = (NoiseAwareRequest(len(private.train), train_cli, r.data_dir, r.device, r.progress) if noise_aware

@@ -63,3 +63,4 @@ def test_bad_freeze_is_one_line(cli, data_root: Path, public_winner: Path, tmp_p
     result: Any = _train(cli, data_root, public_winner, tmp_path / "x.pt", "--freeze", value, ok=False)
     _one_line_error(result, fragment)
     assert not (tmp_path / "x.pt").exists()
+
