@@ -32,6 +32,7 @@ from torch import Tensor
 
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
+from dpltm.paths import user_cache_dir
 
 CACHE_ENV = "DPLTM_FEATURE_CACHE"
 CACHE_FORMAT = 1
@@ -41,11 +42,7 @@ CHUNK = 1024
 
 def feature_cache_dir() -> Path:
     """Where cached features live: `$DPLTM_FEATURE_CACHE`, else the user's ``~/.cache/dpltm/features``."""
-    given = os.environ.get(CACHE_ENV)
-    if given:
-        return Path(given).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dpltm" / "features"
+    return user_cache_dir("features", CACHE_ENV)
 
 
 def front_of(model: torch.nn.Module) -> Any | None:

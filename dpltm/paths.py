@@ -38,6 +38,16 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
     return root
 
 
+def user_cache_dir(kind: str, env: str) -> Path:
+    """A cache folder of the user's: `$env` when set, else ``$XDG_CACHE_HOME/dpltm/<kind>`` (default
+    ``~/.cache/dpltm/<kind>``), where torch and torchvision keep theirs."""
+    given = os.environ.get(env)
+    if given:
+        return Path(given).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dpltm" / kind
+
+
 def default_checkpoint_dir() -> Path:
     """Outputs go to ./checkpoints unless the user says otherwise."""
     return Path("checkpoints")

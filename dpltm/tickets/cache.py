@@ -21,16 +21,13 @@ from pathlib import Path
 from dpltm.checkpoint import load_ticket_set, write_bytes_atomic
 from dpltm.config import GenerateConfig, config_hash
 from dpltm.errors import DpltmUserError
+from dpltm.paths import user_cache_dir
 
 TICKET_CACHE_ENV = "DPLTM_TICKET_CACHE"
 
 
 def ticket_cache_dir() -> Path:
-    given = os.environ.get(TICKET_CACHE_ENV)
-    if given:
-        return Path(given).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dpltm" / "tickets"
+    return user_cache_dir("tickets", TICKET_CACHE_ENV)
 
 
 def cached_tickets(cfg: GenerateConfig, fingerprint: str) -> Path:
