@@ -183,7 +183,9 @@ class LinearRule(MaterialisedRule):
         g2 = g * g
         if call.module.weight.requires_grad:
             mask = masks.get("weight")
-            total = total + (g2.sum(dim=1) * (a * a).sum(dim=1) if mask is None
+            # ‖a_i‖² by a norm kernel: (a * a).sum(1) would write a (B, in) square first (15× slower on CPU
+            # for the 4096 × 3969 scattering features of bench_masked_head.py)
+            total = total + (g2.sum(dim=1) * torch.linalg.vector_norm(a, dim=1).square() if mask is None
                              else masked_sq_norms(a, g2, mask.T.contiguous()))
         if call.module.bias is not None and call.module.bias.requires_grad:
             total = total + g2.sum(dim=1)
