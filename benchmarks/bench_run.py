@@ -1,9 +1,9 @@
 """Wall time of `dpltm run` as users run it (a subprocess of the installed CLI), in one table.
 
 By default the README's own command, `dpltm run` with no flags (the ScatterNet front end where it
-applies: docs/results.md), timed `--repeats` times *cold* (each with an empty feature cache, so the
-scattering features of both datasets are computed) and as many times *warm* (the features cached by a
-first run), with the median of each. `--paper` times the paper's configuration instead: tickets from
+applies: docs/results.md), timed `--repeats` times *cold* (each with empty feature and public-ticket
+caches, so the scattering features of both datasets and the public tickets are computed) and as many
+times *warm* (both caches filled by a first run), with the median of each. `--paper` times the paper's configuration instead: tickets from
 KMNIST (test split), 10 IMP rounds of 5000 steps, the paper's score for the choice (`--choice best`),
 50 DP epochs on MNIST at ε = 1 with the paper's recipe. On CUDA the run is also timed with
 `--cuda-graphs` (target on an H100: ≤ 20 s). `--fresh-clone` first clones this repository into a
@@ -80,7 +80,8 @@ def main() -> None:
             out = work / f"run-{k}" / "model.pt"
             command = [*cli, "run", *config, "--device", args.device, "--no-progress", "--json", "--out", str(out),
                        *flags, *args.extra]
-            seconds, stdout = timed_run(command, work, {**env, "DPLTM_FEATURE_CACHE": str(cache),
+            seconds, stdout = timed_run(command, work, {**env, "DPLTM_FEATURE_CACHE": str(cache / "features"),
+                                                        "DPLTM_TICKET_CACHE": str(cache / "tickets"),
                                                         "DPLTM_LOG_DIR": str(work)})
             report = json.loads(stdout)
             accuracies.append(f"{report['test_accuracy']:.4f} (ε {report['epsilon']:.3f})")
@@ -96,7 +97,7 @@ def main() -> None:
                     cache.rename(warm_cache)  # what a first run leaves: the warm runs' cache
                 shutil.rmtree(cache, ignore_errors=True)
             rows[_label(f"{name} cold", cold)] = statistics.median(cold)
-            if warm_cache.exists():  # a front end's features were cached
+            if warm_cache.exists():  # features or public tickets were cached
                 warm = [run_once(flags, warm_cache, k) for k in range(args.repeats)]
                 rows[_label(f"{name} warm", warm)] = statistics.median(warm)
     print(f"device={args.device} config: dpltm run {' '.join(config + args.extra)}")
