@@ -3,11 +3,11 @@
 By default the README's own command, `dpltm run` with no flags (the ScatterNet front end where it
 applies: docs/results.md), timed `--repeats` times *cold* (each with empty feature and public-ticket
 caches, so the scattering features of both datasets and the public tickets are computed) and as many
-times *warm* (both caches filled by a first run), with the median of each. `--paper` times the paper's configuration instead: tickets from
-KMNIST (test split), 10 IMP rounds of 5000 steps, the paper's score for the choice (`--choice best`),
-50 DP epochs on MNIST at ε = 1 with the paper's recipe. On CUDA the run is also timed with
-`--cuda-graphs` (target on an H100: ≤ 20 s). `--fresh-clone` first clones this repository into a
-temporary folder and times the README's install command there too.
+times *warm* (both caches filled by a first run), with the median of each. `--paper` times the paper's
+configuration instead: tickets from KMNIST (test split), 10 IMP rounds of 5000 steps, the paper's score
+for the choice (`--choice best`), 50 DP epochs on MNIST at ε = 1 with the paper's recipe. On CUDA the
+run is also timed with `--cuda-graphs` (target on an H100: ≤ 20 s). `--fresh-clone` first clones this
+repository into a temporary folder and times the README's install command there too.
 
     python benchmarks/bench_run.py [--device cpu|cuda] [--repeats 3] [--paper] [--fresh-clone] [-- extra flags]
 """
