@@ -1341,10 +1341,12 @@ RunOutputLayer = Annotated[
 RunRecipeOption = Annotated[
     RunRecipe,
     typer.Option(
-        help=("Training recipe (under --config and flags): auto (the default: tuned for sets of at least 20000 "
-              "training records, the size it was chosen for; paper below), tuned (chosen on public data: tanh, L "
-              "= 1600, lr = 6/σ, EMA 0.999), scatter (the ScatterNet front end and a linear head, chosen on public "
-              "data: L = 4096, momentum 0.9, lr = 1/σ) or paper."),
+        help=("Training recipe (under --config and flags): auto (the default: from 20000 training records, the "
+              "size the recipes were chosen for, scatter where its front end applies — square images, public "
+              "tickets of the same shape, no other --arch — else tuned; paper below), scatter (the ScatterNet "
+              "front end with tickets over a linear head, chosen on public data: L = 4096, momentum 0.9, lr = 1/σ, "
+              "5 IMP rounds of 1000 steps), tuned (chosen on public data: tanh, L = 1600, lr = 6/σ, EMA 0.999) or "
+              "paper."),
     ),
 ]
 
