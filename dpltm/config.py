@@ -586,6 +586,10 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recip
     tree = _merge_layers(cli, user, ("data", "train", "model", "private_ticket"))
     cfg = from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "model", "private_ticket", "seed")
                                   if k in tree})
+    if recipe == "scatter" and not cfg.model.arch.startswith("scatter-") and not cfg.model.hidden:
+        # the recipe's `hidden: []` is scatter-linear's; another network would silently lose its hidden layers
+        raise DpltmUserError(f"--recipe scatter is for the ScatterNet heads (--arch scatter-linear, scatter-mlp, "
+                             f"scatter-cnn); --arch {cfg.model.arch} trains with --recipe tuned or paper")
     if recipe in RECIPE_TUNED_ON:
         name, splits = RECIPE_TUNED_ON[recipe]
         if cfg.data.dataset == name and cfg.data.split in splits:

@@ -14,6 +14,7 @@ import dpltm.training.private as private_training
 from dpltm.config import TrainSettings
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext
+from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import accuracy, train_classifier
@@ -194,6 +195,10 @@ def test_the_tuned_recipe_layers_under_the_config_file_and_flags(tmp_path: Any) 
     scatter = resolve_train_config({"recipe": "scatter"}, None)
     assert (scatter.model.arch, scatter.train.batch_size, scatter.train.lr_sigma, scatter.train.momentum) == (
         "scatter-linear", 4096, 1.0, 0.9)
+    with pytest.raises(DpltmUserError, match="--recipe scatter is for the ScatterNet heads"):
+        resolve_train_config({"recipe": "scatter", "model": {"arch": "mlp"}}, None)  # would lose its hidden layers
+    assert resolve_train_config({"recipe": "scatter", "model": {"arch": "scatter-mlp", "hidden": [100]}},
+                                None).model.hidden == (100,)
 
 
 def test_run_takes_the_scatter_front_end_where_it_applies() -> None:
