@@ -10,7 +10,8 @@ feature rows resident on the device). Timed, ms per step:
   dense and with the same masks.
 
 A masked step should cost no more than the dense one: a mask that keeps everything takes the plain
-ghost norm, and a real mask adds one (B × in) · (in × out) product for the masked norm.
+ghost norm, and a real mask's norm is a row gather from a per-record table made once per run
+(dpltm.dp.engine.record_norm_tables: the head is fed the records' features themselves).
 
     python benchmarks/bench_masked_head.py [--batch-size 4096] [--density 0.3] [--repeats 20]
 """
@@ -25,9 +26,10 @@ from collections.abc import Callable
 
 import torch
 
+from dpltm.allocator import keep_freed_blocks
 from dpltm.api import make_private
 from dpltm.dp.gaussian import GaussianNoise
-from dpltm.dp.step import apply_gradients, private_gradients, step_layout
+from dpltm.dp.step import apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.model import apply_masks_, build_architecture, build_network, full_masks
 from dpltm.networks.scatter import CHANNELS
 
@@ -50,7 +52,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--density", type=float, default=0.3)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="glibc's default allocator, not the CLI's (dpltm.allocator)")
     args = parser.parse_args(argv)
+    if not args.system_malloc:
+        keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     g = torch.Generator().manual_seed(0)
@@ -67,11 +73,13 @@ def main(argv: list[str] | None = None) -> None:
         layout = step_layout(model, installed)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         noise, sampler = GaussianNoise(5.0), torch.Generator().manual_seed(2)
+        terms = record_terms(model, layout, features)  # once per run, as dpltm train does
 
         def step() -> None:
             index = (torch.rand(args.records, generator=sampler, dtype=torch.float64) < q).nonzero().squeeze(1)
-            grads, _, _ = private_gradients(model, features[index], labels[index], clip=1.0, noise=noise,
-                                            expected_batch_size=args.batch_size, generator=sampler, layout=layout)
+            grads, _, _ = private_gradients(model, features.index_select(0, index), labels.index_select(0, index),
+                                            clip=1.0, noise=noise, expected_batch_size=args.batch_size,
+                                            generator=sampler, layout=layout, input_terms=terms_of_batch(terms, index))
             apply_gradients(model, grads, optimizer)
         return step
 

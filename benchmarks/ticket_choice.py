@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpltm.allocator import keep_freed_blocks
 from dpltm.checkpoint import load_checkpoint
 from dpltm.config import DataSettings, TrainConfig, TrainSettings
 from dpltm.data import load_dataset
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
+    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     device = resolve_device(args.device)
     payload = load_checkpoint(args.tickets, "tickets")
     public = reload_ticket_data(payload, args.data_dir).to(device)

@@ -51,9 +51,12 @@ from dpltm.data.splits import record_hashes
 from dpltm.dp.distributed import rank_sampling_seed
 from dpltm.dp.engine import (
     Loss,
+    RecordTable,
     clipped_gradient_sum_of,
     per_sample_cross_entropy,
     prunable_weight_names,
+    record_norm_tables,
+    table_rows,
     trainable_layers,
 )
 from dpltm.dp.noise import GaussianNoise
@@ -270,6 +273,11 @@ def account(*, sample_rate: float, noise_multiplier: float, steps: int, delta: f
     return accountant_epsilon(dpsgd_event(sample_rate, noise_multiplier, steps), delta, accountant)
 
 
+RECORDS_COPY_MAX_BYTES = 4 << 30
+"""Tensor records up to this size get per-record norm tables (`PrivateTraining._batch_tables`, which
+keeps its own copy of them); larger ones compute every norm per batch."""
+
+
 class PrivateTraining:
     """A user's model under dpltm's masked DP-SGD. Build it with `make_private` (or resume one with
     `make_private(..., resume_from=path)`).
@@ -301,6 +309,8 @@ class PrivateTraining:
         self.epochs_done = epochs_done
         self.history: list[dict[str, Any]] = list(history or [])
         self._in_step = False
+        self._tables: dict[str, RecordTable] | None = None  # made at the first step (`_batch_tables`)
+        self._tables_version = -1
         _guard_optimizer(optimizer, self)
 
     @property
@@ -344,7 +354,8 @@ class PrivateTraining:
             raise DpltmUserError(f"the planned {plan.steps} steps are done: the privacy budget is spent")
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
-        batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self._pruning, self.loss)
+        batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self._pruning, self.loss,
+                                        input_terms=self._batch_tables(index))
         grads = noisy_mean(batch.grad_sums, noise=self._noise, surviving=self.surviving, clip=self._settings.clip,
                            expected_batch_size=plan.expected_batch_size, generator=self._noise_generator)
         parameters = dict(self.model.named_parameters())
@@ -358,6 +369,21 @@ class PrivateTraining:
         self.optimizer.zero_grad(set_to_none=True)
         apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
         self.segments.count_step()
+
+    def _batch_tables(self, index: Tensor) -> dict[str, RecordTable] | None:
+        """The batch's rows of the per-record norm tables (dpltm.dp.engine.record_norm_tables) of records
+        held as one tensor. The tables must describe exactly the rows sampled: the first call takes a
+        private copy of the records (the caller's tensor, or a NumPy array under it, could be written
+        to without this object knowing), and tables are remade if that copy's version counter moves."""
+        features = getattr(self.records, "features", None)
+        if not isinstance(features, Tensor) or features.numel() * features.element_size() > RECORDS_COPY_MAX_BYTES:
+            return None
+        if self._tables is None:
+            self.records.features = features = features.clone()  # type: ignore[union-attr]
+        if self._tables is None or self._tables_version != features._version:
+            self._tables = record_norm_tables(self.model, self._pruning, features)
+            self._tables_version = features._version
+        return table_rows(self._tables, index) if self._tables else None
 
     def fit(self, epochs: int | None = None, val: Data | None = None,
             on_epoch: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -105,12 +106,89 @@ def _needs_graph(calls: list[LayerCall]) -> bool:
     return any(isinstance(rule_for(c.module), FuncRule) and FuncRule.checks(c.module) for c in calls)
 
 
+def _fed_the_records(call: LayerCall, x: Tensor) -> bool:
+    """Whether a layer's recorded input is the batch `x` itself (or `x` flattened per row): the same
+    storage, one row per sample, every value of the sample. A copy, a slice or a transformed input
+    is not (its values could differ from the record's)."""
+    a = call.input
+    return (a is not None and a.dim() == 2 and x.is_contiguous() and a.data_ptr() == x.data_ptr()
+            and a.shape[0] == x.shape[0] and a.shape[1] * a.shape[0] == x.numel() and a.is_contiguous())
+
+
+RECORD_TABLES_MAX_BYTES = 1 << 30
+"""`record_norm_tables` leaves out a layer whose table would exceed this size (its norm is then computed
+per batch, as without a table)."""
+
+
+@dataclass(frozen=True)
+class RecordTable:
+    """One layer's `record_norm_tables` entry: M x_i² per record (N, out), or ‖x_i‖² (N, 1) for a dense
+    weight; `masked` says which, so a step never reads a dense table for a masked layer or back."""
+
+    terms: Tensor
+    masked: bool
+
+    def rows(self, index: Tensor) -> RecordTable:
+        return RecordTable(self.terms.index_select(0, index), self.masked)
+
+
+def table_rows(tables: dict[str, RecordTable], index: Tensor) -> dict[str, RecordTable]:
+    """The batch's rows of every table (`index`: the batch's record indices, as for its features)."""
+    return {name: table.rows(index) for name, table in tables.items()}
+
+
+@torch.no_grad()
+def record_norm_tables(model: nn.Module, masks: dict[str, Tensor], records: Tensor,
+                       rows_at_once: int = 8192) -> dict[str, RecordTable]:
+    """For every `nn.Linear` whose input is the record itself: R[i, j] = Σ_k M_jk x_ik², each record's
+    fixed share of that layer's masked ghost norm (a dense weight: the one column ‖x_i‖²).
+
+    In ‖(g_i x_iᵀ) ⊙ M‖² = Σ_j g_ij² (M x_i²)_j the factor M x_i² depends on the record and the mask
+    alone, and neither changes during training (a ticket's mask is fixed; a fixed front end's features
+    are the records). Computed once per run (one N × in × out product), a step's norm of that layer is
+    then a row gather and a dot product: without it a masked layer costs one (B × in) · (in × out)
+    product per step and a square of the batch, which made a masked ScatterNet head 1.6× slower than
+    the dense one (benchmarks/bench_masked_head.py). Keyed by layer name; the step takes the rows of
+    its batch (`clipped_gradient_sum_of(input_terms=...)`), and checks at every step that the layer
+    still sees the records, else it computes the norm itself.
+    """
+    if records.shape[0] == 0 or not records.is_contiguous():
+        return {}
+    probe = records[:2]
+    with _recording(trainable_layers(model)) as calls:
+        before = probe._version
+        model(probe)
+    if probe._version != before:  # the network writes into its input: no layer sees the records as given
+        return {}
+    flat = records.reshape(records.shape[0], -1)
+    tables = {}
+    for call in calls:
+        if not (isinstance(call.module, nn.Linear) and call.module.weight.requires_grad
+                and _fed_the_records(call, probe)):
+            continue
+        mask = masks.get(f"{call.name}.weight" if call.name else "weight")
+        columns = 1 if mask is None else mask.shape[0]
+        if flat.shape[0] * columns * flat.element_size() > RECORD_TABLES_MAX_BYTES:
+            continue
+        operator = None if mask is None else mask.to(device=flat.device, dtype=flat.dtype).T.contiguous()
+        parts = []
+        for start in range(0, flat.shape[0], rows_at_once):
+            x = flat[start:start + rows_at_once]
+            parts.append(torch.linalg.vector_norm(x, dim=1, keepdim=True).square() if operator is None
+                         else (x * x) @ operator)
+        tables[call.name] = RecordTable(torch.cat(parts), masked=mask is not None)
+    return tables
+
+
 def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
                             masks: dict[str, Tensor] | None = None, loss: Loss = per_sample_cross_entropy,
-                            weights: Tensor | None = None) -> ClippedBatch:
+                            weights: Tensor | None = None,
+                            input_terms: dict[str, RecordTable] | None = None) -> ClippedBatch:
     """Per-sample norms over the surviving weights, clipping, and the masked clipped sum, for any
     model. `masks` maps weight names (as in `model.named_parameters()`) to 0/1 tensors; unmasked
-    weights are dense. `weights` (0/1 per row) multiply the clip factors (padding rows add zero)."""
+    weights are dense. `weights` (0/1 per row) multiply the clip factors (padding rows add zero).
+    `input_terms`: the batch's rows of `record_norm_tables` (made with the same masks); a layer uses
+    its rows only if this step's forward pass fed it `x` itself, unchanged."""
     layers = trainable_layers(model)
     masks = masks or {}
     parameters = dict(model.named_parameters())
@@ -118,7 +196,15 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
         return ClippedBatch({n: torch.zeros_like(p) for n, p in parameters.items() if p.requires_grad},
                             x.new_zeros(0), x.new_zeros(()))
     with _recording(layers) as calls:
+        before = x._version
         outputs = model(x)
+    if input_terms and x._version == before:  # written in place: the tables no longer describe x
+        for call in calls:
+            table = input_terms.get(call.name)
+            masked = (f"{call.name}.weight" if call.name else "weight") in masks
+            if (table is not None and table.masked == masked and table.terms.shape[0] == x.shape[0]
+                    and _fed_the_records(call, x)):
+                call.input_terms = table.terms
     losses = loss(outputs, y)
     if losses.shape != (x.shape[0],):
         raise DpltmUserError(f"the loss must give one value per sample, shape ({x.shape[0]},); "

@@ -55,6 +55,9 @@ class LayerCall:
     batch_grads: dict[str, Tensor] | None = None
     """The layer's batch gradients Σ_i ∇_θ ℓ_i by local name, where a backward pass already formed them
     (a Lightning step); else they are asked of `output`'s graph when a check needs them."""
+    input_terms: Tensor | None = None
+    """This batch's rows of the layer's `record_norm_tables` (dpltm.dp.engine), set only when the layer
+    was fed the records themselves: its masked norm is then Σ_j g_ij² R_ij, no product with the batch."""
 
     @property
     def input(self) -> Tensor | None:
@@ -185,8 +188,14 @@ class LinearRule(MaterialisedRule):
             mask = masks.get("weight")
             # ‖a_i‖² by a norm kernel: (a * a).sum(1) would write a (B, in) square first (15× slower on CPU
             # for the 4096 × 3969 scattering features of bench_masked_head.py)
-            total = total + (g2.sum(dim=1) * torch.linalg.vector_norm(a, dim=1).square() if mask is None
-                             else masked_sq_norms(a, g2, mask.T.contiguous()))
+            terms = call.input_terms
+            if terms is not None and terms.shape[1] != (1 if mask is None else g2.shape[1]):
+                terms = None  # not this layer's table: compute the norm
+            if terms is not None:  # M a_i² (or ‖a_i‖²) looked up: the records' fixed share (engine tables)
+                total = total + (g2.sum(dim=1) * terms[:, 0] if mask is None else (g2 * terms).sum(dim=1))
+            else:
+                total = total + (g2.sum(dim=1) * torch.linalg.vector_norm(a, dim=1).square() if mask is None
+                                 else masked_sq_norms(a, g2, mask.T.contiguous()))
         if call.module.bias is not None and call.module.bias.requires_grad:
             total = total + g2.sum(dim=1)
         return total, None

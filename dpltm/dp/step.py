@@ -7,8 +7,9 @@ realised batch size would leak it). The optimiser then applies ĝ; pruned coordi
 zero gradient and no noise, so they stay exactly zero (element-wise optimisers: SGD, momentum, Adam).
 
 The per-sample part runs one of two ways, chosen by the layout: the LeNet family's fused step
-(`MaskLayout`, dpltm.dp.ghost: ghost norms with a per-record table for the first layer), or the DP
-engine's per-layer rules for any other `nn.Module` (`EngineLayout`, dpltm.dp.engine). Both give the
+(`MaskLayout`, dpltm.dp.ghost), or the DP engine's per-layer rules for any other `nn.Module`
+(`EngineLayout`, dpltm.dp.engine); each with a per-record norm table for the layers fed the records
+themselves (`record_terms`, computed once per run). Both give the
 masked per-sample norms and the masked clipped sum; the noise and the division by L are one function
 (`noisy_mean`) for every front end.
 """
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from dpltm.dp.engine import clipped_gradient_sum_of
-from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+from dpltm.dp.engine import RecordTable, clipped_gradient_sum_of, record_norm_tables, table_rows
+from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks, full_masks
@@ -65,12 +66,32 @@ def step_layout(model: nn.Module, masks: Masks | None, dtype: torch.dtype = torc
     return EngineLayout.of(model, masks)
 
 
+RecordTerms = Tensor | dict[str, RecordTable]
+"""A run's per-record norm tables: the fused layout's `first_layer_input_terms`, the engine's
+`record_norm_tables`."""
+
+
+def record_terms(model: nn.Module, layout: MaskLayout | EngineLayout, records: Tensor) -> RecordTerms | None:
+    """Each record's fixed share of the masked norm of the layers fed the records themselves, computed
+    once per run (masks never change during training); None where no layer qualifies."""
+    if isinstance(layout, EngineLayout):
+        return record_norm_tables(model, layout.masks, records) or None
+    return first_layer_input_terms(records, layout)
+
+
+def terms_of_batch(terms: RecordTerms | None, index: Tensor) -> RecordTerms | None:
+    """The rows of `terms` for the batch whose record indices are `index`."""
+    if terms is None:
+        return None
+    return table_rows(terms, index) if isinstance(terms, dict) else terms.index_select(0, index)
+
+
 def private_gradients(model: nn.Module, x: Tensor, y: Tensor, *, clip: float,
                       noise: NoiseMechanism, expected_batch_size: float,
                       generator: torch.Generator,
                       layout: MaskLayout | EngineLayout,
                       reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
-                      input_terms: Tensor | None = None, add_noise: bool = True,
+                      input_terms: Tensor | dict[str, RecordTable] | None = None, add_noise: bool = True,
                       extra_sums: dict[str, Tensor] | None = None,
                       ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
@@ -78,14 +99,17 @@ def private_gradients(model: nn.Module, x: Tensor, y: Tensor, *, clip: float,
     `layout` is the ticket's `step_layout(model, masks)`, computed once per run (masks are fixed).
     `reduce` sums the ranks' sums in a multi-device run (dpltm.dp.distributed.all_reduce_sum), after
     rank 0 alone (`add_noise`) has added the noise: the reduced sum carries exactly one draw.
-    `input_terms`: the batch's rows of `first_layer_input_terms` (computed once per run).
+    `input_terms`: the batch's rows of the per-record norm tables (computed once per run,
+    `record_terms`): `first_layer_input_terms` for the fused layout, `record_norm_tables` for the engine's.
     `extra_sums`: clipped gradients of records that are not rows of `x` (an audit's gradient
     canaries, dpltm.audit.canaries), added to the clipped sum before the noise.
     """
     if isinstance(layout, EngineLayout):
-        batch = clipped_gradient_sum_of(model, x, y, clip, layout.masks)
+        tables = input_terms if isinstance(input_terms, dict) else None
+        batch = clipped_gradient_sum_of(model, x, y, clip, layout.masks, input_terms=tables)
     else:
-        batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=input_terms)  # type: ignore[arg-type]
+        terms = input_terms if isinstance(input_terms, Tensor) else None
+        batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=terms)
     for name, extra in (extra_sums or {}).items():
         batch.grad_sums[name].add_(extra)
     grads = noisy_mean(batch.grad_sums, noise=noise, surviving=layout.surviving, clip=clip,

@@ -31,7 +31,7 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
-from dpltm.dp.step import private_gradients, step_layout
+from dpltm.dp.step import RecordTerms, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
 from dpltm.model import Architecture, Masks, build_network, freeze_layers_
@@ -145,16 +145,24 @@ class EachCandidate:
         self.models, self.plan = models, plan
         self.layouts = [step_layout(model, ms, dtype) for model, ms in zip(models, masks)]
         self.noise = GaussianNoise(plan.noise_multiplier)
+        self.terms: list[RecordTerms | None] = [None] * len(models)
+
+    def use_records(self, records: torch.Tensor) -> None:
+        """Each candidate's per-record norm tables over the records its batches are drawn from."""
+        self.terms = [record_terms(model, layout, records) for model, layout in zip(self.models, self.layouts)]
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for model in self.models for p in model.parameters()]
 
     def step(self, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-             generator: torch.Generator) -> None:
-        for model, layout in zip(self.models, self.layouts):
+             generator: torch.Generator, index: torch.Tensor | None = None) -> None:
+        """One DP step of every candidate on the batch (x, y): rows `index` of the records given to
+        `use_records` (None: no tables)."""
+        for model, layout, terms in zip(self.models, self.layouts, self.terms):
             grads, _, _ = private_gradients(model, x, y, clip=self.plan.clip, noise=self.noise,
                                             expected_batch_size=self.plan.expected_batch_size, generator=generator,
-                                            layout=layout)
+                                            layout=layout,
+                                            input_terms=None if index is None else terms_of_batch(terms, index))
             for name, parameter in model.named_parameters():
                 parameter.grad = grads.get(name)  # a frozen parameter has none: not updated
         optimizer.step()
@@ -193,6 +201,8 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
     stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, proxy, public.train.features.dtype)
                                          if not models[0].arch.is_mlp or plan.freeze else StackedMLP(models, masks))
+    if isinstance(stack, EachCandidate):
+        stack.use_records(public.train.features)
     optimizer = _optimizer(stack.parameters(), plan)
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
     q = batch / n
@@ -202,7 +212,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         index = poisson_sample(n, q, generator, device)
         x, y = x_all.index_select(0, index), y_all.index_select(0, index)
         if isinstance(stack, EachCandidate):
-            stack.step(optimizer, x, y, generator)
+            stack.step(optimizer, x, y, generator, index)
         else:
             noisy_step(stack, optimizer, x, y, clip=plan.clip, noise_multiplier=sigma, expected_batch_size=batch,
                        generator=generator)

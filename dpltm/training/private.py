@@ -32,12 +32,12 @@ from dpltm.data.batches import ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.averaging import make_averager, released_model, released_weights, update_average
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
-from dpltm.dp.ghost import MaskLayout, first_layer_input_terms
+from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import PoissonBatches
-from dpltm.dp.step import apply_gradients, private_gradients, step_layout
+from dpltm.dp.step import RecordTerms, apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.errors import DpltmUserError
 from dpltm.model import Masks, PrunedWeights, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
@@ -267,7 +267,7 @@ class DPTrainingModule(L.LightningModule):
         if step_mode != "eager" and not isinstance(self.layout, MaskLayout):
             raise DpltmUserError("--cuda-graphs (and the static-shape step) run the built-in networks (--arch mlp, "
                                  "lenet5); this network trains in the eager step: drop --cuda-graphs")
-        self.input_terms: Tensor | None = None
+        self.input_terms: RecordTerms | None = None
         self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
@@ -285,8 +285,7 @@ class DPTrainingModule(L.LightningModule):
         if self.canaries is not None:
             self.canaries.start(self.model, self.data.train.labels.device)
         if self.step_mode == "eager":
-            if isinstance(self.layout, MaskLayout):
-                self.input_terms = first_layer_input_terms(self.data.train.features, self.layout)
+            self.input_terms = record_terms(self.model, self.layout, self.data.train.features)
             return
         train = self.data.train
         shard_size = -(-len(train) // self.trainer.world_size)  # this rank samples from its shard only
@@ -334,7 +333,7 @@ class DPTrainingModule(L.LightningModule):
             index, extra = self.canaries.split(index, len(train), dict(self.model.named_parameters()))
         x = train.features.index_select(0, index)
         y = train.labels.index_select(0, index)
-        terms = None if self.input_terms is None else self.input_terms.index_select(0, index)
+        terms = terms_of_batch(self.input_terms, index)
         grads, _, _ = private_gradients(
             self.model, x, y, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,

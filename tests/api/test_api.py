@@ -304,3 +304,25 @@ def test_the_api_and_the_callback_train_other_layers_with_the_same_engine(middle
                         accelerator="cpu")
     with pytest.raises(DpltmUserError, match="model.1 \\(Centring\\).*depends on other samples"):
         trainer.fit(mixing, poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=40, seed=5))
+
+
+def test_make_private_steps_on_its_own_copy_of_tensor_records() -> None:
+    """A masked step reads each record's norm share from a table made at the first step: the records it
+    was made from are copied then, so the caller writing into their tensor afterwards changes nothing
+    (the table and the sampled rows could otherwise disagree, and the clipping with them)."""
+    def run(write_after_first_step: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = mlp()
+        x, y = blobs(300, 0)
+        masks = {"0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(1)) < 0.5}
+        private = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                                     epochs=1, batch_size=30, masks=masks, masks_from="random mask", noise_seed=3)
+        private.step()
+        assert private.records.features.data_ptr() != x.data_ptr()  # type: ignore[union-attr]
+        if write_after_first_step:
+            x.mul_(100.0)
+        for _ in range(3):
+            private.step()
+        return model[0].weight.detach().clone()
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)

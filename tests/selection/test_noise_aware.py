@@ -116,9 +116,9 @@ def test_convolutional_tickets_are_chosen_by_the_private_step_itself(tmp_path: P
     stepped: list[module.EachCandidate] = []
     original = module.EachCandidate.step
 
-    def spy(self, optimizer, x, y, generator):  # type: ignore[no-untyped-def]
+    def spy(self, optimizer, x, y, generator, index=None):  # type: ignore[no-untyped-def]
         stepped.append(self)
-        original(self, optimizer, x, y, generator)
+        original(self, optimizer, x, y, generator, index)
 
     module.EachCandidate.step = spy  # type: ignore[method-assign]
     try:
