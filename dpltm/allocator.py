@@ -9,7 +9,7 @@ performance guide recommends a caching allocator (jemalloc, tcmalloc) for the sa
 the least intrusive version of that in-process: no mmap for large blocks (they come from the heap
 and are reused), and the heap's free top is returned to the system only above 1 GiB.
 
-Only for dpltm's own entry points (`dpltm.entry`, `benchmarks/`): importing the library never changes
+Only for dpltm's own entry points (`dpltm.cli.main`, `benchmarks/`): importing the library never changes
 the process's allocator. Skipped where the user chose the allocator themselves (GLIBC_TUNABLES,
 MALLOC_*_ variables, LD_PRELOAD) and off glibc. API users can call `keep_freed_blocks()` themselves,
 or set MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824.

@@ -27,9 +27,6 @@ def install_start_handlers() -> None:
 
 def main() -> None:
     install_start_handlers()
-    from dpltm.allocator import keep_freed_blocks
-
-    keep_freed_blocks()  # before torch allocates anything (dpltm.allocator: why)
     from dpltm.cli import main as cli_main
 
     cli_main()
