@@ -115,12 +115,15 @@ def noisy_step(stack: StackedMLP, optimizer: torch.optim.Optimizer, x: Tensor, y
 
 
 @torch.no_grad()
+def correct_predictions(stack: StackedMLP, x: Tensor, y: Tensor, batch_size: int = 8192) -> Tensor:
+    """Whether each candidate's top-1 prediction is right, per record: shape (K, n), on the CPU."""
+    parts = [(stack.logits(x[start:start + batch_size]).argmax(dim=2) == y[start:start + batch_size]).cpu()
+             for start in range(0, len(y), batch_size)]
+    return torch.cat(parts, dim=1) if parts else torch.zeros(stack.size, 0, dtype=torch.bool)
+
+
 def accuracies(stack: StackedMLP, x: Tensor, y: Tensor, batch_size: int = 8192) -> Tensor:
     """Top-1 accuracy of every candidate, shape (K,)."""
     if len(y) == 0:
         return torch.full((stack.size,), float("nan"))
-    correct = torch.zeros(stack.size, device=y.device)
-    for start in range(0, len(y), batch_size):
-        predicted = stack.logits(x[start:start + batch_size]).argmax(dim=2)
-        correct += (predicted == y[start:start + batch_size]).sum(dim=1)
-    return (correct / len(y)).cpu()
+    return correct_predictions(stack, x, y, batch_size).double().mean(dim=1).float()

@@ -7,7 +7,10 @@ always including the dense network (C = 1) — is trained from the planned start
 `--rewind public` its public-trained weights) by the *planned* DP-SGD (same
 effective noise multiplier σ, expected batch L, number of steps T, clip C, learning rate and
 optimiser, so the noise per step σC/L is the one the private run will see) on the tickets' own
-public data, and the candidate with the best public validation accuracy wins. MLP candidates are
+public data. A ticket wins only if it beats the dense network on the public validation records by
+more than two standard errors of the paired per-record difference (`winning_index`; then the most
+accurate such ticket), else the dense network does: a sparse ticket chosen on proxy noise costs
+accuracy in the private run (docs/results.md, ScatterNet rows). MLP candidates are
 stacked into one set of batched kernels (dpltm.dp.batched); convolutional ones are stepped one by one
 by the private training's own step (`EachCandidate`).
 
@@ -28,7 +31,7 @@ from typing import Any
 import torch
 
 from dpltm.data.types import DatasetSplits
-from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
+from dpltm.dp.batched import StackedMLP, correct_predictions, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import RecordTerms, private_gradients, record_terms, step_layout, terms_of_batch
@@ -90,6 +93,36 @@ class Candidate:
     round: int
     density: float
     public_val_accuracy: float
+    gain_over_dense: float = 0.0
+    """Public validation accuracy minus the dense candidate's, on the same records."""
+    gain_standard_error: float = 0.0
+    """The standard error of that gain from the per-record paired differences (`paired_gains`)."""
+
+
+GAIN_Z = 2.0
+"""A ticket replaces the dense network only if its public gain exceeds GAIN_Z standard errors."""
+
+
+def paired_gains(correct: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each candidate's accuracy gain over candidate 0 (the dense network) and its standard error, from
+    the (K, n) per-record correctness on the same n validation records: d_i = c_k,i − c_0,i, gain = mean(d),
+    SE = sd(d)/√n (the paired comparison; McNemar's test in normal form)."""
+    diffs = correct.double() - correct[:1].double()
+    n = diffs.shape[1]
+    gains = diffs.mean(dim=1)
+    se = diffs.std(dim=1, correction=1) / math.sqrt(n) if n > 1 else torch.full_like(gains, math.inf)
+    return gains, se
+
+
+def winning_index(accuracy: torch.Tensor, gains: torch.Tensor, se: torch.Tensor, z: float = GAIN_Z) -> int:
+    """The dense network (0) unless some ticket beats it on the public validation records by more than
+    z standard errors; then the most accurate of those (ties: the earlier round). The candidates'
+    accuracies are single noisy runs on a few hundred records; the largest of K of them overstates the
+    winner (the winner's curse), and a sparse ticket picked on such noise costs accuracy privately."""
+    clear = [k for k in range(1, len(accuracy)) if float(gains[k]) > z * float(se[k])]
+    if not clear:
+        return 0
+    return max(clear, key=lambda k: (float(accuracy[k]), -k))
 
 
 @dataclass(frozen=True)
@@ -169,16 +202,14 @@ class EachCandidate:
         optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
-    def accuracies(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
-        """Top-1 accuracy of every candidate, shape (K,)."""
-        if len(y) == 0:
-            return torch.full((len(self.models),), float("nan"))
-        correct = torch.zeros(len(self.models))
-        for k, model in enumerate(self.models):
-            for start in range(0, len(y), batch_size):
-                predicted = model(x[start:start + batch_size]).argmax(dim=1)
-                correct[k] += int((predicted == y[start:start + batch_size]).sum())
-        return correct / len(y)
+    def correct(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+        """Whether each candidate's top-1 prediction is right, per record: shape (K, n), on the CPU."""
+        rows = []
+        for model in self.models:
+            parts = [(model(x[start:start + batch_size]).argmax(dim=1) == y[start:start + batch_size]).cpu()
+                     for start in range(0, len(y), batch_size)]
+            rows.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool))
+        return torch.stack(rows)
 
 
 def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: PlannedRun, *,
@@ -231,10 +262,12 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                 p.copy_(mean)
     if len(public.val) == 0:
         raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
-    scores = (stack.accuracies(public.val.features, public.val.labels) if isinstance(stack, EachCandidate)
-              else accuracies(stack, public.val.features, public.val.labels))
-    candidates = [Candidate(t["round"], float(t["density"]), float(s))
-                  for t, s in zip(payload["tickets"], scores.tolist())]
-    best = max(range(len(candidates)), key=lambda i: (candidates[i].public_val_accuracy, -i))
+    correct = (stack.correct(public.val.features, public.val.labels) if isinstance(stack, EachCandidate)
+               else correct_predictions(stack, public.val.features, public.val.labels))
+    scores = correct.double().mean(dim=1)
+    gains, se = paired_gains(correct)
+    candidates = [Candidate(t["round"], float(t["density"]), float(s), float(g), float(e))
+                  for t, s, g, e in zip(payload["tickets"], scores.tolist(), gains.tolist(), se.tolist())]
+    best = winning_index(scores, gains, se)
     return NoiseAwareChoice(best, candidates, plan, {"dataset": public.name, "split": public.source_split,
                                                      "fingerprint": public.fingerprint})

@@ -110,7 +110,9 @@ SELECTION_RULES: dict[str, SelectionRule] = {rule.name: rule for rule in (
                   title="noise-aware choice over {k} tickets: public validation accuracy after the planned DP "
                         "training",
                   score_name="acc. under planned noise",
-                  spend=f"no privacy: the best public accuracy under the planned noise {_SAME_DATA}"),
+                  spend="no privacy: under the planned noise, the dense network unless a ticket beats it by more "
+                        "than 2 standard errors on the public validation records, then the best such ticket "
+                        f"{_SAME_DATA}"),
     SelectionRule("random", "dpltm.selection.winner:select_random", touches_ticket_data=False,
                   note="uniformly random pick: the ticket data is not looked at, no privacy spent on it.",
                   spend="no privacy: a uniformly random ticket, chosen without looking at the ticket data"),

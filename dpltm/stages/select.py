@@ -23,12 +23,16 @@ def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule,
     from rich.table import Table
 
     table = Table(title=rule.title.format(k=len(ticket_set.tickets), nu=nu))
-    for column in ("round", "C", "A (val)", rule.score_name, "P(select)"):
+    paired = ((selection.record or {}).get("noise_aware") or {}).get("candidates")  # gains over dense, ± SE
+    columns = ("round", "C", "A (val)", rule.score_name, *(("vs dense ± 2 SE",) if paired else ()), "P(select)")
+    for column in columns:
         table.add_column(column, justify="right")
     for i, t in enumerate(ticket_set.tickets):
         mark = " ←" if i == selection.index else ""
+        gain = ((f"{paired[i]['gain_over_dense']:+.4f} ± {2 * paired[i]['gain_standard_error']:.4f}" if i else "–",)
+                if paired else ())
         table.add_row(str(t.round), f"{t.density:.4f}", f"{t.val_accuracy:.4f}",
-                      f"{selection.scores[i]:.4f}", f"{selection.probabilities[i]:.4f}{mark}")
+                      f"{selection.scores[i]:.4f}", *gain, f"{selection.probabilities[i]:.4f}{mark}")
     err_console.print(table)
     if rule.note is not None:
         err_console.print(rule.note)
