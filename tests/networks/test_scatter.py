@@ -135,6 +135,39 @@ def test_the_dp_step_clips_and_noises_the_head_alone() -> None:
         assert bool((noisy[n][~mask] == 0).all()), n
 
 
+def test_dp_training_of_a_masked_head_reads_the_norm_tables_and_trains_as_without(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's DP training of a masked head over cached features takes its norms from the per-record
+    tables (the head is fed the records themselves), and trains exactly as the per-batch norm does."""
+    import dpltm.training.private as private_training
+    from dpltm.config import TrainSettings
+    from dpltm.dp.noise import NoiseContext
+    from dpltm.training.private import plan_training, run_private
+
+    data = network_inputs(_network("scatter-linear"), _splits(n=60), cache_dir=tmp_path)
+    real_terms = private_training.record_terms
+    made: list[object] = []
+
+    def trained(with_tables: bool) -> dict[str, torch.Tensor]:
+        model = _network("scatter-linear", seed=3)
+        masks = full_masks(model)
+        masks["output.weight"] = torch.rand(masks["output.weight"].shape,
+                                            generator=torch.Generator().manual_seed(4)) < 0.4
+        masks = apply_masks_(model, masks)
+        monkeypatch.setattr(private_training, "record_terms",
+                            (lambda *a: made.append(real_terms(*a)) or made[-1]) if with_tables else (lambda *a: None))
+        settings = TrainSettings(epochs=2, batch_size=20, eps2=None, sigma=1.0, lr=0.5, momentum=0.9, clip=0.05)
+        run_private(model, data, plan_training(settings, len(data.train)), settings, seed=7,
+                    epsilon_after=lambda steps: 0.0, progress=False,
+                    noise_context=NoiseContext(model=model, masks=masks, clip=settings.clip, private_dataset="mnist"))
+        return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    looked_up, computed = trained(True), trained(False)
+    assert made and isinstance(made[0], dict) and set(made[0]) == {"output"}  # a table, for the head
+    for name, value in computed.items():
+        torch.testing.assert_close(looked_up[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def _splits(seed: int = 0, n: int = 40) -> DatasetSplits:
     g = torch.Generator().manual_seed(seed)
     part = lambda k: LabeledTensors(torch.rand(k, 784, generator=g), torch.randint(0, 10, (k,), generator=g))  # noqa: E731
