@@ -118,7 +118,10 @@ def winning_index(accuracy: torch.Tensor, gains: torch.Tensor, se: torch.Tensor,
     """The dense network (0) unless some ticket beats it on the public validation records by more than
     z standard errors; then the most accurate of those (ties: the earlier round). The candidates'
     accuracies are single noisy runs on a few hundred records; the largest of K of them overstates the
-    winner (the winner's curse), and a sparse ticket picked on such noise costs accuracy privately."""
+    winner (the winner's curse), and a sparse ticket picked on such noise costs accuracy privately.
+    The standard error covers the sampling of the validation records only, not the proxy run's own
+    noise draw (a second run of the same candidate can land a point or two away): the rule screens
+    out validation luck, not every difference the proxy's noise makes."""
     clear = [k for k in range(1, len(accuracy)) if float(gains[k]) > z * float(se[k])]
     if not clear:
         return 0
