@@ -9,11 +9,14 @@ feature rows resident on the device). Timed, ms per step:
 * the API's `PrivateTraining.step` (`make_private`: its own Poisson draw, the optimiser, re-masking),
   dense and with the same masks.
 
-A masked step should cost no more than the dense one: a mask that keeps everything takes the plain
+Timed in turn within every repeat (`interleaved`). A masked step should cost no more than the dense one: a mask that keeps everything takes the plain
 ghost norm, and a real mask's norm is a row gather from a per-record table made once per run
 (dpltm.dp.engine.record_norm_tables: the head is fed the records' features themselves).
 
-    python benchmarks/bench_masked_head.py [--batch-size 4096] [--density 0.3] [--repeats 20]
+The `dpltm` command's allocator tuning (dpltm.allocator) is on, as there; `--system-malloc` times
+glibc's default instead.
+
+    python benchmarks/bench_masked_head.py [--batch-size 4096] [--density 0.3] [--repeats 20] [--system-malloc]
 """
 
 from __future__ import annotations
@@ -34,15 +37,19 @@ from dpltm.model import apply_masks_, build_architecture, build_network, full_ma
 from dpltm.networks.scatter import CHANNELS
 
 
-def timed(step: Callable[[], None], repeats: int) -> float:
-    for _ in range(3):
-        step()
-    times = []
+def interleaved(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median ms per step of each, timed in turn within every repeat (so a drift in the machine's speed
+    or memory state falls on all of them alike), after 3 warm-up steps each."""
+    for step in steps.values():
+        for _ in range(3):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1000 for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,11 +100,11 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = []
     for label, make in (("CLI DP step", cli_step), ("API make_private step", api_step)):
-        base = timed(make(None), args.repeats)
-        rows.append((label, "dense", base, 1.0))
-        for name, masks in ((f"ticket C={args.density:g}", ticket), ("mask keeping all", dense)):
-            ms = timed(make(masks), args.repeats)
-            rows.append((label, name, ms, ms / base))
+        networks = {"dense": None, f"ticket C={args.density:g}": ticket, "mask keeping all": dense}
+        steps = {name: make(masks) for name, masks in networks.items()}
+        times = interleaved(steps, args.repeats)
+        for name, ms in times.items():
+            rows.append((label, name, ms, ms / times["dense"]))
     print(f"linear head {CHANNELS * 49}×10, L = {args.batch_size}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats}")
     print(f"{'path':<24}{'network':<20}{'ms/step':>10}{'× dense':>10}")
