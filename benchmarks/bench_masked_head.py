@@ -9,9 +9,10 @@ feature rows resident on the device). Timed, ms per step:
 * the API's `PrivateTraining.step` (`make_private`: its own Poisson draw, the optimiser, re-masking),
   dense and with the same masks.
 
-Timed in turn within every repeat (`interleaved`). A masked step should cost no more than the dense one: a mask that keeps everything takes the plain
-ghost norm, and a real mask's norm is a row gather from a per-record table made once per run
-(dpltm.dp.engine.record_norm_tables: the head is fed the records' features themselves).
+Timed in turn within every repeat (`interleaved`). A masked step should cost no more than the dense
+one: a mask that keeps everything takes the plain ghost norm, and a real mask's norm is a row gather
+from a per-record table made once per run (dpltm.dp.engine.record_norm_tables: the head is fed the
+records' features themselves).
 
 The `dpltm` command's allocator tuning (dpltm.allocator) is on, as there; `--system-malloc` times
 glibc's default instead.
