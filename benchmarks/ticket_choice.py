@@ -1,32 +1,72 @@
-"""Which public ticket to train privately: the paper's score (`--best`) vs the noise-aware choice.
+"""Which public ticket to train privately: the paper's score (`--best`) vs the noise-aware choice, and
+how well the noise-aware proxy ranks the tickets against what private training gives them.
 
     python benchmarks/ticket_choice.py --tickets checkpoints/kmnist-test-tickets.pt \\
         --dataset mnist --eps 1 0.2 --seeds 0 1
+    python benchmarks/ticket_choice.py --tickets T --recipe scatter --every-candidate --dataset fashion-mnist
 
-For each ε: σ is calibrated for the private run (MNIST, the paper's recipe), every public ticket
-is trained under that planned noise on the tickets' own public data (noise-aware choice), and
-then the noise-aware winner, the paper's `--best` winner and the dense network are trained with
-DP on the private data, same recipe and seeds. Prints one table row per (ε, method, seed) with
-the test accuracy, and the wall time of each part. Nothing here is tuned on the private test split:
-the choice sees public data only; the test accuracies are reported, never used.
+For each ε: σ is calibrated for the private run (the paper's recipe, or `--recipe`'s), every public
+ticket is trained under that planned noise on the tickets' own public data (noise-aware choice), and
+then the noise-aware winner, the paper's `--best` winner and the dense network are trained with DP on
+the private data, same recipe and seeds. With `--every-candidate` every ticket is trained privately
+instead, and a ranking report follows: per ticket its public proxy accuracy and its private test
+accuracy (mean over seeds), Spearman's ρ between the two, and the regret of each pick (the best
+ticket's private accuracy, in hindsight, minus the pick's). Prints one table row per (ε, method or
+ticket, seed) with the test accuracy, and the wall time of each part. Nothing here is tuned on the
+private test split: the choice sees public data only; the test accuracies are reported, never used.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from dpltm.allocator import keep_freed_blocks
 from dpltm.checkpoint import load_checkpoint
-from dpltm.config import DataSettings, TrainConfig, TrainSettings
+from dpltm.config import DataSettings, ModelSettings, TrainConfig, TrainSettings, recipe_tree
 from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
-from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
+from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, noise_aware_choice
 from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
 from dpltm.training.pipeline import reload_ticket_data, train
 from dpltm.training.private import plan_training
+
+
+def recipe_settings(recipe: str | None, eps: float, epochs: int | None) -> tuple[TrainSettings, ModelSettings]:
+    """The recipe's train and model sections (None: the paper's defaults) at this ε."""
+    tree = recipe_tree(recipe) if recipe else {}
+    train_fields = {k: v for k, v in tree.get("train", {}).items() if k in {f.name for f in
+                                                                             dataclasses.fields(TrainSettings)}}
+    model_fields = {k: tuple(v) if isinstance(v, list) else v for k, v in tree.get("model", {}).items()}
+    settings = TrainSettings(**{**train_fields, "eps2": eps, **({"epochs": epochs} if epochs else {})})
+    return settings, ModelSettings(**model_fields)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
+
+
+def ranking_report(eps: float, choice: NoiseAwareChoice, private: dict[int, list[float]], best_score: int) -> None:
+    """How the proxy's order compares with the private outcome (reported, never used to choose)."""
+    means = [statistics.mean(private[k]) for k in range(len(choice.candidates))]
+    proxy = [c.public_val_accuracy for c in choice.candidates]
+    hindsight = max(means)
+    print(f"# ranking at ε={eps:g}: Spearman ρ(proxy, private) = {spearman(proxy, means):+.2f}; "
+          f"regret (best private − pick): noise-aware {hindsight - means[choice.index]:+.4f}, "
+          f"argmax of the proxy {hindsight - means[max(range(len(proxy)), key=proxy.__getitem__)]:+.4f}, "
+          f"best-score {hindsight - means[best_score]:+.4f}, dense {hindsight - means[0]:+.4f}", flush=True)
+    for k, c in enumerate(choice.candidates):
+        print(f"#   round {c.round} C={c.density:.3f}: proxy {c.public_val_accuracy:.4f} "
+              f"({c.gain_over_dense:+.4f} ± {2 * c.gain_standard_error:.4f} vs dense), private {means[k]:.4f}",
+              flush=True)
 
 
 def main() -> None:
@@ -35,7 +75,10 @@ def main() -> None:
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--eps", type=float, nargs="+", default=[1.0, 0.2])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--epochs", type=int, default=None, help="default: the recipe's (the paper's: 50)")
+    parser.add_argument("--recipe", default=None, help="a recipe of configs/recipes (tuned, scatter)")
+    parser.add_argument("--every-candidate", action="store_true",
+                        help="train every ticket privately and report the proxy's ranking against it")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
@@ -46,33 +89,49 @@ def main() -> None:
     print(f"tickets {args.tickets}: densities {[round(t['density'], 3) for t in payload['tickets']]}", flush=True)
     print("eps | method | seed | C | test acc | seconds", flush=True)
     with tempfile.TemporaryDirectory() as folder:
-        for seed in args.seeds:
-            data = load_dataset(args.dataset, data_dir=args.data_dir, seed=seed, device=device)
-            for eps in args.eps:
-                settings = TrainSettings(eps2=eps, epochs=args.epochs)
+        for eps in args.eps:
+            private: dict[int, list[float]] = {}
+            choice: NoiseAwareChoice | None = None
+            for seed in args.seeds:
+                data = load_dataset(args.dataset, data_dir=args.data_dir, seed=seed, device=device)
+                settings, model = recipe_settings(args.recipe, eps, args.epochs)
                 plan = plan_training(settings, len(data.train))
                 planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
-                                     plan.lr, settings.optimizer, private_size=len(data.train))
+                                     plan.lr, settings.optimizer, settings.momentum, model.activation, settings.ema,
+                                     private_size=len(data.train))
                 started = time.perf_counter()
-                choice = noise_aware_choice(payload, public, planned, seed=seed)
+                if choice is None or not args.every_candidate:  # every candidate: one proxy ranking per ε
+                    choice = noise_aware_choice(payload, public, planned, seed=seed)
                 choice_seconds = time.perf_counter() - started
                 print(f"# ε={eps:g} σ={plan.noise_multiplier:.3f}: public accuracy under the planned noise "
                       + ", ".join(f"C={c.density:.3f}:{c.public_val_accuracy:.3f}" for c in choice.candidates)
-                      + f" ({choice_seconds:.0f} s)", flush=True)
-                winners = {
-                    "noise-aware": winner_payload(payload, args.tickets, noise_aware_selection(choice), eps1=None,
-                                                  nu=50.0, seeded=True, noise_aware=choice),
-                    "best-score": winner_payload(payload, args.tickets, choose(payload, eps1=None, nu=50.0, seed=None),
-                                                 eps1=None, nu=50.0, seeded=True),
-                    "dense": None,
-                }
-                for method, winner in winners.items():
-                    cfg = TrainConfig(data=DataSettings(dataset=args.dataset), train=settings, seed=seed)
+                      + f" (noise-aware pick: C={choice.candidates[choice.index].density:.3f}; {choice_seconds:.0f} s)",
+                      flush=True)
+                best_score = choose(payload, eps1=None, nu=50.0, seed=None)
+                winners: dict[str, Any]
+                if args.every_candidate:
+                    winners = {f"round {c.round}": winner_payload(
+                        payload, args.tickets, noise_aware_selection(dataclasses.replace(choice, index=k)), eps1=None,
+                        nu=50.0, seeded=True, noise_aware=dataclasses.replace(choice, index=k))
+                        for k, c in enumerate(choice.candidates)}
+                else:
+                    winners = {
+                        "noise-aware": winner_payload(payload, args.tickets, noise_aware_selection(choice), eps1=None,
+                                                      nu=50.0, seeded=True, noise_aware=choice),
+                        "best-score": winner_payload(payload, args.tickets, best_score, eps1=None, nu=50.0,
+                                                     seeded=True),
+                        "dense": None,
+                    }
+                for k, (method, winner) in enumerate(winners.items()):
+                    cfg = TrainConfig(data=DataSettings(dataset=args.dataset), train=settings, model=model, seed=seed)
                     started = time.perf_counter()
-                    report = train(cfg, data, Path(folder) / f"{method}-{eps}-{seed}.pt", ticket=winner,
+                    report = train(cfg, data, Path(folder) / f"{k}-{eps}-{seed}.pt", ticket=winner,
                                    ticket_path=args.tickets, private=True, progress=False)
+                    private.setdefault(k, []).append(float(report["test_accuracy"]))
                     print(f"{eps:g} | {method} | {seed} | {report['density']:.3f} | {report['test_accuracy']:.4f} | "
                           f"{time.perf_counter() - started:.0f}", flush=True)
+            if args.every_candidate and choice is not None:
+                ranking_report(eps, choice, private, best_score.index)
 
 
 if __name__ == "__main__":
