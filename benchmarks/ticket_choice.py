@@ -79,6 +79,9 @@ def main() -> None:
     parser.add_argument("--recipe", default=None, help="a recipe of configs/recipes (tuned, scatter)")
     parser.add_argument("--every-candidate", action="store_true",
                         help="train every ticket privately and report the proxy's ranking against it")
+    parser.add_argument("--score-on-train", action="store_true",
+                        help="score the proxy on the public records it trained on, not the public validation ones")
+    parser.add_argument("--proxy-only", action="store_true", help="print the proxy's accuracies; train nothing")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
@@ -86,6 +89,8 @@ def main() -> None:
     device = resolve_device(args.device)
     payload = load_checkpoint(args.tickets, "tickets")
     public = reload_ticket_data(payload, args.data_dir).to(device)
+    if args.score_on_train:  # the generalisation gap of the small public set left out of the proxy's score
+        public = dataclasses.replace(public, val=public.train)
     print(f"tickets {args.tickets}: densities {[round(t['density'], 3) for t in payload['tickets']]}", flush=True)
     print("eps | method | seed | C | test acc | seconds", flush=True)
     with tempfile.TemporaryDirectory() as folder:
@@ -107,6 +112,8 @@ def main() -> None:
                       + ", ".join(f"C={c.density:.3f}:{c.public_val_accuracy:.3f}" for c in choice.candidates)
                       + f" (noise-aware pick: C={choice.candidates[choice.index].density:.3f}; {choice_seconds:.0f} s)",
                       flush=True)
+                if args.proxy_only:
+                    continue
                 best_score = choose(payload, eps1=None, nu=50.0, seed=None)
                 winners: dict[str, Any]
                 if args.every_candidate:
@@ -130,7 +137,7 @@ def main() -> None:
                     private.setdefault(k, []).append(float(report["test_accuracy"]))
                     print(f"{eps:g} | {method} | {seed} | {report['density']:.3f} | {report['test_accuracy']:.4f} | "
                           f"{time.perf_counter() - started:.0f}", flush=True)
-            if args.every_candidate and choice is not None:
+            if args.every_candidate and choice is not None and private:
                 ranking_report(eps, choice, private, best_score.index)
 
 
