@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpltm.allocator import keep_freed_blocks
 from dpltm.data.types import LabeledTensors
 from dpltm.devices import resolve_device
 from dpltm.dp.engine import clipped_gradient_sum_of
@@ -105,7 +104,6 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-opacus", action="store_true")
     args = parser.parse_args()
-    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     device = resolve_device(args.device)
     g = torch.Generator(device=device).manual_seed(0)
     features = torch.rand(args.records, 784, device=device, generator=g)

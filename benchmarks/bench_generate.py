@@ -16,7 +16,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dpltm.allocator import keep_freed_blocks
 from dpltm.data import load_dataset
 from dpltm.data.batches import ShuffledBatches
 from dpltm.devices import resolve_device
@@ -48,7 +47,6 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     device = resolve_device(args.device)
     data = load_dataset(args.dataset, split=args.split, device=device)
     arch = build_architecture(data.num_features, data.num_classes, (300, 100), None)

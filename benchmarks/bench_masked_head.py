@@ -14,10 +14,7 @@ one: a mask that keeps everything takes the plain ghost norm, and a real mask's 
 from a per-record table made once per run (dpltm.dp.engine.record_norm_tables: the head is fed the
 records' features themselves).
 
-The `dpltm` command's allocator tuning (dpltm.allocator) is on, as there; `--system-malloc` times
-glibc's default instead.
-
-    python benchmarks/bench_masked_head.py [--batch-size 4096] [--density 0.3] [--repeats 20] [--system-malloc]
+    python benchmarks/bench_masked_head.py [--batch-size 4096] [--density 0.3] [--repeats 20]
 """
 
 from __future__ import annotations
@@ -30,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 
-from dpltm.allocator import keep_freed_blocks
 from dpltm.api import make_private
 from dpltm.dp.gaussian import GaussianNoise
+from dpltm.dp.sampling import BatchGather
 from dpltm.dp.step import apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.model import apply_masks_, build_architecture, build_network, full_masks
 from dpltm.networks.scatter import CHANNELS
@@ -60,11 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--density", type=float, default=0.3)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--system-malloc", action="store_true",
-                        help="glibc's default allocator, not the CLI's (dpltm.allocator)")
     args = parser.parse_args(argv)
-    if not args.system_malloc:
-        keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     g = torch.Generator().manual_seed(0)
@@ -82,10 +75,11 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         noise, sampler = GaussianNoise(5.0), torch.Generator().manual_seed(2)
         terms = record_terms(model, layout, features)  # once per run, as dpltm train does
+        gather = BatchGather()  # the batch's rows into a kept buffer, as dpltm train does
 
         def step() -> None:
             index = (torch.rand(args.records, generator=sampler, dtype=torch.float64) < q).nonzero().squeeze(1)
-            grads, _, _ = private_gradients(model, features.index_select(0, index), labels.index_select(0, index),
+            grads, _, _ = private_gradients(model, gather(features, index), labels.index_select(0, index),
                                             clip=1.0, noise=noise, expected_batch_size=args.batch_size,
                                             generator=sampler, layout=layout, input_terms=terms_of_batch(terms, index))
             apply_gradients(model, grads, optimizer)

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from bench_dp_step import interleaved, timed
 
-from dpltm.allocator import keep_freed_blocks
 from dpltm.devices import resolve_device
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.step import apply_gradients, private_gradients, step_layout
@@ -48,7 +47,6 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-opacus", action="store_true")
     args = parser.parse_args()
-    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     device = resolve_device(args.device)
     g = torch.Generator(device=device).manual_seed(0)
     features = torch.rand(args.records, 784, device=device, generator=g)

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 import dpltm
-from dpltm.allocator import keep_freed_blocks
 from dpltm.data import load_dataset
 
 
@@ -55,7 +54,6 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1600)
     parser.add_argument("--lr-sigma", type=float, default=6.0)
     args = parser.parse_args()
-    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     public = load_dataset("kmnist", split="test", device="cpu")
     private = load_dataset("mnist", split="train", device="cpu")
     public_train = (public.train.features, public.train.labels)

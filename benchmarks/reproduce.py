@@ -22,7 +22,6 @@ from grid import PROFILES
 from grid.experiment import Experiment, run_grid
 from grid.report import make_figures, read_rows, summarise, write_markdown
 
-from dpltm.allocator import keep_freed_blocks
 from dpltm.devices import resolve_device
 
 
@@ -39,7 +38,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--note", default="", help="text added under the report's title (e.g. wall time)")
     args = parser.parse_args(argv)
-    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     if args.threads:
         torch.set_num_threads(args.threads)
     path = Path(args.profile)

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpltm.allocator import keep_freed_blocks
 from dpltm.checkpoint import load_checkpoint
 from dpltm.config import DataSettings, ModelSettings, TrainConfig, TrainSettings, recipe_tree
 from dpltm.data import load_dataset
@@ -85,7 +84,6 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
-    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     device = resolve_device(args.device)
     payload = load_checkpoint(args.tickets, "tickets")
     public = reload_ticket_data(payload, args.data_dir).to(device)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from grid.recipe_search import FIELDS, search_recipe
 
-from dpltm.allocator import keep_freed_blocks
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
 
@@ -59,7 +58,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="append rows to this CSV")
     args = parser.parse_args(argv)
-    keep_freed_blocks()  # as the dpltm CLI does (dpltm.allocator)
     name, split = (args.public.split(":", 1) + ["train"])[:2]
     public = load_dataset(name, split=split, data_dir=args.data_dir, val_fraction=0.1, seed=args.seed)
     if args.front is not None:  # the head's own inputs: the front end's features, computed once (cached)

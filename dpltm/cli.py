@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 
 from dpltm import cli_options as opt
-from dpltm.allocator import keep_freed_blocks
 from dpltm.choices import (
     Dataset,
     Logger,
@@ -398,7 +397,6 @@ def run(
 
 def main() -> None:
     """Entry point (`dpltm`): usage errors and user mistakes as one line, signals as 128 + signum."""
-    keep_freed_blocks()  # before torch allocates anything (dpltm.allocator: why)
     run_app(app)
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
+from dpltm.dp.sampling import BatchGather
 from dpltm.errors import DpltmUserError
 
 
@@ -50,12 +51,14 @@ class TensorRecords:
         self.features = features if dtype is None or not features.is_floating_point() else features.to(dtype)
         self.labels = labels
         self.device = features.device
+        self._gather = BatchGather()
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def batch(self, index: Tensor) -> tuple[Tensor, Tensor]:
-        return self.features.index_select(0, index), self.labels.index_select(0, index)
+        """The rows `index`; the features are a view of a buffer kept across calls (valid until the next)."""
+        return self._gather(self.features, index), self.labels.index_select(0, index)
 
     def chunks(self, size: int = 65536) -> Iterator[tuple[Tensor, Tensor]]:
         for start in range(0, len(self), size):

@@ -33,7 +33,7 @@ import torch
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, correct_predictions, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
-from dpltm.dp.sampling import poisson_sample
+from dpltm.dp.sampling import BatchGather, poisson_sample
 from dpltm.dp.step import RecordTerms, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
@@ -242,9 +242,10 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     q = batch / n
     x_all, y_all = public.train.features, public.train.labels
     averaged: list[torch.Tensor] | None = None
+    gather = BatchGather()  # one kept buffer for every step's rows (its docstring: why)
     for step in range(plan.steps):
         index = poisson_sample(n, q, generator, device)
-        x, y = x_all.index_select(0, index), y_all.index_select(0, index)
+        x, y = gather(x_all, index), y_all.index_select(0, index)
         if isinstance(stack, EachCandidate):
             stack.step(optimizer, x, y, generator, index)
         else:

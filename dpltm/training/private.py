@@ -36,7 +36,7 @@ from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
 from dpltm.dp.padding import batch_capacity
-from dpltm.dp.sampling import PoissonBatches
+from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import RecordTerms, apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.errors import DpltmUserError
 from dpltm.model import Masks, PrunedWeights, full_masks
@@ -268,6 +268,7 @@ class DPTrainingModule(L.LightningModule):
             raise DpltmUserError("--cuda-graphs (and the static-shape step) run the built-in networks (--arch mlp, "
                                  "lenet5); this network trains in the eager step: drop --cuda-graphs")
         self.input_terms: RecordTerms | None = None
+        self.gather = BatchGather()
         self.averager = make_averager(model, settings.ema)
         self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
@@ -331,7 +332,7 @@ class DPTrainingModule(L.LightningModule):
         extra = None
         if self.canaries is not None:  # an audit: excluded canaries' slots drop out; gradient canaries add theirs
             index, extra = self.canaries.split(index, len(train), dict(self.model.named_parameters()))
-        x = train.features.index_select(0, index)
+        x = self.gather(train.features, index)  # a view of a kept buffer (dpltm.dp.sampling.BatchGather)
         y = train.labels.index_select(0, index)
         terms = terms_of_batch(self.input_terms, index)
         grads, _, _ = private_gradients(

@@ -109,3 +109,22 @@ def test_cuda_generator_same_rule() -> None:
         counts[batch] += 1
     total, trials = int(counts.sum()), n * steps
     assert abs(total - trials * q) < 5 * math.sqrt(trials * q * (1 - q))
+
+
+def test_batch_gather_gives_the_rows_and_keeps_its_buffer() -> None:
+    """BatchGather: exactly `index_select`'s rows, written into one buffer reused across calls (grown when a
+    batch is larger, remade for other rows' shape or dtype)."""
+    from dpltm.dp.sampling import BatchGather
+
+    rows = torch.randn(50, 3, 4)
+    gather = BatchGather()
+    first = gather(rows, torch.tensor([4, 1, 9]))
+    assert torch.equal(first, rows.index_select(0, torch.tensor([4, 1, 9]))) and first.is_contiguous()
+    pointer = first.data_ptr()
+    second = gather(rows, torch.tensor([0, 2]))
+    assert torch.equal(second, rows[[0, 2]]) and second.data_ptr() == pointer  # the same buffer
+    assert gather(rows, torch.tensor([], dtype=torch.long)).shape == (0, 3, 4)
+    larger = gather(rows, torch.arange(20))
+    assert torch.equal(larger, rows[:20])
+    other = gather(rows.double(), torch.tensor([3]))
+    assert other.dtype == torch.float64 and torch.equal(other, rows.double()[[3]])
