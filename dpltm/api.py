@@ -372,16 +372,17 @@ class PrivateTraining:
 
     def _batch_tables(self, index: Tensor) -> dict[str, RecordTable] | None:
         """The batch's rows of the per-record norm tables (dpltm.dp.engine.record_norm_tables) of records
-        held as one tensor. The tables must describe exactly the rows sampled: the first call takes a
-        private copy of the records (the caller's tensor, or a NumPy array under it, could be written
-        to without this object knowing), and tables are remade if that copy's version counter moves."""
+        held as one tensor. The tables must describe exactly the rows sampled: they are made from a
+        private copy of the records, which then replaces them (the caller's tensor, or a NumPy array
+        under it, could be written to without this object knowing); remade if its version counter moves."""
         features = getattr(self.records, "features", None)
         if not isinstance(features, Tensor) or features.numel() * features.element_size() > RECORDS_COPY_MAX_BYTES:
             return None
-        if self._tables is None:
-            self.records.features = features = features.clone()  # type: ignore[union-attr]
         if self._tables is None or self._tables_version != features._version:
-            self._tables = record_norm_tables(self.model, self._pruning, features)
+            copy = features.clone()
+            self._tables = record_norm_tables(self.model, self._pruning, copy)
+            if self._tables:  # kept only where a table reads it
+                self.records.features = features = copy  # type: ignore[union-attr]
             self._tables_version = features._version
         return table_rows(self._tables, index) if self._tables else None
 

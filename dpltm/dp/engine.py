@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpltm.dp.ghost import ClippedBatch, clip_factors
+from dpltm.dp.ghost import ClippedBatch, clip_factors, squares_times
 from dpltm.dp.rules import FuncRule, LayerCall, rule_for
 from dpltm.errors import DpltmUserError
 from dpltm.model import prunable_weights
@@ -115,6 +115,11 @@ def _fed_the_records(call: LayerCall, x: Tensor) -> bool:
             and a.shape[0] == x.shape[0] and a.shape[1] * a.shape[0] == x.numel() and a.is_contiguous())
 
 
+def _weight_name(call: LayerCall) -> str:
+    """The layer's weight as `model.named_parameters()` (and a ticket's masks) name it."""
+    return f"{call.name}.weight" if call.name else "weight"
+
+
 RECORD_TABLES_MAX_BYTES = 1 << 30
 """`record_norm_tables` leaves out a layer whose table would exceed this size (its norm is then computed
 per batch, as without a table)."""
@@ -166,17 +171,12 @@ def record_norm_tables(model: nn.Module, masks: dict[str, Tensor], records: Tens
         if not (isinstance(call.module, nn.Linear) and call.module.weight.requires_grad
                 and _fed_the_records(call, probe)):
             continue
-        mask = masks.get(f"{call.name}.weight" if call.name else "weight")
+        mask = masks.get(_weight_name(call))
         columns = 1 if mask is None else mask.shape[0]
         if flat.shape[0] * columns * flat.element_size() > RECORD_TABLES_MAX_BYTES:
             continue
         operator = None if mask is None else mask.to(device=flat.device, dtype=flat.dtype).T.contiguous()
-        parts = []
-        for start in range(0, flat.shape[0], rows_at_once):
-            x = flat[start:start + rows_at_once]
-            parts.append(torch.linalg.vector_norm(x, dim=1, keepdim=True).square() if operator is None
-                         else (x * x) @ operator)
-        tables[call.name] = RecordTable(torch.cat(parts), masked=mask is not None)
+        tables[call.name] = RecordTable(squares_times(flat, operator, rows_at_once), masked=mask is not None)
     return tables
 
 
@@ -201,7 +201,7 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
     if input_terms and x._version == before:  # written in place: the tables no longer describe x
         for call in calls:
             table = input_terms.get(call.name)
-            masked = (f"{call.name}.weight" if call.name else "weight") in masks
+            masked = _weight_name(call) in masks
             if (table is not None and table.masked == masked and table.terms.shape[0] == x.shape[0]
                     and _fed_the_records(call, x)):
                 call.input_terms = table.terms

@@ -149,16 +149,25 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
                                           else operator.shape[1])
     if features.shape[0] * columns * features.element_size() > INPUT_TERMS_MAX_BYTES:
         return None
+    return squares_times(features, operator, rows_at_once)
+
+
+@torch.no_grad()
+def squares_times(features: Tensor, operator: Tensor | None, rows_at_once: int = 8192) -> Tensor:
+    """Per row i of `features` (N, in): (x_i²) W for a mask operator W, dense (in, out) or sparse CSR
+    (out, in), or the one column ‖x_i‖² for None: the per-record norm tables of `first_layer_input_terms`
+    and `dpltm.dp.engine.record_norm_tables`, in chunks of rows (no N × in square at once)."""
+    columns = 1 if operator is None else (operator.shape[0] if operator.layout == torch.sparse_csr
+                                          else operator.shape[1])
     parts = []
     for start in range(0, features.shape[0], rows_at_once):
         x = features[start : start + rows_at_once]
-        x2 = x * x
         if operator is None:
-            parts.append(x2.sum(dim=1, keepdim=True))
+            parts.append(torch.linalg.vector_norm(x, dim=1, keepdim=True).square())
         elif operator.layout == torch.sparse_csr:
-            parts.append((operator @ x2.T.contiguous()).T)
+            parts.append((operator @ (x * x).T.contiguous()).T)
         else:
-            parts.append(x2 @ operator)
+            parts.append((x * x) @ operator)
     return torch.cat(parts).contiguous() if parts else features.new_zeros(0, columns)
 
 
