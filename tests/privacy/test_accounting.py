@@ -311,13 +311,23 @@ def test_pld_is_not_run_where_rdp_already_puts_epsilon_out_of_range() -> None:
         epsilon(event, DELTA, "pld", "replace_one")
 
 
-def test_dp_accounting_failures_become_one_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(self: object, event: object, count: int = 1) -> None:
+@pytest.mark.parametrize("path", ["accountant", "dp-sgd one-step pld"])
+def test_dp_accounting_failures_become_one_user_error(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpltm.privacy import accounting
+
+    def fail(*args: object, **kwargs: object) -> None:
         raise ValueError("Maximum allowed size exceeded\nmore detail")
 
-    monkeypatch.setattr(dpa.pld.PLDAccountant, "compose", fail)
+    accounting._epsilon_cached.cache_clear()  # nothing answered from an earlier test's query
+    if path == "accountant":  # any other event: dp-accounting's PLDAccountant composes it
+        monkeypatch.setattr(dpa.pld.PLDAccountant, "compose", fail)
+        event = dpa.ComposedDpEvent([dpsgd_event(0.5, 3.0, 17), dpsgd_event(0.25, 3.0, 5)])
+    else:  # DP-SGD's event: its one-step PLD is built by dp-accounting and kept
+        accounting._subsampled_gaussian_pld.cache_clear()
+        monkeypatch.setattr(accounting.pld_lib, "from_gaussian_mechanism", fail)
+        event = dpsgd_event(0.5, 3.0, 17)
     with pytest.raises(DpltmUserError, match="PLD accountant failed at this setting: Maximum allowed size exceeded$"):
-        epsilon(dpsgd_event(0.5, 3.0, 17), DELTA, "pld")
+        epsilon(event, DELTA, "pld")
 
 
 def test_calibration_stops_at_the_smallest_sigma() -> None:
@@ -367,3 +377,24 @@ ACCOUNT = {"q": None, "sigma": None, "steps": None, "delta": DELTA, "dataset_siz
 def test_account_report_refuses_in_one_line(given: dict[str, object], message: str) -> None:
     with pytest.raises(DpltmUserError, match=message):
         account_report(**{**ACCOUNT, **given})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("neighboring", ["add_remove", "replace_one"])
+def test_dpsgd_epsilon_from_the_cached_one_step_pld_is_dp_accountings_bit_for_bit(neighboring: str) -> None:
+    """DP-SGD's ε is computed from a one-step PLD built once and self-composed per query: each value
+    must be exactly what a fresh `PLDAccountant` gives for the event, whatever was asked before it
+    (the cached PLD is never changed by composing it), nested self-compositions included."""
+    from dpltm.privacy import accounting
+
+    relation = {"add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                "replace_one": dpa.NeighboringRelation.REPLACE_ONE}[neighboring]
+    accounting._subsampled_gaussian_pld.cache_clear()
+    step = dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(1.1))
+    for event, delta in [(dpa.SelfComposedDpEvent(step, 300), 1e-5), (dpa.SelfComposedDpEvent(step, 20), 1e-5),
+                         (dpa.SelfComposedDpEvent(dpa.SelfComposedDpEvent(step, 25), 12), 1e-6),
+                         (dpa.SelfComposedDpEvent(step, 300), 1e-5)]:
+        independent = dpa.pld.PLDAccountant(neighboring_relation=relation, value_discretization_interval=1e-4)
+        independent.compose(event)
+        accounting._epsilon_cached.cache_clear()
+        assert accounting.epsilon(event, delta, "pld", neighboring) == float(independent.get_epsilon(delta))
+    assert accounting._subsampled_gaussian_pld.cache_info().currsize == 1  # one one-step PLD served all four

@@ -1,0 +1,117 @@
+"""The paths added since the CUDA-graph tests, on each device: the per-record norm tables, the
+ScatterNet front end, DP training of a masked head over its features, and `make_private` with its own
+copy of the records. Each runs on the CPU here and on CUDA under `pytest -m gpu`, so the GPU variant
+checks the very property the CPU one does (the code is the same; only where the tensors live differs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from dp_accounting import dp_event, pld
+from torch import nn
+
+import dpltm
+from dpltm.architectures import ARCHITECTURES
+from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.dp.engine import clipped_gradient_sum_of, record_norm_tables, table_rows
+from dpltm.model import apply_masks_, build_architecture, build_network, full_masks
+from tests.apidata import blobs, mlp
+from tests.dp.reference import masked_reference
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _network(name: str, seed: int = 0) -> nn.Module:
+    arch = build_architecture(784, 10, ARCHITECTURES[name].default_hidden or (), None, "tanh", name)
+    return build_network(arch, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_norm_tables_give_the_reference_norms_and_sums(device: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 7), nn.Tanh(), nn.Linear(7, 5)).double().to(device)
+    g = torch.Generator().manual_seed(1)
+    masks = {n: (torch.rand(p.shape, generator=g) < 0.5).to(device) for n, p in model.named_parameters()
+             if n.endswith("weight")}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in masks:
+                p.mul_(masks[n])
+    records = torch.randn(30, 12, generator=g, dtype=torch.float64).to(device)
+    labels = torch.randint(0, 5, (30,), generator=g).to(device)
+    tables = record_norm_tables(model, masks, records)
+    assert set(tables) == {"1"} and tables["1"].terms.device.type == device
+    index = torch.tensor([0, 3, 4, 17, 29], device=device)
+    x, y = records.index_select(0, index), labels.index_select(0, index)
+    ref = masked_reference(model, masks, x, y)
+    got = clipped_gradient_sum_of(model, x, y, ref.clip, masks, input_terms=table_rows(tables, index))
+    torch.testing.assert_close(got.norms, ref.norms, rtol=1e-10, atol=1e-10)
+    for name, value in ref.clipped_sum.items():
+        torch.testing.assert_close(got.grad_sums[name], value, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scatter_features_are_the_same_on_each_device(device: str) -> None:
+    net = _network("scatter-linear").to(device)
+    x = torch.rand(6, 784, generator=torch.Generator().manual_seed(2))
+    on_device = net.front(x.to(device))  # type: ignore[union-attr]
+    assert on_device.device.type == device
+    torch.testing.assert_close(on_device.cpu(), _network("scatter-linear").front(x), rtol=1e-4, atol=1e-4)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dp_training_of_a_masked_scatter_head_keeps_pruned_weights_zero(device: str, tmp_path: Path) -> None:
+    """The CLI's DP training over cached features (norm tables on), on the device the data lives on:
+    pruned head weights stay exactly zero and the trained head separates the classes of its records."""
+    from dpltm.config import TrainSettings
+    from dpltm.dp.noise import NoiseContext
+    from dpltm.features import network_inputs
+    from dpltm.training.private import plan_training, run_private
+
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 2, (120,), generator=g)
+    images = torch.rand(120, 784, generator=g) * 0.2 + labels[:, None].float() * torch.linspace(0, 0.8, 784)
+
+    def part(a: int, b: int) -> LabeledTensors:
+        return LabeledTensors(images[a:b], labels[a:b])
+
+    model = _network("scatter-linear", seed=3)
+    splits = network_inputs(model, DatasetSplits("mnist", "train", part(0, 80), part(80, 100), part(100, 120), 784, 10,
+                                                 "fp"), cache_dir=tmp_path)
+    data = DatasetSplits(**{**splits.__dict__, **{k: LabeledTensors(getattr(splits, k).features.to(device),
+                                                                     getattr(splits, k).labels.to(device))
+                                                  for k in ("train", "val", "test")}})
+    masks = full_masks(model)
+    masks["output.weight"] = torch.rand(masks["output.weight"].shape, generator=torch.Generator().manual_seed(4)) < 0.4
+    model.to(device)
+    masks = apply_masks_(model, {k: v.to(device) for k, v in masks.items()})
+    settings = TrainSettings(epochs=3, batch_size=20, eps2=None, sigma=0.5, lr=0.5, momentum=0.9, clip=1.0)
+    run_private(model, data, plan_training(settings, len(data.train)), settings, seed=7,
+                epsilon_after=lambda steps: 0.0, progress=False,
+                noise_context=NoiseContext(model=model, masks=masks, clip=settings.clip, private_dataset="mnist"))
+    weight = model.get_parameter("output.weight")
+    assert weight.device.type == device and bool((weight[~masks["output.weight"]] == 0).all())
+    with torch.no_grad():
+        predicted = model(data.test.features).argmax(1)
+    assert float((predicted == data.test.labels).float().mean()) >= 0.8
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_make_private_on_the_device_of_the_model_and_records(device: str) -> None:
+    model = mlp().to(device)
+    masks = {"0.weight": (torch.rand(16, 10, generator=torch.Generator().manual_seed(1)) < 0.5).to(device)}
+    x, y = blobs(600, 0)
+    private = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9),
+                                 (x.to(device), y.to(device)), target_epsilon=1.0, delta=1e-5, epochs=4, batch_size=60,
+                                 masks=masks, masks_from="random mask", noise_seed=3)
+    private.fit()
+    plan = private.plan
+    accountant = pld.PLDAccountant()
+    accountant.compose(dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(plan.sample_rate, dp_event.GaussianDpEvent(plan.noise_multiplier)), plan.steps))
+    assert private.epsilon == pytest.approx(float(accountant.get_epsilon(1e-5)), rel=1e-9) and private.epsilon <= 1.0
+    assert bool((model[0].weight[~masks["0.weight"]] == 0).all())
+    tx, ty = blobs(300, 2)
+    assert private.evaluate((tx.to(device), ty.to(device))) > 0.8
