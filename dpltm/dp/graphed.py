@@ -3,7 +3,7 @@
 A LeNet-sized DP step is microseconds of arithmetic and a millisecond of kernel launches and
 Python. Here one step is split into two pieces of fixed shape:
 
-* `accumulate`: gather one padded chunk of `capacity` records (dpltm.dp.padding) and their
+* `accumulate`: gather one padded chunk of `capacity` records (dpltm.dp.padding.load_chunk) and their
   first-layer norm terms (`first_layer_input_terms`, computed once), forward,
   output gradients, masked per-sample norms, clip factors times the rows' 0/1 weights, and add
   the chunk's clipped sum to an accumulator;
@@ -34,7 +34,7 @@ from dpltm.dp.averaging import update_average
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
-from dpltm.dp.padding import padded_chunks
+from dpltm.dp.padding import load_chunk, ones_then_zeros
 from dpltm.dp.step import noisy_mean
 from dpltm.model import LeNet, Masks
 
@@ -57,6 +57,7 @@ class StaticShapeDpStep:
         self.input_terms = first_layer_input_terms(train.features, self.layout)
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
         self.weight = torch.zeros(capacity, dtype=dtype, device=device)
+        self._weights = ones_then_zeros(capacity, dtype, device)  # each chunk's weights: one slice of it
         parameters = dict(model.named_parameters())
         names = self.layout.all_parameter_names  # the eager step's order (convolutions first)
         self.sums = {name: torch.zeros_like(parameters[name]) for name in names}
@@ -71,9 +72,8 @@ class StaticShapeDpStep:
 
     def step(self, index: Tensor) -> None:
         """One step on the Poisson batch `index` (record indices; its size is known on the host)."""
-        for chunk in padded_chunks(index, self.capacity, self.weight.dtype):
-            self.index.copy_(chunk.index, non_blocking=True)
-            self.weight.copy_(chunk.weight, non_blocking=True)
+        for start in range(0, max(index.numel(), 1), self.capacity):
+            load_chunk(index, start, self.index, self.weight, self._weights)
             self._run(0)
         self._run(1)
 

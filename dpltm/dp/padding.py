@@ -2,7 +2,7 @@
 
 A captured CUDA graph replays fixed tensor shapes, while a Poisson batch has Binomial(N, q) records.
 So each batch is cut into chunks of exactly `capacity` rows: the sampled records, then padding
-rows (record 0, any record would do) whose per-record weight is 0. The clipped sum weights every
+rows (any valid record: record 0, or one an earlier chunk left in the buffer) whose per-record weight is 0. The clipped sum weights every
 record's clipped gradient by its weight, so a padding row adds exactly zero; a draw larger than
 the capacity fills several chunks, whose clipped sums are added before the step's single noise
 draw. Every sampled record is processed once and nothing else counts, so the mechanism — each
@@ -55,3 +55,25 @@ def padded_chunks(index: Tensor, capacity: int, dtype: torch.dtype = torch.float
                        torch.zeros(padding, dtype=dtype, device=index.device)]),
         ))
     return chunks
+
+
+def ones_then_zeros(capacity: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """`capacity` ones then `capacity` zeros: every chunk's weights are one slice of it (`load_chunk`)."""
+    weights = torch.zeros(2 * capacity, dtype=dtype, device=device)
+    weights[:capacity] = 1
+    return weights
+
+
+def load_chunk(index: Tensor, start: int, into_index: Tensor, into_weight: Tensor, weights: Tensor) -> None:
+    """The chunk of a Poisson batch that begins at row `start`, written into a step's fixed buffers with
+    at most two copies and no allocation (what a CUDA-graph step pays per chunk on the host).
+
+    The first m = min(K, |B| − start) rows get the sampled records' indices and weight 1; the other rows
+    get weight 0 and keep the indices they held (valid records of an earlier chunk, or record 0): like
+    `padded_chunks`' padding, such a row adds exactly zero. `weights` is `ones_then_zeros(K, ...)`.
+    """
+    capacity = into_index.numel()
+    m = max(0, min(capacity, index.numel() - start))
+    if m:
+        into_index[:m].copy_(index[start : start + m], non_blocking=True)
+    into_weight.copy_(weights[capacity - m : 2 * capacity - m], non_blocking=True)

@@ -59,10 +59,10 @@ class ClassifierModule(L.LightningModule):
         return self.model(x)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        if self.graphed is not None:  # a block of steps
+        if self.graphed is not None:  # a block of steps; each replay writes its loss into step_losses
             for row in batch:
-                self.step_losses[self.steps_done].copy_(self.graphed.step(row))
-                self.steps_done += 1
+                self.graphed.step(row)
+            self.steps_done += len(batch)
             return
         x, y = batch
         optimizer = self._optimizer
@@ -80,7 +80,7 @@ class ClassifierModule(L.LightningModule):
         self.keep_pruned = PrunedWeights(self.model, self.masks)  # on the device the trainer chose
         if self.graphed_on is not None:
             self.graphed = GraphedSgdStep(self.model, self.graphed_on, self.batch_size, self._optimizer,
-                                          self.keep_pruned)
+                                          self.keep_pruned, losses=self.step_losses)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Batches are slices of tensors that already live on the device: nothing to move."""
@@ -95,16 +95,22 @@ class GraphedSgdStep:
 
     The batch's record indices are copied into a static buffer; the graph gathers the records from
     the device-resident data, so a step is one copy and one replay, with no host synchronisation.
+    With `losses`, the k-th replay also writes its loss to `losses[k]` (a counter on the device,
+    inside the graph): no per-step indexing or copy launched from Python.
     """
 
     def __init__(self, model: torch.nn.Module, data: LabeledTensors, batch_size: int,
-                 optimizer: torch.optim.Optimizer, keep_pruned: PrunedWeights | None = None) -> None:
+                 optimizer: torch.optim.Optimizer, keep_pruned: PrunedWeights | None = None,
+                 losses: Tensor | None = None) -> None:
         self.model, self.data, self.optimizer = model, data, optimizer
-        self.keep_pruned = keep_pruned
-        self.index = torch.zeros(batch_size, dtype=torch.long, device=data.labels.device)
-        self.loss = torch.zeros((), device=data.labels.device)
+        self.keep_pruned, self.losses = keep_pruned, losses
+        device = data.labels.device
+        self.index = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.loss = torch.zeros((), device=device, dtype=losses.dtype if losses is not None else torch.float32)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)  # the next replay's row of `losses`
         # backward writes the gradients the capture allocates: they must not exist before it
         (self.graph,) = capture([self._step], modules=[model], optimizer=optimizer,
+                                reset=[self.position] + ([losses] if losses is not None else []),
                                 before_capture=lambda: optimizer.zero_grad(set_to_none=True))
 
     def _step(self) -> None:
@@ -116,6 +122,9 @@ class GraphedSgdStep:
         if self.keep_pruned is not None:
             self.keep_pruned()
         self.loss.copy_(loss.detach())
+        if self.losses is not None:
+            self.losses.index_copy_(0, self.position, self.loss.reshape(1))
+            self.position.add_(1)
 
     def step(self, index: Tensor) -> Tensor:
         self.index.copy_(index, non_blocking=True)

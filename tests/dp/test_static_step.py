@@ -16,7 +16,7 @@ from dpltm.dp.averaging import make_averager, update_average
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise, NoiseContext
-from dpltm.dp.padding import batch_capacity, padded_chunks
+from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros, padded_chunks
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
@@ -69,6 +69,24 @@ def test_chunks_keep_every_sampled_record_once_and_pad_with_zero_weight() -> Non
         assert float(sum(c.weight.sum() for c in chunks)) == len(index)
     empty = padded_chunks(index[:0], 8)
     assert len(empty) == 1 and float(empty[0].weight.sum()) == 0.0
+
+
+def test_chunks_loaded_into_the_steps_buffers_are_the_padded_chunks() -> None:
+    """`load_chunk` (the static step's per-chunk copy, no allocation): the same sampled rows with weight 1
+    as `padded_chunks`, weight 0 elsewhere, and every padding row's index a valid record."""
+    index = torch.tensor([3, 5, 8, 13, 21, 34, 55, 89, 144, 199, 7])
+    for capacity in (16, 11, 4, 1):
+        into_index = torch.full((capacity,), 9, dtype=torch.long)  # what an earlier step left
+        into_weight = torch.full((capacity,), 0.5, dtype=torch.float64)
+        weights = ones_then_zeros(capacity, torch.float64, torch.device("cpu"))
+        for k, chunk in enumerate(padded_chunks(index, capacity, torch.float64)):
+            load_chunk(index, k * capacity, into_index, into_weight, weights)
+            assert torch.equal(into_weight, chunk.weight)
+            sampled = chunk.weight == 1
+            assert torch.equal(into_index[sampled], chunk.index[sampled])
+            assert bool(((into_index >= 0) & (into_index < 200)).all())
+    load_chunk(index[:0], 0, into_index, into_weight, weights)  # an empty batch: one chunk of weight 0
+    assert float(into_weight.sum()) == 0.0
 
 
 @pytest.mark.parametrize("capacity", [64, 40, 8])  # room to spare, the exact size, overflow into 5 chunks
