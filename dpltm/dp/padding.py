@@ -2,8 +2,9 @@
 
 A captured CUDA graph replays fixed tensor shapes, while a Poisson batch has Binomial(N, q) records.
 So each batch is cut into chunks of exactly `capacity` rows: the sampled records, then padding
-rows (any valid record: record 0, or one an earlier chunk left in the buffer) whose per-record weight is 0. The clipped sum weights every
-record's clipped gradient by its weight, so a padding row adds exactly zero; a draw larger than
+rows (any valid record: record 0, or one an earlier chunk left in the buffer) whose per-record
+weight is 0. The clipped sum weights every record's clipped gradient by its weight, so a padding
+row adds exactly zero; a draw larger than
 the capacity fills several chunks, whose clipped sums are added before the step's single noise
 draw. Every sampled record is processed once and nothing else counts, so the mechanism — each
 record in with probability q, the clipped sum over exactly the sampled records, one noise draw
