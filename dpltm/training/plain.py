@@ -96,7 +96,8 @@ class GraphedSgdStep:
     The batch's record indices are copied into a static buffer; the graph gathers the records from
     the device-resident data, so a step is one copy and one replay, with no host synchronisation.
     With `losses`, the k-th replay also writes its loss to `losses[k]` (a counter on the device,
-    inside the graph): no per-step indexing or copy launched from Python.
+    inside the graph, reset after the capture's warm-up): no per-step indexing or copy launched from
+    Python.
     """
 
     def __init__(self, model: torch.nn.Module, data: LabeledTensors, batch_size: int,
@@ -122,9 +123,9 @@ class GraphedSgdStep:
         if self.keep_pruned is not None:
             self.keep_pruned()
         self.loss.copy_(loss.detach())
-        if self.losses is not None:
+        if self.losses is not None:  # modulo its length: the capture's warm-up runs may outnumber a short round
             self.losses.index_copy_(0, self.position, self.loss.reshape(1))
-            self.position.add_(1)
+            self.position.add_(1).remainder_(self.losses.numel())
 
     def step(self, index: Tensor) -> Tensor:
         self.index.copy_(index, non_blocking=True)

@@ -171,6 +171,31 @@ def test_static_step_trains_exactly_like_the_eager_step(sigma: float, momentum: 
     assert_pruned_weights_are_zero(eager, masks)
 
 
+def test_a_non_finite_record_left_in_the_padding_rows_adds_nothing() -> None:
+    """`load_chunk` leaves padding rows pointing at records of earlier chunks: one whose features are NaN
+    or infinite must add exactly nothing (weight 0, and the clipped sum zeroes non-finite rows)."""
+    batches = batches_for(6)
+
+    def trained(poison: bool) -> LeNet:
+        (model, masks), data = ticket(), records()
+        if poison:
+            data.features[7] = float("nan")
+            data.features[11] = float("inf")
+        step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=GaussianNoise(1.1), expected_batch_size=N * 0.15,
+                                 capacity=48, generator=torch.Generator().manual_seed(5),
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9))
+        for index in batches:
+            keep = index[(index != 7) & (index != 11)]  # the poisoned records are never sampled...
+            if poison:
+                step.index[:] = torch.tensor([7, 11]).repeat(24)  # ...but fill every padding row
+            step.step(keep)
+        return model
+
+    for (name, clean), poisoned in zip(trained(False).named_parameters(), trained(True).parameters()):
+        assert bool(torch.isfinite(poisoned).all()), name
+        torch.testing.assert_close(poisoned, clean, rtol=0, atol=0, msg=name)
+
+
 def test_ema_update_matches_the_definition() -> None:
     model, _ = ticket()
     averager = make_averager(model, 0.8)
