@@ -252,7 +252,7 @@ def _dpsgd_shape(event: DpEvent) -> tuple[float, float, int] | None:
     return None
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)  # a run asks for one (q, σ); a σ search's many each once (up to ~12 MB each)
 def _subsampled_gaussian_pld(q: float, sigma: float, neighboring: str) -> Any:
     """The one-step PLD of a Poisson-sampled Gaussian, exactly as dp-accounting's `PLDAccountant`
     builds it (pessimistic, connect-the-dots, our discretisation), kept for reuse.
