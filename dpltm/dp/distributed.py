@@ -103,10 +103,29 @@ def local_rank() -> int:
     return env_rank("LOCAL_RANK")
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def local_device(device: torch.device, distribution: Distribution) -> torch.device:
-    """Each rank trains on its own GPU (cuda:LOCAL_RANK); CPU ranks share the CPU."""
-    if device.type != "cuda" or not distribution.multi_process:
+    """Each rank trains on its own GPU (cuda:LOCAL_RANK); CPU ranks share the CPU.
+
+    Checked before Lightning starts a process per device: more processes than this node has GPUs,
+    or (gloo on the CPU) than it has cores, is refused in one line rather than started."""
+    if not distribution.multi_process:
         return device
+    if device.type == "cpu" and distribution.devices > available_cores():
+        raise DpltmUserError(f"--devices {distribution.devices} on the CPU starts one gloo process per device; "
+                             f"this machine has {available_cores()} core(s): use at most that many")
+    if device.type != "cuda":
+        return device
+    if distribution.devices > torch.cuda.device_count():
+        raise DpltmUserError(f"--devices {distribution.devices}: this node has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
     local = local_rank()
     if local >= torch.cuda.device_count():
         raise DpltmUserError(f"--devices {distribution.devices}: this node has "

@@ -70,6 +70,20 @@ def test_distribution_checks() -> None:
         Distribution(0)
 
 
+def test_more_processes_than_the_node_can_run_are_refused_before_any_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--devices 100000` on the CPU once started that many gloo processes: refused in one line now."""
+    from dpltm.dp import distributed
+
+    monkeypatch.setattr(distributed, "available_cores", lambda: 2)
+    cpu = torch.device("cpu")
+    assert distributed.local_device(cpu, Distribution(2)) == cpu
+    with pytest.raises(DpltmUserError, match="--devices 3 on the CPU .* 2 core"):
+        distributed.local_device(cpu, Distribution(3))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DpltmUserError, match="--devices 100000: this node has 1 CUDA device"):
+        distributed.local_device(torch.device("cuda"), Distribution(100000))
+
+
 def ticket() -> tuple[LeNet, Masks]:
     model = LeNet(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0))
     masks = model.full_masks()
