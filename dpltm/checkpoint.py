@@ -162,6 +162,8 @@ def check_writable(path: Path) -> None:
     check_path_length(path)
     if path.exists() and path.is_dir():
         raise DpltmUserError(f"output {path} is a directory")
+    if path.exists() and not path.is_file():  # the write renames a file over it: /dev/null would become one
+        raise DpltmUserError(f"output {path} is not a regular file (a device, pipe or socket): write to a file")
     ancestor = path.parent if str(path.parent) else Path(".")
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

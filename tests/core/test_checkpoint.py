@@ -122,6 +122,17 @@ def test_unwritable_output_fails_early(tmp_path: Path) -> None:
         checkpoint.check_writable(tmp_path)
 
 
+def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    """The write renames a temp file over the output: `--out /dev/null --overwrite` (run as root) once
+    replaced /dev/null with a checkpoint. Devices and pipes are refused before any work."""
+    fifo = tmp_path / "pipe"
+    checkpoint.os.mkfifo(fifo)
+    for target in (Path("/dev/null"), fifo):
+        with pytest.raises(DpltmUserError, match="not a regular file"):
+            checkpoint.prepare_output(target, overwrite=True)
+    assert Path("/dev/null").is_char_device()
+
+
 @pytest.mark.parametrize(("kind", "body", "missing"), [
     ("tickets", {}, "'data'"),
     ("tickets", tickets_body(data={"dataset": "digits"}), "'data.split'"),
