@@ -103,13 +103,14 @@ def show_audit(report: dict[str, Any], json_out: bool) -> None:
         _say(report["warning"])
     if json_out:
         emit_json({**result, **{key: report[key] for key in (
-            "test_accuracy", "noise_multiplier", "sample_rate", "steps", "dataset", "end_to_end_dp", "epsilon_scope",
-            "warning")}})
+            "test_accuracy", "noise_multiplier", "sample_rate", "steps", "dataset", "end_to_end_dp", "epsilon",
+            "epsilon_dp_part", "epsilon_scope", "warning") if key in report}})
         return
     verdict = (f"REFUTED: the lower bound exceeds the claim; the mechanism that ran is likely not the one accounted "
                f"(a correct one is refuted with probability ≤ {1 - result['confidence']:.0%})"
                if result["refuted"] else "consistent: the attack does not refute the claim")
     err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
                       f"ε ≥ {round_down(result['epsilon_lower_bound'], 3)} at {result['confidence']:.0%} confidence; "
-                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (training mechanism; scope of the "
-                      f"run's ε: {report['epsilon_scope']}); {verdict}")
+                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (the training mechanism alone; the "
+                      f"run's ε = {format_epsilon(report['epsilon_dp_part'])}, scope: {report['epsilon_scope']}); "
+                      f"{verdict}")

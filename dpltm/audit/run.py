@@ -26,6 +26,11 @@ MAX_CANARIES = 100_000
 """The most canaries an audit draws: each is a training record (an input canary holds a record's
 features), so 1e12 would ask for terabytes; audits use hundreds to a few thousand."""
 
+CLAIM_SCOPE = ("the training mechanism alone: the canaries take part in DP training only, so a DP warm-up "
+               "(private tickets) or a selection composed into the run's ε is not what the audit tests")
+"""What `epsilon_claimed` covers (the run's own ε, over its scope, is reported beside it)."""
+
+
 @dataclass
 class AuditPlan:
     """What to add to a training run, and how to judge it afterwards."""
@@ -107,5 +112,6 @@ class AuditPlan:
             "observed": primary,
             "by_observation": {name: dataclasses.asdict(b) for name, b in bounds.items()},
             "refuted": bounds[primary].epsilon_lower_bound > claimed,
+            "claim_scope": CLAIM_SCOPE,
             **describe(self.threat_model),
         }

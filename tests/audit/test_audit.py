@@ -222,6 +222,8 @@ def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path, cli) -> 
     assert {"epsilon_lower_bound", "epsilon_claimed", "canaries", "confidence", "threat_model"} <= set(report)
     assert report["canaries"] == 100 and report["confidence"] == 0.95 and report["threat_model"] == "white-box"
     assert 0 <= report["epsilon_lower_bound"] <= report["epsilon_claimed"] <= 2.0
+    # what the claim covers, beside the run's own ε (with a private ticket the two differ: its warm-up)
+    assert report["claim_scope"].startswith("the training mechanism alone") and report["epsilon"] <= 2.0
     assert report["by_observation"]["iterates"]["guesses"] > 0  # the attack's best guesses, even unrefuted
     for args, message in ((["--dense", "--ticket", "x.pt"], "--ticket PATH"), ([], "--ticket PATH"),
                           (["--dense", "--canaries", "1"], "must lie in [2, "),
