@@ -186,7 +186,48 @@ def read_metadata(path: Path) -> dict[str, str]:
     from dpltm.checkpoint_body import check_export_metadata
 
     check_export_metadata(metadata, path)
+    check_privacy_against_ledger(metadata, path)
     return metadata
+
+
+def check_privacy_against_ledger(metadata: dict[str, str], path: Path) -> None:
+    """The ε, δ, scope and statement an export shows are copies: each must be what its ledger gives
+    now (recomputed by the accountant), else the file is damaged. A hand-edited `privacy.epsilon`
+    was once shown by `inspect` and `predict` below what the run spent."""
+    import math
+
+    from dpltm.privacy.ledger import PrivacyLedger
+
+    def damaged(what: str) -> DpltmUserError:
+        return DpltmUserError(f"{path} is a damaged dpltm export: {what}")
+
+    try:
+        ledger = PrivacyLedger.from_json(json.loads(metadata["ledger"]))
+    except KeyError:
+        raise damaged("its metadata lacks 'ledger'") from None
+    except DpltmUserError as exc:
+        raise damaged(str(exc)) from None
+    report = ledger.report()
+    stated = json.loads(metadata["privacy"])
+    expected = {"epsilon": report["overall_epsilon"], "epsilon_dp_part": report["epsilon"], "delta": ledger.delta,
+                "end_to_end_dp": ledger.end_to_end_dp, "accountant": ledger.accountant,
+                "neighboring": ledger.neighboring}
+    for key, value in expected.items():
+        shown = stated.get(key)
+        if isinstance(value, float):
+            agrees = (isinstance(shown, (int, float)) and not isinstance(shown, bool)
+                      and (shown == value or math.isclose(shown, value, rel_tol=1e-3)))
+        else:
+            agrees = shown == value
+        if not agrees:
+            raise damaged(f"its privacy record says {key} = {str(shown)[:40]}, its ledger gives {value}")
+    ledger_statement = ledger.statement()
+    for where, text in (("privacy_statement", metadata.get("privacy_statement", "")),
+                        ("privacy.statement", stated.get("statement", ledger_statement))):
+        lines = str(text).split("\n")
+        if "\n".join(lines[-len(ledger_statement.split("\n")):]) != ledger_statement or not all(
+                line.startswith("CAVEAT: ") for line in lines[:-len(ledger_statement.split("\n"))]):
+            raise damaged(f"its {where} is not the statement its ledger gives")
 
 
 def load_exported(path: Path) -> LoadedModel:

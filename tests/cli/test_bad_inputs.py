@@ -107,6 +107,41 @@ def _broken_export(key: str, text: str) -> Callable[[Path], bytes]:
     return make
 
 
+def _edited_export(edit: Callable[[dict[str, str]], None]) -> Callable[[Path], bytes]:
+    """The trained model's real export with its metadata edited by hand."""
+
+    def make(model: Path) -> bytes:
+        import tempfile
+
+        from safetensors import safe_open
+        from safetensors.torch import save
+
+        from dpltm.export import export_model
+
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "e.safetensors"
+            export_model(model, out)
+            with safe_open(str(out), framework="pt") as handle:
+                metadata = dict(handle.metadata())
+                tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        edit(metadata)
+        return save(tensors, metadata=metadata)
+
+    return make
+
+
+def _set_privacy(key: str, value: object) -> Callable[[dict[str, str]], None]:
+    def edit(metadata: dict[str, str]) -> None:
+        metadata["privacy"] = json.dumps({**json.loads(metadata["privacy"]), key: value})
+    return edit
+
+
+def _set_sigma(metadata: dict[str, str]) -> None:
+    ledger = json.loads(metadata["ledger"])
+    ledger["training"]["sigma"] = 50.0
+    metadata["ledger"] = json.dumps(ledger)
+
+
 def _headed_without_body(kind: str) -> bytes:
     """A file with dpltm's header and nothing else (a tester's hand-made 'checkpoint')."""
     buffer = io.BytesIO()
@@ -318,6 +353,16 @@ CASES = [
                                         ("test_accuracy", "{", "not-json", "'test_accuracy' is not JSON"),
                                         ("ledger", "[" * 100_000 + "]" * 100_000, "deep", "'ledger' is not JSON"),
                                         ("privacy_statement", "", "empty", "no privacy statement")]
+      for cmd, args in [("predict", ("predict", "--model", "b.safetensors", "--device", "cpu")),
+                        ("inspect", ("inspect", "b.safetensors"))]],
+    # ---- real exports whose privacy copies were edited by hand: each must match its ledger --------
+    *[Case(f"{cmd}-export-edited-{label}", args, message, {"b.safetensors": _edited_export(edit)})
+      for label, edit, message in [
+          ("epsilon", _set_privacy("epsilon", 0.01), "says epsilon = 0.01, its ledger gives"),
+          ("scope", _set_privacy("end_to_end_dp", "sometimes"), "says end_to_end_dp = sometimes"),
+          ("statement", lambda m: m.__setitem__("privacy_statement", "(ε = 0.001, δ = 1e-5)-DP"),
+           "privacy_statement is not the statement its ledger gives"),
+          ("sigma", _set_sigma, "privacy record is inconsistent")]
       for cmd, args in [("predict", ("predict", "--model", "b.safetensors", "--device", "cpu")),
                         ("inspect", ("inspect", "b.safetensors"))]],
     Case("plot-deep-json", ("plot", "r.json"), "nested too deeply",
