@@ -95,7 +95,8 @@ def reload_ticket_data(ticket: dict[str, Any], data_dir: Path | None) -> Dataset
 
 def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_public: bool,
                   ticket_data: DatasetSplits | None = None) -> TicketOrigin:
-    """Same dataset name ⇒ same data (conservative), unless the user asserts the tickets are public.
+    """Same dataset name, or the private data's fingerprint ⇒ same data (conservative), unless the user
+    asserts the tickets are public.
 
     The assertion is checked, not trusted: it is refused when the tickets' data fingerprint is the
     private data's, or when the records the generation saw (its train and validation parts, which
@@ -119,7 +120,10 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
                             phase1_training=tuple(warmup))
     selection = ticket["selection"]
     private_dataset = private.name
-    same_name = source["dataset"] == private_dataset
+    # The name decides, and the data's fingerprint backs it: tickets that name another dataset but hold
+    # the private data's fingerprint (a renamed file, or one set of files under two names) are same-data.
+    same_name = source["dataset"] == private_dataset or (
+        source.get("fingerprint") is not None and source.get("fingerprint") == private.fingerprint)
     if same_name and assert_public:
         refused = f"--public-tickets refused: the tickets come from {generated_on}, which"
         if source.get("fingerprint") == private.fingerprint:

@@ -171,3 +171,20 @@ def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_pa
         assert refused.exit_code == 2 and message in refused.stderr, (args, refused.output)
         assert not (tmp_path / "x.pt").exists()
         assert len(lines) <= 1 or "Usage" in refused.stderr, (args, lines)
+
+
+def test_tickets_that_name_another_dataset_but_hold_the_private_fingerprint_are_same_data() -> None:
+    """The name decides which data the tickets saw, and the fingerprint backs it: a tickets file renamed to
+    another dataset (by hand, or one set of files under two names) but made on the private data is not
+    public, so the run is not end-to-end DP."""
+    rule = SELECTION_RULES["best"]
+    payload = ticket_set()
+    chosen = runnable(rule).select(payload, settings_for(rule))
+    winner = winner_payload(payload, Path("t.pt"), chosen.selection, eps1=None, nu=NU, seeded=True, method=rule.name,
+                            event=chosen.event)
+    winner["source"]["data"] = {**winner["source"]["data"], "dataset": "imagenet", "fingerprint": "fp-of-digits"}
+    private = DatasetSplits(name="digits", source_split="train", train=None, val=None,  # type: ignore[arg-type]
+                            test=None, num_features=1, num_classes=2, fingerprint="fp-of-digits")  # type: ignore[arg-type]
+    assert ticket_origin(winner, private, assert_public=False).phase1 == "same-data"
+    other = dataclasses.replace(private, fingerprint="fp-of-other-data")
+    assert ticket_origin(winner, other, assert_public=False).phase1 == "public"
