@@ -237,6 +237,7 @@ class Winner:
         arch = architecture_of(body, KIND, path)
         check_tensors(theta0, reference_theta0(arch), "theta0", KIND, path, check_dtype=True)
         check_tensors(masks, reference_masks(arch), "masks", KIND, path, check_dtype=False)
+        _check_copies(density, layer_density, masks, selection, path)
         if public_weights is not None:
             check_trained(public_weights, masks, arch, "public_weights", KIND, path)
         return cls(architecture=architecture, theta0=theta0, masks=masks, density=density,
@@ -274,3 +275,34 @@ def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: 
     for key, known in (("accountant", ACCOUNTANTS), ("neighboring", NEIGHBORING)):  # what ε is computed under
         if record[key] not in known:
             raise _damaged(path, f"'private_ticket.{key}' is {record[key]!r}, not one of {', '.join(known)}")
+
+
+def _check_copies(density: float, layer_density: Mapping[str, float], masks: Mapping[str, Any],
+                  selection: Mapping[str, Any], path: Path | str) -> None:
+    """What a winner states beside its masks and its selection's DpEvent must agree with them: C is the
+    masks' fraction of weights kept, and ε1 is the ε of the recorded exponential-mechanism event
+    (ZCDp(ε1²/8)). A hand-edited ε1 once lowered the ε a run reported."""
+    import math
+
+    import torch
+    from dp_accounting import ZCDpEvent  # type: ignore[import-untyped]
+
+    kept = sum(int(torch.as_tensor(m).sum()) for m in masks.values())
+    total = sum(torch.as_tensor(m).numel() for m in masks.values())
+    if total and not math.isclose(density, kept / total, rel_tol=1e-9, abs_tol=1e-12):
+        raise _damaged(path, f"'density' {density:g} is not its masks' fraction of weights kept ({kept / total:g})")
+    for name, value in layer_density.items():
+        if name in masks and not math.isclose(value, float(torch.as_tensor(masks[name]).float().mean()),
+                                              rel_tol=1e-6, abs_tol=1e-9):
+            raise _damaged(path, f"'layer_density.{name}' is not its mask's fraction of weights kept")
+    eps1, total_eps1 = selection.get("eps1"), selection.get("eps1_total")
+    if eps1 is None:
+        return
+    if not (math.isfinite(eps1) and eps1 > 0):
+        raise _damaged(path, f"'selection.eps1' must be a positive number, got {eps1}")
+    if total_eps1 is not None and not total_eps1 >= eps1 * (1 - 1e-12):
+        raise _damaged(path, "'selection.eps1_total' is below this draw's 'selection.eps1'")
+    record = selection.get("dp_event")
+    event = None if record is None else parse_event(record, "selection.dp_event", path, KIND)
+    if isinstance(event, ZCDpEvent) and not math.isclose(event.rho, eps1 * eps1 / 8.0, rel_tol=1e-9):
+        raise _damaged(path, f"'selection.eps1' {eps1:g} is not the ε1 of its recorded event (ρ = {event.rho:g})")

@@ -77,7 +77,8 @@ def private_ticket() -> Winner:
     masks = _masks(0.3)
     round_record = training_record(0.01, 1.2, 100, 1.0, 10.0, 1000)
     return Winner(
-        architecture=_network().arch.to_dict(), theta0=theta0(), masks=masks, density=0.3,
+        architecture=_network().arch.to_dict(), theta0=theta0(), masks=masks,
+        density=sum(int(m.sum()) for m in masks.values()) / sum(m.numel() for m in masks.values()),
         layer_density={n: float(m.float().mean()) for n, m in masks.items()}, round=2, val_accuracy=0.7,
         source={"tickets": None, "data": {"dataset": "digits", "split": "train", "n_train": 1000},
                 "config": {"seed": 0, "train": {}, "data": {}}},

@@ -111,6 +111,12 @@ SELECTED_DAMAGE = [
     (lambda b: b["selection"].__setitem__("draws", 1.5), "'selection.draws' has the wrong type (float)"),
     (lambda b: b["selection"].__setitem__("scores", ["high"]), "'selection.scores' must be a list of numbers"),
     (lambda b: b["selection"].__setitem__("dp_event", {"type": "Nope"}), "'selection.dp_event' is not a DpEvent"),
+    # copies that must agree with what they copy (hand edits that changed the reported ε or C)
+    (lambda b: b.__setitem__("density", 5.0), "'density' 5 is not its masks' fraction"),
+    (lambda b: b["layer_density"].__setitem__("output.weight", 0.01), "'layer_density.output.weight' is not"),
+    (lambda b: b["selection"].update(eps1=0.0001, eps1_total=0.0001), "'selection.eps1' 0.0001 is not the ε1"),
+    (lambda b: b["selection"].__setitem__("eps1_total", 1e-9), "'selection.eps1_total' is below"),
+    (lambda b: b["selection"].__setitem__("eps1", -1.0), "'selection.eps1' must be a positive number"),
     (lambda b: b.pop("privacy"), "lacks 'privacy'"),
     (lambda b: b["privacy"].pop("dp_event"), "lacks 'privacy.dp_event'"),
     (lambda b: b["privacy"].__setitem__("statement", "DP"), "'privacy' holds unknown ['statement']"),
