@@ -37,7 +37,7 @@ def architecture_of(body: dict[str, Any], kind: str, path: Path) -> Any:
 def check_tensors(found: Any, expected: dict[str, Any], where: str, kind: str, path: Path,
                   check_dtype: bool) -> None:
     """`found` must hold exactly `expected`'s tensors, with their shapes (and, with `check_dtype`,
-    boolean where the reference is: the masks)."""
+    boolean where the reference is: the masks), and finite values (weights no training leaves non-finite)."""
     import torch
 
     missing = sorted(set(expected) - set(found))
@@ -56,6 +56,9 @@ def check_tensors(found: Any, expected: dict[str, Any], where: str, kind: str, p
             raise _damaged(path, kind, f"'{where}.{name}' has dtype {tensor.dtype}")
         if tensor.dtype != torch.bool and not tensor.is_floating_point():
             raise _damaged(path, kind, f"'{where}.{name}' has dtype {tensor.dtype}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise _damaged(path, kind, f"'{where}.{name}' holds NaN or infinite values "
+                           "(a diverged run, or a damaged file)")
 
 
 EXPORT_TEXT_KEYS = ("format", "privacy_statement", "source_checkpoint")

@@ -248,6 +248,10 @@ def load_exported(path: Path) -> LoadedModel:
         acting = pruned_but_not_zero(weights, masks)
         if acting is not None:
             raise DpltmUserError(f"{path} is a damaged dpltm export: {acting} is non-zero where its mask prunes it")
+        non_finite = next((name for name, value in weights.items()
+                           if value.is_floating_point() and not bool(value.isfinite().all())), None)
+        if non_finite is not None:
+            raise DpltmUserError(f"{path} is a damaged dpltm export: {non_finite} holds NaN or infinite values")
         model.load_state_dict(weights)
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")

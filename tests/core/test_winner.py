@@ -117,6 +117,8 @@ SELECTED_DAMAGE = [
     (lambda b: b["selection"].update(eps1=0.0001, eps1_total=0.0001), "'selection.eps1' 0.0001 is not the ε1"),
     (lambda b: b["selection"].__setitem__("eps1_total", 1e-9), "'selection.eps1_total' is below"),
     (lambda b: b["selection"].__setitem__("eps1", -1.0), "'selection.eps1' must be a positive number"),
+    (lambda b: b["theta0"]["hidden.0.weight"].__setitem__((0, 0), float("nan")),
+     "'theta0.hidden.0.weight' holds NaN or infinite values"),
     (lambda b: b.pop("privacy"), "lacks 'privacy'"),
     (lambda b: b["privacy"].pop("dp_event"), "lacks 'privacy.dp_event'"),
     (lambda b: b["privacy"].__setitem__("statement", "DP"), "'privacy' holds unknown ['statement']"),
