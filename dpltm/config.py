@@ -393,6 +393,9 @@ def resolve_generate_config(cli: Mapping[str, Any], config_file: Path | None) ->
     tree = layered_config(cli, config_file, ("data", "model", "generate"))
     tree = {k: v for k, v in tree.items() if k in ("data", "model", "generate", "seed")}
     cfg = from_dict(GenerateConfig, tree)
+    if cfg.data.val_fraction == 0.0:  # A, the score's accuracy, would be NaN for every ticket
+        raise DpltmUserError("--val-fraction 0 leaves no validation records, and each ticket is scored by its "
+                             "validation accuracy: give a fraction in (0, 1) for generate")
     from dpltm.data.loaders import SPECS  # the dataset's fixed shape, without reading any data
 
     spec = SPECS.get(cfg.data.dataset)

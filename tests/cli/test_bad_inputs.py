@@ -187,6 +187,7 @@ CASES = [
     Case("config-lr-inf", (*GEN, "--config", "c.yaml"), "--lr must be a finite number",
          {"c.yaml": b"generate: {lr: .inf}\n"}),
     # ---- non-finite and absurd numbers -----------------------------------------------------
+    Case("generate-val-fraction-0", (*GEN, "--val-fraction", "0"), "--val-fraction 0 leaves no validation records"),
     Case("generate-lr-inf", (*GEN, "--lr", "inf"), "--lr must be a finite number"),
     Case("generate-lr-1e30", (*GEN, "--lr", "1e30"), "--lr must lie in (0, 1000]"),
     Case("generate-lr-nan", (*GEN, "--lr", "nan"), "--lr must be a finite number"),
