@@ -82,6 +82,9 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
         err_console.print(f"training on {data.name} ({len(data.train)} records) on {where}: "
                           f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
                           f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
+        if not non_private and cfg.train.delta > 1.0 / len(data.train):  # as make_private warns
+            err_console.print(f"warning: δ = {cfg.train.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "
+                              "guarantee with δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
 
     return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
                           assert_public=public_tickets, progress=progress, public_data=public,
