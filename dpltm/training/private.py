@@ -43,7 +43,7 @@ from dpltm.model import Masks, PrunedWeights, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.display import format_epsilon
-from dpltm.privacy.events import DpEvent
+from dpltm.privacy.events import MAX_STEPS, DpEvent
 from dpltm.training.plain import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
 
 if TYPE_CHECKING:
@@ -102,6 +102,10 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
     q = L_ / dataset_size
     steps_per_epoch = math.ceil(dataset_size / L_)
     steps = steps_per_epoch * settings.epochs
+    if steps > MAX_STEPS:
+        raise DpltmUserError(f"--epochs {settings.epochs} at {steps_per_epoch} steps an epoch (batch {L_} of "
+                             f"{dataset_size} records) is {steps} DP steps; dpltm accounts for at most "
+                             f"{MAX_STEPS:.0e}: use fewer epochs or a larger --batch-size")
     mechanism = noise_class(settings.noise)
     if settings.sigma is not None:
         parameter, calibrated = settings.sigma, False

@@ -225,6 +225,7 @@ CASES = [
     Case("select-eps1-nan", ("select", "--eps1", "nan"), "--eps1 must be a finite number"),
     Case("train-sigma-tiny", (*TRAIN, "--sigma", "1e-9"), "--sigma must be at least 0.3"),
     Case("train-eps2-huge", (*TRAIN, "--eps2", "1e6"), "--eps must lie in (0, 100]"),
+    Case("train-epochs-too-many-steps", (*TRAIN, "--epochs", "99999999"), "--epochs 99999999 at"),
     Case("account-sigma-tiny", (*ACCOUNT, "--sigma", "1e-9"), "--sigma must be a finite number ≥ 0.3"),
     Case("account-sigma-nan", (*ACCOUNT, "--sigma", "nan"), "--sigma must be a finite number ≥ 0.3"),
     Case("account-steps-1e12", ("account", "--q", "0.01", "--steps", "1000000000000", "--sigma", "1"),
