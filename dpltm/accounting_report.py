@@ -29,7 +29,7 @@ from dpltm.privacy.accounting import (
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_paper_sigma
 from dpltm.privacy.display import round_up
-from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
+from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
 
 SOUND = ("pld", "rdp")
 
@@ -81,8 +81,9 @@ def account_report(*, q: float | None, sigma: float | None, steps: int | None, d
         selection_event(eps1)  # validates ε1
     if eps is not None:
         eps = check_target_epsilon(eps, "--eps")
-    if sigma is not None and not (math.isfinite(sigma) and sigma >= MIN_NOISE_MULTIPLIER):
-        raise DpltmUserError(f"--sigma must be a finite number ≥ {MIN_NOISE_MULTIPLIER:g}, got {sigma}")
+    if sigma is not None and not (math.isfinite(sigma) and MIN_NOISE_MULTIPLIER <= sigma <= MAX_NOISE_MULTIPLIER):
+        raise DpltmUserError(f"--sigma must be a finite number in [{MIN_NOISE_MULTIPLIER:g}, "
+                             f"{MAX_NOISE_MULTIPLIER:g}], got {sigma}")
     mechanism = noise_plugin(noise)
     rows: list[dict[str, Any]] = []
     if eps is not None:

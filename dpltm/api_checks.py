@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.display import format_epsilon
-from dpltm.privacy.events import MAX_STEPS, MIN_NOISE_MULTIPLIER
+from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MAX_STEPS, MIN_NOISE_MULTIPLIER
 
 NEIGHBORING_NAMES = {"add_remove": "add_remove", "add-remove": "add_remove", "add/remove": "add_remove",
                      "replace_one": "replace_one", "replace-one": "replace_one"}
@@ -81,6 +81,9 @@ def check_budget(target_epsilon: Any, noise_multiplier: Any) -> tuple[float | No
     if sigma < MIN_NOISE_MULTIPLIER:
         raise DpltmUserError(f"noise_multiplier must be at least {MIN_NOISE_MULTIPLIER:g} (less gives no meaningful "
                              f"privacy), got {sigma:g}")
+    if sigma > MAX_NOISE_MULTIPLIER:
+        raise DpltmUserError(f"noise_multiplier must be at most {MAX_NOISE_MULTIPLIER:g} (the accountants cannot "
+                             f"state the tiny ε of more noise), got {sigma:g}")
     return None, sigma
 
 

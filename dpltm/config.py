@@ -29,7 +29,7 @@ import yaml
 from dpltm.errors import DpltmUserError
 from dpltm.model import ACTIVATIONS, ARCHS, check_network_size
 from dpltm.privacy.accounting import check_target_epsilon
-from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
+from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
 from dpltm.strict_yaml import DuplicateKeyError, safe_load_strict
 
@@ -482,6 +482,9 @@ class TrainSettings:
         if self.sigma is not None and not self.sigma >= MIN_NOISE_MULTIPLIER:
             raise DpltmUserError(f"--sigma must be at least {MIN_NOISE_MULTIPLIER:g} (less gives no meaningful "
                                  f"privacy), got {self.sigma:g}")
+        if self.sigma is not None and self.sigma > MAX_NOISE_MULTIPLIER:
+            raise DpltmUserError(f"--sigma must be at most {MAX_NOISE_MULTIPLIER:g} (more noise drowns every "
+                                 f"gradient, and the accountants cannot state its tiny ε), got {self.sigma:g}")
         if not 0 < self.delta < 1:
             raise DpltmUserError(f"--delta must lie in (0, 1), got {self.delta}")
         if self.max_eps is not None:

@@ -29,6 +29,11 @@ JsonDict = dict[str, Any]
 #: range at a 1e-4 grid): at σ = 1e-9 it asks for more memory than exists.
 MIN_NOISE_MULTIPLIER = 0.3
 
+#: The largest noise multiplier accepted. σ = 10⁴ already drowns any clipped gradient (ε ≈ 0.008 for
+#: 1000 full-batch steps); beyond it dp-accounting's ε underflows to 0, below the true (tiny) ε, and
+#: at 1e300 its PLD fails outright.
+MAX_NOISE_MULTIPLIER = 1e4
+
 #: The most DP-SGD steps dpltm accounts for. The paper's runs take 7 500 (50 epochs of batch
 #: 400 on 60 000 records); 10⁶ is a thousand epochs at batch 64. Bounds what the accountants
 #: are asked: PLD's self-composition slows with T (at T = 10⁷ one evaluation can take 40 s,

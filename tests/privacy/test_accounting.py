@@ -367,7 +367,7 @@ ACCOUNT = {"q": None, "sigma": None, "steps": None, "delta": DELTA, "dataset_siz
         ({"dataset_size": 0, "batch_size": 10, "epochs": 1, "sigma": 1.0}, "--dataset-size must be a positive"),
         ({"dataset_size": 100, "batch_size": -1, "epochs": 1, "sigma": 1.0}, "--batch-size must be a positive"),
         ({"dataset_size": 60000, "batch_size": 1, "epochs": 100, "sigma": 1.0}, "steps must be at most"),
-        ({"q": 0.01, "steps": 100, "sigma": 1e-9}, "--sigma must be a finite number ≥ 0.3"),
+        ({"q": 0.01, "steps": 100, "sigma": 1e-9}, r"--sigma must be a finite number in \[0.3, 10000\]"),
         ({"q": 0.01, "steps": 100, "eps": 1e9}, r"--eps must lie in \(0, 100\]"),
         ({"q": 0.01, "steps": 100, "sigma": 1.0, "eps1": 1e308}, r"eps1 must lie in \(0, 100\]"),
         ({"q": 0.01, "steps": 100, "sigma": 1.0, "delta": math.nan}, "delta"),
