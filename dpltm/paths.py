@@ -34,7 +34,8 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
             f"(the default ../shared/data does not exist)"
         )
     if not root.is_dir():
-        raise DpltmUserError(f"data directory {root} (from {source}) does not exist")
+        what = "exists but is not a directory" if root.exists() else "does not exist"
+        raise DpltmUserError(f"data directory {root} (from {source}) {what}")
     return root
 
 
