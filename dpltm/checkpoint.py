@@ -210,6 +210,23 @@ def _artefact(kind: str) -> Any:
     return getattr(dpltm.artefacts, ARTEFACTS[kind])
 
 
+def _why_unreadable(path: Path, exc: Exception) -> str:
+    """torch.load's failure in the user's terms (its own text speaks of `weights_only` and pickle opcodes)."""
+    import pickle
+
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(2)
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    if head != b"PK":  # torch.save's zip format
+        return "not a PyTorch save file"
+    if isinstance(exc, pickle.UnpicklingError):
+        return "it holds Python objects beyond tensors and plain data, which dpltm never unpickles"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"a damaged PyTorch save file: {first[:100]}"
+
+
 def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     """The body of a dpltm checkpoint of a readable format and of the expected kind(s), unchecked."""
     kinds = (kind,) if isinstance(kind, str) else kind
@@ -219,8 +236,7 @@ def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     try:
         body = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or damaged files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DpltmUserError(f"{path} is not a readable dpltm checkpoint ({first[:120]})") from None
+        raise DpltmUserError(f"{path} is not a readable dpltm checkpoint ({_why_unreadable(path, exc)})") from None
     if not isinstance(body, dict) or body.get("format") != "dpltm":
         raise DpltmUserError(f"{path} is not a dpltm checkpoint")
     version, found = body.get("format_version"), body.get("kind")

@@ -72,8 +72,17 @@ def test_crash_during_write_keeps_previous_file(tmp_path: Path, monkeypatch: pyt
 def test_foreign_and_damaged_files_are_refused(tmp_path: Path) -> None:
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(DpltmUserError, match="not a readable dpltm checkpoint"):
+    with pytest.raises(DpltmUserError, match=r"not a readable dpltm checkpoint \(not a PyTorch save file\)"):
         load_checkpoint(junk, "tickets")
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"format": "dpltm", "payload": Path("objects")}, pickled)  # more than tensors and plain data
+    with pytest.raises(DpltmUserError, match="Python objects beyond tensors and plain data") as caught:
+        load_checkpoint(pickled, "tickets")
+    assert "weights_only" not in str(caught.value)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(pickled.read_bytes()[:40])
+    with pytest.raises(DpltmUserError, match="a damaged PyTorch save file"):
+        load_checkpoint(truncated, "tickets")
     foreign = tmp_path / "foreign.pt"
     torch.save({"state_dict": {}}, foreign)
     with pytest.raises(DpltmUserError, match="not a dpltm checkpoint"):
