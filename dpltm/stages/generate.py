@@ -58,6 +58,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     iterations = cfg.generate.iterations
 
     def on_round(record: dict[str, Any]) -> None:
+        on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
         err_console.print(
             f"round {record['round']}: C={record['density']:.4f} "
             f"val acc={record['val_accuracy']:.4f}"
@@ -73,7 +74,8 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         if logger is not None:
             run_log = RunLog("generate", cfg.data.dataset, logger, log_dir, to_dict(cfg), mode="imp")
         with run_log.closed_on_error() if run_log else contextlib.nullcontext():
-            on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
+            on_interrupt_kept(f"no round finished in this run; {target} is as it was" if target.exists() else
+                               f"no round had finished: nothing was written to {target}")
             payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress,
                                        on_round=on_round, cuda_graphs=cuda_graphs)
     if run_log is not None:
@@ -138,6 +140,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     rounds: list[dict[str, Any]] = []
 
     def on_round(record: dict[str, Any]) -> None:
+        on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
         err_console.print(f"warm-up round {record['round']}: C={record['density']:.4f} "
                           f"val acc={record['val_accuracy']:.4f}, "
                           f"ε so far ≤ {format_epsilon(record['epsilon_so_far'])}")
