@@ -165,8 +165,9 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
         "model": {"activation": r.activation}, "seed": r.seed}
     train_cfg = resolve_train_config(train_cli, r.config)
     # the given generation options checked before any data is read (the recipe's own come once it is chosen)
-    resolve_generate_config(generation_settings(r, "paper" if r.recipe == "auto" else r.recipe, project_to),
-                            r.config)
+    given_recipe = "paper" if r.recipe == "auto" else r.recipe
+    check_recipe_carries(r, given_recipe, generation_settings(r, given_recipe, project_to), project_to)
+    resolve_generate_config(generation_settings(r, given_recipe, project_to), r.config)
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config])
     torch_device = resolve_device(r.device)
@@ -177,6 +178,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features) and not r.cuda_graphs
     train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter)
     gen_cli = generation_settings(r, train_cli["recipe"], project_to)
+    check_recipe_carries(r, train_cli["recipe"], gen_cli, project_to)
     gen_cfg = resolve_generate_config(gen_cli, r.config)
     noise_aware = r.choice == TicketChoice.noise_aware
     public = load_dataset(r.public_dataset, split=gen_cfg.data.split, data_dir=r.data_dir,
@@ -210,6 +212,19 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+
+
+def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: dict[str, Any], project_to: int | None) -> None:
+    """A recipe whose network is not the MLP (scatter: a ScatterNet head) makes tickets of the public images'
+    shape; only the MLP's input projection carries tickets to data of another width."""
+    from dpltm.data.loaders import SPECS
+
+    recipe_arch = gen_cli["model"].get("arch")
+    if r.arch is None and recipe_arch not in (None, "mlp") and project_to is not None:
+        raise DpltmUserError(f"--recipe {recipe} trains {recipe_arch} tickets, made on {r.public_dataset}'s "
+                             f"{SPECS[r.public_dataset].num_features} values, which cannot carry to {r.dataset}'s "
+                             f"{SPECS[r.dataset].num_features}: use --recipe paper (MLP tickets with an input "
+                             "projection)")
 
 
 def generation_settings(r: RunRequest, recipe: str, project_to: int | None) -> dict[str, Any]:

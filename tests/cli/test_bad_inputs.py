@@ -319,6 +319,8 @@ CASES = [
                                                  "public", "--output-layer", "keep", "--device", "cpu"),
          "output layer cannot carry over"),
     Case("run-rewind-foo", ("run", "--dataset", "digits", "--rewind", "foo"), "'foo' is not one of"),
+    Case("run-scatter-recipe-across-widths", ("run", "--dataset", "digits", "--recipe", "scatter", "--choice", "best"),
+         "--recipe scatter trains scatter-linear tickets, made on kmnist's 784 values"),
     # ---- files with dpltm's header and no body ------------------------------------------------
     Case("inspect-headed-empty", ("inspect", "e.pt"), "damaged 'tickets' checkpoint",
          {"e.pt": _headed_without_body("tickets")}),
