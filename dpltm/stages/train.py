@@ -41,6 +41,9 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
         cli = {**cli, "data": {**cli.get("data", {}), "dataset": ticket_body["source"]["data"]["dataset"]}}  # type: ignore[index]
     cfg = resolve_train_config(cli, config, base=base)
     given = cli.get("train", {})
+    if non_private and given.get("lr_sigma") is not None:
+        raise DpltmUserError("--lr-sigma sets a DP run's learning rate from its σ; a --non-private run has no σ: "
+                             "give --lr")
     if not non_private and given.get("lr") is not None and given.get("lr_sigma") is None:
         check_lr_given(given["lr"], cfg, str(cli.get("recipe", "the config's")))  # --lr would be ignored
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
