@@ -200,7 +200,9 @@ class SelectRequest(CommandRequest):
             raise DpltmUserError("--best picks without privacy and spends no ε1: drop --eps1, or drop --best for "
                                  "the exponential mechanism")
         if self.noise_aware and (self.best or self.eps1 is not None):
-            raise DpltmUserError("--noise-aware is its own choice: drop --best/--eps1")
+            raise DpltmUserError("--noise-aware is its own choice: drop "
+                                 + " and ".join(flag for flag, given in (("--best", self.best),
+                                                                         ("--eps1", self.eps1 is not None)) if given))
         name = self.rule_name()
         rule = selection_rule(name)
         if self.eps1 is not None and not rule.spends_eps1:
@@ -362,7 +364,8 @@ class AuditRequest(_TrainingOptions):
         from dpltm.stages.audit import stage_audit
 
         if self.dense == (self.ticket is not None):
-            raise DpltmUserError("give --ticket PATH (from `dpltm select`) or --dense")
+            raise DpltmUserError("give --ticket PATH (from `dpltm select`) or --dense"
+                                 + (", not both" if self.dense else ""))
         self._check_network()
         self._check_budget()
         plan = AuditPlan(self.threat_model, self.canaries, self.confidence, self.canary_seed)

@@ -294,7 +294,9 @@ CASES = [
     # ---- conflicting options ----------------------------------------------------------------
     Case("select-best-and-eps1", ("select", "--best", "--eps1", "0.1"), "drop --eps1"),
     Case("select-noise-aware-and-best", ("select", "--noise-aware", "--best", "--private-size", "10"),
-         "drop --best/--eps1"),
+         "its own choice: drop --best"),
+    Case("audit-dense-and-ticket", ("audit", "--dense", "--ticket", "x.pt", "--dataset", "digits"),
+         "or --dense, not both"),
     Case("select-noise-aware-without-size", ("select", "--noise-aware"), "needs --private-size"),
     Case("select-planned-run-without-noise-aware", ("select", "--eps2", "1"), "add --noise-aware"),
     Case("train-non-private-with-eps2", (*TRAIN, "--non-private", "--eps2", "1"), "drop --eps/--sigma"),
