@@ -268,6 +268,8 @@ class TicketSet:
         records = _typed(body, "tickets", (list,), "", path)
         complete = _typed(body, "complete", (bool,), "", path)
         seed = _typed(body, "seed", (int,), "", path)
+        if not records:  # generate writes the file after its first round, never before
+            raise _damaged(path, "it holds no tickets")
         tickets = tuple(Ticket.from_dict(r, i, path) for i, r in enumerate(records))
         check_unknown(body, (*HEADER_KEYS, *TICKET_SET_KEYS), "", path, KIND)
         optional = {key: _typed(body, key, types, "", path, optional=True)

@@ -22,7 +22,7 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
     from dpltm.artefacts import TicketSet, TrainedModel, Winner
     from dpltm.checkpoint import load_artefact
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
-    from dpltm.export import SUFFIX, private_fingerprints, read_metadata
+    from dpltm.export import SUFFIX, USER_MODEL, load_exported, private_fingerprints, read_metadata
     from dpltm.report import (
         print_export,
         print_model,
@@ -39,6 +39,8 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
 
     if path.suffix == SUFFIX:
         metadata = read_metadata(path)
+        if json.loads(metadata["architecture"]).get("kind") != USER_MODEL:
+            load_exported(path)  # its tensors checked as `predict` checks them: a damaged file is refused alike
         exported = {"kind": "export", **{k: (v if k in ("privacy_statement", "source_checkpoint", "format")
                                                else json.loads(v)) for k, v in metadata.items()}}
         warn_if(["data"] if carries_private_fingerprint(exported.get("data")) else [])

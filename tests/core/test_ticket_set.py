@@ -98,6 +98,7 @@ def _refused(path: Path) -> str:
 
 DAMAGE = [
     (lambda b: b.pop("data"), "lacks 'data'"),
+    (lambda b: b.__setitem__("tickets", []), "it holds no tickets"),
     (lambda b: b["data"].pop("fingerprint"), "lacks 'data.fingerprint'"),
     (lambda b: b["data"].__setitem__("dataset", 3), "'data.dataset' has the wrong type (int)"),
     (lambda b: b.pop("theta0"), "lacks 'theta0'"),
