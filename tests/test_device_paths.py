@@ -15,10 +15,10 @@ from torch import nn
 import dpltm
 from dpltm.architectures import ARCHITECTURES
 from dpltm.data.types import DatasetSplits, LabeledTensors
-from dpltm.dp.engine import clipped_gradient_sum_of, record_norm_tables, table_rows
+from dpltm.dp.engine import record_norm_tables
 from dpltm.model import apply_masks_, build_architecture, build_network, full_masks
 from tests.apidata import blobs, mlp
-from tests.dp.reference import masked_reference
+from tests.dp.test_record_tables import _check_against_reference as check_against_reference
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -43,13 +43,7 @@ def test_norm_tables_give_the_reference_norms_and_sums(device: str) -> None:
     labels = torch.randint(0, 5, (30,), generator=g).to(device)
     tables = record_norm_tables(model, masks, records)
     assert set(tables) == {"1"} and tables["1"].terms.device.type == device
-    index = torch.tensor([0, 3, 4, 17, 29], device=device)
-    x, y = records.index_select(0, index), labels.index_select(0, index)
-    ref = masked_reference(model, masks, x, y)
-    got = clipped_gradient_sum_of(model, x, y, ref.clip, masks, input_terms=table_rows(tables, index))
-    torch.testing.assert_close(got.norms, ref.norms, rtol=1e-10, atol=1e-10)
-    for name, value in ref.clipped_sum.items():
-        torch.testing.assert_close(got.grad_sums[name], value, rtol=1e-10, atol=1e-10, msg=name)
+    check_against_reference(model, masks, records, labels, torch.tensor([0, 3, 4, 17, 29], device=device), tables)
 
 
 @pytest.mark.parametrize("device", DEVICES)
