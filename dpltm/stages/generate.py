@@ -31,6 +31,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     if config is not None and same_file(target, config):
         raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
     check_writable(target)
+    check_prune_rates(cfg)
     torch_device = resolve_device(device)
     if cuda_graphs and torch_device.type != "cuda":
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
@@ -82,6 +83,20 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         run_log.finish(output=str(target), tickets=run_tickets(payload), stop_reason=payload.get("stop_reason"))
         err_console.print(f"log: {run_log.folder}")
     return payload, target
+
+
+def check_prune_rates(cfg: Any) -> None:
+    """--prune-rates against the network's layers, before any data is read (a known dataset's shape is
+    fixed: dpltm.data.loaders.SPECS)."""
+    from dpltm.data.loaders import SPECS
+    from dpltm.model import build_architecture
+    from dpltm.tickets.imp import resolve_prune_rates
+
+    spec = SPECS.get(cfg.data.dataset)
+    if spec is not None and cfg.generate.prune_rates is not None:
+        resolve_prune_rates(build_architecture(spec.num_features, spec.num_classes, cfg.model.hidden,
+                                               cfg.model.project_to, cfg.model.activation, cfg.model.arch),
+                            cfg.generate.prune_rates)
 
 
 def run_tickets(payload: dict[str, Any]) -> list[dict[str, Any]]:

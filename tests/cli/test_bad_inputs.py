@@ -193,6 +193,7 @@ CASES = [
     Case("generate-lr-nan", (*GEN, "--lr", "nan"), "--lr must be a finite number"),
     Case("generate-val-fraction-nan", (*GEN, "--val-fraction", "nan"), "--val-fraction must be a finite"),
     Case("generate-prune-rate-inf", (*GEN, "--prune-rates", "inf"), "--prune-rates must be a finite"),
+    Case("generate-prune-rates-per-layer", (*GEN, "--prune-rates", "0.1,0.2"), "one rate or one per layer (3:"),
     Case("generate-seed-negative", (*GEN, "--seed", "-1"), "--seed must lie in"),
     Case("train-noise-seed-negative", (*TRAIN, "--eps2", "1", "--noise-seed", "-1"), "'--noise-seed'"),
     Case("select-seed-negative", ("select", "--eps1", "0.1", "--seed", "-1"), "'--seed'"),
