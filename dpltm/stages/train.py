@@ -59,6 +59,9 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     if public_name is not None and not noise_plugin(cfg.train.noise).needs_public_data:
         needing = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.needs_public_data)
         raise DpltmUserError(f"--public-dataset is only used by --noise {needing} (this run uses {cfg.train.noise})")
+    if public_name is None and not non_private and noise_plugin(cfg.train.noise).needs_public_data:
+        raise DpltmUserError(f"--noise {cfg.train.noise} needs public data: pass --public-dataset NAME "
+                             "(and --public-split)")
     if public_name is not None and public_name == cfg.data.dataset:
         raise DpltmUserError(f"--public-dataset must be public: it names the private dataset {cfg.data.dataset}")
     if download:

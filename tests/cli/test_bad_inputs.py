@@ -228,6 +228,8 @@ CASES = [
     Case("train-eps2-huge", (*TRAIN, "--eps2", "1e6"), "--eps must lie in (0, 100]"),
     Case("train-sigma-1e300", (*TRAIN, "--sigma", "1e300"), "--sigma must be at most 10000"),
     Case("account-sigma-1e300", (*ACCOUNT, "--sigma", "1e300"), "--sigma must be a finite number in [0.3, 10000]"),
+    Case("train-shaped-noise-without-public-data", (*TRAIN, "--noise", "shaped"),
+         "--noise shaped needs public data: pass --public-dataset"),
     Case("train-non-private-lr-sigma", (*TRAIN, "--non-private", "--lr-sigma", "1"), "a --non-private run has no σ"),
     Case("train-epochs-too-many-steps", (*TRAIN, "--epochs", "99999999"), "--epochs 99999999 at"),
     Case("account-sigma-tiny", (*ACCOUNT, "--sigma", "1e-9"), "--sigma must be a finite number in [0.3, 10000]"),
