@@ -186,14 +186,15 @@ def read_metadata(path: Path) -> dict[str, str]:
     from dpltm.checkpoint_body import check_export_metadata
 
     check_export_metadata(metadata, path)
-    check_privacy_against_ledger(metadata, path)
-    return metadata
+    return privacy_from_ledger(metadata, path)
 
 
-def check_privacy_against_ledger(metadata: dict[str, str], path: Path) -> None:
-    """The ε, δ, scope and statement an export shows are copies: each must be what its ledger gives
-    now (recomputed by the accountant), else the file is damaged. A hand-edited `privacy.epsilon`
-    was once shown by `inspect` and `predict` below what the run spent."""
+def privacy_from_ledger(metadata: dict[str, str], path: Path) -> dict[str, str]:
+    """The metadata with its privacy copies checked against, and its statements rebuilt from, the
+    ledger. The ε, δ and scope must be what the ledger gives now (recomputed by the accountant), else
+    the file is damaged: a hand-edited `privacy.epsilon` was once shown by `inspect` and `predict`
+    below what the run spent. The statements shown are the ledger's own (after the file's CAVEAT
+    lines), never the stored text, whose wording may be an older release's or someone's edit."""
     import math
 
     from dpltm.privacy.ledger import PrivacyLedger
@@ -221,13 +222,10 @@ def check_privacy_against_ledger(metadata: dict[str, str], path: Path) -> None:
             agrees = shown == value
         if not agrees:
             raise damaged(f"its privacy record says {key} = {str(shown)[:40]}, its ledger gives {value}")
-    ledger_statement = ledger.statement()
-    for where, text in (("privacy_statement", metadata.get("privacy_statement", "")),
-                        ("privacy.statement", stated.get("statement", ledger_statement))):
-        lines = str(text).split("\n")
-        if "\n".join(lines[-len(ledger_statement.split("\n")):]) != ledger_statement or not all(
-                line.startswith("CAVEAT: ") for line in lines[:-len(ledger_statement.split("\n"))]):
-            raise damaged(f"its {where} is not the statement its ledger gives")
+    caveats = [line for line in metadata.get("privacy_statement", "").split("\n") if line.startswith("CAVEAT: ")]
+    statement = "\n".join([*caveats, ledger.statement()])
+    return {**metadata, "privacy_statement": statement,
+            "privacy": json.dumps({**stated, **({"statement": statement} if "statement" in stated else {})})}
 
 
 def load_exported(path: Path) -> LoadedModel:

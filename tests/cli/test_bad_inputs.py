@@ -372,8 +372,6 @@ CASES = [
       for label, edit, message in [
           ("epsilon", _set_privacy("epsilon", 0.01), "says epsilon = 0.01, its ledger gives"),
           ("scope", _set_privacy("end_to_end_dp", "sometimes"), "says end_to_end_dp = sometimes"),
-          ("statement", lambda m: m.__setitem__("privacy_statement", "(ε = 0.001, δ = 1e-5)-DP"),
-           "privacy_statement is not the statement its ledger gives"),
           ("sigma", _set_sigma, "privacy record is inconsistent")]
       for cmd, args in [("predict", ("predict", "--model", "b.safetensors", "--device", "cpu")),
                         ("inspect", ("inspect", "b.safetensors"))]],
@@ -506,6 +504,20 @@ def test_user_mistake_is_one_line_and_writes_nothing(case: Case, tmp_path: Path,
 def test_user_mistake_as_a_real_subprocess(case: Case, tmp_path: Path, data_dirs: dict[str, Path],
                                            tickets: Path) -> None:
     _check(case, _run_subprocess, tmp_path, data_dirs, tickets)
+
+
+def test_an_exports_statement_is_its_ledgers_never_the_stored_text(model: Path, tmp_path: Path) -> None:
+    """An export's stored statement may be an older release's wording or an edit: what dpltm shows is
+    the ledger's own statement (after the file's CAVEAT lines)."""
+    from dpltm.export import load_exported, read_metadata
+
+    edited = tmp_path / "e.safetensors"
+    edited.write_bytes(_edited_export(lambda m: m.__setitem__("privacy_statement", "(ε = 0.001, δ = 1e-5)-DP"))(model))
+    honest = tmp_path / "h.safetensors"
+    honest.write_bytes(_edited_export(lambda m: None)(model))
+    shown, expected = read_metadata(edited), read_metadata(honest)
+    assert "0.001" not in shown["privacy_statement"] and shown["privacy_statement"] == expected["privacy_statement"]
+    assert load_exported(edited).privacy == load_exported(honest).privacy
 
 
 # ---- unreadable data folders ------------------------------------------------------------------
