@@ -228,13 +228,14 @@ def privacy_from_ledger(metadata: dict[str, str], path: Path) -> dict[str, str]:
             "privacy": json.dumps({**stated, **({"statement": statement} if "statement" in stated else {})})}
 
 
-def load_exported(path: Path) -> LoadedModel:
+def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedModel:
+    """The model of a dpltm export; `metadata`: what `read_metadata(path)` already returned."""
     from safetensors.torch import load_file
 
     from dpltm.checkpoint_format import current_parameter_names
     from dpltm.model import Architecture, build_network, pruned_but_not_zero, split_stored_state
 
-    metadata = read_metadata(path)
+    metadata = read_metadata(path) if metadata is None else metadata
     if json.loads(metadata["architecture"]).get("kind") == USER_MODEL:
         raise DpltmUserError(f"{path} holds your own model's weights (a dpltm.make_private run): load them into "
                              "your nn.Module with safetensors.torch.load_file; dpltm cannot rebuild that network")

@@ -145,11 +145,16 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
     if layout.conv_parameter_names:  # the first layer is a convolution: its input is not a record row
         return None
     operator = layout.norm_masks[0]
-    columns = 1 if operator is None else (operator.shape[0] if operator.layout == torch.sparse_csr
-                                          else operator.shape[1])
-    if features.shape[0] * columns * features.element_size() > INPUT_TERMS_MAX_BYTES:
+    if features.shape[0] * operator_columns(operator) * features.element_size() > INPUT_TERMS_MAX_BYTES:
         return None
     return squares_times(features, operator, rows_at_once)
+
+
+def operator_columns(operator: Tensor | None) -> int:
+    """Columns of `squares_times`' result: the layer's outputs for a mask operator, 1 for None."""
+    if operator is None:
+        return 1
+    return operator.shape[0] if operator.layout == torch.sparse_csr else operator.shape[1]
 
 
 @torch.no_grad()
@@ -157,8 +162,6 @@ def squares_times(features: Tensor, operator: Tensor | None, rows_at_once: int =
     """Per row i of `features` (N, in): (x_i²) W for a mask operator W, dense (in, out) or sparse CSR
     (out, in), or the one column ‖x_i‖² for None: the per-record norm tables of `first_layer_input_terms`
     and `dpltm.dp.engine.record_norm_tables`, in chunks of rows (no N × in square at once)."""
-    columns = 1 if operator is None else (operator.shape[0] if operator.layout == torch.sparse_csr
-                                          else operator.shape[1])
     parts = []
     for start in range(0, features.shape[0], rows_at_once):
         x = features[start : start + rows_at_once]
@@ -168,7 +171,7 @@ def squares_times(features: Tensor, operator: Tensor | None, rows_at_once: int =
             parts.append((operator @ (x * x).T.contiguous()).T)
         else:
             parts.append((x * x) @ operator)
-    return torch.cat(parts).contiguous() if parts else features.new_zeros(0, columns)
+    return torch.cat(parts).contiguous() if parts else features.new_zeros(0, operator_columns(operator))
 
 
 @dataclass(frozen=True)

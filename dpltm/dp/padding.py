@@ -15,7 +15,6 @@ records would change it, and is never done.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -34,30 +33,6 @@ def batch_capacity(dataset_size: int, sample_rate: float, multiple: int = 8) -> 
     return min(capacity, max(dataset_size, 1))
 
 
-@dataclass(frozen=True)
-class PaddedChunk:
-    """`capacity` rows: record indices, and weights 1 (sampled) or 0 (padding)."""
-
-    index: Tensor
-    weight: Tensor
-
-
-def padded_chunks(index: Tensor, capacity: int, dtype: torch.dtype = torch.float32) -> list[PaddedChunk]:
-    """A Poisson batch's record indices as ⌈|B|/K⌉ chunks of exactly K rows (one chunk if B is empty)."""
-    if capacity < 1:
-        raise ValueError(f"capacity must be ≥ 1, got {capacity}")
-    chunks = []
-    for start in range(0, max(index.numel(), 1), capacity):
-        part = index[start : start + capacity]
-        padding = capacity - part.numel()
-        chunks.append(PaddedChunk(
-            torch.cat([part, part.new_zeros(padding)]),
-            torch.cat([torch.ones(part.numel(), dtype=dtype, device=index.device),
-                       torch.zeros(padding, dtype=dtype, device=index.device)]),
-        ))
-    return chunks
-
-
 def ones_then_zeros(capacity: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """`capacity` ones then `capacity` zeros: every chunk's weights are one slice of it (`load_chunk`)."""
     weights = torch.zeros(2 * capacity, dtype=dtype, device=device)
@@ -70,8 +45,9 @@ def load_chunk(index: Tensor, start: int, into_index: Tensor, into_weight: Tenso
     at most two copies and no allocation (what a CUDA-graph step pays per chunk on the host).
 
     The first m = min(K, |B| − start) rows get the sampled records' indices and weight 1; the other rows
-    get weight 0 and keep the indices they held (valid records of an earlier chunk, or record 0): like
-    `padded_chunks`' padding, such a row adds exactly zero. `weights` is `ones_then_zeros(K, ...)`.
+    get weight 0 and keep the indices they held (valid records of an earlier chunk, or record 0): such a
+    row adds exactly zero (the tests' reference layout: tests/dp/reference.py `padded_chunks`).
+    `weights` is `ones_then_zeros(K, ...)`.
     """
     capacity = into_index.numel()
     m = max(0, min(capacity, index.numel() - start))

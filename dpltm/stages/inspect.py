@@ -40,7 +40,7 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
     if path.suffix == SUFFIX:
         metadata = read_metadata(path)
         if json.loads(metadata["architecture"]).get("kind") != USER_MODEL:
-            load_exported(path)  # its tensors checked as `predict` checks them: a damaged file is refused alike
+            load_exported(path, metadata)  # its tensors checked as `predict` checks them: refused alike
         exported = {"kind": "export", **{k: (v if k in ("privacy_statement", "source_checkpoint", "format")
                                                else json.loads(v)) for k, v in metadata.items()}}
         warn_if(["data"] if carries_private_fingerprint(exported.get("data")) else [])

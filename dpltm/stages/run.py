@@ -166,8 +166,9 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     train_cfg = resolve_train_config(train_cli, r.config)
     # the given generation options checked before any data is read (the recipe's own come once it is chosen)
     given_recipe = "paper" if r.recipe == "auto" else r.recipe
-    check_recipe_carries(r, given_recipe, generation_settings(r, given_recipe, project_to), project_to)
-    resolve_generate_config(generation_settings(r, given_recipe, project_to), r.config)
+    given_generation = generation_settings(r, given_recipe, project_to)
+    check_recipe_carries(r, given_recipe, given_generation, project_to)
+    resolve_generate_config(given_generation, r.config)
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config])
     torch_device = resolve_device(r.device)

@@ -38,3 +38,30 @@ def masked_reference(model: nn.Module, masks: dict[str, torch.Tensor], x: torch.
     factors = (clip / norms).clamp(max=1.0)
     clipped = {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_sample.items()}
     return MaskedReference(per_sample, norms, clip, factors, clipped)
+
+
+# ---- the padded-chunk layout the static-shape step must reproduce (dpltm.dp.padding.load_chunk) -----
+
+
+@dataclass(frozen=True)
+class PaddedChunk:
+    """`capacity` rows: record indices, and weights 1 (sampled) or 0 (padding)."""
+
+    index: torch.Tensor
+    weight: torch.Tensor
+
+
+def padded_chunks(index: torch.Tensor, capacity: int, dtype: torch.dtype = torch.float32) -> list[PaddedChunk]:
+    """A Poisson batch's record indices as ⌈|B|/K⌉ chunks of exactly K rows (one chunk if B is empty)."""
+    if capacity < 1:
+        raise ValueError(f"capacity must be ≥ 1, got {capacity}")
+    chunks = []
+    for start in range(0, max(index.numel(), 1), capacity):
+        part = index[start : start + capacity]
+        padding = capacity - part.numel()
+        chunks.append(PaddedChunk(
+            torch.cat([part, part.new_zeros(padding)]),
+            torch.cat([torch.ones(part.numel(), dtype=dtype, device=index.device),
+                       torch.zeros(padding, dtype=dtype, device=index.device)]),
+        ))
+    return chunks

@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
-from dpltm.dp.padding import padded_chunks
 from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
-from tests.dp.reference import masked_reference
+from tests.dp.reference import masked_reference, padded_chunks
 
 
 def cnn_ticket(rounds: int = 2, activation: str = "tanh") -> tuple[LeNet, Masks]:

@@ -16,7 +16,7 @@ from dpltm.dp.averaging import make_averager, update_average
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise, NoiseContext
-from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros, padded_chunks
+from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
@@ -24,6 +24,7 @@ from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import train_classifier
 from dpltm.training.private import TrainOutcome, plan_training, run_private
+from tests.dp.reference import padded_chunks
 
 N = 200
 
