@@ -4,7 +4,7 @@ The head of `--arch scatter-linear`: one linear layer over 81·7·7 = 3969 scatt
 classes, at the expected batch of the scatter recipe (L = 4096, Poisson-sampled from `--records`
 feature rows resident on the device). Timed, ms per step:
 
-* the CLI's DP step on the network (`dp.step.private_gradients` with the engine's layout), dense and
+* the CLI's DP step on the network (`dp.step.private_gradients` with `step_layout`: the fused step), dense and
   with a ticket mask at `--density` and with a mask that keeps everything;
 * the API's `PrivateTraining.step` (`make_private`: its own Poisson draw, the optimiser, re-masking),
   dense and with the same masks.

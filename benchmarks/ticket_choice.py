@@ -32,8 +32,9 @@ from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
 from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, noise_aware_choice
 from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
-from dpltm.training.pipeline import reload_ticket_data, train
-from dpltm.training.private import plan_training
+from dpltm.tickets.data import reload_ticket_data
+from dpltm.training.pipeline import train
+from dpltm.training.plan import plan_training
 
 
 def recipe_settings(recipe: str | None, eps: float, epochs: int | None) -> tuple[TrainSettings, ModelSettings]:

@@ -70,7 +70,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.pruning import prune_layerwise
 from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
-from dpltm.training.private import TrainPlan, plan_training
+from dpltm.training.plan import TrainPlan, plan_training
 
 Data = tuple[Tensor, Tensor] | torch.utils.data.Dataset  # type: ignore[type-arg]
 Masks = dict[str, Tensor]

@@ -24,7 +24,10 @@ class ArchitectureEntry:
     module: str | None = None
     """A network of its own file: the module (under dpltm/networks/) whose `build(arch, generator)`
     returns it as a plain `nn.Module`; None for the LeNet family above (dpltm.model.LeNet). Such a network
-    trains through the DP engine's per-layer rules (dpltm.dp.engine)."""
+    trains through the DP engine's per-layer rules (dpltm.dp.engine) unless `fused_step`."""
+    fused_step: bool = True
+    """It trains in the fused ghost-norm DP step (dpltm.dp.step.takes_fused_step), so also static-shape and in
+    CUDA graphs (`--cuda-graphs`): the LeNet family and ScatterNet's fully connected heads."""
 
 
 ARCHITECTURES: dict[str, ArchitectureEntry] = {entry.name: entry for entry in (
@@ -34,7 +37,8 @@ ARCHITECTURES: dict[str, ArchitectureEntry] = {entry.name: entry for entry in (
     ArchitectureEntry("dp-cnn", (), (32,),
                       "the small CNN of the DP-SGD image benchmarks (16 8×8/2 and 32 4×4/2 convolutions, each with "
                       "2×2/1 max pooling, then 32): Opacus's and TF Privacy's MNIST examples; with --activation "
-                      "tanh, Papernot et al. 2021's tempered-sigmoid network", module="dpltm.networks.dp_cnn"),
+                      "tanh, Papernot et al. 2021's tempered-sigmoid network", module="dpltm.networks.dp_cnn",
+                      fused_step=False),
     ArchitectureEntry("scatter-linear", (), (),
                       "a fixed ScatterNet front end (wavelet scattering, J = 2, per-record group normalisation; no "
                       "weights, reads no data) and one linear layer over its 81 maps: Tramèr & Boneh 2021",
@@ -44,7 +48,8 @@ ARCHITECTURES: dict[str, ArchitectureEntry] = {entry.name: entry for entry in (
                       "then the classes", module="dpltm.networks.scatter"),
     ArchitectureEntry("scatter-cnn", (), (32,),
                       "the same ScatterNet front end and Tramèr & Boneh 2021's small CNN over its maps (16 and 32 "
-                      "3×3 convolutions, then 32); theirs with --activation tanh", module="dpltm.networks.scatter"),
+                      "3×3 convolutions, then 32); theirs with --activation tanh", module="dpltm.networks.scatter",
+                      fused_step=False),
 )}
 
 

@@ -51,7 +51,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.run_log import float32_at_least
-from dpltm.training.private import TrainPlan, plan_training
+from dpltm.training.plan import TrainPlan, plan_training
 
 STATE_VERSION = 2
 """The callback's checkpoint state: 2 = spent segments, no seed or generator (1 held both)."""

@@ -14,6 +14,7 @@ import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -340,6 +341,20 @@ def build_network(arch: Architecture, generator: torch.Generator | None = None) 
     network: nn.Module = importlib.import_module(module).build(arch, generator)
     network.arch = arch  # type: ignore[assignment]
     return network
+
+
+def ticket_masks(record: dict[str, Any]) -> Masks:
+    """A ticket record's masks as bool tensors."""
+    return {k: v.to(torch.bool) for k, v in record["masks"].items()}
+
+
+def rewind(model: nn.Module, theta0: dict[str, Tensor], masks: Masks) -> Masks:
+    """Rewind: every parameter back to θ0, then the mask, which zeroes the pruned weights; returns the
+    installed masks (bool, on the model's device)."""
+    missing, unexpected = model.load_state_dict(theta0, strict=False)
+    if unexpected or missing:
+        raise DpltmUserError("θ0 in the ticket file does not fit the architecture")
+    return apply_masks_(model, masks)
 
 
 @torch.no_grad()

@@ -62,7 +62,8 @@ def test_dp_training_of_a_masked_scatter_head_keeps_pruned_weights_zero(device: 
     from dpltm.config import TrainSettings
     from dpltm.dp.noise import NoiseContext
     from dpltm.features import network_inputs
-    from dpltm.training.private import plan_training, run_private
+    from dpltm.training.plan import plan_training
+    from dpltm.training.private import run_private
 
     g = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 2, (120,), generator=g)
@@ -140,3 +141,83 @@ def test_generate_with_cuda_graphs_takes_the_eager_steps(steps: int) -> None:
         torch.testing.assert_close(graphed[name], value, rtol=1e-4, atol=1e-5, msg=name)
     for name, mask in masks.items():
         assert bool((graphed[name][~mask] == 0).all()), name
+
+
+def _masked_head(name: str, device: str, seed: int = 0) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A ScatterNet head with random non-zero weights (scatter-linear starts at zero) and a random mask."""
+    net = _network(name, seed).double().to(device)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_((torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.05).to(device))
+    masks = full_masks(net)
+    for n in masks:
+        masks[n] = torch.rand(masks[n].shape, generator=g) < 0.5
+    return net, apply_masks_(net, masks)
+
+
+@pytest.mark.parametrize("name", ["scatter-linear", "scatter-mlp"])
+def test_fully_connected_scatter_heads_take_the_fused_step_with_the_engines_sums(name: str) -> None:
+    """ScatterNet's linear and MLP heads train in the fused ghost-norm step (which also runs static-shape and
+    in CUDA graphs); its norms and masked clipped sums are the DP engine's, which scatter-cnn keeps."""
+    from dpltm.dp.engine import clipped_gradient_sum_of
+    from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
+    from dpltm.dp.step import EngineLayout, step_layout
+
+    net, masks = _masked_head(name, "cpu")
+    features = torch.randn(24, 81 * 49, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    labels = torch.randint(0, 10, (24,), generator=torch.Generator().manual_seed(6))
+    layout = step_layout(net, masks, torch.float64)
+    assert isinstance(layout, MaskLayout)
+    fused = clipped_gradient_sum(net, features, labels, 0.3, layout)
+    engine = clipped_gradient_sum_of(net, features, labels, 0.3, masks)
+    torch.testing.assert_close(fused.norms, engine.norms, rtol=1e-9, atol=1e-12)
+    assert set(fused.grad_sums) == set(engine.grad_sums)
+    for n, total in engine.grad_sums.items():
+        torch.testing.assert_close(fused.grad_sums[n], total, rtol=1e-9, atol=1e-12, msg=n)
+    for n, mask in masks.items():
+        assert torch.count_nonzero(fused.grad_sums[n][~mask]) == 0
+    cnn = _network("scatter-cnn")
+    assert isinstance(step_layout(cnn, full_masks(cnn)), EngineLayout)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_scatter_head_trains_static_shape_and_in_cuda_graphs_as_in_the_eager_step(device: str) -> None:
+    """`train --cuda-graphs` on a ScatterNet linear head: the static-shape step (captured in CUDA graphs on a
+    GPU) trains exactly as the eager fused step, without noise, and keeps pruned weights at zero."""
+    from dpltm.dp.gaussian import GaussianNoise
+    from dpltm.dp.ghost import MaskLayout
+    from dpltm.dp.graphed import StaticShapeDpStep
+    from dpltm.dp.sampling import poisson_batches_at_once
+    from dpltm.dp.step import apply_gradients, private_gradients
+
+    n = 64
+    train = LabeledTensors(torch.randn(n, 81 * 49, generator=torch.Generator().manual_seed(7),
+                                       dtype=torch.float64).to(device),
+                           torch.randint(0, 10, (n,), generator=torch.Generator().manual_seed(8)).to(device))
+    batches = [b.to(device) for b in poisson_batches_at_once(n, 0.25, 6, torch.Generator().manual_seed(9))]
+
+    def run(static: bool, graphs: bool = False) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+        net, masks = _masked_head("scatter-linear", device)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.9)
+        noise = GaussianNoise(0.0)
+        generator = torch.Generator(device=device).manual_seed(3)
+        if static:
+            step = StaticShapeDpStep(net, masks, train, clip=0.4, noise=noise, expected_batch_size=16.0, capacity=24,
+                                     generator=generator, optimizer=optimizer, graphs=graphs)
+            for index in batches:
+                step.step(index)
+        else:
+            layout = MaskLayout.of(net, masks, torch.float64)
+            for index in batches:
+                grads, _, _ = private_gradients(net, train.features[index], train.labels[index], clip=0.4,
+                                                noise=noise, expected_batch_size=16.0, generator=generator,
+                                                layout=layout)
+                apply_gradients(net, grads, optimizer)
+        return net, masks
+
+    eager, masks = run(static=False)
+    for static in ([run(static=True)[0]] + ([run(static=True, graphs=True)[0]] if device == "cuda" else [])):
+        for (name, a), b in zip(eager.named_parameters(), static.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-11, msg=name)
+        assert torch.count_nonzero(static.output.weight[~masks["output.weight"]]) == 0

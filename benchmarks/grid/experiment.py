@@ -221,7 +221,7 @@ class Experiment:
         """The noise-aware choice among the public tickets, made once per planned run and cached."""
         from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
         from dpltm.selection.winner import noise_aware_selection
-        from dpltm.training.private import plan_training
+        from dpltm.training.plan import plan_training
 
         payload = load_checkpoint(tickets, "tickets")
         rounds = self.spec.get("noise_aware", {}).get("rounds")

@@ -14,10 +14,11 @@ when one is added.) Sizes are therefore binomial, not exact.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +137,23 @@ def _device(device: str | torch.device) -> torch.device:
         raise DpltmUserError(f"bad device {device!r}: {exc}") from None
 
 
+_reused: dict[tuple[object, ...], DatasetSplits] | None = None
+
+
+@contextlib.contextmanager
+def each_dataset_loaded_once() -> Iterator[None]:
+    """Within this block `load_dataset` gives the splits it made before for the same arguments: the stages
+    of one `dpltm run` (checks, the noise-aware choice, training) read, decode, hash and split each dataset
+    once, and all see the same records. Nothing mutates a `DatasetSplits`' tensors (stages make new ones)."""
+    global _reused
+    outer = _reused
+    _reused = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _reused = outer
+
+
 def load_dataset(
     name: str,
     *,
@@ -148,8 +166,17 @@ def load_dataset(
     """Load dataset `name` as train/val/test tensors on `device` (rules: module docstring)."""
     _check_options(name, split, val_fraction, seed)
     target = _device(device)
-    spec = SPECS[name]
     root = resolve_data_dir(data_dir)
+    if _reused is None:
+        return _load(name, split, root, float(val_fraction), int(seed), target)
+    key = (name, split, str(root.resolve()), float(val_fraction).hex(), int(seed), str(target))
+    if key not in _reused:
+        _reused[key] = _load(name, split, root, float(val_fraction), int(seed), target)
+    return _reused[key]
+
+
+def _load(name: str, split: str, root: Path, val_fraction: float, seed: int, target: torch.device) -> DatasetSplits:
+    spec = SPECS[name]
     train, test = _train_and_test(spec, root, split, int(seed))
     kept, held = record_split(
         train.features, train.labels, float(val_fraction), derive_seed(seed, "val")

@@ -8,7 +8,11 @@ per layer; the per-sample masked norms use the ghost identity of dpltm.dp.ghost,
 
     ‖(g_i a_iᵀ) ⊙ M‖² = Σ_jk g_ij² M_jk a_ik²,
 
-batched over candidates. Element-wise optimisers (SGD, momentum, Adam) applied to the stacked
+batched over candidates. The first layer's input is the same records for every candidate, so its forward
+pass, its masked norm terms M_k a_i² and its clipped sums are each one matmul over the candidates'
+concatenated weights (the input is read once, not K times: what makes stacking pay for a wide input such
+as ScatterNet's 3969 features), and its norm terms can be looked up in a per-record table built once
+(`first_layer_terms`). Element-wise optimisers (SGD, momentum, Adam) applied to the stacked
 tensors are exactly K independent optimisers.
 
 This trains on public data only; nothing here is accounted, and nothing needs to be.
@@ -17,20 +21,32 @@ This trains on public data only; nothing here is accounted, and nothing needs to
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from dpltm.dp.ghost import clip_factors
-from dpltm.model import LeNet, Masks, activation_function
+from dpltm.model import Masks, activation_function
+
+
+class LinearChain(Protocol):
+    """A network that is a chain of linear layers over its inputs: a `LeNet` MLP, or a ScatterNet linear or
+    MLP head over its cached features (dpltm.networks.scatter)."""
+
+    arch: Any
+
+    def layers_in_order(self) -> list[tuple[str, nn.Linear]]: ...
+
+    def is_activation_after(self, index: int) -> bool: ...
 
 
 class StackedMLP:
-    """The parameters of K `LeNet` MLPs of one architecture and their masks, stacked (candidate axis
-    first)."""
+    """The parameters of K networks of one architecture that are chains of linear layers (`LinearChain`)
+    and their masks, stacked (candidate axis first)."""
 
-    def __init__(self, models: Sequence[LeNet], masks: Sequence[Masks]) -> None:
+    def __init__(self, models: Sequence[LinearChain], masks: Sequence[Masks]) -> None:
         if not models or len(models) != len(masks):
             raise ValueError("one mask set per candidate network, and at least one candidate")
         arch = models[0].arch
@@ -60,24 +76,42 @@ class StackedMLP:
         return [*self.weights, *self.biases]
 
     def forward_layers(self, x: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
-        """Inputs and pre-activations of every layer, and the logits: x is (B, in) or (K, B, in)."""
-        h = x.expand(self.size, *x.shape) if x.dim() == 2 else x
+        """Inputs and pre-activations (K, B, out) of every layer, and the logits: x is (B, in), shared by
+        every candidate (the first layer's input stays (B, in)), or (K, B, in)."""
+        h = x
         inputs: list[Tensor] = []
         outputs: list[Tensor] = []
         for i, (w, b, m) in enumerate(zip(self.weights, self.biases, self.masks)):
             inputs.append(h)
-            z = torch.baddbmm(b.unsqueeze(1), h, (w * m).transpose(1, 2))
+            if h.dim() == 2:  # one matmul over every candidate's weights: (B, in) @ (in, K·out)
+                k, out, width = w.shape
+                z = torch.addmm(b.reshape(1, k * out), h, (w * m).reshape(k * out, width).T)
+                z = z.reshape(h.shape[0], k, out).transpose(0, 1)
+            else:
+                z = torch.baddbmm(b.unsqueeze(1), h, (w * m).transpose(1, 2))
             outputs.append(z)
             h = self.activation(z) if self.activate_after[i] else z
         return inputs, outputs, h
+
+    @torch.no_grad()
+    def first_layer_terms(self, x: Tensor, chunk: int = 8192) -> Tensor:
+        """(n, K·out) table of M_k a_i² for records x (n, in): the first layer's share of every per-sample
+        masked norm, a fixed function of each record (masks do not change), looked up per batch instead
+        of recomputed (`clipped_sums(first_terms=...)`)."""
+        k, out, width = self.masks[0].shape
+        masks = self.masks[0].reshape(k * out, width).T
+        return torch.cat([(x[s:s + chunk] * x[s:s + chunk]) @ masks for s in range(0, x.shape[0], chunk)]
+                         ) if x.shape[0] else x.new_zeros(0, k * out)
 
     @torch.no_grad()
     def logits(self, x: Tensor) -> Tensor:
         return self.forward_layers(x)[2]
 
 
-def clipped_sums(stack: StackedMLP, x: Tensor, y: Tensor, clip: float) -> tuple[list[Tensor], list[Tensor]]:
-    """Per candidate: Σ_i clip_C(∇ℓ_i) over the surviving weights (and the biases)."""
+def clipped_sums(stack: StackedMLP, x: Tensor, y: Tensor, clip: float,
+                 first_terms: Tensor | None = None) -> tuple[list[Tensor], list[Tensor]]:
+    """Per candidate: Σ_i clip_C(∇ℓ_i) over the surviving weights (and the biases). `first_terms`: the
+    batch's rows of `stack.first_layer_terms` (None: computed here)."""
     inputs, outputs, logits = stack.forward_layers(x)
     k = stack.size
     if x.shape[0] == 0:
@@ -85,23 +119,34 @@ def clipped_sums(stack: StackedMLP, x: Tensor, y: Tensor, clip: float) -> tuple[
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(k), reduction="sum")
     grads = torch.autograd.grad(loss, outputs)  # candidate k's logits depend on its own weights only
     with torch.no_grad():
-        sq_norms = x.new_zeros(k, x.shape[0])
+        rows = x.shape[0]
+        sq_norms = x.new_zeros(k, rows)
         for a, g, m in zip(inputs, grads, stack.masks):
             g2 = g * g
-            sq_norms += torch.bmm(a * a, m.transpose(1, 2)).mul_(g2).sum(dim=2) + g2.sum(dim=2)
+            if a.dim() == 2:  # the shared input: M_k a_i² for every candidate in one matmul (or looked up)
+                terms = first_terms if first_terms is not None else (a * a) @ m.reshape(-1, m.shape[2]).T
+                terms = terms.reshape(rows, k, m.shape[1]).transpose(0, 1)
+            else:
+                terms = torch.bmm(a * a, m.transpose(1, 2))
+            sq_norms += (terms * g2).sum(dim=2) + g2.sum(dim=2)
         factors = clip_factors(sq_norms.sqrt(), clip)
         weight_sums, bias_sums = [], []
         for a, g, m in zip(inputs, grads, stack.masks):
             scaled = g * factors.unsqueeze(2)
-            weight_sums.append(torch.bmm(scaled.transpose(1, 2), a).mul_(m))
+            if a.dim() == 2:  # Σ_i c_ki g_ki a_iᵀ for every k in one matmul: (K·out, B) @ (B, in)
+                flat = scaled.transpose(0, 1).reshape(rows, -1)
+                weight_sums.append((flat.T @ a).reshape(m.shape).mul_(m))
+            else:
+                weight_sums.append(torch.bmm(scaled.transpose(1, 2), a).mul_(m))
             bias_sums.append(scaled.sum(dim=1))
     return weight_sums, bias_sums
 
 
 def noisy_step(stack: StackedMLP, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, *, clip: float,
-               noise_multiplier: float, expected_batch_size: float, generator: torch.Generator) -> None:
+               noise_multiplier: float, expected_batch_size: float, generator: torch.Generator,
+               first_terms: Tensor | None = None) -> None:
     """One DP-SGD step for every candidate: (clipped sum + N(0, σ²C²) on surviving coordinates) / L."""
-    weight_sums, bias_sums = clipped_sums(stack, x, y, clip)
+    weight_sums, bias_sums = clipped_sums(stack, x, y, clip, first_terms)
     std = noise_multiplier * clip
     with torch.no_grad():
         for param, total, mask in zip(stack.weights, weight_sums, stack.masks):

@@ -51,14 +51,22 @@ class EngineLayout:
         return cls(pruning, surviving)
 
 
+def takes_fused_step(model: nn.Module) -> bool:
+    """The LeNet family, and a ScatterNet linear or MLP head over its cached features (a chain of linear
+    layers, `fully_connected`): the fused ghost-norm step (dpltm.dp.ghost), which also runs static-shape and in
+    CUDA graphs. Any other network trains through the DP engine's per-layer rules."""
+    return isinstance(model, LeNet) or bool(getattr(model, "fully_connected", False))
+
+
 def step_layout(model: nn.Module, masks: Masks | None, dtype: torch.dtype = torch.float32,
                 scales: dict[str, Tensor | None] | None = None,
                 allow_sparse: bool = True) -> MaskLayout | EngineLayout:
     """The layout a DP step uses for `model` and its ticket `masks` (None: dense): the fused step's for
-    the LeNet family with every layer trained, the engine's for any other network or one with frozen layers
+    the LeNet family and ScatterNet's fully connected heads (`takes_fused_step`) with every layer trained, the
+    engine's for any other network or one with frozen layers
     (which takes no noise geometry `scales`)."""
     masks = masks if masks is not None else full_masks(model)
-    if isinstance(model, LeNet) and all(p.requires_grad for p in model.parameters()):
+    if takes_fused_step(model) and all(p.requires_grad for p in model.parameters()):
         return MaskLayout.of(model, masks, dtype, scales, allow_sparse)  # frozen layers: the engine's rules
     if scales and any(s is not None for s in scales.values()):
         raise DpltmUserError("noise geometries (dpd, shaped) shape the MLP's layers (--arch mlp); this network "

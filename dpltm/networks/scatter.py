@@ -137,6 +137,26 @@ class ScatterNet(nn.Module):
                 self.output.weight.zero_()
                 self.output.bias.zero_()
 
+    @property
+    def fully_connected(self) -> bool:
+        """scatter-linear and scatter-mlp: linear layers over the features (what dpltm.dp.batched stacks)."""
+        return not self.conv
+
+    def layers_in_order(self) -> list[tuple[str, nn.Linear]]:
+        """(mask name, layer) of the head's linear layers, features to classes."""
+        return [*((f"hidden.{i}.weight", layer) for i, layer in enumerate(self.hidden)), ("output.weight", self.output)]
+
+    def is_activation_after(self, index: int) -> bool:
+        """Whether the activation follows linear layer `index` (every hidden layer; not the output)."""
+        return index < len(self.hidden)
+
+    def conv_layers_in_order(self) -> list[tuple[str, nn.Conv2d]]:
+        """None for the fused DP step (dpltm.dp.ghost), which takes a fully connected head over the features as
+        it takes an MLP; scatter-cnn's convolutions train through the DP engine's rules."""
+        if self.conv:
+            raise TypeError("scatter-cnn trains through the DP engine (dpltm.dp.engine), not the fused step")
+        return []
+
     def features(self, x: Tensor) -> Tensor:
         """The head's input: `x` itself when it already holds features, else the front end's output."""
         if x.shape[-1] == self.front.out_features:

@@ -10,9 +10,10 @@ optimiser, so the noise per step σC/L is the one the private run will see) on t
 public data. A ticket wins only if it beats the dense network on the public validation records by
 more than two standard errors of the paired per-record difference (`winning_index`; then the most
 accurate such ticket), else the dense network does: a sparse ticket chosen on proxy noise costs
-accuracy in the private run (docs/results.md, ScatterNet rows). MLP candidates are
-stacked into one set of batched kernels (dpltm.dp.batched); convolutional ones are stepped one by one
-by the private training's own step (`EachCandidate`).
+accuracy in the private run (docs/results.md, ScatterNet rows). Candidates that are chains of linear
+layers (MLPs, ScatterNet's linear and MLP heads) are stacked into one set of batched kernels
+(dpltm.dp.batched); convolutional ones, and candidates with frozen layers, are stepped one by one by the
+private training's own step (`EachCandidate`).
 
 Privacy (docs/privacy.md §7): a function of public data and public hyperparameters (σ, L, T, C, lr,
 and the private set's size N, which dpltm treats as public) only. It reads no private record
@@ -37,8 +38,7 @@ from dpltm.dp.sampling import BatchGather, poisson_sample
 from dpltm.dp.step import RecordTerms, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
-from dpltm.model import Architecture, Masks, build_network, freeze_layers_
-from dpltm.tickets.imp import rewind, ticket_masks
+from dpltm.model import Architecture, Masks, build_network, freeze_layers_, rewind, ticket_masks
 from dpltm.training.transfer import start_weights
 
 
@@ -171,6 +171,12 @@ def _optimizer(parameters: list[torch.nn.Parameter], plan: PlannedRun) -> torch.
     return torch.optim.SGD(parameters, lr=plan.lr, momentum=plan.momentum)
 
 
+def stacks(model: torch.nn.Module) -> bool:
+    """Whether candidates of this network train stacked (`StackedMLP`): a chain of linear layers over its
+    inputs, i.e. an MLP (LeNet-300-100's family) or a ScatterNet linear or MLP head over its features."""
+    return bool(model.arch.is_mlp or getattr(model, "fully_connected", False))
+
+
 class EachCandidate:
     """Candidates of any architecture (convolutional ones included), each stepped in turn by the DP
     training's own step (dpltm.dp.step: masked per-sample clipping, Gaussian noise on the surviving
@@ -233,10 +239,13 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     device = public.train.labels.device
     models, masks = candidate_models(payload, device, plan.activation, plan.start, plan.output_layer, plan.freeze)
     public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
-    stack: StackedMLP | EachCandidate = (EachCandidate(models, masks, proxy, public.train.features.dtype)
-                                         if not models[0].arch.is_mlp or plan.freeze else StackedMLP(models, masks))
+    stack: StackedMLP | EachCandidate = (StackedMLP(models, masks) if stacks(models[0]) and not plan.freeze
+                                         else EachCandidate(models, masks, proxy, public.train.features.dtype))
+    first_terms = None
     if isinstance(stack, EachCandidate):
         stack.use_records(public.train.features)
+    else:
+        first_terms = stack.first_layer_terms(public.train.features)
     optimizer = _optimizer(stack.parameters(), plan)
     generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
     q = batch / n
@@ -250,7 +259,8 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
             stack.step(optimizer, x, y, generator, index)
         else:
             noisy_step(stack, optimizer, x, y, clip=plan.clip, noise_multiplier=sigma, expected_batch_size=batch,
-                       generator=generator)
+                       generator=generator,
+                       first_terms=None if first_terms is None else first_terms.index_select(0, index))
         if plan.ema is not None:
             with torch.no_grad():
                 if averaged is None:

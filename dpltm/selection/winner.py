@@ -109,10 +109,10 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     from dpltm.console import err_console
     from dpltm.devices import resolve_device
     from dpltm.dp.plugins import noise_plugin
+    from dpltm.progress import step_bar
     from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
-    from dpltm.training.pipeline import reload_ticket_data
-    from dpltm.training.plain import step_bar
-    from dpltm.training.private import plan_training
+    from dpltm.tickets.data import reload_ticket_data
+    from dpltm.training.plan import plan_training
 
     request = settings.planned_run
     cfg = resolve_train_config(request.train_cli, settings.config)
@@ -123,7 +123,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
                          s.momentum, cfg.model.activation, s.ema, s.rewind, s.output_layer, s.freeze,
                          request.private_size)
-    public = reload_ticket_data(payload, request.data_dir).to(resolve_device(request.device))
+    public = reload_ticket_data(payload, request.data_dir, resolve_device(request.device))
     batch, sigma = planned.on_public(len(public.train))
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
                       f"{plan.steps} steps under σ = {sigma:.4f}, L = {batch} on {public.name} ({public.source_split} "

@@ -99,7 +99,14 @@ class RunRequest(CommandRequest):
 
 
 def stage_run(request: RunRequest) -> dict[str, Any]:
-    """Run every stage; returns the DP training's report."""
+    """Run every stage; returns the DP training's report. Each dataset is read once for all of them."""
+    from dpltm.data.loaders import each_dataset_loaded_once
+
+    with each_dataset_loaded_once():
+        return _stage_run(request)
+
+
+def _stage_run(request: RunRequest) -> dict[str, Any]:
     from dpltm.run_log import check_logger
 
     r = request
@@ -138,6 +145,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     for name in (r.dataset, r.public_dataset):
         if name not in SPECS:
             raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    check_graphs_take(r.cuda_graphs, r.arch)
     private_spec, public_spec = SPECS[r.dataset], SPECS[r.public_dataset]
     project_to = r.project_to
     mlp = r.arch in (None, "mlp")
@@ -176,10 +184,11 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     private = load_dataset(r.dataset, split=train_cfg.data.split, data_dir=r.data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
-    scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features) and not r.cuda_graphs
+    scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features)
     train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter)
     gen_cli = generation_settings(r, train_cli["recipe"], project_to)
     check_recipe_carries(r, train_cli["recipe"], gen_cli, project_to)
+    check_graphs_take(r.cuda_graphs, gen_cli["model"].get("arch"))
     gen_cfg = resolve_generate_config(gen_cli, r.config)
     noise_aware = r.choice == TicketChoice.noise_aware
     public = load_dataset(r.public_dataset, split=gen_cfg.data.split, data_dir=r.data_dir,
@@ -213,6 +222,17 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+
+
+def check_graphs_take(cuda_graphs: bool, arch: str | None) -> None:
+    """`--cuda-graphs` trains networks of the fused DP step only (`ArchitectureEntry.fused_step`): refused
+    before any ticket is made for another."""
+    from dpltm.architectures import ARCHITECTURES
+
+    entry = ARCHITECTURES.get(arch or "mlp")
+    if cuda_graphs and entry is not None and not entry.fused_step:
+        able = ", ".join(name for name, e in ARCHITECTURES.items() if e.fused_step)
+        raise DpltmUserError(f"--cuda-graphs trains {able}; --arch {arch} trains in the eager step: drop --cuda-graphs")
 
 
 def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: dict[str, Any], project_to: int | None) -> None:

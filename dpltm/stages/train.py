@@ -30,6 +30,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.devices import resolve_device
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
     from dpltm.paths import check_not_input, default_checkpoint_dir
+    from dpltm.tickets.data import reload_ticket_data
     from dpltm.tickets.private import is_private_ticket, private_ticket_plan
     from dpltm.training import pipeline
 
@@ -78,7 +79,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     check_not_input(target)  # a data file just read
     ticket_data = None
     if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
-        ticket_data = pipeline.reload_ticket_data(ticket_body, data_dir)
+        ticket_data = reload_ticket_data(ticket_body, data_dir)
     if main:
         on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
                                                     if target.exists() else ""))
@@ -113,7 +114,7 @@ def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str
     batch below the private training set, σ calibrable to the budget, lr_sigma's learning rate in
     range, a noise `run` can give; with the noise-aware choice (`noise_aware_on`: its public
     training records) Gaussian-type noise and a batch below that set too."""
-    from dpltm.training.private import plan_training
+    from dpltm.training.plan import plan_training
 
     s, n = cfg.train, len(private.train)
     remedy = "pass a smaller --batch-size" + (" or --recipe paper" if recipe != "paper" else "")

@@ -43,9 +43,10 @@ from dpltm.model import (
     density,
     layer_densities,
     prunable_weights,
+    rewind,
+    ticket_masks,
 )
 from dpltm.pruning import paper_prune_rates, prune_layerwise, random_masks_like
-from dpltm.training.plain import accuracy, train_classifier
 
 
 def round_seed(seed: int, round_index: int, stream: int = 0) -> int:
@@ -76,10 +77,6 @@ class GenerationState:
     @property
     def tickets(self) -> list[dict[str, Any]]:
         return self.payload["tickets"]  # type: ignore[no-any-return]
-
-
-def ticket_masks(record: dict[str, Any]) -> Masks:
-    return {k: v.to(torch.bool) for k, v in record["masks"].items()}
 
 
 def _new_payload(cfg: GenerateConfig, data: DatasetSplits, arch: Architecture,
@@ -178,18 +175,11 @@ def _weight_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
     return {f"{n}.weight": s for n, s in arch.layer_shapes().items()}
 
 
-def rewind(model: torch.nn.Module, theta0: dict[str, torch.Tensor], masks: Masks) -> Masks:
-    """Rewind: every parameter back to θ0, then the mask, which zeroes the pruned weights; returns the
-    installed masks (bool, on the model's device)."""
-    missing, unexpected = model.load_state_dict(theta0, strict=False)
-    if unexpected or missing:
-        raise DpltmUserError("θ0 in the ticket file does not fit the architecture")
-    return apply_masks_(model, masks)
-
-
 def _run_round(model: torch.nn.Module, theta0: dict[str, torch.Tensor], masks: Masks,
                data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool,
                cuda_graphs: bool = False) -> dict[str, Any]:
+    from dpltm.training.plain import accuracy, train_classifier  # Lightning: only where tickets are made
+
     g = cfg.generate
     installed = rewind(model, theta0, masks)
     label = f"round {k}/{g.rounds} C={density(masks):.3f}"
@@ -220,6 +210,8 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
                   data: DatasetSplits, cfg: GenerateConfig, k: int,
                   device: torch.device, cuda_graphs: bool = False, progress: bool = False) -> dict[str, Any]:
     """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density."""
+    from dpltm.training.plain import accuracy, train_classifier
+
     g = cfg.generate
     out: dict[str, Any] = {}
     reinit = build_network(arch, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=2))).to(device)

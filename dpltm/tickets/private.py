@@ -46,7 +46,8 @@ from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
 from dpltm.privacy.ledger import training_record
 from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
-from dpltm.training.private import TrainPlan, learning_rate, mechanism_seed, run_private
+from dpltm.training.plan import TrainPlan, learning_rate
+from dpltm.training.private import mechanism_seed, run_private
 
 SELECTION_METHOD = PRIVATE_METHOD
 """`selection.method` of a private ticket: no choice among tickets was made, and none was needed."""

@@ -35,15 +35,8 @@ from dpltm.privacy.events import DpEvent
 from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, training_record
 from dpltm.selection.rules import SELECTION_RULES
 from dpltm.tickets.private import is_private_ticket
-from dpltm.training.private import (
-    TrainOutcome,
-    TrainPlan,
-    epochs_within_budget,
-    mechanism_seed,
-    plan_training,
-    run_non_private,
-    run_private,
-)
+from dpltm.training.plan import TrainPlan, plan_training
+from dpltm.training.private import TrainOutcome, epochs_within_budget, mechanism_seed, run_non_private, run_private
 from dpltm.training.transfer import model_from_ticket
 
 if TYPE_CHECKING:
@@ -75,22 +68,6 @@ def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensor
     private_keys = record_hashes(private.features, private.labels, seed=0)
     return sum(int(np.isin(record_hashes(part.features, part.labels, seed=0), private_keys).sum())
                for part in seen_by_tickets)
-
-
-def reload_ticket_data(ticket: dict[str, Any], data_dir: Path | None) -> DatasetSplits:
-    """The tickets' own data, loaded again as generation saw it (same split, seed and hold-out).
-    `ticket` is a winner (its `source` names the ticket set's data) or a ticket set itself."""
-    from dpltm.data import load_dataset
-
-    origin = ticket.get("source", ticket)
-    source, config = origin["data"], origin.get("config", {})
-    settings = config.get("data", {}) if isinstance(config, dict) else {}
-    data = load_dataset(source["dataset"], split=source["split"], data_dir=data_dir,
-                        val_fraction=settings.get("val_fraction", 0.1), seed=config.get("seed", 0))
-    if data.fingerprint != source.get("fingerprint"):
-        raise DpltmUserError(f"--public-tickets cannot be checked: the tickets' data ({source['dataset']}, "
-                             f"{source['split']} split) no longer matches its fingerprint in the ticket file")
-    return data
 
 
 def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_public: bool,
@@ -330,7 +307,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                 context = NoiseContext(model=model, masks=masks, clip=s.clip, private_dataset=data.name,
                                        public_data=public_data, public_dataset=public_dataset)
                 outcome = run_private(model, data, plan, s, seed=seed,
-                                      epsilon_after=epsilon_after, progress=progress and main,
+                                      epsilon_after=epsilon_after if main else None, progress=progress and main,
                                       noise_context=context, on_epoch=on_epoch,
                                       distribution=distribution, step_mode=step_mode,
                                       canaries=None if audit is None else audit.canaries_in_training)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
 from dpltm.errors import DpltmUserError
 from dpltm.model import Masks, PrunedWeights
+from dpltm.progress import step_bar
 
 
 class ClassifierModule(L.LightningModule):
@@ -145,21 +145,13 @@ class RoundProgressBar(TQDMProgressBar):
         self.label = label
 
     def init_train_tqdm(self) -> Tqdm:
-        return step_bar(self.label, position=2 * self.process_position, enabled=not self.is_disabled)
+        return step_bar(self.label, position=2 * self.process_position, enabled=not self.is_disabled, bar_class=Tqdm)
 
     def on_train_epoch_start(self, trainer, *args):  # type: ignore[no-untyped-def]
         super().on_train_epoch_start(trainer, *args)
         epochs = trainer.max_epochs  # the bar's ETA is the epoch's: say which epoch of how many
         self.train_progress_bar.set_description(
             self.label if not epochs or epochs <= 1 else f"{self.label} epoch {trainer.current_epoch + 1}/{epochs}")
-
-
-def step_bar(label: str, total: int | None = None, *, enabled: bool = True, position: int = 0) -> Tqdm:
-    """The bar of every long phase, on **stderr**: Lightning's tqdm in its format (count, elapsed,
-    ETA, rate). `RoundProgressBar` uses it inside a Lightning fit; work outside one (the noise-aware
-    choice) drives it directly."""
-    return Tqdm(total=total, desc=label, position=position, disable=not enabled, leave=True, dynamic_ncols=True,
-                file=sys.stderr, smoothing=0, bar_format=TQDMProgressBar.BAR_FORMAT)
 
 
 @contextlib.contextmanager

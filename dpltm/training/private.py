@@ -27,24 +27,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpltm.config import MAX_LR, TrainSettings
+from dpltm.config import TrainSettings
 from dpltm.data.batches import ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.averaging import make_averager, released_model, released_weights, update_average
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.graphed import StaticShapeDpStep
-from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise, noise_class
+from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import RecordTerms, apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.errors import DpltmUserError
 from dpltm.model import Masks, PrunedWeights, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
-from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.display import format_epsilon
-from dpltm.privacy.events import MAX_STEPS, DpEvent
 from dpltm.training.plain import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
+from dpltm.training.plan import TrainPlan
 
 if TYPE_CHECKING:
     from dpltm.audit.canaries import GradientCanaries, InputCanaries
@@ -64,76 +63,6 @@ def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
     if noise_seed is None:
         return secrets.randbits(63), "OS CSPRNG seed, not stored"
     return int(noise_seed), "user-given seed (reproducible; DP only while the seed stays secret; not stored)"
-
-
-@dataclass(frozen=True)
-class TrainPlan:
-    """The mechanism that will run, fixed before any private data is touched."""
-
-    dataset_size: int
-    expected_batch_size: int
-    sample_rate: float
-    steps_per_epoch: int
-    epochs: int
-    noise_multiplier: float
-    """Effective Gaussian multiplier under add/remove (what the accountant sees)."""
-    noise_parameter: float
-    """The plug-in's own parameter (equal to the above for `gaussian`)."""
-    calibrated: bool
-    lr: float = 0.1
-    """The learning rate the run uses: `settings.lr`, or `settings.lr_sigma / noise_multiplier`."""
-
-    @property
-    def steps(self) -> int:
-        return self.steps_per_epoch * self.epochs
-
-
-def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEvent] | None = None) -> TrainPlan:
-    """q = L/N, ⌈N/L⌉ steps per epoch, and σ: given, or the smallest σ meeting eps2 at δ.
-
-    σ is calibrated on the training mechanism alone (ε_train ≤ eps2); the final report composes
-    it with the selection. With `spent` (the DP warm-up of a private ticket, on this same data)
-    eps2 is the whole run's target: σ is calibrated so that `spent` composed with training meets
-    it. Calibration never overshoots the target (dpltm.privacy.calibration).
-    """
-    L_ = settings.batch_size
-    if L_ >= dataset_size:
-        raise DpltmUserError(f"--batch-size {L_} must be smaller than the training set ({dataset_size} records)")
-    q = L_ / dataset_size
-    steps_per_epoch = math.ceil(dataset_size / L_)
-    steps = steps_per_epoch * settings.epochs
-    if steps > MAX_STEPS:
-        raise DpltmUserError(f"--epochs {settings.epochs} at {steps_per_epoch} steps an epoch (batch {L_} of "
-                             f"{dataset_size} records) is {steps} DP steps; dpltm accounts for at most "
-                             f"{MAX_STEPS:.0e}: use fewer epochs or a larger --batch-size")
-    mechanism = noise_class(settings.noise)
-    if settings.sigma is not None:
-        parameter, calibrated = settings.sigma, False
-        effective = mechanism.effective_for(parameter)
-    elif settings.eps2 is not None and spent:
-        effective = calibrate_after(spent, q, steps, settings.eps2, settings.delta, settings.accountant,
-                                    settings.neighboring)
-        parameter, calibrated = mechanism.parameter_for(effective), True
-    elif settings.eps2 is not None:
-        effective = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
-                                               settings.neighboring)
-        parameter, calibrated = mechanism.parameter_for(effective), True
-    else:
-        raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma")
-    return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, effective, parameter, calibrated,
-                     learning_rate(settings, effective))
-
-
-def learning_rate(settings: TrainSettings, noise_multiplier: float | None) -> float:
-    """`settings.lr`, or lr_sigma / σ for a DP run when `settings.lr_sigma` is set (σ depends on public
-    parameters only, so this choice is too)."""
-    if settings.lr_sigma is None or noise_multiplier is None:
-        return settings.lr
-    lr = settings.lr_sigma / noise_multiplier
-    if not 0.0 < lr <= MAX_LR:
-        raise DpltmUserError(f"--lr-sigma {settings.lr_sigma:g} / σ {noise_multiplier:.4g} gives learning rate "
-                             f"{lr:.4g}, outside (0, {MAX_LR:g}]")
-    return lr
 
 
 def epochs_within_budget(plan: TrainPlan, max_eps: float, epsilon_after: Callable[[int], float]) -> int:
@@ -234,7 +163,7 @@ class DPTrainingModule(L.LightningModule):
     """One DP-SGD step per Poisson batch; per-epoch evaluation, ε bookkeeping and stopping."""
 
     def __init__(self, model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
-                 noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float],
+                 noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float] | None,
                  on_epoch: Callable[[dict[str, Any]], None] | None = None,
                  distribution: Distribution | None = None, step_mode: str = "eager",
                  canaries: AuditCanaries | None = None, masks: Masks | None = None) -> None:
@@ -269,8 +198,9 @@ class DPTrainingModule(L.LightningModule):
         # share of every record's masked norm (computed once, when training starts)
         self.layout = step_layout(model, self.masks, data.train.features.dtype, noise.coordinate_scales())
         if step_mode != "eager" and not isinstance(self.layout, MaskLayout):
-            raise DpltmUserError("--cuda-graphs (and the static-shape step) run the built-in networks (--arch mlp, "
-                                 "lenet5); this network trains in the eager step: drop --cuda-graphs")
+            raise DpltmUserError("--cuda-graphs (and the static-shape step) run the networks of the fused DP step "
+                                 "(--arch mlp, lenet5, scatter-linear, scatter-mlp, with every layer trained); this "
+                                 "network trains in the eager step: drop --cuda-graphs")
         self.input_terms: RecordTerms | None = None
         self.gather = BatchGather()
         self.averager = make_averager(model, settings.ema)
@@ -364,7 +294,7 @@ class DPTrainingModule(L.LightningModule):
             "steps": steps,
             "val_accuracy": accuracy(self.released, self.data.val),
             "test_accuracy": accuracy(self.released, self.data.test),
-            "epsilon": self.epsilon_after(steps),
+            **({"epsilon": self.epsilon_after(steps)} if self.epsilon_after is not None else {}),
             **self.noise.epoch_metrics(self.model, self.masks, self.settings.clip),
         }
         self.history.append(record)
@@ -395,20 +325,24 @@ class TrainOutcome:
 
 
 def run_private(model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
-                seed: int, epsilon_after: Callable[[int], float],
+                seed: int, epsilon_after: Callable[[int], float] | None,
                 progress: bool, noise_context: NoiseContext,
                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
                 distribution: Distribution | None = None, step_mode: str = "eager",
                 canaries: AuditCanaries | None = None, progress_label: str = "DP training") -> TrainOutcome:
     """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
     `step_mode` (see STEP_MODES) says how a step runs, not what it computes. With `progress`, a bar
-    named `progress_label` on stderr. The ticket's masks are `noise_context.masks` (None: dense)."""
+    named `progress_label` on stderr. The ticket's masks are `noise_context.masks` (None: dense).
+    `epsilon_after` gives the ε of each epoch's record, computed ahead in a background thread; None (the
+    ranks other than 0 of a multi-device run, which report nothing) computes no ε and records none."""
     device = data.train.labels.device
     distribution = distribution or Distribution()
     noise = make_noise(settings.noise, plan.noise_parameter, noise_context)
     if abs(noise.effective_noise_multiplier - plan.noise_multiplier) > 1e-12 * max(1.0, plan.noise_multiplier):
         raise RuntimeError("noise plug-in disagrees with the plan's effective multiplier")
-    curve = EpsilonCurve(epsilon_after, [e * plan.steps_per_epoch for e in range(1, plan.epochs + 1)])
+    # ε per epoch is reported by rank 0 alone: the other ranks of a multi-device run neither compute nor keep it
+    curve = (EpsilonCurve(epsilon_after, [e * plan.steps_per_epoch for e in range(1, plan.epochs + 1)])
+             if epsilon_after is not None else None)
     try:
         module = DPTrainingModule(model, data, plan, settings, noise, seed, curve, on_epoch, distribution,
                                   step_mode, canaries, masks=noise_context.masks)
@@ -424,7 +358,8 @@ def run_private(model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings
         )
         fit_on_device(trainer, module, None, device)
     finally:
-        curve.cancel()  # an interrupted or early-stopped run does not wait for the rest of the curve
+        if curve is not None:
+            curve.cancel()  # an interrupted or early-stopped run does not wait for the rest of the curve
     if trainer.world_size != distribution.world_size:
         raise RuntimeError(f"trained on {trainer.world_size} processes, expected {distribution.world_size}")
     steps = len(module.history) * plan.steps_per_epoch

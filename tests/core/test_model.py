@@ -17,11 +17,11 @@ from dpltm.model import (
     apply_masks_,
     build_architecture,
     density,
+    rewind,
     split_stored_state,
     stored_state,
 )
 from dpltm.pruning import paper_prune_rates, prune_layerwise
-from dpltm.tickets.imp import rewind
 from dpltm.training.plain import accuracy, train_classifier
 
 

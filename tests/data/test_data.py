@@ -234,6 +234,26 @@ def test_mnist_family_fixture(tmp_path: Path, gz: bool) -> None:
     _assert_partition(train_images, data.train.features.numpy(), data.val.features.numpy())
 
 
+def test_one_run_loads_each_dataset_once(tmp_path: Path) -> None:
+    """Inside `each_dataset_loaded_once` (a `dpltm run`) the same arguments give the same splits, read once;
+    other arguments give their own; outside it every call loads afresh."""
+    from dpltm.data.loaders import each_dataset_loaded_once
+
+    _write_mnist(tmp_path)
+    outside = load_dataset("mnist", data_dir=tmp_path)
+    assert load_dataset("mnist", data_dir=tmp_path) is not outside
+    with each_dataset_loaded_once():
+        first = load_dataset("mnist", data_dir=tmp_path)
+        with each_dataset_loaded_once():  # a stage inside the run keeps the run's
+            assert load_dataset("mnist", data_dir=tmp_path) is first
+        assert load_dataset("mnist", data_dir=tmp_path, val_fraction=0.1, seed=0) is first
+        assert load_dataset("mnist", data_dir=tmp_path, seed=1) is not first
+        assert load_dataset("mnist", data_dir=tmp_path, split="all") is not first
+        assert first.fingerprint == outside.fingerprint
+        assert torch.equal(first.train.features, outside.train.features)
+    assert load_dataset("mnist", data_dir=tmp_path) is not first
+
+
 @pytest.mark.parametrize("split", SPLITS)
 def test_split_sizes_add_up(tmp_path: Path, split: str) -> None:
     _write_mnist(tmp_path)

@@ -23,7 +23,8 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import train_classifier
-from dpltm.training.private import TrainOutcome, plan_training, run_private
+from dpltm.training.plan import plan_training
+from dpltm.training.private import TrainOutcome, run_private
 from tests.dp.reference import padded_chunks
 
 N = 200

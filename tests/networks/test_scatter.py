@@ -142,7 +142,8 @@ def test_dp_training_of_a_masked_head_reads_the_norm_tables_and_trains_as_withou
     import dpltm.training.private as private_training
     from dpltm.config import TrainSettings
     from dpltm.dp.noise import NoiseContext
-    from dpltm.training.private import plan_training, run_private
+    from dpltm.training.plan import plan_training
+    from dpltm.training.private import run_private
 
     data = network_inputs(_network("scatter-linear"), _splits(n=60), cache_dir=tmp_path)
     real_terms = private_training.record_terms
@@ -163,7 +164,8 @@ def test_dp_training_of_a_masked_head_reads_the_norm_tables_and_trains_as_withou
         return {k: v.detach().clone() for k, v in model.named_parameters()}
 
     looked_up, computed = trained(True), trained(False)
-    assert made and isinstance(made[0], dict) and set(made[0]) == {"output"}  # a table, for the head
+    # the head trains in the fused step (dpltm.dp.step.takes_fused_step): its table holds M a_i² per record
+    assert made and isinstance(made[0], torch.Tensor) and tuple(made[0].shape) == (len(data.train), 10)
     for name, value in computed.items():
         torch.testing.assert_close(looked_up[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -228,7 +230,7 @@ def test_a_damaged_cache_file_is_rebuilt_never_used(tmp_path: Path, damage: str,
         body["features"][2, 7] += 1.0  # a silent change: only the checksum sees it
         torch.save(body, path)
     else:
-        torch.save({"format": 1, "key": "0" * 64, "features": good}, path)
+        torch.save({"format": feature_cache.CACHE_FORMAT, "key": "0" * 64, "features": good}, path)
     feature_cache._recent.clear()
     again = features_of(front, x, tmp_path)
     torch.testing.assert_close(again, good)
@@ -236,6 +238,32 @@ def test_a_damaged_cache_file_is_rebuilt_never_used(tmp_path: Path, damage: str,
     feature_cache._recent.clear()
     assert torch.equal(features_of(front, x, tmp_path), again)  # and the rebuilt file is good
     assert "damaged" not in capsys.readouterr().err
+
+
+def test_a_cache_file_of_an_earlier_format_is_rebuilt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    front = _network("scatter-linear").front  # type: ignore[union-attr]
+    x = _images(5)
+    good = features_of(front, x, tmp_path)
+    (path,) = tmp_path.iterdir()
+    body = torch.load(path, weights_only=True)
+    torch.save({**body, "format": 1}, path)  # format 1 stored a plain SHA-256 of the features
+    feature_cache._recent.clear()
+    torch.testing.assert_close(features_of(front, x, tmp_path), good)
+    assert "written by an earlier dpltm" in capsys.readouterr().err
+    assert torch.load(path, weights_only=True)["format"] == feature_cache.CACHE_FORMAT
+
+
+def test_the_checksum_covers_every_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pieces' checksum changes with one value in any piece, and with the piece size itself."""
+    monkeypatch.setattr(feature_cache, "CHECKSUM_PIECE", 64)
+    values = torch.arange(100, dtype=torch.float32).reshape(10, 10)  # 400 bytes: 7 pieces
+    base = feature_cache._checksum(values)
+    for row, col in ((0, 0), (5, 5), (9, 9)):
+        changed = values.clone()
+        changed[row, col] += 1
+        assert feature_cache._checksum(changed) != base
+    monkeypatch.setattr(feature_cache, "CHECKSUM_PIECE", 128)
+    assert feature_cache._checksum(values) != base
 
 
 def test_an_unwritable_cache_folder_is_a_note_not_a_failure(tmp_path: Path,

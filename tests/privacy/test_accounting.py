@@ -311,6 +311,33 @@ def test_pld_is_not_run_where_rdp_already_puts_epsilon_out_of_range() -> None:
         epsilon(event, DELTA, "pld", "replace_one")
 
 
+def test_the_pld_cost_guard_skips_only_runs_a_passed_one_covers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DP-SGD run with at least as much noise and at most as many steps as one that passed the guard
+    passes without RDP work; more steps or less noise is checked again and still refused when out of range."""
+    from dpltm.privacy import accounting
+
+    monkeypatch.setattr(accounting, "_GUARD_PASSED", {})
+    checks = []
+    real = accounting.make_accountant
+    monkeypatch.setattr(accounting, "make_accountant",
+                        lambda name, *a: checks.append(name) or real(name, *a))  # type: ignore[func-returns-value]
+    q = 0.01
+    accounting._check_pld_cost(dpsgd_event(q, 1.0, 1000), DELTA, "add_remove")
+    ran = len(checks)
+    assert ran > 0
+    for sigma, steps in ((1.0, 1000), (1.5, 10), (1.0, 999)):  # covered: no RDP accountant made
+        accounting._check_pld_cost(dpsgd_event(q, sigma, steps), DELTA, "add_remove")
+    assert len(checks) == ran
+    accounting._check_pld_cost(dpsgd_event(q, 1.0, 1001), DELTA, "add_remove")  # one step more: checked
+    assert len(checks) > ran
+    accounting._check_pld_cost(dpsgd_event(q, 1.0, 5), DELTA, "replace_one")  # another relation: checked
+    accounting._check_pld_cost(dpsgd_event(0.5, 1.0, 10), DELTA, "add_remove")
+    with pytest.raises(EpsilonOutOfRange):  # less noise, more steps: checked, and refused
+        accounting._check_pld_cost(dpsgd_event(0.5, 0.4, 100000), DELTA, "add_remove")
+    with pytest.raises(EpsilonOutOfRange):
+        accounting._check_pld_cost(dpsgd_event(1.0, 1.0, MAX_STEPS), DELTA, "add_remove")
+
+
 @pytest.mark.parametrize("path", ["accountant", "dp-sgd one-step pld"])
 def test_dp_accounting_failures_become_one_user_error(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from dpltm.privacy import accounting

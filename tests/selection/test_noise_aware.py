@@ -222,3 +222,52 @@ def test_the_rule_keeps_the_dense_network_against_noise_and_finds_a_real_gain() 
     assert 0.82 <= null.count(0) / trials <= 0.97
     real = [draw([even[0], 0.06 / 0.15, *even[2:]], [0.02, 0.01 / 0.85, 0.02, 0.02, 0.02]) for _ in range(trials)]
     assert real.count(2) / trials >= 0.97
+
+
+@pytest.mark.parametrize("name, hidden", [("scatter-linear", ()), ("scatter-mlp", (12,))])
+@pytest.mark.parametrize("table", [False, True])
+def test_stacked_scatter_heads_equal_the_engine_step(name: str, hidden: tuple[int, ...], table: bool) -> None:
+    """ScatterNet's linear and MLP heads train stacked in the noise-aware choice: each candidate's clipped
+    sums equal the DP engine's for that network alone (the path every other network takes), with the first
+    layer's norm terms computed per step or looked up in the per-record table."""
+    from dpltm.dp.engine import clipped_gradient_sum_of
+    from dpltm.model import Architecture, build_network
+    from dpltm.selection.noise_aware import stacks
+
+    arch = Architecture(in_features=64, hidden=hidden, num_classes=3, activation="tanh", name=name)
+    generator = torch.Generator().manual_seed(3)
+    models, masks = [], []
+    for k in range(3):
+        model = build_network(arch, generator)
+        with torch.no_grad():
+            for p in model.parameters():  # scatter-linear starts at zero: give every candidate its own weights
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+        ms = {n: (torch.rand(p.shape, generator=generator) < (1.0 if k == 0 else 0.4)).float()
+              for n, p in model.named_parameters() if n.endswith("weight")}
+        with torch.no_grad():  # a ticket's pruned weights are zero (as `rewind` leaves them)
+            for n, p in model.named_parameters():
+                p.mul_(ms.get(n, 1.0))
+        models.append(model)
+        masks.append(ms)
+    assert all(stacks(m) for m in models)
+    stack = StackedMLP(models, masks)
+    records = torch.randn(40, 81 * 2 * 2, generator=generator)
+    index = torch.tensor([3, 7, 7, 20, 1, 39, 12, 0])
+    x, y = records[index], torch.randint(0, 3, (len(index),), generator=generator)
+    first = stack.first_layer_terms(records).index_select(0, index) if table else None
+    weight_sums, bias_sums = clipped_sums(stack, x, y, clip=0.7, first_terms=first)
+    for k, (model, ms) in enumerate(zip(models, masks)):
+        single = clipped_gradient_sum_of(model, x, y, 0.7, ms).grad_sums
+        for layer, (mask_name, _) in enumerate(model.layers_in_order()):
+            prefix = mask_name.removesuffix(".weight")
+            torch.testing.assert_close(weight_sums[layer][k], single[f"{prefix}.weight"], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(bias_sums[layer][k], single[f"{prefix}.bias"], rtol=1e-4, atol=1e-5)
+            assert torch.count_nonzero(weight_sums[layer][k][ms[mask_name] == 0]) == 0
+
+
+def test_a_scatter_cnn_is_not_stacked() -> None:
+    from dpltm.model import Architecture, build_network
+    from dpltm.selection.noise_aware import stacks
+
+    arch = Architecture(in_features=64, hidden=(8,), num_classes=3, name="scatter-cnn")
+    assert not stacks(build_network(arch))

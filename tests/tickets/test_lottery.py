@@ -89,7 +89,7 @@ def test_each_ticket_keeps_the_weights_its_round_trained(tiny_splits, tmp_path: 
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """`train --rewind public` starts from a ticket's `trained` weights: they must be the network as that
     round's training left it (before pruning: the next mask prunes their smallest), zero where it prunes."""
-    import dpltm.tickets.imp as imp
+    import dpltm.training.plain as plain
     from dpltm.pruning import prune_layerwise
 
     after_training: list[dict[str, torch.Tensor]] = []
@@ -99,8 +99,8 @@ def test_each_ticket_keeps_the_weights_its_round_trained(tiny_splits, tmp_path: 
         after_training.append({k: v.detach().clone() for k, v in model.state_dict().items()})
         return result
 
-    real = imp.train_classifier
-    monkeypatch.setattr(imp, "train_classifier", recording)
+    real = plain.train_classifier
+    monkeypatch.setattr(plain, "train_classifier", recording)  # what generation imports when it trains
     out = tmp_path / "t.pt"
     generate_tickets(small_config(), tiny_splits, out, progress=False)
     tickets = load_ticket_set(out).tickets

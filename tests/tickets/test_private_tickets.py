@@ -181,7 +181,7 @@ def test_ledger_of_a_private_ticket_round_trips_and_needs_its_warmup() -> None:
 
 
 def test_lr_sigma_sets_a_dp_runs_learning_rate_from_its_sigma(tiny_splits: DatasetSplits) -> None:
-    from dpltm.training.private import plan_training
+    from dpltm.training.plan import plan_training
 
     settings = TrainSettings(epochs=2, batch_size=64, eps2=1.0, lr=0.1, lr_sigma=3.0)
     plan = plan_training(settings, len(tiny_splits.train))

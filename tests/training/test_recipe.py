@@ -18,7 +18,8 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import accuracy, train_classifier
-from dpltm.training.private import TrainOutcome, make_optimizer, plan_training, run_non_private, run_private
+from dpltm.training.plan import plan_training
+from dpltm.training.private import TrainOutcome, make_optimizer, run_non_private, run_private
 from dpltm.training.transfer import model_from_ticket
 
 Params = dict[str, torch.Tensor]
@@ -216,3 +217,26 @@ def test_run_takes_the_scatter_front_end_where_it_applies() -> None:
     given = generation_settings(RunRequest(arch="scatter-mlp", rounds=2), "scatter", None)
     assert given["model"]["hidden"] == [100] and given["generate"]["rounds"] == 2
     assert generation_settings(RunRequest(), "tuned", None)["model"]["arch"] is None
+
+
+def test_a_run_without_an_epsilon_curve_computes_none(tiny_splits: DatasetSplits) -> None:
+    """The ranks other than 0 of a multi-device run pass no `epsilon_after`: no accountant runs for them and
+    their epoch records carry no ε (rank 0's carry it, from the ledger)."""
+    import threading
+
+    settings = TrainSettings(epochs=2, batch_size=64, eps2=None, sigma=1.0, lr=0.2)
+    plan = plan_training(settings, len(tiny_splits.train))
+    model, masks = pruned_model()
+    context = NoiseContext(model=model, masks=masks, clip=settings.clip, private_dataset=tiny_splits.name)
+    asked: list[int] = []
+    with_curve = run_private(model, tiny_splits, plan, settings, seed=1, progress=False, noise_context=context,
+                             epsilon_after=lambda steps: asked.append(steps) or 0.5)  # type: ignore[func-returns-value]
+    assert sorted(asked) == [plan.steps_per_epoch, 2 * plan.steps_per_epoch]
+    assert [r["epsilon"] for r in with_curve.history] == [0.5, 0.5]
+    model, masks = pruned_model()
+    context = NoiseContext(model=model, masks=masks, clip=settings.clip, private_dataset=tiny_splits.name)
+    before = {t.name for t in threading.enumerate()}
+    without = run_private(model, tiny_splits, plan, settings, seed=1, progress=False, noise_context=context,
+                          epsilon_after=None)
+    assert len(without.history) == 2 and all("epsilon" not in r for r in without.history)
+    assert not any(t.name.startswith("dpltm-epsilon") for t in threading.enumerate() if t.name not in before)

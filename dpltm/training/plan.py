@@ -1,0 +1,86 @@
+"""The DP training a run will do, fixed before any private record is read: q, steps and σ.
+
+Kept apart from the Lightning training (dpltm.training.private) so that the checks and the noise-aware
+choice that plan a run import neither Lightning nor what it imports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dpltm.config import MAX_LR, TrainSettings
+from dpltm.dp.noise import noise_class
+from dpltm.errors import DpltmUserError
+from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
+from dpltm.privacy.events import MAX_STEPS, DpEvent
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """The mechanism that will run, fixed before any private data is touched."""
+
+    dataset_size: int
+    expected_batch_size: int
+    sample_rate: float
+    steps_per_epoch: int
+    epochs: int
+    noise_multiplier: float
+    """Effective Gaussian multiplier under add/remove (what the accountant sees)."""
+    noise_parameter: float
+    """The plug-in's own parameter (equal to the above for `gaussian`)."""
+    calibrated: bool
+    lr: float = 0.1
+    """The learning rate the run uses: `settings.lr`, or `settings.lr_sigma / noise_multiplier`."""
+
+    @property
+    def steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+
+def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEvent] | None = None) -> TrainPlan:
+    """q = L/N, ⌈N/L⌉ steps per epoch, and σ: given, or the smallest σ meeting eps2 at δ.
+
+    σ is calibrated on the training mechanism alone (ε_train ≤ eps2); the final report composes
+    it with the selection. With `spent` (the DP warm-up of a private ticket, on this same data)
+    eps2 is the whole run's target: σ is calibrated so that `spent` composed with training meets
+    it. Calibration never overshoots the target (dpltm.privacy.calibration).
+    """
+    L_ = settings.batch_size
+    if L_ >= dataset_size:
+        raise DpltmUserError(f"--batch-size {L_} must be smaller than the training set ({dataset_size} records)")
+    q = L_ / dataset_size
+    steps_per_epoch = math.ceil(dataset_size / L_)
+    steps = steps_per_epoch * settings.epochs
+    if steps > MAX_STEPS:
+        raise DpltmUserError(f"--epochs {settings.epochs} at {steps_per_epoch} steps an epoch (batch {L_} of "
+                             f"{dataset_size} records) is {steps} DP steps; dpltm accounts for at most "
+                             f"{MAX_STEPS:.0e}: use fewer epochs or a larger --batch-size")
+    mechanism = noise_class(settings.noise)
+    if settings.sigma is not None:
+        parameter, calibrated = settings.sigma, False
+        effective = mechanism.effective_for(parameter)
+    elif settings.eps2 is not None and spent:
+        effective = calibrate_after(spent, q, steps, settings.eps2, settings.delta, settings.accountant,
+                                    settings.neighboring)
+        parameter, calibrated = mechanism.parameter_for(effective), True
+    elif settings.eps2 is not None:
+        effective = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
+                                               settings.neighboring)
+        parameter, calibrated = mechanism.parameter_for(effective), True
+    else:
+        raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma")
+    return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, effective, parameter, calibrated,
+                     learning_rate(settings, effective))
+
+
+def learning_rate(settings: TrainSettings, noise_multiplier: float | None) -> float:
+    """`settings.lr`, or lr_sigma / σ for a DP run when `settings.lr_sigma` is set (σ depends on public
+    parameters only, so this choice is too)."""
+    if settings.lr_sigma is None or noise_multiplier is None:
+        return settings.lr
+    lr = settings.lr_sigma / noise_multiplier
+    if not 0.0 < lr <= MAX_LR:
+        raise DpltmUserError(f"--lr-sigma {settings.lr_sigma:g} / σ {noise_multiplier:.4g} gives learning rate "
+                             f"{lr:.4g}, outside (0, {MAX_LR:g}]")
+    return lr
