@@ -144,6 +144,19 @@ def test_pipeline_with_cuda_graphs(data: Path, tmp_path: Path) -> None:
     assert report["steps"] > 0 and report["test_accuracy"] > 0.5
 
 
+@pytest.mark.gpu
+def test_scatter_head_pipeline_with_cuda_graphs(data: Path, tmp_path: Path) -> None:
+    """A ScatterNet linear head (the README job's network) generated and DP-trained from CUDA graphs, through
+    the real CLI: its fully connected head takes the fused DP step, which the graphs replay."""
+    dpltm("generate", "--dataset", "digits", "--arch", "scatter-linear", "--rounds", "2", "--iterations", "60",
+          "--batch-size", "32", "--device", "cuda", "--cuda-graphs", "--out", "t.pt", cwd=tmp_path, data=data)
+    dpltm("select", "--tickets", "t.pt", "--eps1", "1", "--out", "w.pt", cwd=tmp_path, data=data)
+    report = one_json_document(dpltm("train", "--ticket", "w.pt", "--dataset", "digits", "--eps2", "1", "--epochs", "3",
+                                     "--batch-size", "32", "--device", "cuda", "--cuda-graphs", "--out", "m.pt",
+                                     "--json", cwd=tmp_path, data=data).stdout)
+    assert report["steps"] > 0 and report["test_accuracy"] > 0.3 and report["end_to_end_dp"] is False
+
+
 def test_a_signal_while_starting_is_one_line_not_a_traceback() -> None:
     """The console script's first act (dpltm.entry): before the CLI's half second of imports, a signal
     ends the process with one line and 128 + signum."""
