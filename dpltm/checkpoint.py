@@ -171,6 +171,26 @@ def check_writable(path: Path) -> None:
         raise DpltmUserError(f"cannot create output directory {path.parent}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK):
         raise DpltmUserError(f"output directory {ancestor} is not writable")
+    check_storage(ancestor)
+
+
+def check_storage(folder: Path) -> None:
+    """Refuse a folder on a read-only file system, or in the kernel's /proc or /sys (`os.access` says yes to root
+    there, and the write itself fails): a run must fail before its work, not when it saves. Reads the file
+    system's statistics only; creates nothing."""
+    resolved = folder.resolve()
+    kernel = next((root for root in KERNEL_FILE_SYSTEMS if resolved == root or root in resolved.parents), None)
+    if kernel is not None:
+        raise DpltmUserError(f"cannot write in {folder}: {kernel} is the kernel's, not storage")
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows): the save reports its own failure
+        return
+    if read_only:
+        raise DpltmUserError(f"cannot write in {folder}: its file system is read-only")
+
+
+KERNEL_FILE_SYSTEMS = (Path("/proc"), Path("/sys"))
 
 
 def _make_parent(path: Path) -> None:

@@ -8,6 +8,7 @@ signum; `--json` reports go to stdout. The commands themselves are in dpltm.cli.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -74,11 +75,28 @@ def emit_json(report: dict[str, Any]) -> None:
     sys.stdout.write(dumps(report) + "\n")
 
 
+def folder_named_as_output(argv: list[str]) -> str | None:
+    """The error for `--out dir/`: Click's path type drops the trailing separator, so the folder would be taken
+    for the name of the file to write (and a file of that name made)."""
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            break
+        value = argv[index + 1] if arg == "--out" and index + 1 < len(argv) else (
+            arg[len("--out="):] if arg.startswith("--out=") else None)
+        if value and value.endswith(("/", os.sep)):
+            return f"--out {value} names a folder: give the file to write in it (e.g. --out {value}model.pt)"
+    return None
+
+
 def run_app(app: typer.Typer) -> None:
     """Run `app` as the entry point: the parser's own usage errors become one line too; SIGINT and SIGTERM stop a
     run cleanly with one line and exit 130 / 143."""
     from typer.exceptions import Abort, TyperException
 
+    folder = folder_named_as_output(sys.argv[1:])
+    if folder is not None:
+        typer.echo(f"dpltm: error: {folder}", err=True)
+        raise SystemExit(2)
     _UNWINDING.clear()
     previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:

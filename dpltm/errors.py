@@ -16,10 +16,12 @@ MAX_MESSAGE_CHARS = 1000
 
 def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """`message` as one printable line: control characters (a newline in a path, an escape
-    sequence) shown escaped, and anything beyond `limit` characters cut with a note."""
+    sequence) shown escaped, and beyond `limit` characters its middle cut with a note. The end stays: a
+    message names what failed first (a path, a value) and why last, and the why must survive a long name."""
     text = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message)
     if len(text) > limit:
-        text = f"{text[:limit]}… ({len(text) - limit} more characters)"
+        tail = limit // 4
+        text = f"{text[:limit - tail]}… ({len(text) - limit} more characters) …{text[-tail:]}"
     return text
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.errors import DpltmUserError
+from dpltm.errors import DpltmUserError, one_line
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TrainedModel
@@ -241,7 +241,11 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
                              "your nn.Module with safetensors.torch.load_file; dpltm cannot rebuild that network")
     try:
         architecture = json.loads(metadata["architecture"])
-        arch = Architecture.from_dict(architecture)
+        try:
+            arch = Architecture.from_dict(architecture)
+        except DpltmUserError as exc:  # its own words name a flag; here a stored value is at fault
+            raise DpltmUserError(f"{path} is a damaged dpltm export: its architecture record does not build a "
+                                 f"network ({one_line(str(exc), 160)})") from None
         model = build_network(arch)
         weights, masks = split_stored_state(arch, current_parameter_names(load_file(str(path)), str(path)))
         acting = pruned_but_not_zero(weights, masks)

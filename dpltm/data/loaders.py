@@ -56,8 +56,8 @@ SPECS: dict[str, DatasetSpec] = {n: DatasetSpec(e.num_features, e.num_classes, e
                                  for n, e in DATASET_ENTRIES.items()}
 
 
-def _check_options(name: str, split: str, val_fraction: float, seed: int) -> None:
-    """Reject bad options with one line that lists what is allowed."""
+def check_load_options(name: str, split: str, val_fraction: float, seed: int) -> None:
+    """`load_dataset`'s arguments checked before anything is read: one line that lists what is allowed."""
     if name not in SPECS:
         raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
     if split not in SPLITS:
@@ -164,7 +164,7 @@ def load_dataset(
     device: str | torch.device = "cpu",
 ) -> DatasetSplits:
     """Load dataset `name` as train/val/test tensors on `device` (rules: module docstring)."""
-    _check_options(name, split, val_fraction, seed)
+    check_load_options(name, split, val_fraction, seed)
     target = _device(device)
     root = resolve_data_dir(data_dir)
     if _reused is None:

@@ -151,7 +151,8 @@ def parse_table(data: bytes, path: Path, *, delimiter: str | None, columns: int)
             warnings.simplefilter("ignore")  # an empty file is reported below, not warned
             table = np.loadtxt(io.StringIO(text), delimiter=delimiter, dtype=np.float64, ndmin=2)
     except (ValueError, UnicodeDecodeError) as exc:
-        reason = " ".join(str(exc).split())[:200]
+        reason = " ".join(str(exc).split())
+        reason = reason.split("; use `usecols`")[0][:200]  # numpy's advice is for its own API, not for a dpltm user
         raise DpltmUserError(f"corrupt file {path}: {reason}") from None
     if table.shape[0] == 0:
         raise DpltmUserError(f"corrupt file {path}: no data rows")

@@ -122,9 +122,13 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
-    from dpltm.model import build_architecture
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.tickets.private import layer_keep_fractions, make_private_ticket, plan_private_ticket
+    from dpltm.tickets.private import (
+        layer_keep_fractions,
+        make_private_ticket,
+        plan_private_ticket,
+        ticket_architecture,
+    )
 
     cfg = resolve_train_config(cli, config)
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-private-ticket.pt"
@@ -138,8 +142,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     check_not_input(target)  # a data file just read
     plan = plan_private_ticket(cfg, len(data.train))
-    layer_keep_fractions(build_architecture(data.num_features, data.num_classes, cfg.model.hidden,
-                                            cfg.model.project_to, cfg.model.activation), cfg.private_ticket.density)
+    layer_keep_fractions(ticket_architecture(cfg, data), cfg.private_ticket.density)
     p = cfg.private_ticket
     err_console.print(
         f"private ticket on {data.name} ({len(data.train)} training records) on {torch_device}: "

@@ -46,6 +46,7 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
 
     from dpltm.checkpoint import prepare_output, write_text_atomic
     from dpltm.data import load_dataset
+    from dpltm.data.loaders import DATASETS, check_load_options
     from dpltm.data.release import mismatch
     from dpltm.devices import resolve_device
     from dpltm.export import load_any_model
@@ -54,6 +55,9 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
         raise DpltmUserError(f"--part must be one of {', '.join(PARTS)}, got {part!r}")
     loaded = load_any_model(model_path)
     trained_on = loaded.data
+    if dataset is None and trained_on.get("dataset") not in DATASETS:  # the file's word, not a flag's
+        raise DpltmUserError(f"{model_path} names its training data {trained_on.get('dataset')!r}, not a dataset dpltm "
+                             "knows (a damaged or edited file?): pass --dataset")
     name = dataset or trained_on["dataset"]
     same = name == trained_on["dataset"]
     exposes = part == "train" and same
@@ -65,7 +69,14 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     settings: dict[str, Any] = ({"split": trained_on.get("split") or "train",
                                  "val_fraction": trained_on.get("val_fraction", 0.1),
                                  "seed": trained_on.get("seed") or 0} if same else {})
+    if same:  # these settings come from the model file: a bad one is the file's fault, not a flag's
+        try:
+            check_load_options(name, settings["split"], settings["val_fraction"], settings["seed"])
+        except DpltmUserError as exc:
+            raise DpltmUserError(f"{model_path} records settings of its data that dpltm cannot use (a damaged or "
+                                 f"edited file?): {exc}") from None
     if split is not None:
+        check_load_options(name, split, 0.1, 0)  # --split, the user's own
         settings["split"] = split
     torch_device = resolve_device(device)
     if download:

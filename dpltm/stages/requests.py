@@ -114,9 +114,6 @@ class GenerateRequest(CommandRequest):
                     "--cuda-graphs": self.cuda_graphs or None}
         if _given(imp_only):
             raise DpltmUserError(f"{', '.join(_given(imp_only))} belong to non-private IMP: drop them with --private")
-        if self.arch not in (None, "mlp"):
-            raise DpltmUserError(f"--private makes MLP tickets; --arch {self.arch} is for public tickets "
-                                 "(without --private)")
         return {
             "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
             "model": self._model(),

@@ -118,7 +118,7 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
                       r.data_dir)
     if r.ticket_source == TicketSource.private:
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
-                       "--cuda-graphs": r.cuda_graphs or None, "--arch": r.arch,
+                       "--cuda-graphs": r.cuda_graphs or None,
                        "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze}
         given = [name for name, value in public_only.items() if value is not None]
         if given or r.choice != TicketChoice.noise_aware:
@@ -286,9 +286,8 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
-    from dpltm.model import build_architecture
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.tickets.private import layer_keep_fractions, plan_private_ticket
+    from dpltm.tickets.private import layer_keep_fractions, plan_private_ticket, ticket_architecture
 
     base = resolve_train_config({"data": {"dataset": r.dataset}, "seed": r.seed}, r.config)
     pool = load_dataset(r.dataset, split=base.data.split, data_dir=r.data_dir, val_fraction=base.data.val_fraction,
@@ -310,7 +309,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
                  "train": {"eps2": r.eps, "delta": r.delta, "epochs": settings.train.epochs - warmup * rounds,
                            "batch_size": r.batch_size, "clip": r.clip, "lr": r.lr, "momentum": r.momentum,
                            "ema": r.ema, "neighboring": r.neighbouring},
-                 "model": {"activation": r.activation},
+                 "model": model_cli(r.arch, None, activation=r.activation),
                  "private_ticket": {"warmup_epochs": warmup, "density": r.density}, "seed": r.seed,
                  "recipe": chosen}
     # the whole plan checked against the data before the first line of work (σ, L < N, the density)
@@ -319,9 +318,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
         raise DpltmUserError("train.rewind public starts from public-trained weights: a private ticket has none "
                              "(its start is private_ticket.rewind)")
     plan_private_ticket(planned, len(pool.train))
-    layer_keep_fractions(build_architecture(pool.num_features, pool.num_classes, planned.model.hidden,
-                                            planned.model.project_to, planned.model.activation),
-                         planned.private_ticket.density)
+    layer_keep_fractions(ticket_architecture(planned, pool), planned.private_ticket.density)
     err_console.print(f"[bold]1/2[/bold] private ticket on {r.dataset}: {rounds} × {warmup} DP warm-up epochs, "
                       f"then {settings.train.epochs - warmup * rounds} epochs of DP training, ε = {r.eps:g} in all; "
                       f"recipe {chosen}")

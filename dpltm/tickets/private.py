@@ -38,9 +38,20 @@ from dpltm.checkpoint import save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext, noise_class
-from dpltm.dp.plugins import noise_plugin
+from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture, density, layer_densities
+from dpltm.features import network_inputs
+from dpltm.model import (
+    Architecture,
+    Masks,
+    apply_masks_,
+    build_architecture,
+    build_network,
+    density,
+    full_masks,
+    layer_densities,
+    prunable_weights,
+)
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
@@ -64,7 +75,7 @@ def layer_keep_fractions(arch: Architecture, target_density: float) -> dict[str,
         raise DpltmUserError(f"--density must lie in (0, 1), got {target_density:g}")
     shapes = {f"{name}.weight": shape for name, shape in arch.layer_shapes().items()}
     rates = paper_prune_rates(list(shapes))
-    sizes = {name: shape[0] * shape[1] for name, shape in shapes.items()}
+    sizes = {name: math.prod(shape) for name, shape in shapes.items()}  # a convolution's (out, in, k, k) too
     total = sum(sizes.values())
 
     def kept(r: float) -> float:
@@ -146,14 +157,14 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     p = cfg.private_ticket
     plan = plan_private_ticket(cfg, len(data.train))
     s = replace(cfg.train, lr=learning_rate(cfg.train, plan.noise_multiplier))  # lr_sigma: lr follows σ
-    arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden, cfg.model.project_to,
-                              cfg.model.activation)
-    model = LeNet(arch, torch.Generator().manual_seed(cfg.seed)).to(data.train.labels.device)
+    arch = ticket_architecture(cfg, data)
+    model = build_network(arch, torch.Generator().manual_seed(cfg.seed)).to(data.train.labels.device)
+    data = network_inputs(model, data, progress=progress)  # a fixed front end's features (private: cached locally)
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rates = round_prune_rates(arch, p.density, p.rounds)
     seed, randomness = mechanism_seed(noise_seed)
     rounds: list[dict[str, Any]] = []
-    masks: Masks = apply_masks_(model, model.full_masks())
+    masks: Masks = apply_masks_(model, full_masks(model))
     for r in range(p.rounds):
         spent = plan.warmup_events(r)
 
@@ -169,7 +180,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
                               progress=progress, noise_context=context,
                               progress_label=f"DP warm-up round {r + 1}/{p.rounds}")
         released = outcome.released if outcome.released is not None else model
-        weights = {n: w.detach() for n, w in released.weights().items()}
+        weights = {n: w.detach() for n, w in prunable_weights(released).items()}
         masks = prune_layerwise(weights, masks, rates)
         record = {"round": r + 1, "steps": plan.warmup_steps, "density": density(masks),
                   "val_accuracy": outcome.history[-1]["val_accuracy"],
@@ -219,6 +230,19 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     }
     save_atomic(Winner.from_payload(payload).to_dict(), out, "ticket")
     return payload
+
+
+def ticket_architecture(cfg: TrainConfig, data: DatasetSplits) -> Architecture:
+    """The private ticket's network: `model.arch` (the MLP, LeNet-5, or a network of the registry) for this data.
+    A network other than the MLP trains with Gaussian-type noise (the dpd and shaped geometries shape the
+    MLP's layers), checked before any record is used."""
+    arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden, cfg.model.project_to,
+                              cfg.model.activation, cfg.model.arch or "mlp")
+    if not arch.is_mlp and not noise_plugin(cfg.train.noise).convolutions:
+        able = ", ".join(n for n, plugin in NOISE_PLUGINS.items() if plugin.convolutions)
+        raise DpltmUserError(f"--noise {cfg.train.noise} shapes the MLP's layers; a private ticket of --arch "
+                             f"{cfg.model.arch} trains with --noise {able}")
+    return arch
 
 
 def phase_seed(seed: int, phase: str) -> int:

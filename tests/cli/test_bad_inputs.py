@@ -107,6 +107,17 @@ def _broken_export(key: str, text: str) -> Callable[[Path], bytes]:
     return make
 
 
+def _set_json(key: str, field: str, value: object) -> Callable[[dict[str, str]], None]:
+    """Edit one field of one JSON value of an export's metadata."""
+
+    def edit(metadata: dict[str, str]) -> None:
+        record = json.loads(metadata[key])
+        record[field] = value
+        metadata[key] = json.dumps(record)
+
+    return edit
+
+
 def _edited_export(edit: Callable[[dict[str, str]], None]) -> Callable[[Path], bytes]:
     """The trained model's real export with its metadata edited by hand."""
 
@@ -253,7 +264,7 @@ CASES = [
     # ---- outputs that would destroy an input or an earlier result ({tickets}, {winner}: real files) --
     Case("select-out-is-tickets", ("select", "--best", "--out", "{tickets}"), "also this command's input"),
     Case("select-out-in-proc", ("select", "--rule", "random", "--tickets", "{tickets}", "--out", "/proc/w.pt"),
-         "cannot write beside /proc/w.pt"),
+         "cannot write in /proc: /proc is the kernel's"),
     Case("select-rule-private-size-negative", ("select", "--rule", "noise-aware", "--tickets", "{tickets}",
                                                "--private-size", "-3"), "--private-size must be at least 2"),
     Case("select-rule-random-eps1", ("select", "--rule", "random", "--tickets", "{tickets}", "--eps1", "0.5"),
@@ -290,6 +301,12 @@ CASES = [
     Case("num-nodes-without-launcher", (*TRAIN, "--eps2", "1", "--num-nodes", "2"), "--num-nodes 2: start one"),
     Case("log-dir-is-a-file", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "f.txt"),
          "--log-dir f.txt is not a directory", {"f.txt": b"x"}),
+    # /sys: writable to root by os.access, yet nothing can be made there; refused before any work, not at the save
+    Case("out-on-a-pseudo-file-system", (*TRAIN, "--eps2", "1", "--out", "/sys/dpltm-test/m.pt"), " /sys"),
+    Case("log-dir-on-a-pseudo-file-system", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "/sys/dpltm-test"),
+         " /sys"),
+    Case("out-names-a-folder", (*TRAIN, "--eps2", "1", "--out", "models/"), "--out models/ names a folder"),
+    Case("out-names-a-folder-with-equals", (*GEN, "--out=t/"), "give the file to write in it (e.g. --out t/model.pt)"),
     Case("run-cuda-graphs-scatter-cnn", ("run", "--dataset", "mnist", "--public-dataset", "kmnist", "--arch",
                                          "scatter-cnn", "--cuda-graphs", "--no-progress"),
          "--arch scatter-cnn trains in the eager step"),
@@ -346,15 +363,15 @@ CASES = [
          "use --arch mlp"),
     Case("generate-dp-cnn-on-8x8", (*GEN, "--arch", "dp-cnn"), "at least 14×14 pixels"),
     Case("generate-private-dp-cnn", ("generate", "--private", "--dataset", "digits", "--arch", "dp-cnn", "--eps", "1"),
-         "--private makes MLP tickets"),
+         "at least 14×14 pixels"),
     Case("train-freeze-unknown-layer", (*TRAIN, "--eps2", "1", "--freeze", "hidden.9"), "names no layer"),
     Case("train-freeze-every-layer", (*TRAIN, "--eps2", "1", "--freeze", "hidden.0,hidden.1,output"), "every layer"),
     Case("train-freeze-number", (*TRAIN, "--eps2", "1", "--freeze", "0"), "freeze"),
     Case("run-private-freeze", ("run", "--ticket-source", "private", "--dataset", "digits", "--freeze", "hidden.0"),
          "belong to public tickets"),
     Case("generate-scatter-linear-hidden", (*GEN, "--arch", "scatter-linear", "--hidden", "32"), "takes no --hidden"),
-    Case("generate-private-scatter-cnn", ("generate", "--private", "--dataset", "digits", "--arch", "scatter-cnn",
-                                          "--eps", "1"), "--private makes MLP tickets"),
+    Case("generate-private-lenet5-on-8x8", ("generate", "--private", "--dataset", "digits", "--arch", "lenet5",
+                                            "--eps", "1"), "too small for this network"),
     # ---- model checkpoints that pass the top-level schema but are broken inside ------------------
     *[Case(f"{cmd}-{name}", args, message, {"b.pt": _broken_model(edit)})
       for name, edit, message in _BROKEN_MODELS
@@ -378,6 +395,13 @@ CASES = [
           ("sigma", _set_sigma, "privacy record is inconsistent")]
       for cmd, args in [("predict", ("predict", "--model", "b.safetensors", "--device", "cpu")),
                         ("inspect", ("inspect", "b.safetensors"))]],
+    # ---- real exports whose network or data record was edited: the file is blamed, never a flag not given ----
+    *[Case(f"predict-export-edited-{label}", ("predict", "--model", "b.safetensors", "--device", "cpu"), message,
+           {"b.safetensors": _edited_export(edit)})
+      for label, edit, message in [
+          ("activation", _set_json("architecture", "activation", "swish"), "its architecture record does not build"),
+          ("dataset", _set_json("data", "dataset", "cifar"), "names its training data 'cifar'"),
+          ("val-fraction", _set_json("data", "val_fraction", 7), "records settings of its data")]],
     Case("plot-deep-json", ("plot", "r.json"), "nested too deeply",
          {"r.json": b"[" * 100_000 + b"]" * 100_000}),
 ]

@@ -191,3 +191,15 @@ def test_write_text_atomic(tmp_path: Path) -> None:
     checkpoint.write_text_atomic("a,b\n1,2\n", path)
     assert path.read_text() == "a,b\n1,2\n"
     assert [p.name for p in path.parent.iterdir()] == ["metrics.csv"]
+
+
+def test_a_long_message_keeps_its_reason() -> None:
+    """A 4200-character path must not push the reason out of the one line: the middle is cut, not the end."""
+    from dpltm.errors import MAX_MESSAGE_CHARS, one_line
+
+    message = f"cannot write {'x' * 4200}/m.pt: File name too long"
+    line = one_line(message)
+    assert line.startswith("cannot write xxx") and line.endswith("m.pt: File name too long")
+    assert f"({len(message) - MAX_MESSAGE_CHARS} more characters)" in line
+    assert len(line) < MAX_MESSAGE_CHARS + 60 and "\n" not in line
+    assert one_line("short\nline") == "short\\nline"

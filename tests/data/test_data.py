@@ -222,6 +222,17 @@ def test_isolet_unparseable_row(tmp_path: Path) -> None:
         load_dataset("isolet", split="test", data_dir=tmp_path)
 
 
+def test_a_ragged_table_says_which_row_without_numpys_advice(tmp_path: Path) -> None:
+    """numpy's error for a row of another length ends with advice for its own API (`usecols`): not shown."""
+    from dpltm.data.sources import parse_table
+
+    with pytest.raises(DpltmUserError) as caught:
+        parse_table(b"1,2,3\n4,5,6\n7,8\n", tmp_path / "t.csv", delimiter=",", columns=3)
+    message = str(caught.value)
+    assert message.startswith(f"corrupt file {tmp_path / 't.csv'}: ") and "usecols" not in message
+    assert "row" in message
+
+
 @pytest.mark.parametrize("gz", [True, False])
 def test_mnist_family_fixture(tmp_path: Path, gz: bool) -> None:
     written = _write_mnist(tmp_path, "KMNIST", gz=gz)

@@ -231,3 +231,39 @@ def test_phases_never_share_randomness_and_warmup_cannot_stop_early(tiny_splits:
         cfg = dataclasses.replace(_config(), train=dataclasses.replace(_config().train, **change))
         with pytest.raises(DpltmUserError, match="patience"):
             plan_private_ticket(cfg, len(tiny_splits.train))
+
+
+def _images(n: int, seed: int) -> LabeledTensors:
+    """28×28 records of 3 classes, each class a brighter quadrant: what LeNet-5 takes."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 3, (n,), generator=g)
+    images = torch.rand(n, 28, 28, generator=g) * 0.3
+    for k in range(3):
+        images[labels == k, (k // 2) * 14:(k // 2) * 14 + 14, (k % 2) * 14:(k % 2) * 14 + 14] += 0.6
+    return LabeledTensors(images.reshape(n, 784), labels)
+
+
+def test_a_cnn_private_ticket_prunes_its_convolutions_and_trains_end_to_end_dp(tmp_path: Path) -> None:
+    """`generate --private --arch lenet5`: the DP warm-up and magnitude pruning cover the convolutions too (their
+    (out, in, k, k) weights counted whole), and the ticket trains to one guarantee within the requested ε."""
+    data = DatasetSplits("images", "train", _images(384, 0), _images(64, 1), _images(64, 2), 784, 3, "fp-images")
+    base = _config(eps=2.0, warmup=1, epochs=2, density_=0.4)
+    cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, arch="lenet5", hidden=(16,)),
+                              train=dataclasses.replace(base.train, batch_size=32))
+    ticket_path = tmp_path / "ticket.pt"
+    payload = make_private_ticket(cfg, data, ticket_path, progress=False, noise_seed=1)
+    assert payload["architecture"]["conv"] and payload["density"] == pytest.approx(0.4, abs=0.02)
+    assert {"conv.0.weight", "conv.1.weight"} <= set(payload["masks"])
+    assert all(0.0 < float(payload["masks"][n].float().mean()) < 1.0 for n in ("conv.0.weight", "conv.1.weight"))
+    for name, mask in payload["masks"].items():
+        assert torch.all(payload["theta0"][name][~mask] == 0)
+    report = train(cfg, data, tmp_path / "model.pt", ticket=load_ticket(ticket_path), ticket_path=ticket_path,
+                   private=True, progress=False, noise_seed=2)
+    assert report["end_to_end_dp"] is True and report["epsilon"] <= 2.0
+    state = load_checkpoint(tmp_path / "model.pt", ("model",))["state_dict"]
+    for name, mask in payload["masks"].items():
+        assert torch.all(state[name][~mask] == 0)
+    with pytest.raises(DpltmUserError, match="--noise dpd shapes the MLP's layers"):
+        make_private_ticket(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, noise="dpd")), data,
+                            tmp_path / "t2.pt", progress=False)
+    assert not (tmp_path / "t2.pt").exists()
