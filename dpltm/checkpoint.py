@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -68,6 +69,8 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
         if source is not None and same_file(path, source):
             raise DpltmUserError(f"{option} {path} is also this command's input: write the result elsewhere")
     check_not_input(path, option)
+    if path.exists() and not path.is_dir() and not path.is_file():  # before --overwrite is offered: it would not help
+        raise DpltmUserError(f"output {path} is not a regular file (a device, pipe or socket): write to a file")
     if path.exists() and not path.is_dir() and not overwrite:
         raise DpltmUserError(f"{path} already exists: pass --overwrite to replace it, or {option} to write elsewhere")
     check_writable(path)
@@ -150,10 +153,27 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        reason = _write_failure(exc, path.parent)
+        if reason is not None:  # a full disk, a quota: the user's to fix, in one line naming the file
+            raise DpltmUserError(f"cannot write {path}: {reason}") from None
         raise
+
+
+def _write_failure(exc: BaseException, folder: Path) -> str | None:
+    """Why a write failed, where it is the file system's doing: an OS error (ENOSPC, EDQUOT, …), or torch.save's
+    zip writer, which reports a short write as a RuntimeError ("unexpected pos", "file write failed")."""
+    if isinstance(exc, OSError) and exc.errno in USER_ERRNOS:
+        return exc.strerror or str(exc)
+    if isinstance(exc, RuntimeError) and ("inline_container" in str(exc) or "write failed" in str(exc)):
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            return "the write failed (is the disk full?)"
+        return f"the write failed with {free} bytes free on its file system (no space left?)"
+    return None
 
 
 def check_writable(path: Path) -> None:

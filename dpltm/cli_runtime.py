@@ -84,8 +84,15 @@ def folder_named_as_output(argv: list[str]) -> str | None:
         value = argv[index + 1] if arg == "--out" and index + 1 < len(argv) else (
             arg[len("--out="):] if arg.startswith("--out=") else None)
         if value and value.endswith(("/", os.sep)):
-            return f"--out {value} names a folder: give the file to write in it (e.g. --out {value}model.pt)"
+            command = next((a for a in argv if not a.startswith("-")), "")
+            example = OUTPUT_EXAMPLES.get(command, "model.pt")
+            return f"--out {value} names a folder: give the file to write in it (e.g. --out {value}{example})"
     return None
+
+
+OUTPUT_EXAMPLES = {"generate": "tickets.pt", "select": "winner.pt", "export": "model.safetensors",
+                   "predict": "predictions.csv", "plot": "curves.png"}
+"""A file name of the kind each command writes, for the `--out dir/` hint (else a model file)."""
 
 
 def run_app(app: typer.Typer) -> None:

@@ -17,6 +17,7 @@ the file carries, including "NOT end-to-end DP" where that applies.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,8 +245,9 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
         try:
             arch = Architecture.from_dict(architecture)
         except DpltmUserError as exc:  # its own words name a flag; here a stored value is at fault
+            stored = re.sub(r"--([a-z][a-z-]*)", r"\1", str(exc))  # the stored field, not a flag the user gave
             raise DpltmUserError(f"{path} is a damaged dpltm export: its architecture record does not build a "
-                                 f"network ({one_line(str(exc), 160)})") from None
+                                 f"network ({one_line(stored, 160)})") from None
         model = build_network(arch)
         weights, masks = split_stored_state(arch, current_parameter_names(load_file(str(path)), str(path)))
         acting = pruned_but_not_zero(weights, masks)
@@ -255,7 +257,12 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
                            if value.is_floating_point() and not bool(value.isfinite().all())), None)
         if non_finite is not None:
             raise DpltmUserError(f"{path} is a damaged dpltm export: {non_finite} holds NaN or infinite values")
-        model.load_state_dict(weights)
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as exc:  # torch's first line names only the class: give the detail that says what
+            detail = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), "")
+            raise DpltmUserError(f"{path} is a damaged dpltm export: its weights do not fit its architecture record "
+                                 f"({one_line(detail, 200)})") from None
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:

@@ -37,6 +37,13 @@ MAX_PARAMETERS = 10**8
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "tanh": torch.tanh}
 
 
+def _whole(value: object, field: str) -> int:
+    """A stored whole number as an int: ints only (not bools, strings or fractions)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"architecture field {field} must be a whole number, got {value!r}")
+    return value
+
+
 def activation_function(name: str) -> Callable[[Tensor], Tensor]:
     """The activation called `name`; an unknown name is one line."""
     try:
@@ -112,8 +119,11 @@ class Architecture:
         activation_function(self.activation)
         if self.name is not None:
             entry = ARCHITECTURES.get(self.name)
-            if entry is None or entry.module is None:
+            if entry is None:
                 raise DpltmUserError(f"unknown architecture {self.name!r}")
+            if entry.module is None:
+                raise DpltmUserError(f"architecture name {self.name!r}: {self.name} is a built-in network, described "
+                                     "by its layers (conv, hidden) and not by a name")
             if self.conv:
                 raise DpltmUserError(f"--arch {self.name} has its own layers: its record lists no 'conv'")
             if self.project_to is not None:
@@ -138,7 +148,10 @@ class Architecture:
             for _, kernel in self.conv:
                 side = (side - kernel + 1) // 2
                 if side < 1:
-                    raise DpltmUserError(f"images of {self.in_features} pixels are too small for this network")
+                    kernels = ", ".join(f"{k}×{k}" for _, k in self.conv)
+                    first = image_side(self.in_features)
+                    raise DpltmUserError(f"images of {first}×{first} pixels are too small for this network's "
+                                         f"convolutions ({kernels}, each then 2×2 pooling; LeNet-5 takes 28×28)")
         sizes = [self.in_features, *self.hidden, self.num_classes]
         if self.project_to is not None:
             sizes.append(self.project_to)
@@ -165,15 +178,25 @@ class Architecture:
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> Architecture:
+        """The record as stored; a field of the wrong type (a string "64", a number for a list) is a ValueError
+        naming it, never coerced ("300" would otherwise become the widths 3, 0, 0)."""
         project_to = d.get("project_to")
+        hidden, conv = d["hidden"], d.get("conv", [])
+        if not isinstance(hidden, list | tuple) or not isinstance(conv, list | tuple):
+            raise ValueError("architecture fields hidden and conv must be lists")
+        if not all(isinstance(c, list | tuple) and len(c) == 2 for c in conv):
+            raise ValueError("architecture field conv must list (channels, kernel) pairs")
+        activation, name = d["activation"], d.get("name")
+        if not isinstance(activation, str) or not (name is None or isinstance(name, str)):
+            raise ValueError("architecture fields activation and name must be strings")
         return cls(
-            in_features=int(d["in_features"]),  # type: ignore[call-overload]
-            hidden=tuple(int(h) for h in d["hidden"]),  # type: ignore[union-attr]
-            num_classes=int(d["num_classes"]),  # type: ignore[call-overload]
-            project_to=None if project_to is None else int(project_to),  # type: ignore[call-overload]
-            activation=str(d["activation"]),
-            conv=tuple((int(c[0]), int(c[1])) for c in d.get("conv", ())),  # type: ignore[attr-defined]
-            name=None if d.get("name") is None else str(d["name"]),
+            in_features=_whole(d["in_features"], "in_features"),
+            hidden=tuple(_whole(h, "hidden") for h in hidden),
+            num_classes=_whole(d["num_classes"], "num_classes"),
+            project_to=None if project_to is None else _whole(project_to, "project_to"),
+            activation=activation,
+            conv=tuple((_whole(c[0], "conv"), _whole(c[1], "conv")) for c in conv),
+            name=name,
         )
 
     def conv_shapes(self) -> list[tuple[int, int, int, int]]:

@@ -119,6 +119,9 @@ class ScatterNet(nn.Module):
             self.hidden.extend(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
             last = widths[-1]
         elif arch.name == "scatter-mlp":
+            if not arch.hidden:
+                raise DpltmUserError("--arch scatter-mlp needs at least one hidden layer (--hidden); with none it is "
+                                     "--arch scatter-linear")
             widths = [self.front.out_features, *arch.hidden]
             self.hidden.extend(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
             last = widths[-1]

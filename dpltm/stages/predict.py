@@ -86,9 +86,14 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     data = load_dataset(name, data_dir=data_dir, device=torch_device, **settings)
     if out is not None:
         check_not_input(out)  # a data file just read
-    arch = loaded.architecture
-    if data.num_features != arch["in_features"] or data.num_classes != arch["num_classes"]:
-        raise DpltmUserError(f"the model takes {arch['in_features']} features and predicts {arch['num_classes']} "
+    differs = mismatch(trained_on, data) if same and split is None else None
+    if differs is not None:  # the held-out parts rebuilt from the file's settings are not the ones it was tested on
+        raise DpltmUserError(f"{model_path} records data settings that do not give the data it was trained and "
+                             f"tested on ({differs}): the file was edited, or {name}'s files changed; its "
+                             "training records cannot be told apart, so nothing is predicted")
+    in_features, num_classes = loaded.model.arch.in_features, loaded.model.arch.num_classes  # as built, not as stored
+    if data.num_features != in_features or data.num_classes != num_classes:
+        raise DpltmUserError(f"the model takes {in_features} features and predicts {num_classes} "
                              f"classes; {name} has {data.num_features} features and {data.num_classes} classes")
     records = {"test": data.test, "val": data.val, "train": data.train}[part]
     model = loaded.model.to(torch_device)

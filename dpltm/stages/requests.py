@@ -28,6 +28,8 @@ def floats_option(text: str | None, option: str) -> tuple[float, ...] | None:
     """A comma- or space-separated list of numbers (`--prune-rates 0.2,0.1`)."""
     if text is None:
         return None
+    if text.strip() and not text.replace(",", " ").split():  # "," alone: separators and no number
+        raise DpltmUserError(f"{option} takes comma-separated numbers, got '{text}'")
     try:
         return tuple(float(v) for v in text.replace(",", " ").split())
     except ValueError:

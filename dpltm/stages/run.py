@@ -117,14 +117,20 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
         fetch_for_run([r.dataset] + ([r.public_dataset] if r.ticket_source == TicketSource.public else []),
                       r.data_dir)
     if r.ticket_source == TicketSource.private:
+        if r.cuda_graphs:
+            raise DpltmUserError("--cuda-graphs: a private ticket's DP warm-up and training run in the eager step; "
+                                 "drop --cuda-graphs with --ticket-source private")
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
-                       "--cuda-graphs": r.cuda_graphs or None,
                        "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze}
         given = [name for name, value in public_only.items() if value is not None]
-        if given or r.choice != TicketChoice.noise_aware:
-            raise DpltmUserError(f"{', '.join(given) or '--choice'} belong to public tickets: drop them with "
-                                 "--ticket-source private (its warm-up rounds are a config setting, "
-                                 "private_ticket.rounds)")
+        if r.choice != TicketChoice.noise_aware:
+            given.append("--choice")
+        if given:
+            one = len(given) == 1
+            rounds = (" (a private ticket's warm-up rounds are the config setting private_ticket.rounds)"
+                      if "--rounds" in given else "")
+            raise DpltmUserError(f"{', '.join(given)} {'applies' if one else 'apply'} to public tickets only: with "
+                                 f"--ticket-source private, drop {'it' if one else 'them'}{rounds}")
         return _run_private_tickets(r)
     if r.warmup_epochs is not None or r.density is not None:
         raise DpltmUserError("--warmup-epochs and --density apply with --ticket-source private")

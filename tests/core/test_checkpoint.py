@@ -203,3 +203,23 @@ def test_a_long_message_keeps_its_reason() -> None:
     assert f"({len(message) - MAX_MESSAGE_CHARS} more characters)" in line
     assert len(line) < MAX_MESSAGE_CHARS + 60 and "\n" not in line
     assert one_line("short\nline") == "short\\nline"
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"),  # torch.save, disk full
+    OSError(28, "No space left on device"),
+])
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(tmp_path: Path, failure: Exception) -> None:
+    from dpltm.checkpoint import write_atomic
+    from dpltm.errors import DpltmUserError
+
+    def write(handle: object) -> None:
+        raise failure
+
+    target = tmp_path / "m.pt"
+    with pytest.raises(DpltmUserError, match=f"cannot write {target}: ") as caught:
+        write_atomic(target, write)
+    assert "\n" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError, match="a bug"):  # anything else is not the user's: it propagates as it is
+        write_atomic(target, lambda handle: (_ for _ in ()).throw(RuntimeError("a bug")))
