@@ -312,7 +312,7 @@ CASES = [
          "a private ticket's DP warm-up and training run in the eager step"),
     Case("export-out-names-a-folder", ("export", "--model", "m.pt", "--out", "d/"), "e.g. --out d/model.safetensors"),
     Case("out-names-a-folder", (*TRAIN, "--eps2", "1", "--out", "models/"), "--out models/ names a folder"),
-    Case("out-names-a-folder-with-equals", (*GEN, "--out=t/"), "give the file to write in it (e.g. --out t/tickets.pt)"),
+    Case("out-names-a-folder-with-equals", (*GEN, "--out=t/"), "give the file to write in it (e.g. --out t/tickets.pt"),
     Case("run-cuda-graphs-scatter-cnn", ("run", "--dataset", "mnist", "--public-dataset", "kmnist", "--arch",
                                          "scatter-cnn", "--cuda-graphs", "--no-progress"),
          "--arch scatter-cnn trains in the eager step"),
