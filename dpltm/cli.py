@@ -349,6 +349,7 @@ def account(
 @app.command()
 @user_errors
 def run(
+    ctx: typer.Context,
     dataset: opt.RunDataset = Dataset.mnist,
     public_dataset: opt.RunPublicDataset = Dataset.kmnist,
     public_split: opt.RunPublicSplit = Split.test,
@@ -391,7 +392,12 @@ def run(
     with --ticket-source private a ticket made on the private data by DP warm-up → DP training."""
     from dpltm.stages.run import RunRequest, stage_run
 
-    request = RunRequest.from_options(dict(locals()))
+    options = dict(locals())
+    sources = {name: getattr(ctx.get_parameter_source(name), "name", None)
+               for name in ("public_dataset", "public_split")}
+    options["public_given"] = tuple(f"--{name.replace('_', '-')}" for name, source in sources.items()
+                                    if source == "COMMANDLINE")  # given, not defaulted
+    request = RunRequest.from_options(options)
     show_training(stage_run(request), json_out)
 
 

@@ -88,6 +88,9 @@ class RunRequest(CommandRequest):
     seed: int | None = None
     device: str = "auto"
     cuda_graphs: bool = False
+    public_given: tuple[str, ...] = ()
+    """The public-data options given on the command line (their defaults cannot be told from a choice otherwise):
+    refused with --ticket-source private, which reads no public data."""
     config: Path | None = None
     data_dir: Path | None = None
     download: bool = False
@@ -122,7 +125,7 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
                                  "drop --cuda-graphs with --ticket-source private")
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
                        "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze}
-        given = [name for name, value in public_only.items() if value is not None]
+        given = [name for name, value in public_only.items() if value is not None] + list(r.public_given)
         if r.choice != TicketChoice.noise_aware:
             given.append("--choice")
         if given:

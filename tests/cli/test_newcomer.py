@@ -126,8 +126,8 @@ def test_run_checks_the_recipe_against_the_data_before_any_work(data_root: Path,
         (["--recipe", "tuned", "--lr", "0.1", "--ticket-source", "private"], "--lr 0.1 would be ignored"),
     ):
         (tmp_path / "noise.yaml").write_text("train:\n  noise: shaped\n")
-        result = cli("run", "--dataset", "digits", "--public-dataset", "mnist", "--public-split",
-                     "train", "--data-dir", str(data_root), "--device", "cpu",
+        public = [] if "private" in args else ["--public-dataset", "mnist", "--public-split", "train"]  # public only
+        result = cli("run", "--dataset", "digits", *public, "--data-dir", str(data_root), "--device", "cpu",
                      "--out", str(tmp_path / "out" / "m.pt"), *[a.replace("noise.yaml", str(
                          tmp_path / "noise.yaml")) for a in args], ok=False)
         assert result.exit_code == 2, (args, result.output)
