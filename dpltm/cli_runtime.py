@@ -83,6 +83,8 @@ def folder_named_as_output(argv: list[str]) -> str | None:
             break
         value = argv[index + 1] if arg == "--out" and index + 1 < len(argv) else (
             arg[len("--out="):] if arg.startswith("--out=") else None)
+        if value is not None and not value.strip():
+            return "--out takes the name of the file to write, got an empty name"
         if value and value.endswith(("/", os.sep)):
             command = next((a for a in argv if not a.startswith("-")), "")
             example = OUTPUT_EXAMPLES.get(command, "model.pt")

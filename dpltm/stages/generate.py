@@ -147,8 +147,9 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     err_console.print(
         f"private ticket on {data.name} ({len(data.train)} training records) on {torch_device}: "
         f"{p.rounds} DP warm-up round(s) of {p.warmup_epochs} epochs, then {cfg.train.epochs} epochs of training "
-        f"planned; one σ = {plan.noise_multiplier:.4f} for every phase, q = {plan.sample_rate:.5f}, so the whole "
-        f"run is (ε = {plan.epsilon:g}, δ = {plan.delta:g})-DP"
+        f"planned; σ = {plan.noise_multiplier:.4f} for the warm-up, q = {plan.sample_rate:.5f}, planned so that "
+        f"the whole run is (ε = {plan.epsilon:g}, δ = {plan.delta:g})-DP (training calibrates its own σ after "
+        "the warm-up that ran: never less noise than planned)"
     )
 
     from dpltm.config import to_dict

@@ -315,6 +315,7 @@ CASES = [
     Case("run-private-cuda-graphs", ("run", "--ticket-source", "private", "--dataset", "digits", "--cuda-graphs"),
          "a private ticket's DP warm-up and training run in the eager step"),
     Case("export-out-names-a-folder", ("export", "--model", "m.pt", "--out", "d/"), "e.g. --out d/model.safetensors"),
+    Case("out-empty", (*TRAIN, "--eps2", "1", "--out", ""), "--out takes the name of the file to write"),
     Case("out-names-a-folder", (*TRAIN, "--eps2", "1", "--out", "models/"), "--out models/ names a folder"),
     Case("out-names-a-folder-with-equals", (*GEN, "--out=t/"), "give the file to write in it (e.g. --out t/tickets.pt"),
     Case("run-cuda-graphs-scatter-cnn", ("run", "--dataset", "mnist", "--public-dataset", "kmnist", "--arch",
