@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.dp.distributed import available_cores
 from dpltm.errors import DpltmUserError
 from dpltm.paths import user_cache_dir
 
@@ -124,8 +125,7 @@ def _checksum(features: Tensor) -> str:
     def piece(start: int) -> bytes:
         return hashlib.sha256(data[start:start + CHECKSUM_PIECE]).digest()
 
-    workers = min(len(starts), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
-                  (os.cpu_count() or 1))
+    workers = min(len(starts), available_cores())
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
             digests = list(pool.map(piece, starts))

@@ -60,6 +60,14 @@ NOISE_PLUGINS: dict[str, NoisePlugin] = {plugin.name: plugin for plugin in (
 )}
 
 
+def check_noise_for_network(name: str, is_mlp: bool, network: str = "a convolutional network") -> None:
+    """The MLP-only noise geometries (dpd, shaped) refused for any other network, in one line naming the
+    plug-ins that network takes."""
+    if not is_mlp and not noise_plugin(name).convolutions:
+        able = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.convolutions)
+        raise DpltmUserError(f"--noise {name} shapes the MLP's layers; {network} trains with --noise {able}")
+
+
 def noise_plugin(name: str) -> NoisePlugin:
     """The plug-in called `name`; an unknown name is one line listing the others."""
     try:

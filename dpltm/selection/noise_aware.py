@@ -35,7 +35,14 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, correct_predictions, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import BatchGather, poisson_sample
-from dpltm.dp.step import RecordTerms, private_gradients, record_terms, step_layout, terms_of_batch
+from dpltm.dp.step import (
+    RecordTerms,
+    private_gradients,
+    record_terms,
+    step_layout,
+    takes_fused_step,
+    terms_of_batch,
+)
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
 from dpltm.model import Architecture, Masks, build_network, freeze_layers_, rewind, ticket_masks
@@ -172,9 +179,9 @@ def _optimizer(parameters: list[torch.nn.Parameter], plan: PlannedRun) -> torch.
 
 
 def stacks(model: torch.nn.Module) -> bool:
-    """Whether candidates of this network train stacked (`StackedMLP`): a chain of linear layers over its
-    inputs, i.e. an MLP (LeNet-300-100's family) or a ScatterNet linear or MLP head over its features."""
-    return bool(model.arch.is_mlp or getattr(model, "fully_connected", False))
+    """Whether candidates of this network train stacked (`StackedMLP`): a network of the fused step with no
+    convolution, i.e. a chain of linear layers over its inputs (an MLP, a ScatterNet linear or MLP head)."""
+    return takes_fused_step(model) and not model.conv_layers_in_order()
 
 
 class EachCandidate:

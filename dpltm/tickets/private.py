@@ -38,7 +38,7 @@ from dpltm.checkpoint import save_atomic
 from dpltm.config import TrainConfig, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext, noise_class
-from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
+from dpltm.dp.plugins import check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
 from dpltm.model import (
@@ -238,10 +238,7 @@ def ticket_architecture(cfg: TrainConfig, data: DatasetSplits) -> Architecture:
     MLP's layers), checked before any record is used."""
     arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden, cfg.model.project_to,
                               cfg.model.activation, cfg.model.arch or "mlp")
-    if not arch.is_mlp and not noise_plugin(cfg.train.noise).convolutions:
-        able = ", ".join(n for n, plugin in NOISE_PLUGINS.items() if plugin.convolutions)
-        raise DpltmUserError(f"--noise {cfg.train.noise} shapes the MLP's layers; a private ticket of --arch "
-                             f"{cfg.model.arch} trains with --noise {able}")
+    check_noise_for_network(cfg.train.noise, arch.is_mlp, f"a private ticket of --arch {cfg.model.arch}")
     return arch
 
 

@@ -25,7 +25,7 @@ from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.distributed import Distribution, is_main_process
 from dpltm.dp.noise import NoiseContext
-from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
+from dpltm.dp.plugins import NOISE_PLUGINS, check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
 from dpltm.model import Masks, build_architecture, build_network, density, freeze_layers_, full_masks, stored_state
@@ -216,10 +216,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
         transfer = {**transfer, "frozen_layers": list(dict.fromkeys(s.freeze)),
                     "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
                     "frozen_parameters": sum(p.numel() for n, p in model.named_parameters() if n in frozen)}
-    if not model.arch.is_mlp and not noise_plugin(s.noise).convolutions:
-        able = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.convolutions)
-        raise DpltmUserError(f"--noise {s.noise} shapes the MLP's layers; a convolutional network trains with "
-                             f"--noise {able}")
+    check_noise_for_network(s.noise, model.arch.is_mlp)
     model.to(data.train.labels.device)
     data = network_inputs(model, data, progress=progress and main)  # a fixed front end's cached features
     if audit is not None:  # canaries join the training set (input canaries) or its index space (gradient ones)
