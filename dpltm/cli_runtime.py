@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from dpltm.console import kept_on_interrupt, on_interrupt_kept
+from dpltm.console import forget_kept, kept_on_interrupt
 from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
 from dpltm.launch_env import check_rank_environment
 from dpltm.paths import forget_inputs
@@ -29,7 +29,7 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        on_interrupt_kept("nothing was written")
+        forget_kept()
         forget_inputs()
         try:
             check_rank_environment()  # before Lightning's import parses them

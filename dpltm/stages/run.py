@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.architectures import model_cli
-from dpltm.console import err_console
+from dpltm.console import err_console, kept_by_earlier_stage, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
@@ -222,12 +222,15 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                                     r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
         if payload.get("complete"):
             keep_tickets(gen_cfg, public.fingerprint, tickets_path)
+    kept_by_earlier_stage(f"the public tickets are kept in {tickets_path}")
+    on_interrupt_kept("no model was written")
     err_console.print(f"[bold]2/3[/bold] selection on public tickets ({TicketChoice(r.choice).value}; spends nothing "
                       "on private data)")
     request = (NoiseAwareRequest(len(private.train), train_cli, r.data_dir, r.device, r.progress) if noise_aware
                else None)
     stage_select({"select": {}}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
                  overwrite=r.overwrite, noise_aware=request)
+    kept_by_earlier_stage(f"the winner in {winner_path}")
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
@@ -334,6 +337,8 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     logging = {"logger": r.logger, "log_dir": r.log_dir}
     stage_generate_private(train_cli, r.config, r.data_dir, r.device, ticket_path, r.overwrite, r.progress,
                            **logging)
+    kept_by_earlier_stage(f"the private ticket is kept in {ticket_path}")
+    on_interrupt_kept("no model was written")
     err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {r.dataset}")
     return stage_train(train_cli, r.config, ticket_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        overwrite=r.overwrite, **logging)

@@ -165,3 +165,23 @@ def test_a_signal_while_starting_is_one_line_not_a_traceback() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 130
     assert result.stderr.strip().splitlines() == ["dpltm: interrupted (SIGINT) while starting; nothing was written"]
+
+
+def test_an_interrupted_run_names_what_its_earlier_stages_kept(data: Path, tmp_path: Path) -> None:
+    """`dpltm run` stopped in its training stage: the one line names the ticket its first stage finished (it is
+    there, whole) and says no model was written."""
+    env = {**os.environ, "DPLTM_DATA_DIR": str(data), "DPLTM_LOG_DIR": str(tmp_path / "logs")}
+    process = subprocess.Popen([sys.executable, "-m", "dpltm.cli", "run", "--ticket-source", "private", "--dataset",
+                                "digits", "--epochs", "400", "--warmup-epochs", "1", "--batch-size", "32", "--device",
+                                "cpu", "--out", "m.pt"], cwd=tmp_path, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen, deadline = "", time.monotonic() + 120
+    assert process.stderr is not None
+    while "2/2" not in seen and time.monotonic() < deadline and process.poll() is None:
+        seen += process.stderr.read(1) or ""
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    lines = [line for line in re.split(r"[\r\n]", seen + rest) if line.startswith("dpltm:")]
+    assert process.returncode == 130, seen + rest
+    assert lines == ["dpltm: interrupted (SIGINT); the private ticket is kept in m-ticket.pt; no model was written"]
+    assert (tmp_path / "m-ticket.pt").exists() and not (tmp_path / "m.pt").exists()
