@@ -185,3 +185,13 @@ def test_an_interrupted_run_names_what_its_earlier_stages_kept(data: Path, tmp_p
     assert process.returncode == 130, seen + rest
     assert lines == ["dpltm: interrupted (SIGINT); the private ticket is kept in m-ticket.pt; no model was written"]
     assert (tmp_path / "m-ticket.pt").exists() and not (tmp_path / "m.pt").exists()
+
+
+def test_the_lightning_free_bar_draws_lightnings_format() -> None:
+    """dpltm.progress keeps a copy of Lightning's bar format (so the noise-aware choice imports no Lightning):
+    the copy must be Lightning's."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from dpltm.progress import BAR_FORMAT
+
+    assert BAR_FORMAT == TQDMProgressBar.BAR_FORMAT
