@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dpltm.dp.rules import conv2d_weight_grads, masked_sq_norms
+from dpltm.dp.rules import conv2d_weight_grads
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks
 
@@ -56,6 +56,10 @@ class MaskLayout:
     """(weight, bias) names of the convolutional front's layers."""
     conv_masks: list[Tensor | None] = dataclasses.field(default_factory=list)
     """Each convolution's float mask (None: dense), for its per-sample weight gradients."""
+    bias_terms: list[Tensor] = dataclasses.field(default_factory=list)
+    """Per layer, each output unit's bias share of the squared norm per unit of g_ij²: ones, or 1/s²
+    under a noise geometry (`bias_weights`, never None here), so a layer's whole norm is one row dot
+    product Σ_j g_ij² (M a_i² + b)_j (`layer_norm_terms`)."""
 
     @property
     def all_parameter_names(self) -> list[str]:
@@ -73,6 +77,7 @@ class MaskLayout:
         weight_masks: list[Tensor | None] = []
         bias_weights: list[Tensor | None] = []
         sum_masks: list[Tensor | None] = []
+        bias_terms: list[Tensor] = []
         names: list[tuple[str, str]] = []
         surviving: dict[str, Tensor | None] = {}
         scales = scales or {}
@@ -90,7 +95,9 @@ class MaskLayout:
                 norm_weight = float_mask if weight_scale is None else float_mask / weight_scale.to(dtype) ** 2
                 sparse = _csr_if_sparse(norm_weight) if allow_sparse else None
                 norm_masks.append(sparse if sparse is not None else norm_weight.T.contiguous())
-            bias_weights.append(None if bias_scale is None else (1.0 / bias_scale.to(dtype) ** 2))
+            bias_weights.append(None if bias_scale is None else (1.0 / bias_scale.to(device=device, dtype=dtype) ** 2))
+            bias_terms.append(bias_weights[-1] if bias_weights[-1] is not None
+                              else torch.ones(mask.shape[0], dtype=dtype, device=device))
             weight_masks.append(None if all_kept else float_mask)
             sum_masks.append(_csr_if_sparse(float_mask) if allow_sparse else None)
             surviving[weight_name] = None if all_kept else mask.flatten().nonzero().squeeze(1)
@@ -106,7 +113,8 @@ class MaskLayout:
             conv_masks.append(None if all_kept else mask.to(dtype))
             surviving[f"{prefix}.weight"] = None if all_kept else mask.flatten().nonzero().squeeze(1)
             surviving[f"{prefix}.bias"] = None
-        return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks, conv_names, conv_masks)
+        return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks, conv_names, conv_masks,
+                   bias_terms)
 
 
 SPARSE_BELOW_DENSITY = 0.2
@@ -133,21 +141,37 @@ INPUT_TERMS_MAX_BYTES = 1 << 30
 
 @torch.no_grad()
 def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: int = 8192) -> Tensor | None:
-    """R[i, j] = Σ_k W_jk x_ik² for every record i: the first layer's share of the masked norm, fixed.
+    """R[i, j] = Σ_k M_jk x_ik² + b_j for every record i: the first layer's share of the masked norm, fixed.
 
     The first layer's input is the record itself and its mask (scaled by any noise geometry) does
-    not change during training, so in ‖(g_i x_iᵀ) ⊙ M‖² = Σ_j g_ij² (M x_i²)_j the factor M x_i²
-    is a property of the record: computed once per run (one N×in×out product), each step's norm
-    of the widest layer is a row gather and a dot product instead of a per-batch product. A dense
-    unscaled first layer needs only ‖x_i‖² (one column). None when the table would exceed
-    `INPUT_TERMS_MAX_BYTES`.
+    not change during training, so in ‖(g_i x_iᵀ) ⊙ M‖² + ‖g_i‖²_b = Σ_j g_ij² (M x_i² + b)_j the factor
+    M x_i² + b (b: the bias share, `MaskLayout.bias_terms`) is a property of the record: computed once
+    per run (one N×in×out product), each step's norm of the widest layer is a row gather and a dot
+    product instead of a per-batch product. A dense unscaled first layer needs only ‖x_i‖² + 1 (one
+    column). None when the table would exceed `INPUT_TERMS_MAX_BYTES`.
     """
     if layout.conv_parameter_names:  # the first layer is a convolution: its input is not a record row
         return None
-    operator = layout.norm_masks[0]
-    if features.shape[0] * operator_columns(operator) * features.element_size() > INPUT_TERMS_MAX_BYTES:
+    operator, bias_weight = layout.norm_masks[0], layout.bias_weights[0]
+    columns = layout.bias_terms[0].numel() if bias_weight is not None else operator_columns(operator)
+    if features.shape[0] * columns * features.element_size() > INPUT_TERMS_MAX_BYTES:
         return None
-    return squares_times(features, operator, rows_at_once)
+    squares = squares_times(features, operator, rows_at_once)
+    return squares + bias_weight if bias_weight is not None else squares.add_(1.0)
+
+
+def layer_norm_terms(a: Tensor, operator: Tensor | None, bias_term: Tensor, bias_scaled: bool) -> Tensor:
+    """T[i, j] = Σ_k M_jk a_ik² + b_j for one batch: per output unit, the weight and bias shares of the squared
+    norm per unit of g_ij², so the layer's share is Σ_j g_ij² T_ij (the masked ghost norm, Li et al. 2022,
+    restricted to the mask; `operator` as in `dpltm.dp.rules.masked_sq_norms`). A dense unscaled layer
+    (`operator` None) gives one column ‖a_i‖² + 1 (+ b_j when only the bias is scaled)."""
+    if operator is None:
+        column = (a * a).sum(dim=1, keepdim=True)
+        return column + bias_term if bias_scaled else column.add_(1.0)
+    if operator.layout == torch.sparse_csr:
+        a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
+        return (operator @ a2t).T.add(bias_term)
+    return torch.addmm(bias_term, a * a, operator)
 
 
 def operator_columns(operator: Tensor | None) -> int:
@@ -185,20 +209,20 @@ class ClippedBatch:
 
 
 def clip_factors(norms: Tensor, clip: float) -> Tensor:
-    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6); C = inf disables clipping.
+    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6), as 1/max(1, ‖g_i‖/C); C = inf disables clipping.
 
     A record whose gradient is not finite gets factor 0 (its contribution is dropped): an
-    inf·0 = NaN would otherwise spread through the sum and unbound the sensitivity.
+    inf·0 = NaN would otherwise spread through the sum and unbound the sensitivity. Four element-wise
+    passes and no host synchronisation (a CUDA-graph step runs it every step).
     """
     if clip == float("inf"):
         return torch.ones_like(norms)
-    factors = (clip / (norms + 1e-12)).clamp(max=1.0)
-    return torch.where(torch.isfinite(norms), factors, torch.zeros_like(factors))
+    return (norms / clip).clamp_(min=1.0).reciprocal_().nan_to_num_(nan=0.0)
 
 
 def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                          layout: MaskLayout, weights: Tensor | None = None,
-                         input_terms: Tensor | None = None) -> ClippedBatch:
+                         input_terms: Tensor | None = None, mask_sums: bool = True) -> ClippedBatch:
     """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
 
     A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all). `weights` (one per
@@ -206,7 +230,8 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     gives its padding rows weight 0, so they add exactly zero. With weights the step has no
     data-dependent branch and no host synchronisation (what a CUDA graph needs). `input_terms`
     are the batch's rows of `first_layer_input_terms` (same layout): the first layer's norm is then
-    read, not computed.
+    read, not computed. `mask_sums=False` leaves the weight sums unmasked (finite at pruned coordinates): for a
+    caller that masks ĝ once at the end (the CUDA-graph step, `noisy_mean(..., out_scales=...)`).
     """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
@@ -243,56 +268,60 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     all_grads = torch.autograd.grad(loss_sum, conv_outputs + outputs)
     conv_grads, out_grads = all_grads[: len(conv_outputs)], all_grads[len(conv_outputs):]
     with torch.no_grad():
-        sq_norms = x.new_zeros(x.shape[0])
+        parts: list[Tensor] = []  # each layer's share of the squared norms, summed below
         conv_weight_per_sample = []
         for (layer, _, _, mask), a, g in zip(conv_constants, conv_inputs, conv_grads):
             per_sample = conv2d_weight_grads(layer, a, g)
             if mask is not None:
                 per_sample = per_sample * mask  # the surviving weights' share only
             conv_weight_per_sample.append(per_sample)
-            sq_norms += per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1)
-        for index, (a, g, norm_mask, bias_weight) in enumerate(
-                zip(inputs, out_grads, layout.norm_masks, layout.bias_weights)):
-            g2 = g * g
-            g2_sum = g2.sum(dim=1)
-            if index == 0 and input_terms is not None:
-                sq_norms += (g2 * input_terms).sum(dim=1)
-            elif norm_mask is None:
-                sq_norms += g2_sum * (a * a).sum(dim=1)
-            else:
-                sq_norms += masked_sq_norms(a, g2, norm_mask)
-            sq_norms += g2_sum if bias_weight is None else g2 @ bias_weight  # bias
+            parts.append(per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1))
+        for index, (a, g, operator, bias_weight, bias_term) in enumerate(
+                zip(inputs, out_grads, layout.norm_masks, layout.bias_weights, layout.bias_terms)):
+            # Σ_j g_ij² (M a_i² + b)_j: the masked weights' and the bias' shares in one row dot product
+            terms = (input_terms if index == 0 and input_terms is not None
+                     else layer_norm_terms(a, operator, bias_term, bias_weight is not None))
+            parts.append((g * g).mul_(terms).sum(dim=1))
+        sq_norms = parts[0]
+        for part in parts[1:]:
+            sq_norms = sq_norms + part
         norms = sq_norms.sqrt()
-        factors = clip_factors(norms, clip)
-        finite = torch.isfinite(norms)
-        if weights is not None:
+        factors = clip_factors(norms, clip)  # 0 for a non-finite record
+        static = weights is not None
+        if static:
             factors = factors * weights
-        # in static mode (weights) the rare non-finite case is handled without asking the device
-        all_finite = False if weights is not None else bool(finite.all())
+        # eager: ask the device once whether anything is non-finite (rare); static (CUDA graphs): no host
+        # synchronisation, so every step zeroes non-finite values (a dropped record's g·0 = NaN; its inputs:
+        # 0·inf = NaN in the product), which leaves every finite record's contribution unchanged
+        finite = torch.isfinite(norms) if conv_constants or not static else None
+        all_finite = not static and bool(finite.all())  # type: ignore[union-attr]
         sums: dict[str, Tensor] = {}
         for per_sample, g, (weight_name, bias_name) in zip(conv_weight_per_sample, conv_grads,
                                                            layout.conv_parameter_names):
             keep = factors  # already 0 for a non-finite record
             per_sample = per_sample if all_finite else torch.where(
-                finite.view(-1, 1, 1, 1, 1), per_sample, torch.zeros_like(per_sample))
+                finite.view(-1, 1, 1, 1, 1), per_sample, torch.zeros_like(per_sample))  # type: ignore[union-attr]
             bias_rows = g.sum(dim=(2, 3))
-            bias_rows = bias_rows if all_finite else torch.where(finite[:, None], bias_rows,
+            bias_rows = bias_rows if all_finite else torch.where(finite[:, None], bias_rows,  # type: ignore[index]
                                                                  torch.zeros_like(bias_rows))
             sums[weight_name] = torch.einsum("b,b...->...", keep, per_sample)
             sums[bias_name] = (bias_rows * keep[:, None]).sum(dim=0)
         for a, g, (weight_name, bias_name), weight_mask, sum_mask in zip(
                 inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks):
             scaled = g * factors[:, None]
-            if not all_finite:  # rare: zero the dropped records' rows (inputs too: 0·inf = NaN)
-                scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))
-                a = torch.where(finite[:, None], a, torch.zeros_like(a))
+            if static:
+                scaled = scaled.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+            elif not all_finite:  # rare: zero the dropped records' rows (inputs too: 0·inf = NaN)
+                scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))  # type: ignore[index]
+                a = torch.where(finite[:, None], a, torch.zeros_like(a))  # type: ignore[index]
             if sum_mask is not None:  # only the surviving entries of (c ⊙ G)ᵀ A, then scattered
                 kept = torch.sparse.sampled_addmm(sum_mask, scaled.T.contiguous(), a, beta=0.0).values()
                 weight_sum = a.new_zeros(sum_mask.shape)
                 weight_sum.view(-1).index_copy_(0, layout.surviving[weight_name], kept)  # type: ignore[arg-type]
             else:
                 weight_sum = scaled.T @ a
-                if weight_mask is not None:
+                if weight_mask is not None and mask_sums:
                     weight_sum.mul_(weight_mask)
             sums[weight_name] = weight_sum
             sums[bias_name] = scaled.sum(dim=0)

@@ -11,7 +11,9 @@ Python. Here one step is split into two pieces of fixed shape:
   optimiser step, EMA, clear the accumulator.
 
 A step is ⌈|B|/K⌉ accumulates and one update: the eager step's mechanism exactly (padding adds
-zero; every sampled record is processed once; one noise draw). On CUDA (`graphs=True`) both are
+zero; every sampled record is processed once; one noise draw). A batch that fits one chunk (all but
+~3e-5 of steps) runs a third piece, `one_chunk_step`: the chunk's clipped sum straight into the update,
+no accumulator to add to and clear. On CUDA (`graphs=True`) the pieces are
 captured once in CUDA graphs and each step replays them, with no host synchronisation: the batch
 sizes come from sampling a whole epoch ahead (`PoissonBatches(..., epoch_at_once=True)`). On the
 CPU the same two functions run eagerly, which is what the tests compare with the eager step.
@@ -61,10 +63,15 @@ class StaticShapeDpStep:
         parameters = dict(model.named_parameters())
         names = self.layout.all_parameter_names  # the eager step's order (convolutions first)
         self.sums = {name: torch.zeros_like(parameters[name]) for name in names}
+        # ĝ = (unmasked clipped sum + noise on surviving coordinates) ⊙ M / L: the mask costs no pass of its own
+        masks = dict(zip((weight for weight, _ in self.layout.parameter_names), self.layout.weight_masks))
+        self.out_scales: dict[str, Tensor | float] = {
+            name: 1.0 / expected_batch_size if masks.get(name) is None else masks[name] / expected_batch_size  # type: ignore[operator]
+            for name in names}
         self.grads = {name: torch.zeros_like(parameters[name]) for name in names}
         for name, parameter in parameters.items():
             parameter.grad = self.grads[name]  # static: the optimiser reads these, the update writes them
-        self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
+        self.graphs: tuple[torch.cuda.CUDAGraph, ...] | None = None
         if graphs:
             if device.type != "cuda":
                 raise ValueError("CUDA graphs need the data on a CUDA device")
@@ -72,7 +79,11 @@ class StaticShapeDpStep:
 
     def step(self, index: Tensor) -> None:
         """One step on the Poisson batch `index` (record indices; its size is known on the host)."""
-        for start in range(0, max(index.numel(), 1), self.capacity):
+        if index.numel() <= self.capacity:  # all but ~3e-5 of steps: one chunk, and one replay for the step
+            load_chunk(index, 0, self.index, self.weight, self._weights)
+            self._run(2)
+            return
+        for start in range(0, index.numel(), self.capacity):
             load_chunk(index, start, self.index, self.weight, self._weights)
             self._run(0)
         self._run(1)
@@ -80,35 +91,44 @@ class StaticShapeDpStep:
     def _run(self, piece: int) -> None:
         if self.graphs is not None:
             self.graphs[piece].replay()
-        elif piece == 0:
-            self._accumulate()
         else:
-            self._update()
+            (self._accumulate, self._update, self._one_chunk_step)[piece]()
 
-    def _accumulate(self) -> None:
+    def _clipped_sums(self) -> dict[str, Tensor]:
         x = self.train.features.index_select(0, self.index)
         y = self.train.labels.index_select(0, self.index)
         terms = None if self.input_terms is None else self.input_terms.index_select(0, self.index)
-        batch = clipped_gradient_sum(self.model, x, y, self.clip, self.layout, weights=self.weight,
-                                     input_terms=terms)
-        for name, total in self.sums.items():
-            total.add_(batch.grad_sums[name])
+        return clipped_gradient_sum(self.model, x, y, self.clip, self.layout, weights=self.weight,
+                                    input_terms=terms, mask_sums=False).grad_sums
+
+    def _accumulate(self) -> None:
+        for name, chunk_sum in self._clipped_sums().items():
+            self.sums[name].add_(chunk_sum)
+
+    def _update(self) -> None:
+        self._apply(self.sums)
+        for total in self.sums.values():
+            total.zero_()
+
+    def _one_chunk_step(self) -> None:
+        """A batch that fits one chunk: its clipped sum goes straight to the update (no accumulator to add
+        to and clear: the same mechanism and the same noise draws as `_accumulate` then `_update`)."""
+        self._apply(self._clipped_sums())
 
     @torch.no_grad()
-    def _update(self) -> None:
-        noisy_mean(dict(self.sums), noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
+    def _apply(self, sums: dict[str, Tensor]) -> None:
+        noisy_mean(dict(sums), noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
                    expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
-                   add_noise=self.add_noise, out=self.grads)
+                   add_noise=self.add_noise, out=self.grads, out_scales=self.out_scales)
         self.optimizer.step()
         if self.averager is not None and self.ema_decay is not None:
             update_average(self.averager, self.model, self.ema_decay)
-        for total in self.sums.values():
-            total.zero_()
 
     def _capture(self) -> None:
         averaged = [self.averager] if self.averager is not None else []
         counters = [self.averager.n_averaged] if self.averager is not None else []
-        accumulate, update = capture([self._accumulate, self._update], modules=[self.model, *averaged],
-                                     optimizer=self.optimizer, generators=[self.generator],
-                                     reset=[*self.sums.values(), *counters])  # type: ignore[list-item]
-        self.graphs = (accumulate, update)
+        accumulate, update, one_chunk = capture(
+            [self._accumulate, self._update, self._one_chunk_step], modules=[self.model, *averaged],
+            optimizer=self.optimizer, generators=[self.generator],
+            reset=[*self.sums.values(), *counters])  # type: ignore[list-item]
+        self.graphs = (accumulate, update, one_chunk)

@@ -129,7 +129,8 @@ def private_gradients(model: nn.Module, x: Tensor, y: Tensor, *, clip: float,
 def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dict[str, Tensor | None], clip: float,
                expected_batch_size: float, generator: torch.Generator,
                reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None, add_noise: bool = True,
-               out: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+               out: dict[str, Tensor] | None = None,
+               out_scales: dict[str, Tensor | float] | None = None) -> dict[str, Tensor]:
     """ĝ = (Σ_i clip_C(∇ℓ_i) ⊙ M + one noise draw on the surviving coordinates) / L: the one place every
     DP-SGD front end (the CLI's training, CUDA graphs, `make_private`, `DPCallback`) adds its noise.
 
@@ -137,7 +138,10 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
     the Poisson-subsampled Gaussian accountant assumes (Abadi et al. 2016, Alg. 1; dividing by the
     realised size would leak it). Under DDP rank 0 alone adds the draw (`add_noise`), then `reduce`
     all-reduces, so the reduced sum carries exactly one draw (docs/privacy.md §7). `out`: write ĝ into
-    these tensors (static buffers for CUDA graphs) instead of returning the scaled sums.
+    these tensors (static buffers for CUDA graphs) instead of returning the scaled sums; `out_scales` (with
+    `out`): per parameter, the factor ĝ is written with instead of 1/L — the mask over L for sums built
+    without the mask (`clipped_gradient_sum(..., mask_sums=False)`: the noise is on surviving coordinates
+    only, so masking after it is the same ĝ), in the one multiply the scaling costs anyway.
     """
     noisy = noise.perturb(sums, surviving, clip, generator) if add_noise else sums
     if reduce is not None:
@@ -146,7 +150,7 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
     if out is None:
         return {name: total.mul_(scale) for name, total in noisy.items()}
     for name, grad in out.items():
-        torch.mul(noisy[name], scale, out=grad)
+        torch.mul(noisy[name], scale if out_scales is None else out_scales[name], out=grad)
     return out
 
 

@@ -198,6 +198,39 @@ def test_a_non_finite_record_left_in_the_padding_rows_adds_nothing() -> None:
         torch.testing.assert_close(poisoned, clean, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.parametrize("capacity", [48, 16])
+def test_a_sampled_non_finite_record_is_dropped_as_the_eager_step_drops_it(capacity: int) -> None:
+    """A sampled record whose features are NaN or infinite gets clip factor 0 in both modes: the static
+    step (no host synchronisation: it zeroes non-finite values every step) gives the eager step's weights."""
+    batches = batches_for(4)
+
+    def poisoned() -> LabeledTensors:
+        data = records()
+        data.features[int(batches[0][0])] = float("nan")
+        data.features[int(batches[1][1]), 3] = float("inf")
+        return data
+
+    (eager, masks), data = ticket(), poisoned()
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.2)
+    layout, generator = MaskLayout.of(eager, masks, torch.float64), torch.Generator().manual_seed(5)
+    for index in batches:
+        grads, _, _ = private_gradients(eager, data.features[index], data.labels[index], clip=0.5,
+                                        noise=GaussianNoise(1.1), expected_batch_size=N * 0.15,
+                                        generator=generator, layout=layout)
+        apply_gradients(eager, grads, optimizer)
+    (static, static_masks), data = ticket(), poisoned()
+    step = StaticShapeDpStep(static, static_masks, data, clip=0.5, noise=GaussianNoise(1.1),
+                             expected_batch_size=N * 0.15, capacity=capacity,
+                             generator=torch.Generator().manual_seed(5),
+                             optimizer=torch.optim.SGD(static.parameters(), lr=0.2))
+    for index in batches:
+        step.step(index)
+    for (name, a), b in zip(eager.named_parameters(), static.parameters()):
+        assert bool(torch.isfinite(b).all()), name
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=name)
+    assert_pruned_weights_are_zero(static, masks)
+
+
 def test_ema_update_matches_the_definition() -> None:
     model, _ = ticket()
     averager = make_averager(model, 0.8)
