@@ -157,7 +157,10 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
     if features.shape[0] * columns * features.element_size() > INPUT_TERMS_MAX_BYTES:
         return None
     squares = squares_times(features, operator, rows_at_once)
-    return squares + bias_weight if bias_weight is not None else squares.add_(1.0)
+    if bias_weight is None:
+        return squares.add_(1.0)
+    # a one-column table (dense unscaled weight) widens to one column per unit; else add in place
+    return squares.add_(bias_weight) if squares.shape[1] == bias_weight.numel() else squares + bias_weight
 
 
 def layer_norm_terms(a: Tensor, operator: Tensor | None, bias_term: Tensor, bias_scaled: bool) -> Tensor:
@@ -209,15 +212,16 @@ class ClippedBatch:
 
 
 def clip_factors(norms: Tensor, clip: float) -> Tensor:
-    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6), as 1/max(1, ‖g_i‖/C); C = inf disables clipping.
+    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6), as C · 1/max(‖g_i‖, C); C = inf disables clipping.
 
     A record whose gradient is not finite gets factor 0 (its contribution is dropped): an
-    inf·0 = NaN would otherwise spread through the sum and unbound the sensitivity. Four element-wise
-    passes and no host synchronisation (a CUDA-graph step runs it every step).
+    inf·0 = NaN would otherwise spread through the sum and unbound the sensitivity. No host
+    synchronisation (a CUDA-graph step runs it every step), and nothing overflows: max(‖g‖, C) ≥ C, so
+    even in float16 a large norm gives a small factor, not an infinite quotient and a dropped record.
     """
     if clip == float("inf"):
-        return torch.ones_like(norms)
-    return (norms / clip).clamp_(min=1.0).reciprocal_().nan_to_num_(nan=0.0)
+        return torch.isfinite(norms).to(norms.dtype)
+    return torch.reciprocal(norms.clamp(min=clip)).mul_(clip).clamp_(max=1.0).nan_to_num_(nan=0.0)
 
 
 def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
@@ -230,8 +234,9 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     gives its padding rows weight 0, so they add exactly zero. With weights the step has no
     data-dependent branch and no host synchronisation (what a CUDA graph needs). `input_terms`
     are the batch's rows of `first_layer_input_terms` (same layout): the first layer's norm is then
-    read, not computed. `mask_sums=False` leaves the weight sums unmasked (finite at pruned coordinates): for a
-    caller that masks ĝ once at the end (the CUDA-graph step, `noisy_mean(..., out_scales=...)`).
+    read, not computed. `mask_sums=False` leaves the weight sums unmasked (pruned coordinates hold the clipped
+    rows' products there): only for a caller that masks ĝ once at the end (the CUDA-graph step,
+    `noisy_mean(..., out=..., out_scales=...)`).
     """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
@@ -239,7 +244,7 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     # pruned weights are zero: the ticket's forward pass is the dense one's)
     constants = [(layer.weight.detach(), layer.bias.detach()) for _, layer in model.layers_in_order()]
     conv_constants = [(layer, layer.weight.detach(), layer.bias.detach(), mask)
-                      for (_, layer), mask in zip(model.conv_layers_in_order(), layout.conv_masks)]
+                      for (_, layer), mask in zip(model.conv_layers_in_order(), layout.conv_masks, strict=True)]
     conv_inputs: list[Tensor] = []
     conv_outputs: list[Tensor] = []
     h = x
@@ -270,14 +275,14 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     with torch.no_grad():
         parts: list[Tensor] = []  # each layer's share of the squared norms, summed below
         conv_weight_per_sample = []
-        for (layer, _, _, mask), a, g in zip(conv_constants, conv_inputs, conv_grads):
+        for (layer, _, _, mask), a, g in zip(conv_constants, conv_inputs, conv_grads, strict=True):
             per_sample = conv2d_weight_grads(layer, a, g)
             if mask is not None:
                 per_sample = per_sample * mask  # the surviving weights' share only
             conv_weight_per_sample.append(per_sample)
             parts.append(per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1))
         for index, (a, g, operator, bias_weight, bias_term) in enumerate(
-                zip(inputs, out_grads, layout.norm_masks, layout.bias_weights, layout.bias_terms)):
+                zip(inputs, out_grads, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True)):
             # Σ_j g_ij² (M a_i² + b)_j: the masked weights' and the bias' shares in one row dot product
             terms = (input_terms if index == 0 and input_terms is not None
                      else layer_norm_terms(a, operator, bias_term, bias_weight is not None))
@@ -297,7 +302,7 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
         all_finite = not static and bool(finite.all())  # type: ignore[union-attr]
         sums: dict[str, Tensor] = {}
         for per_sample, g, (weight_name, bias_name) in zip(conv_weight_per_sample, conv_grads,
-                                                           layout.conv_parameter_names):
+                                                           layout.conv_parameter_names, strict=True):
             keep = factors  # already 0 for a non-finite record
             per_sample = per_sample if all_finite else torch.where(
                 finite.view(-1, 1, 1, 1, 1), per_sample, torch.zeros_like(per_sample))  # type: ignore[union-attr]
@@ -307,7 +312,7 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
             sums[weight_name] = torch.einsum("b,b...->...", keep, per_sample)
             sums[bias_name] = (bias_rows * keep[:, None]).sum(dim=0)
         for a, g, (weight_name, bias_name), weight_mask, sum_mask in zip(
-                inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks):
+                inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks, strict=True):
             scaled = g * factors[:, None]
             if static:
                 scaled = scaled.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)

@@ -134,15 +134,18 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
     """ĝ = (Σ_i clip_C(∇ℓ_i) ⊙ M + one noise draw on the surviving coordinates) / L: the one place every
     DP-SGD front end (the CLI's training, CUDA graphs, `make_private`, `DPCallback`) adds its noise.
 
-    `sums` are the masked clipped sums (modified in place). L is the *expected* batch size q·N, what
-    the Poisson-subsampled Gaussian accountant assumes (Abadi et al. 2016, Alg. 1; dividing by the
-    realised size would leak it). Under DDP rank 0 alone adds the draw (`add_noise`), then `reduce`
-    all-reduces, so the reduced sum carries exactly one draw (docs/privacy.md §7). `out`: write ĝ into
-    these tensors (static buffers for CUDA graphs) instead of returning the scaled sums; `out_scales` (with
-    `out`): per parameter, the factor ĝ is written with instead of 1/L — the mask over L for sums built
-    without the mask (`clipped_gradient_sum(..., mask_sums=False)`: the noise is on surviving coordinates
-    only, so masking after it is the same ĝ), in the one multiply the scaling costs anyway.
+    `sums` are the masked clipped sums (modified in place), or unmasked ones with `out_scales` holding
+    the masks. L is the *expected* batch size q·N, what the Poisson-subsampled Gaussian accountant
+    assumes (Abadi et al. 2016, Alg. 1; dividing by the realised size would leak it). Under DDP rank 0
+    alone adds the draw (`add_noise`), then `reduce` all-reduces, so the reduced sum carries exactly one
+    draw (docs/privacy.md §7). `out`: write ĝ into these tensors (static buffers for CUDA graphs) instead
+    of returning the scaled sums; `out_scales` (with `out` only): per parameter, the factor ĝ is written
+    with instead of 1/L — the mask over L for sums built without the mask
+    (`clipped_gradient_sum(..., mask_sums=False)`: the noise is on surviving coordinates only, so masking
+    after it is the same ĝ), in the one multiply the scaling costs anyway.
     """
+    if out_scales is not None and out is None:
+        raise ValueError("out_scales (the masks of unmasked sums) needs out: ĝ is masked as it is written there")
     noisy = noise.perturb(sums, surviving, clip, generator) if add_noise else sums
     if reduce is not None:
         noisy = reduce(noisy)
