@@ -58,13 +58,16 @@ def _check_schema(body: dict[str, Any], kind: str, path: Path) -> None:
 
 
 def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None] = (),
-                   option: str = "--out") -> None:
+                   option: str = "--out", checkpoint: bool = False) -> None:
     """Before any work: refuse an output that would destroy an input or an existing result.
 
     An output equal to one of the command's inputs is always refused (the input would be lost);
-    an existing output is replaced only with `--overwrite`.
+    an existing output is replaced only with `--overwrite`. `checkpoint`: the command writes a PyTorch
+    checkpoint (`check_checkpoint_name`).
     """
     check_path_length(path, option)
+    if checkpoint:
+        check_checkpoint_name(path, option)
     for source in inputs:
         if source is not None and same_file(path, source):
             raise DpltmUserError(f"{option} {path} is also this command's input: write the result elsewhere")
@@ -74,6 +77,15 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     if path.exists() and not path.is_dir() and not overwrite:
         raise DpltmUserError(f"{path} already exists: pass --overwrite to replace it, or {option} to write elsewhere")
     check_writable(path)
+
+
+def check_checkpoint_name(path: Path, option: str = "--out") -> None:
+    """Refuse a PyTorch checkpoint under a `.safetensors` name: every reader (inspect, predict, train
+    --ticket) would take it for a safetensors file and fail to open it, after the run had spent its
+    privacy budget writing it."""
+    if path.suffix.lower() == ".safetensors":
+        raise DpltmUserError(f"{option} {path} names a safetensors file, but this command writes a PyTorch "
+                             "checkpoint: give a .pt name (`dpltm export` makes the .safetensors file)")
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -92,6 +92,54 @@ def folder_named_as_output(argv: list[str]) -> str | None:
     return None
 
 
+def _command_and_args(app: typer.Typer, argv: list[str]) -> tuple[Any, list[str]]:
+    """The (sub)command `argv` names and the arguments after its name, up to a `--`."""
+    command = typer.main.get_command(app)  # typer's own (vendored) Click classes: read by duck typing
+    args = list(argv)
+    while isinstance(getattr(command, "commands", None), dict) and args:
+        sub = command.commands.get(args[0])  # type: ignore[attr-defined]
+        if sub is None:
+            return None, []
+        command, args = sub, args[1:]
+    if "--" in args:
+        args = args[: args.index("--")]
+    return command, args
+
+
+def _values_given(names: list[str], args: list[str]) -> list[tuple[str, str]]:
+    """(name, value) for each use of an option called any of `names` in `args` (`--x v` or `--x=v`)."""
+    given = []
+    for index, arg in enumerate(args):
+        for name in names:
+            if arg == name and index + 1 < len(args):
+                given.append((name, args[index + 1]))
+            elif arg.startswith(name + "="):
+                given.append((name, arg[len(name) + 1:]))
+    return given
+
+
+def options_at_odds(app: typer.Typer, argv: list[str]) -> str | None:
+    """The error for an option given an empty value (`--data-dir ''` would be the current folder, `--device ''`
+    the default device), or one option given under two of its names with different values (`--eps 1 --eps2 2`,
+    `--neighbouring replace-one --neighboring add-remove`: Click keeps the last silently, which may be the weaker
+    guarantee). Repeating one spelling keeps Click's usual last-one-wins."""
+    command, args = _command_and_args(app, argv)
+    for param in getattr(command, "params", []):
+        names = [name for name in getattr(param, "opts", []) if name.startswith("--")]
+        if not names or getattr(param, "is_flag", False) or getattr(param, "param_type_name", "") != "option":
+            continue
+        given = _values_given(names, args)
+        for name, value in given:
+            if not value.strip():
+                return f"{name} got an empty value"
+        spellings = dict(given)
+        if len(spellings) > 1 and len(set(spellings.values())) > 1:
+            shown = " and ".join(f"{name} {value}" for name, value in spellings.items())
+            return (f"{' and '.join(spellings)} are one option, given twice with different values ({shown}): "
+                    "give it once")
+    return None
+
+
 OUTPUT_EXAMPLES = {"generate": "tickets.pt", "select": "winner.pt", "export": "model.safetensors",
                    "predict": "predictions.csv", "plot": "curves.png"}
 """A file name of the kind each command writes, for the `--out dir/` hint (else a model file)."""
@@ -102,9 +150,9 @@ def run_app(app: typer.Typer) -> None:
     run cleanly with one line and exit 130 / 143."""
     from typer.exceptions import Abort, TyperException
 
-    folder = folder_named_as_output(sys.argv[1:])
-    if folder is not None:
-        typer.echo(f"dpltm: error: {folder}", err=True)
+    problem = folder_named_as_output(sys.argv[1:]) or options_at_odds(app, sys.argv[1:])
+    if problem is not None:
+        typer.echo(f"dpltm: error: {problem}", err=True)
         raise SystemExit(2)
     _UNWINDING.clear()
     previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}

@@ -90,8 +90,10 @@ class DataSettings:
 
     def __post_init__(self) -> None:
         _require_finite(self)
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise DpltmUserError(f"--val-fraction must lie in [0, 1), got {self.val_fraction}")
+        from dpltm.data.loaders import MAX_VAL_FRACTION  # the loader's own bound, stated once
+
+        if not 0.0 <= self.val_fraction < MAX_VAL_FRACTION:
+            raise DpltmUserError(f"--val-fraction must lie in [0, {MAX_VAL_FRACTION:g}), got {self.val_fraction}")
 
 
 @dataclass(frozen=True)
@@ -596,6 +598,9 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recip
         # the recipe's `hidden: []` is scatter-linear's; another network would silently lose its hidden layers
         raise DpltmUserError(f"--recipe scatter is for the ScatterNet heads (--arch scatter-linear, scatter-mlp, "
                              f"scatter-cnn); --arch {cfg.model.arch} trains with --recipe tuned or paper")
+    if cfg.train.patience is not None and cfg.data.val_fraction == 0.0:
+        raise DpltmUserError("--patience stops on validation accuracy, and --val-fraction 0 leaves no validation "
+                             "records: give a fraction in (0, 0.5), or leave --patience out")
     if recipe in RECIPE_TUNED_ON:
         name, splits = RECIPE_TUNED_ON[recipe]
         if cfg.data.dataset == name and cfg.data.split in splits:

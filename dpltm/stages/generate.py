@@ -19,7 +19,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     """IMP into a locked ticket file; with `logger` (csv, tensorboard, mlflow or none) the run also
     gets a versioned log folder (dpltm.run_log): each round's density, validation accuracy and
     training-loss curve at its global SGD step."""
-    from dpltm.checkpoint import check_writable, output_lock, same_file
+    from dpltm.checkpoint import check_checkpoint_name, check_writable, output_lock, same_file
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
@@ -30,6 +30,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-tickets.pt"
     if config is not None and same_file(target, config):
         raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
+    check_checkpoint_name(target)
     check_writable(target)
     check_prune_rates(cfg)
     torch_device = resolve_device(device)
@@ -42,6 +43,10 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     data = load_dataset(cfg.data.dataset, split=cfg.data.split, data_dir=data_dir,
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     check_not_input(target)  # a data file just read
+    if len(data.val) == 0:  # per-record hold-outs are binomial: a tiny fraction of a small set can draw none
+        raise DpltmUserError(f"--val-fraction {cfg.data.val_fraction:g} drew no validation records from "
+                             f"{data.name}'s {len(data.train)}, and each ticket is scored by its validation accuracy: "
+                             "give a larger fraction")
     if logger is not None:
         from dpltm.run_log import check_log_root
 
@@ -132,7 +137,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
 
     cfg = resolve_train_config(cli, config)
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-private-ticket.pt"
-    prepare_output(target, overwrite=overwrite, inputs=[config])
+    prepare_output(target, overwrite=overwrite, inputs=[config], checkpoint=True)
     torch_device = resolve_device(device)
     if download:
         from dpltm.data.download import fetch_for_run

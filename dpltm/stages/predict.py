@@ -23,6 +23,15 @@ its outputs on the very records it protects: their labels and per-record outputs
 on them) are a membership and attribute signal the ledger does not count."""
 
 
+def pools_apart(model_split: str, split: str, part: str) -> bool:
+    """Whether `part` of the data divided by `split` cannot hold a training record of a model trained under
+    `model_split`: a model trained on the official training portion (`train`) and any part of the official test
+    portion (`test`), or a model trained on the test portion and the validation or training part under `train`
+    (drawn from the training portion). Every other pair can share records (`all` pools both portions)."""
+    return (model_split == "train" and split == "test") or (model_split == "test" and split == "train"
+                                                            and part != "test")
+
+
 def predictions_csv(labels: Any, probabilities: Any) -> str:
     """index,label,prediction,p_0..p_{K-1}: one row per record, in the data's order."""
     classes = probabilities.shape[1]
@@ -64,6 +73,14 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     if exposes and not expose_training_records:
         raise DpltmUserError(f"--part train on {name}, the model's training data: the output holds "
                              f"{TRAINING_RECORDS_EXPOSED}; pass --expose-training-records to write it anyway")
+    model_split = str(trained_on.get("split") or "train")
+    if same and split is not None and split != model_split and not pools_apart(model_split, split, part):
+        exposes = True  # another division of the model's own data: any part can hold its training records
+        if not expose_training_records:
+            raise DpltmUserError(f"--split {split} divides {name} otherwise than the model's training did "
+                                 f"(--split {model_split}), so its {part} part can hold {TRAINING_RECORDS_EXPOSED}; "
+                                 f"leave --split out to use the model's own {part} set, or pass "
+                                 "--expose-training-records to write it anyway")
     if out is not None:
         prepare_output(out, overwrite=overwrite, inputs=[model_path])
     settings: dict[str, Any] = ({"split": trained_on.get("split") or "train",

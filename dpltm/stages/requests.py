@@ -28,8 +28,13 @@ def floats_option(text: str | None, option: str) -> tuple[float, ...] | None:
     """A comma- or space-separated list of numbers (`--prune-rates 0.2,0.1`)."""
     if text is None:
         return None
-    if text.strip() and not text.replace(",", " ").split():  # "," alone: separators and no number
+    if not text.strip():  # '' is no list, not an empty one (`--hidden ''` would build a network with no hidden layer)
+        raise DpltmUserError(f"{option} takes comma-separated numbers, got an empty value")
+    if not text.replace(",", " ").split():  # "," alone: separators and no number
         raise DpltmUserError(f"{option} takes comma-separated numbers, got '{text}'")
+    fields = text.split(",")
+    if len(fields) > 1 and any(not field.strip() for field in fields):  # "300,,100": a number left out?
+        raise DpltmUserError(f"{option} has an empty item in '{text}': give comma-separated numbers")
     try:
         return tuple(float(v) for v in text.replace(",", " ").split())
     except ValueError:

@@ -187,7 +187,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     check_recipe_carries(r, given_recipe, given_generation, project_to)
     resolve_generate_config(given_generation, r.config)
     for path in (model_out, winner_path):
-        prepare_output(path, overwrite=r.overwrite, inputs=[r.config])
+        prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
     torch_device = resolve_device(r.device)
     if r.cuda_graphs and torch_device.type != "cuda":
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
@@ -316,7 +316,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     model_out = r.out or default_checkpoint_dir() / f"{r.dataset}-dpltm-private.pt"
     ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
     for path in (model_out, ticket_path):
-        prepare_output(path, overwrite=r.overwrite, inputs=[r.config])
+        prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
     train_cli = {"data": {"dataset": r.dataset},
                  "train": {"eps2": r.eps, "delta": r.delta, "epochs": settings.train.epochs - warmup * rounds,
                            "batch_size": r.batch_size, "clip": r.clip, "lr": r.lr, "momentum": r.momentum,

@@ -5,6 +5,7 @@ the ticket file before its winner is written."""
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -100,9 +101,13 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
         source = newest_ticket_set(default_checkpoint_dir())
         err_console.print(f"using the newest ticket set in {default_checkpoint_dir()}/: {source} (--tickets to choose)")
     ticket_set = load_ticket_set(source)  # a winner is refused: it needs no selection
+    if any(math.isnan(a) for a in ticket_set.accuracies):
+        raise DpltmUserError(f"{source} holds tickets without a validation accuracy (generated with no validation "
+                             "records), and every rule scores them by it: generate them again with a larger "
+                             "--val-fraction")
     payload = ticket_set.to_dict()  # what the rules read
     target = out or default_checkpoint_dir() / f"{ticket_set.dataset}-winner.pt"
-    prepare_output(target, overwrite=overwrite, inputs=[source, config])
+    prepare_output(target, overwrite=overwrite, inputs=[source, config], checkpoint=True)
     chosen_eps1 = settings.eps1 if chosen_rule.spends_eps1 else None
     rule_settings = RuleSettings(nu=settings.nu, seed=seed, eps1=chosen_eps1, planned_run=noise_aware, config=config)
     # A pick that spends no ε1 has no draw to record: it may take as long as it needs (noise-aware trains

@@ -52,7 +52,8 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     distribution = distribution or Distribution()
     check_launch(distribution)
     main = is_main_process()  # under DDP, every rank runs this; rank 0 alone writes and prints
-    prepare_output(target, overwrite=overwrite, inputs=[ticket, config])  # read-only: every rank fails alike
+    # read-only: every rank fails alike
+    prepare_output(target, overwrite=overwrite, inputs=[ticket, config], checkpoint=True)
     torch_device = local_device(resolve_device(device), distribution)
     if cuda_graphs and (torch_device.type != "cuda" or distribution.multi_process or non_private):
         raise DpltmUserError("--cuda-graphs needs DP training on one CUDA device (--device cuda, one process)")

@@ -183,6 +183,32 @@ def test_predict_on_the_training_records_needs_an_explicit_opt_in(trained, data_
     assert code == 0 and json.loads(stdout)["exposes_training_records"] is False and "warning" not in stderr
 
 
+def test_another_split_of_the_models_own_data_counts_as_exposing_its_training_records(  # type: ignore[no-untyped-def]
+        trained, data_root: Path, tmp_path: Path) -> None:
+    """`--split all` re-divides the pool the model was trained on: any part can hold training records, so it
+    needs the opt-in like `--part train`. The official test portion under `--split test` cannot (the model
+    trained on the training portion) and is predicted as before."""
+    from dpltm.stages.predict import pools_apart
+    from tests.cli.test_bad_inputs import _run_in_process, assert_one_line_error
+
+    model, _ = trained
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    for part in ("test", "val"):
+        code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--split", "all", "--part", part],
+                                               cwd, data_root)
+        assert_one_line_error(code, stdout, stderr, f"so its {part} part can hold per-record labels")
+    code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--split", "all", "--part", "test",
+                                            "--expose-training-records", "--json"], cwd, data_root)
+    assert code == 0 and json.loads(stdout)["exposes_training_records"] is True, stderr
+    code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--split", "test", "--json"], cwd,
+                                           data_root)
+    assert code == 0 and json.loads(stdout)["exposes_training_records"] is False, stderr
+    assert pools_apart("train", "test", "val") and pools_apart("test", "train", "val")
+    assert not pools_apart("test", "train", "test") and not pools_apart("train", "all", "test")
+    assert not pools_apart("all", "train", "test") and not pools_apart("all", "test", "val")
+
+
 # ---- run folders ------------------------------------------------------------------------------
 
 

@@ -133,8 +133,9 @@ def test_model_and_export_metadata_do_not_depend_on_the_users_records(neighbours
     # predict still knows the model's own data settings without a fingerprint
     shown = _invoke(neighbours[0], monkeypatch, "predict", "--model", "m.safetensors", "--data-dir", "data")
     assert shown["same_data_settings_as_training"] is True
-    other = _invoke(neighbours[0], monkeypatch, "predict", "--model", "m.pt", "--data-dir", "data", "--split", "all")
-    assert other["same_data_settings_as_training"] is False
+    other = _invoke(neighbours[0], monkeypatch, "predict", "--model", "m.pt", "--data-dir", "data", "--split", "all",
+                    "--expose-training-records")  # another division of its data: can hold its training records
+    assert other["same_data_settings_as_training"] is False and other["exposes_training_records"] is True
 
 
 PRIVATE_TICKET_DP_OUTPUTS = ("theta0", "masks", "density", "layer_density", "val_accuracy",
