@@ -262,6 +262,16 @@ def _artefact(kind: str) -> Any:
     return getattr(dpltm.artefacts, ARTEFACTS[kind])
 
 
+def _is_safetensors(path: Path) -> bool:
+    """A safetensors file: an 8-byte little-endian header length, then a JSON object of that length."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(9)
+        return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < path.stat().st_size
+    except OSError:
+        return False
+
+
 def _why_unreadable(path: Path, exc: Exception) -> str:
     """torch.load's failure in the user's terms (its own text speaks of `weights_only` and pickle opcodes)."""
     import pickle
@@ -285,6 +295,9 @@ def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     from dpltm.paths import check_input_file
 
     check_input_file(path, "checkpoint")
+    if _is_safetensors(path):
+        raise DpltmUserError(f"{path} is a safetensors file (a `dpltm export`), not a dpltm checkpoint: give the "
+                             ".pt file it was made from")
     try:
         body = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or damaged files

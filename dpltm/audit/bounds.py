@@ -91,8 +91,8 @@ def bound_from_scores(scores: Sequence[float] | np.ndarray, included: Sequence[b
     m = int(scores.size)
     if m == 0 or truth.shape != scores.shape:
         raise DpltmUserError("an audit needs one score and one inclusion bit per canary")
-    if not 0 < confidence < 1:
-        raise DpltmUserError(f"--confidence must lie in (0, 1), got {confidence}")
+    if not 0.5 <= confidence < 1:  # below 1/2 a "lower bound" is likelier wrong than right
+        raise DpltmUserError(f"--confidence must lie in [0.5, 1), got {confidence}")
     finite = np.where(np.isfinite(scores), scores, -np.inf)  # a canary the attack cannot score ranks last
     digest = hashlib.sha256(np.ascontiguousarray(scores).tobytes()).digest()
     jitter = np.random.default_rng(int.from_bytes(digest[:8], "little")).random(m)

@@ -50,8 +50,8 @@ class AuditPlan:
         if not 2 <= self.canaries <= MAX_CANARIES:
             raise DpltmUserError(f"--canaries must lie in [2, {MAX_CANARIES}] (each canary is a record trained "
                                  f"on; Steinke et al. use up to a few thousand), got {self.canaries}")
-        if not 0 < self.confidence < 1:
-            raise DpltmUserError(f"--confidence must lie in (0, 1), got {self.confidence}")
+        if not 0.5 <= self.confidence < 1:  # below 1/2 a "lower bound" is likelier wrong than right
+            raise DpltmUserError(f"--confidence must lie in [0.5, 1), got {self.confidence}")
 
     @property
     def extra_records(self) -> int:
