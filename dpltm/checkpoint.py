@@ -286,7 +286,9 @@ def _why_unreadable(path: Path, exc: Exception) -> str:
     if isinstance(exc, pickle.UnpicklingError):
         return "it holds Python objects beyond tensors and plain data, which dpltm never unpickles"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"a damaged PyTorch save file: {first[:100]}"
+    if len(first) > 100:  # cut at a word, and say so
+        first = first[:100].rsplit(" ", 1)[0] + " …"
+    return f"a damaged PyTorch save file: {first}"
 
 
 def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:

@@ -130,8 +130,8 @@ def _search(
             lo, hi = hi, hi * step
             if hi > _MAX_PARAM:
                 raise DpltmUserError(
-                    f"cannot reach epsilon {t:g} at delta {d:g}: even a parameter of "
-                    f"{lo:g} gives epsilon {format_epsilon(eps_hi)}"
+                    f"cannot reach epsilon {t:g} at delta {d:g}: even a noise parameter of "
+                    f"{lo:g} gives epsilon {format_epsilon(eps_hi)} (raise --eps or --delta)"
                 )
     # Invariant: ε(lo) > t >= ε(hi). ε(lo) may be infinite; then bisect in log space.
     log_t = math.log(t)

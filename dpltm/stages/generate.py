@@ -156,6 +156,9 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
         f"the whole run is (ε = {plan.epsilon:g}, δ = {plan.delta:g})-DP (training calibrates its own σ after "
         "the warm-up that ran: never less noise than planned)"
     )
+    if plan.delta > 1.0 / len(data.train):  # as train and make_private warn
+        err_console.print(f"warning: δ = {plan.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "
+                          "guarantee with δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
 
     from dpltm.config import to_dict
     from dpltm.run_log import RunLog

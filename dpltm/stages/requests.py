@@ -120,7 +120,9 @@ class GenerateRequest(CommandRequest):
                     "--min-density": self.min_density, "--controls": self.controls,
                     "--cuda-graphs": self.cuda_graphs or None}
         if _given(imp_only):
-            raise DpltmUserError(f"{', '.join(_given(imp_only))} belong to non-private IMP: drop them with --private")
+            given = _given(imp_only)
+            raise DpltmUserError(f"{', '.join(given)} {'belongs' if len(given) == 1 else 'belong'} to non-private IMP: "
+                                 f"drop {'it' if len(given) == 1 else 'them'} with --private")
         return {
             "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
             "model": self._model(),
@@ -136,7 +138,8 @@ class GenerateRequest(CommandRequest):
                         "--density": self.density, "--rewind": self.rewind, "--epochs": self.epochs,
                         "--noise-seed": self.noise_seed}
         if _given(private_only):
-            raise DpltmUserError(f"{', '.join(_given(private_only))} only apply with --private")
+            given = _given(private_only)
+            raise DpltmUserError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} with --private")
         return {
             "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
             "model": self._model(),

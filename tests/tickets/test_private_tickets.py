@@ -144,8 +144,11 @@ def test_plan_refuses_what_it_cannot_account(tiny_splits: DatasetSplits) -> None
 def test_generate_private_flags_are_checked(capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from dpltm.cli import main
 
-    for argv, message in [(["generate", "--private", "--iterations", "5"], "--iterations belong to non-private IMP"),
-                          (["generate", "--eps", "1"], "--eps only apply with --private"),
+    for argv, message in [(["generate", "--private", "--iterations", "5"],
+                           "--iterations belongs to non-private IMP: drop it with --private"),
+                          (["generate", "--private", "--iterations", "5", "--min-density", "0.1"],
+                           "belong to non-private IMP: drop them with --private"),
+                          (["generate", "--eps", "1"], "--eps only applies with --private"),
                           (["generate", "--private", "--density", "1.5"], "--density must lie in (0, 1)")]:
         monkeypatch.setattr(sys, "argv", ["dpltm", *argv])
         with pytest.raises(SystemExit) as exit_info:
@@ -153,6 +156,21 @@ def test_generate_private_flags_are_checked(capsys: Any, monkeypatch: pytest.Mon
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_generate_private_warns_of_a_delta_above_one_over_n(tmp_path: Path, capsys: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """As train and make_private do: δ > 1/N allows releasing a record outright."""
+    from dpltm.cli import main
+    from tests.datafiles import write_digits
+
+    write_digits(tmp_path / "data")
+    monkeypatch.setenv("DPLTM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(sys, "argv", ["dpltm", "generate", "--private", "--dataset", "digits", "--eps", "1", "--delta",
+                                      "0.01", "--epochs", "2", "--warmup-epochs", "1", "--device", "cpu",
+                                      "--no-progress", "--out", str(tmp_path / "t.pt")])
+    main()
+    assert "warning: δ = 0.01 is above 1/N" in " ".join(capsys.readouterr().err.split())
 
 
 def test_ledger_of_a_private_ticket_round_trips_and_needs_its_warmup() -> None:
