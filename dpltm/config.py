@@ -123,6 +123,11 @@ class ModelSettings:
             raise DpltmUserError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
 
 
+MAX_NU = 1e6
+"""The score's density weight ν: beyond this S = A·(1 − ν·C) is −ν·C to every digit a float keeps, so
+the accuracy no longer counts; ν up to 1e6 leaves room for any sane sweep."""
+
+
 @dataclass(frozen=True)
 class GenerateSettings:
     """Phase 1 (paper §4.2): 5000 iterations per ticket, batch 400, SGD at lr 0.1."""
@@ -319,8 +324,10 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
         raise DpltmUserError(f"config file {path} gives the key {exc.key!r} twice "
                              f"(line {exc.problem_mark.line + 1}): keep one") from None
     except yaml.YAMLError as exc:
-        first = (str(exc).splitlines() or ["syntax error"])[0]
-        raise DpltmUserError(f"config file {path} is not valid YAML: {first}") from None
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["syntax error"])[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise DpltmUserError(f"config file {path} is not valid YAML: {problem}{where}") from None
     except RecursionError:
         raise DpltmUserError(f"config file {path} is nested too deeply") from None
     if not isinstance(data, dict):
@@ -421,8 +428,9 @@ class SelectSettings:
     def __post_init__(self) -> None:
         _require_finite(self)
         check_eps1(self.eps1, "--eps1")
-        if not self.nu >= 0:
-            raise DpltmUserError(f"--nu must be ≥ 0, got {self.nu}")
+        if not 0 <= self.nu <= MAX_NU:
+            raise DpltmUserError(f"--nu must lie in [0, {MAX_NU:g}] (S = A·(1 − ν·C) with C ≤ 1: the paper uses "
+                                 f"0.1 to 1), got {self.nu}")
 
 
 OPTIMIZERS = ("sgd", "adam")

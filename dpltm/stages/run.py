@@ -165,6 +165,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                              "across input sizes")
     if project_to is None and private_spec.num_features != public_spec.num_features:
         project_to = private_spec.num_features  # the paper's §4.5.2 transfer between input sizes
+    if project_to is not None and project_to < 1:
+        raise DpltmUserError(f"--project-to must be a positive width, got {project_to}")
     first_layer_inputs = project_to if project_to is not None else public_spec.num_features
     if first_layer_inputs != private_spec.num_features:
         raise DpltmUserError(f"--project-to {project_to} cannot transfer: {r.dataset} has "

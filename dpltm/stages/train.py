@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,7 +137,10 @@ def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str
 def print_training_report(report: dict[str, Any], console: Console = err_console) -> None:
     """The human summary: the result on stdout as a CLI's output, or on stderr beside a `--json`
     report (the CLI's, alone on stdout)."""
-    console.print(f"test accuracy {report['test_accuracy']:.4f} (validation {report['val_accuracy']:.4f}) "
+    val_accuracy = report["val_accuracy"]
+    validation = ("no validation set" if val_accuracy is None or math.isnan(val_accuracy)
+                  else f"validation {val_accuracy:.4f}")
+    console.print(f"test accuracy {report['test_accuracy']:.4f} ({validation}) "
                   f"after {report['epochs_run']} epochs, {report['steps']} steps: {report['stop_reason']}")
     if report["noise_multiplier"] is not None:
         how = "calibrated" if report["sigma_calibrated"] else "given"

@@ -328,6 +328,11 @@ CASES = [
          {"e.safetensors": _edited_export(lambda metadata: None)}),
     Case("audit-confidence-below-one-half", ("audit", "--dense", "--dataset", "digits", "--confidence", "0.3"),
          "--confidence must lie in [0.5, 1)"),
+    Case("config-yaml-syntax-error-has-its-line", (*GEN, "--config", "c.yaml"), "(line 4, column 1)",
+         {"c.yaml": b"seed: 1\ngenerate:\n  rounds: [1\n"}),
+    Case("select-nu-1e308", ("select", "--nu", "1e308"), "--nu must lie in [0, 1e+06]"),
+    Case("run-project-to-zero", ("run", "--dataset", "digits", "--project-to", "0"),
+         "--project-to must be a positive width, got 0"),
     Case("hidden-empty", (*GEN, "--hidden", ""), "--hidden got an empty value"),
     Case("hidden-blank", (*GEN, "--hidden", " "), "--hidden got an empty value"),
     Case("hidden-empty-item", (*GEN, "--hidden", "300,,100"), "--hidden has an empty item in '300,,100'"),
@@ -734,3 +739,17 @@ def test_full_disk_is_one_line_and_leaves_no_file(command: str, tmp_path: Path, 
     errors = [line for line in stderr.splitlines() if line.startswith("dpltm:")]  # after progress lines
     assert errors == [stderr.splitlines()[-1]] and "cannot write out" in errors[0] and "No space left" in errors[0]
     assert [str(p.relative_to(cwd)) for p in cwd.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize(("val_accuracy", "shown"), [(float("nan"), "(no validation set)"),
+                                                     (None, "(no validation set)"), (0.5, "(validation 0.5000)")])
+def test_a_run_without_validation_records_says_so_not_nan(val_accuracy: float | None, shown: str) -> None:
+    from rich.console import Console
+
+    from dpltm.stages.train import print_training_report
+
+    console = Console(file=io.StringIO(), width=200)
+    print_training_report({"test_accuracy": 0.9, "val_accuracy": val_accuracy, "epochs_run": 1, "steps": 2,
+                           "stop_reason": "finished 1 epochs", "noise_multiplier": None, "statement": "non-private",
+                           "output": "m.pt"}, console)
+    assert shown in console.file.getvalue() and "nan" not in console.file.getvalue()  # type: ignore[attr-defined]
