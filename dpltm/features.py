@@ -187,6 +187,10 @@ def _problem(body: Any, key: str, shape: tuple[int, int]) -> str | None:
     return None
 
 
+_UNWRITABLE: set[str] = set()
+"""Cache folders this process could not create or write in (said once each)."""
+
+
 def write_cached(path: Path, key: str, settings: dict[str, Any], features: Tensor) -> None:
     """Write a cache file atomically (temp file, fsync, rename), readable by the user alone. A cache that
     cannot be written is skipped with a note: the run goes on with the features it computed."""
@@ -196,8 +200,10 @@ def write_cached(path: Path, key: str, settings: dict[str, Any], features: Tenso
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
     except OSError as exc:
-        print(f"feature cache not written ({path.parent}: {exc.strerror}); the features are not kept",
-              file=sys.stderr)
+        if str(path.parent) not in _UNWRITABLE:  # once a folder per run, not once a split
+            _UNWRITABLE.add(str(path.parent))
+            print(f"feature cache not written ({path.parent}: {exc.strerror}); the features are not kept",
+                  file=sys.stderr)
         return
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -65,12 +65,15 @@ def read_run(path: Path) -> dict[str, Any]:
         raise DpltmUserError(f"{file} is nested too deeply to be a dpltm run record") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DpltmUserError(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
-    if not isinstance(body, dict) or body.get("format") != RUN_FORMAT:
-        found = body.get("format") if isinstance(body, dict) else type(body).__name__
-        raise DpltmUserError(f"{file} is not a dpltm run record (format {found!r}, expected {RUN_FORMAT!r})")
+    if not isinstance(body, dict):
+        raise DpltmUserError(f"{file} is not a dpltm run record (a JSON {type(body).__name__}, not an object)")
+    if body.get("format") != RUN_FORMAT:
+        found = f"format {body['format']!r}" if "format" in body else "no format"
+        raise DpltmUserError(f"{file} is not a dpltm run record ({found}, expected {RUN_FORMAT!r})")
     command = body.get("command")
     if command not in COMMANDS:
-        raise DpltmUserError(f"{file} records a {command!r} run; dpltm plot draws {' and '.join(COMMANDS)} runs")
+        what = f"a {command!r} run" if isinstance(command, str) else "no command"
+        raise DpltmUserError(f"{file} records {what}; dpltm plot draws {' and '.join(COMMANDS)} runs")
     _check_records(body, command, file)
     return body
 

@@ -324,3 +324,17 @@ def test_cli_scatter_cnn_generate_select_train_export_predict(tmp_path: Path, cl
                                "--json", env=env).stdout)
     assert predicted["accuracy"] == pytest.approx(report["test_accuracy"])
     assert 3 <= len(list(cache.iterdir())) <= 6  # one file per distinct split (keyed by content), none per stage
+
+
+def test_an_unwritable_cache_folder_is_said_once_and_the_features_still_come(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cache that cannot be written is skipped with one note per folder, not one per split, and the run
+    goes on with the features it computed."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would be")
+    feature_cache._UNWRITABLE.discard(str(blocker))
+    front = _network("scatter-linear").front  # type: ignore[union-attr]
+    for seed in (0, 1, 2):
+        features = features_of(front, _images(3, seed), blocker)
+        assert features.shape == (3, CHANNELS * 49)
+    assert capsys.readouterr().err.count("feature cache not written") == 1
