@@ -78,14 +78,11 @@ def emit_json(report: dict[str, Any]) -> None:
 def folder_named_as_output(argv: list[str]) -> str | None:
     """The error for `--out dir/`: Click's path type drops the trailing separator, so the folder would be taken
     for the name of the file to write (and a file of that name made)."""
-    for index, arg in enumerate(argv):
-        if arg == "--":
-            break
-        value = argv[index + 1] if arg == "--out" and index + 1 < len(argv) else (
-            arg[len("--out="):] if arg.startswith("--out=") else None)
-        if value is not None and not value.strip():
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    for _, value in _values_given(["--out"], args):
+        if not value.strip():
             return "--out takes the name of the file to write, got an empty name"
-        if value and value.endswith(("/", os.sep)):
+        if value.endswith(("/", os.sep)):
             command = next((a for a in argv if not a.startswith("-")), "")
             example = OUTPUT_EXAMPLES.get(command, "model.pt")
             return f"--out {value} names a folder: give the file to write in it (e.g. --out {value}{example})"

@@ -168,13 +168,10 @@ def layer_norm_terms(a: Tensor, operator: Tensor | None, bias_term: Tensor, bias
     norm per unit of g_ij², so the layer's share is Σ_j g_ij² T_ij (the masked ghost norm, Li et al. 2022,
     restricted to the mask; `operator` as in `dpltm.dp.rules.masked_sq_norms`). A dense unscaled layer
     (`operator` None) gives one column ‖a_i‖² + 1 (+ b_j when only the bias is scaled)."""
-    if operator is None:
-        column = (a * a).sum(dim=1, keepdim=True)
-        return column + bias_term if bias_scaled else column.add_(1.0)
-    if operator.layout == torch.sparse_csr:
-        a2t = torch.mul(a.T, a.T, out=torch.empty(a.shape[1], a.shape[0], dtype=a.dtype, device=a.device))
-        return (operator @ a2t).T.add(bias_term)
-    return torch.addmm(bias_term, a * a, operator)
+    if operator is not None and operator.layout != torch.sparse_csr:
+        return torch.addmm(bias_term, a * a, operator)  # the bias added in the product's own kernel
+    squares = squares_times(a, operator, rows_at_once=max(a.shape[0], 1))
+    return squares.add_(1.0) if operator is None and not bias_scaled else squares + bias_term
 
 
 def operator_columns(operator: Tensor | None) -> int:
@@ -198,7 +195,9 @@ def squares_times(features: Tensor, operator: Tensor | None, rows_at_once: int =
             parts.append((operator @ (x * x).T.contiguous()).T)
         else:
             parts.append((x * x) @ operator)
-    return torch.cat(parts).contiguous() if parts else features.new_zeros(0, operator_columns(operator))
+    if not parts:
+        return features.new_zeros(0, operator_columns(operator))
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).contiguous()
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,10 @@ class StaticShapeDpStep:
         names = self.layout.all_parameter_names  # the eager step's order (convolutions first)
         self.sums = {name: torch.zeros_like(parameters[name]) for name in names}
         # ĝ = (unmasked clipped sum + noise on surviving coordinates) ⊙ M / L: the mask costs no pass of its own
-        weight_masks = dict(zip((weight for weight, _ in self.layout.parameter_names), self.layout.weight_masks,
-                                strict=True))
-        self.out_scales: dict[str, Tensor | float] = {
-            name: 1.0 / expected_batch_size if weight_masks.get(name) is None
-            else weight_masks[name] / expected_batch_size  # type: ignore[operator]
-            for name in names}
+        self.out_scales: dict[str, Tensor | float] = {name: 1.0 / expected_batch_size for name in names}
+        for (weight_name, _), mask in zip(self.layout.parameter_names, self.layout.weight_masks, strict=True):
+            if mask is not None:
+                self.out_scales[weight_name] = mask / expected_batch_size
         self.grads = {name: torch.zeros_like(parameters[name]) for name in names}
         for name, parameter in parameters.items():
             parameter.grad = self.grads[name]  # static: the optimiser reads these, the update writes them

@@ -39,10 +39,8 @@ from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
 from dpltm.model import activation_function, image_side
-from dpltm.networks.scattering import Scattering2D
+from dpltm.networks.scattering import SCALES, Scattering2D
 
-SCALES = 2
-"""J: the scattering's number of scales; maps are side / 2^J on a side."""
 ANGLES = 8
 """L: the wavelets' orientations (kymatio's default)."""
 CHANNELS = 1 + SCALES * ANGLES + ANGLES**2 * SCALES * (SCALES - 1) // 2
@@ -65,9 +63,13 @@ def scattering_class() -> Any:
     try:
         from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
     except ImportError as exc:
-        raise DpltmUserError(f"the scattering front end needs kymatio 0.3 (pip install 'kymatio>=0.3,<0.4'): "
-                             f"{str(exc).splitlines()[0]}") from None
+        raise _kymatio_missing(exc) from None
     return ScatteringTorch2D
+
+
+def _kymatio_missing(exc: ImportError) -> DpltmUserError:
+    return DpltmUserError(f"the scattering front end needs kymatio 0.3 (pip install 'kymatio>=0.3,<0.4'): "
+                          f"{str(exc).splitlines()[0]}")
 
 
 def scattering_for(side: int, device: torch.device) -> Scattering2D:
@@ -76,8 +78,7 @@ def scattering_for(side: int, device: torch.device) -> Scattering2D:
     try:
         return Scattering2D(side, ANGLES, device)
     except ImportError as exc:
-        raise DpltmUserError(f"the scattering front end needs kymatio 0.3 (pip install 'kymatio>=0.3,<0.4'): "
-                             f"{str(exc).splitlines()[0]}") from None
+        raise _kymatio_missing(exc) from None
 
 
 class ScatterFront(nn.Module):

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 SCALES = 2
-"""J: only J = 2 is implemented (what the ScatterNet front end uses): one scale of first-order wavelets at
-full resolution, one at half, and second-order paths from the first to the second."""
+"""J, the number of scales (maps are side / 2^J on a side). Only J = 2 is implemented (what the ScatterNet
+front end uses): one scale of first-order wavelets at full resolution, one at half, and second-order paths
+from the first to the second."""
 
 
 def filter_bank_module() -> Any:
