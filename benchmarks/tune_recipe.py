@@ -11,6 +11,11 @@ training part; the score is accuracy on the public data's own validation part. L
 share one run (a stack of identical networks, one per rate, on common Poisson batches), and
 the EMA of the iterates is scored at several decays in the same run (post-processing: free).
 No private record is read: only the private set's size enters, through q and T.
+
+`--proxy same-rate` samples the public set at the private run's rate q instead (the TAN proxy:
+expected batch q·n, σ scaled to keep σC/L; benchmarks/grid/recipe_search.py), so batches larger
+than the public set can be searched; `--lr-sigmas` gives the rates as lr·σ, the recipes'
+`lr_sigma`; `--seeds` repeats each recipe and the summary line takes the mean over them.
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import statistics
 import sys
+import time
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from grid.recipe_search import FIELDS, search_recipe
+from grid.recipe_search import FIELDS, PROXIES, PROXY_FIELDS, search_recipe
 
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
@@ -48,6 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-epochs", nargs="+", default=["400x50", "1600x50"],
                         help="expected batch size x epochs pairs")
     parser.add_argument("--lrs", type=float, nargs="+", default=[0.1, 0.4, 1.6])
+    parser.add_argument("--lr-sigmas", action="store_true",
+                        help="--lrs are lr·σ (a recipe's lr_sigma): each rate is divided by the run's σ")
+    parser.add_argument("--proxy", choices=PROXIES, default="public-batch",
+                        help="public-batch: expected batch L on the public set; same-rate: the private run's "
+                             "rate q = L/N on the public set, σ scaled to keep σC/L (TAN)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="repeat each recipe with these seeds (θ0 and noise); the summary is their mean")
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -65,24 +81,49 @@ def main(argv: list[str] | None = None) -> None:
         args.hidden = []
     print(f"public data: {public.name} ({public.source_split}): {len(public.train)} train, {len(public.val)} val; "
           f"private N = {args.private_size} (size only)", file=sys.stderr)
+    fields = FIELDS + PROXY_FIELDS
     writer = None
     if args.out is not None:
-        new = not args.out.exists()
+        if args.out.exists():
+            with args.out.open(newline="") as existing:
+                header = next(csv.reader(existing), None)
+            if header is not None and header != fields:
+                parser.error(f"{args.out} has other columns (written by another version); choose a new --out")
+        new = not args.out.exists() or args.out.stat().st_size == 0
         handle = args.out.open("a", newline="")
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        writer = csv.DictWriter(handle, fieldnames=fields)
         if new:
             writer.writeheader()
+    seeds = args.seeds if args.seeds is not None else [args.seed]
     for eps, activation, pair in itertools.product(args.eps, args.activations, args.batch_epochs):
         batch, epochs = (int(v) for v in pair.split("x"))
-        rows = search_recipe(public, args.private_size, eps, args.delta, activation, batch, epochs, args.lrs,
-                          args.momentum, args.clip, args.seed, tuple(args.hidden))
-        best = max(rows, key=lambda r: r["public_val_accuracy"])
-        print(f"ε={eps:g} {activation} L={batch} E={epochs} σ={rows[0]['sigma']}: best lr={best['lr']} "
-              f"ema={best['ema'] or 'off'} public val {best['public_val_accuracy']:.4f} "
-              f"({rows[0]['seconds']} s)", flush=True)
+        rows, start = [], time.perf_counter()
+        for seed in seeds:
+            try:
+                rows += search_recipe(public, args.private_size, eps, args.delta, activation, batch, epochs,
+                                      args.lrs, args.momentum, args.clip, seed, tuple(args.hidden), args.proxy,
+                                      args.lr_sigmas)
+            except ValueError as error:
+                parser.error(str(error))
+        best, mean, spread = best_setting(rows)
+        print(f"ε={eps:g} {activation} L={batch} E={epochs} σ={rows[0]['sigma']} (proxy L'={rows[0]['proxy_batch']}, "
+              f"σ'={rows[0]['proxy_sigma']}): best lr·σ={best[0]} ema={best[1] or 'off'} public val {mean:.4f}"
+              f" ± {spread:.4f} over {len(seeds)} seed(s) ({time.perf_counter() - start:.0f} s)", flush=True)
         if writer is not None:
             writer.writerows(rows)
             handle.flush()
+
+
+def best_setting(rows: list[dict[str, Any]]) -> tuple[tuple[Any, Any], float, float]:
+    """The (lr·σ, EMA decay) with the best mean public validation accuracy over seeds, that mean,
+    and the standard error of the mean (0 for one seed)."""
+    scores: dict[tuple[Any, Any], list[float]] = defaultdict(list)
+    for row in rows:
+        scores[(row["lr_sigma"], row["ema"])].append(float(row["public_val_accuracy"]))
+    best = max(scores, key=lambda key: statistics.fmean(scores[key]))
+    values = scores[best]
+    spread = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+    return best, statistics.fmean(values), spread
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def check_tensors(found: Any, expected: dict[str, Any], where: str, kind: str, p
                            "(a diverged run, or a damaged file)")
 
 
-EXPORT_TEXT_KEYS = ("format", "privacy_statement", "source_checkpoint")
+EXPORT_TEXT_KEYS = ("format", "privacy_statement", "source_checkpoint", "digest")
 """Metadata of a safetensors export kept as plain text; every other value is JSON."""
 EXPORT_OBJECT_KEYS = ("architecture", "data", "privacy", "input_normalisation")
 

@@ -9,6 +9,11 @@ official published one, dpltm.data.release), the privacy statement and ledger, a
 that made it. Safetensors rather than a pickle: loading it runs no code, and other frameworks
 read it.
 
+`digest` is a SHA-256 of every other metadata value and every tensor as written (`content_digest`):
+a file edited or damaged after export (an activation changed by hand, a flipped weight) is refused
+where its other checks would not notice. It guards against edits and damage, not forgery (anyone can
+recompute it); files without one (older exports) are read as before.
+
 The privacy metadata is the model's `TrainedModel` privacy record, computed from its one ledger and
 caveats the way the training run's report was: the statement the training run printed is the one
 the file carries, including "NOT end-to-end DP" where that applies.
@@ -16,6 +21,7 @@ the file carries, including "NOT end-to-end DP" where that applies.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
 
 FORMAT = "dpltm-export-v1"
 SUFFIX = ".safetensors"
+DIGEST_KEY = "digest"
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
     body = load_checkpoint(model_path, ("model", "run"))
     if body["kind"] == "run":
         metadata, tensors = _run_export(body, model_path)
+        metadata[DIGEST_KEY] = content_digest(metadata, tensors)
         write_bytes_atomic(save(tensors, metadata=metadata), out)
         return metadata
     trained = TrainedModel.from_dict(body, model_path)
@@ -116,8 +124,38 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
         "exported_by": json.dumps(_environment()),
         "source_checkpoint": str(model_path),
     }
+    metadata[DIGEST_KEY] = content_digest(metadata, tensors)
     write_bytes_atomic(save(tensors, metadata=metadata), out)
     return metadata
+
+
+def content_digest(metadata: dict[str, str], tensors: dict[str, Any]) -> str:
+    """SHA-256 over the metadata (all but the digest) and the tensors' names, dtypes, shapes and bytes."""
+    import torch
+
+    digest = hashlib.sha256()
+    for key in sorted(k for k in metadata if k != DIGEST_KEY):
+        digest.update(json.dumps([key, metadata[key]]).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def check_digest(path: Path) -> None:
+    """Refuse an export whose contents differ from the digest `dpltm export` wrote (none: nothing to check).
+    Called after the file's other checks, whose messages say more where they apply."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+        if DIGEST_KEY not in metadata:
+            return
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    if content_digest(metadata, tensors) != metadata[DIGEST_KEY]:
+        raise DpltmUserError(f"{path} is a damaged dpltm export: its contents differ from the digest written at "
+                             "export (the file was edited or damaged after `dpltm export`)")
 
 
 USER_MODEL = "user-model"
@@ -263,6 +301,7 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
             detail = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), "")
             raise DpltmUserError(f"{path} is a damaged dpltm export: its weights do not fit its architecture record "
                                  f"({one_line(detail, 200)})") from None
+        check_digest(path)
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:

@@ -15,7 +15,11 @@ Methods:
 * `dpltm-private` — private tickets (`generate --private`): DP warm-up of `private_ticket.warmup_epochs`
   epochs on the private data, magnitude mask, then `train.epochs − warmup_epochs` epochs of DP
   training of the ticket, one σ for both, composed by PLD to ε. End-to-end (ε, δ)-DP.
-* `dpsgd` — dense DP-SGD with the same settings. `nonprivate` — dense, no noise.
+* `dpsgd` — dense DP-SGD with the same settings, from θ0 (a profile's `train.rewind` does not apply: it
+  has no ticket). `nonprivate` — dense, no noise.
+* `dpsgd-public` — dense DP-SGD from the public-trained weights (fine-tuning): the public ticket set's
+  dense round 0 trained with `rewind: public` (its output layer as `train.output_layer` says), so the
+  baseline gets the same public data as the tickets. End-to-end (ε, δ)-DP (public data adds nothing).
 * `random-ticket` (at `random_ticket_eps`) — a same-data ticket drawn uniformly (Table 2).
 * `random-mask` (at `random_mask_eps`) — the noise-aware winner's mask replaced by a random one of the same
   per-layer density, drawn from the run seed alone (independent of any data), trained from θ0 by the same
@@ -69,8 +73,8 @@ from dpltm.training.pipeline import train
 RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
                  "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
                  "epochs_run", "seconds", "prep_seconds", "noise_seed", "selection_seed"]
-METHODS = ("dpltm-same", "dpltm-public", "dpltm-noise-aware", "dpltm-private", "dpsgd", "nonprivate", "random-ticket",
-           "random-mask")
+METHODS = ("dpltm-same", "dpltm-public", "dpltm-noise-aware", "dpltm-private", "dpsgd", "dpsgd-public", "nonprivate",
+           "random-ticket", "random-mask")
 """Every method a grid can run (see the module docstring)."""
 FRESH_SEED = "csprng"
 """Value of the `noise_seed`/`selection_seed` columns: a fresh OS-CSPRNG seed, not stored."""
@@ -153,6 +157,8 @@ class Experiment:
         suffix = f"-proj{project_to}" if project_to else ""
         path = self.ticket_dir / f"{name}-{split}{suffix}.pt"
         network = {k: v for k, v in self.spec.get("model", {}).items() if k in ("arch", "hidden")}  # e.g. lenet5
+        if "activation" in g:  # IMP in the training's activation, so that public weights mean the same there
+            network["activation"] = g["activation"]
         cfg = GenerateConfig(data=DataSettings(dataset=name, split=split),
                              model=ModelSettings(project_to=project_to, **network),
                              generate=GenerateSettings(rounds=g["rounds"], iterations=g["iterations"],
@@ -171,8 +177,10 @@ class Experiment:
             generate_tickets(cfg, self.data(name, split, 0), path, progress=False, overwrite=stale)
         return path
 
-    def winner(self, tickets: Path, run: Run, how: str) -> Path:
+    def winner(self, tickets: Path, run: Run, how: str, dense_only: bool = False) -> Path:
         payload = load_checkpoint(tickets, "tickets")
+        if dense_only:  # the dense network IMP trained on the public data (round 0): fine-tuning's start
+            payload = {**payload, "tickets": [t for t in payload["tickets"] if t["round"] == 0]}
         nu = float(self.spec["nu"])
         eps1 = None
         if how == "exponential":
@@ -195,9 +203,11 @@ class Experiment:
         save_atomic(winner, path, "ticket")
         return path
 
-    def random_mask(self, winner_path: Path, run: Run) -> Path:
+    def random_mask(self, winner_path: Path, run: Run, public_tickets: Path | None = None) -> Path:
         """The winner with its mask replaced by a random mask of the same per-layer density, drawn from the
-        run seed only (no data), at θ0 (its public weights dropped: they belong to the real mask)."""
+        run seed only (no data). Its own public weights are dropped (they belong to the real mask): it starts
+        at θ0, or, given `public_tickets` (a run with `rewind: public`), at the dense public network's
+        weights (round 0's) under the random mask — the ticket's start without the ticket's mask."""
         from dpltm.checkpoint import save_atomic
         from dpltm.pruning import random_masks_like
 
@@ -206,6 +216,10 @@ class Experiment:
         body = {k: v for k, v in body.items() if k not in ("format", "kind", "format_version", "environment",
                                                            "public_weights")}
         body["masks"] = masks
+        if public_tickets is not None:
+            dense = next(t for t in load_checkpoint(public_tickets, "tickets")["tickets"] if t["round"] == 0)
+            body["public_weights"] = {name: weight * masks[name].to(weight.dtype) if name in masks else weight
+                                      for name, weight in dense["trained"].items()}
         body["selection"] = {**body["selection"], "method": "random"}
         path = self.model_dir / f"random-mask-{run.dataset}-{run.epsilon:g}-{run.seed}.pt"
         save_atomic(body, path, "ticket")
@@ -278,6 +292,13 @@ class Experiment:
         make_private_ticket(cfg, data, path, progress=False, noise_seed=None)
         return path, training
 
+    def public_tickets(self, run: Run, data: DatasetSplits) -> Path:
+        """The public ticket set for a run's dataset (projected when the input sizes differ)."""
+        public = self.spec["public"].get(run.dataset, self.spec["public"]["default"])
+        pub_data = self.data(public["name"], public["split"], 0)
+        project = data.num_features if pub_data.num_features != data.num_features else None
+        return self.tickets(public["name"], public["split"], project)
+
     def train_settings(self, n_train: int, dataset: str | None = None, **overrides: Any) -> TrainSettings:
         """The recipe for a run; `lr_by_eps` (public-data choices per ε) sets its learning rate."""
         t = dict(self.spec["train"])
@@ -308,22 +329,22 @@ class Experiment:
             settings = self.train_settings(n, run.dataset, eps2=None, sigma=None)
             private = False
         elif run.method == "dpsgd":
-            settings = self.train_settings(n, run.dataset, eps2=run.epsilon)
+            settings = self.train_settings(n, run.dataset, eps2=run.epsilon, rewind="init", freeze=())
+        elif run.method == "dpsgd-public":
+            ticket_path = self.winner(self.public_tickets(run, data), run, "best", dense_only=True)
+            settings = self.train_settings(n, run.dataset, eps2=run.epsilon, rewind="public")
         elif run.method in ("dpltm-same", "random-ticket"):
             tickets = self.tickets(run.dataset, run.split, None)
             ticket_path = self.winner(tickets, run, "exponential" if run.method == "dpltm-same" else "random")
             eps2 = run.epsilon * (1 - frac)
             settings = dataclasses.replace(self.train_settings(n, run.dataset, eps2=run.epsilon), eps2=eps2)
         elif run.method in ("dpltm-public", "dpltm-noise-aware", "random-mask"):
-            public = self.spec["public"].get(run.dataset, self.spec["public"]["default"])
-            pub_data = self.data(public["name"], public["split"], 0)
-            project = data.num_features if pub_data.num_features != data.num_features else None
-            tickets = self.tickets(public["name"], public["split"], project)
+            tickets = self.public_tickets(run, data)
             settings = self.train_settings(n, run.dataset, eps2=run.epsilon)
             ticket_path = (self.winner(tickets, run, "best") if run.method == "dpltm-public"
                            else self.noise_aware_winner(tickets, run, settings, n))
             if run.method == "random-mask":
-                ticket_path = self.random_mask(ticket_path, run)
+                ticket_path = self.random_mask(ticket_path, run, tickets if settings.rewind == "public" else None)
         elif run.method == "dpltm-private":
             recipe = self.train_settings(n, run.dataset, eps2=run.epsilon)
             ticket_path, settings = self.private_ticket(run, data, recipe)

@@ -8,6 +8,13 @@ training part; the score is accuracy on the public data's own validation part. L
 share one run (a stack of identical networks, one per rate, on common Poisson batches), and the
 EMA of the iterates is scored at several decays in the same run (post-processing: free).
 
+Two proxies for the private run's batches. `public-batch` (the default) samples the expected batch L
+itself from the public training part, so L cannot exceed it. `same-rate` is the TAN proxy of
+Sander et al. (ICML 2023, "TAN without a burn", §3): the public set is sampled at the private run's
+rate q = L/N, so the expected batch is L' = q·n, and σ' = σ·L'/L keeps the noise per step σ'C/L' equal
+to the private run's σC/L over the same T steps; it matches the private run's epochs too, and it
+reaches batches far larger than the public set.
+
 Nothing here takes private data: `search_recipe` gets the public splits and one integer, N.
 """
 
@@ -27,6 +34,25 @@ from dpltm.privacy.calibration import calibrate_noise_multiplier
 EMA_DECAYS = (None, 0.99, 0.995, 0.999)
 FIELDS = ["epsilon", "activation", "batch_size", "epochs", "lr", "ema", "sigma", "steps", "public_val_accuracy",
           "seconds"]
+PROXY_FIELDS = ["proxy", "proxy_batch", "proxy_sigma", "lr_sigma", "momentum", "seed"]
+PROXIES = ("public-batch", "same-rate")
+
+
+def proxy_batch(proxy: str, batch: int, private_size: int, public_size: int, sigma: float) -> tuple[float, float]:
+    """The expected batch and noise multiplier a proxy run on `public_size` records uses for a private
+    run of expected batch `batch` over `private_size` records at noise multiplier `sigma`.
+
+    Both keep σC/L, the noise per step relative to the averaged gradient (TAN, Sander et al. 2023, §3).
+    """
+    if proxy == "public-batch":
+        if batch > public_size:
+            raise ValueError(f"the public-batch proxy samples L = {batch} from {public_size} public records; "
+                             f"use the same-rate proxy for batches above the public set's size")
+        return float(batch), sigma
+    if proxy == "same-rate":
+        scaled = batch * public_size / private_size
+        return scaled, sigma * scaled / batch
+    raise ValueError(f"unknown proxy {proxy!r}: one of {', '.join(PROXIES)}")
 
 
 class PerCandidateSGD:
@@ -50,24 +76,31 @@ class PerCandidateSGD:
 
 def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: float, activation: str, batch: int,
                   epochs: int, lrs: list[float], momentum: float = 0.0, clip: float = 1.0, seed: int = 0,
-                  hidden: tuple[int, ...] = (300, 100)) -> list[dict[str, Any]]:
-    """One (activation, L, epochs) recipe at every rate in `lrs` and every EMA decay: one row each."""
+                  hidden: tuple[int, ...] = (300, 100), proxy: str = "public-batch",
+                  lr_sigmas: bool = False) -> list[dict[str, Any]]:
+    """One (activation, L, epochs) recipe at every rate in `lrs` and every EMA decay: one row each.
+
+    With `lr_sigmas`, `lrs` are lr·σ (the recipes' `lr_sigma`): each run's rate is lr_sigma/σ for the
+    private run's σ, as `dpltm train` sets it.
+    """
     start = time.perf_counter()
     q = batch / private_size
     steps = -(-private_size // batch) * epochs
     sigma = calibrate_noise_multiplier(q, steps, eps, delta)
+    n = len(public.train)
+    expected, proxy_sigma = proxy_batch(proxy, batch, private_size, n, sigma)
+    rates = [lr / sigma for lr in lrs] if lr_sigmas else list(lrs)
     arch = build_architecture(public.num_features, public.num_classes, hidden, None, activation)
     models = [LeNet(arch, torch.Generator().manual_seed(seed)) for _ in lrs]  # same θ0 for every rate
     stack = StackedMLP(models, [model.full_masks() for model in models])
-    optimizer = PerCandidateSGD(stack.parameters(), torch.tensor(lrs), momentum)
+    optimizer = PerCandidateSGD(stack.parameters(), torch.tensor(rates), momentum)
     generator = torch.Generator().manual_seed(seed + 1)
-    n = len(public.train)
     x_all, y_all = public.train.features, public.train.labels
     averages = {d: [p.detach().clone() for p in stack.parameters()] for d in EMA_DECAYS if d is not None}
     for _ in range(steps):
-        index = poisson_sample(n, batch / n, generator, x_all.device)
+        index = poisson_sample(n, expected / n, generator, x_all.device)
         noisy_step(stack, optimizer, x_all.index_select(0, index), y_all.index_select(0, index), clip=clip,
-                   noise_multiplier=sigma, expected_batch_size=batch, generator=generator)
+                   noise_multiplier=proxy_sigma, expected_batch_size=expected, generator=generator)
         with torch.no_grad():
             for d, mean in averages.items():
                 for m, p in zip(mean, stack.parameters()):
@@ -79,9 +112,12 @@ def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: f
             for p, v in zip(stack.parameters(), final if d is None else averages[d]):
                 p.copy_(v)
         scores = accuracies(stack, public.val.features, public.val.labels).tolist()
-        for lr, score in zip(lrs, scores):
+        for lr, rate, score in zip(lrs, rates, scores):
             rows.append({"epsilon": eps, "activation": activation, "batch_size": batch, "epochs": epochs,
-                         "lr": lr, "ema": "" if d is None else d, "sigma": round(sigma, 5), "steps": steps,
-                         "public_val_accuracy": round(score, 4),
-                         "seconds": round(time.perf_counter() - start, 1)})
+                         "lr": round(rate, 6), "ema": "" if d is None else d, "sigma": round(sigma, 5),
+                         "steps": steps, "public_val_accuracy": round(score, 4),
+                         "seconds": round(time.perf_counter() - start, 1), "proxy": proxy,
+                         "proxy_batch": round(expected, 1), "proxy_sigma": round(proxy_sigma, 5),
+                         "lr_sigma": lr if lr_sigmas else round(rate * sigma, 4), "momentum": momentum,
+                         "seed": seed})
     return rows

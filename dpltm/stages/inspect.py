@@ -21,8 +21,9 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
     """(the summary `--json` prints, the function that prints it as tables)."""
     from dpltm.artefacts import TicketSet, TrainedModel, Winner
     from dpltm.checkpoint import load_artefact
+    from dpltm.checkpoint_body import EXPORT_TEXT_KEYS
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
-    from dpltm.export import SUFFIX, USER_MODEL, load_exported, private_fingerprints, read_metadata
+    from dpltm.export import SUFFIX, USER_MODEL, check_digest, load_exported, private_fingerprints, read_metadata
     from dpltm.report import (
         print_export,
         print_model,
@@ -41,8 +42,10 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
         metadata = read_metadata(path)
         if json.loads(metadata["architecture"]).get("kind") != USER_MODEL:
             load_exported(path, metadata)  # its tensors checked as `predict` checks them: refused alike
-        exported = {"kind": "export", **{k: (v if k in ("privacy_statement", "source_checkpoint", "format")
-                                               else json.loads(v)) for k, v in metadata.items()}}
+        else:
+            check_digest(path)  # a library run's export: its tensors are the user's network's, not rebuilt here
+        exported = {"kind": "export", **{k: (v if k in EXPORT_TEXT_KEYS else json.loads(v))
+                                         for k, v in metadata.items()}}
         warn_if(["data"] if carries_private_fingerprint(exported.get("data")) else [])
         return exported, functools.partial(print_export, exported)
     artefact = load_artefact(path, ("tickets", "ticket", "model", "run"))

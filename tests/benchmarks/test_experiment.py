@@ -185,3 +185,36 @@ def test_cnn_profile_runs_lenet5_tickets_and_the_dense_cnn(tmp_path: Path) -> No
     from dpltm.checkpoint import load_checkpoint
 
     assert load_checkpoint(tickets, "tickets")["architecture"]["conv"] == [[6, 5], [16, 5]]
+
+
+def test_public_start_profile_fine_tunes_the_dense_public_network_and_keeps_dpsgd_at_theta0(tmp_path: Path) -> None:
+    """Issue 21's baselines get the public data too: `dpsgd-public` trains the public tickets' dense round 0 from
+    its public weights, `dpsgd` stays at θ0 although the profile says `rewind: public`, and the noise-aware
+    winner and the random-mask control start from public weights; every row is end-to-end DP."""
+    shipped = yaml.safe_load((PROFILES / "public-start.yaml").read_text())
+    assert shipped["train"]["rewind"] == "public" and "dpsgd-public" in shipped["methods"]
+    data = tmp_path / "data"
+    write_mnist(data, "MNIST", n_train=120, n_test=30)
+    write_mnist(data, "KMNIST", n_train=120, n_test=30)
+    profile = {**shipped, "epsilons": [1.0], "seeds": [0], "datasets": [{"name": "mnist", "split": "train"}],
+               "generate": {**shipped["generate"], "rounds": 2, "iterations": 5, "batch_size": 16},
+               "noise_aware": {"rounds": [0, 1]},
+               "train": {**shipped["train"], "epochs": 1, "batch_size": 16}}
+    path = tmp_path / "public-start.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    out = tmp_path / "out"
+    reproduce.main(["--profile", str(path), "--out", str(out), "--data-dir", str(data),
+                    "--doc", str(tmp_path / "d.md")])
+    with (out / "results-0of1.csv").open() as handle:
+        rows = {r["method"]: r for r in csv.DictReader(handle)}
+    assert set(rows) == {"dpltm-noise-aware", "dpsgd-public", "dpsgd", "random-mask"}
+    assert all(r["end_to_end_dp"] == "True" for r in rows.values())
+    assert float(rows["dpsgd-public"]["density"]) == 1.0 and rows["dpsgd-public"]["ticket_round"] == "0"
+    from dpltm.checkpoint import load_checkpoint
+
+    models = out / "models"
+    fine_tuned = load_checkpoint(models / "mnist-dpsgd-public-1-0.pt", "model")
+    assert fine_tuned["transfer"]["rewind"] == "public" and fine_tuned["transfer"]["activation"] == "tanh"
+    assert "activation_override" not in fine_tuned["transfer"]  # the tickets were made in tanh too
+    assert load_checkpoint(models / "mnist-dpsgd-1-0.pt", "model").get("ticket") is None
+    assert "fine-tuning" in (tmp_path / "d.md").read_text()

@@ -34,3 +34,20 @@ def test_the_random_mask_keeps_each_layers_density_and_reads_no_data(
     again = load_winner(Experiment({"name": "t"}, tmp_path / "grid2", None, torch.device("cpu"))
                         .random_mask(tmp_path / "other.pt", run))
     assert all(torch.equal(again.masks[n], control.masks[n]) for n in control.masks)
+
+
+def test_with_a_public_start_the_random_mask_starts_at_the_dense_public_weights(
+        tmp_path: Path, public_winner: Path) -> None:  # noqa: F811
+    """`rewind: public`: the control keeps the ticket's start (the dense public network) without its mask."""
+    exp = Experiment({"name": "t"}, tmp_path / "grid", None, torch.device("cpu"))
+    run = Run("fashion-mnist", "train", "random-mask", 1.0, 3)
+    tickets = Path(load_winner(public_winner).source["tickets"])
+    dense = next(t for t in load_checkpoint(tickets, "tickets")["tickets"] if t["round"] == 0)
+    control = load_winner(exp.random_mask(public_winner, run, tickets))
+    assert control.public_weights is not None
+    for name, weight in dense["trained"].items():
+        expected = weight * control.masks[name] if name in control.masks else weight
+        assert torch.equal(control.public_weights[name], expected)
+    # the same pattern as the θ0 control: the mask still comes from the run seed alone
+    plain = load_winner(exp.random_mask(public_winner, run))
+    assert all(torch.equal(plain.masks[n], control.masks[n]) for n in control.masks)

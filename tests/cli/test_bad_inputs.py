@@ -118,8 +118,9 @@ def _set_json(key: str, field: str, value: object) -> Callable[[dict[str, str]],
     return edit
 
 
-def _edited_export(edit: Callable[[dict[str, str]], None]) -> Callable[[Path], bytes]:
-    """The trained model's real export with its metadata edited by hand."""
+def _edited_export(edit: Callable[[dict[str, str]], None], keep_digest: bool = False) -> Callable[[Path], bytes]:
+    """The trained model's real export with its metadata edited by hand; without its digest unless `keep_digest`
+    (as an export written before digests: the checks behind the digest must hold on their own)."""
 
     def make(model: Path) -> bytes:
         import tempfile
@@ -136,6 +137,8 @@ def _edited_export(edit: Callable[[dict[str, str]], None]) -> Callable[[Path], b
                 metadata = dict(handle.metadata())
                 tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
         edit(metadata)
+        if not keep_digest:
+            metadata.pop("digest")
         return save(tensors, metadata=metadata)
 
     return make
@@ -151,6 +154,13 @@ def _set_sigma(metadata: dict[str, str]) -> None:
     ledger = json.loads(metadata["ledger"])
     ledger["training"]["sigma"] = 50.0
     metadata["ledger"] = json.dumps(ledger)
+
+
+def _swap_activation(metadata: dict[str, str]) -> None:
+    """relu ↔ tanh: an edit that still builds a network, one that predicts otherwise."""
+    record = json.loads(metadata["architecture"])
+    record["activation"] = "tanh" if record["activation"] == "relu" else "relu"
+    metadata["architecture"] = json.dumps(record)
 
 
 def _headed_without_body(kind: str) -> bytes:
@@ -449,6 +459,14 @@ CASES = [
           ("in-features-as-text", _set_json("architecture", "in_features", "64"), "in_features must be a whole"),
           ("builtin-by-name", _set_json("architecture", "name", "lenet5"), "described by its layers"),
           ("wider-input", _set_json("architecture", "in_features", 32), "its weights do not fit its architecture")]],
+    # ---- real exports edited after export with their digest kept: refused as changed, whatever was edited ----
+    *[Case(f"{cmd}-export-digest-{label}", args, "contents differ from the digest written at export",
+           {"b.safetensors": _edited_export(edit, keep_digest=True)})
+      for label, edit in [("activation", _swap_activation),  # builds and predicts, differently: only the digest sees it
+                          ("test-accuracy", lambda m: m.__setitem__("test_accuracy", "0.999")),
+                          ("source", lambda m: m.__setitem__("source_checkpoint", "elsewhere.pt"))]
+      for cmd, args in [("predict", ("predict", "--model", "b.safetensors", "--device", "cpu")),
+                        ("inspect", ("inspect", "b.safetensors"))]],
     Case("plot-deep-json", ("plot", "r.json"), "nested too deeply",
          {"r.json": b"[" * 100_000 + b"]" * 100_000}),
 ]
@@ -588,10 +606,39 @@ def test_an_exports_statement_is_its_ledgers_never_the_stored_text(model: Path, 
     edited = tmp_path / "e.safetensors"
     edited.write_bytes(_edited_export(lambda m: m.__setitem__("privacy_statement", "(ε = 0.001, δ = 1e-5)-DP"))(model))
     honest = tmp_path / "h.safetensors"
-    honest.write_bytes(_edited_export(lambda m: None)(model))
+    honest.write_bytes(_edited_export(lambda m: None, keep_digest=True)(model))
     shown, expected = read_metadata(edited), read_metadata(honest)
     assert "0.001" not in shown["privacy_statement"] and shown["privacy_statement"] == expected["privacy_statement"]
     assert load_exported(edited).privacy == load_exported(honest).privacy
+
+
+def test_an_exports_digest_covers_its_weights_and_older_exports_without_one_still_load(model: Path,
+                                                                                        tmp_path: Path) -> None:
+    """One weight changed after export, the metadata untouched: refused. The same file without a digest (an export
+    written before digests) loads, and its digest is the one `content_digest` gives for what was written."""
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    from dpltm.export import content_digest, export_model, load_exported
+
+    path = tmp_path / "e.safetensors"
+    export_model(model, path)
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+    assert metadata["digest"] == content_digest(metadata, tensors)
+    load_exported(path)
+    name = next(k for k, v in tensors.items() if v.is_floating_point() and bool((v != 0).any()))
+    flat = tensors[name].flatten()
+    index = int((flat != 0).nonzero()[0])
+    flat[index] = flat[index] * 1.5
+    tensors[name] = flat.view(tensors[name].shape)
+    path.write_bytes(save(tensors, metadata=metadata))
+    with pytest.raises(DpltmUserError, match="differ from the digest written at export"):
+        load_exported(path)
+    del metadata["digest"]
+    path.write_bytes(save(tensors, metadata=metadata))
+    load_exported(path)
 
 
 # ---- unreadable data folders ------------------------------------------------------------------

@@ -21,6 +21,7 @@ from dpltm.checkpoint import load_checkpoint
 from dpltm.data import load_dataset
 from dpltm.data.release import USER_DATA_NOTE, mismatch
 from dpltm.data.sources import clear_cache
+from dpltm.export import content_digest
 from tests.datafiles import write_digits, write_mnist
 
 FAST = ["--device", "cpu", "--no-progress", "--logger", "none", "--log-dir", "logs"]  # relative: the same in both runs
@@ -119,10 +120,13 @@ def test_model_and_export_metadata_do_not_depend_on_the_users_records(neighbours
 
         with safe_open(str(folder / "m.safetensors"), framework="pt") as handle:
             exports.append(handle.metadata())
+            # the digest is a function of what the file releases (its metadata and DP weights), nothing else
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+            assert exports[-1]["digest"] == content_digest(exports[-1], tensors)
     first, second = (_without(b, MODEL_DP_OUTPUTS) for b in bodies)
     assert first == second
-    assert {k: v for k, v in exports[0].items() if k != "test_accuracy"} == \
-        {k: v for k, v in exports[1].items() if k != "test_accuracy"}
+    assert {k: v for k, v in exports[0].items() if k not in ("test_accuracy", "digest")} == \
+        {k: v for k, v in exports[1].items() if k not in ("test_accuracy", "digest")}
     assert bodies[0]["data"]["fingerprint"] is None and bodies[0]["data"]["fingerprint_note"] == USER_DATA_NOTE
     assert json.loads(exports[0]["data"])["fingerprint"] is None
     for folder in neighbours:

@@ -1,0 +1,59 @@
+"""The public recipe search's TAN proxy: same noise per step, same steps, the private run's rate."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from grid.recipe_search import proxy_batch
+
+from dpltm.privacy.calibration import calibrate_noise_multiplier
+from tests.datafiles import write_mnist
+
+
+def test_same_rate_proxy_keeps_the_noise_per_step_and_the_rate() -> None:
+    batch, private, public, sigma = 16384, 54000, 7208, 21.7
+    expected, proxy_sigma = proxy_batch("same-rate", batch, private, public, sigma)
+    assert expected / public == pytest.approx(batch / private)  # the private run's q, so its epochs
+    assert proxy_sigma / expected == pytest.approx(sigma / batch)  # σC/L unchanged (TAN)
+    assert expected < public
+
+
+def test_public_batch_proxy_is_the_batch_itself_and_refuses_more_than_the_public_set() -> None:
+    assert proxy_batch("public-batch", 4096, 54000, 7208, 6.8) == (4096.0, 6.8)
+    with pytest.raises(ValueError, match="same-rate"):
+        proxy_batch("public-batch", 8192, 54000, 7208, 6.8)
+    with pytest.raises(ValueError, match="unknown proxy"):
+        proxy_batch("tan", 8192, 54000, 7208, 6.8)
+
+
+def test_search_beyond_the_public_set_with_the_same_rate_proxy(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import tune_recipe
+
+    data = tmp_path / "data"
+    write_mnist(data, "MNIST", n_train=200, n_test=20)
+    out = tmp_path / "search.csv"
+    common = ["--public", "mnist:train", "--private-size", "5400", "--eps", "1", "--activations", "tanh",
+              "--batch-epochs", "1000x2", "--lrs", "0.5", "2", "--lr-sigmas", "--data-dir", str(data),
+              "--hidden", "8"]
+    with pytest.raises(SystemExit):  # L = 1000 > 180 public training records
+        tune_recipe.main(common + ["--out", str(out)])
+    assert "same-rate" in capsys.readouterr().err
+    tune_recipe.main(common + ["--proxy", "same-rate", "--seeds", "0", "1", "--out", str(out)])
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 * 2 * 4  # seeds × rates × (final iterate + three EMA decays)
+    sigma = calibrate_noise_multiplier(1000 / 5400, 12, 1.0, 1e-5)
+    for row in rows:
+        assert float(row["sigma"]) == pytest.approx(sigma, abs=1e-5)
+        assert float(row["proxy_batch"]) == pytest.approx(1000 * 180 / 5400, abs=0.05)
+        assert float(row["lr"]) == pytest.approx(float(row["lr_sigma"]) / sigma, rel=1e-4)
+    assert {r["seed"] for r in rows} == {"0", "1"}
+    assert "over 2 seed(s)" in capsys.readouterr().out
+    old = tmp_path / "old.csv"
+    old.write_text("epsilon,activation\n")
+    with pytest.raises(SystemExit):
+        tune_recipe.main(common + ["--proxy", "same-rate", "--out", str(old)])
+    assert "other columns" in capsys.readouterr().err
