@@ -240,3 +240,16 @@ def test_a_run_without_an_epsilon_curve_computes_none(tiny_splits: DatasetSplits
                           epsilon_after=None)
     assert len(without.history) == 2 and all("epsilon" not in r for r in without.history)
     assert not any(t.name.startswith("dpltm-epsilon") for t in threading.enumerate() if t.name not in before)
+
+
+def test_a_private_ticket_on_data_of_another_size_is_told_where_it_belongs() -> None:
+    """A public ticket may be regenerated with --project-to; a private one was made on its own data (no projection):
+    the advice names that data and `generate --private`, never --project-to."""
+    source, masks = pruned_model()
+    public = ticket_of(source, masks)
+    with pytest.raises(DpltmUserError, match="--project-to 30"):
+        model_from_ticket(public, 30, 4, seed=0)
+    private = {**public, "selection": {"method": "private"}, "source": {"tickets": None, "data": {"dataset": "digits"}}}
+    with pytest.raises(DpltmUserError, match=r"made on digits \(20 features\).*generate --private") as error:
+        model_from_ticket(private, 30, 4, seed=0)
+    assert "--project-to" not in str(error.value)
