@@ -120,6 +120,21 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
                        f"candidate (rounds {spec.get('noise_aware', {}).get('rounds', 'all')}, the dense network "
                        "included) trained under the planned DP noise on the public data, the best on public "
                        "validation data trained privately with all of ε. End-to-end (ε, δ)-DP.")
+    start = train.get("rewind", "init")
+    if start == "public" and methods & {"dpltm-noise-aware", "dpltm-public", "random-mask", "dpsgd-public"}:
+        bullets.append("- **Public-weight starts** (`rewind: public`): each ticket starts from the weights its public "
+                       "IMP round ended with, with " + ("the public" if train.get("output_layer") == "keep" else "θ0's")
+                       + " output layer; the noise-aware choice simulates each candidate from that start. Public data "
+                       "adds nothing to ε.")
+    if "dpsgd-public" in methods:
+        bullets.append("- **dense DP-SGD from the public weights** (fine-tuning): the dense network IMP trained on the "
+                       "public data (round 0), trained privately by the same recipe: the baseline that gets the same "
+                       "public data as the tickets. End-to-end (ε, δ)-DP.")
+    if "random_mask_eps" in spec:
+        bullets.append(f"- **random mask** (ε = {spec['random_mask_eps']:g}): the noise-aware winner's per-layer "
+                       "density, a random pattern drawn from the run seed alone (no data), from "
+                       + ("the dense public weights under that mask" if start == "public" else "θ0")
+                       + ": is it the ticket or only its sparsity?")
     if "dpltm-private" in methods:
         p = spec.get("private_ticket", {})
         bullets.append("- **DPLTM private tickets** (sound, no public data): DP warm-up of the dense network on "
@@ -144,7 +159,8 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
         (spec.get("description", "").strip() + "\n\n" if spec.get("description") else "")
         + f"Ticket generation (non-private IMP): {spec['generate']['rounds']} pruning rounds × "
         f"{spec['generate']['iterations']} SGD iterations (batch {spec['generate']['batch_size']}, lr "
-        f"{spec['generate']['lr']}, prune 30/30/20 %, ReLU). {recipe}. Ticket sets are generated once (seed 0); "
+        f"{spec['generate']['lr']}, prune 30/30/20 %, {spec['generate'].get('activation', 'relu')}). {recipe}. "
+        "Ticket sets are generated once (seed 0); "
         "the seed varies the (per-record) data split and fresh layers, while every run draws its own OS-CSPRNG "
         "seed for selection, Poisson sampling and noise (never stored), so the models are independently private.",
         "", *bullets,

@@ -83,7 +83,10 @@ def test_every_experiment_profile_is_complete(path: Path) -> None:
     assert set(spec["methods"]) <= set(METHODS)
     assert all(entry["name"] in DATASETS for entry in spec["datasets"])
     assert all(0 < e for e in spec["epsilons"]) and 0 < spec["selection_fraction"] < 1
-    GenerateSettings(**spec["generate"])
+    generate = dict(spec["generate"])
+    if "activation" in generate:  # the tickets' own activation (grid.experiment.Experiment.tickets)
+        ModelSettings(activation=generate.pop("activation"))
+    GenerateSettings(**generate)
     TrainSettings(**spec["train"])
     ModelSettings(**spec.get("model", {}))
     PrivateTicketSettings(**spec.get("private_ticket", {}))
