@@ -163,23 +163,29 @@ def test_recipe_search_reads_only_the_public_data(tmp_path: Path, monkeypatch: p
     assert all(0.0 <= float(r["public_val_accuracy"]) <= 1.0 for r in rows)
 
 
+def _run_tiny_profile(tmp_path: Path, profile: dict[str, object], out: Path) -> list[dict[str, str]]:
+    """`profile` run by reproduce.py on tiny MNIST (private) and KMNIST (public) files; its result rows.
+    The report goes to tmp_path/d.md."""
+    data = tmp_path / "data"
+    write_mnist(data, "MNIST", n_train=120, n_test=30)
+    write_mnist(data, "KMNIST", n_train=120, n_test=30)
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    reproduce.main(["--profile", str(path), "--out", str(out), "--data-dir", str(data),
+                    "--doc", str(tmp_path / "d.md")])
+    with (out / "results-0of1.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
 def test_cnn_profile_runs_lenet5_tickets_and_the_dense_cnn(tmp_path: Path) -> None:
     """The grid with `model: {arch: lenet5}`: CNN tickets from public data, the dense CNN under DP-SGD."""
     shipped = yaml.safe_load((PROFILES / "cnn.yaml").read_text())
     assert shipped["model"]["arch"] == "lenet5"
-    data = tmp_path / "data"
-    write_mnist(data, "MNIST", n_train=120, n_test=30)
-    write_mnist(data, "KMNIST", n_train=120, n_test=30)
     profile = {**shipped, "epsilons": [1.0], "seeds": [0], "generate": {**shipped["generate"], "rounds": 1,
                                                                          "iterations": 5, "batch_size": 16},
                "train": {"epochs": 1, "batch_size": 16, "clip": 1.0, "lr": 0.1}}
-    path = tmp_path / "cnn.yaml"
-    path.write_text(yaml.safe_dump(profile))
     out = tmp_path / "out"
-    reproduce.main(["--profile", str(path), "--out", str(out), "--data-dir", str(data),
-                    "--doc", str(tmp_path / "d.md")])
-    with (out / "results-0of1.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _run_tiny_profile(tmp_path, profile, out)
     assert {r["method"] for r in rows} == {"dpltm-public", "dpsgd"} and all(r["end_to_end_dp"] == "True" for r in rows)
     tickets = next((out / "tickets").glob("kmnist-*.pt"))
     from dpltm.checkpoint import load_checkpoint
@@ -193,20 +199,12 @@ def test_public_start_profile_fine_tunes_the_dense_public_network_and_keeps_dpsg
     winner and the random-mask control start from public weights; every row is end-to-end DP."""
     shipped = yaml.safe_load((PROFILES / "public-start.yaml").read_text())
     assert shipped["train"]["rewind"] == "public" and "dpsgd-public" in shipped["methods"]
-    data = tmp_path / "data"
-    write_mnist(data, "MNIST", n_train=120, n_test=30)
-    write_mnist(data, "KMNIST", n_train=120, n_test=30)
     profile = {**shipped, "epsilons": [1.0], "seeds": [0], "datasets": [{"name": "mnist", "split": "train"}],
                "generate": {**shipped["generate"], "rounds": 2, "iterations": 5, "batch_size": 16},
                "noise_aware": {"rounds": [0, 1]},
                "train": {**shipped["train"], "epochs": 1, "batch_size": 16}}
-    path = tmp_path / "public-start.yaml"
-    path.write_text(yaml.safe_dump(profile))
     out = tmp_path / "out"
-    reproduce.main(["--profile", str(path), "--out", str(out), "--data-dir", str(data),
-                    "--doc", str(tmp_path / "d.md")])
-    with (out / "results-0of1.csv").open() as handle:
-        rows = {r["method"]: r for r in csv.DictReader(handle)}
+    rows = {r["method"]: r for r in _run_tiny_profile(tmp_path, profile, out)}
     assert set(rows) == {"dpltm-noise-aware", "dpsgd-public", "dpsgd", "random-mask"}
     assert all(r["end_to_end_dp"] == "True" for r in rows.values())
     assert float(rows["dpsgd-public"]["density"]) == 1.0 and rows["dpsgd-public"]["ticket_round"] == "0"
