@@ -4,6 +4,8 @@ how well the noise-aware proxy ranks the tickets against what private training g
     python benchmarks/ticket_choice.py --tickets checkpoints/kmnist-test-tickets.pt \\
         --dataset mnist --eps 1 0.2 --seeds 0 1
     python benchmarks/ticket_choice.py --tickets T --recipe scatter --every-candidate --dataset fashion-mnist
+    python benchmarks/ticket_choice.py --tickets T --recipe tuned --rewind public --final-iterate \
+        --rounds 0 2 4 6 8 --every-candidate --dataset fashion-mnist     # public-weight starts
 
 For each ε: σ is calibrated for the private run (the paper's recipe, or `--recipe`'s), every public
 ticket is trained under that planned noise on the tickets' own public data (noise-aware choice), and
@@ -82,11 +84,20 @@ def main() -> None:
     parser.add_argument("--score-on-train", action="store_true",
                         help="score the proxy on the public records it trained on, not the public validation ones")
     parser.add_argument("--proxy-only", action="store_true", help="print the proxy's accuracies; train nothing")
+    parser.add_argument("--rewind", choices=["init", "public"], default=None,
+                        help="where each ticket starts (train --rewind); default: the recipe's")
+    parser.add_argument("--output-layer", choices=["reinit", "keep"], default=None,
+                        help="with --rewind public: θ0's output layer or the public one; default: the recipe's")
+    parser.add_argument("--final-iterate", action="store_true", help="release the last iterate (the recipe's EMA off)")
+    parser.add_argument("--rounds", type=int, nargs="+", default=None,
+                        help="only these IMP rounds as candidates (the dense round 0 always among them)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
     device = resolve_device(args.device)
     payload = load_checkpoint(args.tickets, "tickets")
+    if args.rounds is not None:  # as the grid's `noise_aware: {rounds: …}`
+        payload = {**payload, "tickets": [t for t in payload["tickets"] if t["round"] in set(args.rounds) | {0}]}
     public = reload_ticket_data(payload, args.data_dir).to(device)
     if args.score_on_train:  # the generalisation gap of the small public set left out of the proxy's score
         public = dataclasses.replace(public, val=public.train)
@@ -99,9 +110,15 @@ def main() -> None:
             for seed in args.seeds:
                 data = load_dataset(args.dataset, data_dir=args.data_dir, seed=seed, device=device)
                 settings, model = recipe_settings(args.recipe, eps, args.epochs)
+                settings = dataclasses.replace(settings, **{k: v for k, v in (("rewind", args.rewind),
+                                                                              ("output_layer", args.output_layer))
+                                                            if v is not None})
+                if args.final_iterate:
+                    settings = dataclasses.replace(settings, ema=None)
                 plan = plan_training(settings, len(data.train))
                 planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
                                      plan.lr, settings.optimizer, settings.momentum, model.activation, settings.ema,
+                                     start=settings.rewind, output_layer=settings.output_layer,
                                      private_size=len(data.train))
                 started = time.perf_counter()
                 if choice is None or not args.every_candidate:  # every candidate: one proxy ranking per ε
