@@ -83,8 +83,8 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
                              "input size differs from the ticket's); use --output-layer reinit")
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
     if num_features != first_in:
-        if ticket.get("selection", {}).get("method") == "private":  # artefacts.winner.PRIVATE_METHOD
-            made_on = (ticket.get("source") or {}).get("data", {}).get("dataset", "its own data")
+        if (ticket.get("selection") or {}).get("method") == "private":  # artefacts.winner.PRIVATE_METHOD
+            made_on = ((ticket.get("source") or {}).get("data") or {}).get("dataset", "its own data")
             raise DpltmUserError(f"this private ticket was made on {made_on} ({first_in} features) and this data has "
                                  f"{num_features}: train it on the data it was made on, or make one on this data "
                                  "with `dpltm generate --private --dataset …`")
