@@ -29,10 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.config import DataSettings, ModelSettings, TrainConfig, TrainSettings, recipe_tree
+from dpltm.config import (
+    OUTPUT_LAYERS,
+    TICKET_STARTS,
+    DataSettings,
+    ModelSettings,
+    TrainConfig,
+    TrainSettings,
+    recipe_tree,
+)
 from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
-from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, noise_aware_choice
+from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, among_rounds, noise_aware_choice
 from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
 from dpltm.tickets.data import reload_ticket_data
 from dpltm.training.pipeline import train
@@ -84,9 +92,9 @@ def main() -> None:
     parser.add_argument("--score-on-train", action="store_true",
                         help="score the proxy on the public records it trained on, not the public validation ones")
     parser.add_argument("--proxy-only", action="store_true", help="print the proxy's accuracies; train nothing")
-    parser.add_argument("--rewind", choices=["init", "public"], default=None,
+    parser.add_argument("--rewind", choices=TICKET_STARTS, default=None,
                         help="where each ticket starts (train --rewind); default: the recipe's")
-    parser.add_argument("--output-layer", choices=["reinit", "keep"], default=None,
+    parser.add_argument("--output-layer", choices=OUTPUT_LAYERS, default=None,
                         help="with --rewind public: θ0's output layer or the public one; default: the recipe's")
     parser.add_argument("--final-iterate", action="store_true", help="release the last iterate (the recipe's EMA off)")
     parser.add_argument("--rounds", type=int, nargs="+", default=None,
@@ -97,7 +105,7 @@ def main() -> None:
     device = resolve_device(args.device)
     payload = load_checkpoint(args.tickets, "tickets")
     if args.rounds is not None:  # as the grid's `noise_aware: {rounds: …}`
-        payload = {**payload, "tickets": [t for t in payload["tickets"] if t["round"] in set(args.rounds) | {0}]}
+        payload = among_rounds(payload, args.rounds)
     public = reload_ticket_data(payload, args.data_dir).to(device)
     if args.score_on_train:  # the generalisation gap of the small public set left out of the proxy's score
         public = dataclasses.replace(public, val=public.train)

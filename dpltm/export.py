@@ -143,16 +143,19 @@ def content_digest(metadata: dict[str, str], tensors: dict[str, Any]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def check_digest(path: Path) -> None:
+def check_digest(path: Path, tensors: dict[str, Any] | None = None) -> None:
     """Refuse an export whose contents differ from the digest `dpltm export` wrote (none: nothing to check).
-    Called after the file's other checks, whose messages say more where they apply."""
+    Called after the file's other checks, whose messages say more where they apply. `tensors`: the file's
+    tensors as already read (else read here); the metadata is read as stored, not as `read_metadata`
+    returns it (its statements rebuilt from the ledger)."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
         if DIGEST_KEY not in metadata:
             return
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        if tensors is None:
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
     if content_digest(metadata, tensors) != metadata[DIGEST_KEY]:
         raise DpltmUserError(f"{path} is a damaged dpltm export: its contents differ from the digest written at "
                              "export (the file was edited or damaged after `dpltm export`)")
@@ -287,7 +290,8 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
             raise DpltmUserError(f"{path} is a damaged dpltm export: its architecture record does not build a "
                                  f"network ({one_line(stored, 160)})") from None
         model = build_network(arch)
-        weights, masks = split_stored_state(arch, current_parameter_names(load_file(str(path)), str(path)))
+        stored = load_file(str(path))
+        weights, masks = split_stored_state(arch, current_parameter_names(dict(stored), str(path)))
         acting = pruned_but_not_zero(weights, masks)
         if acting is not None:
             raise DpltmUserError(f"{path} is a damaged dpltm export: {acting} is non-zero where its mask prunes it")
@@ -301,7 +305,7 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
             detail = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), "")
             raise DpltmUserError(f"{path} is a damaged dpltm export: its weights do not fit its architecture record "
                                  f"({one_line(detail, 200)})") from None
-        check_digest(path)
+        check_digest(path, stored)
         return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
                            "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:

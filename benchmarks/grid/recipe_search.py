@@ -30,6 +30,7 @@ from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
 from dpltm.model import LeNet, build_architecture
 from dpltm.privacy.calibration import calibrate_noise_multiplier
+from dpltm.selection.noise_aware import tan_proxy
 
 EMA_DECAYS = (None, 0.99, 0.995, 0.999)
 FIELDS = ["epsilon", "activation", "batch_size", "epochs", "lr", "ema", "sigma", "steps", "public_val_accuracy",
@@ -42,7 +43,8 @@ def proxy_batch(proxy: str, batch: int, private_size: int, public_size: int, sig
     """The expected batch and noise multiplier a proxy run on `public_size` records uses for a private
     run of expected batch `batch` over `private_size` records at noise multiplier `sigma`.
 
-    Both keep σC/L, the noise per step relative to the averaged gradient (TAN, Sander et al. 2023, §3).
+    Both keep σC/L, the noise per step relative to the averaged gradient (TAN, Sander et al. 2023, §3);
+    `same-rate` is the noise-aware choice's epoch-matched proxy (`tan_proxy`), without rounding the batch.
     """
     if proxy == "public-batch":
         if batch > public_size:
@@ -50,8 +52,7 @@ def proxy_batch(proxy: str, batch: int, private_size: int, public_size: int, sig
                              f"use the same-rate proxy for batches above the public set's size")
         return float(batch), sigma
     if proxy == "same-rate":
-        scaled = batch * public_size / private_size
-        return scaled, sigma * scaled / batch
+        return tan_proxy(batch, sigma, private_size, public_size)
     raise ValueError(f"unknown proxy {proxy!r}: one of {', '.join(PROXIES)}")
 
 

@@ -49,6 +49,24 @@ from dpltm.model import Architecture, Masks, build_network, freeze_layers_, rewi
 from dpltm.training.transfer import start_weights
 
 
+def tan_proxy(batch: int, sigma: float, private_size: int, public_size: int,
+              whole: bool = False) -> tuple[float, float]:
+    """(expected batch, noise multiplier) of a run on `public_size` records that stands for a private run of
+    expected batch `batch` at σ over `private_size` records: the private sampling rate, L' = L·n/N (rounded
+    to a whole batch ≥ 1 with `whole`), and σ' = σ·L'/L, so σ'/L' = σ/L — the same noise per step over the
+    same steps, hence the same epochs (Sander et al. 2023, "TAN without a burn", §3)."""
+    scaled = batch * public_size / private_size
+    if whole:
+        scaled = max(1, round(scaled))
+    return scaled, sigma * scaled / batch
+
+
+def among_rounds(payload: dict[str, Any], rounds: Any) -> dict[str, Any]:
+    """The ticket set with only the tickets of `rounds` as candidates; the dense round 0 always among them."""
+    keep = set(rounds) | {0}
+    return {**payload, "tickets": [t for t in payload["tickets"] if t["round"] in keep]}
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     """The DP training the winner will get, as far as the noise it sees is concerned."""
@@ -85,8 +103,9 @@ class PlannedRun:
         records; or (L, σ) when N is not given."""
         if self.private_size is None:
             return self.expected_batch_size, self.noise_multiplier
-        batch = max(1, round(self.expected_batch_size * public_size / self.private_size))
-        return batch, self.noise_multiplier * batch / self.expected_batch_size
+        batch, sigma = tan_proxy(self.expected_batch_size, self.noise_multiplier, self.private_size, public_size,
+                                 whole=True)
+        return int(batch), sigma
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
