@@ -35,6 +35,7 @@ from grid.recipe_search import FIELDS, PROXIES, PROXY_FIELDS, search_recipe
 
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
+from dpltm.errors import DpltmUserError
 
 
 def scatter_features(public: DatasetSplits) -> DatasetSplits:
@@ -47,16 +48,46 @@ def scatter_features(public: DatasetSplits) -> DatasetSplits:
     return replace(network_inputs(net, public, progress=True), num_features=net.front.out_features)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
+    return value
+
+
+def batch_epochs(text: str) -> tuple[int, int]:
+    """argparse type: `LxE`, an expected batch size and a number of epochs, both ≥ 1."""
+    parts = text.split("x")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LxE (e.g. 4096x40)")
+    return positive_int(parts[0]), positive_int(parts[1])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--public", default="kmnist:test", help="public dataset[:split]")
-    parser.add_argument("--private-size", type=int, default=54000, help="N of the private training set")
-    parser.add_argument("--eps", type=float, nargs="+", default=[1.0, 0.25])
-    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--private-size", type=positive_int, default=54000, help="N of the private training set")
+    parser.add_argument("--eps", type=positive_float, nargs="+", default=[1.0, 0.25])
+    parser.add_argument("--delta", type=positive_float, default=1e-5)
     parser.add_argument("--activations", nargs="+", default=["relu", "tanh"])
-    parser.add_argument("--batch-epochs", nargs="+", default=["400x50", "1600x50"],
+    parser.add_argument("--batch-epochs", type=batch_epochs, nargs="+", default=[(400, 50), (1600, 50)],
                         help="expected batch size x epochs pairs")
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.1, 0.4, 1.6])
+    parser.add_argument("--lrs", type=positive_float, nargs="+", default=[0.1, 0.4, 1.6])
     parser.add_argument("--lr-sigmas", action="store_true",
                         help="--lrs are lr·σ (a recipe's lr_sigma): each rate is divided by the run's σ")
     parser.add_argument("--proxy", choices=PROXIES, default="public-batch",
@@ -65,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="repeat each recipe with these seeds (θ0 and noise); the summary is their mean")
     parser.add_argument("--momentum", type=float, default=0.0)
-    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--clip", type=positive_float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hidden", type=int, nargs="+", default=[300, 100], help="hidden layer widths")
     parser.add_argument("--front", choices=["scatter"], default=None,
@@ -95,15 +126,14 @@ def main(argv: list[str] | None = None) -> None:
         if new:
             writer.writeheader()
     seeds = args.seeds if args.seeds is not None else [args.seed]
-    for eps, activation, pair in itertools.product(args.eps, args.activations, args.batch_epochs):
-        batch, epochs = (int(v) for v in pair.split("x"))
+    for eps, activation, (batch, epochs) in itertools.product(args.eps, args.activations, args.batch_epochs):
         rows, start = [], time.perf_counter()
         for seed in seeds:
             try:
                 rows += search_recipe(public, args.private_size, eps, args.delta, activation, batch, epochs,
                                       args.lrs, args.momentum, args.clip, seed, tuple(args.hidden), args.proxy,
                                       args.lr_sigmas)
-            except ValueError as error:
+            except (ValueError, DpltmUserError) as error:
                 parser.error(str(error))
         best, mean, spread = best_setting(rows)
         print(f"ε={eps:g} {activation} L={batch} E={epochs} σ={rows[0]['sigma']} (proxy L'={rows[0]['proxy_batch']}, "

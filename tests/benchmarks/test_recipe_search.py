@@ -57,3 +57,21 @@ def test_search_beyond_the_public_set_with_the_same_rate_proxy(tmp_path: Path,
     with pytest.raises(SystemExit):
         tune_recipe.main(common + ["--proxy", "same-rate", "--out", str(old)])
     assert "other columns" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--private-size", "0"], "must be at least 1"),
+    (["--batch-epochs", "abc"], "is not LxE"),
+    (["--batch-epochs", "0x5"], "must be at least 1"),
+    (["--lrs", "-1"], "finite number above 0"),
+    (["--private-size", "10"], "sample rate q must lie in"),  # L = 100 > N = 10
+])
+def test_bad_search_settings_are_one_line(extra: list[str], message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import tune_recipe
+
+    write_mnist(tmp_path, "MNIST", n_train=200, n_test=20)
+    with pytest.raises(SystemExit):
+        tune_recipe.main(["--public", "mnist:train", "--eps", "1", "--activations", "tanh", "--batch-epochs", "100x1",
+                          "--lrs", "1", "--hidden", "8", "--data-dir", str(tmp_path), *extra])
+    assert message in capsys.readouterr().err
