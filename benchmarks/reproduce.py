@@ -111,7 +111,8 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
               f"{spec.get('small_dataset_batch')} for sets under 5000 records), clip {train['clip']}, "
               f"lr {train['lr']}" + (f" (by ε: {spec['lr_by_eps']})" if spec.get("lr_by_eps") else "")
               + f", activation {spec.get('model', {}).get('activation', 'relu')}, momentum {train.get('momentum', 0)}, "
-              f"EMA {train.get('ema') or 'off'}, δ = {spec['delta']:g}; σ calibrated by the PLD accountant")
+              f"EMA {train.get('ema') or 'off'}{' with warm-up' if train.get('ema_warmup') else ''}, "
+              f"δ = {spec['delta']:g}; σ calibrated by the PLD accountant")
     methods = set(spec["methods"])
     bullets = []
     if "dpltm-noise-aware" in methods:

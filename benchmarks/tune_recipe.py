@@ -137,19 +137,20 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(str(error))
         best, mean, spread = best_setting(rows)
         print(f"ε={eps:g} {activation} L={batch} E={epochs} σ={rows[0]['sigma']} (proxy L'={rows[0]['proxy_batch']}, "
-              f"σ'={rows[0]['proxy_sigma']}): best lr·σ={best[0]} ema={best[1] or 'off'} public val {mean:.4f}"
+              f"σ'={rows[0]['proxy_sigma']}): best lr·σ={best[0]} ema={best[1] or 'off'}{' warm-up' * best[2]} "
+              f"public val {mean:.4f}"
               f" ± {spread:.4f} over {len(seeds)} seed(s) ({time.perf_counter() - start:.0f} s)", flush=True)
         if writer is not None:
             writer.writerows(rows)
             handle.flush()
 
 
-def best_setting(rows: list[dict[str, Any]]) -> tuple[tuple[Any, Any], float, float]:
-    """The (lr·σ, EMA decay) with the best mean public validation accuracy over seeds, that mean,
+def best_setting(rows: list[dict[str, Any]]) -> tuple[tuple[Any, Any, bool], float, float]:
+    """The (lr·σ, EMA decay, warm-up) with the best mean public validation accuracy over seeds, that mean,
     and the standard error of the mean (0 for one seed)."""
-    scores: dict[tuple[Any, Any], list[float]] = defaultdict(list)
+    scores: dict[tuple[Any, Any, bool], list[float]] = defaultdict(list)
     for row in rows:
-        scores[(row["lr_sigma"], row["ema"])].append(float(row["public_val_accuracy"]))
+        scores[(row["lr_sigma"], row["ema"], bool(row.get("ema_warmup")))].append(float(row["public_val_accuracy"]))
     best = max(scores, key=lambda key: statistics.fmean(scores[key]))
     values = scores[best]
     spread = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0

@@ -699,6 +699,19 @@ SelectNoiseAware = Annotated[
 ]
 
 
+SelectHalving = Annotated[
+    int | None,
+    typer.Option(
+        "--halving",
+        metavar="RUNGS",
+        help=("Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense "
+              "network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full "
+              "runs instead of 5). 0: every candidate trains all T steps."),
+        show_default="the config's select.halving (0)",
+    ),
+]
+
+
 SelectPrivateSize = Annotated[
     int | None,
     typer.Option(
@@ -838,6 +851,17 @@ TrainEma = Annotated[
         metavar="DECAY",
         help=("Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 "
               "(post-processing: free). Default: the final iterate."),
+    ),
+]
+
+
+TrainEmaWarmup = Annotated[
+    bool | None,
+    typer.Option(
+        "--ema-warmup/--no-ema-warmup",
+        help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the first "
+              "iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema."),
+        show_default="the recipe's",
     ),
 ]
 
@@ -1305,6 +1329,17 @@ RunEma = Annotated[
 ]
 
 
+RunEmaWarmup = Annotated[
+    bool | None,
+    typer.Option(
+        "--ema-warmup/--no-ema-warmup",
+        help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the first "
+              "iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema."),
+        show_default="the recipe's",
+    ),
+]
+
+
 RunFreeze = Annotated[
     str | None,
     typer.Option(
@@ -1387,6 +1422,19 @@ RunChoice = Annotated[
         help=("How to pick the public ticket: noise-aware (train every ticket, the dense network included, under "
               "the planned DP noise on the public data; spends no ε) or best (the paper's score, which at ν = 50 "
               "always takes the sparsest ticket)."),
+    ),
+]
+
+
+RunHalving = Annotated[
+    int | None,
+    typer.Option(
+        "--halving",
+        metavar="RUNGS",
+        help=("Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense "
+              "network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full "
+              "runs instead of 5). 0: every candidate trains all T steps."),
+        show_default="the config's select.halving (0)",
     ),
 ]
 

@@ -418,16 +418,26 @@ def resolve_generate_config(cli: Mapping[str, Any], config_file: Path | None) ->
     return cfg
 
 
+MAX_HALVING = 10
+"""More rungs than this would score candidates after under T/1000 steps."""
+
+
 @dataclass(frozen=True)
 class SelectSettings:
     """Phase 2 (paper §4.2): ε1 = 10 % of the budget, ν = 50."""
 
     eps1: float = 0.1
     nu: float = 50.0
+    halving: int = 0
+    """Rungs of successive halving in the noise-aware choice (dpltm.selection.noise_aware.rung_steps); 0: every
+    candidate trains the whole planned run."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
         check_eps1(self.eps1, "--eps1")
+        if not 0 <= self.halving <= MAX_HALVING:
+            raise DpltmUserError(f"--halving must lie in [0, {MAX_HALVING}] (rungs after T/2, T/4, …), got "
+                                 f"{self.halving}")
         if not 0 <= self.nu <= MAX_NU:
             raise DpltmUserError(f"--nu must lie in [0, {MAX_NU:g}] (S = A·(1 − ν·C) with C ≤ 1: the paper uses "
                                  f"0.1 to 1), got {self.nu}")
@@ -463,6 +473,9 @@ class TrainSettings:
     ema: float | None = None
     """Decay of an exponential moving average of the iterates, evaluated and released instead of
     the final iterate (post-processing of the released iterates, docs/privacy.md §7); None: off."""
+    ema_warmup: bool = False
+    """Warm the EMA up (decay_t = min(ema, (1 + t)/(10 + t)), TensorFlow's rule): without it the first
+    iterates keep a large weight (decay^T), which drags a public-trained start back (dpltm.dp.averaging)."""
     lr_sigma: float | None = None
     """When set, a DP run's learning rate is lr_sigma / σ (σ the effective noise multiplier, a
     function of public q, T, ε and δ only), so the noise an update carries, lr·σC/L, stays the same
@@ -512,6 +525,8 @@ class TrainSettings:
             raise DpltmUserError(f"--lr-sigma must lie in (0, {MAX_LR:g}], got {self.lr_sigma:g}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise DpltmUserError(f"--ema must lie in (0, 1), got {self.ema:g}")
+        if self.ema_warmup and self.ema is None:
+            raise DpltmUserError("--ema-warmup warms up the moving average of the iterates: give --ema DECAY too")
         if self.rewind not in TICKET_STARTS:
             raise DpltmUserError(f"--rewind must be one of {', '.join(TICKET_STARTS)}, got {self.rewind}")
         if self.output_layer not in OUTPUT_LAYERS:

@@ -251,16 +251,18 @@ class Experiment:
         planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
                              plan.lr, settings.optimizer, settings.momentum,
                              self.model_settings(run.dataset).activation, settings.ema, settings.rewind,
-                             settings.output_layer, settings.freeze, nominal)
+                             settings.output_layer, settings.freeze, nominal, settings.ema_warmup)
+        halving = int(self.spec.get("noise_aware", {}).get("halving", 0))
         key = json.dumps({"tickets": tickets.name, "rounds": [t["round"] for t in payload["tickets"]],
-                          "plan": dataclasses.asdict(planned)}, sort_keys=True)
+                          "plan": dataclasses.asdict(planned), **({"halving": halving} if halving else {})},
+                         sort_keys=True)
         cache = self.out_dir / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
         if not cache.exists():
             source = payload["data"]
             public = self.data(source["dataset"], source["split"], int(payload["config"].get("seed", 0)))
             print(f"noise-aware choice for σ={plan.noise_multiplier:.4f}, T={plan.steps} on {tickets.name}", flush=True)
             started = time.perf_counter()
-            choice = noise_aware_choice(payload, public, planned, seed=None)
+            choice = noise_aware_choice(payload, public, planned, seed=None, halving=halving)
             cache.parent.mkdir(exist_ok=True)
             write_text_atomic(json.dumps({**choice.to_json(), "key": json.loads(key),
                                           "seconds": round(time.perf_counter() - started, 1)}, indent=1), cache)

@@ -6,7 +6,8 @@ dpltm treats as public), T = epochs·⌈N/L⌉ steps, PLD at δ — and the dens
 that DP-SGD (same σ, L, T and clip, so the same noise per step σC/L) on the *public* data's
 training part; the score is accuracy on the public data's own validation part. Learning rates
 share one run (a stack of identical networks, one per rate, on common Poisson batches), and the
-EMA of the iterates is scored at several decays in the same run (post-processing: free).
+EMA of the iterates is scored at several decays, with and without a warm-up, in the same run
+(post-processing: free), by the private run's own averaging rule (dpltm.dp.averaging).
 
 Two proxies for the private run's batches. `public-batch` (the default) samples the expected batch L
 itself from the public training part, so L cannot exceed it. `same-rate` is the TAN proxy of
@@ -26,16 +27,18 @@ from typing import Any
 import torch
 
 from dpltm.data.types import DatasetSplits
+from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
 from dpltm.model import LeNet, build_architecture
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.selection.noise_aware import tan_proxy
 
-EMA_DECAYS = (None, 0.99, 0.995, 0.999)
+AVERAGES = (None, Ema(0.99), Ema(0.995), Ema(0.999), Ema(0.99, warmup=True), Ema(0.999, warmup=True))
+"""The released weights scored: the final iterate and EMAs, as `train --ema D [--ema-warmup]` releases them."""
 FIELDS = ["epsilon", "activation", "batch_size", "epochs", "lr", "ema", "sigma", "steps", "public_val_accuracy",
           "seconds"]
-PROXY_FIELDS = ["proxy", "proxy_batch", "proxy_sigma", "lr_sigma", "momentum", "seed"]
+PROXY_FIELDS = ["proxy", "proxy_batch", "proxy_sigma", "lr_sigma", "momentum", "seed", "ema_warmup"]
 PROXIES = ("public-batch", "same-rate")
 
 
@@ -97,28 +100,28 @@ def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: f
     optimizer = PerCandidateSGD(stack.parameters(), torch.tensor(rates), momentum)
     generator = torch.Generator().manual_seed(seed + 1)
     x_all, y_all = public.train.features, public.train.labels
-    averages = {d: [p.detach().clone() for p in stack.parameters()] for d in EMA_DECAYS if d is not None}
+    parameters = stack.parameters()
+    averages = {ema: [torch.zeros_like(p) for p in parameters] for ema in AVERAGES if ema is not None}
+    counts = {ema: torch.zeros((), dtype=torch.long) for ema in averages}  # EMA_1 = θ_1, as the private run
     for _ in range(steps):
         index = poisson_sample(n, expected / n, generator, x_all.device)
         noisy_step(stack, optimizer, x_all.index_select(0, index), y_all.index_select(0, index), clip=clip,
                    noise_multiplier=proxy_sigma, expected_batch_size=expected, generator=generator)
-        with torch.no_grad():
-            for d, mean in averages.items():
-                for m, p in zip(mean, stack.parameters()):
-                    m.lerp_(p, 1.0 - d)
+        for ema, mean in averages.items():
+            average_into(mean, [p.detach() for p in parameters], counts[ema], ema)
     rows = []
     final = [p.detach().clone() for p in stack.parameters()]
-    for d in EMA_DECAYS:
+    for ema in AVERAGES:
         with torch.no_grad():
-            for p, v in zip(stack.parameters(), final if d is None else averages[d]):
+            for p, v in zip(stack.parameters(), final if ema is None else averages[ema]):
                 p.copy_(v)
         scores = accuracies(stack, public.val.features, public.val.labels).tolist()
         for lr, rate, score in zip(lrs, rates, scores):
             rows.append({"epsilon": eps, "activation": activation, "batch_size": batch, "epochs": epochs,
-                         "lr": round(rate, 6), "ema": "" if d is None else d, "sigma": round(sigma, 5),
+                         "lr": round(rate, 6), "ema": "" if ema is None else ema.decay, "sigma": round(sigma, 5),
                          "steps": steps, "public_val_accuracy": round(score, 4),
                          "seconds": round(time.perf_counter() - start, 1), "proxy": proxy,
                          "proxy_batch": round(expected, 1), "proxy_sigma": round(proxy_sigma, 5),
                          "lr_sigma": lr if lr_sigmas else round(rate * sigma, 4), "momentum": momentum,
-                         "seed": seed})
+                         "seed": seed, "ema_warmup": ema is not None and ema.warmup})
     return rows

@@ -1,45 +1,83 @@
 """The exponential moving average of DP iterates: what a run may release instead of the last iterate.
 
-EMA_1 = θ_1, EMA_t = decay·EMA_{t-1} + (1 − decay)·θ_t. It is computed from the released iterates
-alone, so it is post-processing (docs/privacy.md §7) and costs no privacy. The update is written
-without a host synchronisation (torch's `AveragedModel.update_parameters` reads its step counter
-on the host twice per step), so it can sit inside a captured CUDA graph.
+EMA_1 = θ_1, EMA_t = d_t·EMA_{t-1} + (1 − d_t)·θ_t with d_t = decay, or with a warm-up (TensorFlow's
+`ExponentialMovingAverage(num_updates=…)` rule) d_t = min(decay, (1 + t)/(10 + t)): early iterates are
+forgotten as fast as an average of the last ~t/9 steps, so a run that starts far from where it ends (a
+public-trained start, a random θ0) is not dragged back to its first iterate — without it, θ_1 still
+weighs decay^(T−1) at the end (0.18 for decay 0.999 over T = 1700 steps). It is computed from the
+released iterates alone, so it is post-processing (docs/privacy.md §7) and costs no privacy. The update
+is written without a host synchronisation (torch's `AveragedModel.update_parameters` reads its step
+counter on the host twice per step), so it can sit inside a captured CUDA graph.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+WARMUP_OFFSET = 10.0
+"""TensorFlow's constant in d_t = min(decay, (1 + t)/(10 + t))."""
 
-def make_averager(model: nn.Module, decay: float | None) -> AveragedModel | None:
-    """An EMA of `model`'s parameters (None when `decay` is None), to be updated after each step.
+
+@dataclass(frozen=True)
+class Ema:
+    """How the iterates are averaged: the decay and whether it warms up."""
+
+    decay: float
+    warmup: bool = False
+
+    @classmethod
+    def of(cls, decay: float | None, warmup: bool = False) -> Ema | None:
+        """The average a run's settings ask for (None: the final iterate is released)."""
+        return None if decay is None else cls(decay, warmup)
+
+    def weight(self, count: Tensor) -> Tensor:
+        """The new iterate's weight 1 − d_t after `count` earlier updates: 1 at the first (EMA_1 = θ_1).
+
+        A tensor in, a tensor out, on the counter's device: no host synchronisation."""
+        t = count.to(torch.float64)
+        decay = torch.full_like(t, self.decay)
+        if self.warmup:
+            decay = torch.minimum(decay, (1.0 + t) / (WARMUP_OFFSET + t))
+        return torch.where(t == 0, torch.ones_like(t), 1.0 - decay)
+
+    def describe(self) -> str:
+        """How the report names the released weights."""
+        return f"ema({self.decay:g}{', warm-up' if self.warmup else ''})"
+
+
+def make_averager(model: nn.Module, ema: Ema | None) -> AveragedModel | None:
+    """An EMA of `model`'s parameters (None when `ema` is None), to be updated after each step.
 
     `AveragedModel` copies the model and holds the average of its *parameters*: a ticket's pruned
     coordinates, exactly 0 in every iterate, stay exactly 0 in the average (the ticket's masks, beside
     the model, hold for it as they are).
     """
-    if decay is None:
+    if ema is None:
         return None
     # the step counter lives beside the weights: its update is device work (no host round trip);
-    # torch's own update_parameters (an EMA too, with this multi_avg_fn) agrees with update_average
+    # update_average, not torch's update_parameters (which reads the counter on the host), updates it
     return AveragedModel(model, device=next(model.parameters()).device, use_buffers=False,
-                         multi_avg_fn=get_ema_multi_avg_fn(decay))
+                         multi_avg_fn=get_ema_multi_avg_fn(ema.decay))
 
 
 @torch.no_grad()
-def update_average(averager: AveragedModel, model: nn.Module, decay: float) -> None:
-    """One EMA step, on the device: weight 1 at the first update (EMA_1 = θ_1), 1 − decay after."""
-    count = averager.n_averaged
-    first = next(model.parameters())
-    one = torch.ones((), dtype=first.dtype, device=first.device)
-    weight = torch.where(count.to(first.device) == 0, one, one * (1.0 - decay))
-    averaged = [p.detach() for p in averager.module.parameters()]
-    current = [p.detach() for p in model.parameters()]
-    for ema, theta in zip(averaged, current, strict=True):
-        ema.lerp_(theta, weight)
+def average_into(averaged: Iterable[Tensor], current: Iterable[Tensor], count: Tensor, ema: Ema) -> None:
+    """One EMA step of the tensors `averaged` towards `current`, then `count` += 1; on the device."""
+    weight = ema.weight(count)
+    for mean, theta in zip(averaged, current, strict=True):
+        mean.lerp_(theta, weight.to(device=theta.device, dtype=theta.dtype))
     count.add_(1)
+
+
+def update_average(averager: AveragedModel, model: nn.Module, ema: Ema) -> None:
+    """One EMA step of `averager` towards `model`'s current parameters."""
+    average_into([p.detach() for p in averager.module.parameters()], [p.detach() for p in model.parameters()],
+                 averager.n_averaged, ema)
 
 
 def released_model(model: nn.Module, averager: AveragedModel | None) -> nn.Module:
@@ -51,6 +89,6 @@ def released_model(model: nn.Module, averager: AveragedModel | None) -> nn.Modul
     return averaged
 
 
-def released_weights(decay: float | None) -> str:
+def released_weights(ema: Ema | None) -> str:
     """How the report names the released weights."""
-    return "final iterate" if decay is None else f"ema({decay:g})"
+    return "final iterate" if ema is None else ema.describe()

@@ -75,6 +75,14 @@ class StackedMLP:
     def parameters(self) -> list[Tensor]:
         return [*self.weights, *self.biases]
 
+    @torch.no_grad()
+    def keep(self, positions: Sequence[int]) -> None:
+        """Only the candidates at `positions` go on (fresh leaf tensors: the caller rebuilds its optimiser)."""
+        rows = torch.tensor(list(positions), device=self.weights[0].device)
+        self.weights = [w.index_select(0, rows).requires_grad_() for w in self.weights]
+        self.biases = [b.index_select(0, rows).requires_grad_() for b in self.biases]
+        self.masks = [m.index_select(0, rows) for m in self.masks]
+
     def forward_layers(self, x: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
         """Inputs and pre-activations (K, B, out) of every layer, and the logits: x is (B, in), shared by
         every candidate (the first layer's input stays (B, in)), or (K, B, in)."""

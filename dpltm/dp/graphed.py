@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 
 from dpltm.data.types import LabeledTensors
-from dpltm.dp.averaging import update_average
+from dpltm.dp.averaging import Ema, update_average
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
@@ -47,13 +47,13 @@ class StaticShapeDpStep:
     def __init__(self, model: LeNet, masks: Masks, train: LabeledTensors, *, clip: float, noise: NoiseMechanism,
                  expected_batch_size: float, capacity: int, generator: torch.Generator,
                  optimizer: torch.optim.Optimizer, averager: AveragedModel | None = None,
-                 ema_decay: float | None = None,
+                 ema: Ema | None = None,
                  reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                  add_noise: bool = True, graphs: bool = False) -> None:
         self.model, self.train, self.clip, self.noise = model, train, clip, noise
         self.expected_batch_size = expected_batch_size
         self.capacity, self.generator, self.optimizer = capacity, generator, optimizer
-        self.averager, self.ema_decay, self.reduce, self.add_noise = averager, ema_decay, reduce, add_noise
+        self.averager, self.ema, self.reduce, self.add_noise = averager, ema, reduce, add_noise
         device, dtype = train.labels.device, train.features.dtype
         self.layout = MaskLayout.of(model, masks, dtype, noise.coordinate_scales(), allow_sparse=False)
         self.input_terms = first_layer_input_terms(train.features, self.layout)
@@ -121,8 +121,8 @@ class StaticShapeDpStep:
                    expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
                    add_noise=self.add_noise, out=self.grads, out_scales=self.out_scales)
         self.optimizer.step()
-        if self.averager is not None and self.ema_decay is not None:
-            update_average(self.averager, self.model, self.ema_decay)
+        if self.averager is not None and self.ema is not None:
+            update_average(self.averager, self.model, self.ema)
 
     def _capture(self) -> None:
         averaged = [self.averager] if self.averager is not None else []

@@ -13,7 +13,8 @@ accurate such ticket), else the dense network does: a sparse ticket chosen on pr
 accuracy in the private run (docs/results.md, ScatterNet rows). Candidates that are chains of linear
 layers (MLPs, ScatterNet's linear and MLP heads) are stacked into one set of batched kernels
 (dpltm.dp.batched); convolutional ones, and candidates with frozen layers, are stepped one by one by the
-private training's own step (`EachCandidate`).
+private training's own step (`EachCandidate`). With successive halving (`halving`, `--halving`) only the
+dense network and the better half of the tickets train on after T/2^R, …, T/2 steps.
 
 Privacy (docs/privacy.md §7): a function of public data and public hyperparameters (σ, L, T, C, lr,
 and the private set's size N, which dpltm treats as public) only. It reads no private record
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from dpltm.data.types import DatasetSplits
+from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, correct_predictions, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import BatchGather, poisson_sample
@@ -96,6 +98,8 @@ class PlannedRun:
     (`on_public`): as many passes over the public set as the private run makes over N, with the same
     noise per step σC/L (Sander et al. 2023: runs with equal σ/L and equal steps behave alike). None: the
     private run's L and σ as they are, which on a small public set means many more passes over it."""
+    ema_warmup: bool = False
+    """Whether the planned run's EMA warms up (`train --ema-warmup`); the candidates' average does too."""
 
     def on_public(self, public_size: int) -> tuple[int, float]:
         """(expected batch, noise multiplier) of the public proxy run: L_pub = round(L·n/N) and
@@ -123,6 +127,8 @@ class Candidate:
     """Public validation accuracy minus the dense candidate's, on the same records."""
     gain_standard_error: float = 0.0
     """The standard error of that gain from the per-record paired differences (`paired_gains`)."""
+    steps: int = 0
+    """The steps it trained before it was scored: the planned T, or fewer where successive halving dropped it."""
 
 
 GAIN_Z = 2.0
@@ -219,6 +225,16 @@ class EachCandidate:
         """Each candidate's per-record norm tables over the records its batches are drawn from."""
         self.terms = [record_terms(model, layout, records) for model, layout in zip(self.models, self.layouts)]
 
+    @property
+    def size(self) -> int:
+        return len(self.models)
+
+    def keep(self, positions: list[int]) -> None:
+        """Only the candidates at `positions` go on (successive halving)."""
+        self.models = [self.models[k] for k in positions]
+        self.layouts = [self.layouts[k] for k in positions]
+        self.terms = [self.terms[k] for k in positions]
+
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for model in self.models for p in model.parameters()]
 
@@ -247,20 +263,47 @@ class EachCandidate:
         return torch.stack(rows)
 
 
+def rung_steps(steps: int, halving: int) -> list[int]:
+    """The steps after which successive halving scores and halves the candidates: T/2^R, …, T/4, T/2 for
+    R = `halving` rungs (budgets doubling from rung to rung, Jamieson & Talwalkar 2016); none for R = 0."""
+    if halving < 0:
+        raise DpltmUserError(f"--halving must be ≥ 0, got {halving}")
+    points = sorted({steps >> r for r in range(1, halving + 1)} - {0})
+    return [s for s in points if 0 < s < steps]
+
+
+def halving_keep(correct: torch.Tensor) -> list[int]:
+    """Which candidates (rows of the (K, n) per-record correctness) go on to the next rung: the dense
+    network (row 0, which every ticket is compared with at the end) and the more accurate half of the
+    tickets, ⌈(K − 1)/2⌉ of them (ties: the earlier row)."""
+    accuracy = correct.double().mean(dim=1)
+    tickets = sorted(range(1, correct.shape[0]), key=lambda k: (-float(accuracy[k]), k))
+    return [0, *sorted(tickets[:math.ceil(len(tickets) / 2)])]
+
+
 def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: PlannedRun, *,
-                       seed: int | None = None,
+                       seed: int | None = None, halving: int = 0,
                        on_progress: Callable[[int, int], None] | None = None) -> NoiseAwareChoice:
-    """Train every ticket of `payload` under `plan` on `public` (its own data) and pick the best."""
+    """Train every ticket of `payload` under `plan` on `public` (its own data) and pick the best.
+
+    `halving` R > 0: successive halving. After T/2^R, …, T/2 steps every candidate still in is scored on
+    the public validation records (by the weights the run would release: the EMA when the plan averages)
+    and only the dense network and the better half of the tickets train on; a dropped candidate reports
+    its score at the step it stopped (`Candidate.steps`). Five candidates with R = 2 cost 3 full runs
+    instead of 5. The winner is chosen among those that trained all T steps, by the same rule."""
     if public.fingerprint != payload["data"]["fingerprint"]:
         raise DpltmUserError("the noise-aware choice runs on the tickets' own (public) data: the data given "
                              f"({public.name}, {public.source_split}) is not the data that made them")
     if not payload["tickets"] or payload["tickets"][0]["density"] != 1.0:
         raise DpltmUserError("the ticket set has no dense round 0: the dense network must be a candidate")
+    rungs = rung_steps(plan.steps, halving)
     n = len(public.train)
     batch, sigma = plan.on_public(n)
     if batch >= n:
         raise DpltmUserError(f"the planned batch size {batch} is not below the public training set ({n} records): "
                              "no Poisson sampling to simulate")
+    if len(public.val) == 0:
+        raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
     proxy = replace(plan, expected_batch_size=batch, noise_multiplier=sigma)  # what the candidates train under
     device = public.train.labels.device
     models, masks = candidate_models(payload, device, plan.activation, plan.start, plan.output_layer, plan.freeze)
@@ -277,7 +320,11 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     q = batch / n
     x_all, y_all = public.train.features, public.train.labels
     averaged: list[torch.Tensor] | None = None
+    ema = Ema.of(plan.ema, plan.ema_warmup)
+    count = torch.zeros((), dtype=torch.long, device=device)
     gather = BatchGather()  # one kept buffer for every step's rows (its docstring: why)
+    alive = list(range(len(payload["tickets"])))  # which tickets the stack's rows are
+    scored: dict[int, Candidate] = {}
     for step in range(plan.steps):
         index = poisson_sample(n, q, generator, device)
         x, y = gather(x_all, index), y_all.index_select(0, index)
@@ -287,27 +334,83 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
             noisy_step(stack, optimizer, x, y, clip=plan.clip, noise_multiplier=sigma, expected_batch_size=batch,
                        generator=generator,
                        first_terms=None if first_terms is None else first_terms.index_select(0, index))
-        if plan.ema is not None:
-            with torch.no_grad():
-                if averaged is None:
-                    averaged = [p.detach().clone() for p in stack.parameters()]
-                else:
-                    for mean, p in zip(averaged, stack.parameters()):
-                        mean.lerp_(p, 1.0 - plan.ema)
+        if ema is not None:  # the private run's average, by the same rule (EMA_1 = θ_1)
+            if averaged is None:
+                averaged = [p.detach().clone() for p in stack.parameters()]
+            average_into(averaged, [p.detach() for p in stack.parameters()], count, ema)
+        if step + 1 in rungs and len(alive) > 2:
+            correct = _released_correct(stack, averaged, public)
+            keep = halving_keep(correct)
+            scored.update({alive[k]: c for k, c in enumerate(_scored(payload, alive, correct, step + 1))
+                           if k not in keep})
+            alive = [alive[k] for k in keep]
+            optimizer, averaged, first_terms = _keep_rows(stack, keep, optimizer, plan, averaged, first_terms)
         if on_progress is not None:
             on_progress(step + 1, plan.steps)
-    if averaged is not None:  # compare what the private run would release
-        with torch.no_grad():
-            for p, mean in zip(stack.parameters(), averaged):
-                p.copy_(mean)
-    if len(public.val) == 0:
-        raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
-    correct = (stack.correct(public.val.features, public.val.labels) if isinstance(stack, EachCandidate)
-               else correct_predictions(stack, public.val.features, public.val.labels))
+    correct = _released_correct(stack, averaged, public)
+    finished = _scored(payload, alive, correct, plan.steps)
+    scored.update(dict(zip(alive, finished)))
+    accuracy, gains, se = (torch.tensor([[c.public_val_accuracy, c.gain_over_dense, c.gain_standard_error]
+                                         for c in finished], dtype=torch.float64).T)
+    best = alive[winning_index(accuracy, gains, se)]
+    return NoiseAwareChoice(best, [scored[k] for k in range(len(payload["tickets"]))], plan,
+                            {"dataset": public.name, "split": public.source_split, "fingerprint": public.fingerprint})
+
+
+def _scored(payload: dict[str, Any], alive: list[int], correct: torch.Tensor, steps: int) -> list[Candidate]:
+    """The candidates `alive` (rows of `correct`, the dense network first) with their public scores."""
     scores = correct.double().mean(dim=1)
     gains, se = paired_gains(correct)
-    candidates = [Candidate(t["round"], float(t["density"]), float(s), float(g), float(e))
-                  for t, s, g, e in zip(payload["tickets"], scores.tolist(), gains.tolist(), se.tolist())]
-    best = winning_index(scores, gains, se)
-    return NoiseAwareChoice(best, candidates, plan, {"dataset": public.name, "split": public.source_split,
-                                                     "fingerprint": public.fingerprint})
+    tickets = [payload["tickets"][k] for k in alive]
+    return [Candidate(t["round"], float(t["density"]), float(s), float(g), float(e), steps)
+            for t, s, g, e in zip(tickets, scores.tolist(), gains.tolist(), se.tolist())]
+
+
+@torch.no_grad()
+def _released_correct(stack: StackedMLP | EachCandidate, averaged: list[torch.Tensor] | None,
+                      public: DatasetSplits) -> torch.Tensor:
+    """Per-record correctness on the public validation records of what each candidate's run would release:
+    the EMA when the plan averages (swapped in for the evaluation, then back), else the current iterate."""
+    parameters = stack.parameters()
+    current = [p.detach().clone() for p in parameters] if averaged is not None else []
+    if averaged is not None:
+        for p, mean in zip(parameters, averaged):
+            p.copy_(mean)
+    correct = (stack.correct(public.val.features, public.val.labels) if isinstance(stack, EachCandidate)
+               else correct_predictions(stack, public.val.features, public.val.labels))
+    for p, saved in zip(parameters, current):
+        p.copy_(saved)
+    return correct
+
+
+def _keep_rows(stack: StackedMLP | EachCandidate, keep: list[int], optimizer: torch.optim.Optimizer,
+               plan: PlannedRun, averaged: list[torch.Tensor] | None, first_terms: torch.Tensor | None,
+               ) -> tuple[torch.optim.Optimizer, list[torch.Tensor] | None, torch.Tensor | None]:
+    """Only the candidates `keep` go on: the stack, its optimiser (with each kept candidate's state, e.g.
+    momentum), its average and its first-layer table lose the others' rows."""
+    before = stack.parameters()
+    rows = torch.tensor(keep, device=before[0].device)
+    if isinstance(stack, EachCandidate):
+        per_candidate = len(before) // stack.size
+        kept_params = [before[k * per_candidate + j] for k in keep for j in range(per_candidate)]
+        carried = list(zip(kept_params, kept_params))
+        if averaged is not None:
+            averaged = [averaged[k * per_candidate + j] for k in keep for j in range(per_candidate)]
+        stack.keep(keep)
+    else:
+        if first_terms is not None:
+            k, out = stack.size, stack.masks[0].shape[1]
+            first_terms = first_terms.reshape(first_terms.shape[0], k, out).index_select(1, rows).reshape(
+                first_terms.shape[0], -1)
+        if averaged is not None:
+            averaged = [a.index_select(0, rows) for a in averaged]
+        stack.keep(keep)
+        carried = list(zip(before, stack.parameters()))
+    fresh = _optimizer(stack.parameters(), plan)
+    for old, new in carried:
+        state = optimizer.state.get(old)
+        if state:
+            fresh.state[new] = {name: value.index_select(0, rows).clone()
+                                if isinstance(stack, StackedMLP) and torch.is_tensor(value) and value.dim() > 0
+                                else value for name, value in state.items()}
+    return fresh, averaged, first_terms

@@ -37,6 +37,8 @@ class RuleSettings:
     """For a rule that needs the planned private run: a `dpltm.stages.select.NoiseAwareRequest`."""
     config: Path | None = None
     """The config file the planned run is resolved with (--config)."""
+    halving: int = 0
+    """Rungs of successive halving, for a rule that trains candidates (the noise-aware choice)."""
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     plan = plan_training(s, request.private_size)
     planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
                          s.momentum, cfg.model.activation, s.ema, s.rewind, s.output_layer, s.freeze,
-                         request.private_size)
+                         request.private_size, s.ema_warmup)
     public = reload_ticket_data(payload, request.data_dir, resolve_device(request.device))
     batch, sigma = planned.on_public(len(public.train))
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
@@ -130,7 +130,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
                       f"split, the tickets' public data): the private run's {plan.epochs} epochs and noise per step "
                       f"σ/L = {plan.noise_multiplier / plan.expected_batch_size:.3g}; spends no ε")
     with step_bar("noise-aware choice", plan.steps, enabled=request.progress) as bar:
-        choice = noise_aware_choice(payload, public, planned, seed=settings.seed,
+        choice = noise_aware_choice(payload, public, planned, seed=settings.seed, halving=settings.halving,
                                     on_progress=lambda done, _: bar.update(done - bar.n))
     return noise_aware_selection(choice)
 

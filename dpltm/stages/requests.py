@@ -175,6 +175,7 @@ class SelectRequest(CommandRequest):
     rule: str | None = None
     best: bool = False
     noise_aware: bool = False
+    halving: int | None = None
     private_size: int | None = None
     eps2: float | None = None
     sigma: float | None = None
@@ -237,9 +238,9 @@ class SelectRequest(CommandRequest):
             int(self.private_size),  # type: ignore[arg-type]
             {"train": {"eps2": self.eps2, "sigma": self.sigma, "epochs": self.epochs,
                        "batch_size": self.batch_size}}, self.data_dir, self.device, self.progress)
-        return stage_select({"select": {"eps1": self.eps1, "nu": self.nu}}, self.config, self.tickets, self.best,
-                            self.seed, self.out, overwrite=self.overwrite, reselect=self.reselect,
-                            noise_aware=planned, rule=name)
+        select = {"eps1": self.eps1, "nu": self.nu, "halving": self.halving}
+        return stage_select({"select": select}, self.config, self.tickets, self.best, self.seed, self.out,
+                            overwrite=self.overwrite, reselect=self.reselect, noise_aware=planned, rule=name)
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,7 @@ class TrainRequest(_TrainingOptions):
 
     lr_sigma: float | None = None
     ema: float | None = None
+    ema_warmup: bool | None = None
     rewind: str | None = None
     output_layer: str | None = None
     freeze: str | None = None
@@ -333,6 +335,7 @@ class TrainRequest(_TrainingOptions):
             "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
             "train": {**self._train_settings(), "lr_sigma": self.lr_sigma, "neighboring": self.neighbouring,
                       "max_eps": self.max_eps, "patience": self.patience, "ema": self.ema,
+                      "ema_warmup": self.ema_warmup,
                       "rewind": self.rewind, "output_layer": self.output_layer, "freeze": self.freeze},
             "model": model_cli(self.arch, None, activation=self.activation),
             "seed": self.seed,

@@ -77,6 +77,7 @@ class RunRequest(CommandRequest):
     arch: str | None = None
     momentum: float | None = None
     ema: float | None = None
+    ema_warmup: bool | None = None
     rewind: str | None = None
     output_layer: str | None = None
     freeze: str | None = None
@@ -85,6 +86,7 @@ class RunRequest(CommandRequest):
     warmup_epochs: int | None = None
     density: float | None = None
     choice: TicketChoice = TicketChoice.noise_aware
+    halving: int | None = None
     seed: int | None = None
     device: str = "auto"
     cuda_graphs: bool = False
@@ -124,7 +126,8 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
             raise DpltmUserError("--cuda-graphs: a private ticket's DP warm-up and training run in the eager step; "
                                  "drop --cuda-graphs with --ticket-source private")
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
-                       "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze}
+                       "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze,
+                       "--halving": r.halving}
         given = [name for name, value in public_only.items() if value is not None] + list(r.public_given)
         if r.choice != TicketChoice.noise_aware:
             given.append("--choice")
@@ -179,8 +182,9 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     train_cli: dict[str, Any] = {
         "data": {"dataset": r.dataset},
         "train": {"eps2": r.eps, "delta": r.delta, "epochs": r.epochs, "batch_size": r.batch_size, "clip": r.clip,
-                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "neighboring": r.neighbouring,
-                  "rewind": r.rewind, "output_layer": r.output_layer, "freeze": r.freeze},
+                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "ema_warmup": r.ema_warmup,
+                  "neighboring": r.neighbouring, "rewind": r.rewind, "output_layer": r.output_layer,
+                  "freeze": r.freeze},
         "model": {"activation": r.activation}, "seed": r.seed}
     train_cfg = resolve_train_config(train_cli, r.config)
     # the given generation options checked before any data is read (the recipe's own come once it is chosen)
@@ -230,7 +234,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                       "on private data)")
     request = (NoiseAwareRequest(len(private.train), train_cli, r.data_dir, r.device, r.progress) if noise_aware
                else None)
-    stage_select({"select": {}}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
+    stage_select({"select": {"halving": r.halving}}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
                  overwrite=r.overwrite, noise_aware=request)
     kept_by_earlier_stage(f"the winner in {winner_path}")
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
@@ -322,7 +326,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     train_cli = {"data": {"dataset": r.dataset},
                  "train": {"eps2": r.eps, "delta": r.delta, "epochs": settings.train.epochs - warmup * rounds,
                            "batch_size": r.batch_size, "clip": r.clip, "lr": r.lr, "momentum": r.momentum,
-                           "ema": r.ema, "neighboring": r.neighbouring},
+                           "ema": r.ema, "ema_warmup": r.ema_warmup, "neighboring": r.neighbouring},
                  "model": model_cli(r.arch, None, activation=r.activation),
                  "private_ticket": {"warmup_epochs": warmup, "density": r.density}, "seed": r.seed,
                  "recipe": chosen}

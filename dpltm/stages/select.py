@@ -30,8 +30,10 @@ def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule,
         table.add_column(column, justify="right")
     for i, t in enumerate(ticket_set.tickets):
         mark = " ←" if i == selection.index else ""
-        gain = ((f"{paired[i]['gain_over_dense']:+.4f} ± {2 * paired[i]['gain_standard_error']:.4f}" if i else "–",)
-                if paired else ())
+        stopped = (f" (step {paired[i]['steps']})" if paired and paired[i].get("steps", 0)
+                   < max(c.get("steps", 0) for c in paired) else "")  # dropped by successive halving
+        gain = ((f"{paired[i]['gain_over_dense']:+.4f} ± {2 * paired[i]['gain_standard_error']:.4f}{stopped}"
+                 if i else "–",) if paired else ())
         table.add_row(str(t.round), f"{t.density:.4f}", f"{t.val_accuracy:.4f}",
                       f"{selection.scores[i]:.4f}", *gain, f"{selection.probabilities[i]:.4f}{mark}")
     err_console.print(table)
@@ -109,7 +111,11 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     target = out or default_checkpoint_dir() / f"{ticket_set.dataset}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config], checkpoint=True)
     chosen_eps1 = settings.eps1 if chosen_rule.spends_eps1 else None
-    rule_settings = RuleSettings(nu=settings.nu, seed=seed, eps1=chosen_eps1, planned_run=noise_aware, config=config)
+    if settings.halving and not chosen_rule.needs_planned_run:
+        raise DpltmUserError(f"--halving drops candidates of the noise-aware choice while they train: the "
+                             f"{chosen_rule.name} selection trains none (drop --halving, or set select.halving: 0)")
+    rule_settings = RuleSettings(nu=settings.nu, seed=seed, eps1=chosen_eps1, planned_run=noise_aware, config=config,
+                                 halving=settings.halving)
     # A pick that spends no ε1 has no draw to record: it may take as long as it needs (noise-aware trains
     # candidates) before any lock is held. One that spends ε1 draws under the ticket set's lock, below.
     chosen = None if chosen_rule.spends_eps1 else chosen_rule.select(payload, rule_settings)

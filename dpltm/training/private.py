@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from dpltm.config import TrainSettings
 from dpltm.data.batches import ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
-from dpltm.dp.averaging import make_averager, released_model, released_weights, update_average
+from dpltm.dp.averaging import Ema, make_averager, released_model, released_weights, update_average
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.graphed import StaticShapeDpStep
@@ -50,6 +50,11 @@ if TYPE_CHECKING:
 
     AuditCanaries = GradientCanaries | InputCanaries
 
+
+
+def averaging_of(settings: TrainSettings) -> Ema | None:
+    """The moving average of the iterates a run's settings ask for (None: the final iterate)."""
+    return Ema.of(settings.ema, settings.ema_warmup)
 
 def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
     """The seed of the noise and Poisson-sampling generators, and how it was obtained.
@@ -203,7 +208,8 @@ class DPTrainingModule(L.LightningModule):
                                  "network trains in the eager step: drop --cuda-graphs")
         self.input_terms: RecordTerms | None = None
         self.gather = BatchGather()
-        self.averager = make_averager(model, settings.ema)
+        self.ema = averaging_of(settings)
+        self.averager = make_averager(model, self.ema)
         self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self._best_val = -1.0
@@ -229,7 +235,7 @@ class DPTrainingModule(L.LightningModule):
             expected_batch_size=self.plan.expected_batch_size,
             capacity=batch_capacity(shard_size, self.plan.sample_rate),
             generator=self.noise_generator, optimizer=self.optimizers().optimizer,  # type: ignore[union-attr]
-            averager=self.averager, ema_decay=self.settings.ema, reduce=self.reduce,
+            averager=self.averager, ema=self.ema, reduce=self.reduce,
             add_noise=self.add_noise, graphs=self.step_mode == "graphs")
 
     def setup(self, stage: str) -> None:
@@ -280,7 +286,7 @@ class DPTrainingModule(L.LightningModule):
         optimizer = self.optimizers()
         apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
         if self.averager is not None:  # from the released iterate only: post-processing
-            update_average(self.averager, self.model, self.settings.ema)  # type: ignore[arg-type]
+            update_average(self.averager, self.model, self.ema)  # type: ignore[arg-type]
 
     def on_train_epoch_end(self) -> None:
         if self.trainer.world_size > 1:  # before anything about this epoch is reported
@@ -364,7 +370,7 @@ def run_private(model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings
         raise RuntimeError(f"trained on {trainer.world_size} processes, expected {distribution.world_size}")
     steps = len(module.history) * plan.steps_per_epoch
     reason = module.stop_reason or f"finished {plan.epochs} epochs"
-    return TrainOutcome(module.history, steps, reason, module.released, released_weights(settings.ema))
+    return TrainOutcome(module.history, steps, reason, module.released, released_weights(averaging_of(settings)))
 
 
 class _EpochBatches(torch.utils.data.IterableDataset[tuple[Tensor, Tensor]]):
@@ -399,7 +405,8 @@ class NonPrivateModule(L.LightningModule):
         self.data = data
         self.settings = settings
         self.steps_per_epoch = steps_per_epoch
-        self.averager = make_averager(model, settings.ema)
+        self.ema = averaging_of(settings)
+        self.averager = make_averager(model, self.ema)
         self.history: list[dict[str, Any]] = []
         self.on_epoch = on_epoch
 
@@ -425,7 +432,7 @@ class NonPrivateModule(L.LightningModule):
         optimizer.step()
         self.keep_pruned()  # type: ignore[misc]
         if self.averager is not None:
-            update_average(self.averager, self.model, self.settings.ema)  # type: ignore[arg-type]
+            update_average(self.averager, self.model, self.ema)  # type: ignore[arg-type]
         if (batch_idx + 1) % self.steps_per_epoch == 0:
             epoch = (batch_idx + 1) // self.steps_per_epoch
             self.history.append({"epoch": epoch, "steps": batch_idx + 1,
@@ -460,4 +467,4 @@ def run_non_private(model: nn.Module, data: DatasetSplits, settings: TrainSettin
     if len(module.history) != settings.epochs:
         raise RuntimeError(f"non-private training ran {len(module.history)} epochs, expected {settings.epochs}")
     return TrainOutcome(module.history, settings.epochs * steps_per_epoch, f"finished {settings.epochs} epochs",
-                        module.released, released_weights(settings.ema))
+                        module.released, released_weights(averaging_of(settings)))

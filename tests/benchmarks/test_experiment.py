@@ -157,7 +157,7 @@ def test_recipe_search_reads_only_the_public_data(tmp_path: Path, monkeypatch: p
     assert loaded == [("mnist", "train")]
     with out.open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 2 * 4  # two rates × (final iterate + three EMA decays)
+    assert len(rows) == 2 * 6  # two rates × (final iterate + three EMA decays + two with a warm-up)
     sigma = calibrate_noise_multiplier(100 / 54000, 540, 1.0, 1e-5)
     assert {float(r["sigma"]) for r in rows} == {round(sigma, 5)}
     assert all(0.0 <= float(r["public_val_accuracy"]) <= 1.0 for r in rows)

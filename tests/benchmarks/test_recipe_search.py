@@ -44,7 +44,8 @@ def test_search_beyond_the_public_set_with_the_same_rate_proxy(tmp_path: Path,
     tune_recipe.main(common + ["--proxy", "same-rate", "--seeds", "0", "1", "--out", str(out)])
     with out.open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 2 * 2 * 4  # seeds × rates × (final iterate + three EMA decays)
+    assert len(rows) == 2 * 2 * 6  # seeds × rates × (final iterate + three EMA decays + two with a warm-up)
+    assert sum(r["ema_warmup"] == "True" for r in rows) == 2 * 2 * 2
     sigma = calibrate_noise_multiplier(1000 / 5400, 12, 1.0, 1e-5)
     for row in rows:
         assert float(row["sigma"]) == pytest.approx(sigma, abs=1e-5)
@@ -75,3 +76,42 @@ def test_bad_search_settings_are_one_line(extra: list[str], message: str, tmp_pa
         tune_recipe.main(["--public", "mnist:train", "--eps", "1", "--activations", "tanh", "--batch-epochs", "100x1",
                           "--lrs", "1", "--hidden", "8", "--data-dir", str(tmp_path), *extra])
     assert message in capsys.readouterr().err
+
+
+def test_the_search_averages_by_the_private_runs_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each scored EMA is what `train --ema D [--ema-warmup]` would release from the same iterates: EMA_1 = θ_1
+    (not θ0), then dpltm.dp.averaging's rule, warm-up included."""
+    import torch
+    from grid import recipe_search
+
+    from dpltm.data.types import DatasetSplits
+    from dpltm.dp.averaging import Ema
+    from tests.conftest import make_blobs
+
+    public = DatasetSplits(name="blobs", source_split="train", train=make_blobs(120, 6, 3, 0),
+                           val=make_blobs(40, 6, 3, 1), test=make_blobs(10, 6, 3, 2), num_features=6, num_classes=3,
+                           fingerprint="b")
+    iterates: list[list[torch.Tensor]] = []
+    scored: list[list[torch.Tensor]] = []
+    real_step, real_accuracies = recipe_search.noisy_step, recipe_search.accuracies
+
+    def step(stack, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real_step(stack, *args, **kwargs)
+        iterates.append([p.detach().clone() for p in stack.parameters()])
+
+    def accuracies(stack, *args, **kwargs):  # type: ignore[no-untyped-def]
+        scored.append([p.detach().clone() for p in stack.parameters()])
+        return real_accuracies(stack, *args, **kwargs)
+
+    monkeypatch.setattr(recipe_search, "noisy_step", step)
+    monkeypatch.setattr(recipe_search, "accuracies", accuracies)
+    rows = recipe_search.search_recipe(public, 1000, 1.0, 1e-5, "tanh", 50, 1, [0.5], hidden=(4,),
+                                       proxy="same-rate")
+    assert len(scored) == len(recipe_search.AVERAGES) == len(rows)
+    for ema, got in zip(recipe_search.AVERAGES, scored):
+        expected = iterates[0]
+        for t, theta in enumerate(iterates[1:], start=1):
+            weight = 1.0 if ema is None else float(Ema.weight(ema, torch.tensor(t)))
+            expected = [e + weight * (x - e) for e, x in zip(expected, theta)]
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e)

@@ -263,16 +263,18 @@ def test_released_ema_is_recomputed_from_the_dp_iterates(data_root: Path, tmp_pa
     monkeypatch.setattr(private_training, "apply_gradients", recording)
     out = tmp_path / "m.pt"
     report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "fashion-mnist", "--data-dir",
-                    str(data_root), "--sigma", "1.0", "--ema", "0.9", "--momentum", "0.5", "--activation", "tanh",
-                    "--noise-seed", "5", "--out", str(out), *FAST_TRAIN)
-    assert report["released_weights"] == "ema(0.9)" and len(iterates) == report["steps"]
+                    str(data_root), "--sigma", "1.0", "--ema", "0.9", "--ema-warmup", "--momentum", "0.5",
+                    "--activation", "tanh", "--noise-seed", "5", "--out", str(out), *FAST_TRAIN)
+    assert report["released_weights"] == "ema(0.9, warm-up)" and len(iterates) == report["steps"]
     assert report["transfer"]["activation_override"] == {"ticket": "relu", "used": "tanh"}
     ema = dict(iterates[0])
-    for theta in iterates[1:]:
-        ema = {k: 0.9 * ema[k] + 0.1 * theta[k] for k in ema}
+    for t, theta in enumerate(iterates[1:], start=1):  # TensorFlow's warm-up: d_t = min(0.9, (1 + t)/(10 + t))
+        d = min(0.9, (1 + t) / (10 + t))
+        ema = {k: d * ema[k] + (1 - d) * theta[k] for k in ema}
     body = load_checkpoint(out, "model")
     assert body["architecture"]["activation"] == "tanh"
-    assert (body["config"]["train"]["ema"], body["config"]["train"]["momentum"]) == (0.9, 0.5)
+    train = body["config"]["train"]
+    assert (train["ema"], train["ema_warmup"], train["momentum"]) == (0.9, True, 0.5)
     state = body["state_dict"]
     for name, value in ema.items():
         torch.testing.assert_close(state[name].double(), value, rtol=1e-5, atol=1e-6, msg=name)
@@ -299,6 +301,7 @@ def test_recipe_options_reach_the_dense_baselines(data_root: Path, tmp_path: Pat
     assert default["released_weights"] == "final iterate" and default["transfer"]["activation"] == "relu"
     for args, message in (
         (["--ema", "1.5"], r"--ema must lie in (0, 1)"),
+        (["--ema-warmup"], "--ema-warmup warms up the moving average of the iterates: give --ema DECAY too"),
         (["--momentum", "1"], r"--momentum must lie in [0, 1)"),
         (["--momentum", "0.9", "--optimizer", "adam"], "--momentum is for --optimizer sgd"),
         (["--activation", "gelu"], "'gelu' is not one of"),
@@ -325,11 +328,12 @@ def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_r
     invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
     chosen = invoke("select", "--tickets", str(tmp_path / "t.pt"), "--noise-aware", "--private-size", "100",
                     "--eps2", "1", "--epochs", "2", "--batch-size", "16", "--data-dir", str(data_root),
-                    "--device", "cpu", "--seed", "0", "--out", str(tmp_path / "w.pt"), "--json")
+                    "--device", "cpu", "--seed", "0", "--halving", "1", "--out", str(tmp_path / "w.pt"), "--json")
     selection = chosen["selection"]
     assert selection["method"] == "noise-aware" and selection["eps1"] is None
     candidates = selection["noise_aware"]["candidates"]
     assert [c["round"] for c in candidates] == [0, 1, 2] and candidates[0]["density"] == 1.0
+    assert sorted(c["steps"] for c in candidates) == [7, 14, 14] and candidates[0]["steps"] == 14  # halved at T/2
     assert selection["noise_aware"]["public_data"]["fingerprint"] == chosen["ticket_data"]["fingerprint"]
     plan = selection["noise_aware"]["plan"]
     assert plan["steps"] == 2 * 7 and plan["expected_batch_size"] == 16  # ⌈100/16⌉ steps per epoch, 2 epochs

@@ -97,6 +97,9 @@ def test_every_experiment_profile_is_complete(path: Path) -> None:
         ModelSettings(**{**spec.get("model", {}), **options})
     assert set(spec.get("method_seeds", {})) <= set(spec["methods"])
     assert set(spec.get("method_datasets", {})) <= set(spec["methods"])
+    noise_aware = spec.get("noise_aware", {})
+    assert set(noise_aware) <= {"rounds", "halving"}  # grid.experiment.Experiment.noise_aware_winner
+    SelectSettings(halving=noise_aware.get("halving", 0))
 
 
 # ---- strict types, unknown sections and keys --------------------------------------------------
@@ -296,10 +299,10 @@ def test_config_hashes_are_pinned() -> None:
     cannot orphan existing ticket sets unnoticed. Changing a setting's name or adding one changes
     these; for the generate settings (the hash a ticket set stores) that comes with a new checkpoint
     format (dpltm.checkpoint.FORMAT_VERSION). No file stores the train settings' hash: it is pinned so a
-    change is seen (train.rewind, output_layer and freeze were added with issue 21). Every setting counts,
+    change is seen (train.rewind, output_layer, freeze and ema_warmup were added with issue 21). Every setting counts,
     at its default too."""
     assert config_hash(GenerateConfig()) == "fd82c43f7b7ab97b"
-    assert config_hash(TrainConfig()) == "0256e65d1ab95174"
+    assert config_hash(TrainConfig()) == "a302cf993f813b20"
     assert config_hash(GenerateConfig(model=ModelSettings(activation="tanh"))) != "fd82c43f7b7ab97b"
     assert config_hash(TrainConfig(train=TrainSettings(ema=0.999))) != "dea32ab76e772ac9"
     assert to_dict(GenerateConfig())["model"]["activation"] == "relu"  # still stored in full

@@ -12,7 +12,7 @@ from scipy import stats
 from dpltm.config import TrainSettings
 from dpltm.data.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
-from dpltm.dp.averaging import make_averager, update_average
+from dpltm.dp.averaging import Ema, make_averager, update_average
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise, NoiseContext
@@ -129,7 +129,7 @@ def batches_for(steps: int, q: float = 0.15) -> list[torch.Tensor]:
 
 
 def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float,
-              ema: float | None) -> tuple[LeNet, Masks]:
+              ema: Ema | None) -> tuple[LeNet, Masks]:
     (model, masks), data = ticket(), records()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
     averager = make_averager(model, ema)
@@ -141,11 +141,11 @@ def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float,
                                         generator=generator, layout=layout)
         apply_gradients(model, grads, optimizer)
         if averager is not None:
-            update_average(averager, model, ema)  # type: ignore[arg-type]
+            update_average(averager, model, ema)
     return (model if averager is None else averager.module), masks  # type: ignore[return-value]
 
 
-def run_static(batches: list[torch.Tensor], sigma: float, momentum: float, ema: float | None,
+def run_static(batches: list[torch.Tensor], sigma: float, momentum: float, ema: Ema | None,
                capacity: int, device: str = "cpu", graphs: bool = False) -> tuple[LeNet, Masks]:
     (model, masks), data = ticket(device=device), records(device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
@@ -153,15 +153,16 @@ def run_static(batches: list[torch.Tensor], sigma: float, momentum: float, ema: 
     generator = torch.Generator(device=device).manual_seed(5)
     step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
                              capacity=capacity, generator=generator, optimizer=optimizer, averager=averager,
-                             ema_decay=ema, graphs=graphs)
+                             ema=ema, graphs=graphs)
     for index in batches:
         step.step(index.to(device))
     return (model if averager is None else averager.module), masks  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize(("sigma", "momentum", "ema", "capacity"),
-                         [(0.0, 0.0, None, 48), (1.1, 0.9, None, 48), (1.1, 0.5, 0.9, 16)])
-def test_static_step_trains_exactly_like_the_eager_step(sigma: float, momentum: float, ema: float | None,
+                         [(0.0, 0.0, None, 48), (1.1, 0.9, None, 48), (1.1, 0.5, Ema(0.9), 16),
+                          (1.1, 0.5, Ema(0.9, warmup=True), 16)])
+def test_static_step_trains_exactly_like_the_eager_step(sigma: float, momentum: float, ema: Ema | None,
                                                         capacity: int) -> None:
     batches = batches_for(12)
     assert max(len(b) for b in batches) > 16  # the capacity-16 case overflows into chunks
@@ -231,27 +232,46 @@ def test_a_sampled_non_finite_record_is_dropped_as_the_eager_step_drops_it(capac
     assert_pruned_weights_are_zero(static, masks)
 
 
-def test_ema_update_matches_the_definition() -> None:
+@pytest.mark.parametrize("warmup", [False, True])
+def test_ema_update_matches_the_definition(warmup: bool) -> None:
+    """EMA_1 = θ_1, then EMA_t = d_t·EMA_{t-1} + (1 − d_t)·θ_t: d_t = 0.8, or with the warm-up TensorFlow's
+    min(0.8, (1 + t)/(10 + t)) for the t-th update after the first (2/11, 3/12, … until it reaches 0.8)."""
     model, _ = ticket()
-    averager = make_averager(model, 0.8)
+    ema = Ema(0.8, warmup)
+    averager = make_averager(model, ema)
     iterates = []
-    for k in range(4):
+    for k in range(30):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.1 * (k + 1))
         iterates.append([p.detach().clone() for p in model.parameters()])
-        update_average(averager, model, 0.8)  # type: ignore[arg-type]
+        update_average(averager, model, ema)  # type: ignore[arg-type]
     expected = iterates[0]
-    for theta in iterates[1:]:
-        expected = [0.8 * e + 0.2 * t for e, t in zip(expected, theta)]
+    for t, theta in enumerate(iterates[1:], start=1):
+        d = min(0.8, (1 + t) / (10 + t)) if warmup else 0.8
+        expected = [d * e + (1 - d) * x for e, x in zip(expected, theta)]
     for got, want in zip(averager.module.parameters(), expected):  # type: ignore[union-attr]
         torch.testing.assert_close(got, want)
-    assert int(averager.n_averaged) == 4  # type: ignore[union-attr,arg-type]
+    assert int(averager.n_averaged) == 30  # type: ignore[union-attr,arg-type]
+
+
+def test_the_warm_up_forgets_a_far_away_start() -> None:
+    """Why the warm-up exists: after T steps without it the first iterate keeps decay^(T−1) of the weight
+    (0.18 for 0.999 over 1700 steps); with it, d_t ≤ (1 + t)/(10 + t) forgets it like a running mean."""
+    count = torch.arange(1700)
+    plain, warm = Ema(0.999).weight(count), Ema(0.999, warmup=True).weight(count)
+    first_plain = torch.prod(1 - plain[1:]).item()
+    first_warm = torch.prod(1 - warm[1:]).item()
+    assert first_plain == pytest.approx(0.999 ** 1699) and first_plain > 0.18
+    assert first_warm < 1e-5
+    assert float(warm[0]) == float(plain[0]) == 1.0  # EMA_1 = θ_1 either way
+    assert torch.all(warm >= plain) and float(warm[-1]) == pytest.approx(1 - 1700 / 1709)
+    assert Ema(0.999, warmup=True).describe() == "ema(0.999, warm-up)" and Ema(0.9).describe() == "ema(0.9)"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ema", [None, 0.9])
-def test_cuda_graph_step_equals_the_uncaptured_static_step_without_noise(ema: float | None) -> None:
+@pytest.mark.parametrize("ema", [None, Ema(0.9), Ema(0.9, warmup=True)])
+def test_cuda_graph_step_equals_the_uncaptured_static_step_without_noise(ema: Ema | None) -> None:
     batches = batches_for(10)
     plain, _ = run_static(batches, 0.0, 0.9, ema, 16, device="cuda")
     graphed, masks = run_static(batches, 0.0, 0.9, ema, 16, device="cuda", graphs=True)

@@ -14,7 +14,15 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, clipped_sums, noisy_step
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.errors import DpltmUserError
-from dpltm.selection.noise_aware import PlannedRun, candidate_models, noise_aware_choice, paired_gains, winning_index
+from dpltm.selection.noise_aware import (
+    PlannedRun,
+    candidate_models,
+    halving_keep,
+    noise_aware_choice,
+    paired_gains,
+    rung_steps,
+    winning_index,
+)
 from dpltm.tickets.imp import generate_tickets
 
 
@@ -74,8 +82,10 @@ def test_reads_only_the_tickets_own_public_data(tickets: dict, tiny_splits: Data
         noise_aware_choice(tickets, private, plan, seed=0)
 
 
+@pytest.mark.parametrize("warmup", [False, True])
 def test_with_ema_the_candidates_are_compared_by_their_averaged_weights(
-        tickets: dict, tiny_splits: DatasetSplits, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+        tickets: dict, tiny_splits: DatasetSplits, monkeypatch: pytest.MonkeyPatch,  # type: ignore[type-arg]
+        warmup: bool) -> None:
     import dpltm.selection.noise_aware as module
 
     iterates: list[list[torch.Tensor]] = []
@@ -91,11 +101,13 @@ def test_with_ema_the_candidates_are_compared_by_their_averaged_weights(
 
     monkeypatch.setattr(module, "noisy_step", recording_step)
     monkeypatch.setattr(module, "correct_predictions", recording_correct)
-    plan = PlannedRun(noise_multiplier=0.5, expected_batch_size=64, steps=6, clip=1.0, lr=0.5, ema=0.8)
+    plan = PlannedRun(noise_multiplier=0.5, expected_batch_size=64, steps=6, clip=1.0, lr=0.5, ema=0.8,
+                      ema_warmup=warmup)
     noise_aware_choice(tickets, tiny_splits, plan, seed=3)
     expected = [p.clone() for p in iterates[0]]  # the average starts at the first iterate
-    for step in iterates[1:]:
-        expected = [0.8 * e + 0.2 * p for e, p in zip(expected, step)]
+    for t, step in enumerate(iterates[1:], start=1):  # as the private run averages (warm-up: 2/11, 3/12, …)
+        d = min(0.8, (1 + t) / (10 + t)) if warmup else 0.8
+        expected = [d * e + (1 - d) * p for e, p in zip(expected, step)]
     for got, want in zip(evaluated[0], expected):
         torch.testing.assert_close(got, want)
 
@@ -271,3 +283,81 @@ def test_a_scatter_cnn_is_not_stacked() -> None:
 
     arch = Architecture(in_features=64, hidden=(8,), num_classes=3, name="scatter-cnn")
     assert not stacks(build_network(arch))
+
+
+def test_successive_halving_rungs_double_their_budget() -> None:
+    assert rung_steps(1700, 2) == [425, 850] and rung_steps(1700, 1) == [850] and rung_steps(1700, 0) == []
+    assert rung_steps(8, 3) == [1, 2, 4] and rung_steps(3, 5) == [1]  # no rung at step 0 or at T
+    with pytest.raises(DpltmUserError, match="--halving must be ≥ 0"):
+        rung_steps(10, -1)
+
+
+def test_halving_keeps_the_dense_network_and_the_better_half_of_the_tickets() -> None:
+    correct = torch.tensor([[0, 0, 0, 0],    # dense: the worst, kept (every ticket is compared with it)
+                            [1, 0, 0, 0],
+                            [1, 1, 1, 0],
+                            [1, 1, 0, 0],
+                            [1, 1, 0, 0]], dtype=torch.bool)
+    assert halving_keep(correct) == [0, 2, 3]  # ⌈4/2⌉ tickets; the tie between rows 3 and 4: the earlier
+    assert halving_keep(correct[:2]) == [0, 1] and halving_keep(correct[:3]) == [0, 2]
+
+
+@pytest.mark.parametrize("ema", [None, 0.8])
+def test_halving_scores_a_dropped_candidate_where_it_stopped(tickets: dict,  # type: ignore[type-arg]
+                                                            tiny_splits: DatasetSplits, ema: float | None) -> None:
+    """Up to the first rung the halving run is the full run (same seed, same candidates): a candidate dropped
+    there reports exactly what a run of that many steps scores it (by its EMA when the plan averages); the
+    winner comes from those that trained all T steps, the dense network always among them."""
+    plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=48, steps=8, clip=1.0, lr=0.5, momentum=0.5,
+                      ema=ema, ema_warmup=ema is not None)
+    halved = noise_aware_choice(tickets, tiny_splits, plan, seed=4, halving=2)
+    short = noise_aware_choice(tickets, tiny_splits, replace(plan, steps=2), seed=4)
+    steps = [c.steps for c in halved.candidates]
+    assert len(steps) == len(tickets["tickets"]) == 4 and steps[0] == 8
+    assert sorted(steps) == [2, 4, 8, 8]  # 1 dropped at T/4 (3 tickets → 2), 1 at T/2 (2 → 1)
+    first_out = steps.index(2)
+    assert halved.candidates[first_out] == replace(short.candidates[first_out], steps=2)
+    assert halved.candidates[halved.index].steps == 8
+    survivors = [k for k, c in enumerate(halved.candidates) if c.steps == 8]
+    assert survivors[0] == 0 and halved.index in survivors
+
+
+def test_halving_carries_each_kept_candidates_optimiser_state(tickets: dict,  # type: ignore[type-arg]
+                                                               tiny_splits: DatasetSplits) -> None:
+    import dpltm.selection.noise_aware as module
+
+    plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=48, steps=8, clip=1.0, lr=0.5, momentum=0.9)
+    stack = StackedMLP(*candidate_models(tickets, torch.device("cpu")))
+    optimizer = module._optimizer(stack.parameters(), plan)
+    averaged = [p.detach().clone() + 1 for p in stack.parameters()]
+    noisy_step(stack, optimizer, tiny_splits.train.features[:48], tiny_splits.train.labels[:48], clip=1.0,
+               noise_multiplier=1.0, expected_batch_size=48, generator=torch.Generator().manual_seed(0))
+    before = [(p.detach().clone(), optimizer.state[p]["momentum_buffer"].clone()) for p in stack.parameters()]
+    fresh, kept_average, _ = module._keep_rows(stack, [0, 2], optimizer, plan, averaged, None)
+    assert stack.size == 2
+    for (weight, buffer), p in zip(before, stack.parameters()):
+        torch.testing.assert_close(p.detach(), weight[[0, 2]])
+        torch.testing.assert_close(fresh.state[p]["momentum_buffer"], buffer[[0, 2]])
+    for mean, kept in zip(averaged, kept_average):  # type: ignore[arg-type]
+        torch.testing.assert_close(kept, mean[[0, 2]])
+
+
+def test_halving_steps_unstacked_candidates_too(tickets: dict, tiny_splits: DatasetSplits,  # type: ignore[type-arg]
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Candidates with a frozen layer train one by one (`EachCandidate`): halving drops them from that
+    loop, and the survivors are the networks that trained all T steps."""
+    import dpltm.selection.noise_aware as module
+
+    sizes: list[int] = []
+    original = module.EachCandidate.step
+
+    def spy(self, optimizer, x, y, generator, index=None):  # type: ignore[no-untyped-def]
+        sizes.append(len(self.models))
+        original(self, optimizer, x, y, generator, index)
+
+    monkeypatch.setattr(module.EachCandidate, "step", spy)
+    plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=48, steps=6, clip=1.0, lr=0.5, momentum=0.5,
+                      ema=0.8, freeze=("hidden.0",))
+    choice = noise_aware_choice(tickets, tiny_splits, plan, seed=1, halving=1)
+    assert sizes == [4, 4, 4, 3, 3, 3]  # after T/2 the dense network and ⌈3/2⌉ tickets
+    assert sorted(c.steps for c in choice.candidates) == [3, 6, 6, 6]
