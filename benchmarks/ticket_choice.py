@@ -40,6 +40,7 @@ from dpltm.config import (
 )
 from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
+from dpltm.errors import DpltmUserError
 from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, among_rounds, noise_aware_choice
 from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
 from dpltm.tickets.data import reload_ticket_data
@@ -102,8 +103,11 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
-    device = resolve_device(args.device)
-    payload = load_checkpoint(args.tickets, "tickets")
+    try:  # a missing or foreign file, a bad device: one line, as the CLI says it
+        device = resolve_device(args.device)
+        payload = load_checkpoint(args.tickets, "tickets")
+    except DpltmUserError as error:
+        parser.error(str(error))
     if args.rounds is not None:  # as the grid's `noise_aware: {rounds: …}`
         payload = among_rounds(payload, args.rounds)
     public = reload_ticket_data(payload, args.data_dir).to(device)

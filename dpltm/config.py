@@ -291,7 +291,10 @@ def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
         if unknown:
             raise DpltmUserError(f"unknown config key(s) {unknown} in section '{key}' of {source}")
         section = {k: _coerce(hints[k], v, f"{key}.{k}") for k, v in value.items()}
-        cls(**section)  # the section's own range checks (the rest at their defaults)
+        try:
+            cls(**section)  # the section's own range checks (the rest at their defaults)
+        except DpltmUserError as error:  # it names the flag; the value is in this file
+            raise DpltmUserError(f"{error} (in section '{key}' of {source})") from error
         out[key] = section
     return out
 
@@ -525,8 +528,6 @@ class TrainSettings:
             raise DpltmUserError(f"--lr-sigma must lie in (0, {MAX_LR:g}], got {self.lr_sigma:g}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise DpltmUserError(f"--ema must lie in (0, 1), got {self.ema:g}")
-        if self.ema_warmup and self.ema is None:
-            raise DpltmUserError("--ema-warmup warms up the moving average of the iterates: give --ema DECAY too")
         if self.rewind not in TICKET_STARTS:
             raise DpltmUserError(f"--rewind must be one of {', '.join(TICKET_STARTS)}, got {self.rewind}")
         if self.output_layer not in OUTPUT_LAYERS:
@@ -621,6 +622,8 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recip
         # the recipe's `hidden: []` is scatter-linear's; another network would silently lose its hidden layers
         raise DpltmUserError(f"--recipe scatter is for the ScatterNet heads (--arch scatter-linear, scatter-mlp, "
                              f"scatter-cnn); --arch {cfg.model.arch} trains with --recipe tuned or paper")
+    if cfg.train.ema_warmup and cfg.train.ema is None:  # checked merged: the decay may come from another layer
+        raise DpltmUserError("--ema-warmup warms up the moving average of the iterates: give --ema DECAY too")
     if cfg.train.patience is not None and cfg.data.val_fraction == 0.0:
         raise DpltmUserError("--patience stops on validation accuracy, and --val-fraction 0 leaves no validation "
                              "records: give a fraction in (0, 0.5), or leave --patience out")

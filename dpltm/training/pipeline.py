@@ -208,6 +208,13 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     check_start(s.rewind, s.output_layer, ticket, origin)
     model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch,
                                          s.rewind, s.output_layer)
+    override = transfer.get("activation_override")
+    if override and s.rewind == "public" and main:  # recorded in the checkpoint too (transfer)
+        from dpltm.console import err_console
+
+        err_console.print(f"warning: the ticket's public weights were trained with {override['ticket']}; training "
+                          f"them with {override['used']} starts where public training never went (drop --activation, "
+                          f"or make the tickets in {override['used']})", markup=False, highlight=False)
     if s.freeze:  # held at the start's weights (public-trained or θ0): trained, clipped and noised is the rest
         if step_mode != "eager" or audit is not None or s.noise != "gaussian":
             raise DpltmUserError("--freeze trains in the eager DP step with --noise gaussian, without an audit "

@@ -175,3 +175,16 @@ def test_run_passes_the_start_on(data_root: Path, tmp_path: Path, cli) -> None: 
     report = json.loads(result.stdout)
     assert report["transfer"]["rewind"] == "public" and report["end_to_end_dp"] is True
     assert load_winner(tmp_path / "m-winner.pt").public_weights is not None
+
+
+def test_a_public_start_in_another_activation_is_said_on_screen(  # type: ignore[no-untyped-def]
+        public_winner: Path, data_root: Path, tmp_path: Path, cli) -> None:
+    """The tickets were made in ReLU: public weights trained on in tanh start where public training never
+    went. The run goes on (it may be meant), but says so on stderr as well as in the checkpoint."""
+    result = _train(cli, data_root, public_winner, tmp_path / "t.pt", "--rewind", "public", "--activation", "tanh")
+    report = json.loads(result.stdout)
+    assert report["transfer"]["activation_override"] == {"ticket": "relu", "used": "tanh"}
+    said = " ".join(result.stderr.split())  # rich wraps long lines
+    assert "warning: the ticket's public weights were trained with relu; training them with tanh starts" in said
+    init = _train(cli, data_root, public_winner, tmp_path / "i.pt", "--activation", "tanh")  # θ0: nothing to say
+    assert "warning: the ticket's public weights" not in init.stderr

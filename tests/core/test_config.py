@@ -145,7 +145,9 @@ def test_coerce_refuses_the_wrong_type(tp: object, value: object) -> None:
         ("trian: {epochs: 3}\n",
          "unknown section 'trian'.*known: data, model, generate, select, train, private_ticket, seed"),
         ("select: {eps: 3}\n", r"unknown config key\(s\) \['eps'\] in section 'select'"),
-        ("model: {hidden: [0]}\n", "--hidden takes positive integers"),
+        ("model: {hidden: [0]}\n", "--hidden takes positive integers.*in section 'model' of .*u.yaml"),
+        ("train: {ema: 1.5}\n", r"--ema must lie in \(0, 1\), got 1.5 \(in section 'train' of .*u.yaml\)"),
+        ("select: {halving: 11}\n", r"--halving must lie in \[0, 10\].* \(in section 'select' of"),
         ("- 1\n- 2\n", "mapping at the top level"),
         ("a: [\n", "not valid YAML"),
     ],
@@ -158,6 +160,16 @@ def test_every_stage_checks_the_whole_config_file(tmp_path: Path, text: str, mes
                "train": resolve_train_config}[stage]
     with pytest.raises(DpltmUserError, match=message):
         resolve({}, user)
+
+
+def test_a_setting_that_needs_another_is_checked_after_the_layers_merge(tmp_path: Path) -> None:
+    """`ema_warmup` needs `ema`, which may come from the CLI or a recipe rather than the same file."""
+    user = tmp_path / "u.yaml"
+    user.write_text("train: {ema_warmup: true}\n")
+    assert resolve_train_config({"train": {"ema": 0.9}}, user).train.ema_warmup
+    assert resolve_train_config({}, user, recipe="tuned").train.ema == 0.999  # the recipe's decay
+    with pytest.raises(DpltmUserError, match="--ema-warmup warms up the moving average of the iterates"):
+        resolve_train_config({}, user)
 
 
 def test_empty_sections_mean_no_overrides(tmp_path: Path) -> None:
