@@ -623,7 +623,8 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recip
         raise DpltmUserError(f"--recipe scatter is for the ScatterNet heads (--arch scatter-linear, scatter-mlp, "
                              f"scatter-cnn); --arch {cfg.model.arch} trains with --recipe tuned or paper")
     if cfg.train.ema_warmup and cfg.train.ema is None:  # checked merged: the decay may come from another layer
-        raise DpltmUserError("--ema-warmup warms up the moving average of the iterates: give --ema DECAY too")
+        raise DpltmUserError("--ema-warmup (train.ema_warmup) warms up the moving average of the iterates: give its "
+                             "decay too, --ema DECAY (train.ema)")
     if cfg.train.patience is not None and cfg.data.val_fraction == 0.0:
         raise DpltmUserError("--patience stops on validation accuracy, and --val-fraction 0 leaves no validation "
                              "records: give a fraction in (0, 0.5), or leave --patience out")

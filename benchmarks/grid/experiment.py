@@ -270,7 +270,7 @@ class Experiment:
 
         stored = json.loads(cache.read_text())
         choice = NoiseAwareChoice(stored["index"], [Candidate(**c) for c in stored["candidates"]], planned,
-                                  stored["public_data"])
+                                  stored["public_data"], tuple(stored.get("halving_rungs", ())))
         winner = winner_payload(payload, tickets, noise_aware_selection(choice), eps1=None,
                                 nu=float(self.spec["nu"]), seeded=True, noise_aware=choice)
         path = self.model_dir / f"winner-{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"

@@ -167,10 +167,12 @@ class NoiseAwareChoice:
     candidates: list[Candidate]
     plan: PlannedRun
     public_data: dict[str, Any]
+    rungs: tuple[int, ...] = ()
+    """The steps after which successive halving scored and halved the candidates (none: every one trained T)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "candidates": [asdict(c) for c in self.candidates],
-                "plan": asdict(self.plan), "public_data": self.public_data}
+                "plan": asdict(self.plan), "public_data": self.public_data, "halving_rungs": list(self.rungs)}
 
 
 def candidate_models(payload: dict[str, Any], device: torch.device, activation: str | None = None,
@@ -325,6 +327,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     gather = BatchGather()  # one kept buffer for every step's rows (its docstring: why)
     alive = list(range(len(payload["tickets"])))  # which tickets the stack's rows are
     scored: dict[int, Candidate] = {}
+    halved: list[int] = []
     for step in range(plan.steps):
         index = poisson_sample(n, q, generator, device)
         x, y = gather(x_all, index), y_all.index_select(0, index)
@@ -344,6 +347,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
             scored.update({alive[k]: c for k, c in enumerate(_scored(payload, alive, correct, step + 1))
                            if k not in keep})
             alive = [alive[k] for k in keep]
+            halved.append(step + 1)
             optimizer, averaged, first_terms = _keep_rows(stack, keep, optimizer, plan, averaged, first_terms)
         if on_progress is not None:
             on_progress(step + 1, plan.steps)
@@ -354,7 +358,8 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                                          for c in finished], dtype=torch.float64).T)
     best = alive[winning_index(accuracy, gains, se)]
     return NoiseAwareChoice(best, [scored[k] for k in range(len(payload["tickets"]))], plan,
-                            {"dataset": public.name, "split": public.source_split, "fingerprint": public.fingerprint})
+                            {"dataset": public.name, "split": public.source_split, "fingerprint": public.fingerprint},
+                            tuple(halved))
 
 
 def _scored(payload: dict[str, Any], alive: list[int], correct: torch.Tensor, steps: int) -> list[Candidate]:

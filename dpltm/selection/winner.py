@@ -110,7 +110,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     from dpltm.devices import resolve_device
     from dpltm.dp.plugins import noise_plugin
     from dpltm.progress import step_bar
-    from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
+    from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice, rung_steps
     from dpltm.tickets.data import reload_ticket_data
     from dpltm.training.plan import plan_training
 
@@ -125,8 +125,16 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
                          request.private_size, s.ema_warmup)
     public = reload_ticket_data(payload, request.data_dir, resolve_device(request.device))
     batch, sigma = planned.on_public(len(public.train))
-    err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), each trained "
-                      f"{plan.steps} steps under σ = {sigma:.4f}, L = {batch} on {public.name} ({public.source_split} "
+    rungs = rung_steps(plan.steps, settings.halving) if len(payload["tickets"]) > 2 else []
+    if settings.halving and len(rungs) < settings.halving:
+        err_console.print(f"note: --halving {settings.halving}: " + (
+            f"{len(rungs)} rung(s) fit {plan.steps} steps" if len(payload["tickets"]) > 2
+            else "with under 3 candidates there is nothing to halve"), markup=False, highlight=False)
+    trained = (f"each trained {plan.steps} steps" if not rungs else
+               f"trained up to {plan.steps} steps, halved after steps {', '.join(map(str, rungs))} while over two "
+               "remain (successive halving: the dense network and the better half of the tickets go on)")
+    err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), {trained}"
+                      f" under σ = {sigma:.4f}, L = {batch} on {public.name} ({public.source_split} "
                       f"split, the tickets' public data): the private run's {plan.epochs} epochs and noise per step "
                       f"σ/L = {plan.noise_multiplier / plan.expected_batch_size:.3g}; spends no ε")
     with step_bar("noise-aware choice", plan.steps, enabled=request.progress) as bar:

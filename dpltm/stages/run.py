@@ -22,7 +22,7 @@ from dpltm.console import err_console, kept_by_earlier_stage, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
-from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, stage_select
+from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, check_halving, stage_select
 from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
 
 def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.checkpoint import prepare_output
-    from dpltm.config import resolve_generate_config, resolve_train_config
+    from dpltm.config import resolve_generate_config, resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.data.loaders import DATASETS, SPECS
     from dpltm.devices import resolve_device
@@ -192,6 +192,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     given_generation = generation_settings(r, given_recipe, project_to)
     check_recipe_carries(r, given_recipe, given_generation, project_to)
     resolve_generate_config(given_generation, r.config)
+    check_halving(resolve_select_config({"select": {"halving": r.halving}}, r.config).halving,
+                  noise_aware=r.choice == TicketChoice.noise_aware, name=TicketChoice(r.choice).value)
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
     torch_device = resolve_device(r.device)

@@ -35,7 +35,7 @@ def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule,
         gain = ((f"{paired[i]['gain_over_dense']:+.4f} ± {2 * paired[i]['gain_standard_error']:.4f}{stopped}"
                  if i else "–",) if paired else ())
         table.add_row(str(t.round), f"{t.density:.4f}", f"{t.val_accuracy:.4f}",
-                      f"{selection.scores[i]:.4f}", *gain, f"{selection.probabilities[i]:.4f}{mark}")
+                      f"{selection.scores[i]:.4f}{stopped}", *gain, f"{selection.probabilities[i]:.4f}{mark}")
     err_console.print(table)
     if rule.note is not None:
         err_console.print(rule.note)
@@ -79,6 +79,13 @@ class NoiseAwareRequest:
     """A bar with an ETA on stderr while the candidates train (the longest phase of `dpltm run`)."""
 
 
+def check_halving(halving: int, *, noise_aware: bool, name: str) -> None:
+    """Successive halving (`select.halving`, --halving) is a setting of the noise-aware choice only."""
+    if halving and not noise_aware:
+        raise DpltmUserError(f"--halving (select.halving) drops candidates of the noise-aware choice while they "
+                             f"train: the {name} selection trains none (drop --halving, or set select.halving: 0)")
+
+
 def rule_for_flags(best: bool, noise_aware: bool) -> str:
     """The selection rule the CLI's flags name: --noise-aware, --best, else the exponential mechanism."""
     return "noise-aware" if noise_aware else "best" if best else "exponential"
@@ -111,9 +118,7 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     target = out or default_checkpoint_dir() / f"{ticket_set.dataset}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config], checkpoint=True)
     chosen_eps1 = settings.eps1 if chosen_rule.spends_eps1 else None
-    if settings.halving and not chosen_rule.needs_planned_run:
-        raise DpltmUserError(f"--halving drops candidates of the noise-aware choice while they train: the "
-                             f"{chosen_rule.name} selection trains none (drop --halving, or set select.halving: 0)")
+    check_halving(settings.halving, noise_aware=chosen_rule.needs_planned_run, name=chosen_rule.name)
     rule_settings = RuleSettings(nu=settings.nu, seed=seed, eps1=chosen_eps1, planned_run=noise_aware, config=config,
                                  halving=settings.halving)
     # A pick that spends no ε1 has no draw to record: it may take as long as it needs (noise-aware trains

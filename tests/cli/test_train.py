@@ -301,7 +301,7 @@ def test_recipe_options_reach_the_dense_baselines(data_root: Path, tmp_path: Pat
     assert default["released_weights"] == "final iterate" and default["transfer"]["activation"] == "relu"
     for args, message in (
         (["--ema", "1.5"], r"--ema must lie in (0, 1)"),
-        (["--ema-warmup"], "--ema-warmup warms up the moving average of the iterates: give --ema DECAY too"),
+        (["--ema-warmup"], "--ema-warmup (train.ema_warmup) warms up the moving average of the iterates: give its"),
         (["--momentum", "1"], r"--momentum must lie in [0, 1)"),
         (["--momentum", "0.9", "--optimizer", "adam"], "--momentum is for --optimizer sgd"),
         (["--activation", "gelu"], "'gelu' is not one of"),
@@ -334,6 +334,7 @@ def test_noise_aware_select_then_train_spends_nothing_on_the_private_data(data_r
     candidates = selection["noise_aware"]["candidates"]
     assert [c["round"] for c in candidates] == [0, 1, 2] and candidates[0]["density"] == 1.0
     assert sorted(c["steps"] for c in candidates) == [7, 14, 14] and candidates[0]["steps"] == 14  # halved at T/2
+    assert selection["noise_aware"]["halving_rungs"] == [7]
     assert selection["noise_aware"]["public_data"]["fingerprint"] == chosen["ticket_data"]["fingerprint"]
     plan = selection["noise_aware"]["plan"]
     assert plan["steps"] == 2 * 7 and plan["expected_batch_size"] == 16  # ⌈100/16⌉ steps per epoch, 2 epochs

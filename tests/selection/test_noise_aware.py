@@ -315,6 +315,7 @@ def test_halving_scores_a_dropped_candidate_where_it_stopped(tickets: dict,  # t
     steps = [c.steps for c in halved.candidates]
     assert len(steps) == len(tickets["tickets"]) == 4 and steps[0] == 8
     assert sorted(steps) == [2, 4, 8, 8]  # 1 dropped at T/4 (3 tickets → 2), 1 at T/2 (2 → 1)
+    assert halved.rungs == (2, 4) and halved.to_json()["halving_rungs"] == [2, 4] and short.rungs == ()
     first_out = steps.index(2)
     assert halved.candidates[first_out] == replace(short.candidates[first_out], steps=2)
     assert halved.candidates[halved.index].steps == 8
