@@ -1329,15 +1329,7 @@ RunEma = Annotated[
 ]
 
 
-RunEmaWarmup = Annotated[
-    bool | None,
-    typer.Option(
-        "--ema-warmup/--no-ema-warmup",
-        help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the first "
-              "iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema."),
-        show_default="the recipe's",
-    ),
-]
+RunEmaWarmup = TrainEmaWarmup  # the same option on `run`
 
 
 RunFreeze = Annotated[
@@ -1426,17 +1418,7 @@ RunChoice = Annotated[
 ]
 
 
-RunHalving = Annotated[
-    int | None,
-    typer.Option(
-        "--halving",
-        metavar="RUNGS",
-        help=("Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense "
-              "network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full "
-              "runs instead of 5). 0: every candidate trains all T steps."),
-        show_default="the config's select.halving (0)",
-    ),
-]
+RunHalving = SelectHalving  # the same option on `run`
 
 
 RunSeed = Annotated[
