@@ -32,8 +32,8 @@ def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule,
         mark = " ←" if i == selection.index else ""
         stopped = (f" (step {paired[i]['steps']})" if paired and paired[i].get("steps", 0)
                    < max(c.get("steps", 0) for c in paired) else "")  # dropped by successive halving
-        gain = ((f"{paired[i]['gain_over_dense']:+.4f} ± {2 * paired[i]['gain_standard_error']:.4f}{stopped}"
-                 if i else "–",) if paired else ())
+        gain = ((f"{paired[i]['gain_over_dense']:+.4f} ± {2 * paired[i]['gain_standard_error']:.4f}" if i else "–",)
+                if paired else ())
         table.add_row(str(t.round), f"{t.density:.4f}", f"{t.val_accuracy:.4f}",
                       f"{selection.scores[i]:.4f}{stopped}", *gain, f"{selection.probabilities[i]:.4f}{mark}")
     err_console.print(table)
