@@ -127,6 +127,10 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
                        "IMP round ended with, with " + ("the public" if train.get("output_layer") == "keep" else "θ0's")
                        + " output layer; the noise-aware choice simulates each candidate from that start. Public data "
                        "adds nothing to ε.")
+    if train.get("freeze"):
+        bullets.append(f"- **Frozen layers** (`freeze: {list(train['freeze'])}`): held at their start weights (not "
+                       "clipped, noised or updated) in every method that trains from a ticket or the public weights, "
+                       "and in the noise-aware choice's candidates. Public data adds nothing to ε.")
     if "dpsgd-public" in methods:
         bullets.append("- **dense DP-SGD from the public weights** (fine-tuning): the dense network IMP trained on the "
                        "public data (round 0), trained privately by the same recipe: the baseline that gets the same "
