@@ -35,11 +35,12 @@ class Ema:
         """The average a run's settings ask for (None: the final iterate is released)."""
         return None if decay is None else cls(decay, warmup)
 
-    def weight(self, count: Tensor) -> Tensor:
+    def weight(self, count: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
         """The new iterate's weight 1 − d_t after `count` earlier updates: 1 at the first (EMA_1 = θ_1).
 
-        A tensor in, a tensor out, on the counter's device: no host synchronisation."""
-        t = count.to(torch.float64)
+        A tensor in, a tensor out, on the counter's device: no host synchronisation. `dtype`: the weights'
+        own (an MPS device has no float64)."""
+        t = count.to(dtype)
         decay = torch.full_like(t, self.decay)
         if self.warmup:
             decay = torch.minimum(decay, (1.0 + t) / (WARMUP_OFFSET + t))
@@ -68,7 +69,8 @@ def make_averager(model: nn.Module, ema: Ema | None) -> AveragedModel | None:
 @torch.no_grad()
 def average_into(averaged: Iterable[Tensor], current: Iterable[Tensor], count: Tensor, ema: Ema) -> None:
     """One EMA step of the tensors `averaged` towards `current`, then `count` += 1; on the device."""
-    weight = ema.weight(count)
+    current = list(current)
+    weight = ema.weight(count, current[0].dtype if current else torch.float64)
     for mean, theta in zip(averaged, current, strict=True):
         mean.lerp_(theta, weight.to(device=theta.device, dtype=theta.dtype))
     count.add_(1)
