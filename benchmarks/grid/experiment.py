@@ -315,6 +315,9 @@ class Experiment:
         if dataset is not None:  # per-dataset recipe (e.g. a batch that suits a smaller set)
             t.update(self.spec.get("dataset_train", {}).get(dataset, {}))
         t.update(overrides)
+        if t.get("ema_warmup") and t.get("ema") is None:  # as dpltm.config.resolve_train_config refuses it
+            raise DpltmUserError(f"profile {self.spec['name']}: train.ema_warmup needs a decay, train.ema"
+                                 + (f" (for {dataset})" if dataset else ""))
         return TrainSettings(**t)
 
     # ---- one run -------------------------------------------------------------------------

@@ -216,3 +216,19 @@ def test_public_start_profile_fine_tunes_the_dense_public_network_and_keeps_dpsg
     assert "activation_override" not in fine_tuned["transfer"]  # the tickets were made in tanh too
     assert load_checkpoint(models / "mnist-dpsgd-1-0.pt", "model").get("ticket") is None
     assert "fine-tuning" in (tmp_path / "d.md").read_text()
+
+
+def test_a_profiles_ema_warmup_needs_a_decay(tmp_path: Path) -> None:
+    """A profile (or a per-dataset override) that asks for the warm-up without a decay is refused, not run with
+    the final iterate."""
+    shipped = yaml.safe_load((PROFILES / "public-start-ema.yaml").read_text())
+    profile = {**shipped, "dataset_train": {"mnist": {"ema": None}}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    import torch
+    from grid.experiment import Experiment
+
+    exp = Experiment.from_file(path, tmp_path / "out", tmp_path, torch.device("cpu"))
+    assert exp.train_settings(54000, "fashion-mnist").ema_warmup
+    with pytest.raises(DpltmUserError, match="train.ema_warmup needs a decay, train.ema \\(for mnist\\)"):
+        exp.train_settings(54000, "mnist")
