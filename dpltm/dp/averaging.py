@@ -41,10 +41,8 @@ class Ema:
         A tensor in, a tensor out, on the counter's device: no host synchronisation. `dtype`: the weights'
         own (an MPS device has no float64)."""
         t = count.to(dtype)
-        decay = torch.full_like(t, self.decay)
-        if self.warmup:
-            decay = torch.minimum(decay, (1.0 + t) / (WARMUP_OFFSET + t))
-        return torch.where(t == 0, torch.ones_like(t), 1.0 - decay)
+        decay = torch.clamp((1.0 + t) / (WARMUP_OFFSET + t), max=self.decay) if self.warmup else self.decay
+        return 1.0 - (t > 0).to(dtype) * decay
 
     def describe(self) -> str:
         """How the report names the released weights."""

@@ -394,28 +394,21 @@ def _keep_rows(stack: StackedMLP | EachCandidate, keep: list[int], optimizer: to
     """Only the candidates `keep` go on: the stack, its optimiser (with each kept candidate's state, e.g.
     momentum), its average and its first-layer table lose the others' rows."""
     before = stack.parameters()
-    rows = torch.tensor(keep, device=before[0].device)
-    if isinstance(stack, EachCandidate):
-        per_candidate = len(before) // stack.size
-        kept_params = [before[k * per_candidate + j] for k in keep for j in range(per_candidate)]
-        carried = list(zip(kept_params, kept_params))
+    if isinstance(stack, EachCandidate):  # the kept networks are the same modules: the optimiser goes on as it
+        per_candidate = len(before) // stack.size  # is (a dropped network gets no gradient again: it skips it)
         if averaged is not None:
             averaged = [averaged[k * per_candidate + j] for k in keep for j in range(per_candidate)]
         stack.keep(keep)
-    else:
-        if first_terms is not None:
-            k, out = stack.size, stack.masks[0].shape[1]
-            first_terms = first_terms.reshape(first_terms.shape[0], k, out).index_select(1, rows).reshape(
-                first_terms.shape[0], -1)
-        if averaged is not None:
-            averaged = [a.index_select(0, rows) for a in averaged]
-        stack.keep(keep)
-        carried = list(zip(before, stack.parameters()))
+        return optimizer, averaged, first_terms
+    rows = torch.tensor(keep, device=before[0].device)
+    if first_terms is not None:  # (n, K·out) → the kept candidates' columns
+        n, out = first_terms.shape[0], stack.masks[0].shape[1]
+        first_terms = first_terms.reshape(n, stack.size, out).index_select(1, rows).reshape(n, -1)
+    if averaged is not None:
+        averaged = [a.index_select(0, rows) for a in averaged]
+    stack.keep(keep)  # new leaf tensors: a new optimiser, with the kept rows of each state tensor
     fresh = _optimizer(stack.parameters(), plan)
-    for old, new in carried:
-        state = optimizer.state.get(old)
-        if state:
-            fresh.state[new] = {name: value.index_select(0, rows).clone()
-                                if isinstance(stack, StackedMLP) and torch.is_tensor(value) and value.dim() > 0
-                                else value for name, value in state.items()}
+    for old, new in zip(before, stack.parameters()):
+        fresh.state[new] = {name: value.index_select(0, rows) if torch.is_tensor(value) and value.dim() > 0
+                            else value for name, value in optimizer.state.get(old, {}).items()}
     return fresh, averaged, first_terms

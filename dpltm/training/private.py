@@ -51,10 +51,10 @@ if TYPE_CHECKING:
     AuditCanaries = GradientCanaries | InputCanaries
 
 
-
 def averaging_of(settings: TrainSettings) -> Ema | None:
     """The moving average of the iterates a run's settings ask for (None: the final iterate)."""
     return Ema.of(settings.ema, settings.ema_warmup)
+
 
 def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
     """The seed of the noise and Poisson-sampling generators, and how it was obtained.
@@ -370,7 +370,7 @@ def run_private(model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings
         raise RuntimeError(f"trained on {trainer.world_size} processes, expected {distribution.world_size}")
     steps = len(module.history) * plan.steps_per_epoch
     reason = module.stop_reason or f"finished {plan.epochs} epochs"
-    return TrainOutcome(module.history, steps, reason, module.released, released_weights(averaging_of(settings)))
+    return TrainOutcome(module.history, steps, reason, module.released, released_weights(module.ema))
 
 
 class _EpochBatches(torch.utils.data.IterableDataset[tuple[Tensor, Tensor]]):
@@ -467,4 +467,4 @@ def run_non_private(model: nn.Module, data: DatasetSplits, settings: TrainSettin
     if len(module.history) != settings.epochs:
         raise RuntimeError(f"non-private training ran {len(module.history)} epochs, expected {settings.epochs}")
     return TrainOutcome(module.history, settings.epochs * steps_per_epoch, f"finished {settings.epochs} epochs",
-                        module.released, released_weights(averaging_of(settings)))
+                        module.released, released_weights(module.ema))
