@@ -411,4 +411,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from dpltm.cli_runtime import exit_without_teardown
+
     main()
+    exit_without_teardown()

@@ -266,6 +266,11 @@ SECTIONS: dict[str, type] = {}  # filled below, once every settings class exists
 TOP_LEVEL_SCALARS: dict[str, type] = {"seed": int}
 
 
+PAIRED_KEYS = {("train", "ema_warmup"): "ema"}
+"""A key that needs another (its dataclass refuses it alone): a file may set it while the other comes from
+another layer (the CLI, a recipe), so a section is checked alone without it, and in full once merged."""
+
+
 def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
     """A user's config file, checked whole: known sections, known keys, valid values.
 
@@ -291,8 +296,9 @@ def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
         if unknown:
             raise DpltmUserError(f"unknown config key(s) {unknown} in section '{key}' of {source}")
         section = {k: _coerce(hints[k], v, f"{key}.{k}") for k, v in value.items()}
+        alone = {k: v for k, v in section.items() if PAIRED_KEYS.get((key, k), k) in section}
         try:
-            cls(**section)  # the section's own range checks (the rest at their defaults)
+            cls(**alone)  # the section's own range checks (the rest at their defaults)
         except DpltmUserError as error:  # it names the flag; the value is in this file
             raise DpltmUserError(f"{error} (in section '{key}' of {source})") from error
         out[key] = section
@@ -528,6 +534,10 @@ class TrainSettings:
             raise DpltmUserError(f"--lr-sigma must lie in (0, {MAX_LR:g}], got {self.lr_sigma:g}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise DpltmUserError(f"--ema must lie in (0, 1), got {self.ema:g}")
+        if self.ema_warmup and self.ema is None:  # checked once the layers merge (the decay may come from
+            # another), and for settings built directly (the API, the grid): never a silent no-op
+            raise DpltmUserError("--ema-warmup (train.ema_warmup) warms up the moving average of the iterates: give "
+                                 "its decay too, --ema DECAY (train.ema)")
         if self.rewind not in TICKET_STARTS:
             raise DpltmUserError(f"--rewind must be one of {', '.join(TICKET_STARTS)}, got {self.rewind}")
         if self.output_layer not in OUTPUT_LAYERS:
@@ -622,9 +632,6 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recip
         # the recipe's `hidden: []` is scatter-linear's; another network would silently lose its hidden layers
         raise DpltmUserError(f"--recipe scatter is for the ScatterNet heads (--arch scatter-linear, scatter-mlp, "
                              f"scatter-cnn); --arch {cfg.model.arch} trains with --recipe tuned or paper")
-    if cfg.train.ema_warmup and cfg.train.ema is None:  # checked merged: the decay may come from another layer
-        raise DpltmUserError("--ema-warmup (train.ema_warmup) warms up the moving average of the iterates: give its "
-                             "decay too, --ema DECAY (train.ema)")
     if cfg.train.patience is not None and cfg.data.val_fraction == 0.0:
         raise DpltmUserError("--patience stops on validation accuracy, and --val-fraction 0 leaves no validation "
                              "records: give a fraction in (0, 0.5), or leave --patience out")

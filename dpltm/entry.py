@@ -4,7 +4,8 @@ Importing the CLI (typer, rich; the commands import torch and Lightning later) t
 second, during which Python's default SIGINT handler would print a KeyboardInterrupt traceback. This
 module imports nothing heavy: it installs handlers that end the process with one line and exit
 130/143 (nothing has been written yet), then hands over to `dpltm.cli.main`, which installs the
-run's own handlers (unwind cleanly, clean temp files) for the rest.
+run's own handlers (unwind cleanly, clean temp files) for the rest. A command that finished ends
+without the interpreter's teardown (`dpltm.cli_runtime.exit_without_teardown`).
 """
 
 from __future__ import annotations
@@ -29,4 +30,7 @@ def main() -> None:
     install_start_handlers()
     from dpltm.cli import main as cli_main
 
-    cli_main()
+    cli_main()  # a failure raises SystemExit and exits the ordinary way
+    from dpltm.cli_runtime import exit_without_teardown
+
+    exit_without_teardown()

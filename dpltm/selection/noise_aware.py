@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
+from dpltm.data.splits import derive_seed
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, correct_predictions, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
-from dpltm.dp.sampling import BatchGather, poisson_sample
+from dpltm.dp.sampling import MAX_DRAWS_AT_ONCE, BatchGather, poisson_batches_at_once
 from dpltm.dp.step import (
     RecordTerms,
     private_gradients,
@@ -318,7 +319,10 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     else:
         first_terms = stack.first_layer_terms(public.train.features)
     optimizer = _optimizer(stack.parameters(), plan)
-    generator = torch.Generator(device=device).manual_seed(secrets.randbits(63) if seed is None else seed)
+    base = secrets.randbits(63) if seed is None else seed
+    generator = torch.Generator(device=device).manual_seed(base)  # the noise
+    sampling = torch.Generator(device=device).manual_seed(derive_seed(base, "noise-aware sampling"))  # its own
+    # stream: batches drawn ahead (poisson_steps) leave the noise as a run of any length draws it
     q = batch / n
     x_all, y_all = public.train.features, public.train.labels
     averaged: list[torch.Tensor] | None = None
@@ -328,8 +332,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     alive = list(range(len(payload["tickets"])))  # which tickets the stack's rows are
     scored: dict[int, Candidate] = {}
     halved: list[int] = []
-    for step in range(plan.steps):
-        index = poisson_sample(n, q, generator, device)
+    for step, index in enumerate(poisson_steps(n, q, plan.steps, sampling, device)):
         x, y = gather(x_all, index), y_all.index_select(0, index)
         if isinstance(stack, EachCandidate):
             stack.step(optimizer, x, y, generator, index)
@@ -360,6 +363,16 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     return NoiseAwareChoice(best, [scored[k] for k in range(len(payload["tickets"]))], plan,
                             {"dataset": public.name, "split": public.source_split, "fingerprint": public.fingerprint},
                             tuple(halved))
+
+
+def poisson_steps(n: int, sample_rate: float, steps: int, generator: torch.Generator,
+                  device: torch.device) -> Iterator[torch.Tensor]:
+    """The candidates' Poisson batches, step by step, drawn a block of steps at a time
+    (`poisson_batches_at_once`, at most `MAX_DRAWS_AT_ONCE` draws held): a batch drawn at its own step
+    costs a host synchronisation (its size) every step, which on a GPU stalls the queue of launches."""
+    block = max(1, MAX_DRAWS_AT_ONCE // max(n, 1))
+    for start in range(0, steps, block):
+        yield from poisson_batches_at_once(n, sample_rate, min(block, steps - start), generator, device)
 
 
 def _scored(payload: dict[str, Any], alive: list[int], correct: torch.Tensor, steps: int) -> list[Candidate]:

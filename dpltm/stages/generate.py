@@ -51,8 +51,10 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         from dpltm.run_log import check_log_root
 
         check_log_root(log_dir)
+    resuming = target.exists() and not overwrite  # generate_tickets resumes it (or refuses other settings' file)
     err_console.print(
-        f"generating tickets on {data.name} ({data.source_split} split: {len(data.train)} train, "
+        (f"continuing the tickets in {target} (its finished rounds are kept)" if resuming else "generating tickets")
+        + f" on {data.name} ({data.source_split} split: {len(data.train)} train, "
         f"{len(data.val)} val, {len(data.test)} test) on {torch_device}; "
         f"phase 1 is NOT private: it sees this data directly"
     )

@@ -33,6 +33,19 @@ def test_generate_then_inspect(digits_dir: Path, tmp_path: Path, cli) -> None:
     assert "WITHOUT privacy" in table.stdout and "val acc" in table.stdout
 
 
+def test_a_second_generate_says_it_continues_the_file_it_finds(digits_dir: Path, tmp_path: Path, cli) -> None:
+    out = tmp_path / "tickets.pt"
+    flags = ("generate", "--dataset", "digits", "--data-dir", str(digits_dir), "--rounds", "1", "--iterations", "10",
+             "--batch-size", "32", "--device", "cpu", "--out", str(out), "--no-progress")
+
+    def said(*extra: str) -> str:  # rich may fold a long path anywhere: compare without white space
+        return "".join(cli(*flags, *extra).stderr.split())
+
+    assert "generatingticketsondigits" in said()
+    assert f"continuingtheticketsin{out}(itsfinishedroundsarekept)ondigits" in said()
+    assert "generatingticketsondigits" in said("--overwrite")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

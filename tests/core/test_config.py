@@ -170,6 +170,9 @@ def test_a_setting_that_needs_another_is_checked_after_the_layers_merge(tmp_path
     assert resolve_train_config({}, user, recipe="tuned").train.ema == 0.999  # the recipe's decay
     with pytest.raises(DpltmUserError, match=r"--ema-warmup \(train.ema_warmup\) warms up .*--ema DECAY \(train.ema\)"):
         resolve_train_config({}, user)
+    with pytest.raises(DpltmUserError, match=r"--ema-warmup \(train.ema_warmup\) warms up"):  # built directly
+        TrainSettings(ema_warmup=True)
+    assert TrainSettings(ema=0.99, ema_warmup=True).ema_warmup
 
 
 def test_empty_sections_mean_no_overrides(tmp_path: Path) -> None:

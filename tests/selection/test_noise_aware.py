@@ -189,11 +189,27 @@ def test_the_public_proxy_is_epoch_matched(tickets: dict, tiny_splits: DatasetSp
     rates = []
     import dpltm.selection.noise_aware as module
 
-    real = module.poisson_sample
-    monkeypatch.setattr(module, "poisson_sample", lambda n, q, *a: rates.append(q) or real(n, q, *a))
+    real = module.poisson_steps
+    monkeypatch.setattr(module, "poisson_steps", lambda n, q, *a: rates.append(q) or real(n, q, *a))
     n = len(tiny_splits.train)
     noise_aware_choice(tickets, tiny_splits, replace(plan, expected_batch_size=400, private_size=4 * n), seed=0)
     assert set(rates) == {100 / n}  # L_pub = 400 · n / 4n
+
+
+def test_the_candidates_batches_are_drawn_in_blocks_with_the_poisson_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`poisson_steps` gives exactly `steps` batches, block by block when the draws would not fit at once, each a
+    sorted set of distinct indices by the same inclusion rule (the realised rate ≈ q)."""
+    import dpltm.selection.noise_aware as module
+
+    monkeypatch.setattr(module, "MAX_DRAWS_AT_ONCE", 3000)  # n = 1000: three steps per block
+    generator = torch.Generator().manual_seed(0)
+    batches = list(module.poisson_steps(1000, 0.1, 10, generator, torch.device("cpu")))
+    assert len(batches) == 10
+    assert all(torch.equal(b, b.unique()) and (b.numel() == 0 or 0 <= int(b.min()) <= int(b.max()) < 1000)
+               for b in batches)
+    sizes = torch.tensor([b.numel() for b in batches], dtype=torch.float64)
+    assert abs(float(sizes.mean()) - 100) < 4 * (1000 * 0.1 * 0.9 / 10) ** 0.5
+    assert list(module.poisson_steps(1000, 0.1, 0, generator, torch.device("cpu"))) == []
 
 
 def test_paired_gains_are_the_mean_and_standard_error_of_the_per_record_differences() -> None:
