@@ -74,6 +74,8 @@ def emit_json(report: dict[str, Any]) -> None:
     """A report as one line of strict JSON (no NaN) on stdout."""
     from dpltm.strict_json import dumps
 
+    if sys.stdout is None:  # started with stdout closed (`>&-`): Python gives it no stream at all
+        raise DpltmUserError("standard output is closed: nowhere to print the --json report")
     sys.stdout.write(dumps(report) + "\n")
 
 

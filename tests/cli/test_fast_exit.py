@@ -50,3 +50,10 @@ def test_the_ordinary_exit_on_request_gives_the_same_output(tmp_path: Path) -> N
     ordinary = console("", ACCOUNT, tmp_path, DPLTM_FULL_TEARDOWN="1")
     assert fast.returncode == ordinary.returncode == 0
     assert json.loads(fast.stdout) == json.loads(ordinary.stdout)
+
+
+def test_a_report_with_stdout_closed_is_one_line(tmp_path: Path) -> None:
+    """Started with stdout closed (`>&-`), Python gives the process no stdout stream at all."""
+    result = console("sys.stdout = None", ACCOUNT, tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == "dpltm: error: standard output is closed: nowhere to print the --json report\n"
