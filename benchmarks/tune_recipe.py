@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--clip", type=positive_float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hidden", type=int, nargs="+", default=[300, 100], help="hidden layer widths")
+    parser.add_argument("--arch", default="mlp", help="the network (dpltm's --arch: mlp, lenet5, ...)")
+    parser.add_argument("--hidden", type=int, nargs="+", default=None,
+                        help="hidden layer widths (default: 300 100 for mlp, 120 84 for lenet5)")
     parser.add_argument("--front", choices=["scatter"], default=None,
                         help="search the linear head over a fixed front end's features (--arch scatter-linear): "
                              "the public records' cached features, no hidden layer")
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     name, split = (args.public.split(":", 1) + ["train"])[:2]
     public = load_dataset(name, split=split, data_dir=args.data_dir, val_fraction=0.1, seed=args.seed)
+    if args.hidden is None:
+        args.hidden = [120, 84] if args.arch == "lenet5" else [300, 100]
     if args.front is not None:  # the head's own inputs: the front end's features, computed once (cached)
         public = scatter_features(public)
         args.hidden = []
@@ -132,11 +136,12 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 rows += search_recipe(public, args.private_size, eps, args.delta, activation, batch, epochs,
                                       args.lrs, args.momentum, args.clip, seed, tuple(args.hidden), args.proxy,
-                                      args.lr_sigmas)
+                                      args.lr_sigmas, args.arch)
             except (ValueError, DpltmUserError) as error:
                 parser.error(str(error))
         best, mean, spread = best_setting(rows)
-        print(f"ε={eps:g} {activation} L={batch} E={epochs} σ={rows[0]['sigma']} (proxy L'={rows[0]['proxy_batch']}, "
+        print(f"ε={eps:g} {args.arch} {activation} L={batch} E={epochs} σ={rows[0]['sigma']} "
+              f"(proxy L'={rows[0]['proxy_batch']}, "
               f"σ'={rows[0]['proxy_sigma']}): best lr·σ={best[0]} ema={best[1] or 'off'}{' warm-up' * best[2]} "
               f"public val {mean:.4f}"
               f" ± {spread:.4f} over {len(seeds)} seed(s) ({time.perf_counter() - start:.0f} s)", flush=True)

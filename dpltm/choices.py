@@ -53,6 +53,7 @@ class Recipe(Choice):
     paper = "paper"
     tuned = "tuned"
     scatter = "scatter"
+    cnn = "cnn"
 
 
 class RunRecipe(Choice):
@@ -62,6 +63,7 @@ class RunRecipe(Choice):
     paper = "paper"
     tuned = "tuned"
     scatter = "scatter"
+    cnn = "cnn"
 
 
 class Optimizer(Choice):

@@ -827,9 +827,11 @@ TrainRecipe = Annotated[
     Recipe,
     typer.Option(
         help=("Training recipe under --config and flags: paper (defaults.yaml; the default), tuned (chosen on "
-              "public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml) "
-              "or scatter (chosen on public data: the ScatterNet front end and a linear head, --arch "
-              "scatter-linear, L = 4096, momentum 0.9, lr = 1/σ, 40 epochs; configs/recipes/scatter.yaml)."),
+              "public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; configs/recipes/tuned.yaml)"
+              ", scatter (chosen on public data: the ScatterNet front end and a linear head, --arch "
+              "scatter-linear, L = 4096, momentum 0.9, lr = 1/σ, 40 epochs; configs/recipes/scatter.yaml) or cnn "
+              "(LeNet-5's, chosen on public data: --arch lenet5, tanh, L = 1600, lr = 6/σ, the final iterate; "
+              "configs/recipes/cnn.yaml)."),
     ),
 ]
 
@@ -1370,10 +1372,11 @@ RunRecipeOption = Annotated[
     typer.Option(
         help=("Training recipe (under --config and flags): auto (the default: from 20000 training records, the "
               "size the recipes were chosen for, scatter where its front end applies — square images, public "
-              "tickets of the same shape, no other --arch — else tuned; paper below), scatter (the ScatterNet "
-              "front end with tickets over a linear head, chosen on public data: L = 4096, momentum 0.9, lr = 1/σ, "
-              "5 IMP rounds of 1000 steps), tuned (chosen on public data: tanh, L = 1600, lr = 6/σ, EMA 0.999) or "
-              "paper."),
+              "tickets of the same shape, no other --arch — else cnn for --arch lenet5 and tuned for the rest; "
+              "paper below), scatter (the ScatterNet front end with tickets over a linear head, chosen on public "
+              "data: L = 4096, momentum 0.9, lr = 1/σ, 5 IMP rounds of 1000 steps), tuned (chosen on public data: "
+              "tanh, L = 1600, lr = 6/σ, EMA 0.999), cnn (LeNet-5's, chosen on public data: the tuned recipe's "
+              "rate, the final iterate) or paper."),
     ),
 ]
 

@@ -594,10 +594,11 @@ def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> S
     return from_dict(SelectSettings, tree.get("select", {}), "select")
 
 
-RECIPES = ("paper", "tuned", "scatter")
+RECIPES = ("paper", "tuned", "scatter", "cnn")
 """Training recipes: the paper's settings (defaults.yaml), the DP recipe chosen on public data
-(configs/recipes/tuned.yaml, for MNIST-sized sets), or the ScatterNet one (configs/recipes/scatter.yaml:
-the scattering front end and a linear head, chosen on public data too)."""
+(configs/recipes/tuned.yaml, for MNIST-sized sets), the ScatterNet one (configs/recipes/scatter.yaml:
+the scattering front end and a linear head, chosen on public data too), or LeNet-5's
+(configs/recipes/cnn.yaml, chosen on public data the same way)."""
 
 
 def recipe_tree(recipe: str | None) -> dict[str, Any]:
@@ -609,7 +610,8 @@ def recipe_tree(recipe: str | None) -> dict[str, Any]:
     return read_config_file(CONFIG_DIR / "recipes" / f"{recipe}.yaml")
 
 
-RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all")), "scatter": ("kmnist", ("test", "all"))}
+RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all")), "scatter": ("kmnist", ("test", "all")),
+                   "cnn": ("kmnist", ("test", "all"))}
 """The public data each recipe was chosen on: a run that protects those very records cannot use it."""
 
 
@@ -632,6 +634,9 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recip
         # the recipe's `hidden: []` is scatter-linear's; another network would silently lose its hidden layers
         raise DpltmUserError(f"--recipe scatter is for the ScatterNet heads (--arch scatter-linear, scatter-mlp, "
                              f"scatter-cnn); --arch {cfg.model.arch} trains with --recipe tuned or paper")
+    if recipe == "cnn" and cfg.model.arch != "lenet5":  # its hidden widths and rates are LeNet-5's
+        raise DpltmUserError(f"--recipe cnn is LeNet-5's (--arch lenet5); --arch {cfg.model.arch} trains with "
+                             "--recipe tuned, paper or scatter")
     if cfg.train.patience is not None and cfg.data.val_fraction == 0.0:
         raise DpltmUserError("--patience stops on validation accuracy, and --val-fraction 0 leaves no validation "
                              "records: give a fraction in (0, 0.5), or leave --patience out")

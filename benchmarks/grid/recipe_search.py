@@ -16,6 +16,10 @@ rate q = L/N, so the expected batch is L' = q·n, and σ' = σ·L'/L keeps the n
 to the private run's σC/L over the same T steps; it matches the private run's epochs too, and it
 reaches batches far larger than the public set.
 
+A convolutional network (`arch="lenet5"`) cannot be stacked into one set of matrices: its candidates, one
+per rate, are stepped in turn by the DP training's own step (`EachCandidate`, the noise-aware choice's
+path for CNNs) on the same Poisson batches, each with its own noise draw and its own SGD rate.
+
 Nothing here takes private data: `search_recipe` gets the public splits and one integer, N.
 """
 
@@ -30,9 +34,9 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
-from dpltm.model import LeNet, build_architecture
+from dpltm.model import build_architecture, build_network, full_masks
 from dpltm.privacy.calibration import calibrate_noise_multiplier
-from dpltm.selection.noise_aware import tan_proxy
+from dpltm.selection.noise_aware import EachCandidate, PlannedRun, stacks, tan_proxy
 
 AVERAGES = (None, Ema(0.99), Ema(0.995), Ema(0.999), Ema(0.99, warmup=True), Ema(0.999, warmup=True))
 """The released weights scored: the final iterate and EMAs, as `train --ema D [--ema-warmup]` releases them."""
@@ -81,11 +85,12 @@ class PerCandidateSGD:
 def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: float, activation: str, batch: int,
                   epochs: int, lrs: list[float], momentum: float = 0.0, clip: float = 1.0, seed: int = 0,
                   hidden: tuple[int, ...] = (300, 100), proxy: str = "public-batch",
-                  lr_sigmas: bool = False) -> list[dict[str, Any]]:
+                  lr_sigmas: bool = False, arch: str = "mlp") -> list[dict[str, Any]]:
     """One (activation, L, epochs) recipe at every rate in `lrs` and every EMA decay: one row each.
 
     With `lr_sigmas`, `lrs` are lr·σ (the recipes' `lr_sigma`): each run's rate is lr_sigma/σ for the
-    private run's σ, as `dpltm train` sets it.
+    private run's σ, as `dpltm train` sets it. `arch`: the network (`--arch`; an MLP stacks, a CNN steps
+    its candidates in turn).
     """
     start = time.perf_counter()
     q = batch / private_size
@@ -94,19 +99,33 @@ def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: f
     n = len(public.train)
     expected, proxy_sigma = proxy_batch(proxy, batch, private_size, n, sigma)
     rates = [lr / sigma for lr in lrs] if lr_sigmas else list(lrs)
-    arch = build_architecture(public.num_features, public.num_classes, hidden, None, activation)
-    models = [LeNet(arch, torch.Generator().manual_seed(seed)) for _ in lrs]  # same θ0 for every rate
-    stack = StackedMLP(models, [model.full_masks() for model in models])
-    optimizer = PerCandidateSGD(stack.parameters(), torch.tensor(rates), momentum)
-    generator = torch.Generator().manual_seed(seed + 1)
+    architecture = build_architecture(public.num_features, public.num_classes, hidden, None, activation, arch)
+    models = [build_network(architecture, torch.Generator().manual_seed(seed)) for _ in lrs]  # same θ0 each rate
     x_all, y_all = public.train.features, public.train.labels
+    stack: StackedMLP | EachCandidate
+    optimizer: PerCandidateSGD | torch.optim.Optimizer
+    if stacks(models[0]):
+        stack = StackedMLP(models, [full_masks(model) for model in models])
+        optimizer = PerCandidateSGD(stack.parameters(), torch.tensor(rates), momentum)
+    else:
+        plan = PlannedRun(noise_multiplier=proxy_sigma, expected_batch_size=expected, steps=steps,  # type: ignore[arg-type]
+                          clip=clip, lr=1.0, momentum=momentum)  # the proxy's (possibly fractional) L'
+        stack = EachCandidate(models, [full_masks(model) for model in models], plan, x_all.dtype)
+        stack.use_records(x_all)
+        optimizer = torch.optim.SGD([{"params": list(model.parameters()), "lr": rate}
+                                     for model, rate in zip(models, rates)], lr=rates[0], momentum=momentum)
+    generator = torch.Generator().manual_seed(seed + 1)
     parameters = stack.parameters()
     averages = {ema: [torch.zeros_like(p) for p in parameters] for ema in AVERAGES if ema is not None}
     counts = {ema: torch.zeros((), dtype=torch.long) for ema in averages}  # EMA_1 = θ_1, as the private run
     for _ in range(steps):
         index = poisson_sample(n, expected / n, generator, x_all.device)
-        noisy_step(stack, optimizer, x_all.index_select(0, index), y_all.index_select(0, index), clip=clip,
-                   noise_multiplier=proxy_sigma, expected_batch_size=expected, generator=generator)
+        x, y = x_all.index_select(0, index), y_all.index_select(0, index)
+        if isinstance(stack, EachCandidate):
+            stack.step(optimizer, x, y, generator, index)  # type: ignore[arg-type]
+        else:
+            noisy_step(stack, optimizer, x, y, clip=clip,  # type: ignore[arg-type]
+                       noise_multiplier=proxy_sigma, expected_batch_size=expected, generator=generator)
         for ema, mean in averages.items():
             average_into(mean, [p.detach() for p in parameters], counts[ema], ema)
     rows = []
@@ -115,7 +134,9 @@ def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: f
         with torch.no_grad():
             for p, v in zip(stack.parameters(), final if ema is None else averages[ema]):
                 p.copy_(v)
-        scores = accuracies(stack, public.val.features, public.val.labels).tolist()
+        val_x, val_y = public.val.features, public.val.labels
+        scores = (stack.correct(val_x, val_y).double().mean(dim=1).tolist() if isinstance(stack, EachCandidate)
+                  else accuracies(stack, val_x, val_y).tolist())
         for lr, rate, score in zip(lrs, rates, scores):
             rows.append({"epsilon": eps, "activation": activation, "batch_size": batch, "epochs": epochs,
                          "lr": round(rate, 6), "ema": "" if ema is None else ema.decay, "sigma": round(sigma, 5),

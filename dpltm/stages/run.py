@@ -33,15 +33,16 @@ TUNED_RECIPE_MIN_RECORDS = 20000
 chosen for N = 54000 (MNIST, Fashion-MNIST); its batch of 1600 does not suit small sets."""
 
 
-def chosen_recipe(recipe: str, n_train: int, scatter: bool = False) -> str:
-    """The recipe `--recipe auto|paper|tuned|scatter` gives for a private training set of `n_train` records:
+def chosen_recipe(recipe: str, n_train: int, scatter: bool = False, arch: str | None = None) -> str:
+    """The recipe `--recipe auto|paper|tuned|scatter|cnn` gives for a private training set of `n_train` records:
     auto is the ScatterNet one (the best sound configuration measured, docs/results.md) where its front end
     applies (`scatter`: square images of a side it takes, public tickets of the same shape, no other --arch),
-    else tuned from TUNED_RECIPE_MIN_RECORDS records up (the size both were chosen for), else paper."""
+    else, from TUNED_RECIPE_MIN_RECORDS records up (the size all three were chosen for), LeNet-5's own for
+    `--arch lenet5` and tuned for the rest; under that size, paper."""
     if recipe == "auto":
         if n_train < TUNED_RECIPE_MIN_RECORDS:
             return "paper"
-        return "scatter" if scatter else "tuned"
+        return "scatter" if scatter else "cnn" if arch == "lenet5" else "tuned"
     return recipe
 
 
@@ -202,7 +203,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     private = load_dataset(r.dataset, split=train_cfg.data.split, data_dir=r.data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features)
-    train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter)
+    train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter, r.arch)
     gen_cli = generation_settings(r, train_cli["recipe"], project_to)
     check_recipe_carries(r, train_cli["recipe"], gen_cli, project_to)
     check_graphs_take(r.cuda_graphs, gen_cli["model"].get("arch"))
@@ -258,8 +259,16 @@ def check_graphs_take(cuda_graphs: bool, arch: str | None) -> None:
 def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: dict[str, Any], project_to: int | None) -> None:
     """A recipe whose network is not the MLP (scatter: a ScatterNet head) makes tickets of the public images'
     shape; only the MLP's input projection carries tickets to data of another width."""
+    from dpltm.config import recipe_tree
     from dpltm.data.loaders import SPECS
 
+    own = recipe_tree(recipe).get("model", {}).get("arch")  # the network a recipe was chosen for, if it names one
+    if r.arch is not None and own is not None and r.arch.split("-")[0] != own.split("-")[0]:
+        raise DpltmUserError(f"--recipe {recipe} was chosen for --arch {own}" + (
+            " (or another ScatterNet head)" if own.startswith("scatter-") else "") +
+            f"; --arch {r.arch} trains with " + (
+                "--recipe cnn, tuned or paper" if r.arch == "lenet5" else "--recipe scatter" if r.arch.startswith(
+                    "scatter-") else "--recipe tuned or paper"))
     recipe_arch = gen_cli["model"].get("arch")
     if r.arch is None and recipe_arch not in (None, "mlp") and project_to is not None:
         raise DpltmUserError(f"--recipe {recipe} trains {recipe_arch} tickets, made on {r.public_dataset}'s "
@@ -312,7 +321,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     base = resolve_train_config({"data": {"dataset": r.dataset}, "seed": r.seed}, r.config)
     pool = load_dataset(r.dataset, split=base.data.split, data_dir=r.data_dir, val_fraction=base.data.val_fraction,
                         seed=base.seed)
-    chosen = chosen_recipe(r.recipe, len(pool.train))
+    chosen = chosen_recipe(r.recipe, len(pool.train), arch=r.arch)
     settings = resolve_train_config({"data": {"dataset": r.dataset}, "train": {"epochs": r.epochs},
                                      "recipe": chosen}, r.config)
     check_lr_given(r.lr, settings, chosen)

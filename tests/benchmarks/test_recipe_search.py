@@ -115,3 +115,49 @@ def test_the_search_averages_by_the_private_runs_rule(monkeypatch: pytest.Monkey
             expected = [e + weight * (x - e) for e, x in zip(expected, theta)]
         for g, e in zip(got, expected):
             torch.testing.assert_close(g, e)
+
+
+def test_a_cnn_search_steps_each_rates_network_by_its_own_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LeNet-5 does not stack: one network per rate, from the same θ0, stepped in turn by the DP training's
+    own step (EachCandidate). With every privatised gradient fixed at 1, each network moves by exactly −T·lr_k,
+    and every (rate, released weights) pair gets its row."""
+    import torch
+    from grid import recipe_search
+
+    import dpltm.selection.noise_aware as noise_aware
+    from dpltm.data.types import DatasetSplits
+    from dpltm.model import build_architecture, build_network
+    from tests.conftest import make_blobs
+
+    public = DatasetSplits(name="blobs", source_split="train", train=make_blobs(120, 784, 3, 0),
+                           val=make_blobs(40, 784, 3, 1), test=make_blobs(10, 784, 3, 2), num_features=784,
+                           num_classes=3, fingerprint="b")
+    final: list[list[tuple[str, torch.Tensor]]] = []  # each network's weights when first scored: the final iterate
+    real_each = noise_aware.EachCandidate
+    assert recipe_search.AVERAGES[0] is None  # the final iterate is scored first
+
+    class Recorded(real_each):  # type: ignore[misc, valid-type]
+        def correct(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if not final:
+                final.extend([(n, p.detach().clone()) for n, p in m.named_parameters()] for m in self.models)
+            return super().correct(*args, **kwargs)
+
+    def ones(model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return {name: torch.ones_like(p) for name, p in model.named_parameters()}, None, None
+
+    monkeypatch.setattr(recipe_search, "EachCandidate", Recorded)
+    monkeypatch.setattr(noise_aware, "private_gradients", ones)
+    rates = [0.5, 0.01]
+    rows = recipe_search.search_recipe(public, 1000, 1.0, 1e-5, "tanh", 50, 1, rates, hidden=(12, 8),
+                                       proxy="same-rate", arch="lenet5")
+    steps = rows[0]["steps"]
+    assert len(final) == 2 and len(rows) == 2 * len(recipe_search.AVERAGES)
+    architecture = build_architecture(784, 3, (12, 8), None, "tanh", "lenet5")
+    theta0 = build_network(architecture, torch.Generator().manual_seed(0))
+    for weights, rate in zip(final, rates):
+        for (name, p), (_, p0) in zip(weights, theta0.named_parameters()):
+            torch.testing.assert_close(p, p0.detach() - steps * rate, rtol=0, atol=1e-4,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+    assert {(r["lr"], r["ema"], r["ema_warmup"]) for r in rows} == {
+        (rate, "" if ema is None else ema.decay, ema is not None and ema.warmup)
+        for rate in rates for ema in recipe_search.AVERAGES}

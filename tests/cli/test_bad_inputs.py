@@ -407,6 +407,13 @@ CASES = [
     Case("run-rewind-foo", ("run", "--dataset", "digits", "--rewind", "foo"), "'foo' is not one of"),
     Case("run-scatter-recipe-across-widths", ("run", "--dataset", "digits", "--recipe", "scatter", "--choice", "best"),
          "--recipe scatter trains scatter-linear tickets, made on kmnist's 784 values"),
+    Case("run-cnn-recipe-on-an-mlp", ("run", "--dataset", "digits", "--recipe", "cnn", "--arch", "mlp"),
+         "--recipe cnn was chosen for --arch lenet5; --arch mlp trains with --recipe tuned or paper"),
+    Case("run-scatter-recipe-on-lenet5", ("run", "--dataset", "mnist", "--public-dataset", "kmnist", "--recipe",
+                                          "scatter", "--arch", "lenet5"),
+         "--arch lenet5 trains with --recipe cnn, tuned or paper"),
+    Case("train-cnn-recipe-on-an-mlp", (*TRAIN, "--eps2", "1", "--recipe", "cnn", "--arch", "mlp"),
+         "--recipe cnn is LeNet-5's (--arch lenet5)"),
     # ---- files with dpltm's header and no body ------------------------------------------------
     Case("inspect-headed-empty", ("inspect", "e.pt"), "damaged 'tickets' checkpoint",
          {"e.pt": _headed_without_body("tickets")}),

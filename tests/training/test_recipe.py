@@ -200,6 +200,16 @@ def test_the_tuned_recipe_layers_under_the_config_file_and_flags(tmp_path: Any) 
         resolve_train_config({"recipe": "scatter", "model": {"arch": "mlp"}}, None)  # would lose its hidden layers
     assert resolve_train_config({"recipe": "scatter", "model": {"arch": "scatter-mlp", "hidden": [100]}},
                                 None).model.hidden == (100,)
+    cnn = resolve_train_config({"recipe": "cnn"}, None)  # LeNet-5's: the tuned rate, the final iterate
+    assert (cnn.model.arch, cnn.model.hidden, cnn.train.batch_size, cnn.train.lr_sigma, cnn.train.ema) == (
+        "lenet5", (120, 84), 1600, 6.0, None)
+    with pytest.raises(DpltmUserError, match="--recipe cnn is LeNet-5's"):
+        resolve_train_config({"recipe": "cnn", "model": {"arch": "mlp"}}, None)
+    with pytest.raises(DpltmUserError, match="--recipe cnn was chosen on kmnist's test split"):
+        resolve_train_config({"recipe": "cnn", "data": {"dataset": "kmnist", "split": "test"}}, None)
+    assert chosen_recipe("auto", 54000, arch="lenet5") == "cnn"
+    assert chosen_recipe("auto", 1336, arch="lenet5") == "paper"
+    assert chosen_recipe("auto", 54000, scatter=True, arch="scatter-cnn") == "scatter"
 
 
 def test_run_takes_the_scatter_front_end_where_it_applies() -> None:
