@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     name, split = (args.public.split(":", 1) + ["train"])[:2]
     public = load_dataset(name, split=split, data_dir=args.data_dir, val_fraction=0.1, seed=args.seed)
+    if args.arch.startswith("scatter-") or (args.front is not None and args.arch != "mlp"):
+        parser.error("a ScatterNet head is searched with --front scatter and --arch mlp (a linear head over the "
+                     "scattering features); --arch names an image network (mlp, lenet5) otherwise")
     if args.hidden is None:
         args.hidden = [120, 84] if args.arch == "lenet5" else [300, 100]
     if args.front is not None:  # the head's own inputs: the front end's features, computed once (cached)

@@ -66,6 +66,8 @@ def test_search_beyond_the_public_set_with_the_same_rate_proxy(tmp_path: Path,
     (["--batch-epochs", "0x5"], "must be at least 1"),
     (["--lrs", "-1"], "finite number above 0"),
     (["--private-size", "10"], "sample rate q must lie in"),  # L = 100 > N = 10
+    (["--arch", "scatter-linear"], "searched with --front scatter and --arch mlp"),
+    (["--arch", "foo"], "--arch must be one of"),
 ])
 def test_bad_search_settings_are_one_line(extra: list[str], message: str, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
