@@ -712,6 +712,22 @@ SelectHalving = Annotated[
 ]
 
 
+SelectSearch = Annotated[
+    str | None,
+    typer.Option(
+        "--search",
+        metavar="DIM[,DIM…]",
+        help=("What the noise-aware choice also tries for each ticket, each as a candidate of its own: start (θ0 "
+              "and the ticket's public-trained weights), release (the final iterate and an EMA 0.999 with "
+              "warm-up, scored on the same run), freeze (the first layer held at its public weights). A variant "
+              "wins only if it beats the dense network as planned by two standard errors; `train` then runs the "
+              "winner as chosen. A setting you give (--rewind, --ema, --freeze, or the config's) fixes its "
+              "dimension. none: search nothing."),
+        show_default="the config's select.search (none)",
+    ),
+]
+
+
 SelectPrivateSize = Annotated[
     int | None,
     typer.Option(
@@ -1422,6 +1438,18 @@ RunChoice = Annotated[
 
 
 RunHalving = SelectHalving  # the same option on `run`
+
+
+RunSearch = Annotated[
+    str | None,
+    typer.Option(
+        "--search",
+        metavar="DIM[,DIM…]",
+        help=("What the noise-aware choice also tries for each ticket (start, release, freeze; none: nothing): "
+              "see `dpltm select --help`. A setting you give (--rewind, --ema, --freeze) fixes its dimension."),
+        show_default="start,release with --choice noise-aware",
+    ),
+]
 
 
 RunSeed = Annotated[

@@ -440,16 +440,52 @@ class SelectSettings:
     halving: int = 0
     """Rungs of successive halving in the noise-aware choice (dpltm.selection.noise_aware.rung_steps); 0: every
     candidate trains the whole planned run."""
+    search: tuple[str, ...] = ()
+    """What the noise-aware choice searches besides the ticket (SEARCHABLE); the winner's variant is what
+    `train` then runs, below the --config file and flags."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
         check_eps1(self.eps1, "--eps1")
+        object.__setattr__(self, "search", check_search(self.search))
         if not 0 <= self.halving <= MAX_HALVING:
             raise DpltmUserError(f"--halving must lie in [0, {MAX_HALVING}] (rungs after T/2, T/4, …), got "
                                  f"{self.halving}")
         if not 0 <= self.nu <= MAX_NU:
             raise DpltmUserError(f"--nu must lie in [0, {MAX_NU:g}] (S = A·(1 − ν·C) with C ≤ 1: the paper uses "
                                  f"0.1 to 1), got {self.nu}")
+
+
+SEARCHABLE = ("start", "release", "freeze")
+"""What the noise-aware choice may change besides the ticket (`select.search`, `--search`; issue 21, item 3):
+where the run starts (θ0 or the ticket's public-trained weights), what it releases (the final iterate or an
+EMA with warm-up), and whether the first layer is held at its public weights
+(dpltm.selection.noise_aware.searched_trainings, searched_releases)."""
+
+
+def check_search(search: Any) -> tuple[str, ...]:
+    """`search` as a tuple of known dimensions, in SEARCHABLE's order; a one-line refusal of anything else."""
+    if isinstance(search, str) or not isinstance(search, (list, tuple)) or not all(isinstance(d, str) for d in search):
+        raise DpltmUserError(f"--search takes a list of {', '.join(SEARCHABLE)}, got {search!r}")
+    unknown = [d for d in search if d not in SEARCHABLE]
+    if unknown:
+        raise DpltmUserError(f"--search: unknown {', '.join(map(repr, unknown))}; choose among "
+                             f"{', '.join(SEARCHABLE)}")
+    return tuple(d for d in SEARCHABLE if d in set(search))
+
+
+SEARCH_FIXED_BY = {"start": ("rewind", "output_layer"), "release": ("ema", "ema_warmup"), "freeze": ("freeze",)}
+"""The `train:` settings that fix a searchable dimension when the user gives them (flag or --config file)."""
+
+
+def fixed_dimensions(cli: Mapping[str, Any], config_file: Path | None) -> dict[str, str]:
+    """Which searchable dimensions the user fixed, each with the setting that fixed it: a `train:` key given
+    as a flag (`cli`, None: not given) or in the --config file. A recipe's settings fix nothing (they are
+    defaults the choice may change)."""
+    given = {k for k, v in cli.get("train", {}).items() if v is not None}
+    if config_file is not None:
+        given |= set(read_config_file(config_file).get("train", {}) or {})
+    return {dimension: key for dimension, keys in SEARCH_FIXED_BY.items() for key in keys if key in given}
 
 
 OPTIMIZERS = ("sgd", "adam")

@@ -232,9 +232,11 @@ class Experiment:
         options = {**self.spec.get("model", {}), **self.spec.get("dataset_model", {}).get(dataset, {})}
         return ModelSettings(**options)
 
-    def noise_aware_winner(self, tickets: Path, run: Run, settings: TrainSettings, n_private: int) -> Path:
-        """The noise-aware choice among the public tickets, made once per planned run and cached."""
-        from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice
+    def noise_aware_winner(self, tickets: Path, run: Run, settings: TrainSettings,
+                           n_private: int) -> tuple[Path, TrainSettings]:
+        """The noise-aware choice among the public tickets, made once per planned run and cached, and the
+        training settings that run its winner (the plan's, or the variant it chose with `noise_aware.search`)."""
+        from dpltm.selection.noise_aware import PlannedRun, Variant, check_search, noise_aware_choice
         from dpltm.selection.winner import noise_aware_selection
         from dpltm.training.plan import plan_training
 
@@ -253,8 +255,10 @@ class Experiment:
                              self.model_settings(run.dataset).activation, settings.ema, settings.rewind,
                              settings.output_layer, settings.freeze, nominal, settings.ema_warmup)
         halving = int(self.spec.get("noise_aware", {}).get("halving", 0))
+        search = check_search(self.spec.get("noise_aware", {}).get("search", ()))
         key = json.dumps({"tickets": tickets.name, "rounds": [t["round"] for t in payload["tickets"]],
-                          "plan": dataclasses.asdict(planned), **({"halving": halving} if halving else {})},
+                          "plan": dataclasses.asdict(planned), **({"halving": halving} if halving else {}),
+                          **({"search": list(search)} if search else {})},
                          sort_keys=True)
         cache = self.out_dir / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
         if not cache.exists():
@@ -262,22 +266,28 @@ class Experiment:
             public = self.data(source["dataset"], source["split"], int(payload["config"].get("seed", 0)))
             print(f"noise-aware choice for σ={plan.noise_multiplier:.4f}, T={plan.steps} on {tickets.name}", flush=True)
             started = time.perf_counter()
-            choice = noise_aware_choice(payload, public, planned, seed=None, halving=halving)
+            choice = noise_aware_choice(payload, public, planned, seed=None, halving=halving, search=search)
             cache.parent.mkdir(exist_ok=True)
             write_text_atomic(json.dumps({**choice.to_json(), "key": json.loads(key),
                                           "seconds": round(time.perf_counter() - started, 1)}, indent=1), cache)
         from dpltm.selection.noise_aware import Candidate, NoiseAwareChoice
 
         stored = json.loads(cache.read_text())
+        chosen = stored.get("chosen")
+        variant = None if chosen is None else Variant(**{**chosen, "freeze": tuple(chosen["freeze"])})
         choice = NoiseAwareChoice(stored["index"], [Candidate(**c) for c in stored["candidates"]], planned,
-                                  stored["public_data"], tuple(stored.get("halving_rungs", ())))
+                                  stored["public_data"], tuple(stored.get("halving_rungs", ())),
+                                  tuple(stored.get("searched", ())), variant)
         winner = winner_payload(payload, tickets, noise_aware_selection(choice), eps1=None,
                                 nu=float(self.spec["nu"]), seeded=True, noise_aware=choice)
         path = self.model_dir / f"winner-{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
         from dpltm.checkpoint import save_atomic
 
         save_atomic(winner, path, "ticket")
-        return path
+        if variant is not None:
+            settings = dataclasses.replace(settings, rewind=variant.start, freeze=variant.freeze, ema=variant.ema,
+                                           ema_warmup=variant.ema_warmup)
+        return path, settings
 
     def private_ticket(self, run: Run, data: DatasetSplits, settings: TrainSettings) -> tuple[Path, TrainSettings]:
         """A private ticket on the run's own data; the ticket's training gets the epochs the warm-up left."""
@@ -347,8 +357,10 @@ class Experiment:
         elif run.method in ("dpltm-public", "dpltm-noise-aware", "random-mask"):
             tickets = self.public_tickets(run, data)
             settings = self.train_settings(n, run.dataset, eps2=run.epsilon)
-            ticket_path = (self.winner(tickets, run, "best") if run.method == "dpltm-public"
-                           else self.noise_aware_winner(tickets, run, settings, n))
+            if run.method == "dpltm-public":
+                ticket_path = self.winner(tickets, run, "best")
+            else:
+                ticket_path, settings = self.noise_aware_winner(tickets, run, settings, n)
             if run.method == "random-mask":
                 ticket_path = self.random_mask(ticket_path, run, tickets if settings.rewind == "public" else None)
         elif run.method == "dpltm-private":

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from dpltm.config import check_search
 from dpltm.data.splits import derive_seed
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.averaging import Ema, average_into
@@ -130,6 +131,62 @@ class Candidate:
     """The standard error of that gain from the per-record paired differences (`paired_gains`)."""
     steps: int = 0
     """The steps it trained before it was scored: the planned T, or fewer where successive halving dropped it."""
+    start: str | None = None
+    """Where its run started (`train --rewind`); None in records written before the choice searched starts:
+    the plan's."""
+    freeze: tuple[str, ...] | list[str] | None = None
+    """The layers it held at their start weights (None: the plan's, as for `start`)."""
+    ema: float | None = None
+    """The EMA decay of the weights it was scored by; None: the final iterate (or, with `start` None, the plan's)."""
+    ema_warmup: bool = False
+
+
+SEARCHED_EMA = 0.999
+"""The decay a searched release tries when the plan releases the final iterate (warmed up: without a warm-up
+the first iterate, a pre-trained start's, keeps 0.999^T of the weight; docs/results.md)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a candidate's private run starts (`train --rewind`), which layers it holds fixed (`--freeze`) and
+    which weights it releases (`--ema`, `--ema-warmup`; `ema` None: the final iterate)."""
+
+    start: str = "init"
+    freeze: tuple[str, ...] = ()
+    ema: float | None = None
+    ema_warmup: bool = False
+
+    def train_settings(self) -> dict[str, Any]:
+        """The `train:` settings that run this variant (what `train` takes from a winner that chose it)."""
+        return {"rewind": self.start, "freeze": list(self.freeze), "ema": self.ema, "ema_warmup": self.ema_warmup}
+
+    @classmethod
+    def of_plan(cls, plan: PlannedRun) -> Variant:
+        return cls(plan.start, tuple(plan.freeze), plan.ema, plan.ema_warmup)
+
+
+def searched_trainings(plan: PlannedRun, search: tuple[str, ...], first_layer: str | None,
+                       ) -> list[tuple[str, tuple[str, ...]]]:
+    """The (start, frozen layers) each ticket is trained under: the plan's first, then with `start` the other
+    start, with `freeze` the first layer's freezing toggled at the public start (a layer held at its public
+    weights, Adamczewski & Park 2023; not offered when it is the only layer: nothing would train)."""
+    trainings = [(plan.start, tuple(plan.freeze))]
+    if "start" in search:
+        trainings.append(("public" if plan.start == "init" else "init", tuple(plan.freeze)))
+    if "freeze" in search and first_layer is not None:
+        toggled = (tuple(layer for layer in plan.freeze if layer != first_layer) if first_layer in plan.freeze
+                   else (first_layer, *plan.freeze))
+        trainings.append(("public", toggled))
+    return list(dict.fromkeys(trainings))
+
+
+def searched_releases(plan: PlannedRun, search: tuple[str, ...]) -> list[tuple[float | None, bool]]:
+    """The released weights each trained candidate is scored by: the plan's first, then with `release` the
+    other kind (the final iterate for a plan that averages, else an EMA of SEARCHED_EMA with warm-up)."""
+    releases = [(plan.ema, plan.ema_warmup)]
+    if "release" in search:
+        releases.append((None, False) if plan.ema is not None else (SEARCHED_EMA, True))
+    return releases
 
 
 GAIN_Z = 2.0
@@ -170,10 +227,22 @@ class NoiseAwareChoice:
     public_data: dict[str, Any]
     rungs: tuple[int, ...] = ()
     """The steps after which successive halving scored and halved the candidates (none: every one trained T)."""
+    searched: tuple[str, ...] = ()
+    """What the choice searched besides the ticket (SEARCHABLE); none: every candidate ran as planned."""
+    chosen: Variant | None = None
+    """The winner's start, frozen layers and release (`train` runs the winner so); None: the plan's."""
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "candidates": [asdict(c) for c in self.candidates],
-                "plan": asdict(self.plan), "public_data": self.public_data, "halving_rungs": list(self.rungs)}
+                "plan": asdict(self.plan), "public_data": self.public_data, "halving_rungs": list(self.rungs),
+                "searched": list(self.searched), "chosen": None if self.chosen is None else asdict(self.chosen)}
+
+    def ticket_scores(self) -> list[float]:
+        """Each ticket's best public validation accuracy over its variants (one per ticket, in the set's order)."""
+        best: dict[int, float] = {}
+        for c in self.candidates:
+            best[c.round] = max(best.get(c.round, -math.inf), c.public_val_accuracy)
+        return list(best.values())
 
 
 def candidate_models(payload: dict[str, Any], device: torch.device, activation: str | None = None,
@@ -183,19 +252,51 @@ def candidate_models(payload: dict[str, Any], device: torch.device, activation: 
     one): θ0, or (`start="public"`) the weights its public IMP round ended with, as `train --rewind`
     would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
     differs from the tickets' own."""
+    built = [candidate_model(payload, ticket, device, activation, start, output_layer, freeze)
+             for ticket in payload["tickets"]]
+    return [model for model, _, _ in built], [ms for _, ms, _ in built]
+
+
+def candidate_model(payload: dict[str, Any], ticket: dict[str, Any], device: torch.device, activation: str | None,
+                    start: str, output_layer: str, freeze: tuple[str, ...],
+                    ) -> tuple[torch.nn.Module, Masks, dict[str, torch.Tensor]]:
+    """One ticket as a network at `start` with `freeze` held, its masks, and the start weights."""
     arch = Architecture.from_dict(payload["architecture"])
     if activation is not None:
         arch = replace(arch, activation=activation)
-    models, masks = [], []
-    for ticket in payload["tickets"]:
-        as_winner = {"theta0": payload["theta0"], "public_weights": ticket.get("trained"),
-                     "architecture": payload["architecture"]}
-        weights = start_weights(as_winner, start, output_layer, arch.num_classes)
-        model = build_network(arch).to(device)
-        masks.append(rewind(model, weights, ticket_masks(ticket)))
-        freeze_layers_(model, freeze)
-        models.append(model)
-    return models, masks
+    as_winner = {"theta0": payload["theta0"], "public_weights": ticket.get("trained"),
+                 "architecture": payload["architecture"]}
+    weights = start_weights(as_winner, start, output_layer, arch.num_classes)
+    model = build_network(arch).to(device)
+    masks = rewind(model, weights, ticket_masks(ticket))
+    freeze_layers_(model, freeze)
+    return model, masks, weights
+
+
+def _searched_models(payload: dict[str, Any], plan: PlannedRun, search: tuple[str, ...], device: torch.device,
+                     ) -> tuple[list[torch.nn.Module], list[Masks], list[tuple[int, str, tuple[str, ...]]]]:
+    """Every (ticket, start, frozen layers) the choice trains, the plan's own first for each ticket; a
+    variant is left out where the ticket has no public weights (an older ticket set) and where it would
+    train exactly as one before it (e.g. a public start whose only trained layer is re-initialised)."""
+    arch = Architecture.from_dict(payload["architecture"])
+    names = arch.layer_names()
+    trainings = searched_trainings(plan, search, names[0] if len(names) > 1 else None)
+    models, masks, rows = [], [], []
+    for k, ticket in enumerate(payload["tickets"]):
+        seen: list[tuple[dict[str, torch.Tensor], tuple[str, ...]]] = []
+        for j, (start, freeze) in enumerate(trainings):
+            if j and start == "public" and ticket.get("trained") is None:
+                continue
+            model, ms, weights = candidate_model(payload, ticket, device, plan.activation, start,
+                                                 plan.output_layer if start == "public" else "reinit", freeze)
+            if any(frozen == freeze and weights.keys() == w.keys() and all(torch.equal(weights[n], w[n]) for n in w)
+                   for w, frozen in seen):
+                continue
+            seen.append((weights, freeze))
+            models.append(model)
+            masks.append(ms)
+            rows.append((k, start, freeze))
+    return models, masks, rows
 
 
 def _optimizer(parameters: list[torch.nn.Parameter], plan: PlannedRun) -> torch.optim.Optimizer:
@@ -285,13 +386,19 @@ def halving_keep(correct: torch.Tensor) -> list[int]:
 
 
 def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: PlannedRun, *,
-                       seed: int | None = None, halving: int = 0,
+                       seed: int | None = None, halving: int = 0, search: tuple[str, ...] = (),
                        on_progress: Callable[[int, int], None] | None = None) -> NoiseAwareChoice:
     """Train every ticket of `payload` under `plan` on `public` (its own data) and pick the best.
 
-    `halving` R > 0: successive halving. After T/2^R, …, T/2 steps every candidate still in is scored on
-    the public validation records (by the weights the run would release: the EMA when the plan averages)
-    and only the dense network and the better half of the tickets train on; a dropped candidate reports
+    `search` (SEARCHABLE): the choice also tries each ticket from the other start, with the first layer
+    frozen at its public weights, and scores both the final iterate and an EMA of the same run; every
+    such variant is a candidate of its own, compared with the dense network run as planned (the reference,
+    which a variant must beat by the same two-standard-error rule) and the winner's variant is recorded
+    (`NoiseAwareChoice.chosen`) for `train` to run.
+
+    `halving` R > 0: successive halving. After T/2^R, …, T/2 steps every network still in is scored on
+    the public validation records (by the better of the weights it would release) and only the dense network
+    as planned and the better half of the others train on; a dropped candidate reports
     its score at the step it stopped (`Candidate.steps`). Five candidates with R = 2 cost 3 full runs
     instead of 5. The winner is chosen among those that trained all T steps, by the same rule."""
     if public.fingerprint != payload["data"]["fingerprint"]:
@@ -299,6 +406,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                              f"({public.name}, {public.source_split}) is not the data that made them")
     if not payload["tickets"] or payload["tickets"][0]["density"] != 1.0:
         raise DpltmUserError("the ticket set has no dense round 0: the dense network must be a candidate")
+    search = check_search(search)
     rungs = rung_steps(plan.steps, halving)
     n = len(public.train)
     batch, sigma = plan.on_public(n)
@@ -309,10 +417,12 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
     proxy = replace(plan, expected_batch_size=batch, noise_multiplier=sigma)  # what the candidates train under
     device = public.train.labels.device
-    models, masks = candidate_models(payload, device, plan.activation, plan.start, plan.output_layer, plan.freeze)
+    models, masks, trainings = _searched_models(payload, plan, search, device)
+    releases = searched_releases(plan, search)
     public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
-    stack: StackedMLP | EachCandidate = (StackedMLP(models, masks) if stacks(models[0]) and not plan.freeze
-                                         else EachCandidate(models, masks, proxy, public.train.features.dtype))
+    stack: StackedMLP | EachCandidate = (
+        StackedMLP(models, masks) if stacks(models[0]) and not any(freeze for _, _, freeze in trainings)
+        else EachCandidate(models, masks, proxy, public.train.features.dtype))
     first_terms = None
     if isinstance(stack, EachCandidate):
         stack.use_records(public.train.features)
@@ -326,11 +436,12 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     q = batch / n
     x_all, y_all = public.train.features, public.train.labels
     averaged: list[torch.Tensor] | None = None
-    ema = Ema.of(plan.ema, plan.ema_warmup)
+    averaging = next(((decay, warmup) for decay, warmup in releases if decay is not None), None)
+    ema = None if averaging is None else Ema.of(*averaging)
     count = torch.zeros((), dtype=torch.long, device=device)
     gather = BatchGather()  # one kept buffer for every step's rows (its docstring: why)
-    alive = list(range(len(payload["tickets"])))  # which tickets the stack's rows are
-    scored: dict[int, Candidate] = {}
+    alive = list(range(len(trainings)))  # which trained networks the stack's rows are
+    scored: dict[tuple[int, int], Candidate] = {}
     halved: list[int] = []
     for step, index in enumerate(poisson_steps(n, q, plan.steps, sampling, device)):
         x, y = gather(x_all, index), y_all.index_select(0, index)
@@ -345,24 +456,27 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                 averaged = [p.detach().clone() for p in stack.parameters()]
             average_into(averaged, [p.detach() for p in stack.parameters()], count, ema)
         if step + 1 in rungs and len(alive) > 2:
-            correct = _released_correct(stack, averaged, public)
-            keep = halving_keep(correct)
-            scored.update({alive[k]: c for k, c in enumerate(_scored(payload, alive, correct, step + 1))
-                           if k not in keep})
+            correct = _released_correct(stack, averaged, public, releases)  # (networks, releases, n)
+            keep = halving_keep(_best_release(correct))
+            scored.update({key: c for key, c in _scored(payload, trainings, releases, alive, correct, step + 1).items()
+                           if alive.index(key[0]) not in keep})
             alive = [alive[k] for k in keep]
             halved.append(step + 1)
             optimizer, averaged, first_terms = _keep_rows(stack, keep, optimizer, plan, averaged, first_terms)
         if on_progress is not None:
             on_progress(step + 1, plan.steps)
-    correct = _released_correct(stack, averaged, public)
-    finished = _scored(payload, alive, correct, plan.steps)
-    scored.update(dict(zip(alive, finished)))
+    correct = _released_correct(stack, averaged, public, releases)
+    finished = _scored(payload, trainings, releases, alive, correct, plan.steps)
+    scored.update(finished)
+    keys = list(finished)  # the reference (network 0 as planned, the plan's release) first
     accuracy, gains, se = (torch.tensor([[c.public_val_accuracy, c.gain_over_dense, c.gain_standard_error]
-                                         for c in finished], dtype=torch.float64).T)
-    best = alive[winning_index(accuracy, gains, se)]
-    return NoiseAwareChoice(best, [scored[k] for k in range(len(payload["tickets"]))], plan,
+                                         for c in finished.values()], dtype=torch.float64).T)
+    network, release = keys[winning_index(accuracy, gains, se)]
+    ticket, start, freeze = trainings[network]
+    chosen = Variant(start, freeze, *releases[release]) if search else None
+    return NoiseAwareChoice(ticket, [scored[key] for key in sorted(scored)], plan,
                             {"dataset": public.name, "split": public.source_split, "fingerprint": public.fingerprint},
-                            tuple(halved))
+                            tuple(halved), search, chosen)
 
 
 def poisson_steps(n: int, sample_rate: float, steps: int, generator: torch.Generator,
@@ -375,30 +489,53 @@ def poisson_steps(n: int, sample_rate: float, steps: int, generator: torch.Gener
         yield from poisson_batches_at_once(n, sample_rate, min(block, steps - start), generator, device)
 
 
-def _scored(payload: dict[str, Any], alive: list[int], correct: torch.Tensor, steps: int) -> list[Candidate]:
-    """The candidates `alive` (rows of `correct`, the dense network first) with their public scores."""
-    scores = correct.double().mean(dim=1)
-    gains, se = paired_gains(correct)
-    tickets = [payload["tickets"][k] for k in alive]
-    return [Candidate(t["round"], float(t["density"]), float(s), float(g), float(e), steps)
-            for t, s, g, e in zip(tickets, scores.tolist(), gains.tolist(), se.tolist())]
+def _scored(payload: dict[str, Any], trainings: list[tuple[int, str, tuple[str, ...]]],
+            releases: list[tuple[float | None, bool]], alive: list[int], correct: torch.Tensor,
+            steps: int) -> dict[tuple[int, int], Candidate]:
+    """The candidates of the networks `alive` (rows of `correct`, (networks, releases, n), the reference
+    network first) under each release, keyed by (network, release), with their public scores: gains are
+    paired against network 0's first release (the dense network as planned)."""
+    flat = correct.reshape(-1, correct.shape[-1])
+    scores = flat.double().mean(dim=1)
+    gains, se = paired_gains(flat)
+    out = {}
+    for row, (s, g, e) in enumerate(zip(scores.tolist(), gains.tolist(), se.tolist())):
+        network, release = alive[row // len(releases)], row % len(releases)
+        ticket, start, freeze = trainings[network]
+        t = payload["tickets"][ticket]
+        decay, warmup = releases[release]
+        out[(network, release)] = Candidate(t["round"], float(t["density"]), float(s), float(g), float(e), steps,
+                                            start, freeze, decay, warmup)
+    return out
+
+
+def _best_release(correct: torch.Tensor) -> torch.Tensor:
+    """(networks, n): each network's per-record correctness under the release it scores best with."""
+    best = correct.double().mean(dim=2).argmax(dim=1)
+    return correct[torch.arange(correct.shape[0]), best]
 
 
 @torch.no_grad()
 def _released_correct(stack: StackedMLP | EachCandidate, averaged: list[torch.Tensor] | None,
-                      public: DatasetSplits) -> torch.Tensor:
-    """Per-record correctness on the public validation records of what each candidate's run would release:
-    the EMA when the plan averages (swapped in for the evaluation, then back), else the current iterate."""
-    parameters = stack.parameters()
-    current = [p.detach().clone() for p in parameters] if averaged is not None else []
+                      public: DatasetSplits, releases: list[tuple[float | None, bool]]) -> torch.Tensor:
+    """Per-record correctness on the public validation records of what each network's run would release,
+    shape (networks, releases, n): the current iterate for a release without EMA, else the average (swapped
+    in for the evaluation, then back)."""
+    def evaluate() -> torch.Tensor:
+        return (stack.correct(public.val.features, public.val.labels) if isinstance(stack, EachCandidate)
+                else correct_predictions(stack, public.val.features, public.val.labels))
+
+    final = evaluate() if any(decay is None for decay, _ in releases) else None
+    mean = None
     if averaged is not None:
-        for p, mean in zip(parameters, averaged):
-            p.copy_(mean)
-    correct = (stack.correct(public.val.features, public.val.labels) if isinstance(stack, EachCandidate)
-               else correct_predictions(stack, public.val.features, public.val.labels))
-    for p, saved in zip(parameters, current):
-        p.copy_(saved)
-    return correct
+        parameters = stack.parameters()
+        current = [p.detach().clone() for p in parameters]
+        for p, a in zip(parameters, averaged):
+            p.copy_(a)
+        mean = evaluate()
+        for p, saved in zip(parameters, current):
+            p.copy_(saved)
+    return torch.stack([final if decay is None else mean for decay, _ in releases], dim=1)
 
 
 def _keep_rows(stack: StackedMLP | EachCandidate, keep: list[int], optimizer: torch.optim.Optimizer,

@@ -39,6 +39,8 @@ class RuleSettings:
     """The config file the planned run is resolved with (--config)."""
     halving: int = 0
     """Rungs of successive halving, for a rule that trains candidates (the noise-aware choice)."""
+    search: tuple[str, ...] = ()
+    """What the noise-aware choice searches besides the ticket (dpltm.config.SEARCHABLE)."""
 
 
 @dataclass(frozen=True)

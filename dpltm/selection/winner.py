@@ -105,7 +105,7 @@ def select_random(payload: dict[str, Any], settings: RuleSettings) -> Selection:
 def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selection:
     """Train every candidate under the planned noise on the tickets' public data (dpltm.selection.noise_aware)
     and take the best public validation accuracy; spends no ε."""
-    from dpltm.config import resolve_train_config
+    from dpltm.config import fixed_dimensions, resolve_train_config
     from dpltm.console import err_console
     from dpltm.devices import resolve_device
     from dpltm.dp.plugins import noise_plugin
@@ -116,6 +116,8 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
 
     request = settings.planned_run
     cfg = resolve_train_config(request.train_cli, settings.config)
+    fixed = fixed_dimensions(request.train_cli, settings.config)
+    search = tuple(d for d in settings.search if d not in fixed)
     s = cfg.train
     if not noise_plugin(s.noise).plain_norm:
         raise DpltmUserError(f"--noise-aware simulates Gaussian-type noise; with --noise {s.noise} use --best")
@@ -137,10 +139,43 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
                       f" under σ = {sigma:.4f}, L = {batch} on {public.name} ({public.source_split} "
                       f"split, the tickets' public data): the private run's {plan.epochs} epochs and noise per step "
                       f"σ/L = {plan.noise_multiplier / plan.expected_batch_size:.3g}; spends no ε")
+    for dimension in settings.search:
+        if dimension in fixed:
+            err_console.print(f"note: --search {dimension}: not searched, the {fixed[dimension]} setting given "
+                              "fixes it", markup=False, highlight=False)
+    if search:
+        err_console.print(f"noise-aware choice also searches: {', '.join(search)} (a variant replaces the planned run "
+                          "only if it beats the dense network as planned by two standard errors)",
+                          markup=False, highlight=False)
     with step_bar("noise-aware choice", plan.steps, enabled=request.progress) as bar:
         choice = noise_aware_choice(payload, public, planned, seed=settings.seed, halving=settings.halving,
-                                    on_progress=lambda done, _: bar.update(done - bar.n))
+                                    search=search, on_progress=lambda done, _: bar.update(done - bar.n))
     return noise_aware_selection(choice)
+
+
+def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The `train:` settings of the variant a winner's noise-aware choice chose (its start, frozen layers and
+    release; `NoiseAwareChoice.chosen`), as a config tree `train` puts under the --config file and flags;
+    None where the choice searched nothing (or the winner was picked otherwise)."""
+    selection = (winner or {}).get("selection")
+    choice = selection.get("noise_aware") if isinstance(selection, dict) else None
+    chosen = choice.get("chosen") if isinstance(choice, dict) else None
+    if chosen is None:
+        return None
+    keys = {"start", "freeze", "ema", "ema_warmup"}
+    if not isinstance(chosen, dict) or set(chosen) != keys or not isinstance(chosen["freeze"], (list, tuple)):
+        raise DpltmUserError("the winner's record of its noise-aware choice is damaged (its chosen variant)")
+    return {"train": {"rewind": chosen["start"], "freeze": list(chosen["freeze"]), "ema": chosen["ema"],
+                      "ema_warmup": chosen["ema_warmup"]}}
+
+
+def describe_variant(train: dict[str, Any]) -> str:
+    """A chosen variant's `train:` settings in words."""
+    start = "its public-trained weights" if train["rewind"] == "public" else "θ0"
+    frozen = f", {', '.join(train['freeze'])} frozen" if train["freeze"] else ""
+    release = ("the final iterate" if train["ema"] is None else
+               f"an EMA of decay {train['ema']:g}" + (" with warm-up" if train["ema_warmup"] else ""))
+    return f"start from {start}{frozen}, release {release}"
 
 
 def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int | None) -> Selection:
@@ -159,7 +194,7 @@ def previous_draws(payload: dict[str, Any]) -> list[float]:
 
 def noise_aware_selection(choice: NoiseAwareChoice) -> Selection:
     """A noise-aware pick as a `Selection`: its scores are the public accuracies under the planned noise."""
-    scores = np.array([c.public_val_accuracy for c in choice.candidates], dtype=np.float64)
+    scores = np.array(choice.ticket_scores(), dtype=np.float64)
     return replace(_certain(scores, choice.index, float("nan")), record={"noise_aware": choice.to_json()})
 
 

@@ -165,6 +165,13 @@ class GenerateRequest(CommandRequest):
                               self.overwrite, self.progress, self.cuda_graphs, **common)
 
 
+def search_option(value: str | None) -> str | list[str] | None:
+    """`--search`'s value for the settings tree: None (not given), [] for `none`, else the comma list."""
+    if value is None:
+        return None
+    return [] if value.strip().lower() == "none" else value
+
+
 @dataclass(frozen=True)
 class SelectRequest(CommandRequest):
     """`dpltm select`: the exponential mechanism (ε1), the best pick, or the noise-aware choice."""
@@ -176,6 +183,7 @@ class SelectRequest(CommandRequest):
     best: bool = False
     noise_aware: bool = False
     halving: int | None = None
+    search: str | None = None
     private_size: int | None = None
     eps2: float | None = None
     sigma: float | None = None
@@ -238,7 +246,7 @@ class SelectRequest(CommandRequest):
             int(self.private_size),  # type: ignore[arg-type]
             {"train": {"eps2": self.eps2, "sigma": self.sigma, "epochs": self.epochs,
                        "batch_size": self.batch_size}}, self.data_dir, self.device, self.progress)
-        select = {"eps1": self.eps1, "nu": self.nu, "halving": self.halving}
+        select = {"eps1": self.eps1, "nu": self.nu, "halving": self.halving, "search": search_option(self.search)}
         return stage_select({"select": select}, self.config, self.tickets, self.best, self.seed, self.out,
                             overwrite=self.overwrite, reselect=self.reselect, noise_aware=planned, rule=name)
 

@@ -22,7 +22,14 @@ from dpltm.console import err_console, kept_by_earlier_stage, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
-from dpltm.stages.select import NoiseAwareRequest, TicketChoice, TicketSource, check_halving, stage_select
+from dpltm.stages.select import (
+    NoiseAwareRequest,
+    TicketChoice,
+    TicketSource,
+    check_halving,
+    check_search,
+    stage_select,
+)
 from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
 
 if TYPE_CHECKING:
@@ -88,6 +95,8 @@ class RunRequest(CommandRequest):
     density: float | None = None
     choice: TicketChoice = TicketChoice.noise_aware
     halving: int | None = None
+    search: str | None = None
+    """`--search` (None: start,release with the noise-aware choice; dpltm.stages.requests.search_option)."""
     seed: int | None = None
     device: str = "auto"
     cuda_graphs: bool = False
@@ -128,7 +137,7 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
                                  "drop --cuda-graphs with --ticket-source private")
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
                        "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze,
-                       "--halving": r.halving}
+                       "--halving": r.halving, "--search": r.search}
         given = [name for name, value in public_only.items() if value is not None] + list(r.public_given)
         if r.choice != TicketChoice.noise_aware:
             given.append("--choice")
@@ -193,8 +202,12 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     given_generation = generation_settings(r, given_recipe, project_to)
     check_recipe_carries(r, given_recipe, given_generation, project_to)
     resolve_generate_config(given_generation, r.config)
-    check_halving(resolve_select_config({"select": {"halving": r.halving}}, r.config).halving,
-                  noise_aware=r.choice == TicketChoice.noise_aware, name=TicketChoice(r.choice).value)
+    select_cli = {"halving": r.halving, "search": run_search(r)}
+    select_settings = resolve_select_config({"select": select_cli}, r.config)
+    check_halving(select_settings.halving, noise_aware=r.choice == TicketChoice.noise_aware,
+                  name=TicketChoice(r.choice).value)
+    check_search(select_settings.search, noise_aware=r.choice == TicketChoice.noise_aware,
+                 name=TicketChoice(r.choice).value)
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
     torch_device = resolve_device(r.device)
@@ -237,12 +250,30 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                       "on private data)")
     request = (NoiseAwareRequest(len(private.train), train_cli, r.data_dir, r.device, r.progress) if noise_aware
                else None)
-    stage_select({"select": {"halving": r.halving}}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
+    stage_select({"select": select_cli}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
                  overwrite=r.overwrite, noise_aware=request)
     kept_by_earlier_stage(f"the winner in {winner_path}")
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+
+
+RUN_SEARCH = "start,release"
+"""`run`'s default --search with the noise-aware choice: the other start and the other release of each ticket
+(issue 21, item 3). For the default ScatterNet linear head both cost no extra training: its public start is
+θ0 (its only layer is the re-initialised output layer) and a release is scored on the same run."""
+
+
+def run_search(r: RunRequest) -> str | list[str] | None:
+    """The search `run` hands the choice: --search as given, else RUN_SEARCH with the noise-aware choice and
+    no config file that sets `select.search`, else the config's."""
+    from dpltm.config import read_config_file
+    from dpltm.stages.requests import search_option
+
+    if r.search is not None:
+        return search_option(r.search)
+    configured = r.config is not None and "search" in (read_config_file(r.config).get("select") or {})
+    return RUN_SEARCH if r.choice == TicketChoice.noise_aware and not configured else None
 
 
 def check_graphs_take(cuda_graphs: bool, arch: str | None) -> None:

@@ -23,8 +23,12 @@ def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule,
                      nu: float) -> None:
     from rich.table import Table
 
+    choice = (selection.record or {}).get("noise_aware") or {}
+    if choice.get("searched"):
+        _print_variants(choice, ticket_set, rule)
+        return
     table = Table(title=rule.title.format(k=len(ticket_set.tickets), nu=nu))
-    paired = ((selection.record or {}).get("noise_aware") or {}).get("candidates")  # gains over dense, ± SE
+    paired = choice.get("candidates")  # gains over dense, ± SE
     columns = ("round", "C", "A (val)", rule.score_name, *(("vs dense ± 2 SE",) if paired else ()), "P(select)")
     for column in columns:
         table.add_column(column, justify="right")
@@ -48,6 +52,41 @@ def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule,
             f"1/{len(ticket_set.tickets)}); ε1 ≈ {selection.decisive_eps1:.3g} would pick the best ticket "
             f"with probability 0.9"
         )
+
+
+def _print_variants(choice: dict[str, Any], ticket_set: TicketSet, rule: SelectionRule) -> None:
+    """The noise-aware choice's candidates when it searched more than the ticket: one row per ticket and
+    variant (start, frozen layers, released weights), the winner marked."""
+    from rich.table import Table
+
+    from dpltm.selection.winner import describe_variant
+
+    candidates = choice["candidates"]
+    searched = ", ".join(choice["searched"])
+    table = Table(title=f"noise-aware choice: {len(ticket_set.tickets)} tickets × variants ({searched}), "
+                  f"{len(candidates)} candidates")
+    for column in ("round", "C", "start", "frozen", "released", "public val acc", "vs dense as planned ± 2 SE"):
+        table.add_column(column, justify="right")
+    chosen = choice.get("chosen") or {}
+    winner_round = ticket_set.tickets[choice["index"]].round
+    for i, c in enumerate(candidates):
+        released = ("final iterate" if c["ema"] is None
+                    else f"EMA {c['ema']:g}" + (" (warm-up)" if c["ema_warmup"] else ""))
+        mark = " ←" if (c["round"] == winner_round and c["start"] == chosen.get("start")
+                        and list(c["freeze"]) == list(chosen.get("freeze", [])) and c["ema"] == chosen.get("ema")
+                        and c["ema_warmup"] == chosen.get("ema_warmup")) else ""
+        steps = max(x.get("steps", 0) for x in candidates)
+        stopped = f" (step {c['steps']})" if c.get("steps", 0) < steps else ""
+        table.add_row(str(c["round"]), f"{c['density']:.4f}", "public" if c["start"] == "public" else "θ0",
+                      ",".join(c["freeze"]) or "–", released, f"{c['public_val_accuracy']:.4f}{stopped}",
+                      ("–" if i == 0 else f"{c['gain_over_dense']:+.4f} ± {2 * c['gain_standard_error']:.4f}") + mark)
+    err_console.print(table)
+    if rule.note is not None:
+        err_console.print(rule.note)
+    if chosen:
+        err_console.print(f"chosen variant: {describe_variant({'rewind': chosen['start'], **chosen})}; `train` runs "
+                          "the winner so unless the --config file or flags say otherwise", markup=False,
+                          highlight=False)
 
 
 def same_data_note(data: dict[str, Any]) -> str:
@@ -86,6 +125,13 @@ def check_halving(halving: int, *, noise_aware: bool, name: str) -> None:
                              f"train: the {name} selection trains none (drop --halving, or set select.halving: 0)")
 
 
+def check_search(search: tuple[str, ...], *, noise_aware: bool, name: str) -> None:
+    """`select.search` (--search) is a setting of the noise-aware choice only: no other rule trains anything."""
+    if search and not noise_aware:
+        raise DpltmUserError(f"--search ({', '.join(search)}; select.search) widens the noise-aware choice: the {name} "
+                             "selection trains no candidate (drop --search, or set select.search: [])")
+
+
 def rule_for_flags(best: bool, noise_aware: bool) -> str:
     """The selection rule the CLI's flags name: --noise-aware, --best, else the exponential mechanism."""
     return "noise-aware" if noise_aware else "best" if best else "exponential"
@@ -119,8 +165,9 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     prepare_output(target, overwrite=overwrite, inputs=[source, config], checkpoint=True)
     chosen_eps1 = settings.eps1 if chosen_rule.spends_eps1 else None
     check_halving(settings.halving, noise_aware=chosen_rule.needs_planned_run, name=chosen_rule.name)
+    check_search(settings.search, noise_aware=chosen_rule.needs_planned_run, name=chosen_rule.name)
     rule_settings = RuleSettings(nu=settings.nu, seed=seed, eps1=chosen_eps1, planned_run=noise_aware, config=config,
-                                 halving=settings.halving)
+                                 halving=settings.halving, search=settings.search)
     # A pick that spends no ε1 has no draw to record: it may take as long as it needs (noise-aware trains
     # candidates) before any lock is held. One that spends ε1 draws under the ticket set's lock, below.
     chosen = None if chosen_rule.spends_eps1 else chosen_rule.select(payload, rule_settings)

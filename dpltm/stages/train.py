@@ -31,14 +31,17 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.devices import resolve_device
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
     from dpltm.paths import check_not_input, default_checkpoint_dir
+    from dpltm.selection.winner import chosen_training, describe_variant
     from dpltm.tickets.data import reload_ticket_data
     from dpltm.tickets.private import is_private_ticket, private_ticket_plan
     from dpltm.training import pipeline
 
     ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
     # A private ticket was made with a training plan (recipe, epochs, data settings, and the whole
-    # run's ε): that plan is the default, under the --config file and flags.
-    base = private_ticket_plan(ticket_body) if is_private_ticket(ticket_body) else None
+    # run's ε): that plan is the default, under the --config file and flags. So is the start, frozen
+    # layers and release a noise-aware choice chose for its winner (`select --search`).
+    chosen = chosen_training(ticket_body)
+    base = private_ticket_plan(ticket_body) if is_private_ticket(ticket_body) else chosen
     if base is not None and not cli.get("data", {}).get("dataset"):  # the data it was made on
         cli = {**cli, "data": {**cli.get("data", {}), "dataset": ticket_body["source"]["data"]["dataset"]}}  # type: ignore[index]
     cfg = resolve_train_config(cli, config, base=base)
@@ -91,6 +94,12 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
         err_console.print(f"training on {data.name} ({len(data.train)} records) on {where}: "
                           f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
                           f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
+        if chosen is not None:
+            ran = {"rewind": cfg.train.rewind, "freeze": list(cfg.train.freeze), "ema": cfg.train.ema,
+                   "ema_warmup": cfg.train.ema_warmup}
+            err_console.print(f"the noise-aware choice chose: {describe_variant(chosen['train'])}" + (
+                "" if ran == chosen["train"] else f"; the --config file or flags override it: {describe_variant(ran)}"),
+                markup=False, highlight=False)
         if not non_private and cfg.train.delta > 1.0 / len(data.train):  # as make_private warns
             err_console.print(f"warning: δ = {cfg.train.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "
                               "guarantee with δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")

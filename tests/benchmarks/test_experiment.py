@@ -232,3 +232,24 @@ def test_a_profiles_ema_warmup_needs_a_decay(tmp_path: Path) -> None:
     assert exp.train_settings(54000, "fashion-mnist").ema_warmup
     with pytest.raises(DpltmUserError, match="train.ema_warmup needs a decay, train.ema \\(for mnist\\)"):
         exp.train_settings(54000, "mnist")
+
+
+def test_a_profiles_search_trains_the_winner_as_its_choice_chose(tmp_path: Path) -> None:
+    """`noise_aware: {search: [...]}` widens the grid's choice (issue 21, item 3) and the run trains the winner
+    with the variant the choice recorded; the shipped CNN grid runs LeNet-5 tickets from their public weights."""
+    shipped = yaml.safe_load((PROFILES / "cnn-public.yaml").read_text())
+    assert shipped["model"]["arch"] == "lenet5" and shipped["train"]["rewind"] == "public"
+    profile = {**shipped, "epsilons": [1.0], "seeds": [0], "methods": ["dpltm-noise-aware"],
+               "generate": {**shipped["generate"], "rounds": 1, "iterations": 5, "batch_size": 16},
+               "noise_aware": {"rounds": [0, 1], "search": ["start", "release"]},
+               "train": {**shipped["train"], "epochs": 1, "batch_size": 16}}
+    out = tmp_path / "out"
+    rows = _run_tiny_profile(tmp_path, profile, out)
+    assert [r["method"] for r in rows] == ["dpltm-noise-aware"] and rows[0]["end_to_end_dp"] == "True"
+    from dpltm.checkpoint import load_checkpoint
+
+    model = load_checkpoint(out / "models" / "mnist-dpltm-noise-aware-1-0.pt", "model")
+    choice = model["ticket"]["selection"]["noise_aware"]
+    assert choice["searched"] == ["start", "release"] and len(choice["candidates"]) == 2 * 2 * 2
+    trained = model["config"]["train"]
+    assert (trained["rewind"], trained["ema"]) == (choice["chosen"]["start"], choice["chosen"]["ema"])

@@ -35,6 +35,7 @@ from dpltm.model import MAX_PARAMETERS, Architecture, check_network_size, parame
 from dpltm.privacy.accounting import MAX_EPSILON
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import MAX_EPS1
+from dpltm.selection.noise_aware import check_search
 
 
 def _yaml_files(group: str) -> list[Path]:
@@ -98,7 +99,8 @@ def test_every_experiment_profile_is_complete(path: Path) -> None:
     assert set(spec.get("method_seeds", {})) <= set(spec["methods"])
     assert set(spec.get("method_datasets", {})) <= set(spec["methods"])
     noise_aware = spec.get("noise_aware", {})
-    assert set(noise_aware) <= {"rounds", "halving"}  # grid.experiment.Experiment.noise_aware_winner
+    assert set(noise_aware) <= {"rounds", "halving", "search"}  # grid.experiment.Experiment.noise_aware_winner
+    check_search(noise_aware.get("search", ()))
     SelectSettings(halving=noise_aware.get("halving", 0))
 
 
