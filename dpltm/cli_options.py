@@ -721,8 +721,8 @@ SelectSearch = Annotated[
               "and the ticket's public-trained weights), release (the final iterate and an EMA 0.999 with "
               "warm-up, scored on the same run), freeze (the first layer held at its public weights). A variant "
               "wins only if it beats the dense network as planned by two standard errors; `train` then runs the "
-              "winner as chosen. A setting you give (--rewind, --ema, --freeze, or the config's) fixes its "
-              "dimension. none: search nothing."),
+              "winner as chosen. A train: setting in the --config file (rewind/output_layer, ema/ema_warmup, "
+              "freeze) fixes its dimension. none: search nothing."),
         show_default="the config's select.search (none)",
     ),
 ]

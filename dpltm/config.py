@@ -467,6 +467,8 @@ def check_search(search: Any) -> tuple[str, ...]:
     """`search` as a tuple of known dimensions, in SEARCHABLE's order; a one-line refusal of anything else."""
     if isinstance(search, str) or not isinstance(search, (list, tuple)) or not all(isinstance(d, str) for d in search):
         raise DpltmUserError(f"--search takes a list of {', '.join(SEARCHABLE)}, got {search!r}")
+    if tuple(d.strip().lower() for d in search) == ("none",):  # `search: none` in a config file, as on the CLI
+        return ()
     unknown = [d for d in search if d not in SEARCHABLE]
     if unknown:
         raise DpltmUserError(f"--search: unknown {', '.join(map(repr, unknown))}; choose among "

@@ -286,7 +286,7 @@ class Experiment:
         save_atomic(winner, path, "ticket")
         if variant is not None:
             settings = dataclasses.replace(settings, rewind=variant.start, freeze=variant.freeze, ema=variant.ema,
-                                           ema_warmup=variant.ema_warmup)
+                                           ema_warmup=variant.ema_warmup, output_layer=variant.output_layer)
         return path, settings
 
     def private_ticket(self, run: Run, data: DatasetSplits, settings: TrainSettings) -> tuple[Path, TrainSettings]:

@@ -148,36 +148,39 @@ the first iterate, a pre-trained start's, keeps 0.999^T of the weight; docs/resu
 
 @dataclass(frozen=True)
 class Variant:
-    """How a candidate's private run starts (`train --rewind`), which layers it holds fixed (`--freeze`) and
-    which weights it releases (`--ema`, `--ema-warmup`; `ema` None: the final iterate)."""
+    """How a candidate's private run starts (`train --rewind`, with the plan's `--output-layer`), which layers
+    it holds fixed (`--freeze`) and which weights it releases (`--ema`, `--ema-warmup`; `ema` None: the final
+    iterate)."""
 
     start: str = "init"
     freeze: tuple[str, ...] = ()
     ema: float | None = None
     ema_warmup: bool = False
-
-    def train_settings(self) -> dict[str, Any]:
-        """The `train:` settings that run this variant (what `train` takes from a winner that chose it)."""
-        return {"rewind": self.start, "freeze": list(self.freeze), "ema": self.ema, "ema_warmup": self.ema_warmup}
-
-    @classmethod
-    def of_plan(cls, plan: PlannedRun) -> Variant:
-        return cls(plan.start, tuple(plan.freeze), plan.ema, plan.ema_warmup)
+    output_layer: str = "reinit"
 
 
 def searched_trainings(plan: PlannedRun, search: tuple[str, ...], first_layer: str | None,
                        ) -> list[tuple[str, tuple[str, ...]]]:
     """The (start, frozen layers) each ticket is trained under: the plan's first, then with `start` the other
     start, with `freeze` the first layer's freezing toggled at the public start (a layer held at its public
-    weights, Adamczewski & Park 2023; not offered when it is the only layer: nothing would train)."""
+    weights, Adamczewski & Park 2023). No frozen variant when the first layer is the only one (nothing would
+    train: `first_layer` None), nor when the start is fixed at θ0 (a layer frozen at random weights)."""
     trainings = [(plan.start, tuple(plan.freeze))]
     if "start" in search:
         trainings.append(("public" if plan.start == "init" else "init", tuple(plan.freeze)))
-    if "freeze" in search and first_layer is not None:
+    if "freeze" in search and first_layer is not None and ("start" in search or plan.start == "public"):
         toggled = (tuple(layer for layer in plan.freeze if layer != first_layer) if first_layer in plan.freeze
                    else (first_layer, *plan.freeze))
         trainings.append(("public", toggled))
     return list(dict.fromkeys(trainings))
+
+
+def freezable_first_layer(arch: Architecture) -> str | None:
+    """The layer a searched `freeze` holds: the first the private network keeps from the ticket (an input
+    projection is rebuilt for the private data: dpltm.training.transfer), None when it is the only layer
+    besides nothing (freezing it would leave nothing to train)."""
+    names = [name for name in arch.layer_names() if name != "project"]
+    return names[0] if len(names) > 1 else None
 
 
 def searched_releases(plan: PlannedRun, search: tuple[str, ...]) -> list[tuple[float | None, bool]]:
@@ -279,8 +282,7 @@ def _searched_models(payload: dict[str, Any], plan: PlannedRun, search: tuple[st
     variant is left out where the ticket has no public weights (an older ticket set) and where it would
     train exactly as one before it (e.g. a public start whose only trained layer is re-initialised)."""
     arch = Architecture.from_dict(payload["architecture"])
-    names = arch.layer_names()
-    trainings = searched_trainings(plan, search, names[0] if len(names) > 1 else None)
+    trainings = searched_trainings(plan, search, freezable_first_layer(arch))
     models, masks, rows = [], [], []
     for k, ticket in enumerate(payload["tickets"]):
         seen: list[tuple[dict[str, torch.Tensor], tuple[str, ...]]] = []
@@ -473,7 +475,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
                                          for c in finished.values()], dtype=torch.float64).T)
     network, release = keys[winning_index(accuracy, gains, se)]
     ticket, start, freeze = trainings[network]
-    chosen = Variant(start, freeze, *releases[release]) if search else None
+    chosen = Variant(start, freeze, *releases[release], plan.output_layer) if search else None
     return NoiseAwareChoice(ticket, [scored[key] for key in sorted(scored)], plan,
                             {"dataset": public.name, "split": public.source_split, "fingerprint": public.fingerprint},
                             tuple(halved), search, chosen)

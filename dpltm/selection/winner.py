@@ -143,6 +143,16 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
         if dimension in fixed:
             err_console.print(f"note: --search {dimension}: not searched, the {fixed[dimension]} setting given "
                               "fixes it", markup=False, highlight=False)
+    if "freeze" in search:
+        from dpltm.model import Architecture
+        from dpltm.selection.noise_aware import freezable_first_layer
+
+        if freezable_first_layer(Architecture.from_dict(payload["architecture"])) is None:
+            err_console.print("note: --search freeze: the network has one trained layer, nothing to freeze",
+                              markup=False, highlight=False)
+        elif "start" not in search and s.rewind != "public":
+            err_console.print("note: --search freeze: the start is fixed at θ0, and a layer frozen there would hold "
+                              "random weights: no frozen variant", markup=False, highlight=False)
     if search:
         err_console.print(f"noise-aware choice also searches: {', '.join(search)} (a variant replaces the planned run "
                           "only if it beats the dense network as planned by two standard errors)",
@@ -153,29 +163,52 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     return noise_aware_selection(choice)
 
 
+CHOSEN_KEYS = {"start": ("rewind", "output_layer"), "release": ("ema", "ema_warmup"),
+               "freeze": ("freeze", "rewind", "output_layer")}
+"""The `train:` settings a searched dimension sets (a frozen variant is defined at the public start)."""
+
+
 def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The `train:` settings of the variant a winner's noise-aware choice chose (its start, frozen layers and
-    release; `NoiseAwareChoice.chosen`), as a config tree `train` puts under the --config file and flags;
-    None where the choice searched nothing (or the winner was picked otherwise)."""
+    """The `train:` settings of the variant a winner's noise-aware choice chose, for the dimensions it searched
+    only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the --config file and
+    flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged record is
+    refused in one line."""
+    from dpltm.config import OUTPUT_LAYERS, SEARCHABLE, TICKET_STARTS
+
     selection = (winner or {}).get("selection")
     choice = selection.get("noise_aware") if isinstance(selection, dict) else None
     chosen = choice.get("chosen") if isinstance(choice, dict) else None
     if chosen is None:
         return None
-    keys = {"start", "freeze", "ema", "ema_warmup"}
-    if not isinstance(chosen, dict) or set(chosen) != keys or not isinstance(chosen["freeze"], (list, tuple)):
-        raise DpltmUserError("the winner's record of its noise-aware choice is damaged (its chosen variant)")
-    return {"train": {"rewind": chosen["start"], "freeze": list(chosen["freeze"]), "ema": chosen["ema"],
-                      "ema_warmup": chosen["ema_warmup"]}}
+    searched = choice.get("searched")
+    ema = chosen.get("ema") if isinstance(chosen, dict) else None
+    sound = (isinstance(chosen, dict) and set(chosen) == {"start", "freeze", "ema", "ema_warmup", "output_layer"}
+             and isinstance(searched, list) and bool(searched) and set(searched) <= set(SEARCHABLE)
+             and chosen["start"] in TICKET_STARTS and chosen["output_layer"] in OUTPUT_LAYERS
+             and isinstance(chosen["freeze"], (list, tuple)) and all(isinstance(n, str) and n for n in chosen["freeze"])
+             and (ema is None or (isinstance(ema, float) and 0.0 < ema < 1.0))
+             and isinstance(chosen["ema_warmup"], bool) and not (chosen["ema_warmup"] and ema is None))
+    if not sound:
+        raise DpltmUserError("the winner's record of its noise-aware choice is damaged (its chosen variant): "
+                             "select again")
+    values = {"rewind": chosen["start"], "output_layer": chosen["output_layer"], "freeze": list(chosen["freeze"]),
+              "ema": ema, "ema_warmup": chosen["ema_warmup"]}
+    keys = {key for dimension in searched for key in CHOSEN_KEYS[dimension]}
+    return {"train": {key: values[key] for key in values if key in keys}}
 
 
 def describe_variant(train: dict[str, Any]) -> str:
-    """A chosen variant's `train:` settings in words."""
-    start = "its public-trained weights" if train["rewind"] == "public" else "θ0"
-    frozen = f", {', '.join(train['freeze'])} frozen" if train["freeze"] else ""
-    release = ("the final iterate" if train["ema"] is None else
-               f"an EMA of decay {train['ema']:g}" + (" with warm-up" if train["ema_warmup"] else ""))
-    return f"start from {start}{frozen}, release {release}"
+    """A variant's `train:` settings (those given) in words."""
+    parts = []
+    if "rewind" in train:
+        parts.append("start from " + ("its public-trained weights" if train["rewind"] == "public" else "θ0"))
+    if "freeze" in train:
+        parts.append(f"{', '.join(train['freeze'])} frozen" if train["freeze"] else "no layer frozen")
+    if "ema" in train:
+        parts.append("release " + ("the final iterate" if train["ema"] is None else
+                                   f"an EMA of decay {train['ema']:g}" + (" with warm-up" if train.get("ema_warmup")
+                                                                          else "")))
+    return ", ".join(parts)
 
 
 def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int | None) -> Selection:

@@ -208,6 +208,9 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                   name=TicketChoice(r.choice).value)
     check_search(select_settings.search, noise_aware=r.choice == TicketChoice.noise_aware,
                  name=TicketChoice(r.choice).value)
+    if r.cuda_graphs and "freeze" in select_settings.search:
+        raise DpltmUserError("--search freeze: a frozen layer trains in the eager step, and --cuda-graphs trains in "
+                             "graphs: drop freeze from --search, or --cuda-graphs")
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
     torch_device = resolve_device(r.device)

@@ -26,7 +26,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                 cuda_graphs: bool = False, logger: str | None = None,
                 log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
     from dpltm.checkpoint import prepare_output
-    from dpltm.config import resolve_train_config
+    from dpltm.config import SEARCH_FIXED_BY, fixed_dimensions, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
@@ -40,11 +40,22 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     # A private ticket was made with a training plan (recipe, epochs, data settings, and the whole
     # run's ε): that plan is the default, under the --config file and flags. So is the start, frozen
     # layers and release a noise-aware choice chose for its winner (`select --search`).
-    chosen = chosen_training(ticket_body)
-    base = private_ticket_plan(ticket_body) if is_private_ticket(ticket_body) else chosen
-    if base is not None and not cli.get("data", {}).get("dataset"):  # the data it was made on
+    private_ticket = is_private_ticket(ticket_body)
+    chose = None if private_ticket or non_private else chosen_training(ticket_body)
+    chosen = chose
+    if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
+        dropped = {key for dimension in fixed_dimensions(cli, config) for key in SEARCH_FIXED_BY[dimension]}
+        chosen = {"train": {k: v for k, v in chose["train"].items() if k not in dropped}}
+    base = private_ticket_plan(ticket_body) if private_ticket else chosen
+    if private_ticket and not cli.get("data", {}).get("dataset"):  # the data it was made on
         cli = {**cli, "data": {**cli.get("data", {}), "dataset": ticket_body["source"]["data"]["dataset"]}}  # type: ignore[index]
     cfg = resolve_train_config(cli, config, base=base)
+    if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and (
+            cuda_graphs or audit is not None or cfg.train.noise != "gaussian"):
+        raise DpltmUserError(f"the winner's noise-aware choice holds {', '.join(cfg.train.freeze)} at its public "
+                             "weights, and freezing trains in the eager step with --noise gaussian and no audit: "
+                             "train it unfrozen with `train: {freeze: []}` in a --config file, or select again "
+                             "without freeze in --search")
     given = cli.get("train", {})
     if non_private and given.get("lr_sigma") is not None:
         raise DpltmUserError("--lr-sigma sets a DP run's learning rate from its σ; a --non-private run has no σ: "
@@ -94,11 +105,12 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
         err_console.print(f"training on {data.name} ({len(data.train)} records) on {where}: "
                           f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
                           f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
-        if chosen is not None:
-            ran = {"rewind": cfg.train.rewind, "freeze": list(cfg.train.freeze), "ema": cfg.train.ema,
-                   "ema_warmup": cfg.train.ema_warmup}
-            err_console.print(f"the noise-aware choice chose: {describe_variant(chosen['train'])}" + (
-                "" if ran == chosen["train"] else f"; the --config file or flags override it: {describe_variant(ran)}"),
+        if chose is not None and chose["train"]:
+            ran = {"rewind": cfg.train.rewind, "output_layer": cfg.train.output_layer,
+                   "freeze": list(cfg.train.freeze), "ema": cfg.train.ema, "ema_warmup": cfg.train.ema_warmup}
+            ran = {k: v for k, v in ran.items() if k in chose["train"]}
+            err_console.print(f"the noise-aware choice chose: {describe_variant(chose['train'])}" + (
+                "" if ran == chose["train"] else f"; the --config file or flags override it: {describe_variant(ran)}"),
                 markup=False, highlight=False)
         if not non_private and cfg.train.delta > 1.0 / len(data.train):  # as make_private warns
             err_console.print(f"warning: δ = {cfg.train.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "

@@ -51,7 +51,7 @@ def test_select_searches_starts_and_releases_and_records_the_variant(  # type: i
     choice = load_checkpoint(tmp_path / "w.pt", "ticket")["selection"]["noise_aware"]
     assert choice["searched"] == ["start", "release"]
     assert len(choice["candidates"]) == 3 * 2 * 2  # 3 tickets × 2 starts × 2 releases
-    assert set(choice["chosen"]) == {"start", "freeze", "ema", "ema_warmup"}
+    assert set(choice["chosen"]) == {"start", "freeze", "ema", "ema_warmup", "output_layer"}
     shown = " ".join(result.stderr.split())
     assert "variants (start, release)" in shown and "chosen variant:" in shown
     plain = _select(cli, data_root, tickets, tmp_path / "p.pt", "--search", "none")
@@ -65,7 +65,8 @@ def test_train_runs_the_chosen_variant_unless_told_otherwise(  # type: ignore[no
     _select(cli, data_root, tickets, tmp_path / "w.pt", "--search", "start,release")
     body = load_checkpoint(tmp_path / "w.pt", "ticket")
     # whatever the tiny proxy picked, make the record name a public start and a warmed-up EMA
-    body["selection"]["noise_aware"]["chosen"] = {"start": "public", "freeze": [], "ema": 0.9, "ema_warmup": True}
+    body["selection"]["noise_aware"]["chosen"] = {"start": "public", "freeze": [], "ema": 0.9, "ema_warmup": True,
+                                                  "output_layer": "reinit"}
     body = {k: v for k, v in body.items() if k not in ("format", "kind", "format_version", "environment")}
     save_atomic(body, tmp_path / "w2.pt", "ticket")
     chosen = _train(cli, data_root, tmp_path / "w2.pt", tmp_path / "m.pt")
@@ -75,7 +76,8 @@ def test_train_runs_the_chosen_variant_unless_told_otherwise(  # type: ignore[no
     assert "override" not in chosen.stderr
     told = _train(cli, data_root, tmp_path / "w2.pt", tmp_path / "o.pt", "--rewind", "init", "--ema", "0.99")
     report = json.loads(told.stdout)
-    assert report["transfer"]["rewind"] == "init" and report["released_weights"] == "ema(0.99, warm-up)"
+    # a setting given fixes its whole dimension: --ema 0.99 takes the release (no warm-up), not half of it
+    assert report["transfer"]["rewind"] == "init" and report["released_weights"] == "ema(0.99)"
     assert "override it: start from θ0" in " ".join(told.stderr.split())
     # the choice ran on public data only, and whichever variant runs, the private ledger is the same
     ledgers = [load_checkpoint(model, "model")["privacy"]["ledger"] for model in (tmp_path / "m.pt", tmp_path / "o.pt")]
@@ -108,3 +110,37 @@ def test_run_searches_start_and_release_by_default_and_a_flag_fixes_one(  # type
     record = load_checkpoint(tmp_path / "b-winner.pt", "ticket")["selection"]["noise_aware"]
     assert record["searched"] == ["release"] and {c["start"] for c in record["candidates"]} == {"init"}
     cli(*common, "--choice", "best", "--out", str(tmp_path / "c.pt"))  # no choice to widen: no search, no error
+
+
+def test_a_chosen_variant_never_moves_training_onto_the_tickets_data(  # type: ignore[no-untyped-def]
+        data_root: Path, tmp_path: Path, cli) -> None:
+    """Tickets made on Fashion-MNIST, a search, then `train --ticket W` without --dataset: training runs on the
+    default private dataset (MNIST), end-to-end DP — the ticket's own data is taken only for a private ticket."""
+    cli("generate", "--dataset", "fashion-mnist", "--data-dir", str(data_root), *FAST_GEN, "--out",
+        str(tmp_path / "t.pt"))
+    _select(cli, data_root, tmp_path / "t.pt", tmp_path / "w.pt", "--search", "start,release")
+    report = json.loads(cli("train", "--ticket", str(tmp_path / "w.pt"), "--data-dir", str(data_root), "--out",
+                            str(tmp_path / "m.pt"), *FAST_TRAIN).stdout)
+    assert report["dataset"] == "mnist" and report["end_to_end_dp"] is True
+
+
+def test_a_dimension_not_searched_leaves_the_recipe_alone(  # type: ignore[no-untyped-def]
+        data_root: Path, tickets: Path, tmp_path: Path, cli) -> None:
+    _select(cli, data_root, tickets, tmp_path / "w.pt", "--search", "start")
+    report = _train(cli, data_root, tmp_path / "w.pt", tmp_path / "m.pt", "--recipe", "tuned")
+    assert json.loads(report.stdout)["released_weights"] == "ema(0.999)"  # the tuned recipe's, not the plan's
+
+
+def test_a_chosen_frozen_layer_where_freezing_cannot_run_is_one_line(  # type: ignore[no-untyped-def]
+        data_root: Path, tickets: Path, tmp_path: Path, cli) -> None:
+    _select(cli, data_root, tickets, tmp_path / "w.pt", "--search", "start,freeze")
+    body = load_checkpoint(tmp_path / "w.pt", "ticket")
+    body["selection"]["noise_aware"]["chosen"] = {"start": "public", "freeze": ["hidden.0"], "ema": None,
+                                                  "ema_warmup": False, "output_layer": "reinit"}
+    body = {k: v for k, v in body.items() if k not in ("format", "kind", "format_version", "environment")}
+    save_atomic(body, tmp_path / "f.pt", "ticket")
+    result = cli("train", "--ticket", str(tmp_path / "f.pt"), "--dataset", "fashion-mnist", "--data-dir",
+                 str(data_root), "--out", str(tmp_path / "m.pt"), *FAST_TRAIN, "--noise", "dpd", ok=False)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "holds hidden.0 at its public weights" in " ".join(result.stderr.split())
+    assert not (tmp_path / "m.pt").exists()

@@ -4,6 +4,7 @@ warm-up); the dense network as planned stays the reference a variant must beat b
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,6 +49,9 @@ def test_the_search_space_puts_the_plan_first_and_toggles_one_thing_at_a_time() 
     assert searched_trainings(frozen, ("start", "freeze"), "hidden.0") == [
         ("public", ("hidden.0",)), ("init", ("hidden.0",)), ("public", ())]
     assert searched_trainings(PLAN, ("freeze",), None) == [("init", ())]  # a one-layer network: nothing to freeze
+    assert searched_trainings(PLAN, ("freeze",), "hidden.0") == [("init", ())]  # start fixed at θ0: no random layer
+    public = replace(PLAN, start="public")
+    assert searched_trainings(public, ("freeze",), "hidden.0") == [("public", ()), ("public", ("hidden.0",))]
     assert searched_releases(PLAN, ("release",)) == [(None, False), (SEARCHED_EMA, True)]
     averaging = replace(PLAN, ema=0.99, ema_warmup=False)
     assert searched_releases(averaging, ("release",)) == [(0.99, False), (None, False)]
@@ -91,8 +95,8 @@ def test_a_variant_that_clearly_beats_the_plan_wins_and_is_what_train_runs(ticke
     best = max(choice.candidates, key=lambda c: c.public_val_accuracy)
     assert best.start == "public" and best.gain_over_dense > 2 * best.gain_standard_error
     assert choice.candidates[choice.index * 2].round == tickets["tickets"][choice.index]["round"]
-    body = {"selection": {"noise_aware": choice.to_json()}}
-    assert chosen_training(body) == {"train": {"rewind": "public", "freeze": [], "ema": None, "ema_warmup": False}}
+    body = {"selection": {"noise_aware": json.loads(json.dumps(choice.to_json()))}}  # as the winner file holds it
+    assert chosen_training(body) == {"train": {"rewind": "public", "output_layer": "keep"}}  # what it searched only
     assert noise_aware_choice(tickets, tiny_splits, plan, seed=1).chosen is None
 
 
@@ -116,7 +120,7 @@ def test_the_frozen_variant_holds_the_first_layer_at_its_public_weights(tickets:
         made.append(self)
 
     monkeypatch.setattr(EachCandidate, "__init__", recording)
-    choice = noise_aware_choice(tickets, tiny_splits, PLAN, seed=0, search=("freeze",))
+    choice = noise_aware_choice(tickets, tiny_splits, replace(PLAN, start="public"), seed=0, search=("freeze",))
     assert len(made) == 1  # a frozen layer: every candidate by the private step itself, not stacked
     frozen = [k for k, c in enumerate(choice.candidates) if c.freeze]
     assert frozen and all(choice.candidates[k].start == "public" for k in frozen)
@@ -144,3 +148,29 @@ def test_halving_over_variants_drops_whole_networks_and_keeps_the_reference(tick
     winner = next(c for c in choice.candidates if c.round == tickets["tickets"][choice.index]["round"]
                   and c.start == chosen.start and c.ema == chosen.ema)
     assert winner.steps == 8
+
+
+GOOD = {"start": "public", "freeze": ["hidden.0"], "ema": 0.999, "ema_warmup": True, "output_layer": "reinit"}
+
+
+def test_train_takes_only_the_dimensions_the_choice_searched() -> None:
+    def body(searched: list[str], chosen: object = GOOD) -> dict:  # type: ignore[type-arg]
+        return {"selection": {"noise_aware": {"searched": searched, "chosen": chosen}}}
+
+    assert chosen_training(body(["release"])) == {"train": {"ema": 0.999, "ema_warmup": True}}
+    assert chosen_training(body(["freeze"])) == {"train": {"rewind": "public", "output_layer": "reinit",
+                                                           "freeze": ["hidden.0"]}}
+    assert chosen_training(body([], None)) is None and chosen_training(None) is None
+    assert chosen_training({"selection": {"noise_aware": None}}) is None
+
+
+@pytest.mark.parametrize("damage", [
+    {"ema": "0.9"}, {"ema": 2.0}, {"ema": True}, {"start": None}, {"start": "warmup"}, {"freeze": "hidden.0"},
+    {"freeze": [1]}, {"freeze": [""]}, {"ema": None, "ema_warmup": True}, {"ema_warmup": "yes"},
+    {"output_layer": "new"}, {"extra": 1}])
+def test_a_damaged_chosen_variant_is_one_line(damage: dict) -> None:  # type: ignore[type-arg]
+    with pytest.raises(DpltmUserError, match="chosen variant"):
+        chosen_training({"selection": {"noise_aware": {"searched": ["start"], "chosen": {**GOOD, **damage}}}})
+    for searched in ([], ["everything"], "start"):
+        with pytest.raises(DpltmUserError, match="chosen variant"):
+            chosen_training({"selection": {"noise_aware": {"searched": searched, "chosen": GOOD}}})
