@@ -177,8 +177,8 @@ def searched_trainings(plan: PlannedRun, search: tuple[str, ...], first_layer: s
 
 def freezable_first_layer(arch: Architecture) -> str | None:
     """The layer a searched `freeze` holds: the first the private network keeps from the ticket (an input
-    projection is rebuilt for the private data: dpltm.training.transfer), None when it is the only layer
-    besides nothing (freezing it would leave nothing to train)."""
+    projection is rebuilt for the private data: dpltm.training.transfer); None for a one-layer network
+    (freezing its layer would leave nothing to train)."""
     names = [name for name in arch.layer_names() if name != "project"]
     return names[0] if len(names) > 1 else None
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from dpltm import __version__
 from dpltm.checkpoint import load_ticket_set
+from dpltm.config import SEARCH_FIXED_BY
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
@@ -163,9 +164,9 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     return noise_aware_selection(choice)
 
 
-CHOSEN_KEYS = {"start": ("rewind", "output_layer"), "release": ("ema", "ema_warmup"),
-               "freeze": ("freeze", "rewind", "output_layer")}
-"""The `train:` settings a searched dimension sets (a frozen variant is defined at the public start)."""
+CHOSEN_KEYS = {**SEARCH_FIXED_BY, "freeze": (*SEARCH_FIXED_BY["freeze"], *SEARCH_FIXED_BY["start"])}
+"""The `train:` settings a searched dimension sets: those that fix it (dpltm.config.SEARCH_FIXED_BY), and for
+`freeze` the start too (a frozen variant is defined at the public start)."""
 
 
 def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
