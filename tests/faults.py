@@ -38,20 +38,22 @@ def fault(kind: str) -> Iterator[None]:
     from dpltm.dp import ghost, mechanism
 
     if kind == "no-noise":
-        with mock.patch.object(mechanism, "add_gaussian", lambda total, surviving, std, generator, scale=None: total):
+        with mock.patch.object(mechanism, "add_gaussian", lambda sums, surviving, std, generator, scales=None: sums):
             yield
     elif kind == "no-clipping":
-        with mock.patch.object(ghost, "clip_factors", lambda norms, clip: torch.ones_like(norms)):
+        def unclipped(norms: Tensor, clip: float, weights: Tensor | None = None) -> Tensor:
+            return torch.ones_like(norms) if weights is None else weights.clone()
+
+        with mock.patch.object(ghost, "clip_factors", unclipped):
             yield
     elif kind == "noise-on-pruned":
         real = mechanism.add_gaussian
 
-        def misplaced(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator,
-                      scale: Tensor | None = None) -> Tensor:
-            wrong = _pruned(surviving, total.numel())
-            if wrong.numel() == 0:
-                return total
-            return real(total, wrong.to(total.device), std, generator, None)
+        def misplaced(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], std: float,
+                      generator: torch.Generator, scales: dict[str, Tensor | None] | None = None) -> dict[str, Tensor]:
+            wrong = {name: _pruned(surviving.get(name), total.numel()).to(total.device) for name, total in sums.items()}
+            noised = {name: total for name, total in sums.items() if wrong[name].numel()}
+            return {**sums, **real(noised, wrong, std, generator, None)}
 
         with mock.patch.object(mechanism, "add_gaussian", misplaced):
             yield

@@ -20,6 +20,7 @@ autograd and the forward pass give per sample, so the identity holds for any ele
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -210,22 +211,30 @@ class ClippedBatch:
     loss_sum: Tensor
 
 
-def clip_factors(norms: Tensor, clip: float) -> Tensor:
-    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6), as C · 1/max(‖g_i‖, C); C = inf disables clipping.
+def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> Tensor:
+    """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6), as C / max(‖g_i‖, C); C = inf disables clipping.
 
-    A record whose gradient is not finite gets factor 0 (its contribution is dropped): an
-    inf·0 = NaN would otherwise spread through the sum and unbound the sensitivity. No host
-    synchronisation (a CUDA-graph step runs it every step), and nothing overflows: max(‖g‖, C) ≥ C, so
-    even in float16 a large norm gives a small factor, not an infinite quotient and a dropped record.
+    One correctly rounded division of C by a number ≥ C: never above 1, so a clipped gradient's norm never
+    exceeds C by a rounding, and nothing overflows (even in float16 a large norm gives a small factor, not an
+    infinite quotient and a dropped record). A record whose gradient is not finite gets factor 0 (its
+    contribution is dropped): an inf·0 = NaN would otherwise spread through the sum and unbound the
+    sensitivity. No host synchronisation (a CUDA-graph step runs it every step): C is a CPU scalar, a
+    kernel argument. `weights` (one per row, 1 or 0: a static-shape batch's padding rows get 0,
+    dpltm.dp.padding) multiply the factors.
     """
     if clip == float("inf"):
-        return torch.isfinite(norms).to(norms.dtype)
-    return torch.reciprocal(norms.clamp(min=clip)).mul_(clip).clamp_(max=1.0).nan_to_num_(nan=0.0)
+        factors = torch.isfinite(norms).to(norms.dtype)
+    else:
+        factors = torch.div(torch.tensor(clip, dtype=norms.dtype), norms.clamp(min=clip))
+    if weights is not None:
+        factors = factors.mul_(weights)
+    return factors.nan_to_num_(nan=0.0) if clip != float("inf") else factors
 
 
 def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                          layout: MaskLayout, weights: Tensor | None = None,
-                         input_terms: Tensor | None = None, mask_sums: bool = True) -> ClippedBatch:
+                         input_terms: Tensor | None = None, mask_sums: bool = True,
+                         finite_records: bool = False) -> ClippedBatch:
     """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
 
     A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all). `weights` (one per
@@ -235,7 +244,9 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     are the batch's rows of `first_layer_input_terms` (same layout): the first layer's norm is then
     read, not computed. `mask_sums=False` leaves the weight sums unmasked (pruned coordinates hold the clipped
     rows' products there): only for a caller that masks ĝ once at the end (the CUDA-graph step,
-    `noisy_mean(..., out=..., out_scales=...)`).
+    `noisy_mean(..., out=..., out_scales=...)`). `finite_records`: the records (every row of `x`) are known
+    finite, checked once per run; a static step then leaves a fully connected first layer's inputs as they are
+    (its other layers' inputs and every output gradient are still zeroed where not finite).
     """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
@@ -280,20 +291,24 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                 per_sample = per_sample * mask  # the surviving weights' share only
             conv_weight_per_sample.append(per_sample)
             parts.append(per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1))
-        for index, (a, g, operator, bias_weight, bias_term) in enumerate(
-                zip(inputs, out_grads, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True)):
-            # Σ_j g_ij² (M a_i² + b)_j: the masked weights' and the bias' shares in one row dot product
-            terms = (input_terms if index == 0 and input_terms is not None
-                     else layer_norm_terms(a, operator, bias_term, bias_weight is not None))
-            parts.append((g * g).mul_(terms).sum(dim=1))
+        # the fully connected layers side by side: their output gradients G = [g_1 … g_L] and norm terms
+        # T = [T_1 … T_L] in one row each (one copy apiece), so their squared norms Σ_j G_ij² T_ij, the clipping
+        # of G and the bias sums take one kernel each, whatever the depth
+        terms = [input_terms if index == 0 and input_terms is not None
+                 else layer_norm_terms(a, operator, bias_term, bias_weight is not None)
+                 for index, (a, operator, bias_weight, bias_term) in enumerate(
+                     zip(inputs, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True))]
+        widths = [g.shape[1] for g in out_grads]
+        joined = torch.cat(out_grads, dim=1) if len(out_grads) > 1 else out_grads[0]
+        joined_terms = torch.cat([t.expand_as(g) for t, g in zip(terms, out_grads, strict=True)], dim=1)
+        # Σ_j g_ij² (M a_i² + b)_j per layer: the masked weights' and the bias' shares in one row dot product
+        parts.append((joined * joined).mul_(joined_terms).sum(dim=1))
         sq_norms = parts[0]
         for part in parts[1:]:
             sq_norms = sq_norms + part
         norms = sq_norms.sqrt()
-        factors = clip_factors(norms, clip)  # 0 for a non-finite record
+        factors = clip_factors(norms, clip, weights)  # 0 for a non-finite record and a padding row
         static = weights is not None
-        if static:
-            factors = factors * weights
         # eager: ask the device once whether anything is non-finite (rare); static (CUDA graphs): no host
         # synchronisation, so every step zeroes non-finite values (a dropped record's g·0 = NaN; its inputs:
         # 0·inf = NaN in the product), which leaves every finite record's contribution unchanged
@@ -310,14 +325,20 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                                                                  torch.zeros_like(bias_rows))
             sums[weight_name] = torch.einsum("b,b...->...", keep, per_sample)
             sums[bias_name] = (bias_rows * keep[:, None]).sum(dim=0)
-        for a, g, (weight_name, bias_name), weight_mask, sum_mask in zip(
-                inputs, out_grads, layout.parameter_names, layout.weight_masks, layout.sum_masks, strict=True):
-            scaled = g * factors[:, None]
-            if static:
-                scaled = scaled.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-                a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
-            elif not all_finite:  # rare: zero the dropped records' rows (inputs too: 0·inf = NaN)
-                scaled = torch.where(finite[:, None], scaled, torch.zeros_like(scaled))  # type: ignore[index]
+        scaled_all = joined * factors[:, None]
+        if static:
+            scaled_all = scaled_all.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        elif not all_finite:  # rare: zero the dropped records' rows
+            scaled_all = torch.where(finite[:, None], scaled_all, torch.zeros_like(scaled_all))  # type: ignore[index]
+        bias_sums = scaled_all.sum(dim=0).split(widths)
+        offsets = [0, *itertools.accumulate(widths)]
+        for index, (a, (weight_name, bias_name), weight_mask, sum_mask) in enumerate(zip(
+                inputs, layout.parameter_names, layout.weight_masks, layout.sum_masks, strict=True)):
+            scaled = scaled_all[:, offsets[index]: offsets[index + 1]]
+            if static:  # a dropped record's inputs too: 0·inf = NaN in the product
+                if not (index == 0 and finite_records and not conv_constants):  # a record row: finite already
+                    a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+            elif not all_finite:
                 a = torch.where(finite[:, None], a, torch.zeros_like(a))  # type: ignore[index]
             if sum_mask is not None:  # only the surviving entries of (c ⊙ G)ᵀ A, then scattered
                 kept = torch.sparse.sampled_addmm(sum_mask, scaled.T.contiguous(), a, beta=0.0).values()
@@ -328,5 +349,5 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                 if weight_mask is not None and mask_sums:
                     weight_sum.mul_(weight_mask)
             sums[weight_name] = weight_sum
-            sums[bias_name] = scaled.sum(dim=0)
+            sums[bias_name] = bias_sums[index]
     return ClippedBatch(sums, norms, loss_sum.detach())

@@ -8,7 +8,10 @@ Python. Here one step is split into two pieces of fixed shape:
   output gradients, masked per-sample norms, clip factors times the rows' 0/1 weights, and add
   the chunk's clipped sum to an accumulator;
 * `update`: add the noise once (under DDP: rank 0, then the all-reduce), scale by 1/L,
-  optimiser step, EMA, clear the accumulator.
+  optimiser step, EMA, clear the accumulator. Plain Gaussian noise on one device takes `_flat_update`:
+  every ĝ is a view of one flat buffer, so the draw, the sums and the masks cost four kernels whatever
+  the depth (a DP step has ~20 more tiny kernels than the non-private one, not ~50: their launches,
+  not the arithmetic, are what a GPU step of this size spends).
 
 A step is ⌈|B|/K⌉ accumulates and one update: the eager step's mechanism exactly (padding adds
 zero; every sampled record is processed once; one noise draw). A batch that fits one chunk (all but
@@ -35,6 +38,7 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp.averaging import Ema, update_average
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
+from dpltm.dp.mechanism import ScaledGaussianNoise
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import load_chunk, ones_then_zeros
 from dpltm.dp.step import noisy_mean
@@ -60,17 +64,36 @@ class StaticShapeDpStep:
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
         self.weight = torch.zeros(capacity, dtype=dtype, device=device)
         self._weights = ones_then_zeros(capacity, dtype, device)  # each chunk's weights: one slice of it
+        self.finite_records = bool(torch.isfinite(train.features).all())  # once per run: one sync
         parameters = dict(model.named_parameters())
         names = self.layout.all_parameter_names  # the eager step's order (convolutions first)
+        self.names = names
         self.sums = {name: torch.zeros_like(parameters[name]) for name in names}
         # ĝ = (unmasked clipped sum + noise on surviving coordinates) ⊙ M / L: the mask costs no pass of its own
         self.out_scales: dict[str, Tensor | float] = {name: 1.0 / expected_batch_size for name in names}
+        masks_by_name: dict[str, Tensor] = {}
         for (weight_name, _), mask in zip(self.layout.parameter_names, self.layout.weight_masks, strict=True):
             if mask is not None:
                 self.out_scales[weight_name] = mask / expected_batch_size
-        self.grads = {name: torch.zeros_like(parameters[name]) for name in names}
+                masks_by_name[weight_name] = mask
+        # every ĝ is a view of one flat buffer: the noise is one draw scattered into it (`_flat_update`)
+        sizes = [parameters[name].numel() for name in names]
+        self.flat_grad = torch.zeros(sum(sizes), dtype=dtype, device=device)
+        self.grads = {name: view.view_as(parameters[name])
+                      for name, view in zip(names, self.flat_grad.split(sizes), strict=True)}
         for name, parameter in parameters.items():
             parameter.grad = self.grads[name]  # static: the optimiser reads these, the update writes them
+        self.noise_std = flat_gaussian_std(noise, clip) if reduce is None else None
+        offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()[:-1]]
+        kept = [torch.arange(size, device=device) if self.layout.surviving[name] is None
+                else self.layout.surviving[name] for name, size in zip(names, sizes, strict=True)]
+        self.surviving_flat = torch.cat([k + offset for k, offset in zip(kept, offsets, strict=True)])
+        self.draws = torch.zeros(self.surviving_flat.numel(), dtype=dtype, device=device)
+        self.all_survive = self.surviving_flat.numel() == self.flat_grad.numel()  # then draw straight into ĝ
+        self.flat_sums = torch.zeros_like(self.flat_grad)
+        self.flat_scales = torch.cat([(masks_by_name[name] if name in masks_by_name
+                                       else torch.ones_like(parameters[name])).reshape(-1)
+                                      for name in names]).to(dtype) / expected_batch_size  # M/L, and 1/L unmasked
         self.graphs: tuple[torch.cuda.CUDAGraph, ...] | None = None
         if graphs:
             if device.type != "cuda":
@@ -99,7 +122,7 @@ class StaticShapeDpStep:
         y = self.train.labels.index_select(0, self.index)
         terms = None if self.input_terms is None else self.input_terms.index_select(0, self.index)
         return clipped_gradient_sum(self.model, x, y, self.clip, self.layout, weights=self.weight,
-                                    input_terms=terms, mask_sums=False).grad_sums
+                                    input_terms=terms, mask_sums=False, finite_records=self.finite_records).grad_sums
 
     def _accumulate(self) -> None:
         for name, chunk_sum in self._clipped_sums().items():
@@ -117,12 +140,33 @@ class StaticShapeDpStep:
 
     @torch.no_grad()
     def _apply(self, sums: dict[str, Tensor]) -> None:
-        noisy_mean(dict(sums), noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
-                   expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
-                   add_noise=self.add_noise, out=self.grads, out_scales=self.out_scales)
+        if self.noise_std is not None:
+            self._flat_update(sums)
+        else:
+            noisy_mean(dict(sums), noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
+                       expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
+                       add_noise=self.add_noise, out=self.grads, out_scales=self.out_scales)
         self.optimizer.step()
         if self.averager is not None and self.ema is not None:
             update_average(self.averager, self.model, self.ema)
+
+    def _flat_update(self, sums: dict[str, Tensor]) -> None:
+        """`noisy_mean` for plain Gaussian noise on one device, in four kernels whatever the layer count:
+        ĝ = (S + σC·z)/L ⊙ M with z the eager step's one draw over the surviving coordinates
+        (`dpltm.dp.mechanism.add_gaussian`: the same numbers on the same generator), drawn as N(0, (σC/L)²)
+        and scattered into the flat ĝ buffer; the sums joined into one flat buffer, then ĝ += S ⊙ M/L at once.
+        A pruned coordinate's ĝ is 0: no draw lands there, and its unmasked sum is added times 0."""
+        if self.noise_std and self.add_noise:
+            std = self.noise_std / self.expected_batch_size
+            if self.all_survive:
+                self.flat_grad.normal_(0.0, std, generator=self.generator)
+            else:
+                self.draws.normal_(0.0, std, generator=self.generator)
+                self.flat_grad.index_copy_(0, self.surviving_flat, self.draws)
+        else:
+            self.flat_grad.zero_()
+        torch.cat([sums[name].reshape(-1) for name in self.names], out=self.flat_sums)
+        self.flat_grad.addcmul_(self.flat_sums, self.flat_scales)
 
     def _capture(self) -> None:
         averaged = [self.averager] if self.averager is not None else []
@@ -132,3 +176,13 @@ class StaticShapeDpStep:
             optimizer=self.optimizer, generators=[self.generator],
             reset=[*self.sums.values(), *counters])  # type: ignore[list-item]
         self.graphs = (accumulate, update, one_chunk)
+
+
+def flat_gaussian_std(noise: NoiseMechanism, clip: float) -> float | None:
+    """The standard deviation of a plug-in that adds unshaped Gaussian noise through the shared body (Gaussian,
+    DPD), which the static step draws flat (`StaticShapeDpStep._flat_update`); None for any other plug-in,
+    which goes through its own `perturb` (`noisy_mean`)."""
+    if (isinstance(noise, ScaledGaussianNoise) and type(noise).perturb is ScaledGaussianNoise.perturb
+            and noise.coordinate_scales() is None):
+        return noise.noise_std(clip)
+    return None

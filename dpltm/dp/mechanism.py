@@ -78,21 +78,40 @@ def dp_event_of(mechanism: NoiseMechanism, sample_rate: float, steps: int) -> dp
     return dpsgd_event(sample_rate, mechanism.effective_noise_multiplier, steps)
 
 
-def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator,
-                 scale: Tensor | None = None) -> Tensor:
-    """total + N(0, std²·scale²) on the surviving coordinates only (drawn only there: cheaper).
+def add_gaussian(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], std: float,
+                 generator: torch.Generator, scales: dict[str, Tensor | None] | None = None) -> dict[str, Tensor]:
+    """sums + N(0, std²·s²) on each parameter's surviving coordinates only (drawn only there: cheaper).
 
-    Adds in place: `total` is a fresh gradient sum owned by the caller."""
-    out = total
-    if surviving is None:
-        noise = torch.randn(total.shape, generator=generator, device=total.device, dtype=total.dtype)
+    One draw for every parameter at once: a vector of standard normals as long as all surviving
+    coordinates together, split in the dict's order (`surviving[name]` None: all of the parameter's
+    coordinates survive). The CUDA-graph step draws the same vector in one kernel and scatters it
+    (`dpltm.dp.graphed.StaticShapeDpStep`), so both steps give the same numbers on the same generator.
+    Adds in place: the sums are fresh gradient sums owned by the caller. Sums on several devices or
+    dtypes (a user's model split across devices) get one draw per parameter.
+    """
+    scales = scales or {}
+    tensors = list(sums.values())
+    if not tensors:
+        return {}
+    counts = [total.numel() if surviving.get(name) is None else surviving[name].numel()  # type: ignore[union-attr]
+              for name, total in sums.items()]
+    first = tensors[0]
+    if all(t.device == first.device and t.dtype == first.dtype for t in tensors):
+        draws = torch.randn(sum(counts), generator=generator, device=first.device, dtype=first.dtype).split(counts)
+    else:
+        draws = tuple(torch.randn(n, generator=generator, device=t.device, dtype=t.dtype)
+                      for n, t in zip(counts, tensors, strict=True))
+    out = {}
+    for (name, total), noise in zip(sums.items(), draws, strict=True):
+        kept, scale = surviving.get(name), scales.get(name)
         if scale is not None:
-            noise.mul_(scale)
-        return out.add_(noise, alpha=std)
-    noise = torch.randn(surviving.numel(), generator=generator, device=total.device, dtype=total.dtype)
-    if scale is not None:
-        noise.mul_(scale.reshape(-1).index_select(0, surviving))
-    out.view(-1).index_add_(0, surviving, noise, alpha=std)
+            scale = scale.to(device=total.device, dtype=total.dtype).reshape(-1)
+            noise = noise * (scale if kept is None else scale.index_select(0, kept))
+        if kept is None:
+            out[name] = total.add_(noise.view_as(total), alpha=std)
+        else:
+            total.view(-1).index_add_(0, kept, noise, alpha=std)
+            out[name] = total
     return out
 
 
@@ -128,21 +147,21 @@ class ScaledGaussianNoise:
     def coordinate_scales(self) -> dict[str, Tensor | None] | None:
         return None
 
-    def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
-                generator: torch.Generator) -> dict[str, Tensor]:
+    def noise_std(self, clip: float) -> float:
+        """The noise's standard deviation per unit of s: `PER_PARAMETER`·σ·C (0 without noise)."""
         if self.sigma == 0.0:
-            return dict(grad_sums)
+            return 0.0
         if clip == float("inf"):
             raise DpltmUserError(f"{type(self).__name__} needs a finite clipping norm")
-        std = self.PER_PARAMETER * self.sigma * clip
-        scales = self.coordinate_scales() or {}
-        out = {}
-        for name, total in grad_sums.items():
-            scale = scales.get(name)
-            if scale is not None:
-                scale = scale.to(device=total.device, dtype=total.dtype)
-            out[name] = add_gaussian(total, surviving.get(name), std, generator, scale=scale)
-        return out
+        return self.PER_PARAMETER * self.sigma * clip
+
+    def perturb(self, grad_sums: dict[str, Tensor], surviving: dict[str, Tensor | None], clip: float,
+                generator: torch.Generator) -> dict[str, Tensor]:
+        std = self.noise_std(clip)
+        if std == 0.0:
+            return dict(grad_sums)
+        scales = {name: scale for name, scale in (self.coordinate_scales() or {}).items() if name in grad_sums}
+        return add_gaussian(grad_sums, surviving, std, generator, scales)
 
     def epoch_metrics(self, model: LeNet, masks: Masks | None, clip: float) -> dict[str, float]:
         return {}

@@ -15,7 +15,7 @@ from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.averaging import Ema, make_averager, update_average
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
-from dpltm.dp.noise import GaussianNoise, NoiseContext
+from dpltm.dp.noise import DropoutNoise, GaussianNoise, NoiseContext, ShapedNoise
 from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, private_gradients
@@ -376,3 +376,38 @@ def test_graphed_generate_steps_equal_eager_steps(tiny_splits: DatasetSplits) ->
     assert graphed_losses == pytest.approx(eager_losses, rel=1e-4)
     for model in (eager, graphed):  # the graphed step replays the re-zeroing too (PrunedWeights in the graph)
         assert_pruned_weights_are_zero(model, masks)
+
+
+@pytest.mark.parametrize(("noise", "per_parameter"), [(GaussianNoise(1.5), 1.0), (DropoutNoise(1.5), 2.0)])
+def test_the_flat_noise_draw_is_the_gaussian_mechanism_on_surviving_coordinates_only(noise: GaussianNoise,
+                                                                                      per_parameter: float) -> None:
+    """The static step's one flat draw (`_flat_update`): on an empty batch a step with lr = 1 moves each
+    weight by −ĝ = −noise/L, which is N(0, (k·σC/L)²) on every surviving coordinate (k = 2 for DPD's
+    N(0, 4C²σ²)), exactly 0 on every pruned one, and fresh at every step."""
+    (model, masks), data = ticket(), records()
+    clip, L = 0.5, 4.0
+    step = StaticShapeDpStep(model, masks, data, clip=clip, noise=noise, expected_batch_size=L, capacity=8,
+                             generator=torch.Generator().manual_seed(3),
+                             optimizer=torch.optim.SGD(model.parameters(), lr=1.0))
+    assert step.noise_std == pytest.approx(per_parameter * 1.5 * clip)
+    surviving = torch.cat([torch.ones_like(p).flatten() if m is None else m.flatten()
+                           for p, m in zip(model.parameters(), _masks_in_parameter_order(model, masks))]).bool()
+    moves = []
+    for _ in range(2):
+        before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        step.step(torch.zeros(0, dtype=torch.long))
+        moves.append(before - torch.cat([p.detach().flatten() for p in model.parameters()]))
+    for move in moves:
+        assert bool((move[~surviving] == 0).all())
+        drawn = move[surviving] / (per_parameter * 1.5 * clip / L)
+        assert stats.kstest(drawn.numpy(), "norm").pvalue > 1e-4
+    assert not torch.equal(moves[0], moves[1])
+
+
+def test_a_shaped_noise_goes_through_its_own_perturb_in_the_static_step() -> None:
+    (model, masks), data = ticket(), records()
+    shaped = ShapedNoise(1.0, {name: torch.full_like(p, 2.0) for name, p in model.named_parameters()})
+    step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=shaped, expected_batch_size=4.0, capacity=8,
+                             generator=torch.Generator().manual_seed(3),
+                             optimizer=torch.optim.SGD(model.parameters(), lr=1.0))
+    assert step.noise_std is None
