@@ -9,6 +9,9 @@ a lower bound above the claimed ε (the claim no longer describes what ran):
 - `no-clipping`: every clip factor is 1 (per-sample gradients enter the sum at full norm);
 - `noise-on-pruned`: the noise goes to the pruned coordinates instead of the surviving ones
   (for a dense network, whose every coordinate survives, that is no noise at all).
+
+The noise faults break the eager step's `add_gaussian`, which audits run; the static (CUDA-graph) step draws
+its noise itself (`StaticShapeDpStep._flat_update`) and is not broken by them.
 """
 
 from __future__ import annotations

@@ -214,13 +214,14 @@ class ClippedBatch:
 def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> Tensor:
     """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6), as C / max(‖g_i‖, C); C = inf disables clipping.
 
-    One correctly rounded division of C by a number ≥ C: never above 1, so a clipped gradient's norm never
-    exceeds C by a rounding, and nothing overflows (even in float16 a large norm gives a small factor, not an
-    infinite quotient and a dropped record). A record whose gradient is not finite gets factor 0 (its
-    contribution is dropped): an inf·0 = NaN would otherwise spread through the sum and unbound the
-    sensitivity. No host synchronisation (a CUDA-graph step runs it every step): C is a CPU scalar, a
-    kernel argument. `weights` (one per row, 1 or 0: a static-shape batch's padding rows get 0,
-    dpltm.dp.padding) multiply the factors.
+    One correctly rounded division of C by a number ≥ C: never above 1, and nothing overflows (even in float16 a
+    large norm gives a small factor, not an infinite quotient and a dropped record). The clipped norm c·‖g‖ can
+    still exceed C by the dtype's rounding (about 1e-7 relative in float32, 6e-4 in float16, 8e-3 in bfloat16:
+    floating point's share of the sensitivity, which no accountant sees; train in float32 or float64). A record
+    whose gradient is not finite gets factor 0 (its contribution is dropped): an inf·0 = NaN would otherwise
+    spread through the sum and unbound the sensitivity. No host synchronisation (a CUDA-graph step runs it
+    every step): C is a CPU scalar, a kernel argument. `weights` (one per row, 1 or 0: a static-shape batch's
+    padding rows get 0, dpltm.dp.padding) multiply the factors.
     """
     if clip == float("inf"):
         factors = torch.isfinite(norms).to(norms.dtype)
@@ -346,8 +347,8 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                 weight_sum.view(-1).index_copy_(0, layout.surviving[weight_name], kept)  # type: ignore[arg-type]
             else:
                 weight_sum = scaled.T @ a
-                if weight_mask is not None and mask_sums:
-                    weight_sum.mul_(weight_mask)
+                if weight_mask is not None and mask_sums:  # set, not multiplied: a pruned entry is not bounded
+                    weight_sum.masked_fill_(weight_mask == 0, 0.0)  # by the clipping, and inf·0 would be NaN
             sums[weight_name] = weight_sum
             sums[bias_name] = bias_sums[index]
     return ClippedBatch(sums, norms, loss_sum.detach())

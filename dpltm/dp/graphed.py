@@ -9,7 +9,7 @@ Python. Here one step is split into two pieces of fixed shape:
   the chunk's clipped sum to an accumulator;
 * `update`: add the noise once (under DDP: rank 0, then the all-reduce), scale by 1/L,
   optimiser step, EMA, clear the accumulator. Plain Gaussian noise on one device takes `_flat_update`:
-  every ĝ is a view of one flat buffer, so the draw, the sums and the masks cost four kernels whatever
+  every ĝ is a view of one flat buffer, so the draw, the sums and the masks cost five kernels whatever
   the depth (a DP step has ~20 more tiny kernels than the non-private one, not ~50: their launches,
   not the arithmetic, are what a GPU step of this size spends).
 
@@ -89,11 +89,12 @@ class StaticShapeDpStep:
                 else self.layout.surviving[name] for name, size in zip(names, sizes, strict=True)]
         self.surviving_flat = torch.cat([k + offset for k, offset in zip(kept, offsets, strict=True)])
         self.draws = torch.zeros(self.surviving_flat.numel(), dtype=dtype, device=device)
-        self.all_survive = self.surviving_flat.numel() == self.flat_grad.numel()  # then draw straight into ĝ
+        self.all_survive = self.surviving_flat.numel() == self.flat_grad.numel()  # then draw straight, no scatter
+        self.flat_noise = torch.zeros_like(self.flat_grad)  # private: its pruned entries are never written
         self.flat_sums = torch.zeros_like(self.flat_grad)
-        self.flat_scales = torch.cat([(masks_by_name[name] if name in masks_by_name
-                                       else torch.ones_like(parameters[name])).reshape(-1)
-                                      for name in names]).to(dtype) / expected_batch_size  # M/L, and 1/L unmasked
+        self.flat_pruned = self.flat_grad.new_zeros(self.flat_grad.shape, dtype=torch.bool)
+        self.flat_pruned[self.surviving_flat] = True
+        self.flat_pruned = ~self.flat_pruned
         self.graphs: tuple[torch.cuda.CUDAGraph, ...] | None = None
         if graphs:
             if device.type != "cuda":
@@ -151,22 +152,24 @@ class StaticShapeDpStep:
             update_average(self.averager, self.model, self.ema)
 
     def _flat_update(self, sums: dict[str, Tensor]) -> None:
-        """`noisy_mean` for plain Gaussian noise on one device, in four kernels whatever the layer count:
-        ĝ = (S + σC·z)/L ⊙ M with z the eager step's one draw over the surviving coordinates
-        (`dpltm.dp.mechanism.add_gaussian`: the same numbers on the same generator), drawn as N(0, (σC/L)²)
-        and scattered into the flat ĝ buffer; the sums joined into one flat buffer, then ĝ += S ⊙ M/L at once.
-        A pruned coordinate's ĝ is 0: no draw lands there, and its unmasked sum is added times 0."""
+        """`noisy_mean` for plain Gaussian noise on one device, in five kernels whatever the layer count
+        (three for a dense network): ĝ = (S + σC·z)/L ⊙ M with z the eager step's one draw over the surviving
+        coordinates (`dpltm.dp.mechanism.add_gaussian`: the same numbers on the same generator), drawn as
+        N(0, (σC/L)²) and scattered into a private noise buffer whose pruned entries stay 0; the sums joined into
+        one flat buffer; then every coordinate of ĝ written afresh: noise + S/L, and the pruned ones set to 0
+        by `where` (an unmasked sum there is not bounded by the clipping, and inf·0 would be NaN). Nothing
+        written into a `.grad` between steps survives a step."""
         if self.noise_std and self.add_noise:
             std = self.noise_std / self.expected_batch_size
             if self.all_survive:
-                self.flat_grad.normal_(0.0, std, generator=self.generator)
+                self.flat_noise.normal_(0.0, std, generator=self.generator)
             else:
                 self.draws.normal_(0.0, std, generator=self.generator)
-                self.flat_grad.index_copy_(0, self.surviving_flat, self.draws)
-        else:
-            self.flat_grad.zero_()
+                self.flat_noise.index_copy_(0, self.surviving_flat, self.draws)
         torch.cat([sums[name].reshape(-1) for name in self.names], out=self.flat_sums)
-        self.flat_grad.addcmul_(self.flat_sums, self.flat_scales)
+        torch.add(self.flat_noise, self.flat_sums, alpha=1.0 / self.expected_batch_size, out=self.flat_grad)
+        if not self.all_survive:
+            self.flat_grad.masked_fill_(self.flat_pruned, 0.0)
 
     def _capture(self) -> None:
         averaged = [self.averager] if self.averager is not None else []

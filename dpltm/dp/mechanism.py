@@ -78,6 +78,10 @@ def dp_event_of(mechanism: NoiseMechanism, sample_rate: float, steps: int) -> dp
     return dpsgd_event(sample_rate, mechanism.effective_noise_multiplier, steps)
 
 
+ONE_DRAW_MAX = 1 << 24
+"""Above this many surviving coordinates (64 MiB of float32 draws) the noise is drawn per parameter."""
+
+
 def add_gaussian(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], std: float,
                  generator: torch.Generator, scales: dict[str, Tensor | None] | None = None) -> dict[str, Tensor]:
     """sums + N(0, std²·s²) on each parameter's surviving coordinates only (drawn only there: cheaper).
@@ -87,7 +91,8 @@ def add_gaussian(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], s
     coordinates survive). The CUDA-graph step draws the same vector in one kernel and scatters it
     (`dpltm.dp.graphed.StaticShapeDpStep`), so both steps give the same numbers on the same generator.
     Adds in place: the sums are fresh gradient sums owned by the caller. Sums on several devices or
-    dtypes (a user's model split across devices) get one draw per parameter.
+    dtypes (a user's model split across devices), or more than `ONE_DRAW_MAX` surviving coordinates (a big
+    model, whose one draw would hold a second copy of it), get one draw per parameter: the same distribution.
     """
     scales = scales or {}
     tensors = list(sums.values())
@@ -96,7 +101,7 @@ def add_gaussian(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], s
     counts = [total.numel() if surviving.get(name) is None else surviving[name].numel()  # type: ignore[union-attr]
               for name, total in sums.items()]
     first = tensors[0]
-    if all(t.device == first.device and t.dtype == first.dtype for t in tensors):
+    if sum(counts) <= ONE_DRAW_MAX and all(t.device == first.device and t.dtype == first.dtype for t in tensors):
         draws = torch.randn(sum(counts), generator=generator, device=first.device, dtype=first.dtype).split(counts)
     else:
         draws = tuple(torch.randn(n, generator=generator, device=t.device, dtype=t.dtype)

@@ -153,7 +153,10 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
     if out is None:
         return {name: total.mul_(scale) for name, total in noisy.items()}
     for name, grad in out.items():
-        torch.mul(noisy[name], scale if out_scales is None else out_scales[name], out=grad)
+        factor = scale if out_scales is None else out_scales[name]
+        torch.mul(noisy[name], factor, out=grad)
+        if isinstance(factor, Tensor):  # a pruned entry set, not multiplied: its unmasked sum is not bounded
+            grad.masked_fill_(factor == 0, 0.0)  # by the clipping, and inf·0 would be NaN
     return out
 
 

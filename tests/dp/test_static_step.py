@@ -411,3 +411,59 @@ def test_a_shaped_noise_goes_through_its_own_perturb_in_the_static_step() -> Non
                              generator=torch.Generator().manual_seed(3),
                              optimizer=torch.optim.SGD(model.parameters(), lr=1.0))
     assert step.noise_std is None
+
+
+def test_a_gradient_written_between_steps_does_not_survive_a_step() -> None:
+    """Every coordinate of ĝ is written afresh each step: whatever lands in a `.grad` between steps (a stray
+    backward, a callback) is not applied again, and pruned weights stay exactly 0."""
+    for sigma in (0.0, 1.0):
+        (model, masks), data = ticket(), records()
+        step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=GaussianNoise(sigma), expected_batch_size=8.0,
+                                 capacity=8, generator=torch.Generator().manual_seed(3),
+                                 optimizer=torch.optim.SGD(model.parameters(), lr=0.5))
+        step.step(torch.arange(6))
+        for parameter in model.parameters():
+            parameter.grad.fill_(3.0)  # type: ignore[union-attr]
+        before = [p.detach().clone() for p in model.parameters()]
+        step.step(torch.zeros(0, dtype=torch.long))  # no records: ĝ is the noise alone
+        assert_pruned_weights_are_zero(model, masks)
+        for b, p, m in zip(before, model.parameters(), _masks_in_parameter_order(model, masks), strict=True):
+            moved = p.detach() - b
+            if sigma == 0.0:
+                assert torch.equal(moved, torch.zeros_like(moved))
+            assert not bool((moved.abs() > 1.4).any())  # no 0.5·3 from the stray gradient anywhere
+            if m is not None:
+                assert bool((p.grad[~m.bool()] == 0).all())  # type: ignore[index]
+
+
+def test_an_unbounded_sum_on_a_pruned_coordinate_makes_no_nan() -> None:
+    """The clipping norm covers surviving weights only, so a sum on a pruned coordinate is not bounded by it: in
+    float16 an input fed only through pruned weights overflows it to inf. Pruned entries are set to 0, not
+    multiplied by it (inf·0 = NaN would reach every weight): ĝ stays finite in both steps."""
+    model = LeNet(build_architecture(12, 5, (10, 7), None, "relu"), torch.Generator().manual_seed(0))
+    masks = model.full_masks()
+    first = next(iter(masks))
+    masks[first] = masks[first].clone()
+    masks[first][:, 0] = False  # input feature 0 feeds no surviving weight
+    masks = apply_masks_(model, masks)
+    model = model.to(torch.float16)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(6)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(600, 12, generator=g) * 0.01
+    x[:, 0] = 250.0
+    data = LabeledTensors(x.half(), torch.randint(0, 5, (600,), generator=g))
+    layout = MaskLayout.of(model, masks, torch.float16, allow_sparse=False)
+    unmasked = clipped_gradient_sum(model, data.features, data.labels, 10.0, layout, weights=torch.ones(600).half(),
+                                    mask_sums=False)
+    assert bool(torch.isinf(unmasked.grad_sums[first][:, 0]).any())  # the case: a pruned entry overflowed
+    assert float(unmasked.norms.max()) < 10.0  # while every record's clipping norm is small
+    eager = clipped_gradient_sum(model, data.features, data.labels, 10.0, layout)
+    assert all(bool(torch.isfinite(v).all()) for v in eager.grad_sums.values())
+    step = StaticShapeDpStep(model, masks, data, clip=10.0, noise=GaussianNoise(1.0), expected_batch_size=600.0,
+                             capacity=600, generator=torch.Generator().manual_seed(5),
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    step.step(torch.arange(600))
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    assert_pruned_weights_are_zero(model, masks)
