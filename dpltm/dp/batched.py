@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.dp.ghost import clip_factors
+from dpltm.dp.precision import ieee_float32
 from dpltm.model import Masks, activation_function
 
 
@@ -116,6 +117,7 @@ class StackedMLP:
         return self.forward_layers(x)[2]
 
 
+@ieee_float32()
 def clipped_sums(stack: StackedMLP, x: Tensor, y: Tensor, clip: float,
                  first_terms: Tensor | None = None) -> tuple[list[Tensor], list[Tensor]]:
     """Per candidate: Σ_i clip_C(∇ℓ_i) over the surviving weights (and the biases). `first_terms`: the

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.dp.ghost import ClippedBatch, clip_factors, squares_times
+from dpltm.dp.precision import ieee_float32
 from dpltm.dp.rules import FuncRule, LayerCall, rule_for
 from dpltm.errors import DpltmUserError
 from dpltm.model import prunable_weights
@@ -143,6 +144,7 @@ def table_rows(tables: dict[str, RecordTable], index: Tensor) -> dict[str, Recor
 
 
 @torch.no_grad()
+@ieee_float32()
 def record_norm_tables(model: nn.Module, masks: dict[str, Tensor], records: Tensor,
                        rows_at_once: int = 8192) -> dict[str, RecordTable]:
     """For every `nn.Linear` whose input is the record itself: R[i, j] = Σ_k M_jk x_ik², each record's
@@ -180,6 +182,7 @@ def record_norm_tables(model: nn.Module, masks: dict[str, Tensor], records: Tens
     return tables
 
 
+@ieee_float32()
 def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
                             masks: dict[str, Tensor] | None = None, loss: Loss = per_sample_cross_entropy,
                             weights: Tensor | None = None,

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dpltm.dp.precision import ieee_float32
 from dpltm.dp.rules import conv2d_weight_grads
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks
@@ -141,6 +142,7 @@ INPUT_TERMS_MAX_BYTES = 1 << 30
 
 
 @torch.no_grad()
+@ieee_float32()
 def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: int = 8192) -> Tensor | None:
     """R[i, j] = Σ_k M_jk x_ik² + b_j for every record i: the first layer's share of the masked norm, fixed.
 
@@ -232,6 +234,7 @@ def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> T
     return factors.nan_to_num_(nan=0.0) if clip != float("inf") else factors
 
 
+@ieee_float32()
 def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                          layout: MaskLayout, weights: Tensor | None = None,
                          input_terms: Tensor | None = None, mask_sums: bool = True,
