@@ -28,12 +28,14 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_recipe import scatter_features  # noqa: E402
+from tune_recipe import positive_float, scatter_features  # noqa: E402
 
 from dpltm.api import make_private  # noqa: E402
 from dpltm.data import load_dataset  # noqa: E402
+from dpltm.errors import DpltmUserError  # noqa: E402
 
 BATCH, EPOCHS, CLIP, MOMENTUM, DELTA = 4096, 40, 1.0, 0.9, 1e-5
+FEATURES = 81 * 7 * 7  # J = 2 scattering of a 28×28 image
 
 
 class PublicProjection:
@@ -69,13 +71,23 @@ def train_head(train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], *, eps
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--datasets", nargs="+", default=["mnist", "fashion-mnist"])
-    parser.add_argument("--eps", type=float, nargs="+", default=[1.0, 0.2])
+    parser.add_argument("--datasets", nargs="+", choices=["mnist", "fashion-mnist"], default=["mnist", "fashion-mnist"],
+                        help="private datasets (KMNIST is the public one)")
+    parser.add_argument("--eps", type=positive_float, nargs="+", default=[1.0, 0.2])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 128, 256, 512, 1024],
-                        help="projection sizes the public proxy chooses among (0: none)")
-    parser.add_argument("--lr-sigmas", type=float, nargs="+", default=[0.5, 1.0, 2.0])
+                        help="projection sizes the public proxy chooses among (0: none; at most 3969, the features)")
+    parser.add_argument("--lr-sigmas", type=positive_float, nargs="+", default=[0.5, 1.0, 2.0])
     args = parser.parse_args(argv)
+    if any(not 0 <= k <= FEATURES for k in args.ks):
+        parser.error(f"--ks: each projection size must lie in 0..{FEATURES} (the scattering features)")
+    try:
+        run(args)
+    except DpltmUserError as error:  # a missing data file, say: one line
+        parser.exit(2, f"pca_head.py: {error}\n")
+
+
+def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     public = scatter_features(load_dataset("kmnist", split="test", seed=0, device="cpu"))
     pub_x, pub_y = public.train.features, public.train.labels  # fits the PCA and the proxy's heads
