@@ -5,12 +5,12 @@ Each fault patches the one function of the real training path it breaks, for the
 `with` block; nothing in the CLI or the library's API can turn one on. The audit must then report
 a lower bound above the claimed ε (the claim no longer describes what ran):
 
-- `no-noise`: the Gaussian noise is not added (`add_gaussian` returns its input);
+- `no-noise`: the Gaussian noise is not added (`add_gaussian_all` returns its input);
 - `no-clipping`: every clip factor is 1 (per-sample gradients enter the sum at full norm);
 - `noise-on-pruned`: the noise goes to the pruned coordinates instead of the surviving ones
   (for a dense network, whose every coordinate survives, that is no noise at all).
 
-The noise faults break the eager step's `add_gaussian`, which audits run; the static (CUDA-graph) step draws
+The noise faults break the eager step's `add_gaussian_all`, which audits run; the static (CUDA-graph) step draws
 its noise itself (`StaticShapeDpStep._flat_update`) and is not broken by them.
 """
 
@@ -41,7 +41,8 @@ def fault(kind: str) -> Iterator[None]:
     from dpltm.dp import ghost, mechanism
 
     if kind == "no-noise":
-        with mock.patch.object(mechanism, "add_gaussian", lambda sums, surviving, std, generator, scales=None: sums):
+        with mock.patch.object(mechanism, "add_gaussian_all",
+                               lambda sums, surviving, std, generator, scales=None: sums):
             yield
     elif kind == "no-clipping":
         def unclipped(norms: Tensor, clip: float, weights: Tensor | None = None) -> Tensor:
@@ -50,7 +51,7 @@ def fault(kind: str) -> Iterator[None]:
         with mock.patch.object(ghost, "clip_factors", unclipped):
             yield
     elif kind == "noise-on-pruned":
-        real = mechanism.add_gaussian
+        real = mechanism.add_gaussian_all
 
         def misplaced(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], std: float,
                       generator: torch.Generator, scales: dict[str, Tensor | None] | None = None) -> dict[str, Tensor]:
@@ -58,7 +59,7 @@ def fault(kind: str) -> Iterator[None]:
             noised = {name: total for name, total in sums.items() if wrong[name].numel()}
             return {**sums, **real(noised, wrong, std, generator, None)}
 
-        with mock.patch.object(mechanism, "add_gaussian", misplaced):
+        with mock.patch.object(mechanism, "add_gaussian_all", misplaced):
             yield
     else:
         raise ValueError(f"unknown fault {kind!r}; one of {', '.join(FAULTS)}")

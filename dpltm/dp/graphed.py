@@ -154,7 +154,7 @@ class StaticShapeDpStep:
     def _flat_update(self, sums: dict[str, Tensor]) -> None:
         """`noisy_mean` for plain Gaussian noise on one device, in five kernels whatever the layer count
         (three for a dense network): ĝ = (S + σC·z)/L ⊙ M with z the eager step's one draw over the surviving
-        coordinates (`dpltm.dp.mechanism.add_gaussian`: the same numbers on the same generator), drawn as
+        coordinates (`dpltm.dp.mechanism.add_gaussian_all`: the same numbers on the same generator), drawn as
         N(0, (σC/L)²) and scattered into a private noise buffer whose pruned entries stay 0; the sums joined into
         one flat buffer; then every coordinate of ĝ written afresh: noise + S/L, and the pruned ones set to 0
         by `where` (an unmasked sum there is not bounded by the clipping, and inf·0 would be NaN). Nothing

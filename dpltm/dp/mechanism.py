@@ -82,8 +82,8 @@ ONE_DRAW_MAX = 1 << 24
 """Above this many surviving coordinates (64 MiB of float32 draws) the noise is drawn per parameter."""
 
 
-def add_gaussian(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], std: float,
-                 generator: torch.Generator, scales: dict[str, Tensor | None] | None = None) -> dict[str, Tensor]:
+def add_gaussian_all(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], std: float,
+                     generator: torch.Generator, scales: dict[str, Tensor | None] | None = None) -> dict[str, Tensor]:
     """sums + N(0, std²·s²) on each parameter's surviving coordinates only (drawn only there: cheaper).
 
     One draw for every parameter at once: a vector of standard normals as long as all surviving
@@ -118,6 +118,14 @@ def add_gaussian(sums: dict[str, Tensor], surviving: dict[str, Tensor | None], s
             total.view(-1).index_add_(0, kept, noise, alpha=std)
             out[name] = total
     return out
+
+
+
+def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator: torch.Generator,
+                 scale: Tensor | None = None) -> Tensor:
+    """total + N(0, std²·scale²) on one parameter's surviving coordinates (None: all): `add_gaussian_all` for
+    one sum, the helper a plug-in of its own may call. Adds in place."""
+    return add_gaussian_all({"sum": total}, {"sum": surviving}, std, generator, {"sum": scale})["sum"]
 
 
 class ScaledGaussianNoise:
@@ -166,7 +174,7 @@ class ScaledGaussianNoise:
         if std == 0.0:
             return dict(grad_sums)
         scales = {name: scale for name, scale in (self.coordinate_scales() or {}).items() if name in grad_sums}
-        return add_gaussian(grad_sums, surviving, std, generator, scales)
+        return add_gaussian_all(grad_sums, surviving, std, generator, scales)
 
     def epoch_metrics(self, model: LeNet, masks: Masks | None, clip: float) -> dict[str, float]:
         return {}

@@ -17,6 +17,7 @@ from dpltm.dp.mechanism import (
     NoiseMechanism,
     ScaledGaussianNoise,
     add_gaussian,
+    add_gaussian_all,
     dp_event_of,
 )
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
@@ -24,7 +25,8 @@ from dpltm.dp.shaped import ShapedNoise
 from dpltm.errors import DpltmUserError
 
 __all__ = ["NOISE_MECHANISMS", "DropoutNoise", "GaussianNoise", "NoiseContext", "NoiseMechanism",
-           "ScaledGaussianNoise", "ShapedNoise", "add_gaussian", "dp_event_of", "make_noise", "noise_class"]
+           "ScaledGaussianNoise", "ShapedNoise", "add_gaussian", "add_gaussian_all", "dp_event_of", "make_noise",
+           "noise_class"]
 
 NOISE_MECHANISMS: dict[str, Any] = {name: plugin.load() for name, plugin in NOISE_PLUGINS.items()}
 """name → class with `build(parameter, context)`, and the pure maps between its parameter and

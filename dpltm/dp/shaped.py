@@ -18,7 +18,7 @@ with noise multiplier σ. The released sum is D(U + Z) = Σ_i c_i g_i + N(0, σ�
 linear bijection of that output, i.e. post-processing (Dwork & Roth 2014, Prop. 2.1), with
 exactly the same privacy loss distribution. So `effective_for(σ) = σ` and the accountants
 apply unchanged. The clipping in ‖g / s‖ is done by `MaskLayout.of(model, dtype, scales)`
-(dpltm.dp.ghost), and the noise by `add_gaussian(..., scales=s)`.
+(dpltm.dp.ghost), and the noise by `add_gaussian_all(..., scales=s)`.
 
 The scales (our choice). w_j = |∂L̄/∂θ_j| with L̄ the mean cross-entropy over up to
 `PUBLIC_RECORDS` public records (the slides' "derivative of the cost on all examples"), then

@@ -120,7 +120,7 @@ def test_noise_scale_and_masking_on_zero_gradients(name: str) -> None:
     layout = MaskLayout.of(model, masks, torch.float64, mechanism.coordinate_scales())
     zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
     g = torch.Generator().manual_seed(0)
-    # perturb may add in place (add_gaussian's contract): every draw gets fresh sums
+    # perturb may add in place (add_gaussian_all's contract): every draw gets fresh sums
     draws = [mechanism.perturb({k: v.clone() for k, v in zeros.items()}, layout.surviving, clip, g)
              for _ in range(400)]
     for pname, mask in param_masks(model, masks).items():

@@ -15,7 +15,7 @@ from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.averaging import Ema, make_averager, update_average
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
-from dpltm.dp.noise import DropoutNoise, GaussianNoise, NoiseContext, ShapedNoise
+from dpltm.dp.noise import DropoutNoise, GaussianNoise, NoiseContext, ShapedNoise, add_gaussian
 from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, private_gradients
@@ -467,3 +467,18 @@ def test_an_unbounded_sum_on_a_pruned_coordinate_makes_no_nan() -> None:
     step.step(torch.arange(600))
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
     assert_pruned_weights_are_zero(model, masks)
+
+
+def test_add_gaussian_for_one_sum_draws_as_it_always_did() -> None:
+    """The one-tensor helper a plug-in of its own may call: N(0, std²·s²) on the surviving coordinates only,
+    the draw of one `randn` as long as they are (the numbers it gave before `add_gaussian_all` existed)."""
+    total, surviving = torch.zeros(3, 4, dtype=torch.float64), torch.tensor([0, 5, 11])
+    scale = torch.full((3, 4), 2.0, dtype=torch.float64)
+    got = add_gaussian(total.clone(), surviving, 0.5, torch.Generator().manual_seed(7), scale=scale)
+    draw = torch.randn(3, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    want = torch.zeros(12, dtype=torch.float64)
+    want[surviving] = 0.5 * 2.0 * draw
+    torch.testing.assert_close(got.flatten(), want, rtol=1e-15, atol=0)
+    dense = add_gaussian(total.clone(), None, 0.5, torch.Generator().manual_seed(7))
+    torch.testing.assert_close(dense, 0.5 * torch.randn(3, 4, generator=torch.Generator().manual_seed(7),
+                                                        dtype=torch.float64), rtol=1e-15, atol=0)
