@@ -16,48 +16,90 @@ and their norms and sum read the same tensor.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+_BACKENDS = ("cuda", "mkldnn")  # cuBLAS's and oneDNN's float32 matrix products
 
-def _precision_leaves() -> list[Any]:
-    """The per-backend settings of the newer API (torch ≥ 2.9: `fp32_precision` on cuBLAS's and oneDNN's
-    matmul), or none on an older torch. Reading the legacy flags after the newer API was used raises, so a
-    torch that has the newer API is only ever asked through it."""
+
+def _precision_leaves() -> list[tuple[str, Any]]:
+    """(backend, its matmul settings) for the newer API's per-backend settings (torch ≥ 2.9: `fp32_precision`
+    on cuBLAS's and oneDNN's matmul), or none on an older torch."""
     leaves = []
-    for backend in (getattr(torch.backends, "cuda", None), getattr(torch.backends, "mkldnn", None)):
-        matmul = getattr(backend, "matmul", None)
+    for name in _BACKENDS:
+        matmul = getattr(getattr(torch.backends, name, None), "matmul", None)
         if matmul is not None and hasattr(matmul, "fp32_precision"):
-            leaves.append(matmul)
+            leaves.append((name, matmul))
     return leaves
+
+
+def _own_setting(backend: str, leaf: Any) -> str:
+    """What a per-backend matmul setting holds itself: its value, or "none" where it only repeats what it
+    inherits (the getter reports the value in effect; writing that back would pin it, cutting it off from a
+    later change of the backend-wide or general setting)."""
+    value = leaf.fp32_precision
+    try:
+        inherited = torch._C._get_fp32_precision_getter(backend, "all")
+    except (AttributeError, RuntimeError, TypeError):
+        return str(value)
+    return "none" if value == inherited else str(value)
+
+
+def _legacy() -> str | None:
+    """The legacy setting (`set_float32_matmul_precision`), None where reading it raises (torch refuses once
+    the newer API has set something it cannot express)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
+
+
+_lock = threading.Lock()
+_depth = 0
+_saved: tuple[str | None, list[str]] | None = None
+
+
+def _enter() -> None:
+    global _depth, _saved
+    with _lock:
+        _depth += 1
+        if _depth > 1:  # a block already open (nested, or a step in another thread): it restores at the end
+            return
+        leaves = _precision_leaves()
+        legacy = _legacy()
+        _saved = (legacy, [_own_setting(backend, leaf) for backend, leaf in leaves])
+        if legacy is not None and legacy != "highest":
+            torch.set_float32_matmul_precision("highest")  # keeps the legacy reading consistent inside
+        for _, leaf in leaves:
+            leaf.fp32_precision = "ieee"
+
+
+def _exit() -> None:
+    global _depth, _saved
+    with _lock:
+        _depth -= 1
+        if _depth > 0 or _saved is None:
+            return
+        legacy, own = _saved
+        _saved = None
+        if legacy is not None and legacy != "highest":
+            torch.set_float32_matmul_precision(legacy)
+        for (_, leaf), value in zip(_precision_leaves(), own, strict=True):
+            leaf.fp32_precision = value
 
 
 @contextlib.contextmanager
 def ieee_float32() -> Iterator[None]:
     """Float32 matrix products in IEEE float32 inside the block (no TF32, no bfloat16 passes); usable as a
-    decorator. Costs a few attribute reads and writes on the host, nothing on the device."""
-    leaves = _precision_leaves()
-    if leaves:
-        saved = [leaf.fp32_precision for leaf in leaves]
-        if all(value == "ieee" for value in saved):
-            yield
-            return
-        for leaf in leaves:
-            leaf.fp32_precision = "ieee"
-        try:
-            yield
-        finally:
-            for leaf, value in zip(leaves, saved, strict=True):
-                leaf.fp32_precision = value
-        return
-    legacy = torch.get_float32_matmul_precision()
-    if legacy == "highest":
-        yield
-        return
-    torch.set_float32_matmul_precision("highest")
+    decorator (of a plain function: a generator's body would run after the block). The first block to open
+    saves the program's setting and the last to close restores it, across threads; a setting another thread
+    makes while a block is open is overwritten then. Costs a few microseconds on the host, nothing on the
+    device."""
+    _enter()
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(legacy)
+        _exit()

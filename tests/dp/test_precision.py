@@ -16,7 +16,7 @@ NEW_API = bool(_precision_leaves())
 def state() -> tuple[str, ...]:
     """What decides float32 products now: the newer API's per-backend settings, else the legacy global."""
     if NEW_API:
-        return tuple(leaf.fp32_precision for leaf in _precision_leaves())
+        return tuple(leaf.fp32_precision for _, leaf in _precision_leaves())
     return (torch.get_float32_matmul_precision(),)
 
 
@@ -24,32 +24,42 @@ def ieee() -> tuple[str, ...]:
     return tuple("ieee" for _ in _precision_leaves()) if NEW_API else ("highest",)
 
 
+def torch_defaults() -> None:
+    torch.set_float32_matmul_precision("highest")
+    if NEW_API:
+        torch.backends.fp32_precision = "none"  # type: ignore[attr-defined]
+        for _, leaf in _precision_leaves():
+            leaf.fp32_precision = "none"
+
+
 @pytest.fixture
 def user_precision(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """The user's program sets a reduced precision its own way; everything is put back after the test."""
-    legacy = torch.get_float32_matmul_precision()
-    saved = [leaf.fp32_precision for leaf in _precision_leaves()]
+    """The user's program sets a reduced precision its own way; torch's defaults are back after the test."""
     how = request.param
     if how == "legacy-high":
         torch.set_float32_matmul_precision("high")
     elif how == "legacy-medium":
         torch.set_float32_matmul_precision("medium")
-    elif how == "new-tf32":
+    elif how in ("new-tf32", "new-generic-tf32"):
         if not NEW_API:
             pytest.skip("this torch has no fp32_precision settings")
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        if how == "new-tf32":
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+        else:
+            torch.backends.fp32_precision = "tf32"  # type: ignore[attr-defined]
     yield how
-    for leaf, value in zip(_precision_leaves(), saved, strict=True):
-        leaf.fp32_precision = value
-    if not NEW_API or how.startswith("legacy") or how == "default":
-        torch.set_float32_matmul_precision(legacy)
+    torch_defaults()
 
 
-@pytest.mark.parametrize("user_precision", ["default", "legacy-high", "legacy-medium", "new-tf32"], indirect=True)
+@pytest.mark.parametrize("user_precision", ["default", "legacy-high", "legacy-medium", "new-tf32", "new-generic-tf32"],
+                         indirect=True)
 def test_ieee_inside_and_the_users_setting_after(user_precision: str) -> None:
     before = state()
     with ieee_float32():
         assert state() == ieee()
+        if user_precision.startswith("legacy") or user_precision == "default":
+            assert torch.get_float32_matmul_precision() == "highest"  # the legacy reading agrees inside
+            assert torch.backends.cuda.matmul.allow_tf32 is False
     assert state() == before
     if user_precision.startswith("legacy"):  # the user reads it back the way they set it, without an error
         assert torch.get_float32_matmul_precision() == user_precision.removeprefix("legacy-")
@@ -75,3 +85,45 @@ def test_the_norms_and_the_clipped_sum_run_in_ieee_float32(user_precision: str) 
     assert state() == before
     first_layer_input_terms(x, layout)
     assert state() == before
+
+
+@pytest.mark.skipif(not NEW_API, reason="this torch has no fp32_precision settings")
+@pytest.mark.parametrize("user_precision", ["new-generic-tf32"], indirect=True)
+def test_a_setting_inherited_before_is_inherited_after(user_precision: str) -> None:
+    """The per-backend getters report the value in effect: writing it back would pin a backend to it, and a
+    later change of the general setting would no longer reach it."""
+    with ieee_float32():
+        pass
+    torch.backends.fp32_precision = "ieee"  # type: ignore[attr-defined]
+    assert state() == ieee()
+
+
+def test_the_last_block_to_close_restores_across_threads() -> None:
+    """A DP step in a second thread that opens while the first is open, and closes after it, keeps IEEE to its
+    end: the first to close leaves the setting alone."""
+    import threading
+
+    torch.set_float32_matmul_precision("high")
+    try:
+        before = state()
+        a_open, b_open, a_closed = threading.Event(), threading.Event(), threading.Event()
+        seen: list[tuple[str, ...]] = []
+
+        def second() -> None:
+            a_open.wait(5)
+            with ieee_float32():
+                b_open.set()
+                a_closed.wait(5)
+                seen.append(state())
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        with ieee_float32():
+            a_open.set()
+            assert b_open.wait(5)  # the second thread's block opened while this one is open
+        a_closed.set()
+        thread.join(5)
+        assert seen == [ieee()]
+        assert state() == before
+    finally:
+        torch_defaults()
