@@ -62,6 +62,8 @@ class MaskLayout:
     """Per layer, each output unit's bias share of the squared norm per unit of g_ij²: ones, or 1/s²
     under a noise geometry (`bias_weights`, never None here), so a layer's whole norm is one row dot
     product Σ_j g_ij² (M a_i² + b)_j (`layer_norm_terms`)."""
+    pruned_masks: list[Tensor | None] = dataclasses.field(default_factory=list)
+    """Per layer, True where a weight is pruned (None: dense): where a masked sum is set to 0."""
 
     @property
     def all_parameter_names(self) -> list[str]:
@@ -116,7 +118,8 @@ class MaskLayout:
             surviving[f"{prefix}.weight"] = None if all_kept else mask.flatten().nonzero().squeeze(1)
             surviving[f"{prefix}.bias"] = None
         return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks, conv_names, conv_masks,
-                   bias_terms)
+                   bias_terms,
+                   [None if m is None else m == 0 for m in weight_masks])
 
 
 SPARSE_BELOW_DENSITY = 0.2
@@ -336,8 +339,9 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
             scaled_all = torch.where(finite[:, None], scaled_all, torch.zeros_like(scaled_all))  # type: ignore[index]
         bias_sums = scaled_all.sum(dim=0).split(widths)
         offsets = [0, *itertools.accumulate(widths)]
-        for index, (a, (weight_name, bias_name), weight_mask, sum_mask) in enumerate(zip(
-                inputs, layout.parameter_names, layout.weight_masks, layout.sum_masks, strict=True)):
+        pruned_masks = layout.pruned_masks or [None if m is None else m == 0 for m in layout.weight_masks]
+        for index, (a, (weight_name, bias_name), pruned, sum_mask) in enumerate(zip(
+                inputs, layout.parameter_names, pruned_masks, layout.sum_masks, strict=True)):
             scaled = scaled_all[:, offsets[index]: offsets[index + 1]]
             if static:  # a dropped record's inputs too: 0·inf = NaN in the product
                 if not (index == 0 and finite_records and not conv_constants):  # a record row: finite already
@@ -350,8 +354,8 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                 weight_sum.view(-1).index_copy_(0, layout.surviving[weight_name], kept)  # type: ignore[arg-type]
             else:
                 weight_sum = scaled.T @ a
-                if weight_mask is not None and mask_sums:  # set, not multiplied: a pruned entry is not bounded
-                    weight_sum.masked_fill_(weight_mask == 0, 0.0)  # by the clipping, and inf·0 would be NaN
+                if pruned is not None and mask_sums:  # set, not multiplied: a pruned entry is not bounded
+                    weight_sum.masked_fill_(pruned, 0.0)  # by the clipping, and inf·0 would be NaN
             sums[weight_name] = weight_sum
             sums[bias_name] = bias_sums[index]
     return ClippedBatch(sums, norms, loss_sum.detach())
