@@ -349,6 +349,7 @@ def test_run_with_the_tuned_recipe_sets_lr_from_sigma(data_root: Path, tmp_path:
     report = invoke("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
                     "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1",
                     "--batch-size", "16", "--recipe", "tuned", "--device", "cpu", "--no-progress", "--json",
+                    "--search", "none",  # the recipe's own release: no variant chosen over it
                     "--out", str(tmp_path / "m.pt"))
     body = load_checkpoint(tmp_path / "m.pt", "model")
     train = body["config"]["train"]
