@@ -20,6 +20,7 @@ autograd and the forward pass give per sample, so the identity holds for any ele
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import warnings
 from dataclasses import dataclass
@@ -62,8 +63,11 @@ class MaskLayout:
     """Per layer, each output unit's bias share of the squared norm per unit of g_ij²: ones, or 1/s²
     under a noise geometry (`bias_weights`, never None here), so a layer's whole norm is one row dot
     product Σ_j g_ij² (M a_i² + b)_j (`layer_norm_terms`)."""
-    pruned_masks: list[Tensor | None] = dataclasses.field(default_factory=list)
-    """Per layer, True where a weight is pruned (None: dense): where a masked sum is set to 0."""
+
+    @functools.cached_property
+    def pruned_masks(self) -> list[Tensor | None]:
+        """Per layer, True where a weight is pruned (None: dense): where a masked sum is set to 0, made once."""
+        return [None if mask is None else mask == 0 for mask in self.weight_masks]
 
     @property
     def all_parameter_names(self) -> list[str]:
@@ -118,8 +122,7 @@ class MaskLayout:
             surviving[f"{prefix}.weight"] = None if all_kept else mask.flatten().nonzero().squeeze(1)
             surviving[f"{prefix}.bias"] = None
         return cls(norm_masks, weight_masks, surviving, bias_weights, names, sum_masks, conv_names, conv_masks,
-                   bias_terms,
-                   [None if m is None else m == 0 for m in weight_masks])
+                   bias_terms)
 
 
 SPARSE_BELOW_DENSITY = 0.2
@@ -229,12 +232,12 @@ def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> T
     padding rows get 0, dpltm.dp.padding) multiply the factors.
     """
     if clip == float("inf"):
-        factors = torch.isfinite(norms).to(norms.dtype)
-    else:
-        factors = torch.div(torch.tensor(clip, dtype=norms.dtype), norms.clamp(min=clip))
+        finite = torch.isfinite(norms).to(norms.dtype)
+        return finite if weights is None else finite.mul_(weights)
+    factors = torch.div(torch.tensor(clip, dtype=norms.dtype), norms.clamp(min=clip))
     if weights is not None:
-        factors = factors.mul_(weights)
-    return factors.nan_to_num_(nan=0.0) if clip != float("inf") else factors
+        factors.mul_(weights)  # before the NaN → 0: a padding row whose norm is NaN gets 0 too
+    return factors.nan_to_num_(nan=0.0)
 
 
 @ieee_float32()
@@ -339,9 +342,8 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
             scaled_all = torch.where(finite[:, None], scaled_all, torch.zeros_like(scaled_all))  # type: ignore[index]
         bias_sums = scaled_all.sum(dim=0).split(widths)
         offsets = [0, *itertools.accumulate(widths)]
-        pruned_masks = layout.pruned_masks or [None if m is None else m == 0 for m in layout.weight_masks]
         for index, (a, (weight_name, bias_name), pruned, sum_mask) in enumerate(zip(
-                inputs, layout.parameter_names, pruned_masks, layout.sum_masks, strict=True)):
+                inputs, layout.parameter_names, layout.pruned_masks, layout.sum_masks, strict=True)):
             scaled = scaled_all[:, offsets[index]: offsets[index + 1]]
             if static:  # a dropped record's inputs too: 0·inf = NaN in the product
                 if not (index == 0 and finite_records and not conv_constants):  # a record row: finite already

@@ -28,6 +28,7 @@ without reading values back to the host (Gaussian, DPD and shaped noise do).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -84,7 +85,7 @@ class StaticShapeDpStep:
         for name, parameter in parameters.items():
             parameter.grad = self.grads[name]  # static: the optimiser reads these, the update writes them
         self.noise_std = flat_gaussian_std(noise, clip) if reduce is None else None
-        offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()[:-1]]
+        offsets = [0, *itertools.accumulate(sizes[:-1])]  # where each parameter starts
         kept = [torch.arange(size, device=device) if self.layout.surviving[name] is None
                 else self.layout.surviving[name] for name, size in zip(names, sizes, strict=True)]
         self.surviving_flat = torch.cat([k + offset for k, offset in zip(kept, offsets, strict=True)])
@@ -92,9 +93,8 @@ class StaticShapeDpStep:
         self.all_survive = self.surviving_flat.numel() == self.flat_grad.numel()  # then draw straight, no scatter
         self.flat_noise = torch.zeros_like(self.flat_grad)  # private: its pruned entries are never written
         self.flat_sums = torch.zeros_like(self.flat_grad)
-        self.flat_pruned = self.flat_grad.new_zeros(self.flat_grad.shape, dtype=torch.bool)
-        self.flat_pruned[self.surviving_flat] = True
-        self.flat_pruned = ~self.flat_pruned
+        self.flat_pruned = torch.ones_like(self.flat_grad, dtype=torch.bool)
+        self.flat_pruned[self.surviving_flat] = False
         self.graphs: tuple[torch.cuda.CUDAGraph, ...] | None = None
         if graphs:
             if device.type != "cuda":
@@ -157,7 +157,7 @@ class StaticShapeDpStep:
         coordinates (`dpltm.dp.mechanism.add_gaussian_all`: the same numbers on the same generator), drawn as
         N(0, (σC/L)²) and scattered into a private noise buffer whose pruned entries stay 0; the sums joined into
         one flat buffer; then every coordinate of ĝ written afresh: noise + S/L, and the pruned ones set to 0
-        by `where` (an unmasked sum there is not bounded by the clipping, and inf·0 would be NaN). Nothing
+        by `masked_fill_` (an unmasked sum there is not bounded by the clipping, and inf·0 would be NaN). Nothing
         written into a `.grad` between steps survives a step."""
         if self.noise_std and self.add_noise:
             std = self.noise_std / self.expected_batch_size

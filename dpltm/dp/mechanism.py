@@ -173,8 +173,7 @@ class ScaledGaussianNoise:
         std = self.noise_std(clip)
         if std == 0.0:
             return dict(grad_sums)
-        scales = {name: scale for name, scale in (self.coordinate_scales() or {}).items() if name in grad_sums}
-        return add_gaussian_all(grad_sums, surviving, std, generator, scales)
+        return add_gaussian_all(grad_sums, surviving, std, generator, self.coordinate_scales())
 
     def epoch_metrics(self, model: LeNet, masks: Masks | None, clip: float) -> dict[str, float]:
         return {}

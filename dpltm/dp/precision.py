@@ -16,6 +16,7 @@ and their norms and sum read the same tensor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -25,15 +26,12 @@ import torch
 _BACKENDS = ("cuda", "mkldnn")  # cuBLAS's and oneDNN's float32 matrix products
 
 
-def _precision_leaves() -> list[tuple[str, Any]]:
+@functools.cache
+def _precision_leaves() -> tuple[tuple[str, Any], ...]:
     """(backend, its matmul settings) for the newer API's per-backend settings (torch ≥ 2.9: `fp32_precision`
-    on cuBLAS's and oneDNN's matmul), or none on an older torch."""
-    leaves = []
-    for name in _BACKENDS:
-        matmul = getattr(getattr(torch.backends, name, None), "matmul", None)
-        if matmul is not None and hasattr(matmul, "fp32_precision"):
-            leaves.append((name, matmul))
-    return leaves
+    on cuBLAS's and oneDNN's matmul), or none on an older torch. Looked up once: torch's modules do not change."""
+    matmuls = ((name, getattr(getattr(torch.backends, name, None), "matmul", None)) for name in _BACKENDS)
+    return tuple((name, matmul) for name, matmul in matmuls if hasattr(matmul, "fp32_precision"))
 
 
 def _own_setting(backend: str, leaf: Any) -> str:
