@@ -50,8 +50,8 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     if private_ticket and not cli.get("data", {}).get("dataset"):  # the data it was made on
         cli = {**cli, "data": {**cli.get("data", {}), "dataset": ticket_body["source"]["data"]["dataset"]}}  # type: ignore[index]
     cfg = resolve_train_config(cli, config, base=base)
-    if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and (
-            cuda_graphs or audit is not None or cfg.train.noise != "gaussian"):
+    if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and not pipeline.freezing_can_run(
+            "graphs" if cuda_graphs else "eager", audited=audit is not None, noise=cfg.train.noise):
         raise DpltmUserError(f"the winner's noise-aware choice holds {', '.join(cfg.train.freeze)} at its public "
                              "weights, and freezing trains in the eager step with --noise gaussian and no audit: "
                              "train it unfrozen with `train: {freeze: []}` in a --config file, or select again "

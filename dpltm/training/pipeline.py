@@ -216,7 +216,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                           f"them with {override['used']} starts where public training never went (drop --activation, "
                           f"or make the tickets in {override['used']})", markup=False, highlight=False)
     if s.freeze:  # held at the start's weights (public-trained or θ0): trained, clipped and noised is the rest
-        if step_mode != "eager" or audit is not None or s.noise != "gaussian":
+        if not freezing_can_run(step_mode, audited=audit is not None, noise=s.noise):
             raise DpltmUserError("--freeze trains in the eager DP step with --noise gaussian, without an audit "
                                  "(drop --cuda-graphs, the audit or the noise plug-in, or --freeze)")
         frozen = freeze_layers_(model, s.freeze)
@@ -387,3 +387,9 @@ def _print_epoch(record: dict[str, Any], end_to_end: bool) -> None:
     spent = "non-private: no guarantee" if math.isinf(eps) else f"ε spent ≤ {round_up(eps, 4)}{scope}"
     print(f"epoch {record['epoch']}: val acc {record['val_accuracy']:.4f}, test acc {record['test_accuracy']:.4f}, "
           f"{spent}", file=sys.stderr, flush=True)
+
+
+def freezing_can_run(step_mode: str, *, audited: bool, noise: str) -> bool:
+    """Frozen layers train in the eager DP step (the engine's rules), with Gaussian noise and no audit: the
+    graph steps, the audit's canaries and the noise geometries assume every layer is trained."""
+    return step_mode == "eager" and not audited and noise == "gaussian"
