@@ -115,9 +115,13 @@ def check_steps(epochs: int, batch_size: int, dataset_size: int) -> None:
                              f"most {MAX_STEPS}")
 
 
+FULL_PRECISION = (torch.float32, torch.float64)
+
+
 def check_model_and_optimizer(model: Any, optimizer: Any) -> None:
-    """An nn.Module, and an optimiser over exactly its trainable parameters (noise that reaches no
-    parameter, or a parameter updated from its non-private gradient, would both be wrong)."""
+    """An nn.Module with full-precision trainable parameters, and an optimiser over exactly them (noise that reaches
+    no parameter, or a parameter updated from its non-private gradient, would both be wrong; a half-precision
+    clipped norm can exceed C by rounding: the sensitivity the accountant assumes would not hold)."""
     if not isinstance(model, nn.Module):
         raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -129,10 +133,22 @@ def check_model_and_optimizer(model: Any, optimizer: Any) -> None:
     if foreign:
         raise DpltmUserError(f"optimizer holds {foreign} parameter(s) that are not the model's: build it from "
                              "model.parameters()")
+    check_full_precision(model)
     missing = sorted(set(n for n, p in model.named_parameters() if p.requires_grad) - {names[id(p)] for p in optimised})
     if missing:
         raise DpltmUserError(f"optimizer does not update the model's trainable parameter(s) {missing[:5]}"
                              + (" …" if len(missing) > 5 else ""))
+
+
+def check_full_precision(model: nn.Module) -> None:
+    """Trainable parameters in float32 or float64: in half precision a clipped gradient's norm can exceed C by
+    rounding (up to 8e-3 relative in bfloat16, dpltm.dp.ghost.clip_factors), a sensitivity no accountant sees."""
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad and parameter.dtype not in FULL_PRECISION:
+            raise DpltmUserError(f"trainable parameter {name!r} is {str(parameter.dtype).removeprefix('torch.')}: DP "
+                                 "training needs float32 or float64 parameters (in half precision a clipped gradient's "
+                                 "norm can exceed the clip norm by rounding, up to 8e-3 relative in bfloat16, which no "
+                                 "accountant sees); call model.float() first")
 
 
 def check_single_evaluation(optimizer: torch.optim.Optimizer) -> None:

@@ -36,6 +36,7 @@ from dpltm.api_checks import (
     check_budget,
     check_budget_left,
     check_delta,
+    check_full_precision,
     check_mask_values,
     check_neighboring,
     check_positive,
@@ -228,6 +229,7 @@ class DPCallback(L.Callback):
         if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
             raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
                                  "skips steps from the non-private gradients and rounds the clipping")
+        check_full_precision(pl_module)
         sampler = self._poisson_sampler(trainer)
         if sampler.seed is not None:
             # a seeded sampler replays its batches: a resumed or repeated fit would redraw the same ones

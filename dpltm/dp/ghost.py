@@ -225,7 +225,8 @@ def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> T
     One correctly rounded division of C by a number ≥ C: never above 1, and nothing overflows (even in float16 a
     large norm gives a small factor, not an infinite quotient and a dropped record). The clipped norm c·‖g‖ can
     still exceed C by the dtype's rounding (about 1e-7 relative in float32, 6e-4 in float16, 8e-3 in bfloat16:
-    floating point's share of the sensitivity, which no accountant sees; train in float32 or float64). A record
+    floating point's share of the sensitivity, which no accountant sees: make_private and DPCallback refuse
+    half-precision parameters, dpltm.api_checks.check_full_precision). A record
     whose gradient is not finite gets factor 0 (its contribution is dropped): an inf·0 = NaN would otherwise
     spread through the sum and unbound the sensitivity. No host synchronisation (a CUDA-graph step runs it
     every step): C is a CPU scalar, a kernel argument. `weights` (one per row, 1 or 0: a static-shape batch's

@@ -185,6 +185,17 @@ def test_callback_needs_a_poisson_loader() -> None:
         trainer.fit(Classifier(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=10))
 
 
+def test_callback_refuses_half_precision_parameters() -> None:
+    """Lightning's "32-true" leaves a bfloat16 module as it is; its clipped norms could exceed C by rounding."""
+    x, y = blobs(100, 0)
+    trainer = L.Trainer(max_epochs=1, callbacks=[dpltm.DPCallback(target_epsilon=1.0)], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu")
+    with pytest.raises(DpltmUserError, match="^trainable parameter 'model.0.weight' is bfloat16"):
+        trainer.fit(Classifier().to(torch.bfloat16),
+                    poisson_loader(torch.utils.data.TensorDataset(x.bfloat16(), y), batch_size=10, seed=3))
+
+
 @pytest.mark.slow
 def test_import_dpltm_is_light_and_exports_the_api() -> None:
     import subprocess

@@ -278,6 +278,8 @@ def test_masks_from_public_data_or_tickets_is_checked_for_overlap() -> None:
     ({"neighboring": "swap"}, "^neighboring must be"),
     ({"accountant": "gdp"}, "^accountant must be"),
     ({"model": "not a model"}, "^model must be a torch.nn.Module"),
+    ({"model": "bfloat16"}, "^trainable parameter '0.weight' is bfloat16: DP training needs float32 or float64"),
+    ({"model": "float16"}, "^trainable parameter '0.weight' is float16"),
     ({"selection_eps1": 0.1}, "pass the ticket's masks"),
 ])
 def test_make_private_checks_its_arguments_in_its_own_words(change: dict[str, Any], match: str) -> None:
@@ -293,6 +295,9 @@ def test_make_private_checks_its_arguments_in_its_own_words(change: dict[str, An
         elif key == "train":
             x, y = train
             train = (x, y + 1)
+        elif key == "model" and value in ("bfloat16", "float16"):
+            model = mlp().to(getattr(torch, value))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         elif key == "model":
             model = value
         else:
