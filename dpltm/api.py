@@ -69,6 +69,7 @@ from dpltm.privacy.exponential import sample_exponential, score_sensitivity, tic
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.pruning import prune_layerwise
+from dpltm.dp.independence import check_samples_independent
 from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
 from dpltm.training.plan import TrainPlan, plan_training
 
@@ -128,12 +129,17 @@ def check_user_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> Masks:
                              f"maskable: {sorted(weights)}")
     out: Masks = {}
     for name, mask in masks.items():
-        mask = torch.as_tensor(mask)
+        try:
+            mask = torch.as_tensor(mask)
+        except (TypeError, RuntimeError, ValueError):
+            raise DpltmUserError(f"mask {name} must be a 0/1 tensor, got {type(mask).__name__}") from None
         if tuple(mask.shape) != tuple(weights[name].shape):
             raise DpltmUserError(f"mask {name} has shape {tuple(mask.shape)}, the weight {tuple(weights[name].shape)}")
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise DpltmUserError(f"mask {name} must hold only 0 and 1")
-        out[name] = mask.to(device=weights[name].device, dtype=torch.bool)
+        # a copy: the run's noise positions are fixed from these masks, so a later edit of the caller's tensor
+        # must not change which coordinates are clipped and re-masked
+        out[name] = mask.to(device=weights[name].device, dtype=torch.bool, copy=True)
     return out
 
 
@@ -180,15 +186,27 @@ def density_of(model: nn.Module, masks: Mapping[str, Tensor]) -> float:
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Data, batch_size: int = 4096) -> float:
     """Top-1 accuracy (no privacy: for held-out or public data)."""
-    parameter = next(model.parameters())
+    if not isinstance(model, nn.Module):
+        raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise DpltmUserError("the model has no parameters")
     features, labels = as_tensors(data, parameter.device)
+    if labels.dim() != 1 or labels.is_floating_point():
+        raise DpltmUserError(f"class labels must be integers of shape (N,), got {str(labels.dtype).removeprefix('torch.')} "
+                             f"of shape {tuple(labels.shape)}")  # (N, 1) against (N,) would broadcast to N × N
     if features.is_floating_point():
         features = features.to(parameter.dtype)
     was_training = model.training
     model.eval()
     try:
-        correct = sum(int((model(features[i : i + batch_size]).argmax(1) == labels[i : i + batch_size]).sum())
-                      for i in range(0, len(labels), batch_size))
+        correct = 0
+        for i in range(0, len(labels), batch_size):
+            outputs = model(features[i : i + batch_size])
+            if not isinstance(outputs, Tensor) or outputs.dim() != 2 or outputs.shape[0] != len(labels[i : i + batch_size]):
+                raise DpltmUserError(f"the model must return class scores of shape (batch, classes), got "
+                                     f"{tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__}")
+            correct += int((outputs.argmax(1) == labels[i : i + batch_size]).sum())
     except (RuntimeError, ValueError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"the model cannot be evaluated on this data: {first}") from None
@@ -570,7 +588,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
     if selection_eps1 is not None:
         check_positive(selection_eps1, "selection_eps1")
-    if masks and masks_from is None:
+    if masks and (masks_from is None or (isinstance(masks_from, str) and not masks_from.strip())):
         raise DpltmUserError("say where the masks come from (masks_from='public data …', or the public data or "
                              "tickets themselves): tickets made on the private records are not differentially private")
     if not list(model.parameters()):
@@ -586,6 +604,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     first_x, first_y = records.batch(torch.zeros(1, dtype=torch.long, device=records.device))
     labels = records.labels if isinstance(records, TensorRecords) else first_y
     check_data_fits_model(model, first_x, labels, classification=loss is per_sample_cross_entropy)
+    check_samples_independent(model, first_x)  # parameter-free mixing layers and buffers updated in forward
     batch_size = check_batch_size(batch_size, n)
     check_steps(epochs, batch_size, n)
     checked = check_user_masks(model, masks)

@@ -44,6 +44,7 @@ from dpltm.api_checks import (
 )
 from dpltm.config import TrainSettings
 from dpltm.dp.engine import clip_and_sum, trainable_layers
+from dpltm.dp.independence import check_samples_independent
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
@@ -115,6 +116,27 @@ def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, *
                       **kwargs)
 
 
+def probe_first_batch(module: torch.nn.Module, batch: Any) -> None:
+    """The sample-independence probe (dpltm.dp.independence) where the module's forward takes the batch's
+    features: the batch itself or the first tensor of an (x, y, …) batch. Without a forward of its own that
+    takes them (training_step calls `self.model(x)`), each child module that takes them is probed. A module
+    whose networks take something else cannot be probed; its layers that own parameters are still checked
+    by the engine (dpltm.dp.rules.check_adds_up)."""
+    x = batch if isinstance(batch, Tensor) else (
+        batch[0] if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], Tensor) else None)
+    if x is None or x.dim() == 0 or x.shape[0] == 0:
+        return
+    for name, candidate in (("", module), *module.named_children()):
+        try:
+            check_samples_independent(candidate, x[:1], prefix=name)
+        except DpltmUserError:
+            raise
+        except Exception:  # this forward takes something else (a dict, several tensors): not probed
+            continue
+        if candidate is module:
+            return
+
+
 def _empty_like(example: Any) -> Any:
     """A batch of zero rows shaped like `example` (tensors, or lists/tuples/dicts of them)."""
     if isinstance(example, Tensor):
@@ -165,12 +187,12 @@ class DPCallback(L.Callback):
         if loss_reduction not in ("mean", "sum"):
             raise DpltmUserError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         masks = check_mask_values(masks)
-        if masks and not masks_from:
-            raise DpltmUserError("say where the masks come from (masks_from=…): tickets made on the private "
-                                 "records are not differentially private")
         if masks_from is not None and not isinstance(masks_from, str):
             raise DpltmUserError("DPCallback's masks_from is a string (where the masks came from); to have the "
                                  "overlap with public data checked, use make_private")
+        if masks and not (masks_from or "").strip():
+            raise DpltmUserError("say where the masks come from (masks_from=…): tickets made on the private "
+                                 "records are not differentially private")
         if selection_eps1 is not None and not masks:
             raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
         if selection_eps1 is not None:
@@ -186,6 +208,7 @@ class DPCallback(L.Callback):
         self._noise_seed = noise_seed  # used once, by the first fit of a fresh callback; never stored
         self._noise_generator: torch.Generator | None = None
         self._fresh_noise = False
+        self._probed = False
         self.segments = SpentSegments()
         self.history: list[dict[str, Any]] = []
         self.plan: TrainPlan | None = None
@@ -221,6 +244,7 @@ class DPCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1:
             raise DpltmUserError("DPCallback runs on one device (multi-device DP: `dpltm train --devices`)")
+        self._probed = False  # each fit probes its first batch (dpltm.dp.independence)
         if not pl_module.automatic_optimization or trainer.accumulate_grad_batches != 1:
             raise DpltmUserError("DPCallback needs automatic optimisation without gradient accumulation")
         if len(trainer.optimizers) != 1:
@@ -326,6 +350,9 @@ class DPCallback(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
+        if not self._probed:
+            self._probed = True
+            probe_first_batch(pl_module, batch)
         issued = self._sampler.next_issued() if self._sampler is not None else None
         if issued is None or issued != self._batch_size:
             raise DpltmUserError(f"a training batch of {self._batch_size} rows did not come from the run's Poisson "

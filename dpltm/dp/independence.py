@@ -1,0 +1,112 @@
+"""Whether a model treats the records of a batch independently: what per-sample clipping needs.
+
+DP-SGD's sensitivity bound (Abadi et al. 2016, Alg. 1; docs/privacy.md §3) holds when each record's loss
+depends on that record alone: then removing a record removes exactly one clipped gradient from the sum.
+A layer that mixes the rows of a batch (centring by the batch mean, attention across the batch, batch
+statistics) lets one record move every other record's gradient, so clipping each one bounds nothing; a
+buffer updated in the forward pass (running statistics) releases a statistic of the private batch with
+no noise at all. The engine refuses such layers by type when they own parameters
+(`dpltm.dp.engine.trainable_layers`); this probe covers every other module, parameter-free ones included,
+by behaviour: two forward passes on synthetic rows that differ in the first row only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpltm.errors import DpltmUserError
+
+PROBE_ROWS = 6
+"""Rows in the probe batch: several, so that a layer mixing only some rows (pairs, neighbours) shows."""
+PROBE_SEED = 20211
+"""The probe's rows and the model's own randomness (dropout) in both passes: the same draws each time."""
+
+
+def probe_batch(example: Tensor, rows: int = PROBE_ROWS) -> tuple[Tensor, Tensor]:
+    """Two batches shaped like `example` (one record, batch dimension first) that differ in row 0 only.
+    Floating-point records get synthetic Gaussian values (no record's values are used); integer records
+    (token ids) keep the example's values, with row 0 set to zeros in the second batch."""
+    shape = (rows, *example.shape[1:])
+    if example.is_floating_point():
+        generator = torch.Generator().manual_seed(PROBE_SEED)
+        first = torch.randn(shape, generator=generator, dtype=torch.float64)
+        second = first.clone()
+        second[0] = torch.randn(shape[1:], generator=generator, dtype=torch.float64)
+        return first.to(example.device, example.dtype), second.to(example.device, example.dtype)
+    first = example[:1].expand(shape).clone()
+    second = first.clone()
+    second[0] = 0
+    return first, second
+
+
+@contextmanager
+def _same_randomness(device: torch.device) -> Iterator[None]:
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(PROBE_SEED)
+        yield
+
+
+def _run(model: nn.Module, batch: Tensor, outputs: list[tuple[str, Tensor]], prefix: str = "") -> Any:
+    """The model's output, and (in `outputs`) every module's tensor output with one row per record, in
+    the order the modules finished (innermost first)."""
+    handles = []
+    for name, module in model.named_modules():
+        def hook(module: nn.Module, args: Any, output: Any, name: str = name) -> None:
+            if isinstance(output, Tensor) and output.dim() > 0 and output.shape[0] == batch.shape[0]:
+                name = ".".join(part for part in (prefix, name) if part)
+                label = f"{name} ({type(module).__name__})" if name else type(module).__name__
+                outputs.append((label, output.detach().clone()))
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with _same_randomness(batch.device), torch.no_grad():
+            return model(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _same_rows(a: Tensor, b: Tensor) -> bool:
+    """Rows 1… of two outputs agree (to float rounding: the rows' values, not their neighbours', decide)."""
+    a, b = a[1:].double(), b[1:].double()
+    scale = float(a.abs().max()) if a.numel() else 0.0
+    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * max(scale, 1.0), equal_nan=True))
+
+
+def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "") -> None:
+    """Refuse, in one line naming the layer, a model whose output for one record depends on other records
+    of the batch, or whose forward pass updates a buffer. `example` is one record as the model takes it
+    (only its shape and dtype are used for floating-point records). The model is probed in the modes its
+    modules are in (as DP-SGD will run them) and left as it was: buffers and random state restored. `prefix`:
+    the model's own name in the module that holds it (for the message)."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    first, second = probe_batch(example)
+    try:
+        seen_first: list[tuple[str, Tensor]] = []
+        out_first = _run(model, first, seen_first, prefix)
+        changed = [name for name, b in model.named_buffers() if not torch.equal(b, buffers[name])]
+        if changed:
+            raise DpltmUserError(f"the model's forward pass updates buffer {'.'.join(p for p in (prefix, changed[0]) if p)!r} (running statistics of "
+                                 "the training records would be released without noise): freeze it or use a layer "
+                                 "without running statistics")
+        seen_second: list[tuple[str, Tensor]] = []
+        out_second = _run(model, second, seen_second, prefix)
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+    if not isinstance(out_first, Tensor) or not isinstance(out_second, Tensor) or out_first.shape != out_second.shape:
+        return  # the caller checks the output's type; nothing row-wise to compare
+    if _same_rows(out_first, out_second):
+        return
+    culprit = next((name for (name, a), (_, b) in zip(seen_first, seen_second)
+                    if a.shape == b.shape and not _same_rows(a, b)), type(model).__name__)
+    raise DpltmUserError(f"layer {culprit} mixes the records of a batch: its output for one record depends on other "
+                         "records, which per-sample clipping cannot bound")

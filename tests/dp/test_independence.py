@@ -1,0 +1,136 @@
+"""The sample-independence probe: layers without parameters that mix a batch's records, or update buffers
+in their forward pass, are refused before any step; row-wise models pass and are left as they were."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dpltm
+from dpltm.dp.independence import check_samples_independent, probe_batch
+from dpltm.errors import DpltmUserError
+from dpltm.lightning import poisson_loader
+
+
+class Centre(nn.Module):
+    """No parameters, so no rule sees it: subtracts the batch mean (each output row depends on every record)."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h - h.mean(0, keepdim=True)
+
+
+class RollPairs(nn.Module):
+    """Mixes neighbouring rows only."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + 0.5 * h.roll(1, dims=0)
+
+
+class RunningMean(nn.Module):
+    """Keeps a running mean of the records it sees: a statistic released without noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(10))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        self.mean.mul_(0.9).add_(0.1 * h.mean(0))
+        return h
+
+
+def net(middle: nn.Module) -> nn.Sequential:
+    return nn.Sequential(middle, nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(300, 10, generator=g), torch.randint(0, 3, (300,), generator=g)
+
+
+@pytest.mark.parametrize(("middle", "match"), [
+    (Centre(), "^layer 0 \\(Centre\\) mixes the records of a batch"),
+    (RollPairs(), "^layer 0 \\(RollPairs\\) mixes the records of a batch"),
+    (RunningMean(), "^the model's forward pass updates buffer '0.mean'"),
+])
+def test_make_private_refuses_parameter_free_mixing_and_buffer_updates(middle: nn.Module, match: str) -> None:
+    model = net(middle)
+    with pytest.raises(DpltmUserError, match=match):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data(), noise_multiplier=1.0,
+                           batch_size=30)
+
+
+def test_the_probe_leaves_buffers_random_state_and_mode_as_they_were() -> None:
+    model = net(RunningMean())
+    model[0].mean.fill_(3.0)
+    model.eval()
+    example = torch.randn(1, 10)
+    state = torch.get_rng_state()
+    with pytest.raises(DpltmUserError):
+        check_samples_independent(model, example)
+    assert bool((model[0].mean == 3.0).all()) and not model.training
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("middle", [nn.Dropout(0.5), nn.Identity(), nn.LayerNorm(10)])
+def test_row_wise_models_pass_dropout_included(middle: nn.Module) -> None:
+    """Dropout draws the same masks in both passes (one seed), so its randomness is not taken for mixing."""
+    model = net(middle).train()
+    check_samples_independent(model, torch.randn(1, 10))
+    model = net(middle)
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data(), noise_multiplier=1.0,
+                             batch_size=30)
+    run.fit()
+    assert run.steps_done > 0
+
+
+def test_float_probes_use_no_record_values_and_differ_in_row_zero_only() -> None:
+    example = torch.full((1, 4, 4), 7.0)
+    first, second = probe_batch(example)
+    assert first.shape == second.shape == (6, 4, 4) and not bool((first == 7.0).any())
+    assert not torch.equal(first[0], second[0]) and torch.equal(first[1:], second[1:])
+    tokens = torch.tensor([[3, 1, 4]])
+    first, second = probe_batch(tokens)
+    assert first.dtype == torch.long and bool((first == tokens).all()) and bool((second[0] == 0).all())
+
+
+class TokenMixer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens).mean(1)
+        return self.out(h - h.mean(0, keepdim=True))
+
+
+def test_integer_records_are_probed_too() -> None:
+    with pytest.raises(DpltmUserError, match="mixes the records of a batch"):
+        check_samples_independent(TokenMixer(), torch.tensor([[3, 1, 4]]))
+
+
+class Wrapped(L.LightningModule):
+    """A LightningModule without a forward of its own: training_step calls its child."""
+
+    def __init__(self, middle: nn.Module) -> None:
+        super().__init__()
+        self.model = net(middle)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.model(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_callback_probes_its_first_batch() -> None:
+    x, y = data()
+    trainer = L.Trainer(max_epochs=1, callbacks=[dpltm.DPCallback(noise_multiplier=1.0)], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu")
+    with pytest.raises(DpltmUserError, match="^layer model.0 \\(Centre\\) mixes the records of a batch"):
+        trainer.fit(Wrapped(Centre()), poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=30, seed=1))
