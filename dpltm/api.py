@@ -387,6 +387,7 @@ class PrivateTraining:
         self.optimizer.zero_grad(set_to_none=True)
         apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
         self.segments.count_step()
+        note_private_step(self.model, self)
 
     def _batch_tables(self, index: Tensor) -> dict[str, RecordTable] | None:
         """The batch's rows of the per-record norm tables (dpltm.dp.engine.record_norm_tables) of records
@@ -601,6 +602,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         warnings.warn(f"delta={d:g} is above 1/N = {1.0 / n:.3g}: a (ε, δ) guarantee with δ > 1/N allows releasing "
                       "a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)
     trainable_layers(model)  # unsupported layers fail here, before any step
+    if resume_from is None:
+        check_not_trained_elsewhere(model)
     first_x, first_y = records.batch(torch.zeros(1, dtype=torch.long, device=records.device))
     labels = records.labels if isinstance(records, TensorRecords) else first_y
     check_data_fits_model(model, first_x, labels, classification=loss is per_sample_cross_entropy)
@@ -632,10 +635,40 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     if not math.isfinite(plan.noise_multiplier):
         raise DpltmUserError("no finite noise multiplier meets this budget")
     seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
-    return PrivateTraining(model, optimizer, records, plan, replace(settings, epochs=epochs), checked,
-                           provenance if checked else None, loss, seed, dataset_name,
-                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
-                           segments=segments, epochs_done=epochs_done, history=history)
+    run = PrivateTraining(model, optimizer, records, plan, replace(settings, epochs=epochs), checked,
+                          provenance if checked else None, loss, seed, dataset_name,
+                          masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
+                          segments=segments, epochs_done=epochs_done, history=history)
+    return run
+
+
+_LAST_PRIVATE_STEP: weakref.WeakKeyDictionary[nn.Module, tuple[Any, tuple[tuple[int, int], ...]]] = \
+    weakref.WeakKeyDictionary()
+"""Per model: the private run (make_private's PrivateTraining, or a DPCallback) that last stepped it in this
+process, and its parameters' (storage, version) just after that step."""
+
+
+def _weights_state(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Which tensors hold the weights and how often each was written in place (`load_state_dict`, an optimiser
+    step and `copy_` all move a tensor's version counter)."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def note_private_step(model: nn.Module, run: Any) -> None:
+    _LAST_PRIVATE_STEP[model] = (run, _weights_state(model))
+
+
+def check_not_trained_elsewhere(model: nn.Module, run: Any = None) -> None:
+    """Refuse a new private run on weights another run in this process has stepped and nothing has replaced
+    since: the new run's ε would count only its own steps, not the earlier ones the weights carry (continue
+    or resume that run, or load other weights, e.g. θ0, first)."""
+    last = _LAST_PRIVATE_STEP.get(model)
+    if last is None or last[0] is run or last[1] != _weights_state(model):
+        return
+    earlier = last[0]
+    raise DpltmUserError(f"this model already took {earlier.steps_done} DP steps in another private run (ε = "
+                         f"{earlier.epsilon:.4g} so far): continue that run, or save it and resume from the file; a new "
+                         "run would report only its own steps")
 
 
 _OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, PrivateTraining] = weakref.WeakKeyDictionary()

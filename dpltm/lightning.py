@@ -30,7 +30,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from dpltm.api import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
+from dpltm.api import (
+    apply_masks,
+    check_not_trained_elsewhere,
+    check_user_masks,
+    note_private_step,
+    surviving_coordinates,
+    user_run_ledger,
+)
 from dpltm.api_checks import (
     check_accountant,
     check_budget,
@@ -245,6 +252,8 @@ class DPCallback(L.Callback):
         if trainer.world_size > 1:
             raise DpltmUserError("DPCallback runs on one device (multi-device DP: `dpltm train --devices`)")
         self._probed = False  # each fit probes its first batch (dpltm.dp.independence)
+        if self._stored_provenance is None:  # not restored from a checkpoint of this run
+            check_not_trained_elsewhere(pl_module, self)
         if not pl_module.automatic_optimization or trainer.accumulate_grad_batches != 1:
             raise DpltmUserError("DPCallback needs automatic optimisation without gradient accumulation")
         if len(trainer.optimizers) != 1:
@@ -406,6 +415,8 @@ class DPCallback(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         apply_masks(pl_module, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
+        if self._stepped:
+            note_private_step(pl_module, self)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         record = {"epoch": trainer.current_epoch + 1, "steps": self.steps_done, "epsilon": self.epsilon}

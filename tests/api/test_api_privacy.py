@@ -529,3 +529,37 @@ def test_a_saved_run_exports_to_safetensors_with_its_statement(tmp_path, cli) ->
     assert json.loads(metadata["privacy"])["epsilon"] == pytest.approx(run.epsilon)
     predicted = cli("predict", "--model", str(out), ok=False)
     assert predicted.exit_code == 2 and "your own model" in predicted.stderr
+
+
+def test_a_new_run_on_weights_another_run_trained_is_refused(tmp_path: Path) -> None:
+    """Its ε would count only its own steps; continuing, resuming or loading other weights is fine."""
+    model, data = mlp(), blobs(300, 0)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    first = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                               batch_size=30)
+    with_no_steps = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data,
+                                       noise_multiplier=1.0, batch_size=30)  # nothing stepped yet: allowed
+    first.fit()
+    path = first.save(tmp_path / "first.pt")
+    with pytest.raises(DpltmUserError, match="^this model already took 10 DP steps in another private run"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                           batch_size=30)
+    resumed = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                                 batch_size=30, epochs=2, resume_from=path)
+    assert resumed.steps_done == 10 and with_no_steps.steps_done == 0
+    model.load_state_dict(start)
+    dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0, batch_size=30)
+
+
+def test_a_new_callback_on_a_module_another_callback_trained_is_refused() -> None:
+    x, y = blobs(300, 0)
+
+    def fit(callback: dpltm.DPCallback, module: L.LightningModule) -> None:
+        trainer = L.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+        trainer.fit(module, poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=30))
+
+    module = Classifier()
+    fit(dpltm.DPCallback(noise_multiplier=1.0), module)
+    with pytest.raises(DpltmUserError, match="already took 10 DP steps in another private run"):
+        fit(dpltm.DPCallback(noise_multiplier=1.0), module)

@@ -179,6 +179,7 @@ def test_inspect_reads_a_library_run(tmp_path: Path, cli) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(300, 10, generator=g), torch.randint(0, 3, (300,), generator=g)
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    start = {k: v.clone() for k, v in model.state_dict().items()}
     run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
                              batch_size=30, epochs=2)
     run.fit(val=(x, y))
@@ -191,6 +192,7 @@ def test_inspect_reads_a_library_run(tmp_path: Path, cli) -> None:
     assert "spent segments" in shown and "history" in shown and not REPR.search(shown)
     assert flat(run.report()["statement"]) in flat(shown)
     assert re.search(r"│\s+2 │\s+20 │\s+[\d.]+ │\s+\d\.\d{4} │", shown)  # epoch 2: steps, ε, val accuracy
+    model.load_state_dict(start)  # other weights: a new run (the trained ones would carry run's steps)
     fresh = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
                                batch_size=30).save(tmp_path / "fresh.pt")
     assert "nothing spent" in cli("inspect", str(fresh)).stdout
