@@ -18,6 +18,7 @@ sum and noise are zero, and the mask is applied again after every optimiser step
 
 from __future__ import annotations
 
+import copy
 import math
 import secrets
 import warnings
@@ -237,8 +238,27 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     train `iterations` SGD steps, prune the smallest surviving weights of each layer (`prune_rate`,
     `output_prune_rate` for the last), rewind to θ0, repeat. Make tickets on public data; the model
     is left at θ0 with no mask."""
-    device = next(model.parameters()).device
+    if not isinstance(model, nn.Module):
+        raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    rounds = check_count(rounds, "rounds", minimum=0)
+    iterations = check_count(iterations, "iterations")
+    batch_size = check_count(batch_size, "batch_size")
+    lr = check_positive(lr, "lr")
+    for rate, name in ((prune_rate, "prune_rate"), (output_prune_rate, "output_prune_rate")):
+        if check_positive(rate, name, inclusive=True) >= 1:
+            raise DpltmUserError(f"{name} must lie in [0, 1), got {rate:g}")
+    if not callable(loss):
+        raise DpltmUserError("loss must be callable: loss(outputs, targets) -> the batch loss")
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise DpltmUserError("the model has no parameters")
+    device = parameter.device
     features, labels = as_tensors(train, device)
+    if features.is_floating_point():
+        features = features.to(parameter.dtype)
+    check_data_fits_model(model, features, labels, classification=loss is F.cross_entropy)
+    if val is not None:
+        check_data_fits_model(model, *as_tensors(val, device), classification=True)
     seen = [_record_keys(features, labels)]
     if val is not None:
         seen.append(_record_keys(*as_tensors(val, "cpu")))
@@ -256,7 +276,11 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
         for _ in range(iterations):
             index = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss(model(features[index]), labels[index]).backward()
+            batch_loss = loss(model(features[index]), labels[index])
+            if not bool(torch.isfinite(batch_loss)):
+                raise DpltmUserError(f"ticket generation diverged in round {k} (a loss of {float(batch_loss):g}): "
+                                     "lower lr")
+            batch_loss.backward()
             optimizer.step()
             apply_masks(model, masks)
         accuracy = evaluate(model, val) if val is not None else None
@@ -621,13 +645,19 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                                  "randomness (re-seeding would reuse the first segment's noise)")
         if not isinstance(resume_from, (str, Path)):
             raise DpltmUserError(f"resume_from must be a path, got {type(resume_from).__name__}")
-        segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, n,
-                                                 {"masks_private": masks_private and bool(checked),
-                                                  "selection_eps1": selection_eps1, "neighboring": neighboring})
-        check_budget_left(segments.events(), target_epsilon, d, accountant, neighboring)
-        if epochs_done >= epochs:
-            raise DpltmUserError(f"the run in {resume_from} has done {epochs_done} of epochs={epochs}: pass a larger "
-                                 "epochs to train on")
+        before = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
+        try:
+            segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, n,
+                                                     {"masks_private": masks_private and bool(checked),
+                                                      "selection_eps1": selection_eps1, "neighboring": neighboring})
+            check_budget_left(segments.events(), target_epsilon, d, accountant, neighboring)
+            if epochs_done >= epochs:
+                raise DpltmUserError(f"the run in {resume_from} has done {epochs_done} of epochs={epochs}: pass a "
+                                     "larger epochs to train on")
+        except DpltmUserError:  # a refused resume leaves the model and optimiser as they were
+            model.load_state_dict(before[0])
+            optimizer.load_state_dict(before[1])
+            raise
     apply_masks(model, checked)
     settings = TrainSettings(epochs=epochs - epochs_done, batch_size=batch_size, clip=clip, eps2=target_epsilon,
                              sigma=noise_multiplier, delta=d, accountant=accountant, neighboring=neighboring)

@@ -8,9 +8,11 @@ any private record is read for training: a mistake costs no privacy and leaves n
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -31,8 +33,8 @@ def _shown(value: Any) -> str:
 
 
 def check_count(value: Any, name: str, minimum: int = 1, maximum: int | None = None) -> int:
-    """A whole number ≥ `minimum` (bool refused: True is not a count)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """A whole number ≥ `minimum` (any integral type, NumPy's included; bool refused: True is not a count)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise DpltmUserError(f"{name} must be an integer, got {_shown(value)}")
     if value < minimum or (maximum is not None and value > maximum):
         bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
@@ -41,8 +43,8 @@ def check_count(value: Any, name: str, minimum: int = 1, maximum: int | None = N
 
 
 def check_positive(value: Any, name: str, *, minimum: float = 0.0, inclusive: bool = False) -> float:
-    """A finite real number > `minimum` (≥ with `inclusive`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A finite real number > `minimum` (≥ with `inclusive`; any real type, NumPy's included)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise DpltmUserError(f"{name} must be a number, got {_shown(value)}")
     x = float(value)
     ok = math.isfinite(x) and (x >= minimum if inclusive else x > minimum)

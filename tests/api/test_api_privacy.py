@@ -238,9 +238,11 @@ def test_save_and_resume_compose_the_segments_and_store_no_seed(tmp_path) -> Non
     assert resumed.epsilon == pytest.approx(truth, rel=1e-9) and 0.95 < truth <= 1.0
     assert [r["epoch"] for r in resumed.history] == [1, 2]
     model3 = mlp()
+    before = {k: v.clone() for k, v in model3.state_dict().items()}
     with pytest.raises(DpltmUserError, match="cannot reach epsilon 0.5"):  # nothing left of the first budget
         dpltm.make_private(model3, torch.optim.SGD(model3.parameters(), lr=0.1), data, target_epsilon=0.5, epochs=2,
                            batch_size=60, masks=masks, masks_from="public", resume_from=path)
+    assert all(torch.equal(v, before[k]) for k, v in model3.state_dict().items())  # a refused resume changes nothing
     with pytest.raises(DpltmUserError, match="noise_seed cannot be combined"):
         dpltm.make_private(model2, optimizer2, data, target_epsilon=1.0, epochs=2, batch_size=60, masks=masks,
                            masks_from="public", resume_from=path, noise_seed=1)
