@@ -102,15 +102,19 @@ def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, *
     rows (it still takes a noisy step), shaped like the dataset's first item. Map-style datasets of
     any size work (items are read per batch), with per-epoch augmentation in `__getitem__`; sampling
     stays exact Poisson because the sampler, not the dataset, chooses the records."""
+    if isinstance(dataset, (tuple, list)) and len(dataset) == 2 and all(isinstance(t, Tensor) for t in dataset):
+        raise DpltmUserError("poisson_loader takes a Dataset, not a (features, labels) pair: wrap it as "
+                             "torch.utils.data.TensorDataset(features, labels)")
     if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
         raise DpltmUserError("poisson_loader needs a map-style dataset (with __len__ and __getitem__): Poisson "
                              "sampling chooses each record independently, which an iterable stream cannot do")
     n = len(dataset)  # type: ignore[arg-type]
     if n < 2:
         raise DpltmUserError(f"the dataset has {n} record(s): Poisson sampling needs at least 2")
-    if "batch_size" in kwargs or "shuffle" in kwargs or "sampler" in kwargs or "batch_sampler" in kwargs:
-        raise DpltmUserError("poisson_loader chooses the batches itself: drop batch_size/shuffle/sampler/batch_sampler "
-                             "from its keyword arguments")
+    chosen = [k for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last") if k in kwargs]
+    if chosen:
+        raise DpltmUserError(f"poisson_loader chooses the batches itself: drop {'/'.join(chosen)} from its keyword "
+                             "arguments")
     user_collate = kwargs.pop("collate_fn", None) or default_collate
     example = user_collate([dataset[0]])
 

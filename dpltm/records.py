@@ -48,6 +48,7 @@ class TensorRecords:
     def __init__(self, features: Tensor, labels: Tensor, dtype: torch.dtype | None = None) -> None:
         if features.shape[0] == 0:
             raise DpltmUserError("the training data is empty")
+        features, labels = features.detach(), labels.detach()  # records are data: no autograd graph through them
         self.features = features if dtype is None or not features.is_floating_point() else features.to(dtype)
         self.labels = labels
         self.device = features.device

@@ -565,3 +565,52 @@ def test_a_new_callback_on_a_module_another_callback_trained_is_refused() -> Non
     fit(dpltm.DPCallback(noise_multiplier=1.0), module)
     with pytest.raises(DpltmUserError, match="already took 10 DP steps in another private run"):
         fit(dpltm.DPCallback(noise_multiplier=1.0), module)
+
+
+def test_hostile_inputs_found_by_review_get_one_line_errors_or_work() -> None:
+    x, y = blobs(300, 0)
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="^class labels must be integers of shape \\(N,\\)"):
+        dpltm.evaluate(model, (x, y[:, None]))  # (N, 1) against (N,) would broadcast to an N × N "accuracy"
+    with pytest.raises(DpltmUserError, match="^model must be a torch.nn.Module"):
+        dpltm.evaluate("model", (x, y))  # type: ignore[arg-type]
+    with pytest.raises(DpltmUserError, match="^poisson_loader takes a Dataset, not a \\(features, labels\\) pair"):
+        poisson_loader((x, y), 40)  # type: ignore[arg-type]
+    with pytest.raises(DpltmUserError, match="^poisson_loader chooses the batches itself: drop drop_last"):
+        poisson_loader(torch.utils.data.TensorDataset(x, y), 40, drop_last=True)
+    with pytest.raises(DpltmUserError, match="^say where the masks come from"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                           batch_size=30, masks={"0.weight": torch.ones(16, 10)}, masks_from=" ")
+    with pytest.raises(DpltmUserError, match="^mask 0.weight must be a 0/1 tensor, got NoneType"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                           batch_size=30, masks={"0.weight": None}, masks_from="public")
+    for kwargs, match in (({"rounds": -1}, "^rounds must be at least 0"), ({"iterations": 2.5}, "^iterations must be"),
+                          ({"lr": float("nan")}, "^lr must be a finite number"),
+                          ({"prune_rate": 1.0}, "^prune_rate must lie in \\[0, 1\\)")):
+        with pytest.raises(DpltmUserError, match=match):
+            dpltm.generate_tickets(mlp(), (x, y), **{"rounds": 1, "iterations": 5, **kwargs})
+    with pytest.raises(DpltmUserError, match="^labels must lie in \\[0, 2\\]"):
+        dpltm.generate_tickets(mlp(), (x, y + 5), rounds=1, iterations=5)
+    with pytest.raises(DpltmUserError, match="^ticket generation diverged in round 0"):
+        dpltm.generate_tickets(mlp(), (x * float("inf"), y), rounds=1, iterations=5)
+
+    # features that require grad, NumPy counts: they work
+    import numpy as np
+
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x.requires_grad_(), y),
+                             noise_multiplier=1.0, batch_size=np.int64(30), max_grad_norm=np.float32(1.0))
+    run.fit()
+    assert run.steps_done == 10
+
+
+def test_masks_are_the_runs_own_copy() -> None:
+    """Editing the caller's mask tensor after make_private changes nothing: pruned weights stay zero."""
+    x, y = blobs(300, 0)
+    model = mlp()
+    mask = torch.rand(16, 10, generator=torch.Generator().manual_seed(0)) < 0.5
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                             batch_size=30, masks={"0.weight": mask}, masks_from="public")
+    pruned = ~mask.clone()
+    mask.fill_(True)
+    run.fit()
+    assert bool((model[0].weight[pruned] == 0).all())
