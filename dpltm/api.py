@@ -336,6 +336,7 @@ class PrivateTraining:
         self.model, self.optimizer, self.records = model, optimizer, records
         self._plan, self._settings = plan, settings  # read-only: the ledger's segment is what steps run at
         self.masks, self.masks_from, self.loss = masks, masks_from, loss
+        self._training_keys: np.ndarray | None = None  # content hashes of the training records, made when first needed
         self.dataset_name = dataset_name
         self._masks_private, self._selection_eps1 = masks_private, selection_eps1
         self._noise = GaussianNoise(plan.noise_multiplier)
@@ -434,6 +435,14 @@ class PrivateTraining:
         """Run the planned epochs (or `epochs` of them); returns one record per epoch with ε so far."""
         left = (self.plan.steps - self.segments.open_steps) // self.plan.steps_per_epoch
         todo = left if epochs is None else check_count(epochs, "epochs", minimum=0)
+        if todo > left:  # before any step: the budget was planned for the run's epochs
+            raise DpltmUserError(f"fit(epochs={todo}): only {left} of the run's planned epochs are left (σ was "
+                                 "calibrated for them); start a new run, or resume this one with a larger epochs")
+        if val is not None:  # a wrong validation set fails now, not after an epoch of private steps
+            parameter = next(self.model.parameters())
+            check_data_fits_model(self.model, as_tensors(val, parameter.device)[0][:1], as_tensors(val, "cpu")[1],
+                                  classification=True)
+            self._warn_if_training_records(val)
         for _ in range(todo):
             for _ in range(self.plan.steps_per_epoch):
                 self.step()
@@ -447,7 +456,25 @@ class PrivateTraining:
         return self.history
 
     def evaluate(self, data: Data) -> float:
+        """Top-1 accuracy on `data`: not private (warned when it holds private training records)."""
+        self._warn_if_training_records(data)
         return evaluate(self.model, data)
+
+    def _warn_if_training_records(self, data: Data) -> None:
+        """Accuracy measured on private training records is a statistic of them released without noise."""
+        if not isinstance(self.records, TensorRecords):
+            return
+        if self._training_keys is None:
+            self._training_keys = _record_keys(self.records.features, self.records.labels)
+        try:
+            keys = _record_keys(*as_tensors(data, "cpu"))
+        except (DpltmUserError, RuntimeError, TypeError, ValueError):
+            return  # evaluate gives the one-line error
+        shared = int(np.isin(keys, self._training_keys).sum())
+        if shared:
+            warnings.warn(f"{shared} of the {len(keys)} evaluation records are private training records: their "
+                          "accuracy is not differentially private (evaluate on held-out or public data)",
+                          stacklevel=3)
 
     def ledger(self) -> PrivacyLedger | None:
         """What ran on the private data so far (every (q, σ, steps) segment, δ) and the mask's provenance;

@@ -6,6 +6,7 @@ that really ran."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -614,3 +615,22 @@ def test_masks_are_the_runs_own_copy() -> None:
     mask.fill_(True)
     run.fit()
     assert bool((model[0].weight[pruned] == 0).all())
+
+
+def test_fit_checks_its_epochs_and_validation_data_before_any_step_and_warns_on_training_records() -> None:
+    x, y = blobs(300, 0)
+    model = mlp()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                             batch_size=30, epochs=2)
+    with pytest.raises(DpltmUserError, match="^fit\\(epochs=5\\): only 2 of the run's planned epochs are left"):
+        run.fit(epochs=5)
+    with pytest.raises(DpltmUserError, match="^the model does not accept the features"):
+        run.fit(val=(x[:, :5], y))
+    assert run.steps_done == 0
+    with pytest.warns(UserWarning, match="^40 of the 40 evaluation records are private training records"):
+        run.evaluate((x[:40], y[:40]))
+    held_out = blobs(50, 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run.fit(epochs=1, val=held_out)
+    assert run.steps_done == 10
