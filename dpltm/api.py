@@ -60,6 +60,7 @@ from dpltm.dp.engine import (
     table_rows,
     trainable_layers,
 )
+from dpltm.dp.independence import check_samples_independent
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
@@ -70,7 +71,6 @@ from dpltm.privacy.exponential import sample_exponential, score_sensitivity, tic
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.pruning import prune_layerwise
-from dpltm.dp.independence import check_samples_independent
 from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
 from dpltm.training.plan import TrainPlan, plan_training
 
@@ -194,8 +194,8 @@ def evaluate(model: nn.Module, data: Data, batch_size: int = 4096) -> float:
         raise DpltmUserError("the model has no parameters")
     features, labels = as_tensors(data, parameter.device)
     if labels.dim() != 1 or labels.is_floating_point():
-        raise DpltmUserError(f"class labels must be integers of shape (N,), got {str(labels.dtype).removeprefix('torch.')} "
-                             f"of shape {tuple(labels.shape)}")  # (N, 1) against (N,) would broadcast to N × N
+        kind = str(labels.dtype).removeprefix("torch.")  # (N, 1) against (N,) would broadcast to N × N
+        raise DpltmUserError(f"class labels must be integers of shape (N,), got {kind} of shape {tuple(labels.shape)}")
     if features.is_floating_point():
         features = features.to(parameter.dtype)
     was_training = model.training
@@ -203,11 +203,11 @@ def evaluate(model: nn.Module, data: Data, batch_size: int = 4096) -> float:
     try:
         correct = 0
         for i in range(0, len(labels), batch_size):
-            outputs = model(features[i : i + batch_size])
-            if not isinstance(outputs, Tensor) or outputs.dim() != 2 or outputs.shape[0] != len(labels[i : i + batch_size]):
-                raise DpltmUserError(f"the model must return class scores of shape (batch, classes), got "
-                                     f"{tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__}")
-            correct += int((outputs.argmax(1) == labels[i : i + batch_size]).sum())
+            outputs, targets = model(features[i : i + batch_size]), labels[i : i + batch_size]
+            if not isinstance(outputs, Tensor) or outputs.dim() != 2 or outputs.shape[0] != len(targets):
+                got = tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__
+                raise DpltmUserError(f"the model must return class scores of shape (batch, classes), got {got}")
+            correct += int((outputs.argmax(1) == targets).sum())
     except (RuntimeError, ValueError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"the model cannot be evaluated on this data: {first}") from None
@@ -724,8 +724,8 @@ def check_not_trained_elsewhere(model: nn.Module, run: Any = None) -> None:
         return
     earlier = last[0]
     raise DpltmUserError(f"this model already took {earlier.steps_done} DP steps in another private run (ε = "
-                         f"{earlier.epsilon:.4g} so far): continue that run, or save it and resume from the file; a new "
-                         "run would report only its own steps")
+                         f"{earlier.epsilon:.4g} so far): continue that run, or save it and resume from the file; a "
+                         "new run would report only its own steps")
 
 
 _OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, PrivateTraining] = weakref.WeakKeyDictionary()

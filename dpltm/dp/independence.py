@@ -86,13 +86,15 @@ def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "
     modules are in (as DP-SGD will run them) and left as it was: buffers and random state restored. `prefix`:
     the model's own name in the module that holds it (for the message)."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    written = {name: (b.data_ptr(), b._version) for name, b in model.named_buffers()}  # NaN-safe, unlike equality
     first, second = probe_batch(example)
     try:
         seen_first: list[tuple[str, Tensor]] = []
         out_first = _run(model, first, seen_first, prefix)
-        changed = [name for name, b in model.named_buffers() if not torch.equal(b, buffers[name])]
+        changed = [name for name, b in model.named_buffers() if written.get(name) != (b.data_ptr(), b._version)]
         if changed:
-            raise DpltmUserError(f"the model's forward pass updates buffer {'.'.join(p for p in (prefix, changed[0]) if p)!r} (running statistics of "
+            name = ".".join(part for part in (prefix, changed[0]) if part)
+            raise DpltmUserError(f"the model's forward pass updates buffer {name!r} (running statistics of "
                                  "the training records would be released without noise): freeze it or use a layer "
                                  "without running statistics")
         seen_second: list[tuple[str, Tensor]] = []
