@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -227,6 +228,7 @@ class DPCallback(L.Callback):
         self.dataset_size = 0
         self._sampler: PoissonBatchSampler | None = None
         self._seeds_used: set[int] = set()
+        self._pending_seed: int | None = None
         self._stored_provenance: dict[str, Any] | None = None
         self._tainted = False
         self._optimizer_hook: Any = None
@@ -273,7 +275,7 @@ class DPCallback(L.Callback):
             if self._fresh_noise or sampler.seed in self._seeds_used:
                 raise DpltmUserError("this fit's poisson_loader(seed=…) would replay the batches of an earlier fit or "
                                      "of the run it resumes: drop seed (fresh OS randomness) or use a new one")
-            self._seeds_used.add(sampler.seed)
+        self._pending_seed = sampler.seed  # used once this fit takes a step (a fit refused before one did not use it)
         self._check_provenance()
         if trainer.max_epochs is None or trainer.max_epochs < 1:
             raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole fit")
@@ -290,6 +292,9 @@ class DPCallback(L.Callback):
         self._sampler = sampler
         self.plan_steps_per_epoch = sampler.steps
         self.dataset_size = sampler.n
+        if self.delta > 1.0 / sampler.n:
+            warnings.warn(f"delta={self.delta:g} is above 1/N = {1.0 / sampler.n:.3g}: a (ε, δ) guarantee with δ > 1/N "
+                          "allows releasing a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)
         self.masks = check_user_masks(pl_module, self.masks_in)
         apply_masks(pl_module, self.masks)
         self.noise = GaussianNoise(self.plan.noise_multiplier)
@@ -415,6 +420,9 @@ class DPCallback(L.Callback):
         self._stepped = True
         self._privatised = True
         self.segments.count_step()
+        if self._pending_seed is not None:
+            self._seeds_used.add(self._pending_seed)
+            self._pending_seed = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -134,3 +134,21 @@ def test_the_callback_probes_its_first_batch() -> None:
                         accelerator="cpu")
     with pytest.raises(DpltmUserError, match="^layer model.0 \\(Centre\\) mixes the records of a batch"):
         trainer.fit(Wrapped(Centre()), poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=30, seed=1))
+
+
+def test_a_fit_refused_before_its_first_step_leaves_the_loader_seed_usable() -> None:
+    """The probe refuses the first batch; the same seeded loader then trains the corrected module."""
+    x, y = data()
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+
+    def fit(module: L.LightningModule) -> None:
+        trainer = L.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+        trainer.fit(module, poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=30, seed=7))
+
+    with pytest.raises(DpltmUserError, match="mixes the records"):
+        fit(Wrapped(Centre()))
+    fit(Wrapped(nn.Identity()))
+    assert callback.steps_done == 10
+    with pytest.raises(DpltmUserError, match="would replay the batches"):
+        fit(Wrapped(nn.Identity()))
