@@ -106,7 +106,7 @@ def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Te
         raise DpltmUserError("features and labels need a first (record) dimension")
     if features.shape[0] != labels.shape[0]:
         raise DpltmUserError(f"{features.shape[0]} feature rows but {labels.shape[0]} labels")
-    if not features.is_floating_point():
+    if features.dtype in (torch.uint8, torch.int8, torch.bool):  # pixels and flags; int32/int64 are ids (Embedding)
         features = features.float()
     target = torch.device(device) if device is not None else features.device
     if not labels.is_floating_point():  # class indices; float targets (regression, soft labels) stay as they are

@@ -634,3 +634,28 @@ def test_fit_checks_its_epochs_and_validation_data_before_any_step_and_warns_on_
         warnings.simplefilter("error")
         run.fit(epochs=1, val=held_out)
     assert run.steps_done == 10
+
+
+def test_token_ids_reach_an_embedding_and_byte_pixels_become_floats() -> None:
+    class Bag(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(20, 8)
+            self.out = torch.nn.Linear(8, 3)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.out(self.embed(tokens).mean(1))
+
+    g = torch.Generator().manual_seed(0)
+    tokens, y = torch.randint(0, 20, (300, 5), generator=g), torch.randint(0, 3, (300,), generator=g)
+    model = Bag()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (tokens, y), noise_multiplier=1.0,
+                             batch_size=30)
+    run.fit()
+    assert run.steps_done == 10
+    pixels = torch.randint(0, 256, (300, 10), generator=g, dtype=torch.uint8)
+    model = mlp()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (pixels, y), noise_multiplier=1.0,
+                             batch_size=30)
+    run.fit()
+    assert run.steps_done == 10
