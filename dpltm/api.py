@@ -60,7 +60,7 @@ from dpltm.dp.engine import (
     table_rows,
     trainable_layers,
 )
-from dpltm.dp.independence import check_samples_independent
+from dpltm.dp.independence import check_gradients_reach_their_layers, check_samples_independent
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
@@ -659,6 +659,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     labels = records.labels if isinstance(records, TensorRecords) else first_y
     check_data_fits_model(model, first_x, labels, classification=loss is per_sample_cross_entropy)
     check_samples_independent(model, first_x)  # parameter-free mixing layers and buffers updated in forward
+    check_gradients_reach_their_layers(model, first_x, first_y, loss)  # weights used outside their layer
     batch_size = check_batch_size(batch_size, n)
     check_steps(epochs, batch_size, n)
     checked = check_user_masks(model, masks)

@@ -12,7 +12,7 @@ by behaviour: two forward passes on synthetic rows that differ in the first row 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -112,3 +112,47 @@ def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "
                     if a.shape == b.shape and not _same_rows(a, b)), type(model).__name__)
     raise DpltmUserError(f"layer {culprit} mixes the records of a batch: its output for one record depends on other "
                          "records, which per-sample clipping cannot bound")
+
+
+def check_gradients_reach_their_layers(model: nn.Module, example: Tensor, example_label: Tensor,
+                                       loss: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Refuse a model whose batch gradient the engine's per-layer rules do not see whole: without clipping,
+    the per-sample gradients the rules form (dpltm.dp.engine) must add up to autograd's gradient of the
+    summed loss, parameter by parameter. A weight used outside its own layer (tied through
+    `F.linear(h, other.weight)`, read in a parent's forward) gets part of its gradient from a use no rule
+    records: its norms would be too small and its update wrong. Checked once, on synthetic rows."""
+    from dpltm.dp.engine import clipped_gradient_sum_of
+
+    rows, _ = probe_batch(example)
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    if example_label.is_floating_point():
+        labels = torch.randn((rows.shape[0], *example_label.shape[1:]), generator=generator)
+        labels = labels.to(example_label.device, example_label.dtype)
+    else:
+        with torch.no_grad(), _same_randomness(rows.device):
+            classes = model(rows).shape[-1]
+        labels = torch.randint(0, classes, (rows.shape[0], *example_label.shape[1:]), generator=generator)
+        labels = labels.to(example_label.device, example_label.dtype)
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with _same_randomness(rows.device):
+            sums = clipped_gradient_sum_of(model, rows, labels, float("inf"), loss=loss).grad_sums
+        with _same_randomness(rows.device), torch.enable_grad():
+            total = loss(model(rows), labels).sum()
+            batch = torch.autograd.grad(total, list(trainable.values()), allow_unused=True)
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+    for (name, parameter), expected in zip(trainable.items(), batch):
+        mine = sums.get(name)
+        if mine is None:
+            continue
+        expected = torch.zeros_like(parameter) if expected is None else expected
+        scale = float(expected.abs().max()) if expected.numel() else 0.0
+        if not torch.allclose(mine.double(), expected.double(), rtol=1e-3, atol=1e-5 * max(scale, 1e-12)):
+            raise DpltmUserError(f"parameter {name}: its per-sample gradients do not add up to its batch gradient, so "
+                                 "part of its gradient comes from a use outside its own layer (a weight tied through "
+                                 "a functional call?), which per-sample clipping cannot see: not supported")

@@ -152,3 +152,30 @@ def test_a_fit_refused_before_its_first_step_leaves_the_loader_seed_usable() -> 
     assert callback.steps_done == 10
     with pytest.raises(DpltmUserError, match="would replay the batches"):
         fit(Wrapped(nn.Identity()))
+
+
+class TiedHead(nn.Module):
+    """The first layer's weight read again in the output (a tied head through a functional call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(10, 16)
+        self.middle = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.middle(torch.tanh(self.first(x))))
+        return F.linear(h, self.first.weight.T[:3])
+
+
+def test_a_weight_used_outside_its_layer_is_refused_and_row_wise_models_pass() -> None:
+    x, y = data()
+    with pytest.raises(DpltmUserError, match="^parameter first.weight: its per-sample gradients do not add up"):
+        model = TiedHead()
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                           batch_size=30)
+    for model in (net(nn.Dropout(0.3)), nn.Sequential(nn.Unflatten(1, (1, 10)), nn.Conv1d(1, 4, 3), nn.Flatten(),
+                                                      nn.LayerNorm(32), nn.Linear(32, 3))):
+        run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                                 batch_size=30)
+        run.fit()
+        assert run.steps_done == 10
