@@ -45,6 +45,19 @@ def probe_batch(example: Tensor, rows: int = PROBE_ROWS) -> tuple[Tensor, Tensor
 
 
 @contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Whatever the forward passes inside write to the model's buffers is undone on the way out."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in saved:
+                    b.copy_(saved[name])
+
+
+@contextmanager
 def _same_randomness(device: torch.device) -> Iterator[None]:
     devices = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else []
@@ -85,10 +98,9 @@ def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "
     (only its shape and dtype are used for floating-point records). The model is probed in the modes its
     modules are in (as DP-SGD will run them) and left as it was: buffers and random state restored. `prefix`:
     the model's own name in the module that holds it (for the message)."""
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     written = {name: (b.data_ptr(), b._version) for name, b in model.named_buffers()}  # NaN-safe, unlike equality
     first, second = probe_batch(example)
-    try:
+    with _buffers_kept(model):
         seen_first: list[tuple[str, Tensor]] = []
         out_first = _run(model, first, seen_first, prefix)
         changed = [name for name, b in model.named_buffers() if written.get(name) != (b.data_ptr(), b._version)]
@@ -99,11 +111,6 @@ def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "
                                  "without running statistics")
         seen_second: list[tuple[str, Tensor]] = []
         out_second = _run(model, second, seen_second, prefix)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name in buffers:
-                    b.copy_(buffers[name])
     if not isinstance(out_first, Tensor) or not isinstance(out_second, Tensor) or out_first.shape != out_second.shape:
         return  # the caller checks the output's type; nothing row-wise to compare
     if _same_rows(out_first, out_second):
@@ -134,18 +141,12 @@ def check_gradients_reach_their_layers(model: nn.Module, example: Tensor, exampl
         labels = torch.randint(0, classes, (rows.shape[0], *example_label.shape[1:]), generator=generator)
         labels = labels.to(example_label.device, example_label.dtype)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    try:
+    with _buffers_kept(model):
         with _same_randomness(rows.device):
             sums = clipped_gradient_sum_of(model, rows, labels, float("inf"), loss=loss).grad_sums
         with _same_randomness(rows.device), torch.enable_grad():
             total = loss(model(rows), labels).sum()
             batch = torch.autograd.grad(total, list(trainable.values()), allow_unused=True)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name in buffers:
-                    b.copy_(buffers[name])
     for (name, parameter), expected in zip(trainable.items(), batch):
         mine = sums.get(name)
         if mine is None:
