@@ -18,6 +18,7 @@ from dpltm.dp.plugins import noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
     NEIGHBORING_LABELS,
+    AccountantUnderflow,
     check_delta,
     check_target_epsilon,
     composition_bounds,
@@ -87,10 +88,18 @@ def account_report(*, q: float | None, sigma: float | None, steps: int | None, d
     mechanism = noise_plugin(noise)
     rows: list[dict[str, Any]] = []
     if eps is not None:
+        failures: list[AccountantUnderflow] = []
         for name in _supported(dpsgd_event(rate, 1.0, n_steps), neighboring, rows, "sigma"):
-            s = calibrate_noise_multiplier(rate, n_steps, eps, delta, name, neighboring, selection_eps1=eps1)
+            try:
+                s = calibrate_noise_multiplier(rate, n_steps, eps, delta, name, neighboring, selection_eps1=eps1)
+            except AccountantUnderflow as error:  # this accountant cannot state the target (another may)
+                failures.append(error)
+                rows.append({"accountant": name, "sigma": None, "kind": f"no σ: {error}"})
+                continue
             rows.append({"accountant": name, "sigma": mechanism.parameter_for(s), "effective_sigma": s,
                          "epsilon": eps, "kind": "upper bound"})
+        if failures and all(row.get("sigma") is None for row in rows):
+            raise failures[0]
         if noise == "dpd":
             rows.append({"accountant": "dpd-paper-zcdp", "sigma": dpd_paper_sigma(eps, rate, n_steps, delta),
                          "epsilon": eps, "kind": COMPARISON_LABEL})
@@ -100,8 +109,12 @@ def account_report(*, q: float | None, sigma: float | None, steps: int | None, d
     parameter, sigma = sigma, mechanism.effective_for(sigma)  # the accountants see the effective multiplier
     event = dpsgd_event(rate, sigma, n_steps)
     for name in _supported(event, neighboring, rows, "epsilon"):
-        row: dict[str, Any] = {"accountant": name, "epsilon": epsilon(event, delta, name, neighboring),
-                               "kind": "upper bound"}
+        try:
+            bound = epsilon(event, delta, name, neighboring)
+        except AccountantUnderflow as error:  # RDP's underflow at a huge σ: no bound from this accountant
+            rows.append({"accountant": name, "epsilon": None, "kind": f"no bound: {error}"})
+            continue
+        row: dict[str, Any] = {"accountant": name, "epsilon": bound, "kind": "upper bound"}
         if eps1 is not None:
             best = min(composition_bounds(eps1, event, delta, name, neighboring), key=lambda b: b.epsilon)
             row["with_selection"] = best.epsilon

@@ -66,6 +66,7 @@ from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
+from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
 from dpltm.privacy.ledger import PrivacyLedger
@@ -725,8 +726,8 @@ def check_not_trained_elsewhere(model: nn.Module, run: Any = None) -> None:
         return
     earlier = last[0]
     raise DpltmUserError(f"this model already took {earlier.steps_done} DP steps in another private run (ε = "
-                         f"{earlier.epsilon:.4g} so far): continue that run, or save it and resume from the file; a "
-                         "new run would report only its own steps")
+                         f"{format_epsilon(earlier.epsilon)} so far): continue that run, or save it and resume from "
+                         "the file; a new run would report only its own steps")
 
 
 _OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, PrivateTraining] = weakref.WeakKeyDictionary()

@@ -296,6 +296,10 @@ def _dpsgd_pld_epsilon(q: float, sigma: float, steps: int, delta: float, neighbo
     return float(composed.get_epsilon_for_delta(delta))
 
 
+class AccountantUnderflow(DpltmUserError):
+    """An accountant's ε fell to 0 by underflow: no bound from it at this setting (another may give one)."""
+
+
 @functools.lru_cache(maxsize=512)
 def _epsilon_cached(key: str, delta: float, accountant: str, neighboring: str) -> float:
     event = event_from_json(json.loads(key))
@@ -307,11 +311,18 @@ def _epsilon_cached(key: str, delta: float, accountant: str, neighboring: str) -
             return _dpsgd_pld_epsilon(*shape, delta, neighboring)
         acc = _composed(event, accountant, neighboring, delta)
         with _quiet_rdp_warnings():
-            return float(acc.get_epsilon(delta))
+            value = float(acc.get_epsilon(delta))
     except (ArithmeticError, ValueError, MemoryError) as exc:
         raise DpltmUserError(
             f"the {ACCOUNTANT_LABELS[accountant]} accountant failed at this setting: {_first_line(exc)}"
         ) from None
+    if value <= 0.0 and '"GaussianDpEvent"' in key:
+        # dp-accounting's RDP orders underflow to exactly 0 at very large σ (about 2e4 and more) and it then
+        # reports ε = 0: not a bound for any finite σ (PLD gives a positive ε there)
+        raise AccountantUnderflow(f"the {ACCOUNTANT_LABELS[accountant]} accountant underflows to epsilon 0 at this "
+                                  "setting (a noise multiplier of about 1e4 or more): it gives no bound here; raise "
+                                  "the target epsilon or use the PLD accountant")
+    return value
 
 
 def epsilon_unchecked(event: DpEvent, delta: float, accountant: str, neighboring: str) -> float:

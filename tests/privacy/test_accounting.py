@@ -425,3 +425,17 @@ def test_dpsgd_epsilon_from_the_cached_one_step_pld_is_dp_accountings_bit_for_bi
         accounting._epsilon_cached.cache_clear()
         assert accounting.epsilon(event, delta, "pld", neighboring) == float(independent.get_epsilon(delta))
     assert accounting._subsampled_gaussian_pld.cache_info().currsize == 1  # one one-step PLD served all four
+
+
+def test_rdp_underflow_to_zero_is_refused_not_reported_as_a_bound() -> None:
+    """dp-accounting's RDP accountant returns ε = 0 once every order underflows (σ around 2e4 and more): that is
+    no bound for a finite σ (PLD gives a positive ε there), so it is refused; `account` keeps the PLD row."""
+    event = dpsgd_event(64 / 1345, 22324.0, 21)
+    assert epsilon(event, 1e-5, "pld") > 0
+    with pytest.raises(DpltmUserError, match="underflows to epsilon 0"):
+        epsilon(event, 1e-5, "rdp")
+    report = account_report(q=0.01, sigma=None, steps=100, delta=1e-5, eps=0.001, eps1=None, dataset_size=None,
+                            batch_size=None, epochs=None, noise="gaussian", neighboring="add_remove")
+    rows = {row["accountant"]: row for row in report["rows"]}
+    assert rows["pld"]["kind"] == "upper bound" and rows["pld"]["sigma"] > 100
+    assert rows["rdp"]["sigma"] is None and "underflows" in rows["rdp"]["kind"]
