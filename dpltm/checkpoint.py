@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -66,6 +67,7 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     checkpoint (`check_checkpoint_name`).
     """
     check_path_length(path, option)
+    check_no_link_loop(path, option)
     if checkpoint:
         check_checkpoint_name(path, option)
     for source in inputs:
@@ -92,7 +94,7 @@ def same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file (resolved, or by inode when both exist)."""
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a loop of symbolic links
         return False
 
 
@@ -188,10 +190,19 @@ def _write_failure(exc: BaseException, folder: Path) -> str | None:
     return None
 
 
+def check_no_link_loop(path: Path, option: str = "--out") -> None:
+    """A path whose symbolic links lead back to themselves names no file (Path.resolve raises RuntimeError)."""
+    try:
+        path.resolve()
+    except (RuntimeError, OSError):
+        raise DpltmUserError(f"{option} {path} is a loop of symbolic links: give another path") from None
+
+
 def check_writable(path: Path) -> None:
     """Fail before any work is done if the output cannot be written. Creates nothing: the
     nearest existing ancestor must be a writable directory (missing folders are made on save)."""
     check_path_length(path)
+    check_no_link_loop(path)
     if path.exists() and path.is_dir():
         raise DpltmUserError(f"output {path} is a directory")
     if path.exists() and not path.is_file():  # the write renames a file over it: /dev/null would become one
@@ -291,6 +302,16 @@ def _why_unreadable(path: Path, exc: Exception) -> str:
     return f"a damaged PyTorch save file: {first}"
 
 
+def _damaged_entry(path: Path) -> str | None:
+    """The first entry of a zip-format checkpoint (torch.save's format) whose bytes fail their CRC-32, or None.
+    torch.load reads the tensors without checking it: one flipped byte would load as other weights."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None  # not a zip (or unreadable): torch.load says what it is
+
+
 def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     """The body of a dpltm checkpoint of a readable format and of the expected kind(s), unchecked."""
     kinds = (kind,) if isinstance(kind, str) else kind
@@ -300,6 +321,10 @@ def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     if _is_safetensors(path):
         raise DpltmUserError(f"{path} is a safetensors file (a `dpltm export`), not a dpltm checkpoint: give the "
                              ".pt file it was made from")
+    damaged = _damaged_entry(path)
+    if damaged is not None:
+        raise DpltmUserError(f"{path} is damaged: its entry {damaged} fails its CRC-32 check (a changed or corrupted "
+                             "file); use an intact copy")
     try:
         body = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or damaged files

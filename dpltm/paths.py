@@ -92,7 +92,7 @@ def check_not_input(target: Path, option: str = "--out") -> None:
         try:
             same = target.resolve() == source.resolve() or (
                 target.exists() and source.exists() and os.path.samefile(target, source))
-        except OSError:
+        except (OSError, RuntimeError):  # RuntimeError: a loop of symbolic links (refused by the output checks)
             same = False
         if same:
             raise DpltmUserError(f"{option} {target} is also this command's input (the data file {source}): "

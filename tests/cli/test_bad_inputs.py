@@ -571,7 +571,7 @@ def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
     out = {}
     for root in roots:
         for path in [root, *root.rglob("*")]:
-            st = path.stat()
+            st = path.lstat()  # a link as itself (a loop of links has no target to stat)
             out[str(path)] = (st.st_mtime_ns, st.st_size)
     return out
 
@@ -827,3 +827,36 @@ def test_a_run_without_validation_records_says_so_not_nan(val_accuracy: float | 
                            "stop_reason": "finished 1 epochs", "noise_multiplier": None, "statement": "non-private",
                            "output": "m.pt"}, console)
     assert shown in console.file.getvalue() and "nan" not in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def _flipped(model: Path) -> bytes:
+    """The model's file with one byte of its largest tensor entry changed (the zip's CRC-32 then fails)."""
+    import zipfile
+
+    raw = bytearray(model.read_bytes())
+    with zipfile.ZipFile(model) as archive:
+        entry = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    name_length = int.from_bytes(raw[entry.header_offset + 26:entry.header_offset + 28], "little")
+    extra_length = int.from_bytes(raw[entry.header_offset + 28:entry.header_offset + 30], "little")
+    start = entry.header_offset + 30 + name_length + extra_length
+    raw[start + entry.file_size // 2] ^= 0x40
+    return bytes(raw)
+
+
+def test_a_loop_of_symbolic_links_and_a_damaged_checkpoint_are_one_line_errors(
+        tmp_path: Path, data_dirs: dict[str, Path], tickets: Path, model: Path) -> None:
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    for a, b in (("l.pt", "k.pt"), ("k.pt", "l.pt"), ("l.safetensors", "k.safetensors"),
+                 ("k.safetensors", "l.safetensors")):
+        (cwd / a).symlink_to(b)
+    (cwd / "flip.pt").write_bytes(_flipped(model))
+    data = data_dirs["good"]
+    before = snapshot(tmp_path, data, tickets.parent)
+    for args, message in (((*TRAIN, "--eps2", "1", "--out", "l.pt"), "--out l.pt is a loop of symbolic links"),
+                          (("export", "--model", str(model), "--out", "l.safetensors"), "is a loop of symbolic links"),
+                          (("inspect", "flip.pt"), "flip.pt is damaged: its entry"),
+                          (("export", "--model", "flip.pt", "--out", "x.safetensors"), "fails its CRC-32 check")):
+        code, stdout, stderr = _run_in_process(list(args), cwd, data)
+        assert_one_line_error(code, stdout, stderr, message)
+    assert snapshot(tmp_path, data, tickets.parent) == before
