@@ -395,13 +395,33 @@ def _merge_layers(cli: Mapping[str, Any], user: Mapping[str, Any],
 
     defaults = read_config_file(CONFIG_DIR / "defaults.yaml")
     cli_tree = drop_none(cli)
-    merged = deep_merge(deep_merge(pick(defaults), pick(user)), cli_tree)
-    dataset = merged.get("data", {}).get("dataset")
+    layers = [pick(defaults), pick(user), cli_tree]
+    dataset = _merge_budgets(layers).get("data", {}).get("dataset")
     if _is_plain_name(dataset) and (dataset_file := CONFIG_DIR / "datasets" / f"{dataset}.yaml").is_file():
         layers = [pick(defaults), pick(read_config_file(dataset_file)), pick(user), cli_tree]
-        merged = {}
-        for layer in layers:
-            merged = deep_merge(merged, layer)
+    return _merge_budgets(layers)
+
+
+BUDGET_KEYS = ("eps2", "sigma")
+"""train.eps2 (σ calibrated to it) and train.sigma (ε reported) are one setting given two ways: a layer that sets
+one replaces what earlier layers set for the other (`--eps 0.1` over a config file's `sigma: 0.5` trains at
+ε = 0.1, not at the file's σ)."""
+
+
+def _merge_budgets(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The layers merged in order (later wins), with train.eps2 and train.sigma treated as one setting."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        train = layer.get("train")
+        if isinstance(train, Mapping):
+            given = [key for key in BUDGET_KEYS if train.get(key) is not None]
+            if len(given) == 2:
+                raise DpltmUserError("the settings give both train.eps2 and train.sigma: give one of them (σ is "
+                                     "calibrated to eps2, or ε is reported for sigma)")
+            if given and isinstance(merged.get("train"), Mapping):
+                other = BUDGET_KEYS[1 - BUDGET_KEYS.index(given[0])]
+                merged["train"] = {k: v for k, v in merged["train"].items() if k != other}
+        merged = deep_merge(merged, layer)
     return merged
 
 
