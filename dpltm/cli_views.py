@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +112,17 @@ def show_audit(report: dict[str, Any], json_out: bool) -> None:
                if result["refuted"] else "consistent: the attack does not refute the claim")
     err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
                       f"ε ≥ {round_down(result['epsilon_lower_bound'], 3)} at {result['confidence']:.0%} confidence; "
-                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (the training mechanism alone; the "
-                      f"run's ε = {format_epsilon(report['epsilon_dp_part'])}, scope: {report['epsilon_scope']}); "
-                      f"{verdict}")
+                      f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (the training mechanism alone; "
+                      f"{run_epsilon_phrase(report)}, scope: {report['epsilon_scope']}); {verdict}")
+
+
+def run_epsilon_phrase(report: dict[str, Any]) -> str:
+    """The run's own ε as `dpltm train` states it: ∞ when it is not DP end to end (a same-data ticket), with its DP
+    part beside it, never the DP part alone as if it were the run's."""
+    from dpltm.privacy.display import format_epsilon
+
+    part = format_epsilon(report["epsilon_dp_part"])
+    overall = report.get("epsilon")
+    if report.get("end_to_end_dp") is not False and overall not in (math.inf, "inf", "Infinity"):
+        return f"the run's ε = {part}"
+    return f"the run's ε = ∞, not DP end to end (its DP phases alone: ε = {part})"

@@ -256,3 +256,4 @@ def test_dpltm_audit_on_a_same_data_ticket_says_it_is_not_end_to_end_dp(tmp_path
     text = cli("audit", *recipe, "--canaries", "100", "--canary-seed", "0", ok=False)
     assert text.exit_code == 0 and " ".join(warning.split()) in " ".join(text.stderr.split()), text.output
     assert train_report["epsilon_scope"] in " ".join(text.stderr.split())
+    assert "the run's ε = ∞, not DP end to end (its DP phases alone: ε =" in " ".join(text.stderr.split())
