@@ -331,6 +331,14 @@ class TrainRequest(_TrainingOptions):
         self._check_budget()
         if self.non_private and (self.eps2 is not None or self.sigma is not None):
             raise DpltmUserError("--non-private trains without noise: drop --eps/--sigma")
+        if self.non_private:  # options of the DP mechanism: silently ignored, they would suggest it ran
+            given = [flag for flag, value in (("--noise", self.noise), ("--clip", self.clip),
+                                              ("--noise-seed", self.noise_seed), ("--accountant", self.accountant),
+                                              ("--max-eps", self.max_eps), ("--neighbouring", self.neighbouring))
+                     if value is not None]
+            if given:
+                raise DpltmUserError(f"--non-private trains without clipping, noise or accounting: drop "
+                                     f"{', '.join(given)}")
         if not self.dense and self.ticket is None:
             raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
         if self.dense and (self.rewind == "public" or self.output_layer is not None):
