@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -326,7 +327,9 @@ def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
         raise DpltmUserError(f"{path} is damaged: its entry {damaged} fails its CRC-32 check (a changed or corrupted "
                              "file); use an intact copy")
     try:
-        body = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's warnings about a foreign file's pickle protocol: the error says it
+            warnings.simplefilter("ignore")
+            body = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or damaged files
         raise DpltmUserError(f"{path} is not a readable dpltm checkpoint ({_why_unreadable(path, exc)})") from None
     if not isinstance(body, dict) or body.get("format") != "dpltm":
