@@ -89,6 +89,21 @@ def check_checkpoint_name(path: Path, option: str = "--out") -> None:
     if path.suffix.lower() == ".safetensors":
         raise DpltmUserError(f"{option} {path} names a safetensors file, but this command writes a PyTorch "
                              "checkpoint: give a .pt name (`dpltm export` makes the .safetensors file)")
+    if path.suffix.lower() in OTHER_KINDS:
+        raise DpltmUserError(f"{option} {path} names a {OTHER_KINDS[path.suffix.lower()]} file, but this command "
+                             "writes a PyTorch checkpoint: give a .pt name")
+
+
+OTHER_KINDS = {".csv": "CSV", ".json": "JSON", ".yaml": "YAML", ".yml": "YAML", ".png": "PNG", ".pdf": "PDF",
+               ".txt": "text"}
+"""Suffixes of the files other commands write or read: a checkpoint under one would be taken for one."""
+
+
+def check_text_output_name(path: Path, kind: str, option: str = "--out") -> None:
+    """Refuse a text output (`predict`'s CSV) under a checkpoint's or an export's name: readers would take it
+    for one."""
+    if path.suffix.lower() in (".pt", ".pth", ".ckpt", ".safetensors"):
+        raise DpltmUserError(f"{option} {path} names a model file, but this command writes {kind}: give a .csv name")
 
 
 def same_file(a: Path, b: Path) -> bool:

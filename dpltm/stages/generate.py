@@ -47,9 +47,6 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         raise DpltmUserError(f"--val-fraction {cfg.data.val_fraction:g} drew no validation records from "
                              f"{data.name}'s {len(data.train)}, and each ticket is scored by its validation accuracy: "
                              "give a larger fraction")
-    if cfg.generate.batch_size > len(data.train):
-        raise DpltmUserError(f"--batch-size {cfg.generate.batch_size} is more than the {len(data.train)} training "
-                             "records ticket generation reads: give a smaller batch")
     if logger is not None:
         from dpltm.run_log import check_log_root
 

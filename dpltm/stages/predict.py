@@ -53,7 +53,7 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     model's own dataset is refused unless `expose_training_records` (see `TRAINING_RECORDS_EXPOSED`)."""
     import torch
 
-    from dpltm.checkpoint import prepare_output, write_text_atomic
+    from dpltm.checkpoint import check_text_output_name, prepare_output, write_text_atomic
     from dpltm.data import load_dataset
     from dpltm.data.loaders import DATASETS, check_load_options
     from dpltm.data.release import mismatch
@@ -82,6 +82,7 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
                                  f"leave --split out to use the model's own {part} set, or pass "
                                  "--expose-training-records to write it anyway")
     if out is not None:
+        check_text_output_name(out, "CSV")
         prepare_output(out, overwrite=overwrite, inputs=[model_path])
     settings: dict[str, Any] = ({"split": trained_on.get("split") or "train",
                                  "val_fraction": trained_on.get("val_fraction", 0.1),

@@ -125,9 +125,6 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
     `stop_after` ends the run after that many *new* rounds (used to test resuming). `cuda_graphs`
     replays each SGD step from a CUDA graph (same batches, same updates; CUDA only).
     """
-    if cfg.generate.batch_size > len(data.train):
-        raise DpltmUserError(f"--batch-size {cfg.generate.batch_size} is more than the {len(data.train)} training "
-                             "records ticket generation reads: give a smaller batch")
     device = data.train.labels.device
     arch = build_architecture(data.num_features, data.num_classes, cfg.model.hidden,
                               cfg.model.project_to, cfg.model.activation, cfg.model.arch)
