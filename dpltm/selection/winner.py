@@ -40,13 +40,20 @@ if TYPE_CHECKING:
 def newest_ticket_set(directory: Path) -> Path:
     """The most recently written ticket set in `directory` (what `select` uses by default)."""
     candidates = sorted(directory.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    passed_over: list[str] = []
     for path in candidates:
         try:
             load_ticket_set(path)
-        except DpltmUserError:
+        except DpltmUserError as error:
+            if "damaged" in str(error) or "not a readable" in str(error):
+                passed_over.append(path.name)  # a ticket set's name, unreadable: say so rather than skip it unseen
             continue
+        if passed_over:  # a newer file that may have been the ticket set meant: never fall back to an older one unseen
+            raise DpltmUserError(f"{directory / passed_over[0]} is newer than the ticket set {path} but cannot be "
+                                 "read (damaged?): pass --tickets to choose one")
         return path
-    raise DpltmUserError(f"no ticket set in {directory}/: run `dpltm generate` first or pass --tickets")
+    unreadable = f" ({', '.join(passed_over[:3])} could not be read: damaged?)" if passed_over else ""
+    raise DpltmUserError(f"no ticket set in {directory}/{unreadable}: run `dpltm generate` first or pass --tickets")
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,33 @@ def test_tickets_that_name_another_dataset_but_hold_the_private_fingerprint_are_
     assert ticket_origin(winner, private, assert_public=False).phase1 == "same-data"
     other = dataclasses.replace(private, fingerprint="fp-of-other-data")
     assert ticket_origin(winner, other, assert_public=False).phase1 == "public"
+
+
+def test_the_newest_ticket_set_is_never_passed_over_unseen_when_a_newer_file_is_damaged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from dpltm.selection.winner import newest_ticket_set
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    with pytest.raises(DpltmUserError, match="no ticket set in"):
+        newest_ticket_set(folder)
+    (folder / "zz-tickets.pt").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(DpltmUserError, match=r"zz-tickets.pt could not be read: damaged\?"):
+        newest_ticket_set(folder)
+    old = folder / "old.pt"
+    old.write_bytes(b"")
+    os.utime(old, (1, 1))
+    with pytest.raises(DpltmUserError, match="zz-tickets.pt, old.pt could not be read"):
+        newest_ticket_set(folder)
+    import dpltm.selection.winner as winner
+
+    real = winner.load_ticket_set
+    try:  # old.pt read as a ticket set: the damaged newer file still stops the fall-back
+        winner.load_ticket_set = lambda path: {} if path.name == "old.pt" else real(path)  # type: ignore[assignment]
+        with pytest.raises(DpltmUserError, match="zz-tickets.pt is newer than the ticket set .*old.pt but cannot be"):
+            newest_ticket_set(folder)
+        (folder / "zz-tickets.pt").unlink()
+        assert newest_ticket_set(folder) == old
+    finally:
+        winner.load_ticket_set = real  # type: ignore[assignment]
