@@ -51,7 +51,11 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         from dpltm.run_log import check_log_root
 
         check_log_root(log_dir)
-    resuming = target.exists() and not overwrite  # generate_tickets resumes it (or refuses other settings' file)
+    resuming = target.exists() and not overwrite  # generate_tickets resumes it
+    if resuming:
+        from dpltm.tickets.imp import resumable_body
+
+        resumable_body(cfg, data, target)  # another kind, damaged, or other settings: refused before the banner
     err_console.print(
         (f"continuing the tickets in {target} (its finished rounds are kept)" if resuming else "generating tickets")
         + f" on {data.name} ({data.source_split} split: {len(data.train)} train, "

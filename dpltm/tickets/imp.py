@@ -106,14 +106,18 @@ def _resume_or_start(cfg: GenerateConfig, data: DatasetSplits, out: Path, overwr
                      arch: Architecture, theta0: dict[str, torch.Tensor],
                      rates: dict[str, float]) -> GenerationState:
     if out.exists() and not overwrite:
-        body = load_ticket_set(out).to_dict()
-        if body.get("config_hash") != config_hash(cfg) or body["data"]["fingerprint"] != data.fingerprint:
-            raise DpltmUserError(
-                f"{out} holds tickets from other settings or data; pass --overwrite to replace "
-                f"it or --out to write elsewhere"
-            )
-        return GenerationState(body)
+        return GenerationState(resumable_body(cfg, data, out))
     return GenerationState(_new_payload(cfg, data, arch, theta0, rates))
+
+
+def resumable_body(cfg: GenerateConfig, data: DatasetSplits, out: Path) -> dict[str, Any]:
+    """The ticket set in `out`, if a run with `cfg` on `data` may continue it (else a one-line refusal): what the
+    stage checks before it says it is continuing."""
+    body: dict[str, Any] = load_ticket_set(out).to_dict()
+    if body.get("config_hash") != config_hash(cfg) or body["data"]["fingerprint"] != data.fingerprint:
+        raise DpltmUserError(f"{out} holds tickets from other settings or data; pass --overwrite to replace it or "
+                             "--out to write elsewhere")
+    return body
 
 
 def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,

@@ -396,6 +396,8 @@ CASES = [
     Case("train-non-private-with-sigma", (*TRAIN, "--non-private", "--sigma", "1"), "drop --eps/--sigma"),
     Case("generate-rounds-unbounded", (*GEN[:3], "--rounds", "1000000", "--iterations", "1", "--no-progress"),
          "--rounds must lie in [0, 100]"),
+    Case("generate-out-damaged-existing", (*GEN, "--out", "t.pt"), "t.pt is not a readable dpltm checkpoint",
+         files={"t.pt": b"not a checkpoint"}),
     Case("train-out-names-a-csv", (*TRAIN, "--eps2", "1", "--out", "m.csv"), "--out m.csv names a CSV file"),
     Case("predict-out-names-a-model-file", ("predict", "--model", "{model}", "--out", "p.safetensors"),
          "--out p.safetensors names a model file, but this command writes CSV"),
