@@ -48,6 +48,8 @@ MAX_CONFIG_BYTES = 1 << 20
 #: The most SGD iterations per ticket `generate` runs (paper: 5000); a loss curve is kept per ticket.
 MAX_ITERATIONS = 1_000_000
 MAX_ROUNDS = 100
+MAX_CLIP = 1e6
+"""Per-sample gradient norms of the networks dpltm trains are O(1)–O(100); C above this only scales the noise."""
 
 #: Seeds are non-negative and fit in 63 bits (what torch and numpy generators accept).
 MAX_SEED = 2**63 - 1
@@ -566,6 +568,9 @@ class TrainSettings:
         _require_positive("--epochs", self.epochs)
         _require_positive("--batch-size", self.batch_size)
         _require_positive("--clip", self.clip)
+        if self.clip > MAX_CLIP:  # the noise σC swamps float32 weights: a run that can only diverge
+            raise DpltmUserError(f"--clip must be at most {MAX_CLIP:g} (the noise is σ·C per coordinate), got "
+                                 f"{self.clip:g}")
         _require_lr(self.lr)
         if self.optimizer not in OPTIMIZERS:
             raise DpltmUserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
