@@ -339,6 +339,9 @@ class TrainRequest(_TrainingOptions):
             if given:
                 raise DpltmUserError(f"--non-private trains without clipping, noise or accounting: drop "
                                      f"{', '.join(given)}")
+        if self.lr is not None and self.lr_sigma is not None:
+            raise DpltmUserError("give --lr (a fixed step size) or --lr-sigma (lr = lr_sigma / σ), not both: one "
+                                 "would be ignored")
         if not self.dense and self.ticket is None:
             raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
         if self.dense and (self.rewind == "public" or self.output_layer is not None):

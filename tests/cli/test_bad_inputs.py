@@ -398,6 +398,8 @@ CASES = [
          "--rounds must lie in [0, 100]"),
     Case("generate-out-damaged-existing", (*GEN, "--out", "t.pt"), "t.pt is not a readable dpltm checkpoint",
          files={"t.pt": b"not a checkpoint"}),
+    Case("train-lr-and-lr-sigma", (*TRAIN, "--eps2", "1", "--lr", "0.5", "--lr-sigma", "2"),
+         "give --lr (a fixed step size) or --lr-sigma"),
     Case("train-clip-huge", (*TRAIN, "--eps2", "1", "--clip", "1e30"), "--clip must be at most 1e+06"),
     Case("train-out-names-a-csv", (*TRAIN, "--eps2", "1", "--out", "m.csv"), "--out m.csv names a CSV file"),
     Case("predict-out-names-a-model-file", ("predict", "--model", "{model}", "--out", "p.safetensors"),
