@@ -46,6 +46,7 @@ from dpltm.api_checks import (
     check_neighboring,
     check_positive,
     check_steps,
+    evaluation_mode,
 )
 from dpltm.config import TrainSettings
 from dpltm.data.splits import record_hashes
@@ -66,7 +67,6 @@ from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
-from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
 from dpltm.privacy.ledger import PrivacyLedger
@@ -107,12 +107,26 @@ def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Te
         raise DpltmUserError("features and labels need a first (record) dimension")
     if features.shape[0] != labels.shape[0]:
         raise DpltmUserError(f"{features.shape[0]} feature rows but {labels.shape[0]} labels")
-    if features.dtype in (torch.uint8, torch.int8, torch.bool):  # pixels and flags; int32/int64 are ids (Embedding)
+    if features.dtype in (torch.uint8, torch.int8, torch.bool):  # pixels and flags; other integers: model_tensors
         features = features.float()
     target = torch.device(device) if device is not None else features.device
     if not labels.is_floating_point():  # class indices; float targets (regression, soft labels) stay as they are
         labels = labels.long()
     return features.to(target), labels.to(target)
+
+
+def takes_ids(model: nn.Module) -> bool:
+    """Whether integer features may be token ids for the model (it embeds): otherwise they are numbers."""
+    return any(isinstance(module, (nn.Embedding, nn.EmbeddingBag)) for module in model.modules())
+
+
+def model_tensors(model: nn.Module, data: Data, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """`as_tensors`, with integer features as floats unless the model embeds ids (int64 from NumPy or pandas is
+    usually a measurement; a model with an nn.Embedding takes ids)."""
+    features, labels = as_tensors(data, device)
+    if not features.is_floating_point() and not takes_ids(model):
+        features = features.float()
+    return features, labels
 
 
 def prunable_weights(model: nn.Module) -> dict[str, Tensor]:
@@ -193,27 +207,30 @@ def evaluate(model: nn.Module, data: Data, batch_size: int = 4096) -> float:
     parameter = next(model.parameters(), None)
     if parameter is None:
         raise DpltmUserError("the model has no parameters")
-    features, labels = as_tensors(data, parameter.device)
+    features, labels = model_tensors(model, data, parameter.device)
     if labels.dim() != 1 or labels.is_floating_point():
         kind = str(labels.dtype).removeprefix("torch.")  # (N, 1) against (N,) would broadcast to N × N
         raise DpltmUserError(f"class labels must be integers of shape (N,), got {kind} of shape {tuple(labels.shape)}")
     if features.is_floating_point():
         features = features.to(parameter.dtype)
-    was_training = model.training
-    model.eval()
     try:
-        correct = 0
-        for i in range(0, len(labels), batch_size):
-            outputs, targets = model(features[i : i + batch_size]), labels[i : i + batch_size]
-            if not isinstance(outputs, Tensor) or outputs.dim() != 2 or outputs.shape[0] != len(targets):
-                got = tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__
-                raise DpltmUserError(f"the model must return class scores of shape (batch, classes), got {got}")
-            correct += int((outputs.argmax(1) == targets).sum())
+        with evaluation_mode(model):
+            return _accuracy(model, features, labels, batch_size)
     except (RuntimeError, ValueError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"the model cannot be evaluated on this data: {first}") from None
-    finally:
-        model.train(was_training)
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, features: Tensor, labels: Tensor, batch_size: int) -> float:
+    """Top-1 accuracy in batches (the caller sets the modes)."""
+    correct = 0
+    for i in range(0, len(labels), batch_size):
+        outputs, targets = model(features[i : i + batch_size]), labels[i : i + batch_size]
+        if not isinstance(outputs, Tensor) or outputs.dim() != 2 or outputs.shape[0] != len(targets):
+            got = tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__
+            raise DpltmUserError(f"the model must return class scores of shape (batch, classes), got {got}")
+        correct += int((outputs.argmax(1) == targets).sum())
     return correct / max(len(labels), 1)
 
 
@@ -253,13 +270,18 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     parameter = next(model.parameters(), None)
     if parameter is None:
         raise DpltmUserError("the model has no parameters")
+    stepped = privately_stepped(model)
+    if stepped:
+        raise DpltmUserError(f"generate_tickets takes the model's current weights as θ0, and these took {stepped} DP "
+                             "steps in a private run: its tickets would carry them; start from fresh (or public) "
+                             "weights")
     device = parameter.device
-    features, labels = as_tensors(train, device)
+    features, labels = model_tensors(model, train, device)
     if features.is_floating_point():
         features = features.to(parameter.dtype)
     check_data_fits_model(model, features, labels, classification=loss is F.cross_entropy)
     if val is not None:
-        check_data_fits_model(model, *as_tensors(val, device), classification=True)
+        check_data_fits_model(model, *model_tensors(model, val, device), classification=True)
     seen = [_record_keys(features, labels)]
     if val is not None:
         seen.append(_record_keys(*as_tensors(val, "cpu")))
@@ -441,7 +463,8 @@ class PrivateTraining:
                                  "calibrated for them); start a new run, or resume this one with a larger epochs")
         if val is not None:  # a wrong validation set fails now, not after an epoch of private steps
             parameter = next(self.model.parameters())
-            check_data_fits_model(self.model, as_tensors(val, parameter.device)[0][:1], as_tensors(val, "cpu")[1],
+            check_data_fits_model(self.model, model_tensors(self.model, val, parameter.device)[0][:1],
+                                  as_tensors(val, "cpu")[1],
                                   classification=True)
             self._warn_if_training_records(val)
         for _ in range(todo):
@@ -648,7 +671,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         raise DpltmUserError("the model has no parameters")
     parameter = next(model.parameters())
     dtype = parameter.dtype if parameter.is_floating_point() else None
-    records = training_records(train, parameter.device, in_memory, as_tensors, dtype)
+    records = training_records(train, parameter.device, in_memory,
+                               lambda data, device: model_tensors(model, data, device), dtype)
     n = len(records)
     if d > 1.0 / n:
         warnings.warn(f"delta={d:g} is above 1/N = {1.0 / n:.3g}: a (ε, δ) guarantee with δ > 1/N allows releasing "
@@ -675,6 +699,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         if not isinstance(resume_from, (str, Path)):
             raise DpltmUserError(f"resume_from must be a path, got {type(resume_from).__name__}")
         before = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
+        guarded = _LAST_PRIVATE_STEP.get(model) if privately_stepped(model) else None
         try:
             segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, n,
                                                      {"masks_private": masks_private and bool(checked),
@@ -686,6 +711,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         except DpltmUserError:  # a refused resume leaves the model and optimiser as they were
             model.load_state_dict(before[0])
             optimizer.load_state_dict(before[1])
+            if guarded is not None:  # the same weights again: still another run's (restoring moved the counters)
+                _LAST_PRIVATE_STEP[model] = (guarded[0], guarded[1], _weights_state(model))
             raise
     apply_masks(model, checked)
     settings = TrainSettings(epochs=epochs - epochs_done, batch_size=batch_size, clip=clip, eps2=target_epsilon,
@@ -698,13 +725,16 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                           provenance if checked else None, loss, seed, dataset_name,
                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
                           segments=segments, epochs_done=epochs_done, history=history)
+    if run.steps_done:  # resumed: the weights loaded are the saved run's, with its steps
+        note_private_step(model, run)
     return run
 
 
-_LAST_PRIVATE_STEP: weakref.WeakKeyDictionary[nn.Module, tuple[Any, tuple[tuple[int, int], ...]]] = \
+_LAST_PRIVATE_STEP: weakref.WeakKeyDictionary[nn.Module, tuple[int, int, tuple[tuple[int, int], ...]]] = \
     weakref.WeakKeyDictionary()
-"""Per model: the private run (make_private's PrivateTraining, or a DPCallback) that last stepped it in this
-process, and its parameters' (storage, version) just after that step."""
+"""Per model: which private run (make_private's PrivateTraining, or a DPCallback; by id, so the entry keeps neither
+the run nor its records alive) last stepped it in this process, its steps by then, and the parameters' (storage,
+version) just after that step."""
 
 
 def _weights_state(model: nn.Module) -> tuple[tuple[int, int], ...]:
@@ -714,20 +744,26 @@ def _weights_state(model: nn.Module) -> tuple[tuple[int, int], ...]:
 
 
 def note_private_step(model: nn.Module, run: Any) -> None:
-    _LAST_PRIVATE_STEP[model] = (run, _weights_state(model))
+    _LAST_PRIVATE_STEP[model] = (id(run), int(run.steps_done), _weights_state(model))
+
+
+def privately_stepped(model: nn.Module, run: Any = None) -> int:
+    """The DP steps another private run took on these very weights (0: none, or they were replaced since). A guard
+    against accidents, not a taint tracker: weights copied or edited in place after the run are not followed."""
+    last = _LAST_PRIVATE_STEP.get(model)
+    if last is None or (run is not None and last[0] == id(run)) or last[2] != _weights_state(model):
+        return 0
+    return last[1]
 
 
 def check_not_trained_elsewhere(model: nn.Module, run: Any = None) -> None:
     """Refuse a new private run on weights another run in this process has stepped and nothing has replaced
     since: the new run's ε would count only its own steps, not the earlier ones the weights carry (continue
     or resume that run, or load other weights, e.g. θ0, first)."""
-    last = _LAST_PRIVATE_STEP.get(model)
-    if last is None or last[0] is run or last[1] != _weights_state(model):
-        return
-    earlier = last[0]
-    raise DpltmUserError(f"this model already took {earlier.steps_done} DP steps in another private run (ε = "
-                         f"{format_epsilon(earlier.epsilon)} so far): continue that run, or save it and resume from "
-                         "the file; a new run would report only its own steps")
+    steps = privately_stepped(model, run)
+    if steps:
+        raise DpltmUserError(f"this model already took {steps} DP steps in another private run: continue that run, "
+                             "or save it and resume from the file; a new run would report only its own steps")
 
 
 _OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, PrivateTraining] = weakref.WeakKeyDictionary()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -161,22 +162,32 @@ def check_single_evaluation(optimizer: torch.optim.Optimizer) -> None:
                              "accounting covers one noisy gradient per Poisson batch: use SGD, Adam or AdamW")
 
 
+@contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode, then every module back in *its own* mode (`model.train(was)` would put a backbone the
+    user froze in eval mode, batch norm included, back in training mode: its running statistics would then follow
+    the private batches)."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, classification: bool) -> None:
     """One forward pass on the first record (no gradient, nothing kept or released): the features' shape
     must suit the model, and class labels must name one of its outputs."""
     if features.shape[0] == 0:
         raise DpltmUserError("the training data is empty")
-    was_training = model.training
     try:
-        with torch.no_grad():
-            model.eval()
+        with torch.no_grad(), evaluation_mode(model):
             outputs = model(features[:1])
     except Exception as exc:  # the model's own error: shape, dtype, device
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"the model does not accept the features (one record of shape "
                              f"{tuple(features.shape[1:])}): {first}") from None
-    finally:
-        model.train(was_training)
     if not isinstance(outputs, Tensor):
         raise DpltmUserError(f"the model must return a tensor, got {type(outputs).__name__}")
     if classification and labels.is_floating_point():

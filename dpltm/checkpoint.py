@@ -207,11 +207,20 @@ def _write_failure(exc: BaseException, folder: Path) -> str | None:
 
 
 def check_no_link_loop(path: Path, option: str = "--out") -> None:
-    """A path whose symbolic links lead back to themselves names no file (Path.resolve raises RuntimeError)."""
+    """A path whose symbolic links lead back to themselves names no file (Path.resolve raises RuntimeError up to
+    Python 3.12; from 3.13 it returns, and stat fails with ELOOP)."""
+    loop = False
     try:
         path.resolve()
     except (RuntimeError, OSError):
-        raise DpltmUserError(f"{option} {path} is a loop of symbolic links: give another path") from None
+        loop = True
+    if not loop and path.is_symlink():
+        try:
+            os.stat(path)
+        except OSError as error:
+            loop = error.errno == errno.ELOOP
+    if loop:
+        raise DpltmUserError(f"{option} {path} is a loop of symbolic links: give another path")
 
 
 def check_writable(path: Path) -> None:
@@ -324,8 +333,8 @@ def _damaged_entry(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as archive:
             return archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return None  # not a zip (or unreadable): torch.load says what it is
+    except Exception:  # not a zip, unreadable, or a foreign one (encrypted, unknown compression): torch.load says
+        return None
 
 
 def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:

@@ -688,8 +688,8 @@ def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recip
     settings a private ticket was planned with) sit between the defaults and the --config file."""
     recipe = recipe or cli.get("recipe")
     cli = {k: v for k, v in cli.items() if k != "recipe"}
-    below = deep_merge(recipe_tree(recipe), base or {})
-    user = deep_merge(below, read_config_file(config_file) if config_file is not None else {})
+    user = _merge_budgets([recipe_tree(recipe), dict(base or {}),  # eps2/sigma: the later layer's choice
+                           read_config_file(config_file) if config_file is not None else {}])
     dataset = cli.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
     cli = {**cli, "data": {**cli.get("data", {}), "dataset": dataset}}
     tree = _merge_layers(cli, user, ("data", "train", "model", "private_ticket"))

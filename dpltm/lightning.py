@@ -368,7 +368,7 @@ class DPCallback(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
-        if not self._probed:
+        if not self._probed and self._batch_size > 0:  # an empty first batch has no rows to probe: the next one
             self._probed = True
             probe_first_batch(pl_module, batch)
         issued = self._sampler.next_issued() if self._sampler is not None else None

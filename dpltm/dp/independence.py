@@ -27,21 +27,24 @@ PROBE_SEED = 20211
 """The probe's rows and the model's own randomness (dropout) in both passes: the same draws each time."""
 
 
-def probe_batch(example: Tensor, rows: int = PROBE_ROWS) -> tuple[Tensor, Tensor]:
-    """Two batches shaped like `example` (one record, batch dimension first) that differ in row 0 only.
-    Floating-point records get synthetic Gaussian values (no record's values are used); integer records
-    (token ids) keep the example's values, with row 0 set to zeros in the second batch."""
+def probe_batch(example: Tensor, rows: int = PROBE_ROWS, synthetic: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """Three batches shaped like `example` (one record, batch dimension first): the first, the first with row 0
+    changed, and the first with its last row changed. `synthetic` floating-point records get Gaussian values (no
+    record's values are used); otherwise (integer records: token ids; or a model the Gaussian rows do not suit)
+    every row is a copy of the example, and the changed rows are zeros."""
     shape = (rows, *example.shape[1:])
-    if example.is_floating_point():
+    if synthetic and example.is_floating_point():
         generator = torch.Generator().manual_seed(PROBE_SEED)
         first = torch.randn(shape, generator=generator, dtype=torch.float64)
-        second = first.clone()
-        second[0] = torch.randn(shape[1:], generator=generator, dtype=torch.float64)
-        return first.to(example.device, example.dtype), second.to(example.device, example.dtype)
-    first = example[:1].expand(shape).clone()
-    second = first.clone()
-    second[0] = 0
-    return first, second
+        changed = torch.randn((2, *shape[1:]), generator=generator, dtype=torch.float64)
+        first = first.to(example.device, example.dtype)
+        changed = changed.to(example.device, example.dtype)
+    else:
+        first = example[:1].expand(shape).clone()
+        changed = torch.zeros_like(first[:2])
+    second, third = first.clone(), first.clone()
+    second[0], third[-1] = changed[0], changed[1]
+    return first, second, third
 
 
 @contextmanager
@@ -85,40 +88,55 @@ def _run(model: nn.Module, batch: Tensor, outputs: list[tuple[str, Tensor]], pre
             handle.remove()
 
 
-def _same_rows(a: Tensor, b: Tensor) -> bool:
-    """Rows 1… of two outputs agree (to float rounding: the rows' values, not their neighbours', decide)."""
-    a, b = a[1:].double(), b[1:].double()
-    scale = float(a.abs().max()) if a.numel() else 0.0
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Two outputs agree to float rounding (NaN where both are NaN; the scale from the finite values)."""
+    a, b = a.double(), b.double()
+    finite = a[torch.isfinite(a)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
     return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * max(scale, 1.0), equal_nan=True))
+
+
+def _agree(a: Tensor, b: Tensor, rows: slice) -> bool:
+    return a.shape == b.shape and a.dim() > 0 and _same(a[rows], b[rows])
 
 
 def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "") -> None:
     """Refuse, in one line naming the layer, a model whose output for one record depends on other records
     of the batch, or whose forward pass updates a buffer. `example` is one record as the model takes it
-    (only its shape and dtype are used for floating-point records). The model is probed in the modes its
-    modules are in (as DP-SGD will run them) and left as it was: buffers and random state restored. `prefix`:
-    the model's own name in the module that holds it (for the message)."""
+    (only its shape and dtype are used for floating-point records, unless the model cannot take Gaussian rows:
+    then copies of the record are used). The model is probed in the modes its modules are in (as DP-SGD will
+    run them) and left as it was: buffers and random state restored. `prefix`: the model's own name in the
+    module that holds it (for the message)."""
+    try:
+        _probe(model, probe_batch(example), prefix)
+    except DpltmUserError:
+        raise
+    except Exception:  # e.g. Gaussian rows as token ids: probe with copies of the record itself
+        _probe(model, probe_batch(example, synthetic=False), prefix)
+
+
+def _probe(model: nn.Module, batches: tuple[Tensor, Tensor, Tensor], prefix: str) -> None:
+    first, second, third = batches
     written = {name: (b.data_ptr(), b._version) for name, b in model.named_buffers()}  # NaN-safe, unlike equality
-    first, second = probe_batch(example)
+    seen: list[list[tuple[str, Tensor]]] = [[], [], []]
     with _buffers_kept(model):
-        seen_first: list[tuple[str, Tensor]] = []
-        out_first = _run(model, first, seen_first, prefix)
+        outputs = [_run(model, first, seen[0], prefix)]
         changed = [name for name, b in model.named_buffers() if written.get(name) != (b.data_ptr(), b._version)]
         if changed:
             name = ".".join(part for part in (prefix, changed[0]) if part)
             raise DpltmUserError(f"the model's forward pass updates buffer {name!r} (running statistics of "
                                  "the training records would be released without noise): freeze it or use a layer "
                                  "without running statistics")
-        seen_second: list[tuple[str, Tensor]] = []
-        out_second = _run(model, second, seen_second, prefix)
-    if not isinstance(out_first, Tensor) or not isinstance(out_second, Tensor) or out_first.shape != out_second.shape:
+        outputs += [_run(model, second, seen[1], prefix), _run(model, third, seen[2], prefix)]
+    if not all(isinstance(out, Tensor) for out in outputs):
         return  # the caller checks the output's type; nothing row-wise to compare
-    if _same_rows(out_first, out_second):
-        return
-    culprit = next((name for (name, a), (_, b) in zip(seen_first, seen_second)
-                    if a.shape == b.shape and not _same_rows(a, b)), type(model).__name__)
-    raise DpltmUserError(f"layer {culprit} mixes the records of a batch: its output for one record depends on other "
-                         "records, which per-sample clipping cannot bound")
+    for other, rows in ((1, slice(1, None)), (2, slice(None, -1))):  # row 0 changed, then the last row
+        if _agree(outputs[0], outputs[other], rows):
+            continue
+        culprit = next((name for (name, a), (_, b) in zip(seen[0], seen[other]) if a.shape == b.shape
+                        and not _agree(a, b, rows)), type(model).__name__)
+        raise DpltmUserError(f"layer {culprit} mixes the records of a batch: its output for one record depends on "
+                             "other records, which per-sample clipping cannot bound")
 
 
 def check_gradients_reach_their_layers(model: nn.Module, example: Tensor, example_label: Tensor,
@@ -128,32 +146,49 @@ def check_gradients_reach_their_layers(model: nn.Module, example: Tensor, exampl
     summed loss, parameter by parameter. A weight used outside its own layer (tied through
     `F.linear(h, other.weight)`, read in a parent's forward) gets part of its gradient from a use no rule
     records: its norms would be too small and its update wrong. Checked once, on synthetic rows."""
+    try:
+        name = _untracked_gradient(model, probe_batch(example)[0], example_label, loss)
+    except DpltmUserError:
+        raise
+    except Exception:  # e.g. Gaussian rows as token ids: copies of the record itself
+        name = _untracked_gradient(model, probe_batch(example, synthetic=False)[0], example_label, loss)
+    if name is not None:
+        raise DpltmUserError(f"parameter {name}: its per-sample gradients do not add up to its batch gradient, so "
+                             "part of its gradient comes from a use outside its own layer (a weight tied through "
+                             "a functional call?), which per-sample clipping cannot see: not supported")
+
+
+def _untracked_gradient(model: nn.Module, rows: Tensor, example_label: Tensor,
+                        loss: Callable[[Tensor, Tensor], Tensor]) -> str | None:
+    """The first trainable parameter whose engine sum (no clipping) and autograd gradient differ on `rows`; None when
+    all agree, or when the rows give a non-finite loss (nothing to compare: the engine drops such records)."""
     from dpltm.dp.engine import clipped_gradient_sum_of
 
-    rows, _ = probe_batch(example)
     generator = torch.Generator().manual_seed(PROBE_SEED)
     if example_label.is_floating_point():
         labels = torch.randn((rows.shape[0], *example_label.shape[1:]), generator=generator)
-        labels = labels.to(example_label.device, example_label.dtype)
     else:
         with torch.no_grad(), _same_randomness(rows.device):
             classes = model(rows).shape[-1]
         labels = torch.randint(0, classes, (rows.shape[0], *example_label.shape[1:]), generator=generator)
-        labels = labels.to(example_label.device, example_label.dtype)
+    labels = labels.to(example_label.device, example_label.dtype)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     with _buffers_kept(model):
         with _same_randomness(rows.device):
             sums = clipped_gradient_sum_of(model, rows, labels, float("inf"), loss=loss).grad_sums
         with _same_randomness(rows.device), torch.enable_grad():
             total = loss(model(rows), labels).sum()
+            if not bool(torch.isfinite(total)):
+                return None
             batch = torch.autograd.grad(total, list(trainable.values()), allow_unused=True)
     for (name, parameter), expected in zip(trainable.items(), batch):
         mine = sums.get(name)
         if mine is None:
             continue
         expected = torch.zeros_like(parameter) if expected is None else expected
+        if not bool(torch.isfinite(expected).all()):
+            return None
         scale = float(expected.abs().max()) if expected.numel() else 0.0
         if not torch.allclose(mine.double(), expected.double(), rtol=1e-3, atol=1e-5 * max(scale, 1e-12)):
-            raise DpltmUserError(f"parameter {name}: its per-sample gradients do not add up to its batch gradient, so "
-                                 "part of its gradient comes from a use outside its own layer (a weight tied through "
-                                 "a functional call?), which per-sample clipping cannot see: not supported")
+            return name
+    return None

@@ -550,6 +550,15 @@ def test_a_new_run_on_weights_another_run_trained_is_refused(tmp_path: Path) -> 
     resumed = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
                                  batch_size=30, epochs=2, resume_from=path)
     assert resumed.steps_done == 10 and with_no_steps.steps_done == 0
+    with pytest.raises(DpltmUserError, match="has done 1 of epochs=1"):  # a refused resume keeps the guard
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                           batch_size=30, epochs=1, resume_from=path)
+    with pytest.raises(DpltmUserError, match="^this model already took 10 DP steps"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                           batch_size=30)
+    with pytest.raises(DpltmUserError, match="^generate_tickets takes the model's current weights as θ0, and these "
+                                             "took 10 DP steps"):
+        dpltm.generate_tickets(model, blobs(100, 5), rounds=1, iterations=5)
     model.load_state_dict(start)
     dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0, batch_size=30)
 
@@ -636,7 +645,7 @@ def test_fit_checks_its_epochs_and_validation_data_before_any_step_and_warns_on_
     assert run.steps_done == 10
 
 
-def test_token_ids_reach_an_embedding_and_byte_pixels_become_floats() -> None:
+def test_token_ids_reach_an_embedding_and_other_integers_become_floats() -> None:
     class Bag(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -653,6 +662,12 @@ def test_token_ids_reach_an_embedding_and_byte_pixels_become_floats() -> None:
                              batch_size=30)
     run.fit()
     assert run.steps_done == 10
+    counts = torch.randint(0, 50, (300, 10), generator=g)  # int64 measurements (NumPy's default): numbers
+    model = mlp()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (counts, y), noise_multiplier=1.0,
+                             batch_size=30)
+    run.fit()
+    assert run.steps_done == 10 and 0 <= dpltm.evaluate(model, (counts, y)) <= 1
     pixels = torch.randint(0, 256, (300, 10), generator=g, dtype=torch.uint8)
     model = mlp()
     run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (pixels, y), noise_multiplier=1.0,

@@ -26,3 +26,14 @@ def test_a_file_giving_both_is_refused(tmp_path: Path) -> None:
     config.write_text("train:\n  sigma: 0.5\n  eps2: 1.0\n")
     with pytest.raises(DpltmUserError, match="^the settings give both train.eps2 and train.sigma"):
         layered_config({}, config, ("train",))
+
+
+def test_a_files_sigma_replaces_a_private_tickets_planned_eps(tmp_path: Path) -> None:
+    """`train --ticket private.pt --config f.yaml` with only `train: {sigma: 2}` in f.yaml: σ = 2, as before."""
+    from dpltm.config import resolve_train_config
+
+    config = tmp_path / "f.yaml"
+    config.write_text("train:\n  sigma: 2.0\n")
+    cfg = resolve_train_config({}, config, base={"train": {"eps2": 0.5}})
+    assert cfg.train.sigma == 2.0
+    assert resolve_train_config({}, None, base={"train": {"eps2": 0.5}}).train.sigma is None

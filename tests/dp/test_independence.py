@@ -86,14 +86,74 @@ def test_row_wise_models_pass_dropout_included(middle: nn.Module) -> None:
     assert run.steps_done > 0
 
 
-def test_float_probes_use_no_record_values_and_differ_in_row_zero_only() -> None:
+def test_float_probes_use_no_record_values_and_differ_in_one_end_row_each() -> None:
     example = torch.full((1, 4, 4), 7.0)
-    first, second = probe_batch(example)
-    assert first.shape == second.shape == (6, 4, 4) and not bool((first == 7.0).any())
+    first, second, third = probe_batch(example)
+    assert first.shape == second.shape == third.shape == (6, 4, 4) and not bool((first == 7.0).any())
     assert not torch.equal(first[0], second[0]) and torch.equal(first[1:], second[1:])
+    assert not torch.equal(first[-1], third[-1]) and torch.equal(first[:-1], third[:-1])
     tokens = torch.tensor([[3, 1, 4]])
-    first, second = probe_batch(tokens)
-    assert first.dtype == torch.long and bool((first == tokens).all()) and bool((second[0] == 0).all())
+    first, second, third = probe_batch(tokens)
+    assert first.dtype == torch.long and bool((first == tokens).all())
+    assert bool((second[0] == 0).all()) and bool((third[-1] == 0).all())
+
+
+class LookAhead(nn.Module):
+    """Mixes each row with the next one only: row 0 changed leaves rows 1… alone; the last row changed does not."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([h[:-1] + h[1:], h[-1:]])
+
+
+class Roots(nn.Module):
+    """NaN on Gaussian rows (sqrt of negatives): the comparison must not break on it."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h.sqrt().nan_to_num(0.0) + h.sqrt() * 0
+
+
+class ByteTokens(nn.Module):
+    """Token ids stored as bytes (floats when they arrive): Gaussian rows are no ids; copies of the record are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(x.long()).mean(1))
+
+
+def test_mixing_with_later_rows_nan_outputs_and_byte_token_ids() -> None:
+    with pytest.raises(DpltmUserError, match="^layer 0 \\(LookAhead\\) mixes the records"):
+        check_samples_independent(net(LookAhead()), torch.randn(1, 10))
+    check_samples_independent(net(Roots()), torch.randn(1, 10))  # NaN rows agree with NaN rows: no crash
+    x = torch.randint(0, 10, (300, 5), dtype=torch.uint8)
+    y = torch.randint(0, 3, (300,))
+    model = ByteTokens()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                             batch_size=30)
+    run.fit()
+    assert run.steps_done == 10
+
+
+def test_a_backbone_frozen_in_eval_mode_stays_in_eval_mode() -> None:
+    """check_data_fits_model and evaluate restore each module's own mode, not the root's for all."""
+    backbone = nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16))
+    backbone.eval()
+    for p in backbone.parameters():
+        p.requires_grad_(False)
+    model = nn.Sequential(backbone, nn.Tanh(), nn.Linear(16, 3))
+    model.train()
+    backbone.eval()
+    x, y = data()
+    run = dpltm.make_private(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
+                             (x, y), noise_multiplier=1.0, batch_size=30)
+    assert not backbone.training and not backbone[1].training
+    before = backbone[1].running_mean.clone()
+    run.fit()
+    dpltm.evaluate(model, (x[:20], y[:20]))
+    assert not backbone[1].training and torch.equal(backbone[1].running_mean, before)
 
 
 class TokenMixer(nn.Module):
