@@ -766,17 +766,20 @@ def check_not_trained_elsewhere(model: nn.Module, run: Any = None) -> None:
                              "or save it and resume from the file; a new run would report only its own steps")
 
 
-_OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, PrivateTraining] = weakref.WeakKeyDictionary()
+_OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[PrivateTraining]] = weakref.WeakKeyDictionary()
+"""Each guarded optimiser's run, by weak reference: the run holds the optimiser, so a strong value would keep both
+(and the run's copy of the records) alive for the life of the process (a sweep of make_private calls grew to 22 GB)."""
 
 
 def _guard_optimizer(optimizer: torch.optim.Optimizer, run: PrivateTraining) -> None:
     """Make `optimizer.step()` refuse to run outside `run.step()`: a step on a gradient that was not
     clipped and noised (a user's own loop, a stray call) would update the model outside the ledger."""
     first = optimizer not in _OWNERS
-    _OWNERS[optimizer] = run
+    _OWNERS[optimizer] = weakref.ref(run)
     if first:
         def guard(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            owner = _OWNERS.get(opt)
+            ref = _OWNERS.get(opt)
+            owner = ref() if ref is not None else None
             if owner is not None and not owner._in_step:
                 raise DpltmUserError("this optimizer belongs to a dpltm private run: its steps must go through "
                                      "PrivateTraining.step() (a step on an unprivatised gradient is not DP)")
