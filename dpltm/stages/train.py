@@ -41,6 +41,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     # run's ε): that plan is the default, under the --config file and flags. So is the start, frozen
     # layers and release a noise-aware choice chose for its winner (`select --search`).
     private_ticket = is_private_ticket(ticket_body)
+    check_recipe_suits_ticket(cli.get("recipe"), ticket_body)
     chose = None if private_ticket or non_private else chosen_training(ticket_body)
     chosen = chose
     if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
@@ -122,6 +123,21 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                           on_start=announce, distribution=distribution,
                           step_mode="graphs" if cuda_graphs else "eager", logger=logger, log_dir=log_dir,
                           audit=audit)
+
+
+RECIPE_ARCHITECTURES = {"scatter": ("scatter-linear", "scatter-mlp", "scatter-cnn"), "cnn": ("lenet5",)}
+"""The networks a network-specific recipe was chosen for (as `--dense --arch` checks them in resolve_train_config)."""
+
+
+def check_recipe_suits_ticket(recipe: Any, ticket_body: dict[str, Any] | None) -> None:
+    """A ticket brings its own network: a recipe chosen for another kind would train it with that kind's rates."""
+    if ticket_body is None or recipe not in RECIPE_ARCHITECTURES:
+        return
+    record = ticket_body.get("architecture", {})
+    arch = str(record.get("name") or ("lenet5" if record.get("conv") else "mlp"))  # the LeNet family has no name
+    if arch not in RECIPE_ARCHITECTURES[recipe]:
+        raise DpltmUserError(f"--recipe {recipe} is for {', '.join(RECIPE_ARCHITECTURES[recipe])}; this ticket's "
+                             f"network is {arch}: train it with --recipe tuned or paper")
 
 
 def check_lr_given(lr: float | None, cfg: TrainConfig, recipe: str) -> None:
