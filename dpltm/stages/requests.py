@@ -224,6 +224,12 @@ class SelectRequest(CommandRequest):
         if self.eps1 is not None and not rule.spends_eps1:
             raise DpltmUserError(f"the {name} selection spends no ε1: drop --eps1")
         flag = "--noise-aware" if self.noise_aware else f"--rule {name}"
+        if self.nu is not None and rule.needs_planned_run:
+            raise DpltmUserError(f"--nu weighs density in the score A·(1 − ν·C); {flag} chooses by public accuracy "
+                                 "under the planned noise: drop --nu")
+        if self.reselect and not rule.spends_eps1:
+            raise DpltmUserError(f"--reselect allows another exponential-mechanism draw; the {name} selection draws "
+                                 "nothing: drop --reselect")
         planned = (self.eps2, self.sigma, self.epochs, self.batch_size, self.private_size)
         if not rule.needs_planned_run and any(v is not None for v in planned):
             raise DpltmUserError("--private-size, --eps, --sigma, --epochs and --batch-size describe the planned "
