@@ -47,6 +47,7 @@ from dpltm.api_checks import (
     check_positive,
     check_steps,
     evaluation_mode,
+    first_parameter,
 )
 from dpltm.config import TrainSettings
 from dpltm.data.splits import record_hashes
@@ -202,11 +203,7 @@ def density_of(model: nn.Module, masks: Mapping[str, Tensor]) -> float:
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Data, batch_size: int = 4096) -> float:
     """Top-1 accuracy (no privacy: for held-out or public data)."""
-    if not isinstance(model, nn.Module):
-        raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    parameter = next(model.parameters(), None)
-    if parameter is None:
-        raise DpltmUserError("the model has no parameters")
+    parameter = first_parameter(model)
     features, labels = model_tensors(model, data, parameter.device)
     if labels.dim() != 1 or labels.is_floating_point():
         kind = str(labels.dtype).removeprefix("torch.")  # (N, 1) against (N,) would broadcast to N × N
@@ -256,8 +253,7 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     train `iterations` SGD steps, prune the smallest surviving weights of each layer (`prune_rate`,
     `output_prune_rate` for the last), rewind to θ0, repeat. Make tickets on public data; the model
     is left at θ0 with no mask."""
-    if not isinstance(model, nn.Module):
-        raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    parameter = first_parameter(model)
     rounds = check_count(rounds, "rounds", minimum=0)
     iterations = check_count(iterations, "iterations")
     batch_size = check_count(batch_size, "batch_size")
@@ -267,9 +263,6 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             raise DpltmUserError(f"{name} must lie in [0, 1), got {rate:g}")
     if not callable(loss):
         raise DpltmUserError("loss must be callable: loss(outputs, targets) -> the batch loss")
-    parameter = next(model.parameters(), None)
-    if parameter is None:
-        raise DpltmUserError("the model has no parameters")
     stepped = privately_stepped(model)
     if stepped:
         raise DpltmUserError(f"generate_tickets takes the model's current weights as θ0, and these took {stepped} DP "
@@ -462,10 +455,8 @@ class PrivateTraining:
             raise DpltmUserError(f"fit(epochs={todo}): only {left} of the run's planned epochs are left (σ was "
                                  "calibrated for them); start a new run, or resume this one with a larger epochs")
         if val is not None:  # a wrong validation set fails now, not after an epoch of private steps
-            parameter = next(self.model.parameters())
-            check_data_fits_model(self.model, model_tensors(self.model, val, parameter.device)[0][:1],
-                                  as_tensors(val, "cpu")[1],
-                                  classification=True)
+            val_x, val_y = model_tensors(self.model, val, next(self.model.parameters()).device)
+            check_data_fits_model(self.model, val_x, val_y, classification=True)
             self._warn_if_training_records(val)
         for _ in range(todo):
             for _ in range(self.plan.steps_per_epoch):

@@ -162,6 +162,16 @@ def check_single_evaluation(optimizer: torch.optim.Optimizer) -> None:
                              "accounting covers one noisy gradient per Poisson batch: use SGD, Adam or AdamW")
 
 
+def first_parameter(model: Any) -> nn.Parameter:
+    """The model's first parameter (its device and dtype), or a one-line refusal of a non-module or an empty one."""
+    if not isinstance(model, nn.Module):
+        raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise DpltmUserError("the model has no parameters")
+    return parameter
+
+
 @contextmanager
 def evaluation_mode(model: nn.Module) -> Iterator[None]:
     """The model in eval mode, then every module back in *its own* mode (`model.train(was)` would put a backbone the

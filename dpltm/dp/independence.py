@@ -107,12 +107,18 @@ def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "
     then copies of the record are used). The model is probed in the modes its modules are in (as DP-SGD will
     run them) and left as it was: buffers and random state restored. `prefix`: the model's own name in the
     module that holds it (for the message)."""
+    _on_probe_rows(example, lambda batches: _probe(model, batches, prefix))
+
+
+def _on_probe_rows(example: Tensor, check: Callable[[tuple[Tensor, Tensor, Tensor]], Any]) -> Any:
+    """`check` on the Gaussian probe rows, or, where the model cannot take them (token ids, say), on copies of the
+    record itself. A refusal (DpltmUserError) is the check's verdict and passes through."""
     try:
-        _probe(model, probe_batch(example), prefix)
+        return check(probe_batch(example))
     except DpltmUserError:
         raise
-    except Exception:  # e.g. Gaussian rows as token ids: probe with copies of the record itself
-        _probe(model, probe_batch(example, synthetic=False), prefix)
+    except Exception:
+        return check(probe_batch(example, synthetic=False))
 
 
 def _probe(model: nn.Module, batches: tuple[Tensor, Tensor, Tensor], prefix: str) -> None:
@@ -146,12 +152,7 @@ def check_gradients_reach_their_layers(model: nn.Module, example: Tensor, exampl
     summed loss, parameter by parameter. A weight used outside its own layer (tied through
     `F.linear(h, other.weight)`, read in a parent's forward) gets part of its gradient from a use no rule
     records: its norms would be too small and its update wrong. Checked once, on synthetic rows."""
-    try:
-        name = _untracked_gradient(model, probe_batch(example)[0], example_label, loss)
-    except DpltmUserError:
-        raise
-    except Exception:  # e.g. Gaussian rows as token ids: copies of the record itself
-        name = _untracked_gradient(model, probe_batch(example, synthetic=False)[0], example_label, loss)
+    name = _on_probe_rows(example, lambda batches: _untracked_gradient(model, batches[0], example_label, loss))
     if name is not None:
         raise DpltmUserError(f"parameter {name}: its per-sample gradients do not add up to its batch gradient, so "
                              "part of its gradient comes from a use outside its own layer (a weight tied through "
