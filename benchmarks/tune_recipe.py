@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--clip", type=positive_float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arch", default="mlp", help="the network (dpltm's --arch: mlp, lenet5, ...)")
+    parser.add_argument("--arch", default="mlp",
+                        help="the network (dpltm's --arch: mlp, lenet5, scatter-cnn; the linear head: --front scatter)")
     parser.add_argument("--hidden", type=int, nargs="+", default=None,
                         help="hidden layer widths (default: 300 100 for mlp, 120 84 for lenet5)")
     parser.add_argument("--front", choices=["scatter"], default=None,
@@ -109,11 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     name, split = (args.public.split(":", 1) + ["train"])[:2]
     public = load_dataset(name, split=split, data_dir=args.data_dir, val_fraction=0.1, seed=args.seed)
-    if args.arch.startswith("scatter-") or (args.front is not None and args.arch != "mlp"):
-        parser.error("a ScatterNet head is searched with --front scatter and --arch mlp (a linear head over the "
-                     "scattering features); --arch names an image network (mlp, lenet5) otherwise")
+    scatter_head = args.arch.startswith("scatter-") and args.arch != "scatter-cnn"
+    if scatter_head or (args.front is not None and args.arch != "mlp"):
+        parser.error("a ScatterNet linear head is searched with --front scatter and --arch mlp (a linear head over "
+                     "the scattering features), its CNN head with --arch scatter-cnn; --arch names an image network "
+                     "(mlp, lenet5) otherwise")
     if args.hidden is None:
-        args.hidden = [120, 84] if args.arch == "lenet5" else [300, 100]
+        args.hidden = {"lenet5": [120, 84], "scatter-cnn": [32]}.get(args.arch, [300, 100])
     if args.front is not None:  # the head's own inputs: the front end's features, computed once (cached)
         public = scatter_features(public)
         args.hidden = []

@@ -16,8 +16,11 @@ rate q = L/N, so the expected batch is L' = q·n, and σ' = σ·L'/L keeps the n
 to the private run's σC/L over the same T steps; it matches the private run's epochs too, and it
 reaches batches far larger than the public set.
 
-A convolutional network (`arch="lenet5"`) cannot be stacked into one set of matrices: its candidates, one
-per rate, are stepped in turn by the DP training's own step (`EachCandidate`, the noise-aware choice's
+A network over a fixed front end (`arch="scatter-cnn"`, ScatterNet's CNN head) trains on the public records'
+cached front-end features (dpltm.features), as `dpltm train` does.
+
+A convolutional network (`arch="lenet5"`, `"scatter-cnn"`) cannot be stacked into one set of matrices: its
+candidates, one per rate, are stepped in turn by the DP training's own step (`EachCandidate`, the noise-aware choice's
 path for CNNs) on the same Poisson batches, each with its own noise draw and its own SGD rate.
 
 Nothing here takes private data: `search_recipe` gets the public splits and one integer, N.
@@ -34,6 +37,7 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
+from dpltm.features import network_inputs
 from dpltm.model import build_architecture, build_network, full_masks
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.selection.noise_aware import EachCandidate, PlannedRun, stacks, tan_proxy
@@ -101,6 +105,7 @@ def search_recipe(public: DatasetSplits, private_size: int, eps: float, delta: f
     rates = [lr / sigma for lr in lrs] if lr_sigmas else list(lrs)
     architecture = build_architecture(public.num_features, public.num_classes, hidden, None, activation, arch)
     models = [build_network(architecture, torch.Generator().manual_seed(seed)) for _ in lrs]  # same θ0 each rate
+    public = network_inputs(models[0], public)  # a fixed front end's cached features; the records otherwise
     x_all, y_all = public.train.features, public.train.labels
     stack: StackedMLP | EachCandidate
     optimizer: PerCandidateSGD | torch.optim.Optimizer

@@ -163,3 +163,23 @@ def test_a_cnn_search_steps_each_rates_network_by_its_own_rate(monkeypatch: pyte
     assert {(r["lr"], r["ema"], r["ema_warmup"]) for r in rows} == {
         (rate, "" if ema is None else ema.decay, ema is not None and ema.warmup)
         for rate in rates for ema in recipe_search.AVERAGES}
+
+
+def test_the_scatter_cnn_head_is_searched_over_the_public_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """scatter-cnn's recipe search trains its head on the public records' scattering features through the DP
+    engine (one network per rate, stepped in turn) and scores each rate and average."""
+    import tune_recipe
+
+    monkeypatch.setenv("DPLTM_FEATURE_CACHE", str(tmp_path / "features"))
+    write_mnist(tmp_path, "MNIST", n_train=200, n_test=20)
+    out = tmp_path / "search.csv"
+    tune_recipe.main(["--public", "mnist:train", "--private-size", "5400", "--eps", "1", "--activations", "tanh",
+                      "--batch-epochs", "1000x1", "--lrs", "1", "4", "--lr-sigmas", "--proxy", "same-rate",
+                      "--momentum", "0.9", "--arch", "scatter-cnn", "--data-dir", str(tmp_path), "--out", str(out)])
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 * 6 and {r["lr_sigma"] for r in rows} == {"1.0", "4.0"}
+    assert all(0.0 <= float(r["public_val_accuracy"]) <= 1.0 for r in rows)
+    assert "scatter-cnn tanh L=1000" in capsys.readouterr().out
+    assert any((tmp_path / "features").iterdir())  # the features were computed once and cached
