@@ -36,6 +36,7 @@ from grid.recipe_search import FIELDS, PROXIES, PROXY_FIELDS, search_recipe
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
+from dpltm.model import ARCH_DEFAULT_HIDDEN
 
 
 def scatter_features(public: DatasetSplits) -> DatasetSplits:
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arch", default="mlp",
                         help="the network (dpltm's --arch: mlp, lenet5, scatter-cnn; the linear head: --front scatter)")
     parser.add_argument("--hidden", type=int, nargs="+", default=None,
-                        help="hidden layer widths (default: 300 100 for mlp, 120 84 for lenet5)")
+                        help="hidden layer widths (default: the architecture's own: 300 100 for mlp, 120 84 for "
+                             "lenet5, 32 for scatter-cnn)")
     parser.add_argument("--front", choices=["scatter"], default=None,
                         help="search the linear head over a fixed front end's features (--arch scatter-linear): "
                              "the public records' cached features, no hidden layer")
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
                      "the scattering features), its CNN head with --arch scatter-cnn; --arch names an image network "
                      "(mlp, lenet5) otherwise")
     if args.hidden is None:
-        args.hidden = {"lenet5": [120, 84], "scatter-cnn": [32]}.get(args.arch, [300, 100])
+        args.hidden = list(ARCH_DEFAULT_HIDDEN.get(args.arch, (300, 100)))  # the architecture's own widths
     if args.front is not None:  # the head's own inputs: the front end's features, computed once (cached)
         public = scatter_features(public)
         args.hidden = []
