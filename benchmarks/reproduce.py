@@ -131,6 +131,15 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
         bullets.append(f"- **Frozen layers** (`freeze: {list(train['freeze'])}`): held at their start weights (not "
                        "clipped, noised or updated) in every method that trains from a ticket or the public weights, "
                        "and in the noise-aware choice's candidates. Public data adds nothing to ε.")
+    if start not in ("init", "public") and methods & {"dpltm-noise-aware", "dpltm-public", "random-mask"}:
+        bullets.append(f"- **Late rewinding** (`generate.rewind_step: {start}`, `rewind: {start}`; Frankle et al. "
+                       f"2020): IMP's rounds after the first rewind to θ_{start}, the dense network's weights {start} "
+                       "steps into public training, and each ticket's private run starts there under its mask, with "
+                       "θ0's output layer. Public data adds nothing to ε.")
+    if "dpsgd-rewind" in methods:
+        bullets.append(f"- **dense DP-SGD from θ_K** (K = {spec['generate'].get('rewind_step')}): the dense network "
+                       "at the late-rewinding point, trained privately by the same recipe: the baseline that starts "
+                       "where the tickets start. End-to-end (ε, δ)-DP.")
     if "dpsgd-public" in methods:
         bullets.append("- **dense DP-SGD from the public weights** (fine-tuning): the dense network IMP trained on the "
                        "public data (round 0), trained privately by the same recipe: the baseline that gets the same "
@@ -138,7 +147,8 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
     if "random_mask_eps" in spec:
         bullets.append(f"- **random mask** (ε = {spec['random_mask_eps']:g}): the noise-aware winner's per-layer "
                        "density, a random pattern drawn from the run seed alone (no data), from "
-                       + ("the dense public weights under that mask" if start == "public" else "θ0")
+                       + ("the dense public weights under that mask" if start == "public"
+                          else "θ0" if start == "init" else f"θ_{start} under that mask")
                        + ": is it the ticket or only its sparsity?")
     if "dpltm-private" in methods:
         p = spec.get("private_ticket", {})

@@ -233,29 +233,39 @@ def _accuracy(model: nn.Module, features: Tensor, labels: Tensor, batch_size: in
 
 @dataclass
 class Ticket:
-    """One round of iterative magnitude pruning: the mask, θ0 it rewinds to, C and A."""
+    """One round of iterative magnitude pruning: the mask, the weights it rewinds to, C and A."""
 
     round: int
     masks: Masks
     density: float
     accuracy: float | None
     theta0: dict[str, Tensor] = field(repr=False)
+    """The weights the ticket rewinds to: θ0, or with late rewinding (`rewind_step` K) θ_K, the model's weights
+    after K steps of the first round's public training."""
     public_records: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False)
     """Content hashes of the public records the ticket was made on (training and validation): passed as
     `make_private(..., masks_from=tickets)`, they let the overlap with the private records be checked."""
+    rewind_step: int = 0
+    """K of late rewinding (`theta0` is then θ_K); 0: `theta0` is the model's initial weights."""
 
 
 def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, rounds: int = 5,
                      iterations: int = 1000, batch_size: int = 128, lr: float = 0.1,
                      prune_rate: float = 0.3, output_prune_rate: float = 0.2, seed: int = 0,
-                     loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy) -> list[Ticket]:
+                     loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
+                     rewind_step: int = 0) -> list[Ticket]:
     """Iterative magnitude pruning of a user's model (Frankle & Carbin 2019; DPLTM Alg. 1), NOT private:
     train `iterations` SGD steps, prune the smallest surviving weights of each layer (`prune_rate`,
-    `output_prune_rate` for the last), rewind to θ0, repeat. Make tickets on public data; the model
+    `output_prune_rate` for the last), rewind to θ0, repeat. With `rewind_step` K (late rewinding, Frankle et al.
+    2020) the rounds after the first rewind to θ_K, the weights after K steps of the first, and train the
+    remaining iterations − K steps; every ticket's `theta0` is then θ_K. Make tickets on public data; the model
     is left at θ0 with no mask."""
     parameter = first_parameter(model)
     rounds = check_count(rounds, "rounds", minimum=0)
     iterations = check_count(iterations, "iterations")
+    rewind_step = check_count(rewind_step, "rewind_step", minimum=0)
+    if rewind_step >= iterations:
+        raise DpltmUserError(f"rewind_step must lie in [0, iterations) = [0, {iterations}), got {rewind_step}")
     batch_size = check_count(batch_size, "batch_size")
     lr = check_positive(lr, "lr")
     for rate, name in ((prune_rate, "prune_rate"), (output_prune_rate, "output_prune_rate")):
@@ -285,11 +295,14 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     rates = {n: (output_prune_rate if i == len(names) - 1 else prune_rate) for i, n in enumerate(names)}
     generator = torch.Generator(device="cpu").manual_seed(seed)
     tickets = []
+    start = theta0  # θ_K from the first round's step K on, with late rewinding
     for k in range(rounds + 1):
-        model.load_state_dict(theta0)
+        model.load_state_dict(start)
         apply_masks(model, masks)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for _ in range(iterations):
+        for step in range(iterations if k == 0 else iterations - rewind_step):
+            if k == 0 and rewind_step and step == rewind_step:
+                start = {n: v.detach().clone() for n, v in model.state_dict().items()}
             index = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
             optimizer.zero_grad(set_to_none=True)
             batch_loss = loss(model(features[index]), labels[index])
@@ -301,11 +314,11 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             apply_masks(model, masks)
         accuracy = evaluate(model, val) if val is not None else None
         tickets.append(Ticket(k, {n: m.clone() for n, m in masks.items()}, density_of(model, masks), accuracy,
-                              {n: v.clone() for n, v in theta0.items()}, public_records))
+                              start, public_records, rewind_step))
         if k < rounds:
             masks = prune_layerwise(prunable_weights(model), masks, rates)
     model.load_state_dict(theta0)
-    return tickets
+    return [replace(t, theta0={n: v.clone() for n, v in start.items()}) for t in tickets]
 
 
 def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float = 50.0,

@@ -7,12 +7,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """2: config hashes cover every setting (format 1's hashes left out settings added at their defaults
 and hashed renamed ones under their old names); a format-1 file is refused in one line.
 3: a model file is a `dpltm.artefacts.TrainedModel` whose privacy facts are stored once (format 2 kept
 a report that copied them beside the ledger); a format-2 model file is refused in one line. The other
-kinds did not change: their format-2 files are still read (`OLDEST_READABLE`)."""
+kinds did not change: their format-2 files are still read (`OLDEST_READABLE`).
+4: the generate settings gained `rewind_step` (late rewinding), so every ticket set's config hash changed, and
+ticket sets and winners may hold a `rewind_point`. Older files of every kind are still read; an older ticket set
+is not resumed under today's settings (its hash differs: `generate --overwrite`)."""
 KINDS = ("tickets", "ticket", "model", "run")
 OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
 """The oldest format each kind is read in: the last format that changed that kind's layout."""

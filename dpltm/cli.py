@@ -78,6 +78,7 @@ def generate(
     project_to: opt.GenerateProjectTo = None,
     activation: opt.ActivationOption = None,
     controls: opt.GenerateControls = None,
+    rewind_step: opt.GenerateRewindStep = None,
     val_fraction: opt.ValFraction = None,
     seed: opt.GenerateSeed = None,
     private: opt.GeneratePrivate = False,

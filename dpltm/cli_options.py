@@ -26,7 +26,6 @@ from dpltm.choices import (
     RunRecipe,
     SelectionRuleName,
     Split,
-    Start,
     Strategy,
     ThreatModel,
 )
@@ -313,6 +312,19 @@ GenerateRounds = Annotated[
     typer.Option(
         help="Pruning rounds T (ticket 0 is the dense network).",
         show_default=cfg("generate.rounds"),
+    ),
+]
+
+
+GenerateRewindStep = Annotated[
+    int | None,
+    typer.Option(
+        "--rewind-step",
+        metavar="K",
+        help=("Late rewinding (Frankle et al. 2020): rounds after the first rewind to the dense network's weights "
+              "after K steps of round 0, not θ0, and train the remaining iterations; the tickets keep that iterate "
+              "(train --rewind K starts there). 0: θ0 (the paper's)."),
+        show_default=cfg("generate.rewind_step"),
     ),
 ]
 
@@ -885,11 +897,14 @@ TrainEmaWarmup = Annotated[
 
 
 TrainRewind = Annotated[
-    Start | None,
+    str | None,
     typer.Option(
         "--rewind",
-        help=("Where the ticket's weights start: θ0 (init, the paper's) or the weights its public IMP round ended "
-              "with (public; public data adds nothing to ε; refused for tickets made on the private data)."),
+        metavar="init|public|K",
+        help=("Where the ticket's weights start: θ0 (init, the paper's), the weights its public IMP round ended "
+              "with (public), or K, the iterate K steps into public training its tickets rewound to (generate "
+              "--rewind-step K, late rewinding). Public data adds nothing to ε; public starts are refused for "
+              "tickets made on the private data."),
         show_default=cfg("train.rewind"),
     ),
 ]
@@ -912,7 +927,7 @@ TrainOutputLayer = Annotated[
     OutputLayer | None,
     typer.Option(
         "--output-layer",
-        help=("With --rewind public: θ0's output layer (reinit; the public one learned other classes) or the "
+        help=("With --rewind public or K: θ0's output layer (reinit; the public one learned other classes) or the "
               "public-trained one (keep; same class count only)."),
         show_default=cfg("train.output_layer"),
     ),
@@ -1363,11 +1378,13 @@ RunFreeze = Annotated[
 
 
 RunRewind = Annotated[
-    Start | None,
+    str | None,
     typer.Option(
         "--rewind",
-        help=("Where the winner's weights start for DP training: θ0 (init) or the weights its public IMP round "
-              "ended with (public; adds nothing to ε). Public tickets only."),
+        metavar="init|public|K",
+        help=("Where the winner's weights start for DP training: θ0 (init), the weights its public IMP round "
+              "ended with (public), or K: the tickets are made with late rewinding to step K of public training "
+              "and training starts there. Adds nothing to ε. Public tickets only."),
         show_default=cfg("train.rewind"),
     ),
 ]
@@ -1377,7 +1394,7 @@ RunOutputLayer = Annotated[
     OutputLayer | None,
     typer.Option(
         "--output-layer",
-        help="With --rewind public: θ0's output layer (reinit) or the public-trained one (keep).",
+        help="With --rewind public or K: θ0's output layer (reinit) or the public-trained one (keep).",
         show_default=cfg("train.output_layer"),
     ),
 ]

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -143,6 +144,11 @@ class GenerateSettings:
     min_density: float = 0.01
     controls: bool = False
     log_every: int = 100
+    rewind_step: int = 0
+    """K: every round after the first rewinds to the dense network's weights after K steps of round 0 (and trains
+    the remaining iterations − K), not to θ0: IMP with late rewinding (Frankle et al. 2020, "Linear mode
+    connectivity and the lottery ticket hypothesis"). 0: θ0 (Frankle & Carbin 2019, the paper's). The ticket
+    set keeps that iterate, where `train --rewind K` starts."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
@@ -153,6 +159,9 @@ class GenerateSettings:
         if self.iterations > MAX_ITERATIONS:
             raise DpltmUserError(f"--iterations must be at most {MAX_ITERATIONS} per ticket (the paper uses 5000), "
                                  f"got {self.iterations}")
+        if not 0 <= self.rewind_step < self.iterations:
+            raise DpltmUserError(f"--rewind-step must lie in [0, --iterations) = [0, {self.iterations}) (the iterate "
+                                 f"of round 0 every later round rewinds to), got {self.rewind_step}")
         _require_positive("--batch-size", self.batch_size)
         _require_lr(self.lr)
         if not 0.0 <= self.min_density < 1.0:
@@ -229,7 +238,15 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(args[0], value, where)
+        if len(args) == 1:
+            return _coerce(args[0], value, where)
+        for arg in args:  # the first type that takes the value (`str | int`: "public" or 500)
+            try:
+                return _coerce(arg, value, where)
+            except DpltmUserError:
+                pass
+        names = {str: "string", int: "int", float: "float", bool: "boolean"}
+        raise _invalid(where, value, " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in args))
     if origin is tuple:
         if isinstance(value, str):  # "300,100": each piece read as the YAML scalar it spells
             value = [_yaml_scalar(v) for v in value.replace(",", " ").split() if v]
@@ -517,7 +534,25 @@ def fixed_dimensions(cli: Mapping[str, Any], config_file: Path | None) -> dict[s
 OPTIMIZERS = ("sgd", "adam")
 TICKET_STARTS = ("init", "public")
 """`train.rewind`: a ticket's training starts from θ0 or from the weights its public IMP round ended with
-(dpltm.training.transfer.start_weights)."""
+(dpltm.training.transfer.start_weights), or from iterate K of public training (a step number, `late_rewind_step`)."""
+
+
+def late_rewind_step(start: str | int) -> int | None:
+    """K of a start that names a step of public training (`--rewind K`, late rewinding: Frankle et al. 2020),
+    None for `init` and `public`; anything else is refused in one line."""
+    if isinstance(start, str) and start in TICKET_STARTS:
+        return None
+    text = str(start) if isinstance(start, (str, int)) and not isinstance(start, bool) else ""
+    if re.fullmatch(r"[0-9]{1,7}", text) and int(text) >= 1:
+        return int(text)
+    raise DpltmUserError(f"--rewind must be init, public or a step K ≥ 1 of public training (late rewinding; the "
+                         f"tickets made with generate --rewind-step K), got {start!r}")
+
+
+def canonical_start(start: str | int) -> str:
+    """A start as stored and compared: `init`, `public`, or K's digits without leading zeros."""
+    step = late_rewind_step(start)
+    return str(start) if step is None else str(step)
 OUTPUT_LAYERS = ("reinit", "keep")
 """`train.output_layer`: a public start's output layer, θ0's or the public-trained one."""
 
@@ -551,10 +586,12 @@ class TrainSettings:
     """When set, a DP run's learning rate is lr_sigma / σ (σ the effective noise multiplier, a
     function of public q, T, ε and δ only), so the noise an update carries, lr·σC/L, stays the same
     across budgets; chosen on public data (configs/recipes/tuned.yaml). Non-private runs use `lr`."""
-    rewind: str = "init"
-    """Where a ticket's training starts: θ0 (init, the paper's), or the weights its public IMP round ended
-    with (public: the public training is kept; public data adds nothing to the privacy ledger). Refused
-    for tickets made on the private data itself (dpltm.training.pipeline.check_start)."""
+    rewind: str | int = "init"
+    """Where a ticket's training starts: θ0 (init, the paper's), the weights its public IMP round ended
+    with (public: the public training is kept; public data adds nothing to the privacy ledger), or K, the
+    iterate K steps into public training that late-rewound tickets keep (`generate --rewind-step K`). Public
+    starts are refused for tickets made on the private data itself (dpltm.training.pipeline.check_start).
+    Stored as a string ("init", "public", "500")."""
     output_layer: str = "reinit"
     """With rewind public: θ0's output layer (reinit; the public one was trained for other classes) or the
     public-trained one (keep, only for as many classes)."""
@@ -603,8 +640,7 @@ class TrainSettings:
             # another), and for settings built directly (the API, the grid): never a silent no-op
             raise DpltmUserError("--ema-warmup (train.ema_warmup) warms up the moving average of the iterates: give "
                                  "its decay too, --ema DECAY (train.ema)")
-        if self.rewind not in TICKET_STARTS:
-            raise DpltmUserError(f"--rewind must be one of {', '.join(TICKET_STARTS)}, got {self.rewind}")
+        object.__setattr__(self, "rewind", canonical_start(self.rewind))
         if self.output_layer not in OUTPUT_LAYERS:
             raise DpltmUserError(f"--output-layer must be one of {', '.join(OUTPUT_LAYERS)}, got {self.output_layer}")
 

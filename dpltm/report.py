@@ -28,9 +28,10 @@ def ticket_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 def tickets_json(payload: dict[str, Any]) -> dict[str, Any]:
     """Everything in a ticket file except tensors."""
-    skip = {"theta0", "tickets", "next_masks"}
+    skip = {"theta0", "tickets", "next_masks", "rewind_point"}
     meta = {k: v for k, v in payload.items() if k not in skip}
-    return {**meta, "tickets": ticket_rows(payload)}
+    point = payload.get("rewind_point")
+    return {**meta, "rewind_step": None if point is None else point["step"], "tickets": ticket_rows(payload)}
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -79,6 +80,10 @@ def print_tickets(payload: dict[str, Any], console: Console) -> None:
     console.print(table)
     status = "complete" if payload["complete"] else "INCOMPLETE (rerun generate to resume)"
     console.print(f"status: {status}; {payload.get('stop_reason') or ''}")
+    point = payload.get("rewind_point")
+    if point is not None:
+        console.print(f"late rewinding: the rounds after the first rewound to θ_{point['step']}, the dense network "
+                      f"after {point['step']} steps (kept: train --rewind {point['step']} starts there)")
     console.print(f"data: {data['n_train']} train / {data['n_val']} val / {data['n_test']} test, "
                   f"fingerprint {data['fingerprint']}; seed {payload['seed']}; "
                   f"generation time {payload.get('wall_seconds', 0):.0f} s")
@@ -183,7 +188,9 @@ def print_model(summary: dict[str, Any], console: Console) -> None:
 def print_winner(summary: dict[str, Any], console: Console) -> None:
     head = {"round": summary["round"], "density": summary["density"], "val_accuracy": summary["val_accuracy"],
             "network": arch_text(summary["architecture"]), "dpltm_version": summary["dpltm_version"],
-            "public_weights": "kept (train --rewind public)" if summary.get("public_weights") else "none"}
+            "public_weights": "kept (train --rewind public)" if summary.get("public_weights") else "none",
+            "iterate K of public training": (f"θ_{summary['rewind_step']} kept (train --rewind "
+                                             f"{summary['rewind_step']})" if summary.get("rewind_step") else "none")}
     console.print(fields_table("ticket (winner)", field_rows(head)))
     layers = Table(title="surviving fraction per layer", title_justify="left")
     layers.add_column("layer")

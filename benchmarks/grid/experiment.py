@@ -20,10 +20,13 @@ Methods:
 * `dpsgd-public` — dense DP-SGD from the public-trained weights (fine-tuning): the public ticket set's
   dense round 0 trained with `rewind: public` (its output layer as `train.output_layer` says), so the
   baseline gets the same public data as the tickets. End-to-end (ε, δ)-DP (public data adds nothing).
+* `dpsgd-rewind` — dense DP-SGD from θ_K, the dense network's weights K steps into public training (a profile
+  with `generate.rewind_step: K`, late rewinding): the baseline that starts where `rewind: K` tickets start.
 * `random-ticket` (at `random_ticket_eps`) — a same-data ticket drawn uniformly (Table 2).
 * `random-mask` (at `random_mask_eps`) — the noise-aware winner's mask replaced by a random one of the same
-  per-layer density, drawn from the run seed alone (independent of any data), trained from θ0 by the same
-  recipe: is it the ticket or just the sparsity? End-to-end (ε, δ)-DP.
+  per-layer density, drawn from the run seed alone (independent of any data), trained by the same recipe from
+  the winner's start under the random mask (θ0, the dense public weights with `rewind: public`, or θ_K with
+  `rewind: K`): is it the ticket or just the sparsity? End-to-end (ε, δ)-DP.
 
 Each run appends one row to `results.csv` (a run already there is skipped, so an interrupted
 reproduction resumes) and its per-epoch history to `curves.csv`.
@@ -74,8 +77,8 @@ from dpltm.training.pipeline import train
 RESULT_FIELDS = ["dataset", "method", "epsilon_target", "seed", "test_accuracy", "val_accuracy", "epsilon",
                  "end_to_end_dp", "composition", "accountant", "noise_multiplier", "density", "ticket_round",
                  "epochs_run", "seconds", "prep_seconds", "noise_seed", "selection_seed"]
-METHODS = ("dpltm-same", "dpltm-public", "dpltm-noise-aware", "dpltm-private", "dpsgd", "dpsgd-public", "nonprivate",
-           "random-ticket", "random-mask")
+METHODS = ("dpltm-same", "dpltm-public", "dpltm-noise-aware", "dpltm-private", "dpsgd", "dpsgd-public", "dpsgd-rewind",
+           "nonprivate", "random-ticket", "random-mask")
 """Every method a grid can run (see the module docstring)."""
 FRESH_SEED = "csprng"
 """Value of the `noise_seed`/`selection_seed` columns: a fresh OS-CSPRNG seed, not stored."""
@@ -163,7 +166,8 @@ class Experiment:
         cfg = GenerateConfig(data=DataSettings(dataset=name, split=split),
                              model=ModelSettings(project_to=project_to, **network),
                              generate=GenerateSettings(rounds=g["rounds"], iterations=g["iterations"],
-                                                       batch_size=g["batch_size"], lr=g["lr"]), seed=0)
+                                                       batch_size=g["batch_size"], lr=g["lr"],
+                                                       rewind_step=int(g.get("rewind_step", 0))), seed=0)
         # Workers (--shard) may need the same ticket set at once: the first generates it, the others
         # wait on this lock and then find it complete.
         with open(self.ticket_dir / f".{path.name}.generating", "w") as lock:
@@ -208,19 +212,25 @@ class Experiment:
         """The winner with its mask replaced by a random mask of the same per-layer density, drawn from the
         run seed only (no data). Its own public weights are dropped (they belong to the real mask): it starts
         at θ0, or, given `public_tickets` (a run with `rewind: public`), at the dense public network's
-        weights (round 0's) under the random mask — the ticket's start without the ticket's mask."""
+        weights (round 0's) under the random mask — the ticket's start without the ticket's mask; and where the
+        set was made with late rewinding, its θ_K under the random mask (`rewind: K`'s start)."""
         from dpltm.checkpoint import save_atomic
         from dpltm.pruning import random_masks_like
 
         body = load_checkpoint(winner_path, "ticket")
         masks = random_masks_like(body["masks"], torch.Generator().manual_seed(1_000_003 + run.seed))
         body = {k: v for k, v in body.items() if k not in ("format", "kind", "format_version", "environment",
-                                                           "public_weights")}
+                                                           "public_weights", "rewind_point")}
         body["masks"] = masks
         if public_tickets is not None:
-            dense = among_rounds(load_checkpoint(public_tickets, "tickets"), ())["tickets"][0]
-            body["public_weights"] = {name: weight * masks[name].to(weight.dtype) if name in masks else weight
-                                      for name, weight in dense["trained"].items()}
+            from dpltm.selection.winner import masked_weights
+
+            ticket_set = load_checkpoint(public_tickets, "tickets")
+            dense = among_rounds(ticket_set, ())["tickets"][0]
+            body["public_weights"] = masked_weights(dense["trained"], masks)
+            if ticket_set.get("rewind_point") is not None:
+                point = ticket_set["rewind_point"]
+                body["rewind_point"] = {"step": point["step"], "weights": masked_weights(point["weights"], masks)}
         body["selection"] = {**body["selection"], "method": "random"}
         path = self.model_dir / f"random-mask-{run.dataset}-{run.epsilon:g}-{run.seed}.pt"
         save_atomic(body, path, "ticket")
@@ -349,6 +359,12 @@ class Experiment:
         elif run.method == "dpsgd-public":
             ticket_path = self.winner(self.public_tickets(run, data), run, "best", dense_only=True)
             settings = self.train_settings(n, run.dataset, eps2=run.epsilon, rewind="public")
+        elif run.method == "dpsgd-rewind":
+            step = int(self.spec["generate"].get("rewind_step", 0))
+            if not step:
+                raise DpltmUserError("dpsgd-rewind starts from θ_K: give the profile generate.rewind_step K ≥ 1")
+            ticket_path = self.winner(self.public_tickets(run, data), run, "best", dense_only=True)
+            settings = self.train_settings(n, run.dataset, eps2=run.epsilon, rewind=str(step))
         elif run.method in ("dpltm-same", "random-ticket"):
             tickets = self.tickets(run.dataset, run.split, None)
             ticket_path = self.winner(tickets, run, "exponential" if run.method == "dpltm-same" else "random")
@@ -362,7 +378,7 @@ class Experiment:
             else:
                 ticket_path, settings = self.noise_aware_winner(tickets, run, settings, n)
             if run.method == "random-mask":
-                ticket_path = self.random_mask(ticket_path, run, tickets if settings.rewind == "public" else None)
+                ticket_path = self.random_mask(ticket_path, run, tickets if settings.rewind != "init" else None)
         elif run.method == "dpltm-private":
             recipe = self.train_settings(n, run.dataset, eps2=run.epsilon)
             ticket_path, settings = self.private_ticket(run, data, recipe)

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 KIND = "tickets"
 TICKET_SET_KEYS = ("dpltm_version", "config", "config_hash", "architecture", "prune_rates", "seed", "data",
-                   "theta0", "privacy", "tickets", "next_masks", "complete", "stop_reason", "wall_seconds",
-                   "selection_draws")
+                   "theta0", "privacy", "tickets", "rewind_point", "next_masks", "complete", "stop_reason",
+                   "wall_seconds", "selection_draws")
 """The keys of a ticket set's body besides the header, in the order `dpltm generate` writes them."""
 PHASE1_KEYS = ("phase1", "dp_event")
 """Phase 1's stored record: its kind and its DpEvent. Where it ran is the set's `data` record."""
@@ -139,6 +139,20 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
         raise damaged(path, kind, f"'{where}.{acting}' is non-zero where the mask prunes it")
 
 
+def check_rewind_point(point: Mapping[str, Any], reference: Mapping[str, Any], where: str, kind: str,
+                       path: Path | str) -> int:
+    """A late-rewinding point, {"step": K ≥ 1, "weights": θ_K with θ0's keys, shapes and floating dtypes}; its K."""
+    from dpltm.checkpoint_body import check_tensors
+
+    check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
+    step = typed(point, "step", (int,), f"{where}.", path, kind)
+    if isinstance(step, bool) or step < 1:
+        raise damaged(path, kind, f"'{where}.step' must be a step ≥ 1 of public training, got {step!r}")
+    weights = typed(point, "weights", (dict,), f"{where}.", path, kind)
+    check_tensors(weights, reference, f"{where}.weights", kind, path, check_dtype=True)
+    return int(step)
+
+
 def check_phase1(privacy: Mapping[str, Any], path: Path | str, kind: str) -> dict[str, Any]:
     """Phase 1's record checked, without the copies older files kept (`PHASE1_COPIES`)."""
     check_unknown(privacy, (*PHASE1_KEYS, *PHASE1_COPIES), "'privacy'", path, kind)
@@ -184,6 +198,9 @@ class TicketSet:
     selection_draws: tuple[float, ...] | None = None
     environment: dict[str, Any] | None = None
     """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
+    rewind_point: dict[str, Any] | None = None
+    """Late rewinding (`generate --rewind-step K`): {"step": K, "weights": θ_K}, the dense network's weights
+    after K steps of public training, where every round after the first started; None: rounds rewound to θ0."""
 
     # ---- computed facts -------------------------------------------------------------------
 
@@ -233,7 +250,8 @@ class TicketSet:
             "dpltm_version": self.dpltm_version, "config": self.config, "config_hash": self.config_hash,
             "architecture": self.architecture, "prune_rates": self.prune_rates, "seed": self.seed,
             "data": self.data, "theta0": self.theta0, "privacy": self.privacy,
-            "tickets": [t.to_dict() for t in self.tickets], "next_masks": self.next_masks,
+            "tickets": [t.to_dict() for t in self.tickets], "rewind_point": self.rewind_point,
+            "next_masks": self.next_masks,
             "complete": self.complete, "stop_reason": self.stop_reason, "wall_seconds": self.wall_seconds,
         }
         if self.environment is not None:  # where a rewrite keeps it: before the draws select appends
@@ -290,7 +308,14 @@ class TicketSet:
                 check_trained(ticket.trained, ticket.masks, arch, f"tickets[{i}].trained", KIND, path)
         if optional["next_masks"] is not None:
             check_tensors(optional["next_masks"], masks, "next_masks", KIND, path, check_dtype=False)
+        rewind_point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
+        step = (None if rewind_point is None
+                else check_rewind_point(rewind_point, reference_theta0(arch), "rewind_point", KIND, path))
+        generate = config.get("generate")
+        configured = generate.get("rewind_step", 0) if isinstance(generate, dict) else 0
+        if (step or 0) != configured:  # round 0, the first record, keeps θ_K: the two agree in every written file
+            raise _damaged(path, f"'rewind_point' holds step {step or 0}, its config rewinds to step {configured!r}")
         return cls(architecture=architecture, theta0=theta0, tickets=tickets, data=data, config=config,
                    privacy=privacy, seed=seed, complete=complete, prune_rates=prune_rates,
-                   selection_draws=None if draws is None else tuple(draws), **optional)
+                   selection_draws=None if draws is None else tuple(draws), rewind_point=rewind_point, **optional)
 

@@ -7,7 +7,8 @@ Two writers make it: `dpltm select` (a winner drawn from a ticket set by a selec
 holds θ0, the mask and its C, where it came from, and the events that touched data; readers ask the
 computed properties (`dp_event`, `is_private_ticket`, `dataset`, …) rather than the dict. A winner
 selected from a ticket set that kept its rounds' trained weights also holds the chosen round's
-(`public_weights`), where `dpltm train --rewind public` starts.
+(`public_weights`), where `dpltm train --rewind public` starts; one selected from a set made with late
+rewinding also holds θ_K under its mask (`rewind_point`), where `dpltm train --rewind K` starts.
 
 `Winner.to_dict()` is the checkpoint body, in the layout both writers have always written;
 `Winner.from_dict(body, path)` checks every field and refuses a damaged file in one line naming the
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.fields import HEADER_KEYS, check_header, check_unknown, damaged, mapping_of, number_list, typed
-from dpltm.artefacts.ticket_set import check_phase1, check_trained, parse_event, phase1_view
+from dpltm.artefacts.ticket_set import check_phase1, check_rewind_point, check_trained, parse_event, phase1_view
 from dpltm.checkpoint_format import FORMAT_VERSION
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ KIND = "ticket"
 PRIVATE_METHOD = "private"
 """`selection.method` of a private ticket (`generate --private`): made, not selected."""
 WINNER_KEYS = ("dpltm_version", "architecture", "theta0", "masks", "density", "layer_density", "round",
-               "val_accuracy", "source", "privacy", "selection", "private_ticket", "public_weights")
+               "val_accuracy", "source", "privacy", "selection", "private_ticket", "public_weights",
+               "rewind_point")
 """The keys of a winner's body besides the header, in the order the writers write them."""
 PRIVATE_PRIVACY_KEYS = ("phase1",)
 """A private ticket's stored privacy record: phase 1's kind; its ε and statement are computed from the
@@ -87,6 +89,9 @@ class Winner:
     public_weights: dict[str, torch.Tensor] | None = None
     """The chosen ticket's weights at the end of its public training round (θ0's keys, zero where the mask
     prunes): `train --rewind public` starts from them. None for a private ticket and in older files."""
+    rewind_point: dict[str, Any] | None = None
+    """{"step": K, "weights": θ_K under the mask}: the dense network's weights K steps into public training, where
+    the set's rounds rewound to (late rewinding) and `train --rewind K` starts. None: rounds rewound to θ0."""
 
     # ---- computed facts -------------------------------------------------------------------
 
@@ -179,6 +184,8 @@ class Winner:
             body["private_ticket"] = self.private_ticket
         if self.public_weights is not None:
             body["public_weights"] = self.public_weights
+        if self.rewind_point is not None:
+            body["rewind_point"] = self.rewind_point
         if self.environment is not None:
             body["environment"] = self.environment
         return body
@@ -225,8 +232,10 @@ class Winner:
             parse_event(selection["dp_event"], "selection.dp_event", path, KIND)
         private_ticket = _typed(body, "private_ticket", (dict,), "", path, optional=method != PRIVATE_METHOD)
         public_weights = _typed(body, "public_weights", (dict,), "", path, optional=True)
-        if method == PRIVATE_METHOD and public_weights is not None:
-            raise _damaged(path, "a private ticket holds 'public_weights' (it was made on private data)")
+        rewind_point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
+        for key, held in (("public_weights", public_weights), ("rewind_point", rewind_point)):
+            if method == PRIVATE_METHOD and held is not None:
+                raise _damaged(path, f"a private ticket holds '{key}' (it was made on private data)")
         if method == PRIVATE_METHOD:
             _check_private(privacy, private_ticket, path)
             privacy = {k: v for k, v in privacy.items() if k not in STORED_COPIES}
@@ -240,10 +249,14 @@ class Winner:
         _check_copies(density, layer_density, masks, selection, path)
         if public_weights is not None:
             check_trained(public_weights, masks, arch, "public_weights", KIND, path)
+        if rewind_point is not None:
+            check_rewind_point(rewind_point, reference_theta0(arch), "rewind_point", KIND, path)
+            check_trained(rewind_point["weights"], masks, arch, "rewind_point.weights", KIND, path)
         return cls(architecture=architecture, theta0=theta0, masks=masks, density=density,
                    layer_density=layer_density, round=round_, val_accuracy=val_accuracy,  # type: ignore[arg-type]
                    source=source, privacy=privacy, selection=selection, private_ticket=private_ticket,
-                   dpltm_version=version_text, environment=environment, public_weights=public_weights)
+                   dpltm_version=version_text, environment=environment, public_weights=public_weights,
+                   rewind_point=rewind_point)
 
 
 def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: Path | str) -> None:

@@ -89,10 +89,11 @@ class PlannedRun:
     """The planned run's EMA decay: candidates are then compared by their averaged weights, as
     the private run will release them (the average starts at the first iterate, as there)."""
     start: str = "init"
-    """Where the planned run's weights start (`train --rewind`): θ0, or each ticket's public-trained weights,
-    so each candidate is simulated from the start it would get."""
+    """Where the planned run's weights start (`train --rewind`): θ0, each ticket's public-trained weights, or
+    (a step K) the set's iterate K of public training under each mask, so each candidate is simulated from the
+    start it would get."""
     output_layer: str = "reinit"
-    """With `start="public"`: θ0's output layer (`reinit`) or the public one (`keep`)."""
+    """With a public start (`public` or K): θ0's output layer (`reinit`) or the public one (`keep`)."""
     freeze: tuple[str, ...] = ()
     """Layers the planned run holds at their start weights (`train --freeze`): held in every candidate too."""
     private_size: int | None = None
@@ -160,14 +161,16 @@ class Variant:
 
 
 def searched_trainings(plan: PlannedRun, search: tuple[str, ...], first_layer: str | None,
-                       ) -> list[tuple[str, tuple[str, ...]]]:
+                       rewind_step: int | None = None) -> list[tuple[str, tuple[str, ...]]]:
     """The (start, frozen layers) each ticket is trained under: the plan's first, then with `start` the other
-    start, with `freeze` the first layer's freezing toggled at the public start (a layer held at its public
+    starts (θ0, θ_K where the set was made with late rewinding to `rewind_step` K, the public-trained weights),
+    with `freeze` the first layer's freezing toggled at the public start (a layer held at its public
     weights, Adamczewski & Park 2023). No frozen variant when the first layer is the only one (nothing would
     train: `first_layer` None), nor when the start is fixed at θ0 (a layer frozen at random weights)."""
     trainings = [(plan.start, tuple(plan.freeze))]
     if "start" in search:
-        trainings.append(("public" if plan.start == "init" else "init", tuple(plan.freeze)))
+        starts = ("init", *((str(rewind_step),) if rewind_step else ()), "public")
+        trainings += [(start, tuple(plan.freeze)) for start in starts if start != plan.start]
     if "freeze" in search and first_layer is not None and ("start" in search or plan.start == "public"):
         toggled = (tuple(layer for layer in plan.freeze if layer != first_layer) if first_layer in plan.freeze
                    else (first_layer, *plan.freeze))
@@ -252,8 +255,8 @@ def candidate_models(payload: dict[str, Any], device: torch.device, activation: 
                      start: str = "init", output_layer: str = "reinit",
                      freeze: tuple[str, ...] = ()) -> tuple[list[torch.nn.Module], list[Masks]]:
     """Every ticket of a ticket set as a network at its planned start and its mask (round 0 is the dense
-    one): θ0, or (`start="public"`) the weights its public IMP round ended with, as `train --rewind`
-    would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
+    one): θ0, (`start="public"`) the weights its public IMP round ended with, or (a step K) the set's θ_K, as
+    `train --rewind` would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
     differs from the tickets' own."""
     built = [candidate_model(payload, ticket, device, activation, start, output_layer, freeze)
              for ticket in payload["tickets"]]
@@ -268,7 +271,7 @@ def candidate_model(payload: dict[str, Any], ticket: dict[str, Any], device: tor
     if activation is not None:
         arch = replace(arch, activation=activation)
     as_winner = {"theta0": payload["theta0"], "public_weights": ticket.get("trained"),
-                 "architecture": payload["architecture"]}
+                 "rewind_point": payload.get("rewind_point"), "architecture": payload["architecture"]}
     weights = start_weights(as_winner, start, output_layer, arch.num_classes)
     model = build_network(arch).to(device)
     masks = rewind(model, weights, ticket_masks(ticket))
@@ -282,7 +285,8 @@ def _searched_models(payload: dict[str, Any], plan: PlannedRun, search: tuple[st
     variant is left out where the ticket has no public weights (an older ticket set) and where it would
     train exactly as one before it (e.g. a public start whose only trained layer is re-initialised)."""
     arch = Architecture.from_dict(payload["architecture"])
-    trainings = searched_trainings(plan, search, freezable_first_layer(arch))
+    point = payload.get("rewind_point")
+    trainings = searched_trainings(plan, search, freezable_first_layer(arch), point and int(point["step"]))
     models, masks, rows = [], [], []
     for k, ticket in enumerate(payload["tickets"]):
         seen: list[tuple[dict[str, torch.Tensor], tuple[str, ...]]] = []
@@ -290,7 +294,7 @@ def _searched_models(payload: dict[str, Any], plan: PlannedRun, search: tuple[st
             if j and start == "public" and ticket.get("trained") is None:
                 continue
             model, ms, weights = candidate_model(payload, ticket, device, plan.activation, start,
-                                                 plan.output_layer if start == "public" else "reinit", freeze)
+                                                 plan.output_layer if start != "init" else "reinit", freeze)
             if any(frozen == freeze and weights.keys() == w.keys() and all(torch.equal(weights[n], w[n]) for n in w)
                    for w, frozen in seen):
                 continue

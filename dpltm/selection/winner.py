@@ -18,7 +18,7 @@ import numpy as np
 
 from dpltm import __version__
 from dpltm.checkpoint import load_ticket_set
-from dpltm.config import SEARCH_FIXED_BY
+from dpltm.config import SEARCH_FIXED_BY, late_rewind_step
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
@@ -158,7 +158,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
         if freezable_first_layer(Architecture.from_dict(payload["architecture"])) is None:
             err_console.print("note: --search freeze: the network has one trained layer, nothing to freeze",
                               markup=False, highlight=False)
-        elif "start" not in search and s.rewind != "public":
+        elif "start" not in search and s.rewind == "init":
             err_console.print("note: --search freeze: the start is fixed at θ0, and a layer frozen there would hold "
                               "random weights: no frozen variant", markup=False, highlight=False)
     if search:
@@ -181,7 +181,7 @@ def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
     only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the --config file and
     flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged record is
     refused in one line."""
-    from dpltm.config import OUTPUT_LAYERS, SEARCHABLE, TICKET_STARTS
+    from dpltm.config import OUTPUT_LAYERS, SEARCHABLE
 
     selection = (winner or {}).get("selection")
     choice = selection.get("noise_aware") if isinstance(selection, dict) else None
@@ -192,7 +192,7 @@ def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
     ema = chosen.get("ema") if isinstance(chosen, dict) else None
     sound = (isinstance(chosen, dict) and set(chosen) == {"start", "freeze", "ema", "ema_warmup", "output_layer"}
              and isinstance(searched, list) and bool(searched) and set(searched) <= set(SEARCHABLE)
-             and chosen["start"] in TICKET_STARTS and chosen["output_layer"] in OUTPUT_LAYERS
+             and _is_start(chosen["start"]) and chosen["output_layer"] in OUTPUT_LAYERS
              and isinstance(chosen["freeze"], (list, tuple)) and all(isinstance(n, str) and n for n in chosen["freeze"])
              and (ema is None or (isinstance(ema, float) and 0.0 < ema < 1.0))
              and isinstance(chosen["ema_warmup"], bool) and not (chosen["ema_warmup"] and ema is None))
@@ -205,11 +205,32 @@ def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"train": {key: values[key] for key in values if key in keys}}
 
 
+def _is_start(start: Any) -> bool:
+    """Whether a recorded start is one `train --rewind` takes (init, public or a step K), as a string."""
+    try:
+        late_rewind_step(start)
+    except DpltmUserError:
+        return False
+    return isinstance(start, str)
+
+
+def masked_weights(weights: dict[str, Any], masks: dict[str, Any]) -> dict[str, Any]:
+    """`weights` with each masked parameter zeroed where its mask prunes (the others as they are)."""
+    return {k: v * masks[k].to(v.dtype) if k in masks else v.clone() for k, v in weights.items()}
+
+
+def describe_start(start: str) -> str:
+    """Where a start (`train --rewind`) takes a ticket's weights from, in words."""
+    if start == "public":
+        return "its public-trained weights"
+    return "θ0" if start == "init" else f"iterate {start} of public training (late rewinding)"
+
+
 def describe_variant(train: dict[str, Any]) -> str:
     """A variant's `train:` settings (those given) in words."""
     parts = []
     if "rewind" in train:
-        parts.append("start from " + ("its public-trained weights" if train["rewind"] == "public" else "θ0"))
+        parts.append("start from " + describe_start(train["rewind"]))
     if "freeze" in train:
         parts.append(f"{', '.join(train['freeze'])} frozen" if train["freeze"] else "no layer frozen")
     if "ema" in train:
@@ -283,6 +304,9 @@ def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, 
     }
     if ticket.get("trained") is not None:  # the round's trained weights (older ticket sets kept none)
         body["public_weights"] = ticket["trained"]
+    point = payload.get("rewind_point")
+    if point is not None:  # late rewinding: θ_K under this ticket's mask, where `train --rewind K` starts
+        body["rewind_point"] = {"step": point["step"], "weights": masked_weights(point["weights"], ticket["masks"])}
     clash = sorted(set(record) & set(body["selection"]) - {"noise_aware"})
     if clash:  # a rule's record must never overwrite what the ledger and the statement read
         raise ValueError(f"the {method} rule's record would overwrite the winner file's {clash}")

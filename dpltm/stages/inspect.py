@@ -61,7 +61,8 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
                    "selection": winner.selection, "source": winner.source_data, "privacy": winner.privacy_view,
                    "architecture": winner.architecture, "dpltm_version": winner.dpltm_version,
                    "environment": winner.environment,
-                   "public_weights": winner.public_weights is not None}  # can `train --rewind public` start here
+                   "public_weights": winner.public_weights is not None,  # can `train --rewind public` start here
+                   "rewind_step": None if winner.rewind_point is None else winner.rewind_point["step"]}  # --rewind K
     elif not isinstance(artefact, TrainedModel):  # a library run's checked body
         summary = run_summary(artefact)
     else:

@@ -90,6 +90,7 @@ class GenerateRequest(CommandRequest):
     project_to: int | None = None
     activation: str | None = None
     controls: bool | None = None
+    rewind_step: int | None = None
     val_fraction: float | None = None
     seed: int | None = None
     private: bool = False
@@ -118,7 +119,7 @@ class GenerateRequest(CommandRequest):
     def _private_settings(self) -> dict[str, Any]:
         imp_only = {"--iterations": self.iterations, "--prune-rates": self.prune_rates,
                     "--min-density": self.min_density, "--controls": self.controls,
-                    "--cuda-graphs": self.cuda_graphs or None}
+                    "--rewind-step": self.rewind_step, "--cuda-graphs": self.cuda_graphs or None}
         if _given(imp_only):
             given = _given(imp_only)
             raise DpltmUserError(f"{', '.join(given)} {'belongs' if len(given) == 1 else 'belong'} to non-private IMP: "
@@ -146,7 +147,7 @@ class GenerateRequest(CommandRequest):
             "generate": {
                 "rounds": self.rounds, "iterations": self.iterations, "batch_size": self.batch_size, "lr": self.lr,
                 "prune_rates": floats_option(self.prune_rates, "--prune-rates"), "min_density": self.min_density,
-                "controls": self.controls,
+                "controls": self.controls, "rewind_step": self.rewind_step,
             },
             "seed": self.seed,
         }
@@ -350,8 +351,13 @@ class TrainRequest(_TrainingOptions):
                                  "would be ignored")
         if not self.dense and self.ticket is None:
             raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
-        if self.dense and (self.rewind == "public" or self.output_layer is not None):
-            raise DpltmUserError("--rewind public and --output-layer choose a ticket's start: drop them with --dense")
+        if self.rewind is not None:
+            from dpltm.config import late_rewind_step
+
+            late_rewind_step(self.rewind)  # a start train takes, before what it combines with
+        if self.dense and ((self.rewind is not None and self.rewind != "init") or self.output_layer is not None):
+            raise DpltmUserError(f"--rewind {self.rewind or 'public'} and --output-layer choose a ticket's start: drop "
+                                 "them with --dense")
         self._check_network()
 
     def settings(self) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
 
 def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.checkpoint import prepare_output
-    from dpltm.config import resolve_generate_config, resolve_select_config, resolve_train_config
+    from dpltm.config import late_rewind_step, resolve_generate_config, resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.data.loaders import DATASETS, SPECS
     from dpltm.devices import resolve_device
@@ -199,7 +199,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     train_cfg = resolve_train_config(train_cli, r.config)
     # the given generation options checked before any data is read (the recipe's own come once it is chosen)
     given_recipe = "paper" if r.recipe == "auto" else r.recipe
-    given_generation = generation_settings(r, given_recipe, project_to)
+    given_generation = generation_settings(r, given_recipe, project_to, late_rewind_step(train_cfg.train.rewind))
     check_recipe_carries(r, given_recipe, given_generation, project_to)
     resolve_generate_config(given_generation, r.config)
     select_cli = {"halving": r.halving, "search": run_search(r)}
@@ -220,7 +220,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features)
     train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter, r.arch)
-    gen_cli = generation_settings(r, train_cli["recipe"], project_to)
+    gen_cli = generation_settings(r, train_cli["recipe"], project_to,
+                                  late_rewind_step(resolve_train_config(train_cli, r.config).train.rewind))
     check_recipe_carries(r, train_cli["recipe"], gen_cli, project_to)
     check_graphs_take(r.cuda_graphs, gen_cli["model"].get("arch"))
     gen_cfg = resolve_generate_config(gen_cli, r.config)
@@ -311,10 +312,12 @@ def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: dict[str, Any], pr
                              "projection)")
 
 
-def generation_settings(r: RunRequest, recipe: str, project_to: int | None) -> dict[str, Any]:
+def generation_settings(r: RunRequest, recipe: str, project_to: int | None,
+                        rewind_step: int | None = None) -> dict[str, Any]:
     """The public tickets' settings tree: the given options, else the recipe's network (`model.arch`,
     `model.activation`) and IMP length (`generate.rounds`, `generate.iterations`; configs/recipes/), else the
-    config's."""
+    config's. `rewind_step` (the planned start `--rewind K`) makes them with late rewinding to step K, so the
+    winner holds the iterate training starts from."""
     from dpltm.config import recipe_tree
 
     tree = recipe_tree(recipe)
@@ -324,7 +327,8 @@ def generation_settings(r: RunRequest, recipe: str, project_to: int | None) -> d
     return {"data": {"dataset": r.public_dataset, "split": r.public_split},
             "model": model_cli(arch, None, project_to=project_to, activation=activation),
             "generate": {"rounds": r.rounds if r.rounds is not None else imp.get("rounds"),
-                         "iterations": r.iterations if r.iterations is not None else imp.get("iterations")},
+                         "iterations": r.iterations if r.iterations is not None else imp.get("iterations"),
+                         **({"rewind_step": rewind_step} if rewind_step is not None else {})},
             "seed": r.seed}
 
 
@@ -334,8 +338,8 @@ def check_planned_start(planned: TrainConfig, private_classes: int, public_class
     layer needs a public start, as many classes, and no input projection (which builds a new output layer)."""
     if planned.train.output_layer != "keep":
         return
-    if planned.train.rewind != "public":
-        raise DpltmUserError("--output-layer keep applies with --rewind public (from θ0 every layer is θ0's)")
+    if planned.train.rewind == "init":
+        raise DpltmUserError("--output-layer keep applies with --rewind public or K (from θ0 every layer is θ0's)")
     if private_classes != public_classes or project_to is not None:
         projection = ", an input projection" if project_to is not None else ""
         raise DpltmUserError(f"--output-layer keep: the public tickets' output layer cannot carry over "
@@ -377,9 +381,9 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
                  "recipe": chosen}
     # the whole plan checked against the data before the first line of work (σ, L < N, the density)
     planned = resolve_train_config(train_cli, r.config)
-    if planned.train.rewind == "public":  # e.g. from a --config file
-        raise DpltmUserError("train.rewind public starts from public-trained weights: a private ticket has none "
-                             "(its start is private_ticket.rewind)")
+    if planned.train.rewind != "init":  # e.g. from a --config file
+        raise DpltmUserError(f"train.rewind {planned.train.rewind} starts from weights of public training: a private "
+                             "ticket has none (its start is private_ticket.rewind)")
     plan_private_ticket(planned, len(pool.train))
     layer_keep_fractions(ticket_architecture(planned, pool), planned.private_ticket.density)
     err_console.print(f"[bold]1/2[/bold] private ticket on {r.dataset}: {rounds} × {warmup} DP warm-up epochs, "

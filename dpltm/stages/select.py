@@ -77,7 +77,7 @@ def _print_variants(choice: dict[str, Any], ticket_set: TicketSet, rule: Selecti
                         and c["ema_warmup"] == chosen.get("ema_warmup")) else ""
         steps = max(x.get("steps", 0) for x in candidates)
         stopped = f" (step {c['steps']})" if c.get("steps", 0) < steps else ""
-        table.add_row(str(c["round"]), f"{c['density']:.4f}", "public" if c["start"] == "public" else "θ0",
+        table.add_row(str(c["round"]), f"{c['density']:.4f}", start_label(c["start"]),
                       ",".join(c["freeze"]) or "–", released, f"{c['public_val_accuracy']:.4f}{stopped}",
                       ("–" if i == 0 else f"{c['gain_over_dense']:+.4f} ± {2 * c['gain_standard_error']:.4f}") + mark)
     err_console.print(table)
@@ -87,6 +87,11 @@ def _print_variants(choice: dict[str, Any], ticket_set: TicketSet, rule: Selecti
         err_console.print(f"chosen variant: {describe_variant({'rewind': chosen['start'], **chosen})}; `train` runs "
                           "the winner so unless the --config file or flags say otherwise", markup=False,
                           highlight=False)
+
+
+def start_label(start: str) -> str:
+    """A candidate's start in the variants table: public, θ0, or θ_K (late rewinding)."""
+    return {"public": "public", "init": "θ0"}.get(start, f"θ_{start}")
 
 
 def same_data_note(data: dict[str, Any]) -> str:

@@ -3,9 +3,12 @@
 Frankle & Carbin (2019); DPLTM paper Alg. 1 phase 1. Round k trains the network with mask
 m_k from θ0 for I iterations, records its validation accuracy A_k, density C_k and the trained
 weights, prunes the smallest surviving weights of each layer to get m_{k+1}, and rewinds to θ0.
-Round 0 is the dense network. The trained weights (zero where m_k prunes) are what `dpltm train
---rewind public` starts from: on public data they are public, and they carry the round's training
-instead of throwing it away.
+Round 0 is the dense network. With late rewinding (`generate --rewind-step K`, Frankle et al. 2020,
+"Linear mode connectivity and the lottery ticket hypothesis", §5) the rounds after the first rewind
+instead to θ_K, the dense network's weights after K steps of round 0, and train the remaining I − K
+steps; the ticket set keeps θ_K (`rewind_point`), where `dpltm train --rewind K` starts. The trained
+weights (zero where m_k prunes) are what `dpltm train --rewind public` starts from: on public data they
+are public, and they carry the round's training instead of throwing it away.
 
 This phase sees its data without any privacy. The ticket file says so: tickets generated on
 the data later trained with DP make that training not end-to-end DP (docs/privacy.md §1).
@@ -95,6 +98,7 @@ def _new_payload(cfg: GenerateConfig, data: DatasetSplits, arch: Architecture,
             "dp_event": {"type": "NonPrivateDpEvent"},  # where it ran is `data`; TicketSet.privacy_view
         },
         "tickets": [],
+        "rewind_point": None,
         "next_masks": None,
         "complete": False,
         "stop_reason": None,
@@ -154,9 +158,12 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
         if k > 0 and density(masks) < g.min_density:
             payload["stop_reason"] = f"density {density(masks):.4f} below --min-density {g.min_density}"
             break
-        record = _run_round(model, theta0, masks, data, cfg, k, progress, cuda_graphs)
+        record, snapshot = _run_round(model, rewind_weights(payload), masks, data, cfg, k, progress, cuda_graphs)
+        if snapshot is not None:  # round 0 of late rewinding: θ_K, where every later round starts
+            payload["rewind_point"] = {"step": g.rewind_step, "weights": snapshot}
         if g.controls and k > 0:
-            record["controls"] = _run_controls(arch, theta0, masks, data, cfg, k, device, cuda_graphs, progress)
+            record["controls"] = _run_controls(arch, rewind_weights(payload), masks, data, cfg, k, device,
+                                               cuda_graphs, progress)
         new_masks = prune_layerwise(prunable_weights(model), masks, rates)
         record["next_density"] = density(new_masks)
         state.tickets.append(record)
@@ -175,22 +182,37 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
     return payload
 
 
+def rewind_weights(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Where a round starts: θ_K once round 0 has kept it (late rewinding), else θ0."""
+    point = payload.get("rewind_point")
+    return payload["theta0"] if point is None else point["weights"]  # type: ignore[no-any-return]
+
+
+def round_steps(g: Any, k: int) -> int:
+    """SGD steps of round k: I for round 0, which starts at θ0; the I − K that remain after θ_K for a later
+    round of late rewinding (Frankle et al. 2020 train the rewound network for the rest of training)."""
+    return g.iterations if k == 0 else g.iterations - g.rewind_step
+
+
 def _weight_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
     return {f"{n}.weight": s for n, s in arch.layer_shapes().items()}
 
 
-def _run_round(model: torch.nn.Module, theta0: dict[str, torch.Tensor], masks: Masks,
+def _run_round(model: torch.nn.Module, start: dict[str, torch.Tensor], masks: Masks,
                data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool,
-               cuda_graphs: bool = False) -> dict[str, Any]:
+               cuda_graphs: bool = False) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """One round from `start` (θ0, or θ_K after round 0 of late rewinding): its ticket record, and for round 0
+    of late rewinding the weights after K steps (else None)."""
     from dpltm.training.plain import accuracy, train_classifier  # Lightning: only where tickets are made
 
     g = cfg.generate
-    installed = rewind(model, theta0, masks)
+    installed = rewind(model, start, masks)
     label = f"round {k}/{g.rounds} C={density(masks):.3f}"
     result = train_classifier(
-        model, data.train, masks=installed, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
+        model, data.train, masks=installed, steps=round_steps(g, k), batch_size=g.batch_size, lr=g.lr,
         seed=round_seed(cfg.seed, k), log_every=g.log_every,
         progress_label=label if progress else None, cuda_graphs=cuda_graphs,
+        snapshot_at=g.rewind_step if k == 0 and g.rewind_step else None,
     )
     return {
         "round": k,
@@ -201,7 +223,7 @@ def _run_round(model: torch.nn.Module, theta0: dict[str, torch.Tensor], masks: M
         "loss_curve": result.losses,
         "loss_every": g.log_every,
         "trained": trained_weights(model),
-    }
+    }, result.snapshot
 
 
 def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -213,7 +235,8 @@ def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Masks,
                   data: DatasetSplits, cfg: GenerateConfig, k: int,
                   device: torch.device, cuda_graphs: bool = False, progress: bool = False) -> dict[str, Any]:
-    """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density."""
+    """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density at the rounds'
+    start (`theta0`: θ0, or θ_K with late rewinding), each trained as long as the round."""
     from dpltm.training.plain import accuracy, train_classifier
 
     g = cfg.generate
@@ -224,7 +247,7 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     rand = build_network(arch).to(device)
     rand_masks = rewind(rand, theta0, random_mask)
     for name, net, net_masks in (("reinit", reinit, reinit_masks), ("random_mask", rand, rand_masks)):
-        train_classifier(net, data.train, masks=net_masks, steps=g.iterations, batch_size=g.batch_size, lr=g.lr,
+        train_classifier(net, data.train, masks=net_masks, steps=round_steps(g, k), batch_size=g.batch_size, lr=g.lr,
                          seed=round_seed(cfg.seed, k), log_every=g.log_every, cuda_graphs=cuda_graphs,
                          progress_label=f"round {k}/{g.rounds} control {name}" if progress else None)
         out[name] = {"val_accuracy": accuracy(net, data.val)}

@@ -132,23 +132,25 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
 
 
 def check_start(start: str, output_layer: str, ticket: dict[str, Any] | None, origin: TicketOrigin) -> None:
-    """`--rewind public` starts from weights trained without privacy on the tickets' data. Trained on other,
-    public data they are public knowledge and add nothing to the ledger; trained on the private data itself
-    (same-data tickets) they would make the run not DP at all, beyond the mask's own leak, so they are
-    refused, as for a private ticket (made on the private data; its own start is `generate --private
-    --rewind`). One line each, before any work."""
-    if start != "public":
+    """`--rewind public` (and `--rewind K`, iterate K of public training) starts from weights trained without
+    privacy on the tickets' data. Trained on other, public data they are public knowledge and add nothing to the
+    ledger; trained on the private data itself (same-data tickets) they would make the run not DP at all, beyond
+    the mask's own leak, so they are refused, as for a private ticket (made on the private data; its own start is
+    `generate --private --rewind`). One line each, before any work."""
+    if start == "init":
         if output_layer == "keep":
-            raise DpltmUserError("--output-layer keep applies with --rewind public (from θ0 every layer is θ0's)")
+            raise DpltmUserError("--output-layer keep applies with --rewind public or K (from θ0 every layer is "
+                                 "θ0's)")
         return
+    what = "its public-trained weights" if start == "public" else f"its iterate {start} of public training"
     if ticket is None:
-        raise DpltmUserError("--rewind public starts a ticket from its public-trained weights: the dense network "
-                             "has none (give --ticket, or drop --rewind public)")
+        raise DpltmUserError(f"--rewind {start} starts a ticket from {what}: the dense network has none (give "
+                             f"--ticket, or drop --rewind {start})")
     if origin.phase1 == "private":
-        raise DpltmUserError("--rewind public is refused for a private ticket: it was made on the private data, "
+        raise DpltmUserError(f"--rewind {start} is refused for a private ticket: it was made on the private data, "
                              "not public data (its start is chosen when it is made: generate --private --rewind)")
     if origin.phase1 == "same-data":
-        raise DpltmUserError(f"--rewind public is refused: the tickets were trained without privacy on "
+        raise DpltmUserError(f"--rewind {start} is refused: the tickets were trained without privacy on "
                              f"{origin.phase1_dataset}, the private dataset, so starting from their weights is not "
                              "DP; use tickets from other (public) data, or --rewind init")
 
@@ -209,7 +211,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch,
                                          s.rewind, s.output_layer)
     override = transfer.get("activation_override")
-    if override and s.rewind == "public" and main:  # recorded in the checkpoint too (transfer)
+    if override and s.rewind != "init" and main:  # recorded in the checkpoint too (transfer)
         from dpltm.console import err_console
 
         err_console.print(f"warning: the ticket's public weights were trained with {override['ticket']}; training "

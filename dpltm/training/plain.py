@@ -42,7 +42,7 @@ class ClassifierModule(L.LightningModule):
     """
 
     def __init__(self, model: torch.nn.Module, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
-                 batch_size: int = 0, masks: Masks | None = None) -> None:
+                 batch_size: int = 0, masks: Masks | None = None, snapshot_at: int | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
@@ -54,6 +54,9 @@ class ClassifierModule(L.LightningModule):
         self.graphed_on, self.batch_size = graphed_on, batch_size
         """With data: batches come as blocks of indices into it, each step replayed from a CUDA graph."""
         self.graphed: GraphedSgdStep | None = None
+        self.snapshot_at = snapshot_at
+        """A step count: the weights right after that many steps are kept in `snapshot` (late rewinding)."""
+        self.snapshot: dict[str, Tensor] | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -62,7 +65,8 @@ class ClassifierModule(L.LightningModule):
         if self.graphed is not None:  # a block of steps; each replay writes its loss into step_losses
             for row in batch:
                 self.graphed.step(row)
-            self.steps_done += len(batch)
+                self.steps_done += 1
+                self._keep_snapshot()
             return
         x, y = batch
         optimizer = self._optimizer
@@ -73,6 +77,11 @@ class ClassifierModule(L.LightningModule):
         self.keep_pruned()  # type: ignore[misc]
         self.step_losses[batch_idx] = loss.detach()
         self.steps_done = batch_idx + 1
+        self._keep_snapshot()
+
+    def _keep_snapshot(self) -> None:
+        if self.steps_done == self.snapshot_at:
+            self.snapshot = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def on_train_start(self) -> None:
         optimizer = self.optimizers()
@@ -177,6 +186,8 @@ def quiet_lightning() -> Iterator[None]:
 class TrainResult:
     losses: list[float]
     """Mean training loss over each block of `log_every` steps."""
+    snapshot: dict[str, Tensor] | None = None
+    """The weights after `snapshot_at` steps (None when none was asked for)."""
 
 
 def lightning_trainer(device: torch.device, distribution: Distribution | None = None, **kwargs: Any) -> L.Trainer:
@@ -219,16 +230,21 @@ GRAPH_BLOCK_STEPS = 500
 
 def train_classifier(model: torch.nn.Module, data: LabeledTensors, *, steps: int, batch_size: int,
                      lr: float, seed: int, log_every: int = 100, masks: Masks | None = None,
-                     progress_label: str | None = None, cuda_graphs: bool = False) -> TrainResult:
+                     progress_label: str | None = None, cuda_graphs: bool = False,
+                     snapshot_at: int | None = None) -> TrainResult:
     """Train `model` in place for `steps` SGD steps on device-resident `data` (with `cuda_graphs`,
     each step replayed from a CUDA graph: the same batches, the same updates). `masks` (the ticket,
-    already installed by `apply_masks_`) keep their pruned weights at zero; None trains every weight."""
+    already installed by `apply_masks_`) keep their pruned weights at zero; None trains every weight.
+    `snapshot_at` (1 ≤ k ≤ steps) also returns the weights after k steps (CPU copies), the iterate late
+    rewinding goes back to."""
+    if snapshot_at is not None and not 1 <= snapshot_at <= steps:
+        raise ValueError(f"snapshot_at must lie in [1, {steps}], got {snapshot_at}")
     device = data.labels.device
     if cuda_graphs and device.type != "cuda":
         raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
     shuffled = ShuffledBatches(data, batch_size, steps, seed)
     module = ClassifierModule(model, lr, steps, graphed_on=data if cuda_graphs else None,
-                              batch_size=shuffled.batch_size, masks=masks)
+                              batch_size=shuffled.batch_size, masks=masks, snapshot_at=snapshot_at)
     batches = torch.utils.data.DataLoader(
         BlocksOfIndices(shuffled, GRAPH_BLOCK_STEPS) if cuda_graphs else shuffled, batch_size=None, num_workers=0
     )
@@ -246,7 +262,7 @@ def train_classifier(model: torch.nn.Module, data: LabeledTensors, *, steps: int
         raise RuntimeError(f"training ran {module.steps_done} steps, expected {steps}")
     losses = module.step_losses.cpu()
     blocks = [losses[i : i + log_every].mean().item() for i in range(0, steps, log_every)]
-    return TrainResult(losses=blocks)
+    return TrainResult(losses=blocks, snapshot=module.snapshot)
 
 
 @torch.no_grad()

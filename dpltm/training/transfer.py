@@ -12,10 +12,12 @@ the two differ (so the dense baseline and the ticket train with the same network
 
 Where the weights start (`start`, `train --rewind`): θ0 (`init`, the paper's), or the weights the
 ticket's public IMP round ended with (`public`, the winner's `public_weights`), so the public
-training is not thrown away. The public weights' output layer was trained for the public data's
-classes, which are not the private data's even when their number agrees (KMNIST's ten characters
-are not MNIST's digits): `output_layer="reinit"` (the default) takes θ0's output layer and the rest
-public, `keep` keeps the public one (refused when the class count differs). A cross-architecture
+training is not thrown away, or (`K`, a step number) θ_K, the dense network's weights K steps into public
+training, where a late-rewound ticket set's rounds started (the winner's `rewind_point`; Frankle et al. 2020).
+Both public starts' output layer was trained for the public data's classes, which are not the private
+data's even when their number agrees (KMNIST's ten characters are not MNIST's digits):
+`output_layer="reinit"` (the default) takes θ0's output layer and the rest public, `keep` keeps the public
+one (refused when the class count differs). A cross-architecture
 transfer builds a new output layer either way. The masks are applied after loading, so pruned
 weights are exactly zero whichever start. The transfer record says which start was used.
 """
@@ -27,22 +29,22 @@ from typing import Any
 
 import torch
 
-from dpltm.config import OUTPUT_LAYERS, TICKET_STARTS
+from dpltm.config import OUTPUT_LAYERS, late_rewind_step
 from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_network
 
 
 def start_weights(ticket: dict[str, Any], start: str, output_layer: str, num_classes: int) -> dict[str, torch.Tensor]:
-    """The weights training starts from: θ0 (`init`), or the ticket's public-trained weights (`public`) with
-    θ0's output layer (`reinit`) or their own (`keep`, only for as many classes as the ticket's)."""
-    if start not in TICKET_STARTS:
-        raise DpltmUserError(f"--rewind must be one of {', '.join(TICKET_STARTS)}, got {start!r}")
+    """The weights training starts from: θ0 (`init`), or the ticket's public-trained weights (`public`) or its
+    iterate K of public training (`K`), each with θ0's output layer (`reinit`) or their own (`keep`, only for
+    as many classes as the ticket's)."""
+    step = late_rewind_step(start)
     if output_layer not in OUTPUT_LAYERS:
         raise DpltmUserError(f"--output-layer must be one of {', '.join(OUTPUT_LAYERS)}, got {output_layer!r}")
     theta0: dict[str, torch.Tensor] = ticket["theta0"]
     if start == "init":  # every layer θ0's (`pipeline.check_start` refuses `keep` here for a run)
         return theta0
-    public = ticket.get("public_weights")
+    public = ticket.get("public_weights") if step is None else rewound_weights(ticket, step)
     if public is None:
         raise DpltmUserError("--rewind public: this ticket holds no public-trained weights (a winner selected from "
                              "a ticket set written before they were kept): generate and select again, or train "
@@ -55,6 +57,20 @@ def start_weights(ticket: dict[str, Any], start: str, output_layer: str, num_cla
         return dict(public)
     output = f"{arch.layer_names()[-1]}."
     return {k: theta0[k] if k.startswith(output) else v for k, v in public.items()}
+
+
+def rewound_weights(ticket: dict[str, Any], step: int) -> dict[str, torch.Tensor]:
+    """θ_K, the ticket's iterate `step` of public training (late rewinding), or a one-line refusal naming what
+    the ticket holds."""
+    point = ticket.get("rewind_point")
+    if point is None:
+        raise DpltmUserError(f"--rewind {step}: this ticket holds no iterate of public training (its tickets "
+                             "rewound to θ0); make them with generate --rewind-step K, or train with --rewind init "
+                             "or public")
+    if int(point["step"]) != step:
+        raise DpltmUserError(f"--rewind {step}: this ticket holds iterate {point['step']} of public training "
+                             f"(generate --rewind-step {point['step']}); use --rewind {point['step']}, init or public")
+    return point["weights"]  # type: ignore[no-any-return]
 
 
 def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: int,
@@ -78,7 +94,7 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
         raise DpltmUserError(f"a ticket of this network transfers only to data of its own shape ({arch.in_features} "
                              f"pixels, {arch.num_classes} classes); this data has {num_features} features and "
                              f"{num_classes} classes")
-    if output_layer == "keep" and start == "public":
+    if output_layer == "keep" and start != "init":
         raise DpltmUserError("--output-layer keep: a cross-architecture transfer builds a new output layer (the data's "
                              "input size differs from the ticket's); use --output-layer reinit")
     first_in = arch.project_to if arch.project_to is not None else arch.in_features

@@ -154,7 +154,7 @@ def test_bad_combinations_are_one_line(public_winner: Path, data_root: Path, tmp
     config = tmp_path / "c.yaml"
     for extra, fragment, files in (
         (("--output-layer", "keep"), "--output-layer keep applies with --rewind public", None),
-        (("--config", str(config)), "--rewind must be one of init, public, got warmup", "train: {rewind: warmup}\n"),
+        (("--config", str(config)), "--rewind must be init, public or a step K ≥ 1", "train: {rewind: warmup}\n"),
         (("--config", str(config)), "train.output_layer=1 is not a valid string", "train: {output_layer: 1}\n"),
     ):
         if files is not None:

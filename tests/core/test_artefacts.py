@@ -118,7 +118,7 @@ def test_the_file_holds_the_privacy_record_once(tmp_path: Path) -> None:
     save_atomic(_trained().to_dict(), path, "model")
     body = torch.load(path, weights_only=True)
     assert set(body) == {"format", "kind", "format_version", "environment", *MODEL_KEYS}
-    assert body["format_version"] == FORMAT_VERSION == 3
+    assert body["format_version"] == FORMAT_VERSION == 4
     assert set(body["privacy"]) == set(PRIVACY_KEYS) == {"ledger", "caveats", "adaptive_stop"}
     computed = {"epsilon", "epsilon_dp_part", "epsilon_scope", "overall_epsilon", "statement", "warning",
                 "composition", "end_to_end_dp", "bounds", "report"}
@@ -204,5 +204,5 @@ def test_a_format_2_model_is_refused_and_other_format_2_kinds_still_read(tmp_pat
     with pytest.raises(DpltmUserError, match="damaged 'ticket' checkpoint: it lacks 'architecture'"):
         load_checkpoint(path, "ticket")
     torch.save({"format": "dpltm", "kind": "ticket", "format_version": 1}, path)
-    with pytest.raises(DpltmUserError, match=r"has checkpoint format 1, this dpltm reads format 3$"):
+    with pytest.raises(DpltmUserError, match=r"has checkpoint format 1, this dpltm reads format 4$"):
         load_checkpoint(path, "ticket")

@@ -112,7 +112,7 @@ def test_wrong_kind_and_version(tmp_path: Path) -> None:
         load_checkpoint(path, "tickets")
     # format 1 (dpltm 0.1.0 before the redesign: other config hashes, no required activation): refused
     torch.save({"format": "dpltm", "kind": "tickets", "format_version": 1, "config_hash": "48e9bd96a4f0d481"}, path)
-    with pytest.raises(DpltmUserError, match=r"has checkpoint format 1, this dpltm reads format 3$"):
+    with pytest.raises(DpltmUserError, match=r"has checkpoint format 1, this dpltm reads format 4$"):
         load_checkpoint(path, "tickets")
 
 
