@@ -155,7 +155,7 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
 
 def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.checkpoint import prepare_output
-    from dpltm.config import late_rewind_step, resolve_generate_config, resolve_select_config, resolve_train_config
+    from dpltm.config import late_rewind_step, resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.data.loaders import DATASETS, SPECS
     from dpltm.devices import resolve_device
@@ -201,7 +201,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     given_recipe = "paper" if r.recipe == "auto" else r.recipe
     given_generation = generation_settings(r, given_recipe, project_to, late_rewind_step(train_cfg.train.rewind))
     check_recipe_carries(r, given_recipe, given_generation, project_to)
-    resolve_generate_config(given_generation, r.config)
+    generation_config(given_generation, r.config)
     select_cli = {"halving": r.halving, "search": run_search(r)}
     select_settings = resolve_select_config({"select": select_cli}, r.config)
     check_halving(select_settings.halving, noise_aware=r.choice == TicketChoice.noise_aware,
@@ -224,7 +224,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                                   late_rewind_step(resolve_train_config(train_cli, r.config).train.rewind))
     check_recipe_carries(r, train_cli["recipe"], gen_cli, project_to)
     check_graphs_take(r.cuda_graphs, gen_cli["model"].get("arch"))
-    gen_cfg = resolve_generate_config(gen_cli, r.config)
+    gen_cfg = generation_config(gen_cli, r.config)
     noise_aware = r.choice == TicketChoice.noise_aware
     public = load_dataset(r.public_dataset, split=gen_cfg.data.split, data_dir=r.data_dir,
                           val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
@@ -330,6 +330,21 @@ def generation_settings(r: RunRequest, recipe: str, project_to: int | None,
                          "iterations": r.iterations if r.iterations is not None else imp.get("iterations"),
                          **({"rewind_step": rewind_step} if rewind_step is not None else {})},
             "seed": r.seed}
+
+
+def generation_config(gen_cli: dict[str, Any], config: Path | None) -> Any:
+    """The public tickets' GenerateConfig; a late-rewinding step past the round, which `--rewind K` set, is refused
+    naming the flag the user gave."""
+    from dpltm.config import resolve_generate_config
+
+    try:
+        return resolve_generate_config(gen_cli, config)
+    except DpltmUserError as exc:
+        step = gen_cli.get("generate", {}).get("rewind_step")
+        if step is None or "--rewind-step" not in str(exc):
+            raise
+        raise DpltmUserError(f"--rewind {step} makes the public tickets with late rewinding to step {step}, which "
+                             f"must come before the end of a round: {exc}") from None
 
 
 def check_planned_start(planned: TrainConfig, private_classes: int, public_classes: int,

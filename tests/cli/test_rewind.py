@@ -2,7 +2,9 @@
 with (θ0's output layer under the default `--output-layer reinit`), pruned weights stay exactly zero,
 the public weights add nothing to the ledger, and files from before they were kept, tickets made on
 the private data and bad combinations are each refused in one line (hostile values of the flags:
-tests/cli/test_bad_inputs.py)."""
+tests/cli/test_bad_inputs.py). `train --rewind K`: a ticket from a late-rewound set (`generate --rewind-step K`)
+starts from θ_K, the dense network's weights K steps into public training, under its mask, with the same
+guarantees and refusals; `run --rewind K` makes its tickets so."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ from typing import Any
 import pytest
 import torch
 
-from dpltm.checkpoint import load_checkpoint, load_winner
+from dpltm.checkpoint import load_checkpoint, load_ticket_set, load_winner
 from dpltm.errors import DpltmUserError
 from dpltm.training.pipeline import TicketOrigin, check_start
 from dpltm.training.transfer import model_from_ticket
 from tests.datafiles import write_digits, write_mnist
 
 FAST_GEN = ["--rounds", "2", "--iterations", "15", "--batch-size", "16", "--device", "cpu", "--no-progress"]
+K = 6
+"""The late-rewinding step of the `--rewind K` tests."""
 FAST_TRAIN = ["--epochs", "2", "--batch-size", "16", "--eps2", "0.5", "--device", "cpu", "--no-progress", "--json"]
 
 
@@ -84,18 +88,24 @@ def test_the_start_weights_by_output_layer(public_winner: Path) -> None:
         model_from_ticket(ticket, 784, 6, seed=0, start="public", output_layer="keep")
 
 
-def test_public_start_trains_from_the_public_weights_and_costs_nothing(  # type: ignore[no-untyped-def]
-        public_winner: Path, data_root: Path, tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def starts(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, torch.Tensor]]:
+    """The weights each DP training run of the test starts from (recorded just before its first step)."""
     import dpltm.training.pipeline as pipeline
 
-    starts: list[dict[str, torch.Tensor]] = []
+    recorded: list[dict[str, torch.Tensor]] = []
     real = pipeline.run_private
 
     def recording(model, *args, **kwargs):  # type: ignore[no-untyped-def]
-        starts.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
+        recorded.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(pipeline, "run_private", recording)
+    return recorded
+
+
+def test_public_start_trains_from_the_public_weights_and_costs_nothing(  # type: ignore[no-untyped-def]
+        public_winner: Path, data_root: Path, tmp_path: Path, cli, starts: list[dict[str, torch.Tensor]]) -> None:
     public = json.loads(_train(cli, data_root, public_winner, tmp_path / "p.pt", "--rewind", "public").stdout)
     init = json.loads(_train(cli, data_root, public_winner, tmp_path / "i.pt").stdout)
     winner = load_winner(public_winner)
@@ -167,14 +177,21 @@ def test_bad_combinations_are_one_line(public_winner: Path, data_root: Path, tmp
     assert not (tmp_path / "m.pt").exists()
 
 
-def test_run_passes_the_start_on(data_root: Path, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("start", ["public", "4"])
+def test_run_passes_the_start_on(start: str, data_root: Path, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """`run --rewind public` trains from the winner's public weights; `run --rewind 4` makes late-rewound tickets
+    (generate --rewind-step 4) and trains from their θ_4."""
     result = cli("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--public-split", "train",
                  "--data-dir", str(data_root), "--rounds", "1", "--iterations", "10", "--epochs", "1", "--choice",
-                 "best", "--rewind", "public", "--batch-size", "16", "--device", "cpu", "--no-progress", "--json",
+                 "best", "--rewind", start, "--batch-size", "16", "--device", "cpu", "--no-progress", "--json",
                  "--out", str(tmp_path / "m.pt"))
     report = json.loads(result.stdout)
-    assert report["transfer"]["rewind"] == "public" and report["end_to_end_dp"] is True
-    assert load_winner(tmp_path / "m-winner.pt").public_weights is not None
+    assert report["transfer"]["rewind"] == start and report["end_to_end_dp"] is True
+    winner = load_winner(tmp_path / "m-winner.pt")
+    assert winner.public_weights is not None
+    late = start != "public"
+    assert load_ticket_set(tmp_path / "m-tickets.pt").config["generate"]["rewind_step"] == (4 if late else 0)
+    assert (winner.rewind_point or {}).get("step") == (4 if late else None)
 
 
 def test_a_public_start_in_another_activation_is_said_on_screen(  # type: ignore[no-untyped-def]
@@ -188,3 +205,83 @@ def test_a_public_start_in_another_activation_is_said_on_screen(  # type: ignore
     assert "warning: the ticket's public weights were trained with relu; training them with tanh starts" in said
     init = _train(cli, data_root, public_winner, tmp_path / "i.pt", "--activation", "tanh")  # θ0: nothing to say
     assert "warning: the ticket's public weights" not in init.stderr
+
+
+# ---- late rewinding: `--rewind K` ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def late_winner(data_root: Path, tmp_path_factory: pytest.TempPathFactory, cli) -> Path:  # type: ignore[no-untyped-def]
+    """A winner of MNIST tickets made with late rewinding to step K (public for a Fashion-MNIST run)."""
+    folder = tmp_path_factory.mktemp("late")
+    cli("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--rewind-step", str(K),
+        "--out", str(folder / "t.pt"))
+    cli("select", "--tickets", str(folder / "t.pt"), "--best", "--out", str(folder / "w.pt"))
+    return folder / "w.pt"
+
+
+def test_the_winner_carries_theta_k_under_its_mask(late_winner: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    winner = load_winner(late_winner)
+    tickets = load_ticket_set(Path(winner.source["tickets"]))
+    assert tickets.rewind_point is not None and winner.rewind_point is not None
+    assert winner.rewind_point["step"] == tickets.rewind_point["step"] == K
+    for key, value in tickets.rewind_point["weights"].items():
+        mask = winner.masks.get(key)
+        assert torch.equal(winner.rewind_point["weights"][key], value if mask is None else value * mask), key
+    assert json.loads(cli("inspect", str(late_winner), "--json").stdout)["rewind_step"] == K
+    assert json.loads(cli("inspect", winner.source["tickets"], "--json").stdout)["rewind_step"] == K
+
+
+def test_start_k_trains_from_theta_k_and_costs_nothing(  # type: ignore[no-untyped-def]
+        late_winner: Path, data_root: Path, tmp_path: Path, cli, starts: list[dict[str, torch.Tensor]]) -> None:
+    late = json.loads(_train(cli, data_root, late_winner, tmp_path / "k.pt", "--rewind", f"0{K}").stdout)
+    init = json.loads(_train(cli, data_root, late_winner, tmp_path / "i.pt").stdout)
+    winner = load_winner(late_winner)
+    assert winner.rewind_point is not None and len(starts) == 2
+    theta_k, masks = winner.rewind_point["weights"], winner.masks
+    for key, value in starts[0].items():  # before the first step: θ_K under the mask, θ0's output layer
+        expected = winner.theta0[key] if key.startswith("output.") else theta_k[key]
+        expected = expected * masks[key] if key in masks else expected
+        assert torch.equal(value, expected), key
+    assert not torch.equal(starts[0]["hidden.0.weight"], starts[1]["hidden.0.weight"])
+    assert late["transfer"]["rewind"] == str(K) and late["transfer"]["output_layer"] == "reinit"
+    state = load_checkpoint(tmp_path / "k.pt", "model")["state_dict"]
+    for name, mask in masks.items():  # the pruned weights stayed exactly zero through DP training
+        assert torch.count_nonzero(state[name][~mask.bool()]) == 0, name
+    # θ_K came from public data: the same plan spends exactly the same ε, with the same ledger
+    assert late["end_to_end_dp"] is True and late["epsilon"] == init["epsilon"]
+    assert (load_checkpoint(tmp_path / "k.pt", "model")["privacy"]["ledger"]
+            == load_checkpoint(tmp_path / "i.pt", "model")["privacy"]["ledger"])
+
+
+def test_starts_it_cannot_take_are_one_line(late_winner: Path, data_root: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                            cli) -> None:
+    _one_line_error(_train(cli, data_root, late_winner, tmp_path / "m.pt", "--rewind", str(K + 1), ok=False),
+                    f"this ticket holds iterate {K} of public training (generate --rewind-step {K})")
+    plain = tmp_path / "plain"
+    cli("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(plain / "t.pt"))
+    cli("select", "--tickets", str(plain / "t.pt"), "--best", "--out", str(plain / "w.pt"))
+    _one_line_error(_train(cli, data_root, plain / "w.pt", tmp_path / "m.pt", "--rewind", str(K), ok=False),
+                    "holds no iterate of public training")
+    _one_line_error(cli("train", "--dense", "--dataset", "digits", "--rewind", str(K), "--data-dir", str(data_root),
+                        ok=False), "drop them with --dense")
+    for bad in ("0", "-3", "1.5", "K"):
+        _one_line_error(_train(cli, data_root, late_winner, tmp_path / "m.pt", "--rewind", bad, ok=False),
+                        "--rewind must be init, public or a step K ≥ 1")
+    _one_line_error(cli("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--rewind-step",
+                        "15", "--out", str(tmp_path / "t.pt"), ok=False), "--rewind-step must lie in [0, --iterations)")
+    same = tmp_path / "same"
+    cli("generate", "--dataset", "digits", "--data-dir", str(data_root), *FAST_GEN, "--rewind-step", "3",
+        "--out", str(same / "t.pt"))
+    cli("select", "--tickets", str(same / "t.pt"), "--best", "--out", str(same / "w.pt"))
+    result = cli("train", "--ticket", str(same / "w.pt"), "--dataset", "digits", "--data-dir", str(data_root),
+                 "--rewind", "3", "--out", str(tmp_path / "m.pt"), *FAST_TRAIN, ok=False)
+    _one_line_error(result, "the private dataset, so starting from their weights is not DP")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_run_refuses_a_start_k_past_the_round(data_root: Path, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    refused = cli("run", "--dataset", "fashion-mnist", "--public-dataset", "mnist", "--data-dir", str(data_root),
+                  "--rounds", "1", "--iterations", "10", "--rewind", "10", "--device", "cpu", "--no-progress",
+                  "--out", str(tmp_path / "n.pt"), ok=False)
+    _one_line_error(refused, "--rewind 10 makes the public tickets with late rewinding to step 10, which must come")
