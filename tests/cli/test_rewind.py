@@ -285,3 +285,20 @@ def test_run_refuses_a_start_k_past_the_round(data_root: Path, tmp_path: Path, c
                   "--rounds", "1", "--iterations", "10", "--rewind", "10", "--device", "cpu", "--no-progress",
                   "--out", str(tmp_path / "n.pt"), ok=False)
     _one_line_error(refused, "--rewind 10 makes the public tickets with late rewinding to step 10, which must come")
+
+
+def test_a_damaged_rewind_point_is_refused_in_one_line(late_winner: Path, tmp_path: Path) -> None:
+    body = load_checkpoint(late_winner, "ticket")
+    point = body["rewind_point"]
+    acting = {k: torch.ones_like(v) for k, v in point["weights"].items()}
+    not_finite = {k: torch.full_like(v, float("nan")) for k, v in point["weights"].items()}
+    for damaged, fragment in (({**point, "step": 0}, "must be a step ≥ 1"),
+                              ({**point, "step": True}, "wrong type"),
+                              ({**point, "extra": 1}, "extra"),
+                              ({**point, "weights": acting}, "non-zero where the mask"),
+                              ({**point, "weights": not_finite}, "rewind_point.weights"),
+                              ({"step": K}, "lacks 'rewind_point.weights'")):
+        torch.save({**body, "rewind_point": damaged}, tmp_path / "bad.pt")
+        with pytest.raises(DpltmUserError, match="damaged 'ticket' checkpoint") as caught:
+            load_winner(tmp_path / "bad.pt")
+        assert fragment in str(caught.value) and "\n" not in str(caught.value), (fragment, caught.value)

@@ -138,6 +138,8 @@ SELECTED_DAMAGE = [
 PRIVATE_DAMAGE = [
     (lambda b: b.__setitem__("public_weights", winner().public_weights),
      "a private ticket holds 'public_weights'"),
+    (lambda b: b.__setitem__("rewind_point", {"step": 3, "weights": winner().public_weights}),
+     "a private ticket holds 'rewind_point'"),
     (lambda b: b.pop("private_ticket"), "lacks 'private_ticket'"),
     (lambda b: b["private_ticket"].pop("warmup"), "lacks 'private_ticket.warmup'"),
     (lambda b: b["private_ticket"].__setitem__("warmup", []), "'private_ticket.warmup' must list the DP warm-up"),
