@@ -18,7 +18,7 @@ import numpy as np
 
 from dpltm import __version__
 from dpltm.checkpoint import load_ticket_set
-from dpltm.config import SEARCH_FIXED_BY, late_rewind_step
+from dpltm.config import SEARCH_FIXED_BY, canonical_start
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
@@ -161,6 +161,10 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
         elif "start" not in search and s.rewind == "init":
             err_console.print("note: --search freeze: the start is fixed at θ0, and a layer frozen there would hold "
                               "random weights: no frozen variant", markup=False, highlight=False)
+        elif "start" not in search and s.rewind != "public":
+            err_console.print(f"note: --search freeze: the start is fixed at θ_{s.rewind}, and a frozen variant holds "
+                              "a layer at its public-trained weights: no frozen variant (search start too, or "
+                              "give --freeze)", markup=False, highlight=False)
     if search:
         err_console.print(f"noise-aware choice also searches: {', '.join(search)} (a variant replaces the planned run "
                           "only if it beats the dense network as planned by two standard errors)",
@@ -206,12 +210,12 @@ def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _is_start(start: Any) -> bool:
-    """Whether a recorded start is one `train --rewind` takes (init, public or a step K), as a string."""
+    """Whether a recorded start is one `train --rewind` takes (init, public or a step K), as written: a string in
+    its canonical form (`canonical_start`), so the run's start and the chosen one compare equal."""
     try:
-        late_rewind_step(start)
+        return isinstance(start, str) and canonical_start(start) == start
     except DpltmUserError:
         return False
-    return isinstance(start, str)
 
 
 def masked_weights(weights: dict[str, Any], masks: dict[str, Any]) -> dict[str, Any]:

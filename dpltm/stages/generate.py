@@ -75,12 +75,13 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
             f"round {record['round']}: C={record['density']:.4f} "
             f"val acc={record['val_accuracy']:.4f}"
         )
-        if run_log is not None:
-            first = record["round"] * iterations
+        if run_log is not None:  # rounds after the first train iterations − K steps with late rewinding
+            k, later = record["round"], iterations - cfg.generate.rewind_step
+            first, steps = (0, iterations) if k == 0 else (iterations + (k - 1) * later, later)
             for i, loss in enumerate(record["loss_curve"]):
                 run_log.log_metrics({"train_loss": loss}, step=first + i * record["loss_every"])
-            run_log.log_metrics({"round": record["round"], "density": record["density"],
-                                 "val_accuracy": record["val_accuracy"]}, step=first + iterations)
+            run_log.log_metrics({"round": k, "density": record["density"],
+                                 "val_accuracy": record["val_accuracy"]}, step=first + steps)
 
     with output_lock(target):
         if logger is not None:

@@ -236,7 +236,9 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
                   data: DatasetSplits, cfg: GenerateConfig, k: int,
                   device: torch.device, cuda_graphs: bool = False, progress: bool = False) -> dict[str, Any]:
     """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density at the rounds'
-    start (`theta0`: θ0, or θ_K with late rewinding), each trained as long as the round."""
+    start (`theta0`: θ0, or θ_K with late rewinding), each trained as long as the round (with late rewinding the
+    I − K steps after θ_K: the fresh init then has K steps fewer than the ticket's whole path from θ0, a control
+    that leans towards the ticket)."""
     from dpltm.training.plain import accuracy, train_classifier
 
     g = cfg.generate

@@ -270,6 +270,19 @@ def test_generate_and_a_dp_run_log_through_lightning(data_root: Path, tmp_path: 
     assert Path(again["log_dir"]).name == "version_1" and (folder / "metrics.csv").exists()  # never overwritten
 
 
+def test_late_rewound_rounds_log_at_their_own_steps(data_root: Path, tmp_path: Path, invoke) -> None:
+    """With --rewind-step K the rounds after the first train I − K steps: each round's end is logged where it fell."""
+    logs = tmp_path / "logs"
+    invoke("generate", "--dataset", "digits", "--rounds", "2", "--iterations", "200", "--rewind-step", "50",
+           "--batch-size", "32", "--out", str(tmp_path / "t.pt"), "--data-dir", str(data_root), "--log-dir", str(logs),
+           *FAST)
+    header, *rows = (logs / "generate" / "digits" / "version_0" / "metrics.csv").read_text().splitlines()
+    names = header.split(",")
+    ends = {int(float(r.split(",")[names.index("round")])): int(float(r.split(",")[names.index("step")]))
+            for r in rows if r.split(",")[names.index("round")]}
+    assert ends == {0: 200, 1: 350, 2: 500}
+
+
 def test_a_dp_run_logs_to_tensorboard(data_root: Path, tmp_path: Path, invoke) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -108,6 +108,10 @@ def test_the_choice_searches_theta_k_as_a_start(late: dict, tiny_splits: Dataset
     record = {"selection": {"noise_aware": {**choice.to_json(), "chosen": {
         "start": str(K), "freeze": [], "ema": None, "ema_warmup": False, "output_layer": "reinit"}}}}
     assert chosen_training(record) == {"train": {"rewind": str(K), "output_layer": "reinit"}}
+    for written in (f"0{K}", K, "0"):  # a start as no writer stores it: the record is damaged
+        record["selection"]["noise_aware"]["chosen"]["start"] = written
+        with pytest.raises(DpltmUserError, match="damaged"):
+            chosen_training(record)
     planned_k = noise_aware_choice(late, tiny_splits, replace(plan, start=str(K)), seed=0)
     assert {c.start for c in planned_k.candidates} == {str(K)}
 
