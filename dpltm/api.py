@@ -294,7 +294,7 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     masks: Masks = {n: torch.ones_like(w, dtype=torch.bool) for n, w in prunable_weights(model).items()}
     rates = {n: (output_prune_rate if i == len(names) - 1 else prune_rate) for i, n in enumerate(names)}
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    tickets = []
+    rounds_made = []
     start = theta0  # θ_K from the first round's step K on, with late rewinding
     for k in range(rounds + 1):
         model.load_state_dict(start)
@@ -313,12 +313,12 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             optimizer.step()
             apply_masks(model, masks)
         accuracy = evaluate(model, val) if val is not None else None
-        tickets.append(Ticket(k, {n: m.clone() for n, m in masks.items()}, density_of(model, masks), accuracy,
-                              start, public_records, rewind_step))
+        rounds_made.append((k, {n: m.clone() for n, m in masks.items()}, density_of(model, masks), accuracy))
         if k < rounds:
             masks = prune_layerwise(prunable_weights(model), masks, rates)
     model.load_state_dict(theta0)
-    return [replace(t, theta0={n: v.clone() for n, v in start.items()}) for t in tickets]
+    return [Ticket(k, m, density, accuracy, {n: v.clone() for n, v in start.items()}, public_records, rewind_step)
+            for k, m, density, accuracy in rounds_made]
 
 
 def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float = 50.0,

@@ -553,6 +553,8 @@ def canonical_start(start: str | int) -> str:
     """A start as stored and compared: `init`, `public`, or K's digits without leading zeros."""
     step = late_rewind_step(start)
     return str(start) if step is None else str(step)
+
+
 OUTPUT_LAYERS = ("reinit", "keep")
 """`train.output_layer`: a public start's output layer, θ0's or the public-trained one."""
 

@@ -63,6 +63,11 @@ def pruned_but_not_zero(weights: dict[str, Tensor], masks: Masks) -> str | None:
     return None
 
 
+def masked_weights(weights: dict[str, Tensor], masks: Masks) -> dict[str, Tensor]:
+    """Copies of `weights` with each masked parameter zeroed where its mask prunes (the others as they are)."""
+    return {k: v * masks[k].to(v.dtype) if k in masks else v.clone() for k, v in weights.items()}
+
+
 def parameter_count(in_features: int, hidden: Sequence[int], num_classes: int,
                     project_to: int | None = None) -> int:
     """Weights and biases of the network `Architecture` describes (exact Python ints)."""

@@ -223,7 +223,7 @@ class Experiment:
                                                            "public_weights", "rewind_point")}
         body["masks"] = masks
         if public_tickets is not None:
-            from dpltm.selection.winner import masked_weights
+            from dpltm.model import masked_weights
 
             ticket_set = load_checkpoint(public_tickets, "tickets")
             dense = among_rounds(ticket_set, ())["tickets"][0]

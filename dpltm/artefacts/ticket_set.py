@@ -146,7 +146,7 @@ def check_rewind_point(point: Mapping[str, Any], reference: Mapping[str, Any], w
 
     check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
     step = typed(point, "step", (int,), f"{where}.", path, kind)
-    if isinstance(step, bool) or step < 1:
+    if step < 1:  # `typed` takes a bool only where one is asked for
         raise damaged(path, kind, f"'{where}.step' must be a step ≥ 1 of public training, got {step!r}")
     weights = typed(point, "weights", (dict,), f"{where}.", path, kind)
     check_tensors(weights, reference, f"{where}.weights", kind, path, check_dtype=True)

@@ -20,6 +20,7 @@ from dpltm import __version__
 from dpltm.checkpoint import load_ticket_set
 from dpltm.config import SEARCH_FIXED_BY, canonical_start
 from dpltm.errors import DpltmUserError
+from dpltm.model import masked_weights
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
     decisive_eps1,
@@ -216,11 +217,6 @@ def _is_start(start: Any) -> bool:
         return isinstance(start, str) and canonical_start(start) == start
     except DpltmUserError:
         return False
-
-
-def masked_weights(weights: dict[str, Any], masks: dict[str, Any]) -> dict[str, Any]:
-    """`weights` with each masked parameter zeroed where its mask prunes (the others as they are)."""
-    return {k: v * masks[k].to(v.dtype) if k in masks else v.clone() for k, v in weights.items()}
 
 
 def describe_start(start: str) -> str:

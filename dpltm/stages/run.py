@@ -337,14 +337,15 @@ def generation_config(gen_cli: dict[str, Any], config: Path | None) -> Any:
     naming the flag the user gave."""
     from dpltm.config import resolve_generate_config
 
-    try:
-        return resolve_generate_config(gen_cli, config)
-    except DpltmUserError as exc:
-        step = gen_cli.get("generate", {}).get("rewind_step")
-        if step is None or "--rewind-step" not in str(exc):
-            raise
-        raise DpltmUserError(f"--rewind {step} makes the public tickets with late rewinding to step {step}, which "
-                             f"must come before the end of a round: {exc}") from None
+    step = gen_cli.get("generate", {}).get("rewind_step")
+    if step is not None:  # the round's length comes from flags, the recipe or the config: resolved without K first
+        imp = {k: v for k, v in gen_cli["generate"].items() if k != "rewind_step"}
+        iterations = resolve_generate_config({**gen_cli, "generate": imp}, config).generate.iterations
+        if step >= iterations:
+            raise DpltmUserError(f"--rewind {step} makes the public tickets with late rewinding to step {step}, which "
+                                 f"must come before the end of a round: --rewind-step must lie in [0, --iterations) "
+                                 f"= [0, {iterations})")
+    return resolve_generate_config(gen_cli, config)
 
 
 def check_planned_start(planned: TrainConfig, private_classes: int, public_classes: int,

@@ -63,10 +63,11 @@ class ClassifierModule(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         if self.graphed is not None:  # a block of steps; each replay writes its loss into step_losses
-            for row in batch:
+            for done, row in enumerate(batch, start=self.steps_done + 1):
                 self.graphed.step(row)
-                self.steps_done += 1
-                self._keep_snapshot()
+                if done == self.snapshot_at:
+                    self._keep_snapshot()
+            self.steps_done += len(batch)
             return
         x, y = batch
         optimizer = self._optimizer
@@ -77,11 +78,11 @@ class ClassifierModule(L.LightningModule):
         self.keep_pruned()  # type: ignore[misc]
         self.step_losses[batch_idx] = loss.detach()
         self.steps_done = batch_idx + 1
-        self._keep_snapshot()
+        if self.steps_done == self.snapshot_at:
+            self._keep_snapshot()
 
     def _keep_snapshot(self) -> None:
-        if self.steps_done == self.snapshot_at:
-            self.snapshot = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        self.snapshot = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def on_train_start(self) -> None:
         optimizer = self.optimizers()
