@@ -26,3 +26,9 @@ def resolve_device(name: str | None) -> torch.device:
     if device.type not in ("cpu", "cuda", "mps"):
         raise DpltmUserError(f"unsupported device '{name}' (use auto, cpu, cuda or cuda:N)")
     return device
+
+
+def require_cuda_for_graphs(device: torch.device) -> None:
+    """`--cuda-graphs` captures CUDA graphs: refused, in one line, on any other device."""
+    if device.type != "cuda":
+        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")

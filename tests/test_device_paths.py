@@ -116,8 +116,8 @@ def test_make_private_on_the_device_of_the_model_and_records(device: str) -> Non
 @pytest.mark.parametrize("steps", [2, 120])  # 2: fewer steps than the capture's warm-up runs
 def test_generate_with_cuda_graphs_takes_the_eager_steps(steps: int) -> None:
     """`train_classifier(cuda_graphs=True)` (generate's IMP rounds): the same batches and updates as
-    the eager loop, each replay writing its own loss (in the graph) to the round's loss record, and
-    the pruned weights staying exactly zero."""
+    the eager loop, each replay writing its own loss (in the graph) to the round's loss record, the
+    pruned weights staying exactly zero, and late rewinding's θ_K (`snapshot_at`) the eager loop's."""
     from dpltm.model import LeNet, prunable_weights
     from dpltm.pruning import paper_prune_rates, prune_layerwise
     from dpltm.training.plain import train_classifier
@@ -125,16 +125,22 @@ def test_generate_with_cuda_graphs_takes_the_eager_steps(steps: int) -> None:
     g = torch.Generator().manual_seed(0)
     data = LabeledTensors(torch.rand(500, 20, generator=g).cuda(), torch.randint(0, 4, (500,), generator=g).cuda())
 
-    def trained(graphs: bool) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    snapshot_at = min(steps, 7)
+
+    def trained(graphs: bool) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor],
+                                       dict[str, torch.Tensor]]:
         model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(1)).cuda()
         masks = apply_masks_(model, prune_layerwise(prunable_weights(model), full_masks(model),
                                                     paper_prune_rates(list(prunable_weights(model)))))
         result = train_classifier(model, data, steps=steps, batch_size=32, lr=0.1, seed=2, log_every=10, masks=masks,
-                                  cuda_graphs=graphs)
-        return result.losses, {k: v.detach().clone() for k, v in model.named_parameters()}, masks
+                                  cuda_graphs=graphs, snapshot_at=snapshot_at)
+        assert result.snapshot is not None
+        return result.losses, {k: v.detach().clone() for k, v in model.named_parameters()}, masks, result.snapshot
 
-    eager_losses, eager, _ = trained(False)
-    graph_losses, graphed, masks = trained(True)
+    eager_losses, eager, _, eager_snapshot = trained(False)
+    graph_losses, graphed, masks, graph_snapshot = trained(True)
+    for name, value in eager_snapshot.items():
+        torch.testing.assert_close(graph_snapshot[name], value, rtol=1e-4, atol=1e-5, msg=f"θ_K {name}")
     assert len(graph_losses) == -(-steps // 10) and all(loss > 0 for loss in graph_losses)  # each loss written
     torch.testing.assert_close(torch.tensor(graph_losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-5)
     for name, value in eager.items():

@@ -22,7 +22,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     from dpltm.checkpoint import check_checkpoint_name, check_writable, output_lock, same_file
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
-    from dpltm.devices import resolve_device
+    from dpltm.devices import require_cuda_for_graphs, resolve_device
     from dpltm.paths import default_checkpoint_dir
     from dpltm.tickets.imp import generate_tickets
 
@@ -34,8 +34,8 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     check_writable(target)
     check_prune_rates(cfg)
     torch_device = resolve_device(device)
-    if cuda_graphs and torch_device.type != "cuda":
-        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+    if cuda_graphs:
+        require_cuda_for_graphs(torch_device)
     if download:
         from dpltm.data.download import fetch_for_run
 

@@ -158,7 +158,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.config import late_rewind_step, resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.data.loaders import DATASETS, SPECS
-    from dpltm.devices import resolve_device
+    from dpltm.devices import require_cuda_for_graphs, resolve_device
     from dpltm.paths import default_checkpoint_dir
 
     if r.public_dataset == r.dataset:
@@ -214,8 +214,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     for path in (model_out, winner_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
     torch_device = resolve_device(r.device)
-    if r.cuda_graphs and torch_device.type != "cuda":
-        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+    if r.cuda_graphs:
+        require_cuda_for_graphs(torch_device)
     private = load_dataset(r.dataset, split=train_cfg.data.split, data_dir=r.data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features)

@@ -27,9 +27,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from dpltm.data.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.data.types import LabeledTensors
+from dpltm.devices import require_cuda_for_graphs
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
-from dpltm.errors import DpltmUserError
 from dpltm.model import Masks, PrunedWeights
 from dpltm.progress import step_bar
 
@@ -241,8 +241,8 @@ def train_classifier(model: torch.nn.Module, data: LabeledTensors, *, steps: int
     if snapshot_at is not None and not 1 <= snapshot_at <= steps:
         raise ValueError(f"snapshot_at must lie in [1, {steps}], got {snapshot_at}")
     device = data.labels.device
-    if cuda_graphs and device.type != "cuda":
-        raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+    if cuda_graphs:
+        require_cuda_for_graphs(device)
     shuffled = ShuffledBatches(data, batch_size, steps, seed)
     module = ClassifierModule(model, lr, steps, graphed_on=data if cuda_graphs else None,
                               batch_size=shuffled.batch_size, masks=masks, snapshot_at=snapshot_at)

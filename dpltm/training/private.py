@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from dpltm.config import TrainSettings
 from dpltm.data.batches import ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.devices import require_cuda_for_graphs
 from dpltm.dp.averaging import Ema, make_averager, released_model, released_weights, update_average
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout
@@ -179,8 +180,8 @@ class DPTrainingModule(L.LightningModule):
         self.canaries = canaries
         if step_mode not in STEP_MODES:
             raise DpltmUserError(f"step mode must be one of {', '.join(STEP_MODES)}, got {step_mode!r}")
-        if step_mode == "graphs" and data.train.labels.device.type != "cuda":
-            raise DpltmUserError("--cuda-graphs needs a CUDA device (--device cuda)")
+        if step_mode == "graphs":
+            require_cuda_for_graphs(data.train.labels.device)
         if step_mode == "graphs" and (distribution or Distribution()).multi_process:
             raise DpltmUserError("--cuda-graphs runs on one device; drop it with --devices/--num-nodes")
         self.step_mode = step_mode

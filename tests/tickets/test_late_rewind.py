@@ -12,13 +12,23 @@ import torch
 
 from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
-from dpltm.data.types import DatasetSplits
+from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, build_network, rewind, ticket_masks
+from dpltm.model import (
+    Architecture,
+    LeNet,
+    PrunedWeights,
+    apply_masks_,
+    build_architecture,
+    build_network,
+    rewind,
+    ticket_masks,
+)
+from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice, searched_trainings
 from dpltm.selection.winner import chosen_training
 from dpltm.tickets.imp import generate_tickets, round_seed
-from dpltm.training.plain import train_classifier
+from dpltm.training.plain import GraphedSgdStep, train_classifier
 
 K = 7
 
@@ -153,3 +163,56 @@ def test_the_api_rewinds_a_users_model_to_its_iterate_k() -> None:
     for bad in (12, -1, 1.5):
         with pytest.raises(DpltmUserError, match="rewind_step"):
             dpltm.generate_tickets(mlp(), data, rounds=1, iterations=12, rewind_step=bad)  # type: ignore[arg-type]
+
+
+class _EagerGraphStandIn(GraphedSgdStep):
+    """`GraphedSgdStep` without CUDA: its `_step` (gather, loss, backward, SGD, re-zeroing, the loss row) run
+    eagerly on fresh gradients, as each replay of the captured graph runs it. With it the CUDA-graph branch of
+    `train_classifier` (blocks of index rows, one Lightning step per block) runs on the CPU."""
+
+    def __init__(self, model: torch.nn.Module, data: LabeledTensors, batch_size: int,
+                 optimizer: torch.optim.Optimizer, keep_pruned: PrunedWeights | None = None,
+                 losses: torch.Tensor | None = None) -> None:  # no capture
+        self.model, self.data, self.optimizer = model, data, optimizer
+        self.keep_pruned, self.losses = keep_pruned, losses
+        self.index = torch.zeros(batch_size, dtype=torch.long)
+        self.loss = torch.zeros(())
+        self.position = torch.zeros(1, dtype=torch.long)
+
+    def step(self, index: torch.Tensor) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)  # a replay's backward writes fresh gradients
+        self.index.copy_(index)
+        self._step()
+        return self.loss
+
+
+@pytest.mark.parametrize("snapshot_at", [1, 4, 5, 10])  # first step, a block's last, the next block's first, the end
+def test_the_graph_blocks_keep_the_same_iterate_k_as_the_eager_loop(snapshot_at: int, tiny_splits: DatasetSplits,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`generate --rewind-step K --cuda-graphs` replays steps in blocks (here of 4): θ_K is taken after the K-th
+    replay wherever it falls in a block, the same weights the eager loop keeps (the replay itself is compared
+    with the eager step on a GPU, tests/dp/test_static_step.py)."""
+    import dpltm.training.plain as plain
+
+    def trained(graphs: bool) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        cfg = late_config()
+        model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(1))
+        masks = apply_masks_(model, prune_layerwise(model.weights(), model.full_masks(),
+                                                    paper_prune_rates(model.mask_names())))
+        result = train_classifier(model, tiny_splits.train, steps=10, batch_size=16, lr=0.2, seed=cfg.seed,
+                                  log_every=1, masks=masks, cuda_graphs=graphs, snapshot_at=snapshot_at)
+        assert result.snapshot is not None
+        return result.losses, result.snapshot, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    eager_losses, eager_snapshot, eager_final = trained(False)
+    monkeypatch.setattr(plain, "require_cuda_for_graphs", lambda device: None)
+    monkeypatch.setattr(plain, "GraphedSgdStep", _EagerGraphStandIn)
+    monkeypatch.setattr(plain, "GRAPH_BLOCK_STEPS", 4)
+    block_losses, block_snapshot, block_final = trained(True)
+    assert block_losses == pytest.approx(eager_losses, rel=1e-6)
+    for key, value in eager_snapshot.items():
+        torch.testing.assert_close(block_snapshot[key], value, rtol=0, atol=0, msg=key)
+    for key, value in eager_final.items():
+        torch.testing.assert_close(block_final[key], value, rtol=0, atol=0, msg=key)
+    if snapshot_at < 10:
+        assert not torch.equal(block_snapshot["hidden.0.weight"], block_final["hidden.0.weight"])
