@@ -216,7 +216,19 @@ class ClippedBatch:
     grad_sums: dict[str, Tensor]
     """Keyed by parameter name as in `model.named_parameters()`."""
     norms: Tensor
-    loss_sum: Tensor
+    loss_sum: Tensor | None
+    """None where the batch came with one-hot targets (the loss's gradient was written without the loss)."""
+
+
+@dataclass(frozen=True)
+class SumBuffers:
+    """Where `clipped_gradient_sum` writes its sums instead of allocating them: a static step's views of one
+    flat buffer (dpltm.dp.graphed), so joining the sums for the noise costs no copy."""
+
+    tensors: dict[str, Tensor]
+    """Every parameter's sum, by name, shaped like the parameter."""
+    fc_biases: Tensor
+    """The fully connected layers' bias sums side by side, input to output: their `tensors` are views of it."""
 
 
 def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> Tensor:
@@ -245,7 +257,7 @@ def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> T
 def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                          layout: MaskLayout, weights: Tensor | None = None,
                          input_terms: Tensor | None = None, mask_sums: bool = True,
-                         finite_records: bool = False) -> ClippedBatch:
+                         finite_records: bool = False, out: SumBuffers | None = None) -> ClippedBatch:
     """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
 
     A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all). `weights` (one per
@@ -258,6 +270,11 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     `noisy_mean(..., out=..., out_scales=...)`). `finite_records`: the records (every row of `x`) are known
     finite, checked once per run; a static step then leaves a fully connected first layer's inputs as they are
     (its other layers' inputs and every output gradient are still zeroed where not finite).
+
+    `y` holds class indices, or one-hot rows in the records' dtype (what a static step gathers, beside its
+    norm terms, in one row copy). With one-hot rows the output layer's gradient of the summed cross-entropy,
+    softmax(z_i) − y_i, is written directly and the loss is not computed (`loss_sum` None): two kernels instead
+    of the loss's five, forward and backward. `out`: write the sums into these buffers (`SumBuffers`).
     """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
@@ -286,12 +303,19 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
             z.requires_grad_(True)
         outputs.append(z)
         h = model.activation(z) if model.is_activation_after(index) else z
-    loss_sum = F.cross_entropy(h, y, reduction="sum")
+    one_hot = y.is_floating_point()
+    loss_sum = None if one_hot else F.cross_entropy(h, y, reduction="sum")
     if x.shape[0] == 0:
         parameters = dict(model.named_parameters())  # in the layout's order, as a non-empty batch gives
-        zero = {name: torch.zeros_like(parameters[name]) for name in layout.all_parameter_names}
-        return ClippedBatch(zero, x.new_zeros(0), loss_sum.detach())
-    all_grads = torch.autograd.grad(loss_sum, conv_outputs + outputs)
+        zero = {name: torch.zeros_like(parameters[name]) if out is None else out.tensors[name].zero_()
+                for name in layout.all_parameter_names}
+        return ClippedBatch(zero, x.new_zeros(0), None if loss_sum is None else loss_sum.detach())
+    if one_hot:  # h is the output layer's z (no activation follows it): ∂(Σ_i CE(z_i, y_i))/∂z_i = softmax(z_i) − y_i
+        last = torch.softmax(h.detach(), dim=1).sub_(y)
+        earlier = conv_outputs + outputs[:-1]
+        all_grads = (*torch.autograd.grad(h, earlier, grad_outputs=last), last) if earlier else (last,)
+    else:
+        all_grads = torch.autograd.grad(loss_sum, conv_outputs + outputs)
     conv_grads, out_grads = all_grads[: len(conv_outputs)], all_grads[len(conv_outputs):]
     with torch.no_grad():
         parts: list[Tensor] = []  # each layer's share of the squared norms, summed below
@@ -334,14 +358,16 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
             bias_rows = g.sum(dim=(2, 3))
             bias_rows = bias_rows if all_finite else torch.where(finite[:, None], bias_rows,  # type: ignore[index]
                                                                  torch.zeros_like(bias_rows))
-            sums[weight_name] = torch.einsum("b,b...->...", keep, per_sample)
-            sums[bias_name] = (bias_rows * keep[:, None]).sum(dim=0)
+            weight_sum, bias_sum = torch.einsum("b,b...->...", keep, per_sample), (bias_rows * keep[:, None]).sum(dim=0)
+            sums[weight_name] = weight_sum if out is None else out.tensors[weight_name].copy_(weight_sum)
+            sums[bias_name] = bias_sum if out is None else out.tensors[bias_name].copy_(bias_sum)
         scaled_all = joined * factors[:, None]
         if static:
             scaled_all = scaled_all.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         elif not all_finite:  # rare: zero the dropped records' rows
             scaled_all = torch.where(finite[:, None], scaled_all, torch.zeros_like(scaled_all))  # type: ignore[index]
-        bias_sums = scaled_all.sum(dim=0).split(widths)
+        all_bias_sums = scaled_all.sum(dim=0) if out is None else torch.sum(scaled_all, dim=0, out=out.fc_biases)
+        bias_sums = all_bias_sums.split(widths)
         offsets = [0, *itertools.accumulate(widths)]
         for index, (a, (weight_name, bias_name), pruned, sum_mask) in enumerate(zip(
                 inputs, layout.parameter_names, layout.pruned_masks, layout.sum_masks, strict=True)):
@@ -353,12 +379,12 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
                 a = torch.where(finite[:, None], a, torch.zeros_like(a))  # type: ignore[index]
             if sum_mask is not None:  # only the surviving entries of (c ⊙ G)ᵀ A, then scattered
                 kept = torch.sparse.sampled_addmm(sum_mask, scaled.T.contiguous(), a, beta=0.0).values()
-                weight_sum = a.new_zeros(sum_mask.shape)
+                weight_sum = a.new_zeros(sum_mask.shape) if out is None else out.tensors[weight_name].zero_()
                 weight_sum.view(-1).index_copy_(0, layout.surviving[weight_name], kept)  # type: ignore[arg-type]
             else:
-                weight_sum = scaled.T @ a
+                weight_sum = scaled.T @ a if out is None else torch.mm(scaled.T, a, out=out.tensors[weight_name])
                 if pruned is not None and mask_sums:  # set, not multiplied: a pruned entry is not bounded
                     weight_sum.masked_fill_(pruned, 0.0)  # by the clipping, and inf·0 would be NaN
             sums[weight_name] = weight_sum
             sums[bias_name] = bias_sums[index]
-    return ClippedBatch(sums, norms, loss_sum.detach())
+    return ClippedBatch(sums, norms, None if loss_sum is None else loss_sum.detach())

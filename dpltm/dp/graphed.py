@@ -9,9 +9,12 @@ Python. Here one step is split into two pieces of fixed shape:
   the chunk's clipped sum to an accumulator;
 * `update`: add the noise once (under DDP: rank 0, then the all-reduce), scale by 1/L,
   optimiser step, EMA, clear the accumulator. Plain Gaussian noise on one device takes `_flat_update`:
-  every ĝ is a view of one flat buffer, so the draw, the sums and the masks cost five kernels whatever
-  the depth (a DP step has ~20 more tiny kernels than the non-private one, not ~50: their launches,
-  not the arithmetic, are what a GPU step of this size spends).
+  every ĝ and every clipped sum is a view of a flat buffer (the sums written there in place), so the draw
+  and the masks cost four kernels whatever the depth. The labels are gathered as one-hot rows beside the
+  norm terms (one row copy), and the output layer's gradient is softmax(z) − y, written without the loss.
+  On PyTorch's dispatcher the one-chunk piece of a LeNet-300-100 ticket runs 40 operators against the
+  non-private step's 24 (tests/dp/test_static_step_kernels.py): their launches, not the arithmetic, are
+  what a GPU step of this size spends.
 
 A step is ⌈|B|/K⌉ accumulates and one update: the eager step's mechanism exactly (padding adds
 zero; every sampled record is processed once; one noise draw). A batch that fits one chunk (all but
@@ -32,13 +35,14 @@ import itertools
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 
 from dpltm.data.types import LabeledTensors
 from dpltm.dp.averaging import Ema, update_average
 from dpltm.dp.cuda_graphs import capture
-from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
+from dpltm.dp.ghost import MaskLayout, SumBuffers, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.mechanism import ScaledGaussianNoise
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import load_chunk, ones_then_zeros
@@ -61,15 +65,19 @@ class StaticShapeDpStep:
         self.averager, self.ema, self.reduce, self.add_noise = averager, ema, reduce, add_noise
         device, dtype = train.labels.device, train.features.dtype
         self.layout = MaskLayout.of(model, masks, dtype, noise.coordinate_scales(), allow_sparse=False)
-        self.input_terms = first_layer_input_terms(train.features, self.layout)
+        # per record, its first-layer norm terms (None: computed per batch) and its one-hot label side by side, so
+        # one row copy gathers both (the labels as one-hot rows: the loss's gradient is then written directly)
+        input_terms = first_layer_input_terms(train.features, self.layout)
+        one_hot = F.one_hot(train.labels, model.arch.num_classes).to(dtype)
+        self.terms_width = 0 if input_terms is None else input_terms.shape[1]
+        self.record_rows = one_hot if input_terms is None else torch.cat([input_terms, one_hot], dim=1)
+        del input_terms, one_hot
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
         self.weight = torch.zeros(capacity, dtype=dtype, device=device)
         self._weights = ones_then_zeros(capacity, dtype, device)  # each chunk's weights: one slice of it
         self.finite_records = bool(torch.isfinite(train.features).all())  # once per run: one sync
         parameters = dict(model.named_parameters())
-        names = self.layout.all_parameter_names  # the eager step's order (convolutions first)
-        self.names = names
-        self.sums = {name: torch.zeros_like(parameters[name]) for name in names}
+        names = self.layout.all_parameter_names  # the eager step's order (convolutions first): the noise's order
         # ĝ = (unmasked clipped sum + noise on surviving coordinates) ⊙ M / L: the mask costs no pass of its own
         self.out_scales: dict[str, Tensor | float] = {name: 1.0 / expected_batch_size for name in names}
         masks_by_name: dict[str, Tensor] = {}
@@ -77,22 +85,37 @@ class StaticShapeDpStep:
             if mask is not None:
                 self.out_scales[weight_name] = mask / expected_batch_size
                 masks_by_name[weight_name] = mask
-        # every ĝ is a view of one flat buffer: the noise is one draw scattered into it (`_flat_update`)
-        sizes = [parameters[name].numel() for name in names]
-        self.flat_grad = torch.zeros(sum(sizes), dtype=dtype, device=device)
-        self.grads = {name: view.view_as(parameters[name])
-                      for name, view in zip(names, self.flat_grad.split(sizes), strict=True)}
+        # every ĝ, every clipped sum and the accumulator are views of flat buffers laid out as the convolutions,
+        # then the fully connected weights, then their biases side by side (one sum writes all of those): the
+        # noise is one draw scattered into ĝ's buffer (`_flat_update`), and the sums are written in place
+        fc_biases = [bias for _, bias in self.layout.parameter_names]
+        flat_order = [*(name for pair in self.layout.conv_parameter_names for name in pair),
+                      *(weight for weight, _ in self.layout.parameter_names), *fc_biases]
+        sizes = {name: parameters[name].numel() for name in names}
+        offsets = dict(zip(flat_order, itertools.accumulate((sizes[name] for name in flat_order), initial=0)))
+        total = sum(sizes.values())
+
+        def views(flat: Tensor) -> dict[str, Tensor]:
+            return {name: flat[offsets[name]: offsets[name] + sizes[name]].view_as(parameters[name]) for name in names}
+
+        self.flat_grad = torch.zeros(total, dtype=dtype, device=device)
+        self.grads = views(self.flat_grad)
         for name, parameter in parameters.items():
             parameter.grad = self.grads[name]  # static: the optimiser reads these, the update writes them
+        self.flat_sums = torch.zeros_like(self.flat_grad)  # one chunk's clipped sums, written there
+        bias_start = offsets[fc_biases[0]]
+        self.sum_buffers = SumBuffers(views(self.flat_sums),
+                                      self.flat_sums[bias_start: bias_start + sum(sizes[b] for b in fc_biases)])
+        self.flat_total = torch.zeros_like(self.flat_grad)  # a batch of several chunks: their sums added up
+        self.total_views = views(self.flat_total)
         self.noise_std = flat_gaussian_std(noise, clip) if reduce is None else None
-        offsets = [0, *itertools.accumulate(sizes[:-1])]  # where each parameter starts
-        kept = [torch.arange(size, device=device) if self.layout.surviving[name] is None
-                else self.layout.surviving[name] for name, size in zip(names, sizes, strict=True)]
-        self.surviving_flat = torch.cat([k + offset for k, offset in zip(kept, offsets, strict=True)])
+        # the draw's i-th number goes where the eager step puts it: surviving coordinates in the eager order
+        kept = [torch.arange(sizes[name], device=device) if self.layout.surviving[name] is None
+                else self.layout.surviving[name] for name in names]
+        self.surviving_flat = torch.cat([k + offsets[name] for k, name in zip(kept, names, strict=True)])
         self.draws = torch.zeros(self.surviving_flat.numel(), dtype=dtype, device=device)
         self.all_survive = self.surviving_flat.numel() == self.flat_grad.numel()  # then draw straight, no scatter
         self.flat_noise = torch.zeros_like(self.flat_grad)  # private: its pruned entries are never written
-        self.flat_sums = torch.zeros_like(self.flat_grad)
         self.flat_pruned = torch.ones_like(self.flat_grad, dtype=torch.bool)
         self.flat_pruned[self.surviving_flat] = False
         self.graphs: tuple[torch.cuda.CUDAGraph, ...] | None = None
@@ -118,31 +141,33 @@ class StaticShapeDpStep:
         else:
             (self._accumulate, self._update, self._one_chunk_step)[piece]()
 
-    def _clipped_sums(self) -> dict[str, Tensor]:
+    def _clipped_sums(self) -> None:
+        """The chunk's clipped sums, written into `flat_sums` (unmasked: ĝ is masked as it is written)."""
         x = self.train.features.index_select(0, self.index)
-        y = self.train.labels.index_select(0, self.index)
-        terms = None if self.input_terms is None else self.input_terms.index_select(0, self.index)
-        return clipped_gradient_sum(self.model, x, y, self.clip, self.layout, weights=self.weight,
-                                    input_terms=terms, mask_sums=False, finite_records=self.finite_records).grad_sums
+        rows = self.record_rows.index_select(0, self.index)
+        terms, one_hot = (rows[:, : self.terms_width] if self.terms_width else None), rows[:, self.terms_width:]
+        clipped_gradient_sum(self.model, x, one_hot, self.clip, self.layout, weights=self.weight, input_terms=terms,
+                             mask_sums=False, finite_records=self.finite_records, out=self.sum_buffers)
 
     def _accumulate(self) -> None:
-        for name, chunk_sum in self._clipped_sums().items():
-            self.sums[name].add_(chunk_sum)
+        self._clipped_sums()
+        self.flat_total.add_(self.flat_sums)
 
     def _update(self) -> None:
-        self._apply(self.sums)
-        for total in self.sums.values():
-            total.zero_()
+        self._apply(self.flat_total, self.total_views)
+        self.flat_total.zero_()
 
     def _one_chunk_step(self) -> None:
         """A batch that fits one chunk: its clipped sum goes straight to the update (no accumulator to add
         to and clear: the same mechanism and the same noise draws as `_accumulate` then `_update`)."""
-        self._apply(self._clipped_sums())
+        self._clipped_sums()
+        self._apply(self.flat_sums, self.sum_buffers.tensors)
 
     @torch.no_grad()
-    def _apply(self, sums: dict[str, Tensor]) -> None:
+    def _apply(self, flat_sums: Tensor, sums: dict[str, Tensor]) -> None:
+        """ĝ from the clipped sums (`sums`: views of `flat_sums`), then the optimiser's step."""
         if self.noise_std is not None:
-            self._flat_update(sums)
+            self._flat_update(flat_sums)
         else:
             noisy_mean(dict(sums), noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
                        expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
@@ -151,12 +176,12 @@ class StaticShapeDpStep:
         if self.averager is not None and self.ema is not None:
             update_average(self.averager, self.model, self.ema)
 
-    def _flat_update(self, sums: dict[str, Tensor]) -> None:
-        """`noisy_mean` for plain Gaussian noise on one device, in five kernels whatever the layer count
-        (three for a dense network): ĝ = (S + σC·z)/L ⊙ M with z the eager step's one draw over the surviving
+    def _flat_update(self, flat_sums: Tensor) -> None:
+        """`noisy_mean` for plain Gaussian noise on one device, in four kernels whatever the layer count
+        (two for a dense network): ĝ = (S + σC·z)/L ⊙ M with z the eager step's one draw over the surviving
         coordinates (`dpltm.dp.mechanism.add_gaussian_all`: the same numbers on the same generator), drawn as
-        N(0, (σC/L)²) and scattered into a private noise buffer whose pruned entries stay 0; the sums joined into
-        one flat buffer; then every coordinate of ĝ written afresh: noise + S/L, and the pruned ones set to 0
+        N(0, (σC/L)²) and scattered into a private noise buffer whose pruned entries stay 0; the sums are one flat
+        buffer already; then every coordinate of ĝ written afresh: noise + S/L, and the pruned ones set to 0
         by `masked_fill_` (an unmasked sum there is not bounded by the clipping, and inf·0 would be NaN). Nothing
         written into a `.grad` between steps survives a step."""
         if self.noise_std and self.add_noise:
@@ -166,8 +191,7 @@ class StaticShapeDpStep:
             else:
                 self.draws.normal_(0.0, std, generator=self.generator)
                 self.flat_noise.index_copy_(0, self.surviving_flat, self.draws)
-        torch.cat([sums[name].reshape(-1) for name in self.names], out=self.flat_sums)
-        torch.add(self.flat_noise, self.flat_sums, alpha=1.0 / self.expected_batch_size, out=self.flat_grad)
+        torch.add(self.flat_noise, flat_sums, alpha=1.0 / self.expected_batch_size, out=self.flat_grad)
         if not self.all_survive:
             self.flat_grad.masked_fill_(self.flat_pruned, 0.0)
 
@@ -177,7 +201,7 @@ class StaticShapeDpStep:
         accumulate, update, one_chunk = capture(
             [self._accumulate, self._update, self._one_chunk_step], modules=[self.model, *averaged],
             optimizer=self.optimizer, generators=[self.generator],
-            reset=[*self.sums.values(), *counters])  # type: ignore[list-item]
+            reset=[self.flat_total, *counters])  # type: ignore[list-item]
         self.graphs = (accumulate, update, one_chunk)
 
 

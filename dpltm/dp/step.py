@@ -101,7 +101,7 @@ def private_gradients(model: nn.Module, x: Tensor, y: Tensor, *, clip: float,
                       reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                       input_terms: Tensor | dict[str, RecordTable] | None = None, add_noise: bool = True,
                       extra_sums: dict[str, Tensor] | None = None,
-                      ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+                      ) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
     """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
 
     `layout` is the ticket's `step_layout(model, masks)`, computed once per run (masks are fixed).
