@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Every GPU check the project owes, as one command for a lent machine's short lease (about 8 minutes):
+#   1. `pytest -m gpu`: the CUDA and CUDA-graph paths against the eager ones;
+#   2. benchmarks/bench_dp_step.py --device cuda: the DP graph step against the non-private graph step
+#      (target ≤ 1.2×) and against Opacus (target ≥ 4× ahead of ghost clipping);
+#   3. benchmarks/bench_generate.py --device cuda --graphs-only: IMP in graphs against a bare graph loop (≤ 1.1×);
+#   4. the README's `dpltm run --cuda-graphs`, twice (empty caches, then warm; target on an H100 ≤ 20 s);
+#   5. `dpltm generate --rewind-step 100 --cuda-graphs` (late rewinding's snapshot inside the graph blocks).
+# First, here: `bash benchmarks/gpu/prepare.sh`. Then the device tool's
+#   run(command="bash benchmarks/gpu/check.sh", carry=[".whl", ".gpu-data"], timeout_s=600)
+# Logs go to $OUT (the device tool brings them back); each step has its own time limit, and a failed step
+# does not stop the others. The exit status is the number of failed steps.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/dpltm-gpu-check}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 100
+    export PYTHONPATH="$PWD:/tmp/site"
+else
+    export PYTHONPATH="$PWD"
+fi
+export DPLTM_DATA_DIR="${DPLTM_DATA_DIR:-$PWD/.gpu-data}" DPLTM_FEATURE_CACHE=/tmp/dpltm-features \
+    DPLTM_TICKET_CACHE=/tmp/dpltm-tickets DPLTM_LOG_DIR=/tmp/dpltm-logs PYTHONUNBUFFERED=1
+failed=0
+step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output to the screen and $OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $(date +%T) $name"
+    local start=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 30 "$OUT/$name.log"
+    echo "== $name: exit $rc after $((SECONDS - start)) s"
+    [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, lightning, dp_accounting, kymatio, dpltm; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" || exit 101
+step pytest-gpu 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -o addopts=""
+step bench-dp-step 90 python3 benchmarks/bench_dp_step.py --device cuda
+step bench-generate 60 python3 benchmarks/bench_generate.py --device cuda --graphs-only --steps 5000 --dataset kmnist --split test
+step run-cold 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt
+step run-warm 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt
+step generate-rewind 60 python3 -m dpltm.cli generate --dataset kmnist --split test --rounds 2 --rewind-step 100 \
+    --cuda-graphs --device cuda --overwrite --out /tmp/dpltm-run/rewind-tickets.pt
+echo "== failed steps: $failed"
+exit "$failed"
