@@ -22,7 +22,7 @@ zero; every sampled record is processed once; one noise draw). A batch that fits
 no accumulator to add to and clear. On CUDA (`graphs=True`) the pieces are
 captured once in CUDA graphs and each step replays them, with no host synchronisation: the batch
 sizes come from sampling a whole epoch ahead (`PoissonBatches(..., epoch_at_once=True)`). On the
-CPU the same two functions run eagerly, which is what the tests compare with the eager step.
+CPU the same three pieces run eagerly, which is what the tests compare with the eager step.
 
 Dense products only (`MaskLayout.of(..., allow_sparse=False)`): sparse kernels are not capturable,
 and on a GPU these layers are small. Noise plug-ins must draw from the generator they are given
@@ -68,7 +68,7 @@ class StaticShapeDpStep:
         # per record, its first-layer norm terms (None: computed per batch) and its one-hot label side by side, so
         # one row copy gathers both (the labels as one-hot rows: the loss's gradient is then written directly)
         input_terms = first_layer_input_terms(train.features, self.layout)
-        one_hot = F.one_hot(train.labels, model.arch.num_classes).to(dtype)
+        one_hot = F.one_hot(train.labels, model.layers_in_order()[-1][1].out_features).to(dtype)
         self.terms_width = 0 if input_terms is None else input_terms.shape[1]
         self.record_rows = one_hot if input_terms is None else torch.cat([input_terms, one_hot], dim=1)
         del input_terms, one_hot
@@ -80,11 +80,9 @@ class StaticShapeDpStep:
         names = self.layout.all_parameter_names  # the eager step's order (convolutions first): the noise's order
         # ĝ = (unmasked clipped sum + noise on surviving coordinates) ⊙ M / L: the mask costs no pass of its own
         self.out_scales: dict[str, Tensor | float] = {name: 1.0 / expected_batch_size for name in names}
-        masks_by_name: dict[str, Tensor] = {}
         for (weight_name, _), mask in zip(self.layout.parameter_names, self.layout.weight_masks, strict=True):
             if mask is not None:
                 self.out_scales[weight_name] = mask / expected_batch_size
-                masks_by_name[weight_name] = mask
         # every ĝ, every clipped sum and the accumulator are views of flat buffers laid out as the convolutions,
         # then the fully connected weights, then their biases side by side (one sum writes all of those): the
         # noise is one draw scattered into ĝ's buffer (`_flat_update`), and the sums are written in place
@@ -114,7 +112,10 @@ class StaticShapeDpStep:
                 else self.layout.surviving[name] for name in names]
         self.surviving_flat = torch.cat([k + offsets[name] for k, name in zip(kept, names, strict=True)])
         self.draws = torch.zeros(self.surviving_flat.numel(), dtype=dtype, device=device)
-        self.all_survive = self.surviving_flat.numel() == self.flat_grad.numel()  # then draw straight, no scatter
+        self.any_pruned = self.surviving_flat.numel() != self.flat_grad.numel()
+        # every coordinate survives and the flat order is the eager one (one fully connected layer): the draw goes
+        # straight into the buffer; else it is scattered, so each number lands where the eager step puts it
+        self.draw_straight = not self.any_pruned and flat_order == names
         self.flat_noise = torch.zeros_like(self.flat_grad)  # private: its pruned entries are never written
         self.flat_pruned = torch.ones_like(self.flat_grad, dtype=torch.bool)
         self.flat_pruned[self.surviving_flat] = False
@@ -178,21 +179,22 @@ class StaticShapeDpStep:
 
     def _flat_update(self, flat_sums: Tensor) -> None:
         """`noisy_mean` for plain Gaussian noise on one device, in four kernels whatever the layer count
-        (two for a dense network): ĝ = (S + σC·z)/L ⊙ M with z the eager step's one draw over the surviving
-        coordinates (`dpltm.dp.mechanism.add_gaussian_all`: the same numbers on the same generator), drawn as
+        (three for a dense network, two for a dense single layer): ĝ = (S + σC·z)/L ⊙ M with z the eager step's one
+        draw over the surviving coordinates (`dpltm.dp.mechanism.add_gaussian_all`: the same numbers on the same
+        generator, each where the eager step puts it), drawn as
         N(0, (σC/L)²) and scattered into a private noise buffer whose pruned entries stay 0; the sums are one flat
         buffer already; then every coordinate of ĝ written afresh: noise + S/L, and the pruned ones set to 0
         by `masked_fill_` (an unmasked sum there is not bounded by the clipping, and inf·0 would be NaN). Nothing
         written into a `.grad` between steps survives a step."""
         if self.noise_std and self.add_noise:
             std = self.noise_std / self.expected_batch_size
-            if self.all_survive:
+            if self.draw_straight:
                 self.flat_noise.normal_(0.0, std, generator=self.generator)
             else:
                 self.draws.normal_(0.0, std, generator=self.generator)
                 self.flat_noise.index_copy_(0, self.surviving_flat, self.draws)
         torch.add(self.flat_noise, flat_sums, alpha=1.0 / self.expected_batch_size, out=self.flat_grad)
-        if not self.all_survive:
+        if self.any_pruned:
             self.flat_grad.masked_fill_(self.flat_pruned, 0.0)
 
     def _capture(self) -> None:

@@ -38,6 +38,7 @@ def test_every_flag_the_check_passes_is_taken_by_its_command() -> None:
         help_text = subprocess.run([*program, "--help"], capture_output=True, text=True, cwd=ROOT,
                                    env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=120).stdout
         for flag in (w for w in rest if w.startswith("--")):
-            assert re.search(rf"{re.escape(flag)}\b", help_text), f"{' '.join(words[:3])}: {flag} is not an option"
+            as_option = rf"(?<![\w-]){re.escape(flag)}(?![\w-])"  # the whole flag, not a prefix of another
+            assert re.search(as_option, help_text), f"{' '.join(words[:3])}: {flag} is not an option"
             checked += 1
     assert checked >= 15

@@ -58,20 +58,23 @@ class BiasScaled(GaussianNoise):
         return self._scales
 
 
-def mlp_ticket(keep_middle_dense: bool = False) -> tuple[LeNet, Masks]:
-    model = LeNet(build_architecture(12, 5, (10, 7), None), torch.Generator().manual_seed(0)).double()
-    masks = prune_layerwise(model.weights(), model.full_masks(), paper_prune_rates(model.mask_names()))
+def mlp_ticket(keep_middle_dense: bool = False, dense: bool = False,
+               hidden: tuple[int, ...] = (10, 7)) -> tuple[LeNet, Masks]:
+    model = LeNet(build_architecture(12, 5, hidden, None), torch.Generator().manual_seed(0)).double()
+    masks = model.full_masks() if dense else prune_layerwise(model.weights(), model.full_masks(),
+                                                             paper_prune_rates(model.mask_names()))
     if keep_middle_dense:
         name = model.mask_names()[1]
         masks[name] = torch.ones_like(masks[name])
     return model, apply_masks_(model, masks)
 
 
-def lenet5_ticket() -> tuple[LeNet, Masks]:
+def lenet5_ticket(dense: bool = False) -> tuple[LeNet, Masks]:
     model = LeNet(build_architecture(784, 10, (20, 12), None, "relu", "lenet5"),
                   torch.Generator().manual_seed(0)).double()
     weights = prunable_weights(model)
-    masks = prune_layerwise(weights, full_masks(model), paper_prune_rates(list(weights)))
+    masks = (full_masks(model) if dense
+             else prune_layerwise(weights, full_masks(model), paper_prune_rates(list(weights))))
     return model, apply_masks_(model, masks)
 
 
@@ -98,6 +101,10 @@ CASES = {
     "mlp, bias geometry": (mlp_ticket, 12, 5, "biases"),
     "mlp, full geometry": (mlp_ticket, 12, 5, "all"),
     "lenet5": (lenet5_ticket, 784, 10, None),
+    # dense networks: the noise drawn straight (one layer) or scattered into the flat layout in the eager order
+    "mlp, dense": (lambda: mlp_ticket(dense=True), 12, 5, None),
+    "one layer, dense": (lambda: mlp_ticket(dense=True, hidden=()), 12, 5, None),
+    "lenet5, dense": (lambda: lenet5_ticket(dense=True), 784, 10, None),
 }
 
 
@@ -109,7 +116,7 @@ def test_the_static_step_is_the_eager_step(case: str, capacity: int, poison: boo
     features are NaN or infinite (dropped by both), and the pruned weights exactly zero."""
     make, features, classes, geometry = CASES[case]
     batches = poisson_batches_at_once(N, 0.2, 4, torch.Generator().manual_seed(9))
-    if case == "lenet5":
+    if case.startswith("lenet5"):
         batches = batches[:2]
 
     def noise(model: LeNet) -> GaussianNoise:
