@@ -814,13 +814,43 @@ def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, mask
     saved = {k: torch.as_tensor(v) for k, v in body["masks"].items()}
     if set(saved) != set(masks) or any(not torch.equal(saved[k].bool().cpu(), masks[k].cpu()) for k in masks):
         raise DpltmUserError(f"the masks differ from those of the run in {path}: pass the same masks")
+    segments, epochs_done, history = _spent_record(path, body, saved, saved_settings)
     try:
         model.load_state_dict(body["model"])
         optimizer.load_state_dict(body["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"{path} does not fit this model or optimizer: {first}") from None
-    return SpentSegments(body["segments"]), int(body["epochs_done"]), list(body["history"])
+    return segments, epochs_done, history
+
+
+def _spent_record(path: Path, body: dict[str, Any], masks: Mapping[str, Tensor],
+                  settings: dict[str, Any]) -> tuple[SpentSegments, int, list[dict[str, Any]]]:
+    """The saved run's spent segments, epoch count and history, each checked against the others and against the
+    privacy record saved beside them: a resume composes its budget with these segments, so a file whose segments
+    were emptied or shortened while its ledger still records the steps would state a smaller ε than was spent."""
+    segments = SpentSegments(body["segments"])
+    epochs_done, history = body["epochs_done"], body["history"]
+    if (isinstance(epochs_done, bool) or not isinstance(epochs_done, int) or epochs_done < 0
+            or not isinstance(history, list) or len(history) != epochs_done
+            or not all(isinstance(r, dict) and isinstance(r.get("steps"), int) for r in history)
+            or (history and not history[-1]["steps"] <= segments.steps)):
+        raise DpltmUserError(f"{path}: its epochs_done, history and spent segments disagree (an altered file): "
+                             "refusing to resume from it")
+    try:
+        rebuilt = user_run_ledger(segments, settings.get("delta"), settings.get("accountant"),  # type: ignore[arg-type]
+                                  settings.get("neighboring"), masks, body.get("masks_from"),  # type: ignore[arg-type]
+                                  bool(body.get("masks_private")), body.get("selection_eps1"),
+                                  body.get("dataset_name"))  # type: ignore[arg-type]
+        stored = body.get("ledger")
+        fields = None if rebuilt is None else {k: v for k, v in rebuilt.to_json().items() if k != "format_version"}
+        agrees = fields == (None if stored is None else {k: v for k, v in stored.items() if k != "format_version"})
+    except (DpltmUserError, TypeError, ValueError):
+        agrees = False
+    if not agrees:
+        raise DpltmUserError(f"{path}: its spent segments disagree with the privacy record saved beside them (an "
+                             "altered file): refusing to resume from it")
+    return segments, epochs_done, list(history)
 
 
 def load_model(path: str | Path) -> nn.Module:

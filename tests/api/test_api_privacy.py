@@ -693,3 +693,40 @@ def test_finished_runs_are_freed_with_their_records() -> None:
     del run, model
     gc.collect()
     assert all(ref() is None for ref in refs)
+
+
+@pytest.mark.parametrize("edit", ["segments emptied", "segments shortened", "epochs_done negative",
+                                  "history dropped", "ledger dropped"])
+def test_a_run_file_whose_spent_record_was_altered_is_not_resumed(tmp_path: Path, edit: str) -> None:
+    """A resume composes its budget with the file's segments: a file whose segments were emptied or shortened
+    (re-saved, so it loads) while its privacy record still holds the steps would state a smaller ε than the
+    weights' steps spent; each part of the record is checked against the others."""
+    from dpltm.checkpoint import save_atomic
+
+    data = blobs(300, 0)
+
+    def fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = mlp()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    first = dpltm.make_private(*fresh(), data, target_epsilon=1.0, epochs=2, batch_size=30)
+    first.fit(epochs=1)
+    path = first.save(tmp_path / "run.pt")
+    body = torch.load(path, weights_only=True)
+    if edit == "segments emptied":
+        body.update(segments=[], epochs_done=0, history=[])
+    elif edit == "segments shortened":
+        body["segments"][0]["steps"] = 1
+        body["history"][-1]["steps"] = 1
+    elif edit == "epochs_done negative":
+        body["epochs_done"] = -5
+    elif edit == "history dropped":
+        body["history"] = []
+    else:
+        body["ledger"] = None
+    altered = tmp_path / "altered.pt"
+    save_atomic(body, altered, "run")
+    with pytest.raises(DpltmUserError, match="refusing to resume from it$"):
+        dpltm.make_private(*fresh(), data, target_epsilon=1.0, epochs=2, batch_size=30, resume_from=altered)
+    honest = dpltm.make_private(*fresh(), data, target_epsilon=1.0, epochs=2, batch_size=30, resume_from=path)
+    assert honest.steps_done == 10
