@@ -38,6 +38,7 @@ from dpltm.api_checks import (
     check_batch_size,
     check_budget,
     check_budget_left,
+    check_callable,
     check_count,
     check_data_fits_model,
     check_delta,
@@ -45,11 +46,13 @@ from dpltm.api_checks import (
     check_model_and_optimizer,
     check_neighboring,
     check_positive,
+    check_seed,
     check_steps,
     evaluation_mode,
     first_parameter,
+    user_path,
 )
-from dpltm.config import TrainSettings
+from dpltm.config import MAX_LR, MAX_ROUNDS, TrainSettings
 from dpltm.data.splits import record_hashes
 from dpltm.dp.distributed import rank_sampling_seed
 from dpltm.dp.engine import (
@@ -125,6 +128,8 @@ def model_tensors(model: nn.Module, data: Data, device: torch.device | str | Non
     """`as_tensors`, with integer features as floats unless the model embeds ids (int64 from NumPy or pandas is
     usually a measurement; a model with an nn.Embedding takes ids)."""
     features, labels = as_tensors(data, device)
+    if features.is_complex():  # .float() would drop the imaginary part with only a warning
+        raise DpltmUserError(f"features must be real numbers, got {str(features.dtype).removeprefix('torch.')}")
     if not features.is_floating_point() and not takes_ids(model):
         features = features.float()
     return features, labels
@@ -202,14 +207,20 @@ def density_of(model: nn.Module, masks: Mapping[str, Tensor]) -> float:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Data, batch_size: int = 4096) -> float:
-    """Top-1 accuracy (no privacy: for held-out or public data)."""
+    """Top-1 accuracy (no privacy: for held-out or public data). Empty data, non-finite features (whose scores'
+    argmax is arbitrary) and labels the model has no class for are refused rather than scored."""
+    batch_size = check_count(batch_size, "batch_size")
     parameter = first_parameter(model)
     features, labels = model_tensors(model, data, parameter.device)
     if labels.dim() != 1 or labels.is_floating_point():
         kind = str(labels.dtype).removeprefix("torch.")  # (N, 1) against (N,) would broadcast to N × N
         raise DpltmUserError(f"class labels must be integers of shape (N,), got {kind} of shape {tuple(labels.shape)}")
+    if len(labels) == 0:
+        raise DpltmUserError("there are no records to evaluate on")
     if features.is_floating_point():
         features = features.to(parameter.dtype)
+        if not bool(torch.isfinite(features).all()):
+            raise DpltmUserError("the features hold NaN or infinite values: their accuracy would be arbitrary")
     try:
         with evaluation_mode(model):
             return _accuracy(model, features, labels, batch_size)
@@ -227,6 +238,11 @@ def _accuracy(model: nn.Module, features: Tensor, labels: Tensor, batch_size: in
         if not isinstance(outputs, Tensor) or outputs.dim() != 2 or outputs.shape[0] != len(targets):
             got = tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__
             raise DpltmUserError(f"the model must return class scores of shape (batch, classes), got {got}")
+        if i == 0:  # every label must name one of the model's classes (else it is never right: a silent 0)
+            low, high = int(labels.min()), int(labels.max())
+            if low < 0 or high >= outputs.shape[1]:
+                raise DpltmUserError(f"class labels must lie in [0, {outputs.shape[1] - 1}] (the model's "
+                                     f"{outputs.shape[1]} classes), got labels from {low} to {high}")
         correct += int((outputs.argmax(1) == targets).sum())
     return correct / max(len(labels), 1)
 
@@ -261,18 +277,22 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     remaining iterations − K steps; every ticket's `theta0` is then θ_K. Make tickets on public data; the model
     is left at θ0 with no mask."""
     parameter = first_parameter(model)
-    rounds = check_count(rounds, "rounds", minimum=0)
+    rounds = check_count(rounds, "rounds", minimum=0, maximum=MAX_ROUNDS)
     iterations = check_count(iterations, "iterations")
     rewind_step = check_count(rewind_step, "rewind_step", minimum=0)
     if rewind_step >= iterations:
         raise DpltmUserError(f"rewind_step must lie in [0, iterations) = [0, {iterations}), got {rewind_step}")
     batch_size = check_count(batch_size, "batch_size")
     lr = check_positive(lr, "lr")
+    if lr > MAX_LR:
+        raise DpltmUserError(f"lr must lie in (0, {MAX_LR:g}] (as the CLI's --lr), got {lr:g}")
+    seed = check_seed(seed, "seed")
     for rate, name in ((prune_rate, "prune_rate"), (output_prune_rate, "output_prune_rate")):
         if check_positive(rate, name, inclusive=True) >= 1:
             raise DpltmUserError(f"{name} must lie in [0, 1), got {rate:g}")
     if not callable(loss):
         raise DpltmUserError("loss must be callable: loss(outputs, targets) -> the batch loss")
+    check_rounds_leave_weights(prunable_weights(model), rounds, prune_rate, output_prune_rate)
     stepped = privately_stepped(model)
     if stepped:
         raise DpltmUserError(f"generate_tickets takes the model's current weights as θ0, and these took {stepped} DP "
@@ -321,11 +341,32 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             for k, m, density, accuracy in rounds_made]
 
 
+def check_rounds_leave_weights(weights: Mapping[str, Tensor], rounds: int, prune_rate: float,
+                               output_prune_rate: float) -> None:
+    """Refused before any training: `rounds` that would prune every weight of a layer (prune_layerwise prunes
+    ⌈rate·survivors⌉ a round), which leaves a network that cannot compute and a ticket `select_ticket` refuses."""
+    names = list(weights)
+    for index, name in enumerate(names):
+        rate = output_prune_rate if index == len(names) - 1 else prune_rate
+        survivors = weights[name].numel()
+        for k in range(1, rounds + 1):
+            survivors -= min(survivors, math.ceil(rate * survivors))
+            if survivors == 0:
+                raise DpltmUserError(f"rounds={rounds}: round {k} would prune every weight of {name} (at a rate of "
+                                     f"{rate:g} a round): use at most {k - 1} rounds, or a lower rate")
+
+
 def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float = 50.0,
                   accuracy_sensitivity: float = 1.0, seed: int | None = None) -> Ticket:
     """The ticket with the best score S = A·(1 − ν·C) (`eps1=None`: tickets made on public data, no ε
     spent), or one drawn by the exponential mechanism with ε1 (McSherry & Talwar 2007; sensitivity
     `score_sensitivity`, docs/privacy.md §2) when the accuracies come from private data."""
+    if not isinstance(tickets, (list, tuple)) or not tickets or not all(isinstance(t, Ticket) for t in tickets):
+        raise DpltmUserError("tickets must be a non-empty list of the Tickets generate_tickets returns")
+    if eps1 is not None:
+        eps1 = check_positive(eps1, "eps1")
+    if seed is not None:
+        seed = check_seed(seed, "seed")
     if any(t.accuracy is None for t in tickets):
         raise DpltmUserError("every ticket needs an accuracy: generate them with val=…")
     scores = ticket_scores([t.accuracy for t in tickets], [t.density for t in tickets], nu)  # type: ignore[misc]
@@ -341,7 +382,11 @@ def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float
 def account(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float = 1e-5,
             accountant: str = "pld") -> float:
     """ε of `steps` Poisson-subsampled Gaussian steps (dp-accounting's PLD or RDP accountant)."""
-    return accountant_epsilon(dpsgd_event(sample_rate, noise_multiplier, steps), delta, accountant)
+    sample_rate = check_positive(sample_rate, "sample_rate")
+    noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
+    steps = check_count(steps, "steps", minimum=0)
+    delta = check_delta(delta, None)
+    return accountant_epsilon(dpsgd_event(sample_rate, noise_multiplier, steps), delta, check_accountant(accountant))
 
 
 RECORDS_COPY_MAX_BYTES = 4 << 30
@@ -462,6 +507,7 @@ class PrivateTraining:
     def fit(self, epochs: int | None = None, val: Data | None = None,
             on_epoch: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Run the planned epochs (or `epochs` of them); returns one record per epoch with ε so far."""
+        check_callable(on_epoch, "on_epoch")
         left = (self.plan.steps - self.segments.open_steps) // self.plan.steps_per_epoch
         todo = left if epochs is None else check_count(epochs, "epochs", minimum=0)
         if todo > left:  # before any step: the budget was planned for the run's epochs
@@ -555,9 +601,10 @@ class PrivateTraining:
     def save(self, path: str | Path) -> Path:
         """Write the run to `path` atomically (a dpltm 'run' checkpoint: `dpltm inspect` reads it); resume
         with `make_private(..., resume_from=path)`."""
-        from dpltm.checkpoint import save_atomic
+        from dpltm.checkpoint import check_checkpoint_name, save_atomic
 
-        target = Path(path)
+        target = user_path(path, "path")
+        check_checkpoint_name(target, "path")
         save_atomic(self.state_dict(), target, "run")
         return target
 
@@ -662,8 +709,10 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         raise DpltmUserError("dataset_name must be a non-empty string")
     if not callable(loss):
         raise DpltmUserError("loss must be callable: loss(outputs, targets) -> one loss per sample")
-    if noise_seed is not None and (isinstance(noise_seed, bool) or not isinstance(noise_seed, int) or noise_seed < 0):
-        raise DpltmUserError(f"noise_seed must be a non-negative integer, got {noise_seed!r}")
+    if noise_seed is not None:
+        noise_seed = check_seed(noise_seed, "noise_seed")
+    if not isinstance(masks_private, (bool, np.bool_)):
+        raise DpltmUserError(f"masks_private must be True or False, got {masks_private!r}")
     if selection_eps1 is not None and not masks:
         raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
     if selection_eps1 is not None:
@@ -700,8 +749,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         if noise_seed is not None:
             raise DpltmUserError("noise_seed cannot be combined with resume_from: a resumed run draws fresh OS "
                                  "randomness (re-seeding would reuse the first segment's noise)")
-        if not isinstance(resume_from, (str, Path)):
-            raise DpltmUserError(f"resume_from must be a path, got {type(resume_from).__name__}")
+        resume_from = user_path(resume_from, "resume_from")
         before = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
         guarded = _LAST_PRIVATE_STEP.get(model) if privately_stepped(model) else None
         try:
@@ -857,4 +905,4 @@ def load_model(path: str | Path) -> nn.Module:
     """The released model of a `dpltm train` checkpoint (masks included), ready for inference."""
     from dpltm.checkpoint import load_trained_model
 
-    return load_trained_model(Path(path)).network()
+    return load_trained_model(user_path(path, "path")).network()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,31 @@ def check_count(value: Any, name: str, minimum: int = 1, maximum: int | None = N
         bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise DpltmUserError(f"{name} must be {bound}, got {value}")
     return int(value)
+
+
+SEED_LIMIT = 2**63
+"""Seeds are 64-bit signed on torch's and NumPy's generators: non-negative ones below this."""
+
+
+def check_seed(value: Any, name: str) -> int:
+    """A seed: a whole number in [0, 2⁶³) (torch.Generator.manual_seed takes no more), bool refused."""
+    return check_count(value, name, minimum=0, maximum=SEED_LIMIT - 1)
+
+
+def check_callable(value: Any, name: str) -> None:
+    """None or a callable, checked before any private step runs (not when it is first called)."""
+    if value is not None and not callable(value):
+        raise DpltmUserError(f"{name} must be callable (or None), got {_shown(value)}")
+
+
+def user_path(value: Any, name: str) -> Path:
+    """A file path given as a string or a path object, not empty or blank (Path("") is the current directory)."""
+    if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
+        raise DpltmUserError(f"{name} must be a file path, got {_shown(value)}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise DpltmUserError(f"{name} must be a file path, got an empty one")
+    return Path(text)
 
 
 def check_positive(value: Any, name: str, *, minimum: float = 0.0, inclusive: bool = False) -> float:
@@ -129,6 +156,7 @@ def check_model_and_optimizer(model: Any, optimizer: Any) -> None:
         raise DpltmUserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise DpltmUserError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    check_not_meta(model)
     check_single_evaluation(optimizer)
     names = {id(p): n for n, p in model.named_parameters()}
     optimised = [p for group in optimizer.param_groups for p in group["params"]]
@@ -169,7 +197,15 @@ def first_parameter(model: Any) -> nn.Parameter:
     parameter = next(model.parameters(), None)
     if parameter is None:
         raise DpltmUserError("the model has no parameters")
+    check_not_meta(model)
     return parameter
+
+
+def check_not_meta(model: nn.Module) -> None:
+    """Parameters on the meta device hold no values (a model built for its shapes only): nothing can train."""
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise DpltmUserError("the model's parameters are on the meta device (shapes without values): "
+                             "materialise them first (model.to_empty(device=…) and initialise, or load weights)")
 
 
 @contextmanager

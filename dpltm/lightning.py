@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -43,11 +44,13 @@ from dpltm.api_checks import (
     check_accountant,
     check_budget,
     check_budget_left,
+    check_count,
     check_delta,
     check_full_precision,
     check_mask_values,
     check_neighboring,
     check_positive,
+    check_seed,
     check_single_evaluation,
 )
 from dpltm.config import TrainSettings
@@ -74,8 +77,14 @@ class PoissonBatchSampler(Sampler[list[int]]):
     `DPCallback` can check that each step consumes one of its batches, in order."""
 
     def __init__(self, n: int, batch_size: int, steps: int | None = None, seed: int | None = None) -> None:
-        if not 0 < batch_size < n:
+        n = check_count(n, "n", minimum=2)
+        batch_size = check_count(batch_size, "batch_size")
+        if not batch_size < n:
             raise DpltmUserError(f"batch_size must lie in (0, {n}), got {batch_size}")
+        if steps is not None:
+            steps = check_count(steps, "steps")
+        if seed is not None:
+            seed = check_seed(seed, "seed")
         self.n, self.batch_size = n, batch_size
         self.sample_rate = batch_size / n
         self.steps = steps if steps is not None else math.ceil(n / batch_size)
@@ -209,9 +218,10 @@ class DPCallback(L.Callback):
             raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
         if selection_eps1 is not None:
             check_positive(selection_eps1, "selection_eps1")
-        if noise_seed is not None and (isinstance(noise_seed, bool) or not isinstance(noise_seed, int)
-                                       or noise_seed < 0):
-            raise DpltmUserError(f"noise_seed must be a non-negative integer, got {noise_seed!r}")
+        if noise_seed is not None:
+            noise_seed = check_seed(noise_seed, "noise_seed")
+        if not isinstance(masks_private, (bool, np.bool_)):
+            raise DpltmUserError(f"masks_private must be True or False, got {masks_private!r}")
         self.clip = check_positive(max_grad_norm, "max_grad_norm")
         self.masks_in, self.masks_from = dict(masks), masks_from
         self.loss_reduction, self.accountant = loss_reduction, check_accountant(accountant)

@@ -594,7 +594,8 @@ def test_hostile_inputs_found_by_review_get_one_line_errors_or_work() -> None:
     with pytest.raises(DpltmUserError, match="^mask 0.weight must be a 0/1 tensor, got NoneType"):
         dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
                            batch_size=30, masks={"0.weight": None}, masks_from="public")
-    for kwargs, match in (({"rounds": -1}, "^rounds must be at least 0"), ({"iterations": 2.5}, "^iterations must be"),
+    for kwargs, match in (({"rounds": -1}, r"^rounds must be in \[0, 100\]"),
+                          ({"iterations": 2.5}, "^iterations must be"),
                           ({"lr": float("nan")}, "^lr must be a finite number"),
                           ({"prune_rate": 1.0}, "^prune_rate must lie in \\[0, 1\\)")):
         with pytest.raises(DpltmUserError, match=match):
@@ -730,3 +731,70 @@ def test_a_run_file_whose_spent_record_was_altered_is_not_resumed(tmp_path: Path
         dpltm.make_private(*fresh(), data, target_epsilon=1.0, epochs=2, batch_size=30, resume_from=altered)
     honest = dpltm.make_private(*fresh(), data, target_epsilon=1.0, epochs=2, batch_size=30, resume_from=path)
     assert honest.steps_done == 10
+
+
+def _api_refusals() -> dict[str, tuple[Any, str]]:
+    """Hostile arguments a sweep found answered by a library's own traceback, a silent wrong answer, or (on_epoch)
+    only after an epoch of private steps: each is now one line naming the argument."""
+    data = blobs(200, 0)
+
+    def run(**kwargs: Any) -> Any:
+        model = mlp()
+        return dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, batch_size=20, **kwargs)
+
+    def tickets() -> list[Any]:
+        return dpltm.generate_tickets(mlp(), data, val=blobs(60, 1), rounds=1, iterations=5)
+
+    meta = mlp().to("meta")
+    return {
+        "noise_seed past 2**63": (lambda: run(noise_multiplier=1.0, noise_seed=2**70), "^noise_seed must be in"),
+        "callback noise_seed": (lambda: dpltm.DPCallback(target_epsilon=1.0, noise_seed=2**64), "^noise_seed must be"),
+        "masks_private not a bool": (lambda: run(noise_multiplier=1.0, masks_private="no"), "^masks_private must be"),
+        "meta parameters": (lambda: dpltm.make_private(meta, torch.optim.SGD(meta.parameters(), lr=0.1), data,
+                                                       noise_multiplier=1.0, batch_size=20), "meta device"),
+        "complex features": (lambda: dpltm.evaluate(mlp(), (data[0].to(torch.complex64), data[1])),
+                             "^features must be real numbers"),
+        "on_epoch not callable": (lambda: run(noise_multiplier=1.0).fit(on_epoch=5), "^on_epoch must be callable"),
+        "generate seed text": (lambda: dpltm.generate_tickets(mlp(), data, rounds=1, iterations=5, seed="a"),
+                               "^seed must be an integer"),
+        "generate seed negative": (lambda: dpltm.generate_tickets(mlp(), data, rounds=1, iterations=5, seed=-1),
+                                   r"^seed must be in \[0, "),
+        "generate lr overflow": (lambda: dpltm.generate_tickets(mlp(), data, rounds=1, iterations=5, lr=1e300),
+                                 r"^lr must lie in \(0, 1000\]"),
+        "rounds that empty a layer": (lambda: dpltm.generate_tickets(mlp(), data, rounds=60, iterations=1),
+                                      "would prune every weight of 0.weight"),
+        "select from numbers": (lambda: dpltm.select_ticket([1, 2]), "^tickets must be a non-empty list"),
+        "select eps1 as text": (lambda: dpltm.select_ticket(tickets(), eps1="0.1"), "^eps1 must be a number"),
+        "select seed negative": (lambda: dpltm.select_ticket(tickets(), eps1=0.1, seed=-1), r"^seed must be in"),
+        "account delta text": (lambda: dpltm.account(sample_rate=0.01, noise_multiplier=1.0, steps=10, delta="x"),
+                               "^delta must be a number"),
+        "account rate text": (lambda: dpltm.account(sample_rate="0.01", noise_multiplier=1.0, steps=10),
+                              "^sample_rate must be a number"),
+        "save to None": (lambda: run(noise_multiplier=1.0).save(None), "^path must be a file path, got None"),
+        "save to ''": (lambda: run(noise_multiplier=1.0).save(""), "^path must be a file path, got an empty one"),
+        "save as safetensors": (lambda: run(noise_multiplier=1.0).save("run.safetensors"), "names a safetensors"),
+        "load None": (lambda: dpltm.load_model(None), "^path must be a file path"),
+        "sampler n fractional": (lambda: dpltm.PoissonBatchSampler(100.5, 10), "^n must be an integer"),
+        "sampler steps negative": (lambda: dpltm.PoissonBatchSampler(100, 10, steps=-3), "^steps must be at least 1"),
+        "sampler seed text": (lambda: dpltm.PoissonBatchSampler(100, 10, seed="a"), "^seed must be an integer"),
+        "loader batch size text": (lambda: dpltm.poisson_loader(torch.utils.data.TensorDataset(*data), "10"),
+                                   "^batch_size must be an integer"),
+        "evaluate batch size negative": (lambda: dpltm.evaluate(mlp(), data, batch_size=-1), "^batch_size must be"),
+        "evaluate no records": (lambda: dpltm.evaluate(mlp(), (data[0][:0], data[1][:0])), "^there are no records"),
+        "evaluate labels past the classes": (lambda: dpltm.evaluate(mlp(), (data[0], data[1] + 10)),
+                                             r"^class labels must lie in \[0, 2\]"),
+        "evaluate negative labels": (lambda: dpltm.evaluate(mlp(), (data[0], data[1] - 5)), "^class labels must"),
+        "evaluate NaN features": (lambda: dpltm.evaluate(mlp(), (data[0] * float("nan"), data[1])),
+                                  "^the features hold NaN"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_api_refusals()))
+def test_hostile_api_arguments_get_one_line_errors(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    call, match = _api_refusals()[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DpltmUserError, match=match):
+            call()
+    assert not list(tmp_path.iterdir())  # nothing written
