@@ -119,11 +119,17 @@ def _values_given(names: list[str], args: list[str]) -> list[tuple[str, str]]:
     return given
 
 
+PRIVACY_TERMS = frozenset({"eps", "eps1", "eps2", "max_eps", "delta", "sigma", "clip", "neighbouring", "accountant",
+                           "noise"})
+"""Parameters that state a run's privacy guarantee: given twice with different values, refused even under one name."""
+
+
 def options_at_odds(app: typer.Typer, argv: list[str]) -> str | None:
     """The error for an option given an empty value (`--data-dir ''` would be the current folder, `--device ''`
-    the default device), or one option given under two of its names with different values (`--eps 1 --eps2 2`,
-    `--neighbouring replace-one --neighboring add-remove`: Click keeps the last silently, which may be the weaker
-    guarantee). Repeating one spelling keeps Click's usual last-one-wins."""
+    the default device), or one option given twice with different values under two of its names (`--eps 1 --eps2
+    2`, `--neighbouring replace-one --neighboring add-remove`), or under one name where it states the guarantee
+    (`--eps 0.5 --eps 5`: `PRIVACY_TERMS`): Click keeps the last silently, which may be the weaker guarantee. Other
+    options repeated under one name keep Click's last-one-wins (an alias's default, then the user's override)."""
     command, args = _command_and_args(app, argv)
     for param in getattr(command, "params", []):
         names = [name for name in getattr(param, "opts", []) if name.startswith("--")]
@@ -133,11 +139,15 @@ def options_at_odds(app: typer.Typer, argv: list[str]) -> str | None:
         for name, value in given:
             if not value.strip():
                 return f"{name} got an empty value"
-        spellings = dict(given)
-        if len(spellings) > 1 and len(set(spellings.values())) > 1:
-            shown = " and ".join(f"{name} {value}" for name, value in spellings.items())
-            return (f"{' and '.join(spellings)} are one option, given twice with different values ({shown}): "
-                    "give it once")
+        if len({value for _, value in given}) > 1:
+            spellings = list(dict.fromkeys(name for name, _ in given))
+            if len(spellings) == 1 and getattr(param, "name", None) not in PRIVACY_TERMS:
+                continue
+            shown = " and ".join(f"{name} {value}" for name, value in given)
+            if len(spellings) > 1:
+                return (f"{' and '.join(spellings)} are one option, given twice with different values ({shown}): "
+                        "give it once")
+            return f"{spellings[0]} was given twice with different values ({shown}): give it once"
     return None
 
 
