@@ -399,13 +399,9 @@ def apply_masks_(model: nn.Module, masks: Masks) -> Masks:
     return installed
 
 
-def freeze_layers_(model: nn.Module, layers: Sequence[str]) -> list[str]:
-    """Hold `layers` (layer names such as ``hidden.0`` or ``conv.1``) at the weights they have now: their
-    parameters stop requiring gradients, so the DP step gives them no clipped gradient, no noise and no
-    update (dpltm.dp.engine clips over the trainable parameters only), and they stay what the start made
-    them — public-trained weights or θ0, both independent of the private data (Adamczewski & Park 2023,
-    "parameter freezing"). Returns the frozen parameters' names. One-line refusals: a name that is no layer
-    of this network, and freezing every layer (nothing left to train)."""
+def frozen_parameter_names(model: nn.Module, layers: Sequence[str]) -> list[str]:
+    """The parameters `freeze_layers_` would hold, or its one-line refusal (a name that is no layer of this
+    network; every layer), without freezing anything: `dpltm run` checks --freeze before making tickets."""
     layers = list(dict.fromkeys(layers))
     if not layers:
         return []
@@ -417,6 +413,17 @@ def freeze_layers_(model: nn.Module, layers: Sequence[str]) -> list[str]:
     frozen = [name for name, _ in model.named_parameters() if name.rpartition(".")[0] in layers]
     if len(frozen) == len(list(model.parameters())):
         raise DpltmUserError("--freeze would hold every layer: nothing would be trained")
+    return frozen
+
+
+def freeze_layers_(model: nn.Module, layers: Sequence[str]) -> list[str]:
+    """Hold `layers` (layer names such as ``hidden.0`` or ``conv.1``) at the weights they have now: their
+    parameters stop requiring gradients, so the DP step gives them no clipped gradient, no noise and no
+    update (dpltm.dp.engine clips over the trainable parameters only), and they stay what the start made
+    them — public-trained weights or θ0, both independent of the private data (Adamczewski & Park 2023,
+    "parameter freezing"). Returns the frozen parameters' names. One-line refusals: a name that is no layer
+    of this network, and freezing every layer (nothing left to train)."""
+    frozen = frozen_parameter_names(model, layers)
     parameters = dict(model.named_parameters())
     for name in frozen:
         parameters[name].requires_grad_(False)

@@ -232,6 +232,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     planned = resolve_train_config(train_cli, r.config)
     check_lr_given(r.lr, planned, train_cli["recipe"])
     check_planned_start(planned, private_spec.num_classes, public_spec.num_classes, project_to)
+    check_planned_freeze(planned, gen_cfg, public_spec)
     check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {r.public_dataset} ({r.public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
@@ -346,6 +347,18 @@ def generation_config(gen_cli: dict[str, Any], config: Path | None) -> Any:
                                  f"must come before the end of a round: --rewind-step must lie in [0, --iterations) "
                                  f"= [0, {iterations})")
     return resolve_generate_config(gen_cli, config)
+
+
+def check_planned_freeze(planned: TrainConfig, gen_cfg: Any, public_spec: Any) -> None:
+    """--freeze's layer names checked against the tickets' network before they are made (a wrong name would
+    otherwise surface only at training, after generation and the choice)."""
+    if not planned.train.freeze:
+        return
+    from dpltm.model import build_architecture, build_network, frozen_parameter_names
+
+    arch = build_architecture(public_spec.num_features, public_spec.num_classes, gen_cfg.model.hidden,
+                              gen_cfg.model.project_to, gen_cfg.model.activation, gen_cfg.model.arch)
+    frozen_parameter_names(build_network(arch), planned.train.freeze)
 
 
 def check_planned_start(planned: TrainConfig, private_classes: int, public_classes: int,
