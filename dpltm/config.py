@@ -249,6 +249,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         raise _invalid(where, value, " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in args))
     if origin is tuple:
         if isinstance(value, str):  # "300,100": each piece read as the YAML scalar it spells
+            if "," in value and any(not piece.strip() for piece in value.split(",")):  # "30," or ",,": a slip
+                raise _invalid(where, value, "list (an item between its commas is empty)")
             value = [_yaml_scalar(v) for v in value.replace(",", " ").split() if v]
         if not isinstance(value, (list, tuple)):
             value = [value]
@@ -628,8 +630,11 @@ class TrainSettings:
         _require_positive("--patience", self.patience)
         if self.accountant not in ("pld", "rdp"):
             raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")
+        # the CLI's and the API's spellings (replace-one) too, stored in the accountant's (replace_one)
+        object.__setattr__(self, "neighboring", self.neighboring.strip().lower().replace("-", "_"))
         if self.neighboring not in ("add_remove", "replace_one"):
-            raise DpltmUserError(f"neighboring must be add_remove or replace_one, got {self.neighboring}")
+            raise DpltmUserError(f"neighboring must be add_remove or replace_one (or add-remove, replace-one), got "
+                                 f"{self.neighboring}")
         if not 0.0 <= self.momentum < 1.0:
             raise DpltmUserError(f"--momentum must lie in [0, 1), got {self.momentum:g}")
         if self.momentum and self.optimizer != "sgd":

@@ -319,9 +319,14 @@ def _epsilon_cached(key: str, delta: float, accountant: str, neighboring: str) -
     if value <= 0.0 and '"GaussianDpEvent"' in key:
         # dp-accounting's RDP orders underflow to exactly 0 at very large σ (about 2e4 and more) and it then
         # reports ε = 0: not a bound for any finite σ (PLD gives a positive ε there)
-        raise AccountantUnderflow(f"the {ACCOUNTANT_LABELS[accountant]} accountant underflows to epsilon 0 at this "
-                                  "setting (a noise multiplier of about 1e4 or more): it gives no bound here; raise "
-                                  "the target epsilon or use the PLD accountant")
+        if accountant != "pld":
+            raise AccountantUnderflow(f"the {ACCOUNTANT_LABELS[accountant]} accountant underflows to epsilon 0 at "
+                                      "this setting (a noise multiplier of about 1e4 or more): it gives no bound "
+                                      "here; raise the target epsilon or use the PLD accountant")
+        # PLD's 0 is a true bound where δ is at least the whole privacy loss's mass, but states nothing useful
+        raise AccountantUnderflow(f"the PLD accountant gives epsilon 0 at this setting (delta = {delta:g}, or a noise "
+                                  "multiplier of about 1e4 or more): no meaningful guarantee to state or calibrate; "
+                                  "use a smaller delta (usually well below 1/N) or a larger target epsilon")
     return value
 
 

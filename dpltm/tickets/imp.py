@@ -117,7 +117,11 @@ def _resume_or_start(cfg: GenerateConfig, data: DatasetSplits, out: Path, overwr
 def resumable_body(cfg: GenerateConfig, data: DatasetSplits, out: Path) -> dict[str, Any]:
     """The ticket set in `out`, if a run with `cfg` on `data` may continue it (else a one-line refusal): what the
     stage checks before it says it is continuing."""
-    body: dict[str, Any] = load_ticket_set(out).to_dict()
+    try:
+        body: dict[str, Any] = load_ticket_set(out).to_dict()
+    except DpltmUserError as error:  # the output exists but cannot be continued: say it is the output, and the way on
+        raise DpltmUserError(f"--out {out} exists and is no ticket file this command can continue ({error}): pass "
+                             "--overwrite to replace it, or --out to write elsewhere") from None
     if body.get("config_hash") != config_hash(cfg) or body["data"]["fingerprint"] != data.fingerprint:
         raise DpltmUserError(f"{out} holds tickets from other settings or data; pass --overwrite to replace it or "
                              "--out to write elsewhere")

@@ -323,3 +323,14 @@ def test_config_hashes_are_pinned() -> None:
     assert config_hash(GenerateConfig(model=ModelSettings(activation="tanh"))) != "63c8efb2cd518678"
     assert config_hash(TrainConfig(train=TrainSettings(ema=0.999))) != "dea32ab76e772ac9"
     assert to_dict(GenerateConfig())["model"]["activation"] == "relu"  # still stored in full
+
+
+def test_a_config_file_takes_the_neighbouring_relation_as_the_flag_does() -> None:
+    """`--neighbouring replace-one` and the API take the hyphen; a config file's `neighboring: replace-one` too,
+    stored in the accountant's spelling."""
+    from dpltm.config import TrainSettings
+
+    assert TrainSettings(neighboring="replace-one").neighboring == "replace_one"
+    assert TrainSettings(neighboring="ADD-REMOVE").neighboring == "add_remove"
+    with pytest.raises(DpltmUserError, match="neighboring must be add_remove or replace_one"):
+        TrainSettings(neighboring="replace-two")
