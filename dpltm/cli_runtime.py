@@ -148,6 +148,8 @@ def options_at_odds(app: typer.Typer, argv: list[str]) -> str | None:
                 return (f"{' and '.join(spellings)} are one option, given twice with different values ({shown}): "
                         "give it once")
             return f"{spellings[0]} was given twice with different values ({shown}): give it once"
+    if command is not None and any(not arg.strip() for arg in args):  # an option's empty value was caught above
+        return "an argument is empty: a path or name was expected"
     return None
 
 

@@ -356,6 +356,7 @@ CASES = [
     Case("generate-private-delta-one-half", ("generate", "--dataset", "digits", "--private", "--delta", "0.5",
                                              "--device", "cpu", "--no-progress"),
          "the PLD accountant gives epsilon 0 at this setting (delta = 0.5"),
+    Case("inspect-empty-path", ("inspect", ""), "an argument is empty: a path or name was expected"),
     Case("run-project-to-zero", ("run", "--dataset", "digits", "--project-to", "0"),
          "--project-to must be a positive width, got 0"),
     Case("hidden-empty", (*GEN, "--hidden", ""), "--hidden got an empty value"),
