@@ -876,7 +876,8 @@ def _spent_record(path: Path, body: dict[str, Any], masks: Mapping[str, Tensor],
                   settings: dict[str, Any]) -> tuple[SpentSegments, int, list[dict[str, Any]]]:
     """The saved run's spent segments, epoch count and history, each checked against the others and against the
     privacy record saved beside them: a resume composes its budget with these segments, so a file whose segments
-    were emptied or shortened while its ledger still records the steps would state a smaller ε than was spent."""
+    were emptied or shortened while its ledger still records the steps would state a smaller ε than was spent.
+    A file edited consistently in all four places is not caught (that would need a keyed MAC: docs/privacy.md §8)."""
     segments = SpentSegments(body["segments"])
     epochs_done, history = body["epochs_done"], body["history"]
     if (isinstance(epochs_done, bool) or not isinstance(epochs_done, int) or epochs_done < 0
