@@ -42,6 +42,7 @@ from dpltm.api_checks import (
     check_count,
     check_data_fits_model,
     check_delta,
+    check_flag,
     check_mask_values,
     check_model_and_optimizer,
     check_neighboring,
@@ -75,7 +76,7 @@ from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
-from dpltm.pruning import prune_layerwise
+from dpltm.pruning import prune_layerwise, pruned_count
 from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
 from dpltm.training.plan import TrainPlan, plan_training
 
@@ -343,14 +344,14 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
 
 def check_rounds_leave_weights(weights: Mapping[str, Tensor], rounds: int, prune_rate: float,
                                output_prune_rate: float) -> None:
-    """Refused before any training: `rounds` that would prune every weight of a layer (prune_layerwise prunes
-    ⌈rate·survivors⌉ a round), which leaves a network that cannot compute and a ticket `select_ticket` refuses."""
+    """Refused before any training: `rounds` that would prune every weight of a layer (counted as prune_layerwise
+    prunes), which leaves a network that cannot compute and a ticket `select_ticket` refuses."""
     names = list(weights)
     for index, name in enumerate(names):
         rate = output_prune_rate if index == len(names) - 1 else prune_rate
         survivors = weights[name].numel()
         for k in range(1, rounds + 1):
-            survivors -= min(survivors, math.ceil(rate * survivors))
+            survivors -= pruned_count(survivors, rate)
             if survivors == 0:
                 raise DpltmUserError(f"rounds={rounds}: round {k} would prune every weight of {name} (at a rate of "
                                      f"{rate:g} a round): use at most {k - 1} rounds, or a lower rate")
@@ -711,8 +712,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         raise DpltmUserError("loss must be callable: loss(outputs, targets) -> one loss per sample")
     if noise_seed is not None:
         noise_seed = check_seed(noise_seed, "noise_seed")
-    if not isinstance(masks_private, (bool, np.bool_)):
-        raise DpltmUserError(f"masks_private must be True or False, got {masks_private!r}")
+    check_flag(masks_private, "masks_private")
     if selection_eps1 is not None and not masks:
         raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
     if selection_eps1 is not None:

@@ -54,6 +54,12 @@ def check_seed(value: Any, name: str) -> int:
     return check_count(value, name, minimum=0, maximum=SEED_LIMIT - 1)
 
 
+def check_flag(value: Any, name: str) -> None:
+    """True or False (NumPy's bools too): a privacy flag given as "no" must not be read as its truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise DpltmUserError(f"{name} must be True or False, got {_shown(value)}")
+
+
 def check_callable(value: Any, name: str) -> None:
     """None or a callable, checked before any private step runs (not when it is first called)."""
     if value is not None and not callable(value):

@@ -26,7 +26,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -46,6 +45,7 @@ from dpltm.api_checks import (
     check_budget_left,
     check_count,
     check_delta,
+    check_flag,
     check_full_precision,
     check_mask_values,
     check_neighboring,
@@ -220,8 +220,7 @@ class DPCallback(L.Callback):
             check_positive(selection_eps1, "selection_eps1")
         if noise_seed is not None:
             noise_seed = check_seed(noise_seed, "noise_seed")
-        if not isinstance(masks_private, (bool, np.bool_)):
-            raise DpltmUserError(f"masks_private must be True or False, got {masks_private!r}")
+        check_flag(masks_private, "masks_private")
         self.clip = check_positive(max_grad_norm, "max_grad_norm")
         self.masks_in, self.masks_from = dict(masks), masks_from
         self.loss_reduction, self.accountant = loss_reduction, check_accountant(accountant)

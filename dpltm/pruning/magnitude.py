@@ -32,6 +32,11 @@ def check_rates(rates: Mapping[str, float]) -> None:
             raise DpltmUserError(f"prune rate for {name} must lie in (0, 1), got {rate}")
 
 
+def pruned_count(survivors: int, rate: float) -> int:
+    """How many of a layer's `survivors` one round at `rate` removes: ⌈rate·survivors⌉ (open_lth's rule)."""
+    return min(survivors, math.ceil(float(rate) * survivors))
+
+
 def prune_layerwise(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
                     rates: Mapping[str, float]) -> Masks:
     """A new mask per layer, inside the old one, without the smallest surviving weights.
@@ -51,7 +56,7 @@ def prune_layerwise(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
         if rate is None or survivors == 0:
             new[name] = mask.clone()
             continue
-        n_prune = min(survivors, math.ceil(float(rate) * survivors))
+        n_prune = pruned_count(survivors, rate)
         magnitude = weights[name].detach().abs().flatten().to(torch.float64)
         # Pruned weights must never be picked again: give them +inf magnitude.
         magnitude = torch.where(mask.flatten(), magnitude, torch.full_like(magnitude, math.inf))
