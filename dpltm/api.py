@@ -289,8 +289,8 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
         raise DpltmUserError(f"lr must lie in (0, {MAX_LR:g}] (as the CLI's --lr), got {lr:g}")
     seed = check_seed(seed, "seed")
     for rate, name in ((prune_rate, "prune_rate"), (output_prune_rate, "output_prune_rate")):
-        if check_positive(rate, name, inclusive=True) >= 1:
-            raise DpltmUserError(f"{name} must lie in [0, 1), got {rate:g}")
+        if not 0 < check_positive(rate, name, inclusive=True) < 1:  # prune_layerwise's range: 0 would prune nothing
+            raise DpltmUserError(f"{name} must lie in (0, 1), got {rate:g}")
     if not callable(loss):
         raise DpltmUserError("loss must be callable: loss(outputs, targets) -> the batch loss")
     check_rounds_leave_weights(prunable_weights(model), rounds, prune_rate, output_prune_rate)

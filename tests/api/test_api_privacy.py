@@ -597,7 +597,8 @@ def test_hostile_inputs_found_by_review_get_one_line_errors_or_work() -> None:
     for kwargs, match in (({"rounds": -1}, r"^rounds must be in \[0, 100\]"),
                           ({"iterations": 2.5}, "^iterations must be"),
                           ({"lr": float("nan")}, "^lr must be a finite number"),
-                          ({"prune_rate": 1.0}, "^prune_rate must lie in \\[0, 1\\)")):
+                          ({"prune_rate": 1.0}, "^prune_rate must lie in \\(0, 1\\)"),
+                          ({"output_prune_rate": 0.0}, "^output_prune_rate must lie in \\(0, 1\\)")):
         with pytest.raises(DpltmUserError, match=match):
             dpltm.generate_tickets(mlp(), (x, y), **{"rounds": 1, "iterations": 5, **kwargs})
     with pytest.raises(DpltmUserError, match="^labels must lie in \\[0, 2\\]"):
