@@ -258,7 +258,8 @@ class Ticket:
     accuracy: float | None
     theta0: dict[str, Tensor] = field(repr=False)
     """The weights the ticket rewinds to: θ0, or with late rewinding (`rewind_step` K) θ_K, the model's weights
-    after K steps of the first round's public training."""
+    after K steps of the first round's training — non-private training on the data `generate_tickets` was given:
+    public knowledge only where that data is public (`make_private(..., masks_from=tickets)` checks the overlap)."""
     public_records: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False)
     """Content hashes of the public records the ticket was made on (training and validation): passed as
     `make_private(..., masks_from=tickets)`, they let the overlap with the private records be checked."""

@@ -96,13 +96,6 @@ class Rewind(Choice):
     init = "init"
 
 
-class Start(Choice):
-    """`train --rewind`: a ticket starts from θ0 or from the weights its public IMP round ended with."""
-
-    init = "init"
-    public = "public"
-
-
 class OutputLayer(Choice):
     """`train --output-layer`: a public start's output layer, θ0's or the public-trained one."""
 

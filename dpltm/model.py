@@ -399,6 +399,12 @@ def apply_masks_(model: nn.Module, masks: Masks) -> Masks:
     return installed
 
 
+def trained_weights(model: nn.Module) -> dict[str, Tensor]:
+    """The model's weights as a ticket keeps them (θ0's keys, on the CPU, detached copies): a round's trained
+    network (taken before pruning: zero exactly where its mask prunes), or late rewinding's θ_K."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
 def frozen_parameter_names(model: nn.Module, layers: Sequence[str]) -> list[str]:
     """The parameters `freeze_layers_` would hold, or its one-line refusal (a name that is no layer of this
     network; every layer), without freezing anything: `dpltm run` checks --freeze before making tickets."""

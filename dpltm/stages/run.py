@@ -220,8 +220,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features)
     train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter, r.arch)
-    gen_cli = generation_settings(r, train_cli["recipe"], project_to,
-                                  late_rewind_step(resolve_train_config(train_cli, r.config).train.rewind))
+    planned = resolve_train_config(train_cli, r.config)  # the recipe's settings under the given ones
+    gen_cli = generation_settings(r, train_cli["recipe"], project_to, late_rewind_step(planned.train.rewind))
     check_recipe_carries(r, train_cli["recipe"], gen_cli, project_to)
     check_graphs_take(r.cuda_graphs, gen_cli["model"].get("arch"))
     gen_cfg = generation_config(gen_cli, r.config)
@@ -229,7 +229,6 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     public = load_dataset(r.public_dataset, split=gen_cfg.data.split, data_dir=r.data_dir,
                           val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
     # the recipe's settings against both datasets (L < N, σ, lr), before any ticket
-    planned = resolve_train_config(train_cli, r.config)
     check_lr_given(r.lr, planned, train_cli["recipe"])
     check_planned_start(planned, private_spec.num_classes, public_spec.num_classes, project_to)
     check_planned_freeze(planned, gen_cfg, public_spec)

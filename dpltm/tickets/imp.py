@@ -48,6 +48,7 @@ from dpltm.model import (
     prunable_weights,
     rewind,
     ticket_masks,
+    trained_weights,
 )
 from dpltm.pruning import paper_prune_rates, prune_layerwise, random_masks_like
 
@@ -228,12 +229,6 @@ def _run_round(model: torch.nn.Module, start: dict[str, torch.Tensor], masks: Ma
         "loss_every": g.log_every,
         "trained": trained_weights(model),
     }, result.snapshot
-
-
-def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's weights as a ticket keeps them (θ0's keys, on the CPU, detached copies): taken before
-    pruning, so they are the trained masked network itself (zero exactly where its mask prunes)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Masks,

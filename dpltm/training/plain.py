@@ -30,7 +30,7 @@ from dpltm.data.types import LabeledTensors
 from dpltm.devices import require_cuda_for_graphs
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
-from dpltm.model import Masks, PrunedWeights
+from dpltm.model import Masks, PrunedWeights, trained_weights
 from dpltm.progress import step_bar
 
 
@@ -82,7 +82,7 @@ class ClassifierModule(L.LightningModule):
             self._keep_snapshot()
 
     def _keep_snapshot(self) -> None:
-        self.snapshot = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        self.snapshot = trained_weights(self.model)
 
     def on_train_start(self) -> None:
         optimizer = self.optimizers()

@@ -16,7 +16,7 @@ from dpltm.cli import app
 
 def test_enums_match_the_registries() -> None:
     from dpltm.audit.canaries import THREAT_MODELS
-    from dpltm.config import OPTIMIZERS, OUTPUT_LAYERS, REWIND_POINTS, TICKET_STARTS
+    from dpltm.config import OPTIMIZERS, OUTPUT_LAYERS, REWIND_POINTS
     from dpltm.data.loaders import DATASETS, SPLITS
     from dpltm.dp.distributed import STRATEGIES
     from dpltm.dp.noise import NOISE_MECHANISMS
@@ -29,7 +29,7 @@ def test_enums_match_the_registries() -> None:
              (choices.Arch, ARCHS), (choices.Optimizer, OPTIMIZERS), (choices.Noise, NOISE_MECHANISMS),
              (choices.Rewind, REWIND_POINTS), (choices.Strategy, STRATEGIES), (choices.Accountant, ("pld", "rdp")),
              (choices.Logger, LOGGERS), (choices.Part, PARTS), (choices.ThreatModel, THREAT_MODELS),
-             (choices.SelectionRuleName, SELECTION_RULES), (choices.Start, TICKET_STARTS),
+             (choices.SelectionRuleName, SELECTION_RULES),
              (choices.OutputLayer, OUTPUT_LAYERS)]
     for enum, registry in pairs:
         assert [m.value for m in enum] == list(registry), enum.__name__
