@@ -172,15 +172,18 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
     return squares.add_(bias_weight) if squares.shape[1] == bias_weight.numel() else squares + bias_weight
 
 
-def layer_norm_terms(a: Tensor, operator: Tensor | None, bias_term: Tensor, bias_scaled: bool) -> Tensor:
+def layer_norm_terms(a: Tensor, operator: Tensor | None, bias_term: Tensor, bias_scaled: bool,
+                     out: Tensor | None = None) -> Tensor:
     """T[i, j] = Σ_k M_jk a_ik² + b_j for one batch: per output unit, the weight and bias shares of the squared
     norm per unit of g_ij², so the layer's share is Σ_j g_ij² T_ij (the masked ghost norm, Li et al. 2022,
     restricted to the mask; `operator` as in `dpltm.dp.rules.masked_sq_norms`). A dense unscaled layer
-    (`operator` None) gives one column ‖a_i‖² + 1 (+ b_j when only the bias is scaled)."""
+    (`operator` None) gives one column ‖a_i‖² + 1 (+ b_j when only the bias is scaled). `out` (N, out units):
+    written there, every column (a static step's row of all layers' terms side by side)."""
     if operator is not None and operator.layout != torch.sparse_csr:
-        return torch.addmm(bias_term, a * a, operator)  # the bias added in the product's own kernel
+        return torch.addmm(bias_term, a * a, operator, out=out)  # the bias added in the product's own kernel
     squares = squares_times(a, operator, rows_at_once=max(a.shape[0], 1))
-    return squares.add_(1.0) if operator is None and not bias_scaled else squares + bias_term
+    terms = squares.add_(1.0) if operator is None and not bias_scaled else squares + bias_term
+    return terms if out is None else out.copy_(terms.expand_as(out))
 
 
 def operator_columns(operator: Tensor | None) -> int:
@@ -231,7 +234,7 @@ class SumBuffers:
     """The fully connected layers' bias sums side by side, input to output: their `tensors` are views of it."""
 
 
-def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> Tensor:
+def clip_factors(norms: Tensor, clip: float, row_clips: Tensor | None = None, zero_non_finite: bool = True) -> Tensor:
     """min(1, C/‖g_i‖) (Abadi et al. 2016, Alg. 1 line 6), as C / max(‖g_i‖, C); C = inf disables clipping.
 
     One correctly rounded division of C by a number ≥ C: never above 1, and nothing overflows (even in float16 a
@@ -241,28 +244,35 @@ def clip_factors(norms: Tensor, clip: float, weights: Tensor | None = None) -> T
     half-precision parameters, dpltm.api_checks.check_full_precision). A record
     whose gradient is not finite gets factor 0 (its contribution is dropped): an inf·0 = NaN would otherwise
     spread through the sum and unbound the sensitivity. No host synchronisation (a CUDA-graph step runs it
-    every step): C is a CPU scalar, a kernel argument. `weights` (one per row, 1 or 0: a static-shape batch's
-    padding rows get 0, dpltm.dp.padding) multiply the factors.
+    every step): C is a CPU scalar, a kernel argument.
+
+    `row_clips` (one per row: C for a sampled record, 0 for a static-shape batch's padding row, dpltm.dp.padding)
+    replace C in the numerator, C_i / max(‖g_i‖, C): a padding row's factor is 0 (its contribution exactly zero)
+    and a sampled row's is the same correctly rounded quotient, in the one division (no kernel to weight the
+    factors). Only for a finite C. `zero_non_finite=False` leaves a non-finite record's factor NaN (a NaN norm:
+    NaN, an infinite one: 0): only for a caller that zeroes every non-finite entry of the clipped rows c_i·g_i
+    itself, as the static step does (`clipped_gradient_sum`), so that a dropped record still adds exactly zero.
     """
     if clip == float("inf"):
-        finite = torch.isfinite(norms).to(norms.dtype)
-        return finite if weights is None else finite.mul_(weights)
-    factors = torch.div(torch.tensor(clip, dtype=norms.dtype), norms.clamp(min=clip))
-    if weights is not None:
-        factors.mul_(weights)  # before the NaN → 0: a padding row whose norm is NaN gets 0 too
-    return factors.nan_to_num_(nan=0.0)
+        if row_clips is not None:
+            raise ValueError("row_clips need a finite clipping bound C")
+        return torch.isfinite(norms).to(norms.dtype)
+    numerator = torch.tensor(clip, dtype=norms.dtype) if row_clips is None else row_clips
+    factors = torch.div(numerator, norms.clamp(min=clip))
+    return factors.nan_to_num_(nan=0.0) if zero_non_finite else factors
 
 
 @ieee_float32()
 def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
-                         layout: MaskLayout, weights: Tensor | None = None,
+                         layout: MaskLayout, row_clips: Tensor | None = None,
                          input_terms: Tensor | None = None, mask_sums: bool = True,
-                         finite_records: bool = False, out: SumBuffers | None = None) -> ClippedBatch:
+                         finite_records: bool = False, out: SumBuffers | None = None,
+                         joined_terms: Tensor | None = None) -> ClippedBatch:
     """Masked per-sample norms, clipping, and the clipped sum, for one batch (may be empty).
 
-    A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all). `weights` (one per
-    row, 1 or 0) multiply each row's clip factor: a padded static-shape batch (dpltm.dp.padding)
-    gives its padding rows weight 0, so they add exactly zero. With weights the step has no
+    A dense layer's norm uses ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ (no matmul at all). `row_clips` (one per row, C or 0)
+    make the batch a static-shape one: each row's clipping bound, 0 for a padded batch's padding rows
+    (dpltm.dp.padding), so they add exactly zero (`clip_factors`). The step then has no
     data-dependent branch and no host synchronisation (what a CUDA graph needs). `input_terms`
     are the batch's rows of `first_layer_input_terms` (same layout): the first layer's norm is then
     read, not computed. `mask_sums=False` leaves the weight sums unmasked (pruned coordinates hold the clipped
@@ -275,6 +285,10 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     norm terms, in one row copy). With one-hot rows the output layer's gradient of the summed cross-entropy,
     softmax(z_i) − y_i, is written directly and the loss is not computed (`loss_sum` None): two kernels instead
     of the loss's five, forward and backward. `out`: write the sums into these buffers (`SumBuffers`).
+    `joined_terms` (instead of `input_terms`; fully connected networks only): the batch's norm terms of every
+    layer side by side, (N, Σ_l out_l), with the first layer's columns holding its rows of
+    `first_layer_input_terms` at full width (a static step gathers them so); the other layers' terms are written
+    into their columns, so joining them costs no copy.
     """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
@@ -329,21 +343,34 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
         # the fully connected layers side by side: their output gradients G = [g_1 … g_L] and norm terms
         # T = [T_1 … T_L] in one row each (one copy apiece), so their squared norms Σ_j G_ij² T_ij, the clipping
         # of G and the bias sums take one kernel each, whatever the depth
-        terms = [input_terms if index == 0 and input_terms is not None
-                 else layer_norm_terms(a, operator, bias_term, bias_weight is not None)
-                 for index, (a, operator, bias_weight, bias_term) in enumerate(
-                     zip(inputs, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True))]
         widths = [g.shape[1] for g in out_grads]
+        offsets = [0, *itertools.accumulate(widths)]
         joined = torch.cat(out_grads, dim=1) if len(out_grads) > 1 else out_grads[0]
-        joined_terms = torch.cat([t.expand_as(g) for t, g in zip(terms, out_grads, strict=True)], dim=1)
+        layers = list(zip(inputs, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True))
+        if joined_terms is not None:  # the first layer's columns gathered already; the others written beside them
+            if conv_constants or joined_terms.shape != joined.shape:
+                raise ValueError(f"joined_terms must be {tuple(joined.shape)} for a fully connected network")
+            for index, (a, operator, bias_weight, bias_term) in enumerate(layers[1:], start=1):
+                layer_norm_terms(a, operator, bias_term, bias_weight is not None,
+                                 out=joined_terms[:, offsets[index]: offsets[index + 1]])
+        else:
+            terms = [input_terms if index == 0 and input_terms is not None
+                     else layer_norm_terms(a, operator, bias_term, bias_weight is not None)
+                     for index, (a, operator, bias_weight, bias_term) in enumerate(layers)]
+            joined_terms = torch.cat([t.expand_as(g) for t, g in zip(terms, out_grads, strict=True)], dim=1)
         # Σ_j g_ij² (M a_i² + b)_j per layer: the masked weights' and the bias' shares in one row dot product
-        parts.append((joined * joined).mul_(joined_terms).sum(dim=1))
+        static = row_clips is not None
+        if static:  # one batched row dot product: a kernel fewer than the square, product and sum
+            parts.append(torch.bmm((joined * joined_terms).unsqueeze(1), joined.unsqueeze(2)).view(-1))
+        else:
+            parts.append((joined * joined).mul_(joined_terms).sum(dim=1))
         sq_norms = parts[0]
         for part in parts[1:]:
             sq_norms = sq_norms + part
         norms = sq_norms.sqrt()
-        factors = clip_factors(norms, clip, weights)  # 0 for a non-finite record and a padding row
-        static = weights is not None
+        # 0 for a padding row; 0 for a non-finite record, or NaN in a static step without convolutions, whose clipped
+        # rows' NaN are zeroed below (before any sum: the record adds exactly zero)
+        factors = clip_factors(norms, clip, row_clips, zero_non_finite=not static or bool(conv_constants))
         # eager: ask the device once whether anything is non-finite (rare); static (CUDA graphs): no host
         # synchronisation, so every step zeroes non-finite values (a dropped record's g·0 = NaN; its inputs:
         # 0·inf = NaN in the product), which leaves every finite record's contribution unchanged
@@ -368,7 +395,6 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
             scaled_all = torch.where(finite[:, None], scaled_all, torch.zeros_like(scaled_all))  # type: ignore[index]
         all_bias_sums = scaled_all.sum(dim=0) if out is None else torch.sum(scaled_all, dim=0, out=out.fc_biases)
         bias_sums = all_bias_sums.split(widths)
-        offsets = [0, *itertools.accumulate(widths)]
         for index, (a, (weight_name, bias_name), pruned, sum_mask) in enumerate(zip(
                 inputs, layout.parameter_names, layout.pruned_masks, layout.sum_masks, strict=True)):
             scaled = scaled_all[:, offsets[index]: offsets[index + 1]]

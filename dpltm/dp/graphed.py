@@ -5,14 +5,15 @@ Python. Here one step is split into two pieces of fixed shape:
 
 * `accumulate`: gather one padded chunk of `capacity` records (dpltm.dp.padding.load_chunk) and their
   first-layer norm terms (`first_layer_input_terms`, computed once), forward,
-  output gradients, masked per-sample norms, clip factors times the rows' 0/1 weights, and add
-  the chunk's clipped sum to an accumulator;
+  output gradients, masked per-sample norms, clip factors C_i / max(‖g_i‖, C) (C_i: C for a sampled row, 0 for
+  padding), and add the chunk's clipped sum to an accumulator;
 * `update`: add the noise once (under DDP: rank 0, then the all-reduce), scale by 1/L,
   optimiser step, EMA, clear the accumulator. Plain Gaussian noise on one device takes `_flat_update`:
   every ĝ and every clipped sum is a view of a flat buffer (the sums written there in place), so the draw
   and the masks cost four kernels whatever the depth. The labels are gathered as one-hot rows beside the
-  norm terms (one row copy), and the output layer's gradient is softmax(z) − y, written without the loss.
-  On PyTorch's dispatcher the one-chunk piece of a LeNet-300-100 ticket runs 40 operators against the
+  norm terms (one row copy, `record_rows`; the other layers' terms are written into the same rows), and the
+  output layer's gradient is softmax(z) − y, written without the loss.
+  On PyTorch's dispatcher the one-chunk piece of a LeNet-300-100 ticket runs 36 operators against the
   non-private step's 24 (tests/dp/test_static_step_kernels.py): their launches, not the arithmetic, are
   what a GPU step of this size spends.
 
@@ -32,6 +33,7 @@ without reading values back to the host (Gaussian, DPD and shaped noise do).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
 import torch
@@ -42,7 +44,13 @@ from torch.optim.swa_utils import AveragedModel
 from dpltm.data.types import LabeledTensors
 from dpltm.dp.averaging import Ema, update_average
 from dpltm.dp.cuda_graphs import capture
-from dpltm.dp.ghost import MaskLayout, SumBuffers, clipped_gradient_sum, first_layer_input_terms
+from dpltm.dp.ghost import (
+    INPUT_TERMS_MAX_BYTES,
+    MaskLayout,
+    SumBuffers,
+    clipped_gradient_sum,
+    first_layer_input_terms,
+)
 from dpltm.dp.mechanism import ScaledGaussianNoise
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import load_chunk, ones_then_zeros
@@ -65,16 +73,14 @@ class StaticShapeDpStep:
         self.averager, self.ema, self.reduce, self.add_noise = averager, ema, reduce, add_noise
         device, dtype = train.labels.device, train.features.dtype
         self.layout = MaskLayout.of(model, masks, dtype, noise.coordinate_scales(), allow_sparse=False)
-        # per record, its first-layer norm terms (None: computed per batch) and its one-hot label side by side, so
-        # one row copy gathers both (the labels as one-hot rows: the loss's gradient is then written directly)
-        input_terms = first_layer_input_terms(train.features, self.layout)
-        one_hot = F.one_hot(train.labels, model.layers_in_order()[-1][1].out_features).to(dtype)
-        self.terms_width = 0 if input_terms is None else input_terms.shape[1]
-        self.record_rows = one_hot if input_terms is None else torch.cat([input_terms, one_hot], dim=1)
-        del input_terms, one_hot
+        self.record_rows, self.terms_width, self.terms_joined = record_rows(model, train, self.layout)
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
-        self.weight = torch.zeros(capacity, dtype=dtype, device=device)
-        self._weights = ones_then_zeros(capacity, dtype, device)  # each chunk's weights: one slice of it
+        if not math.isfinite(clip):
+            raise ValueError("the static step clips to a finite bound C")
+        # each row's clipping bound: C for a sampled record, 0 for a padding row (`clip_factors`' numerator), each
+        # chunk's one slice of C·`ones_then_zeros`
+        self.row_clips = torch.zeros(capacity, dtype=dtype, device=device)
+        self._row_clips = ones_then_zeros(capacity, dtype, device).mul_(clip)
         self.finite_records = bool(torch.isfinite(train.features).all())  # once per run: one sync
         parameters = dict(model.named_parameters())
         names = self.layout.all_parameter_names  # the eager step's order (convolutions first): the noise's order
@@ -128,11 +134,11 @@ class StaticShapeDpStep:
     def step(self, index: Tensor) -> None:
         """One step on the Poisson batch `index` (record indices; its size is known on the host)."""
         if index.numel() <= self.capacity:  # all but ~3e-5 of steps: one chunk, and one replay for the step
-            load_chunk(index, 0, self.index, self.weight, self._weights)
+            load_chunk(index, 0, self.index, self.row_clips, self._row_clips)
             self._run(2)
             return
         for start in range(0, index.numel(), self.capacity):
-            load_chunk(index, start, self.index, self.weight, self._weights)
+            load_chunk(index, start, self.index, self.row_clips, self._row_clips)
             self._run(0)
         self._run(1)
 
@@ -147,8 +153,10 @@ class StaticShapeDpStep:
         x = self.train.features.index_select(0, self.index)
         rows = self.record_rows.index_select(0, self.index)
         terms, one_hot = (rows[:, : self.terms_width] if self.terms_width else None), rows[:, self.terms_width:]
-        clipped_gradient_sum(self.model, x, one_hot, self.clip, self.layout, weights=self.weight, input_terms=terms,
-                             mask_sums=False, finite_records=self.finite_records, out=self.sum_buffers)
+        clipped_gradient_sum(self.model, x, one_hot, self.clip, self.layout, row_clips=self.row_clips,
+                             input_terms=None if self.terms_joined else terms,
+                             joined_terms=terms if self.terms_joined else None, mask_sums=False,
+                             finite_records=self.finite_records, out=self.sum_buffers)
 
     def _accumulate(self) -> None:
         self._clipped_sums()
@@ -205,6 +213,32 @@ class StaticShapeDpStep:
             optimizer=self.optimizer, generators=[self.generator],
             reset=[self.flat_total, *counters])  # type: ignore[list-item]
         self.graphs = (accumulate, update, one_chunk)
+
+
+def record_rows(model: LeNet, train: LabeledTensors, layout: MaskLayout) -> tuple[Tensor, int, bool]:
+    """Per record, what a static step gathers in one row copy: its norm terms, then its one-hot label (the loss's
+    gradient is then written directly, `clipped_gradient_sum`). Returns the table, the terms' width and whether
+    the terms are joined.
+
+    Joined: every fully connected layer's columns side by side, the first layer's holding the record's
+    `first_layer_input_terms` at full width and the others free, written each step by `clipped_gradient_sum
+    (joined_terms=...)`: the layers' terms are then joined without a copy. Where that table would pass
+    `INPUT_TERMS_MAX_BYTES`, only the first layer's terms as computed (not joined); where those are skipped too
+    (or the network has convolutions), the labels alone."""
+    dtype = train.features.dtype
+    classes = model.layers_in_order()[-1][1].out_features
+    one_hot = F.one_hot(train.labels, classes).to(dtype)
+    input_terms = first_layer_input_terms(train.features, layout)
+    if input_terms is None:
+        return one_hot, 0, False
+    widths = [layer.out_features for _, layer in model.layers_in_order()]
+    joined_width = sum(widths)
+    if len(train) * (joined_width + classes) * train.features.element_size() > INPUT_TERMS_MAX_BYTES:
+        return torch.cat([input_terms, one_hot], dim=1), input_terms.shape[1], False
+    rows = one_hot.new_zeros(len(train), joined_width + classes)
+    rows[:, : widths[0]] = input_terms  # a dense unscaled first layer's one column, widened
+    rows[:, joined_width:] = one_hot
+    return rows, joined_width, True
 
 
 def flat_gaussian_std(noise: NoiseMechanism, clip: float) -> float | None:

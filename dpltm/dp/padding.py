@@ -47,7 +47,8 @@ def load_chunk(index: Tensor, start: int, into_index: Tensor, into_weight: Tenso
     The first m = min(K, |B| − start) rows get the sampled records' indices and weight 1; the other rows
     get weight 0 and keep the indices they held (valid records of an earlier chunk, or record 0): such a
     row adds exactly zero (the tests' reference layout: tests/dp/reference.py `padded_chunks`).
-    `weights` is `ones_then_zeros(K, ...)`.
+    `weights` is `ones_then_zeros(K, ...)`, or a multiple of it (the static DP step's: C·ones, each row's clipping
+    bound, dpltm.dp.graphed).
     """
     capacity = into_index.numel()
     m = max(0, min(capacity, index.numel() - start))

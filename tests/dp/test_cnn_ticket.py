@@ -61,7 +61,7 @@ def test_cnn_padded_chunks_and_empty_batch() -> None:
     eager = clipped_gradient_sum(model, x[index], y[index], 0.5, layout).grad_sums
     total = {k: torch.zeros_like(v) for k, v in eager.items()}
     for chunk in padded_chunks(index, 8, torch.float64):
-        part = clipped_gradient_sum(model, x[chunk.index], y[chunk.index], 0.5, layout, weights=chunk.weight)
+        part = clipped_gradient_sum(model, x[chunk.index], y[chunk.index], 0.5, layout, row_clips=chunk.weight * 0.5)
         for k in total:
             total[k] += part.grad_sums[k]
     for k in eager:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dpltm.data.types import LabeledTensors
-from dpltm.dp import ghost
+from dpltm.dp import ghost, graphed
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.ghost import MaskLayout, clip_factors, first_layer_input_terms
 from dpltm.dp.graphed import StaticShapeDpStep
@@ -39,6 +39,23 @@ def test_clip_factors_are_min_one_c_over_norm_and_zero_where_not_finite(dtype: t
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=torch.finfo(dtype).tiny)
     assert got[-1] == 0 and got[-2] == 0  # NaN and inf: the record is dropped
     assert got[values.index(100.0)] > 0  # 100 / 1e-3 overflows float16; the factor 1e-5 does not
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_row_clips_give_a_padding_row_factor_zero_and_a_sampled_row_the_same_factor(dtype: torch.dtype) -> None:
+    """The static step's numerator C_i ∈ {C, 0}: bit for bit the factor C / max(‖g‖, C) where C_i = C, exactly 0
+    where C_i = 0 (a padding row, even with a NaN or infinite norm), in every float type."""
+    clip = 0.7
+    norms = torch.tensor([0.0, 0.3, clip, 2.0, 6e4, float("inf"), float("nan")] * 2, dtype=dtype)
+    row_clips = torch.tensor([clip] * 7 + [0.0] * 7, dtype=dtype)
+    got = clip_factors(norms, clip, row_clips)
+    assert torch.equal(got[:7], clip_factors(norms[:7], clip))
+    assert got[7:].tolist() == [0.0] * 7
+    left = clip_factors(norms, clip, row_clips, zero_non_finite=False)  # for a caller that zeroes NaN rows itself
+    assert bool(left[6].isnan()) and bool(left[13].isnan()) and left[5] == 0 and left[12] == 0
+    assert torch.equal(left[:6], got[:6]) and torch.equal(left[7:13], got[7:13])
+    with pytest.raises(ValueError, match="finite"):
+        clip_factors(norms, float("inf"), row_clips)
 
 
 def test_without_clipping_a_non_finite_record_is_still_dropped() -> None:
@@ -143,6 +160,44 @@ def test_the_static_step_is_the_eager_step(case: str, capacity: int, poison: boo
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12, msg=name)
     for name, weight in prunable_weights(static).items():
         assert torch.count_nonzero(weight.detach()[~static_masks[name]]) == 0, name
+
+
+@pytest.mark.parametrize("table", ["joined", "first layer", "labels only"])
+@pytest.mark.parametrize("case", ["mlp", "mlp, dense", "mlp, bias geometry"])
+def test_the_static_step_is_the_eager_step_whatever_table_it_gathers(table: str, case: str) -> None:
+    """The rows a static step gathers: every layer's norm terms joined beside the labels (what fits), the first
+    layer's terms alone (a joined table too big), or the labels alone (the first layer's table too big too): the
+    same weights as the eager step, with a NaN and an infinite record among them."""
+    make, features, classes, geometry = CASES[case]
+    batches = poisson_batches_at_once(N, 0.2, 3, torch.Generator().manual_seed(9))
+
+    def noise(model: LeNet) -> GaussianNoise:
+        return GaussianNoise(1.1) if geometry is None else BiasScaled(1.1, random_scales(model, geometry == "biases"))
+
+    (eager, masks), data = make(), records(features, classes, True)
+    mechanism = noise(eager)
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.2)
+    layout = MaskLayout.of(eager, masks, torch.float64, mechanism.coordinate_scales())
+    generator = torch.Generator().manual_seed(5)
+    for index in batches:
+        grads, _, _ = private_gradients(eager, data.features[index], data.labels[index], clip=0.5, noise=mechanism,
+                                        expected_batch_size=N * 0.2, generator=generator, layout=layout)
+        apply_gradients(eager, grads, optimizer)
+    (static, static_masks), data = make(), records(features, classes, True)
+    limit = {"joined": 1 << 30, "first layer": N * 10 * 8, "labels only": 8}[table]
+    with mock.patch.object(graphed, "INPUT_TERMS_MAX_BYTES", limit), \
+            mock.patch.object(ghost, "INPUT_TERMS_MAX_BYTES", limit):
+        step = StaticShapeDpStep(static, static_masks, data, clip=0.5, noise=noise(static),
+                                 expected_batch_size=N * 0.2, capacity=40, generator=torch.Generator().manual_seed(5),
+                                 optimizer=torch.optim.SGD(static.parameters(), lr=0.2))
+    assert step.terms_joined == (table == "joined")
+    assert (step.terms_width == 0) == (table == "labels only")
+    assert step.record_rows.shape[1] == step.terms_width + classes
+    for index in batches:
+        step.step(index)
+    for (name, a), b in zip(eager.named_parameters(), static.parameters(), strict=True):
+        assert bool(torch.isfinite(b).all()), name
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12, msg=name)
 
 
 def test_one_reduce_a_step_on_either_path_and_no_noise_where_told() -> None:

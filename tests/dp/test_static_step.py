@@ -102,7 +102,7 @@ def test_padded_chunked_clipped_sum_equals_the_eager_sum(capacity: int) -> None:
     total = {name: torch.zeros_like(v) for name, v in eager.items()}
     for chunk in padded_chunks(index, capacity, torch.float64):
         part = clipped_gradient_sum(model, data.features[chunk.index], data.labels[chunk.index], 0.7,
-                                    dense_layout, weights=chunk.weight).grad_sums
+                                    dense_layout, row_clips=chunk.weight * 0.7).grad_sums
         for name in total:
             total[name] += part[name]
     for name in eager:
@@ -455,7 +455,8 @@ def test_an_unbounded_sum_on_a_pruned_coordinate_makes_no_nan() -> None:
     x[:, 0] = 250.0
     data = LabeledTensors(x.half(), torch.randint(0, 5, (600,), generator=g))
     layout = MaskLayout.of(model, masks, torch.float16, allow_sparse=False)
-    unmasked = clipped_gradient_sum(model, data.features, data.labels, 10.0, layout, weights=torch.ones(600).half(),
+    unmasked = clipped_gradient_sum(model, data.features, data.labels, 10.0, layout,
+                                    row_clips=torch.full((600,), 10.0).half(),
                                     mask_sums=False)
     assert bool(torch.isinf(unmasked.grad_sums[first][:, 0]).any())  # the case: a pruned entry overflowed
     assert float(unmasked.norms.max()) < 10.0  # while every record's clipping norm is small
