@@ -66,7 +66,7 @@ def main() -> None:
                                          rounds=args.rounds, iterations=args.iterations, batch_size=400, lr=0.1)
         ticket_seconds = time.perf_counter() - start
         for ticket, eps, seed in ((tickets[k], e, s) for k in args.train_rounds for e in args.eps for s in args.seeds):
-            model.load_state_dict(ticket.theta0)
+            model.load_state_dict(ticket.rewind_weights)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             trainer = dpltm.make_private(model, optimizer, (private.train.features, private.train.labels),
                                          target_epsilon=eps, epochs=args.epochs, batch_size=args.batch_size,

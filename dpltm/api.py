@@ -250,21 +250,30 @@ def _accuracy(model: nn.Module, features: Tensor, labels: Tensor, batch_size: in
 
 @dataclass
 class Ticket:
-    """One round of iterative magnitude pruning: the mask, the weights it rewinds to, C and A."""
+    """One round of iterative magnitude pruning: the mask, the weights it rewinds to (`rewind_weights`), C and A."""
 
     round: int
     masks: Masks
     density: float
     accuracy: float | None
     theta0: dict[str, Tensor] = field(repr=False)
-    """The weights the ticket rewinds to: θ0, or with late rewinding (`rewind_step` K) θ_K, the model's weights
-    after K steps of the first round's training — non-private training on the data `generate_tickets` was given:
-    public knowledge only where that data is public (`make_private(..., masks_from=tickets)` checks the overlap)."""
+    """θ0: the model's weights when `generate_tickets` was called, before any training (no record has touched
+    them), whatever `rewind_step`."""
     public_records: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False)
     """Content hashes of the public records the ticket was made on (training and validation): passed as
     `make_private(..., masks_from=tickets)`, they let the overlap with the private records be checked."""
     rewind_step: int = 0
-    """K of late rewinding (`theta0` is then θ_K); 0: `theta0` is the model's initial weights."""
+    """K of late rewinding (`theta_k` holds θ_K); 0: the ticket rewinds to `theta0`."""
+    theta_k: dict[str, Tensor] | None = field(default=None, repr=False)
+    """With late rewinding (`rewind_step` K ≥ 1) θ_K, the model's weights after K steps of the first round's
+    training: non-private training on the data `generate_tickets` was given, so public knowledge only where
+    that data is public (`make_private(..., masks_from=tickets)` checks the overlap). None without."""
+
+    @property
+    def rewind_weights(self) -> dict[str, Tensor]:
+        """The weights the ticket's rounds rewound to and its DP training starts from: θ_K with late rewinding
+        (trained on `generate_tickets`' data), else θ0."""
+        return self.theta0 if self.theta_k is None else self.theta_k
 
 
 def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, rounds: int = 5,
@@ -276,8 +285,8 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     train `iterations` SGD steps, prune the smallest surviving weights of each layer (`prune_rate`,
     `output_prune_rate` for the last), rewind to θ0, repeat. With `rewind_step` K (late rewinding, Frankle et al.
     2020) the rounds after the first rewind to θ_K, the weights after K steps of the first, and train the
-    remaining iterations − K steps; every ticket's `theta0` is then θ_K. Make tickets on public data; the model
-    is left at θ0 with no mask."""
+    remaining iterations − K steps; every ticket's `theta_k` (and `rewind_weights`) is then θ_K, its `theta0`
+    still θ0. Make tickets on public data; the model is left at θ0 with no mask."""
     parameter = first_parameter(model)
     rounds = check_count(rounds, "rounds", minimum=0, maximum=MAX_ROUNDS)
     iterations = check_count(iterations, "iterations")
@@ -339,7 +348,8 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
         if k < rounds:
             masks = prune_layerwise(prunable_weights(model), masks, rates)
     model.load_state_dict(theta0)
-    return [Ticket(k, m, density, accuracy, {n: v.clone() for n, v in start.items()}, public_records, rewind_step)
+    return [Ticket(k, m, density, accuracy, {n: v.clone() for n, v in theta0.items()}, public_records, rewind_step,
+                   {n: v.clone() for n, v in start.items()} if rewind_step else None)
             for k, m, density, accuracy in rounds_made]
 
 

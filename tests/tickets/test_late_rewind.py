@@ -134,8 +134,9 @@ def test_a_start_k_the_set_does_not_hold_is_refused(tiny_splits: DatasetSplits, 
 
 
 def test_the_api_rewinds_a_users_model_to_its_iterate_k() -> None:
-    """`dpltm.generate_tickets(..., rewind_step=K)`: every ticket's weights are θ_K, the model after K of the first
-    round's SGD steps (replayed by hand on the same batches), and the model is left at its θ0."""
+    """`dpltm.generate_tickets(..., rewind_step=K)`: every ticket rewinds to θ_K, the model after K of the first
+    round's SGD steps (replayed by hand on the same batches), held apart from its θ0 (untouched by any record),
+    and the model is left at its θ0."""
     import torch.nn.functional as F
 
     import dpltm
@@ -154,12 +155,13 @@ def test_the_api_rewinds_a_users_model_to_its_iterate_k() -> None:
         F.cross_entropy(by_hand(data[0][index]), data[1][index]).backward()
         optimizer.step()
     for ticket in tickets:
-        assert ticket.rewind_step == 4
+        assert ticket.rewind_step == 4 and ticket.theta_k is not None and ticket.rewind_weights is ticket.theta_k
         for key, value in by_hand.state_dict().items():
-            torch.testing.assert_close(ticket.theta0[key], value)
+            torch.testing.assert_close(ticket.theta_k[key], value)
+            assert torch.equal(ticket.theta0[key], theta0[key]), key  # θ0 itself, not the trained θ_K
     assert all(torch.equal(v, theta0[k]) for k, v in model.state_dict().items())
     plain = dpltm.generate_tickets(mlp(), data, rounds=1, iterations=12, batch_size=32, seed=5)
-    assert plain[0].rewind_step == 0
+    assert plain[0].rewind_step == 0 and plain[0].theta_k is None and plain[0].rewind_weights is plain[0].theta0
     for bad in (12, -1, 1.5):
         with pytest.raises(DpltmUserError, match="rewind_step"):
             dpltm.generate_tickets(mlp(), data, rounds=1, iterations=12, rewind_step=bad)  # type: ignore[arg-type]
