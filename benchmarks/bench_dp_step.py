@@ -24,7 +24,8 @@ import argparse
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -179,10 +180,36 @@ def main() -> None:
         if "Opacus ghost clipping" in results:
             print(f"Opacus ghost / dpltm DP graph step: "
                   f"{results['Opacus ghost clipping'] / results['dpltm DP step, CUDA graphs']:.1f}x (target >= 4)")
+        for name in ("non-private step, CUDA graph", "dpltm DP step, CUDA graphs"):  # what a replay launches
+            profiled = device_activity_per_step(contenders[name])
+            print(f"{name}: " + ("no device activity recorded (the profiler does not trace graph replays here)"
+                                 if profiled is None else f"{profiled[0]:.1f} kernels and copies a step, "
+                                                          f"{profiled[1]:.1f} µs of device time"))
     print(f"one-time norm table ({args.records} records): {1e3 * table_seconds:.1f} ms "
           f"= {table_seconds / base:.0f} non-private steps "
           f"(a 50-epoch run at this batch: {50 * args.records // args.batch_size} steps)")
     print("target (issue 10): dpltm DP step <= 1.25x non-private on 2 CPU threads")
+
+
+def device_activity_per_step(step: Callable[[], None], steps: int = 20) -> tuple[float, float] | None:
+    """Kernels (and device copies) a step launches and their device time in µs, under torch.profiler (CUPTI
+    traces the kernels inside a CUDA-graph replay); None where it recorded none."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as recorded:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return per_step(recorded.events(), steps)
+
+
+def per_step(events: Iterable[Any], steps: int) -> tuple[float, float] | None:
+    """(device events a step, their µs a step) of profiler events, the host's left out; None for no device event."""
+    durations = [event.time_range.elapsed_us() for event in events
+                 if event.device_type == torch.autograd.DeviceType.CUDA]
+    return None if not durations else (len(durations) / steps, sum(durations) / steps)
 
 
 def graph_steps(rounds: int, data: LabeledTensors, index: torch.Tensor, batch_size: int,

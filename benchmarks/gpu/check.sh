@@ -2,7 +2,8 @@
 # Every GPU check the project owes, as one command for a lent machine's short lease (about 8 minutes):
 #   1. `pytest -m gpu`: the CUDA and CUDA-graph paths against the eager ones;
 #   2. benchmarks/bench_dp_step.py --device cuda: the DP graph step against the non-private graph step
-#      (target ≤ 1.2×) and against Opacus (target ≥ 4× ahead of ghost clipping);
+#      (target ≤ 1.2×) and against Opacus (target ≥ 4× ahead of ghost clipping), with each graph step's kernel count
+#      and device time under torch.profiler;
 #   3. benchmarks/bench_generate.py --device cuda --graphs-only: IMP in graphs against a bare graph loop (≤ 1.1×);
 #   4. the README's `dpltm run --cuda-graphs`, twice (empty caches, then warm; target on an H100 ≤ 20 s);
 #   5. `dpltm generate --rewind-step 100 --cuda-graphs` (late rewinding's snapshot inside the graph blocks).
