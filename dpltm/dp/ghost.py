@@ -173,17 +173,23 @@ def first_layer_input_terms(features: Tensor, layout: MaskLayout, rows_at_once: 
 
 
 def layer_norm_terms(a: Tensor, operator: Tensor | None, bias_term: Tensor, bias_scaled: bool,
-                     out: Tensor | None = None) -> Tensor:
+                     add_to: Tensor | None = None) -> Tensor:
     """T[i, j] = Σ_k M_jk a_ik² + b_j for one batch: per output unit, the weight and bias shares of the squared
     norm per unit of g_ij², so the layer's share is Σ_j g_ij² T_ij (the masked ghost norm, Li et al. 2022,
     restricted to the mask; `operator` as in `dpltm.dp.rules.masked_sq_norms`). A dense unscaled layer
-    (`operator` None) gives one column ‖a_i‖² + 1 (+ b_j when only the bias is scaled). `out` (N, out units):
-    written there, every column (a static step's row of all layers' terms side by side)."""
+    (`operator` None) gives one column ‖a_i‖² + 1 (+ b_j when only the bias is scaled).
+
+    `add_to` (N, out units), holding b_j in every row already (a static step's gathered rows, `bias_term`'s
+    values): the weight share is added to it in place, every column, one product accumulated where it lies (a
+    strided view: a fresh product would take the bias in cuBLASLt's epilogue only into a contiguous result)."""
+    if add_to is not None:
+        if operator is not None and operator.layout != torch.sparse_csr:
+            return add_to.addmm_(a * a, operator)
+        return add_to.add_(squares_times(a, operator, rows_at_once=max(a.shape[0], 1)))
     if operator is not None and operator.layout != torch.sparse_csr:
-        return torch.addmm(bias_term, a * a, operator, out=out)  # the bias added in the product's own kernel
+        return torch.addmm(bias_term, a * a, operator)  # the bias added in the product's own kernel
     squares = squares_times(a, operator, rows_at_once=max(a.shape[0], 1))
-    terms = squares.add_(1.0) if operator is None and not bias_scaled else squares + bias_term
-    return terms if out is None else out.copy_(terms.expand_as(out))
+    return squares.add_(1.0) if operator is None and not bias_scaled else squares + bias_term
 
 
 def operator_columns(operator: Tensor | None) -> int:
@@ -287,8 +293,9 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     of the loss's five, forward and backward. `out`: write the sums into these buffers (`SumBuffers`).
     `joined_terms` (instead of `input_terms`; fully connected networks only): the batch's norm terms of every
     layer side by side, (N, Σ_l out_l), with the first layer's columns holding its rows of
-    `first_layer_input_terms` at full width (a static step gathers them so); the other layers' terms are written
-    into their columns, so joining them costs no copy.
+    `first_layer_input_terms` at full width and the other layers' their bias shares b_j (`MaskLayout.bias_terms`;
+    a static step gathers them so, `dpltm.dp.graphed.record_rows`): those layers' weight shares are added in
+    place, so joining the terms costs no copy.
     """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
@@ -347,12 +354,12 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
         offsets = [0, *itertools.accumulate(widths)]
         joined = torch.cat(out_grads, dim=1) if len(out_grads) > 1 else out_grads[0]
         layers = list(zip(inputs, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True))
-        if joined_terms is not None:  # the first layer's columns gathered already; the others written beside them
+        if joined_terms is not None:  # the first layer's columns gathered already; the others' weight shares added
             if conv_constants or joined_terms.shape != joined.shape:
                 raise ValueError(f"joined_terms must be {tuple(joined.shape)} for a fully connected network")
             for index, (a, operator, bias_weight, bias_term) in enumerate(layers[1:], start=1):
                 layer_norm_terms(a, operator, bias_term, bias_weight is not None,
-                                 out=joined_terms[:, offsets[index]: offsets[index + 1]])
+                                 add_to=joined_terms[:, offsets[index]: offsets[index + 1]])
         else:
             terms = [input_terms if index == 0 and input_terms is not None
                      else layer_norm_terms(a, operator, bias_term, bias_weight is not None)

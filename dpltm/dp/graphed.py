@@ -11,7 +11,7 @@ Python. Here one step is split into two pieces of fixed shape:
   optimiser step, EMA, clear the accumulator. Plain Gaussian noise on one device takes `_flat_update`:
   every ĝ and every clipped sum is a view of a flat buffer (the sums written there in place), so the draw
   and the masks cost four kernels whatever the depth. The labels are gathered as one-hot rows beside the
-  norm terms (one row copy, `record_rows`; the other layers' terms are written into the same rows), and the
+  norm terms (one row copy, `record_rows`; the other layers' weight shares are added into the same rows), and the
   output layer's gradient is softmax(z) − y, written without the loss.
   On PyTorch's dispatcher the one-chunk piece of a LeNet-300-100 ticket runs 36 operators against the
   non-private step's 24 (tests/dp/test_static_step_kernels.py): their launches, not the arithmetic, are
@@ -221,8 +221,9 @@ def record_rows(model: LeNet, train: LabeledTensors, layout: MaskLayout) -> tupl
     the terms are joined.
 
     Joined: every fully connected layer's columns side by side, the first layer's holding the record's
-    `first_layer_input_terms` at full width and the others free, written each step by `clipped_gradient_sum
-    (joined_terms=...)`: the layers' terms are then joined without a copy. Where that table would pass
+    `first_layer_input_terms` at full width and the others their layer's bias shares b_j, to which each step adds
+    the weight shares in place (`clipped_gradient_sum(joined_terms=...)`): the layers' terms are then joined
+    without a copy, and each later layer's terms cost one accumulating product. Where that table would pass
     `INPUT_TERMS_MAX_BYTES`, only the first layer's terms as computed (not joined); where those are skipped too
     (or the network has convolutions), the labels alone."""
     dtype = train.features.dtype
@@ -235,10 +236,9 @@ def record_rows(model: LeNet, train: LabeledTensors, layout: MaskLayout) -> tupl
     joined_width = sum(widths)
     if len(train) * (joined_width + classes) * train.features.element_size() > INPUT_TERMS_MAX_BYTES:
         return torch.cat([input_terms, one_hot], dim=1), input_terms.shape[1], False
-    rows = one_hot.new_zeros(len(train), joined_width + classes)
-    rows[:, : widths[0]] = input_terms  # a dense unscaled first layer's one column, widened
-    rows[:, joined_width:] = one_hot
-    return rows, joined_width, True
+    first = input_terms.expand(-1, widths[0])  # a dense unscaled first layer's one column, widened
+    biases = [bias.expand(len(train), -1) for bias in layout.bias_terms[1:]]
+    return torch.cat([first, *biases, one_hot], dim=1), joined_width, True
 
 
 def flat_gaussian_std(noise: NoiseMechanism, clip: float) -> float | None:
