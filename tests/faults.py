@@ -45,8 +45,9 @@ def fault(kind: str) -> Iterator[None]:
                                lambda sums, surviving, std, generator, scales=None: sums):
             yield
     elif kind == "no-clipping":
-        def unclipped(norms: Tensor, clip: float, weights: Tensor | None = None) -> Tensor:
-            return torch.ones_like(norms) if weights is None else weights.clone()
+        def unclipped(norms: Tensor, clip: float, row_clips: Tensor | None = None,
+                      zero_non_finite: bool = True) -> Tensor:  # a padding row (C_i = 0) still adds nothing
+            return torch.ones_like(norms) if row_clips is None else (row_clips > 0).to(norms.dtype)
 
         with mock.patch.object(ghost, "clip_factors", unclipped):
             yield
