@@ -120,10 +120,7 @@ def main() -> None:
         if args.final_iterate:
             settings = dataclasses.replace(settings, ema=None, ema_warmup=False)
         plan = plan_training(settings, args.private_size)
-        planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip, plan.lr,
-                             settings.optimizer, settings.momentum, model.activation, settings.ema,
-                             start="public", output_layer="reinit", private_size=args.private_size,
-                             ema_warmup=settings.ema_warmup)
+        planned = PlannedRun.of(settings, plan, model.activation, args.private_size)
         scores: list[list[float]] = []
         picks = []
         for seed in args.seeds:

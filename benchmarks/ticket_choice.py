@@ -128,10 +128,7 @@ def main() -> None:
                 if args.final_iterate:
                     settings = dataclasses.replace(settings, ema=None, ema_warmup=False)
                 plan = plan_training(settings, len(data.train))
-                planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
-                                     plan.lr, settings.optimizer, settings.momentum, model.activation, settings.ema,
-                                     start=settings.rewind, output_layer=settings.output_layer,
-                                     private_size=len(data.train), ema_warmup=settings.ema_warmup)
+                planned = PlannedRun.of(settings, plan, model.activation, len(data.train))
                 started = time.perf_counter()
                 if choice is None or not args.every_candidate:  # every candidate: one proxy ranking per ε
                     choice = noise_aware_choice(payload, public, planned, seed=seed)

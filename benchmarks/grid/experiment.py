@@ -260,10 +260,7 @@ class Experiment:
         # with the exact N).
         nominal = int(float(f"{n_private:.2g}"))
         plan = plan_training(settings, nominal)
-        planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip,
-                             plan.lr, settings.optimizer, settings.momentum,
-                             self.model_settings(run.dataset).activation, settings.ema, settings.rewind,
-                             settings.output_layer, settings.freeze, nominal, settings.ema_warmup)
+        planned = PlannedRun.of(settings, plan, self.model_settings(run.dataset).activation, nominal)
         halving = int(self.spec.get("noise_aware", {}).get("halving", 0))
         search = check_search(self.spec.get("noise_aware", {}).get("search", ()))
         key = json.dumps({"tickets": tickets.name, "rounds": [t["round"] for t in payload["tickets"]],

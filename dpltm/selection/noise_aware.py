@@ -28,7 +28,7 @@ import math
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,6 +51,10 @@ from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
 from dpltm.model import Architecture, Masks, build_network, freeze_layers_, rewind, ticket_masks
 from dpltm.training.transfer import start_weights
+
+if TYPE_CHECKING:
+    from dpltm.config import TrainSettings
+    from dpltm.training.plan import TrainPlan
 
 
 def tan_proxy(batch: int, sigma: float, private_size: int, public_size: int,
@@ -103,6 +107,15 @@ class PlannedRun:
     private run's L and σ as they are, which on a small public set means many more passes over it."""
     ema_warmup: bool = False
     """Whether the planned run's EMA warms up (`train --ema-warmup`); the candidates' average does too."""
+
+    @classmethod
+    def of(cls, settings: TrainSettings, plan: TrainPlan, activation: str | None,
+           private_size: int | None) -> PlannedRun:
+        """The run `settings` describe, as `plan_training` fixed it (σ, L, steps, lr): every field read in this one
+        place, so a setting the simulation must share (a frozen layer, the EMA's warm-up) is never left out."""
+        return cls(plan.noise_multiplier, plan.expected_batch_size, plan.steps, settings.clip, plan.lr,
+                   settings.optimizer, settings.momentum, activation, settings.ema, settings.rewind,
+                   settings.output_layer, tuple(settings.freeze), private_size, settings.ema_warmup)
 
     def on_public(self, public_size: int) -> tuple[int, float]:
         """(expected batch, noise multiplier) of the public proxy run: L_pub = round(L·n/N) and

@@ -131,9 +131,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     if not noise_plugin(s.noise).plain_norm:
         raise DpltmUserError(f"--noise-aware simulates Gaussian-type noise; with --noise {s.noise} use --best")
     plan = plan_training(s, request.private_size)
-    planned = PlannedRun(plan.noise_multiplier, plan.expected_batch_size, plan.steps, s.clip, plan.lr, s.optimizer,
-                         s.momentum, cfg.model.activation, s.ema, s.rewind, s.output_layer, s.freeze,
-                         request.private_size, s.ema_warmup)
+    planned = PlannedRun.of(s, plan, cfg.model.activation, request.private_size)
     public = reload_ticket_data(payload, request.data_dir, resolve_device(request.device))
     batch, sigma = planned.on_public(len(public.train))
     rungs = rung_steps(plan.steps, settings.halving) if len(payload["tickets"]) > 2 else []
