@@ -180,8 +180,9 @@ def layer_norm_terms(a: Tensor, operator: Tensor | None, bias_term: Tensor, bias
     (`operator` None) gives one column ‖a_i‖² + 1 (+ b_j when only the bias is scaled).
 
     `add_to` (N, out units), holding b_j in every row already (a static step's gathered rows, `bias_term`'s
-    values): the weight share is added to it in place, every column, one product accumulated where it lies (a
-    strided view: a fresh product would take the bias in cuBLASLt's epilogue only into a contiguous result)."""
+    values): the weight share is added to it in place, every column: for a mask operator one product accumulated
+    where it lies (a strided view: a fresh product would take the bias in cuBLASLt's epilogue only into a
+    contiguous result), for a dense unscaled layer its ‖a_i‖² added across the row."""
     if add_to is not None:
         if operator is not None and operator.layout != torch.sparse_csr:
             return add_to.addmm_(a * a, operator)
@@ -295,7 +296,8 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     layer side by side, (N, Σ_l out_l), with the first layer's columns holding its rows of
     `first_layer_input_terms` at full width and the other layers' their bias shares b_j (`MaskLayout.bias_terms`;
     a static step gathers them so, `dpltm.dp.graphed.record_rows`): those layers' weight shares are added in
-    place, so joining the terms costs no copy.
+    place, so joining the terms costs no copy. It is written: pass a fresh gather (an `index_select`), never a
+    view of a table kept between steps.
     """
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
@@ -355,8 +357,9 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
         joined = torch.cat(out_grads, dim=1) if len(out_grads) > 1 else out_grads[0]
         layers = list(zip(inputs, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True))
         if joined_terms is not None:  # the first layer's columns gathered already; the others' weight shares added
-            if conv_constants or joined_terms.shape != joined.shape:
-                raise ValueError(f"joined_terms must be {tuple(joined.shape)} for a fully connected network")
+            if input_terms is not None or conv_constants or joined_terms.shape != joined.shape:
+                raise ValueError(f"joined_terms (without input_terms) must be {tuple(joined.shape)} for a fully "
+                                 "connected network")
             for index, (a, operator, bias_weight, bias_term) in enumerate(layers[1:], start=1):
                 layer_norm_terms(a, operator, bias_term, bias_weight is not None,
                                  add_to=joined_terms[:, offsets[index]: offsets[index + 1]])

@@ -67,7 +67,7 @@ class StaticShapeDpStep:
                  ema: Ema | None = None,
                  reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                  add_noise: bool = True, graphs: bool = False) -> None:
-        self.model, self.train, self.clip, self.noise = model, train, clip, noise
+        self.model, self.train, self._clip, self.noise = model, train, clip, noise
         self.expected_batch_size = expected_batch_size
         self.capacity, self.generator, self.optimizer = capacity, generator, optimizer
         self.averager, self.ema, self.reduce, self.add_noise = averager, ema, reduce, add_noise
@@ -131,6 +131,12 @@ class StaticShapeDpStep:
                 raise ValueError("CUDA graphs need the data on a CUDA device")
             self._capture()
 
+    @property
+    def clip(self) -> float:
+        """C, fixed when the step is built: each row's bound in `row_clips` (the clip factor's numerator) is C
+        too, so a C changed afterwards would put factors above 1 (read-only)."""
+        return self._clip
+
     def step(self, index: Tensor) -> None:
         """One step on the Poisson batch `index` (record indices; its size is known on the host)."""
         if index.numel() <= self.capacity:  # all but ~3e-5 of steps: one chunk, and one replay for the step
@@ -153,7 +159,7 @@ class StaticShapeDpStep:
         x = self.train.features.index_select(0, self.index)
         rows = self.record_rows.index_select(0, self.index)
         terms, one_hot = (rows[:, : self.terms_width] if self.terms_width else None), rows[:, self.terms_width:]
-        clipped_gradient_sum(self.model, x, one_hot, self.clip, self.layout, row_clips=self.row_clips,
+        clipped_gradient_sum(self.model, x, one_hot, self._clip, self.layout, row_clips=self.row_clips,
                              input_terms=None if self.terms_joined else terms,
                              joined_terms=terms if self.terms_joined else None, mask_sums=False,
                              finite_records=self.finite_records, out=self.sum_buffers)
@@ -178,7 +184,7 @@ class StaticShapeDpStep:
         if self.noise_std is not None:
             self._flat_update(flat_sums)
         else:
-            noisy_mean(dict(sums), noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
+            noisy_mean(dict(sums), noise=self.noise, surviving=self.layout.surviving, clip=self._clip,
                        expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
                        add_noise=self.add_noise, out=self.grads, out_scales=self.out_scales)
         self.optimizer.step()
@@ -223,7 +229,7 @@ def record_rows(model: LeNet, train: LabeledTensors, layout: MaskLayout) -> tupl
     Joined: every fully connected layer's columns side by side, the first layer's holding the record's
     `first_layer_input_terms` at full width and the others their layer's bias shares b_j, to which each step adds
     the weight shares in place (`clipped_gradient_sum(joined_terms=...)`): the layers' terms are then joined
-    without a copy, and each later layer's terms cost one accumulating product. Where that table would pass
+    without a copy, and a later masked layer's terms cost one accumulating product. Where that table would pass
     `INPUT_TERMS_MAX_BYTES`, only the first layer's terms as computed (not joined); where those are skipped too
     (or the network has convolutions), the labels alone."""
     dtype = train.features.dtype

@@ -2,9 +2,9 @@
 
 A captured CUDA graph replays fixed tensor shapes, while a Poisson batch has Binomial(N, q) records.
 So each batch is cut into chunks of exactly `capacity` rows: the sampled records, then padding
-rows (any valid record: record 0, or one an earlier chunk left in the buffer) whose per-record
-weight is 0. The clipped sum weights every record's clipped gradient by its weight, so a padding
-row adds exactly zero; a draw larger than
+rows (any valid record: record 0, or one an earlier chunk left in the buffer) whose clipping bound
+is 0: each row's clip factor is its bound over max(‖g‖, C) (C for a sampled record,
+dpltm.dp.ghost.clip_factors), so a padding row adds exactly zero; a draw larger than
 the capacity fills several chunks, whose clipped sums are added before the step's single noise
 draw. Every sampled record is processed once and nothing else counts, so the mechanism — each
 record in with probability q, the clipped sum over exactly the sampled records, one noise draw
@@ -44,11 +44,11 @@ def load_chunk(index: Tensor, start: int, into_index: Tensor, into_weight: Tenso
     """The chunk of a Poisson batch that begins at row `start`, written into a step's fixed buffers with
     at most two copies and no allocation (what a CUDA-graph step pays per chunk on the host).
 
-    The first m = min(K, |B| − start) rows get the sampled records' indices and weight 1; the other rows
-    get weight 0 and keep the indices they held (valid records of an earlier chunk, or record 0): such a
-    row adds exactly zero (the tests' reference layout: tests/dp/reference.py `padded_chunks`).
-    `weights` is `ones_then_zeros(K, ...)`, or a multiple of it (the static DP step's: C·ones, each row's clipping
-    bound, dpltm.dp.graphed).
+    The first m = min(K, |B| − start) rows get the sampled records' indices and a sampled row's weight (1, or the
+    static DP step's C); the other rows get weight 0 and keep the indices they held (valid records of an earlier
+    chunk, or record 0): such a row adds exactly zero (the tests' reference layout: tests/dp/reference.py
+    `padded_chunks`). `weights` is `ones_then_zeros(K, ...)`, or a multiple of it (the static DP step's C times
+    it: each row's clipping bound, dpltm.dp.graphed).
     """
     capacity = into_index.numel()
     m = max(0, min(capacity, index.numel() - start))

@@ -267,3 +267,21 @@ def test_masks_for_unmasked_sums_need_the_output_buffers() -> None:
                expected_batch_size=2.0, generator=torch.Generator(), out=out,
                out_scales={"w": torch.tensor([1.0, 0.0, 1.0]) / 2.0})
     assert out["w"].tolist() == [2.0, 0.0, 3.0]  # a pruned coordinate's unmasked sum becomes exactly 0
+
+
+def test_the_static_steps_clip_is_fixed_and_its_joined_terms_stand_alone() -> None:
+    """Each row's bound C_i is C, made when the step is built: C cannot change afterwards (a factor would exceed 1).
+    `joined_terms` replaces `input_terms`: both at once is refused, not one silently ignored."""
+    (model, masks), data = mlp_ticket(), records(12, 5, False)
+    step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=GaussianNoise(1.0), expected_batch_size=24.0,
+                             capacity=32, generator=torch.Generator().manual_seed(5),
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert step.clip == 0.5 and bool((step._row_clips[:32] == 0.5).all()) and bool((step._row_clips[32:] == 0).all())
+    with pytest.raises(AttributeError):
+        step.clip = 2.0  # type: ignore[misc]
+    assert step.terms_joined
+    rows = step.record_rows[:4, : step.terms_width].clone()
+    with pytest.raises(ValueError, match="without input_terms"):
+        ghost.clipped_gradient_sum(model, data.features[:4], data.labels[:4], 0.5, step.layout,
+                                   row_clips=torch.full((4,), 0.5, dtype=torch.float64), input_terms=rows[:, :10],
+                                   joined_terms=rows)

@@ -45,7 +45,7 @@ def test_one_hot_targets_give_the_sums_and_norms_of_class_indices_without_the_lo
                                                                                    static: bool) -> None:
     """softmax(z) − y is ∂(Σ CE)/∂z of the output layer: the norms and the clipped sums equal those of the
     loss's own gradient, for a deep, a one-layer and a convolutional network; a non-finite record (here
-    sampled, weight 1) is dropped either way, and padding rows (weight 0) add nothing."""
+    sampled, bound C) is dropped either way, and padding rows (bound 0) add nothing."""
     if network == "lenet5":
         model, masks = cnn_ticket()
         x, y = images(9)
