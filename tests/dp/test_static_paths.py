@@ -125,6 +125,26 @@ CASES = {
 }
 
 
+def case_noise(model: LeNet, geometry: str | None) -> GaussianNoise:
+    """A case's noise: plain Gaussian, or with a per-coordinate geometry on the biases or on everything."""
+    return GaussianNoise(1.1) if geometry is None else BiasScaled(1.1, random_scales(model, geometry == "biases"))
+
+
+def eager_steps(case: str, batches: list[torch.Tensor], poison: bool, momentum: float) -> LeNet:
+    """The case's network after the eager step on `batches` (C = 0.5, L = 0.2·N, noise seed 5): the reference."""
+    make, features, classes, geometry = CASES[case]
+    (eager, masks), data = make(), records(features, classes, poison)
+    mechanism = case_noise(eager, geometry)
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.2, momentum=momentum)
+    layout = MaskLayout.of(eager, masks, torch.float64, mechanism.coordinate_scales())
+    generator = torch.Generator().manual_seed(5)
+    for index in batches:
+        grads, _, _ = private_gradients(eager, data.features[index], data.labels[index], clip=0.5, noise=mechanism,
+                                        expected_batch_size=N * 0.2, generator=generator, layout=layout)
+        apply_gradients(eager, grads, optimizer)
+    return eager
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("capacity", [40, 8])
 @pytest.mark.parametrize("poison", [False, True])
@@ -135,22 +155,10 @@ def test_the_static_step_is_the_eager_step(case: str, capacity: int, poison: boo
     batches = poisson_batches_at_once(N, 0.2, 4, torch.Generator().manual_seed(9))
     if case.startswith("lenet5"):
         batches = batches[:2]
-
-    def noise(model: LeNet) -> GaussianNoise:
-        return GaussianNoise(1.1) if geometry is None else BiasScaled(1.1, random_scales(model, geometry == "biases"))
-
-    (eager, masks), data = make(), records(features, classes, poison)
-    mechanism = noise(eager)
-    optimizer = torch.optim.SGD(eager.parameters(), lr=0.2, momentum=0.5)
-    layout = MaskLayout.of(eager, masks, torch.float64, mechanism.coordinate_scales())
-    generator = torch.Generator().manual_seed(5)
-    for index in batches:
-        grads, _, _ = private_gradients(eager, data.features[index], data.labels[index], clip=0.5, noise=mechanism,
-                                        expected_batch_size=N * 0.2, generator=generator, layout=layout)
-        apply_gradients(eager, grads, optimizer)
+    eager = eager_steps(case, batches, poison, momentum=0.5)
     (static, static_masks), data = make(), records(features, classes, poison)
-    step = StaticShapeDpStep(static, static_masks, data, clip=0.5, noise=noise(static), expected_batch_size=N * 0.2,
-                             capacity=capacity, generator=torch.Generator().manual_seed(5),
+    step = StaticShapeDpStep(static, static_masks, data, clip=0.5, noise=case_noise(static, geometry),
+                             expected_batch_size=N * 0.2, capacity=capacity, generator=torch.Generator().manual_seed(5),
                              optimizer=torch.optim.SGD(static.parameters(), lr=0.2, momentum=0.5))
     assert any(len(b) > capacity for b in batches) == (capacity == 8)
     for index in batches:
@@ -170,26 +178,14 @@ def test_the_static_step_is_the_eager_step_whatever_table_it_gathers(table: str,
     same weights as the eager step, with a NaN and an infinite record among them."""
     make, features, classes, geometry = CASES[case]
     batches = poisson_batches_at_once(N, 0.2, 3, torch.Generator().manual_seed(9))
-
-    def noise(model: LeNet) -> GaussianNoise:
-        return GaussianNoise(1.1) if geometry is None else BiasScaled(1.1, random_scales(model, geometry == "biases"))
-
-    (eager, masks), data = make(), records(features, classes, True)
-    mechanism = noise(eager)
-    optimizer = torch.optim.SGD(eager.parameters(), lr=0.2)
-    layout = MaskLayout.of(eager, masks, torch.float64, mechanism.coordinate_scales())
-    generator = torch.Generator().manual_seed(5)
-    for index in batches:
-        grads, _, _ = private_gradients(eager, data.features[index], data.labels[index], clip=0.5, noise=mechanism,
-                                        expected_batch_size=N * 0.2, generator=generator, layout=layout)
-        apply_gradients(eager, grads, optimizer)
+    eager = eager_steps(case, batches, poison=True, momentum=0.0)
     (static, static_masks), data = make(), records(features, classes, True)
     limit = {"joined": 1 << 30, "first layer": N * 10 * 8, "labels only": 8}[table]
     with mock.patch.object(graphed, "INPUT_TERMS_MAX_BYTES", limit), \
             mock.patch.object(ghost, "INPUT_TERMS_MAX_BYTES", limit):
-        step = StaticShapeDpStep(static, static_masks, data, clip=0.5, noise=noise(static),
+        step = StaticShapeDpStep(static, static_masks, data, clip=0.5, noise=case_noise(static, geometry),
                                  expected_batch_size=N * 0.2, capacity=40, generator=torch.Generator().manual_seed(5),
-                                 optimizer=torch.optim.SGD(static.parameters(), lr=0.2))
+                                 optimizer=torch.optim.SGD(static.parameters(), lr=0.2, momentum=0.0))
     assert step.terms_joined == (table == "joined")
     assert (step.terms_width == 0) == (table == "labels only")
     assert step.record_rows.shape[1] == step.terms_width + classes
