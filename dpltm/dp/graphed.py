@@ -67,6 +67,8 @@ class StaticShapeDpStep:
                  ema: Ema | None = None,
                  reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
                  add_noise: bool = True, graphs: bool = False) -> None:
+        if not math.isfinite(clip):
+            raise ValueError("the static step clips to a finite bound C")
         self.model, self.train, self._clip, self.noise = model, train, clip, noise
         self.expected_batch_size = expected_batch_size
         self.capacity, self.generator, self.optimizer = capacity, generator, optimizer
@@ -75,8 +77,6 @@ class StaticShapeDpStep:
         self.layout = MaskLayout.of(model, masks, dtype, noise.coordinate_scales(), allow_sparse=False)
         self.record_rows, self.terms_width, self.terms_joined = record_rows(model, train, self.layout)
         self.index = torch.zeros(capacity, dtype=torch.long, device=device)
-        if not math.isfinite(clip):
-            raise ValueError("the static step clips to a finite bound C")
         # each row's clipping bound: C for a sampled record, 0 for a padding row (`clip_factors`' numerator), each
         # chunk's one slice of C·`ones_then_zeros`
         self.row_clips = torch.zeros(capacity, dtype=dtype, device=device)
