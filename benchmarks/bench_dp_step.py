@@ -181,7 +181,11 @@ def main() -> None:
             print(f"Opacus ghost / dpltm DP graph step: "
                   f"{results['Opacus ghost clipping'] / results['dpltm DP step, CUDA graphs']:.1f}x (target >= 4)")
         for name in ("non-private step, CUDA graph", "dpltm DP step, CUDA graphs"):  # what a replay launches
-            profiled = device_activity_per_step(contenders[name])
+            try:
+                profiled = device_activity_per_step(contenders[name])
+            except RuntimeError as error:  # no CUPTI in this image: the timings above stand without it
+                print(f"{name}: the profiler could not run ({error})")
+                continue
             print(f"{name}: " + ("no device activity recorded (the profiler does not trace graph replays here)"
                                  if profiled is None else f"{profiled[0]:.1f} kernels and copies a step, "
                                                           f"{profiled[1]:.1f} µs of device time"))
