@@ -557,6 +557,13 @@ def canonical_start(start: str | int) -> str:
     return str(start) if step is None else str(step)
 
 
+def describe_start(start: str) -> str:
+    """Where a start (`train --rewind`) takes a ticket's weights from, in words: every message and report says it so."""
+    if start == "public":
+        return "its public-trained weights"
+    return "θ0" if start == "init" else f"its iterate {start} of public training (late rewinding)"
+
+
 OUTPUT_LAYERS = ("reinit", "keep")
 """`train.output_layer`: a public start's output layer, θ0's or the public-trained one."""
 

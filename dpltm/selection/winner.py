@@ -18,7 +18,7 @@ import numpy as np
 
 from dpltm import __version__
 from dpltm.checkpoint import load_ticket_set
-from dpltm.config import SEARCH_FIXED_BY, canonical_start
+from dpltm.config import SEARCH_FIXED_BY, canonical_start, describe_start
 from dpltm.errors import DpltmUserError
 from dpltm.model import masked_weights
 from dpltm.privacy.events import event_to_json
@@ -215,13 +215,6 @@ def _is_start(start: Any) -> bool:
         return isinstance(start, str) and canonical_start(start) == start
     except DpltmUserError:
         return False
-
-
-def describe_start(start: str) -> str:
-    """Where a start (`train --rewind`) takes a ticket's weights from, in words."""
-    if start == "public":
-        return "its public-trained weights"
-    return "θ0" if start == "init" else f"iterate {start} of public training (late rewinding)"
 
 
 def describe_variant(train: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ import torch
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel
 from dpltm.checkpoint import check_writable, load_winner, output_lock, save_atomic
-from dpltm.config import TrainConfig, to_dict
+from dpltm.config import TrainConfig, describe_start, to_dict
 from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
@@ -142,7 +142,7 @@ def check_start(start: str, output_layer: str, ticket: dict[str, Any] | None, or
             raise DpltmUserError("--output-layer keep applies with --rewind public or K (from θ0 every layer is "
                                  "θ0's)")
         return
-    what = "its public-trained weights" if start == "public" else f"its iterate {start} of public training"
+    what = describe_start(start)
     if ticket is None:
         raise DpltmUserError(f"--rewind {start} starts a ticket from {what}: the dense network has none (give "
                              f"--ticket, or drop --rewind {start})")
