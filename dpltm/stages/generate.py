@@ -62,6 +62,10 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         f"{len(data.val)} val, {len(data.test)} test) on {torch_device}; "
         f"phase 1 is NOT private: it sees this data directly"
     )
+    if cfg.generate.batch_size > len(data.train):  # dpltm.data.batches.ShuffledBatches takes the whole set a step
+        err_console.print(f"note: --batch-size {cfg.generate.batch_size} is above the {len(data.train)} training "
+                          f"records: every step takes all {len(data.train)} (full-batch IMP)", markup=False,
+                          highlight=False)
 
     from dpltm.config import to_dict
     from dpltm.run_log import RunLog

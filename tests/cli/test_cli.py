@@ -46,6 +46,15 @@ def test_a_second_generate_says_it_continues_the_file_it_finds(digits_dir: Path,
     assert "generatingticketsondigits" in said("--overwrite")
 
 
+def test_a_batch_above_the_records_is_said_to_be_full_batch(digits_dir: Path, tmp_path: Path, cli) -> None:
+    """IMP's batches are capped at the training set (`ShuffledBatches`): a larger --batch-size runs, and says so."""
+    flags = ("generate", "--dataset", "digits", "--data-dir", str(digits_dir), "--rounds", "0", "--iterations", "2",
+             "--device", "cpu", "--no-progress", "--overwrite", "--out", str(tmp_path / "t.pt"))
+    big = " ".join(cli(*flags, "--batch-size", "100000").stderr.split())
+    assert "note: --batch-size 100000 is above the" in big and "(full-batch IMP)" in big
+    assert "full-batch" not in cli(*flags, "--batch-size", "32").stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
