@@ -327,27 +327,30 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rounds_made = []
     start = theta0  # θ_K from the first round's step K on, with late rewinding
-    for k in range(rounds + 1):
-        model.load_state_dict(start)
-        apply_masks(model, masks)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for step in range(iterations if k == 0 else iterations - rewind_step):
-            if k == 0 and rewind_step and step == rewind_step:
-                start = {n: v.detach().clone() for n, v in model.state_dict().items()}
-            index = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
-            optimizer.zero_grad(set_to_none=True)
-            batch_loss = loss(model(features[index]), labels[index])
-            if not bool(torch.isfinite(batch_loss)):
-                raise DpltmUserError(f"ticket generation diverged in round {k} (a loss of {float(batch_loss):g}): "
-                                     "lower lr")
-            batch_loss.backward()
-            optimizer.step()
+    try:
+        for k in range(rounds + 1):
+            model.load_state_dict(start)
             apply_masks(model, masks)
-        accuracy = evaluate(model, val) if val is not None else None
-        rounds_made.append((k, {n: m.clone() for n, m in masks.items()}, density_of(model, masks), accuracy))
-        if k < rounds:
-            masks = prune_layerwise(prunable_weights(model), masks, rates)
-    model.load_state_dict(theta0)
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            for step in range(iterations if k == 0 else iterations - rewind_step):
+                if k == 0 and rewind_step and step == rewind_step:
+                    start = {n: v.detach().clone() for n, v in model.state_dict().items()}
+                index = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
+                optimizer.zero_grad(set_to_none=True)
+                batch_loss = loss(model(features[index]), labels[index])
+                if not bool(torch.isfinite(batch_loss)):
+                    raise DpltmUserError(f"ticket generation diverged in round {k} (a loss of "
+                                         f"{float(batch_loss.detach()):g}): lower lr")
+                batch_loss.backward()
+                optimizer.step()
+                apply_masks(model, masks)
+            accuracy = evaluate(model, val) if val is not None else None
+            rounds_made.append((k, {n: m.clone() for n, m in masks.items()}, density_of(model, masks), accuracy))
+            if k < rounds:
+                masks = prune_layerwise(prunable_weights(model), masks, rates)
+    finally:  # refused, diverged or interrupted too: the model is left as it came, at θ0, never at trained weights
+        model.load_state_dict(theta0)
+        model.zero_grad(set_to_none=True)
     return [Ticket(k, m, density, accuracy, {n: v.clone() for n, v in theta0.items()}, public_records, rewind_step,
                    {n: v.clone() for n, v in start.items()} if rewind_step else None)
             for k, m, density, accuracy in rounds_made]

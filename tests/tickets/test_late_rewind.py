@@ -218,3 +218,29 @@ def test_the_graph_blocks_keep_the_same_iterate_k_as_the_eager_loop(snapshot_at:
         torch.testing.assert_close(block_final[key], value, rtol=0, atol=0, msg=key)
     if snapshot_at < 10:
         assert not torch.equal(block_snapshot["hidden.0.weight"], block_final["hidden.0.weight"])
+
+
+def test_the_api_leaves_the_model_at_theta0_when_generation_stops_early() -> None:
+    """A diverged run (refused in one line) and an interrupted one (Ctrl-C inside the loss) leave the user's model at
+    the θ0 it came with, never at weights trained on the tickets' data, and with no stale gradients."""
+    import dpltm
+    from tests.apidata import blobs, mlp
+
+    data = blobs(200, 0)
+    model = mlp()
+    theta0 = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(DpltmUserError, match="diverged"):
+        dpltm.generate_tickets(model, (data[0] * float("inf"), data[1]), rounds=1, iterations=20, rewind_step=2)
+    assert all(torch.equal(v, theta0[k]) for k, v in model.state_dict().items())
+    calls = []
+
+    def interrupted(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return torch.nn.functional.cross_entropy(outputs, targets)
+
+    with pytest.raises(KeyboardInterrupt):
+        dpltm.generate_tickets(model, data, rounds=2, iterations=5, loss=interrupted)
+    assert all(torch.equal(v, theta0[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
