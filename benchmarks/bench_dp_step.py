@@ -25,6 +25,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -104,6 +105,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="interleaved rounds of 10 steps each")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-opacus", action="store_true")
+    parser.add_argument("--kernels-out", type=Path, default=None,
+                        help="with --device cuda: write each graph step's kernels, by name, to this file")
     args = parser.parse_args()
     device = resolve_device(args.device)
     g = torch.Generator(device=device).manual_seed(0)
@@ -180,24 +183,31 @@ def main() -> None:
         if "Opacus ghost clipping" in results:
             print(f"Opacus ghost / dpltm DP graph step: "
                   f"{results['Opacus ghost clipping'] / results['dpltm DP step, CUDA graphs']:.1f}x (target >= 4)")
+        tables = []
         for name in ("non-private step, CUDA graph", "dpltm DP step, CUDA graphs"):  # what a replay launches
             try:
-                profiled = device_activity_per_step(contenders[name])
+                events = device_events_per_step(contenders[name])
             except RuntimeError as error:  # no CUPTI in this image: the timings above stand without it
                 print(f"{name}: the profiler could not run ({error})")
                 continue
+            profiled = per_step(events, PROFILED_STEPS)
+            tables.append(f"== {name}\n{kernel_table(events, PROFILED_STEPS)}")
             print(f"{name}: " + ("no device activity recorded (the profiler does not trace graph replays here)"
                                  if profiled is None else f"{profiled[0]:.1f} kernels and copies a step, "
                                                           f"{profiled[1]:.1f} µs of device time"))
+        if args.kernels_out is not None and tables:
+            args.kernels_out.write_text("\n".join(tables))
     print(f"one-time norm table ({args.records} records): {1e3 * table_seconds:.1f} ms "
           f"= {table_seconds / base:.0f} non-private steps "
           f"(a 50-epoch run at this batch: {50 * args.records // args.batch_size} steps)")
     print("target (issue 10): dpltm DP step <= 1.25x non-private on 2 CPU threads")
 
 
-def device_activity_per_step(step: Callable[[], None], steps: int = 20) -> tuple[float, float] | None:
-    """Kernels (and device copies) a step launches and their device time in µs, under torch.profiler (CUPTI
-    traces the kernels inside a CUDA-graph replay); None where it recorded none."""
+PROFILED_STEPS = 20
+
+
+def device_events_per_step(step: Callable[[], None], steps: int = PROFILED_STEPS) -> list[Any]:
+    """The profiler's events over `steps` steps (CUPTI traces the kernels inside a CUDA-graph replay)."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -206,7 +216,7 @@ def device_activity_per_step(step: Callable[[], None], steps: int = 20) -> tuple
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    return per_step(recorded.events(), steps)
+    return list(recorded.events())
 
 
 def per_step(events: Iterable[Any], steps: int) -> tuple[float, float] | None:
@@ -214,6 +224,16 @@ def per_step(events: Iterable[Any], steps: int) -> tuple[float, float] | None:
     durations = [event.time_range.elapsed_us() for event in events
                  if event.device_type == torch.autograd.DeviceType.CUDA]
     return None if not durations else (len(durations) / steps, sum(durations) / steps)
+
+
+def kernel_table(events: Iterable[Any], steps: int) -> str:
+    """One line per device kernel name: launches a step and µs a step, the longest first (where a step's time goes)."""
+    by_name: dict[str, list[float]] = {}
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            by_name.setdefault(event.name, []).append(event.time_range.elapsed_us())
+    rows = sorted(by_name.items(), key=lambda item: -sum(item[1]))
+    return "\n".join(f"{len(times) / steps:6.1f} {sum(times) / steps:9.2f} us  {name[:160]}" for name, times in rows)
 
 
 def graph_steps(rounds: int, data: LabeledTensors, index: torch.Tensor, batch_size: int,

@@ -39,7 +39,7 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output t
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, lightning, dp_accounting, kymatio, dpltm; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" || exit 101
 step pytest-gpu 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -o addopts=""
-step bench-dp-step 90 python3 benchmarks/bench_dp_step.py --device cuda
+step bench-dp-step 90 python3 benchmarks/bench_dp_step.py --device cuda --kernels-out "$OUT/kernels.txt"
 step bench-generate 60 python3 benchmarks/bench_generate.py --device cuda --graphs-only --steps 5000 --dataset kmnist --split test
 step run-cold 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt
 step run-warm 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt
