@@ -9,6 +9,7 @@
 #   5. `dpltm generate --rewind-step 100 --cuda-graphs` (late rewinding's snapshot inside the graph blocks).
 # First, here: `bash benchmarks/gpu/prepare.sh`. Then the device tool's
 #   run(command="bash benchmarks/gpu/check.sh", carry=[".whl", ".gpu-data"], timeout_s=600)
+# `bash benchmarks/gpu/check.sh run-cold run-warm` runs only the steps named (a rerun after a fix, on what is left of a lease).
 # Logs go to $OUT (the device tool brings them back); each step has its own time limit, and a failed step
 # does not stop the others. The exit status is the number of failed steps.
 set -uo pipefail
@@ -22,12 +23,20 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 else
     export PYTHONPATH="$PWD"
 fi
+# An editable install, as the README's: configs/ is the package dpltm.configs only through the install's mapping
+# (pyproject's package-dir), so the source tree on PYTHONPATH alone cannot load the defaults.
+if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e .; then
+    echo "no editable install here (setuptools?): dpltm/configs linked to configs/ in this copy instead"
+    [ -e dpltm/configs ] || ln -s ../configs dpltm/configs || exit 102
+fi
 export DPLTM_DATA_DIR="${DPLTM_DATA_DIR:-$PWD/.gpu-data}" DPLTM_FEATURE_CACHE=/tmp/dpltm-features \
     DPLTM_TICKET_CACHE=/tmp/dpltm-tickets DPLTM_LOG_DIR=/tmp/dpltm-logs PYTHONUNBUFFERED=1
 failed=0
+only=" $* "
 step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output to the screen and $OUT/NAME.log
     local name=$1 limit=$2
     shift 2
+    if [ "$only" != "  " ] && [[ "$only" != *" $name "* ]]; then return; fi
     echo "== $(date +%T) $name"
     local start=$SECONDS
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
