@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
@@ -200,6 +208,9 @@ def lightning_trainer(device: torch.device, distribution: Distribution | None = 
                       strategy=DDPStrategy(broadcast_buffers=False), use_distributed_sampler=False)
     else:
         kwargs.setdefault("devices", [device.index or 0] if device.type == "cuda" else 1)
+        environment = single_process_environment()
+        if environment is not None:
+            kwargs.setdefault("plugins", [environment])
     with quiet_lightning():
         return L.Trainer(
             accelerator="gpu" if device.type == "cuda" else device.type,
@@ -209,6 +220,26 @@ def lightning_trainer(device: torch.device, distribution: Distribution | None = 
             num_sanity_val_steps=0,
             **kwargs,
         )
+
+
+MPI_LAUNCH_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+"""What MPI launchers set in each process (Open MPI, MPICH/Intel MPI's Hydra and PMI, PMIx, MVAPICH2)."""
+
+
+def single_process_environment() -> ClusterEnvironment | None:
+    """Lightning's cluster environment for a one-process Trainer, chosen without importing mpi4py; None (Lightning
+    chooses) where a launcher of its own set the process up.
+
+    Why: to rule out an MPI launch, Lightning's Trainer imports `mpi4py.MPI` wherever mpi4py is installed, which
+    starts MPI in this process: 0.9 s of a `dpltm run` on an H100 image that ships mpi4py (cProfile, 2026-11-27),
+    paid again by every process, and on some clusters MPI_Init outside a launcher warns or waits. A process no
+    MPI launcher started has a world of one, so Lightning's own choice there is the plain `LightningEnvironment`
+    (unless TorchElastic, SLURM or LSF set it up: those checks read the environment alone and stay Lightning's)."""
+    if any(name in os.environ for name in MPI_LAUNCH_VARIABLES):
+        return None
+    if TorchElasticEnvironment.detect() or SLURMEnvironment.detect() or LSFEnvironment.detect():
+        return None
+    return LightningEnvironment()
 
 
 def fit_on_device(trainer: L.Trainer, module: L.LightningModule, batches: Any, device: torch.device) -> None:
