@@ -15,6 +15,11 @@
 # does not stop the others. The exit status is the number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+export LC_NUMERIC=C  # the step timer's decimal point
+STEPS=" pytest-gpu bench-dp-step bench-generate run-cold run-warm generate-rewind "
+for name in "$@"; do
+    [[ "$STEPS" == *" $name "* ]] || { echo "check.sh: no step named '$name' (steps:$STEPS)" >&2; exit 104; }
+done
 OUT=${OUT:-/tmp/dpltm-gpu-check}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -30,9 +35,9 @@ if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-ca
     echo "no editable install here (setuptools?): dpltm/configs linked to configs/ in this copy instead"
     [ -e dpltm/configs ] || ln -s ../configs dpltm/configs || exit 102
 fi
-# The image keeps no bytecode for its packages (no .pyc is read or written there): every process compiled about
-# 4,500 modules from source, 7.2-7.4 s of a `dpltm run` on an H100 (cProfile, 2026-11-27). pip writes .pyc files at
-# install, so a user's runs do not pay that: the runs get a bytecode cache of their own, filled before any is timed.
+# The image lacks bytecode for much of what a run imports, and writes none: every `dpltm run` there compiled about
+# 1,900 modules from source, 7.2-7.4 s of it on an H100 (cProfile, 2026-11-27). pip writes bytecode at install, so a
+# user's runs do not pay that: the runs get a bytecode cache of their own, filled before any is timed.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=/tmp/dpltm-pycache
 export DPLTM_DATA_DIR="${DPLTM_DATA_DIR:-$PWD/.gpu-data}" DPLTM_FEATURE_CACHE=/tmp/dpltm-features \
@@ -53,8 +58,13 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output t
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, lightning, dp_accounting, kymatio, dpltm; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" || exit 101
-python3 -c "import torch._dynamo, dpltm.cli, dpltm.stages.run, dpltm.training.private, dpltm.selection.noise_aware" \
-    || exit 103  # the bytecode of what `dpltm run` imports (torch.optim's first optimiser imports torch._dynamo)
+# the bytecode of every package a run imports (compileall writes under PYTHONPYCACHEPREFIX), a few seconds on 16 cores
+packages=$(python3 -c "import importlib.util as u
+for name in ('torch', 'lightning', 'lightning_utilities', 'torchmetrics', 'transformers', 'sympy', 'scipy', 'numpy',
+             'dp_accounting', 'kymatio', 'mpi4py', 'typer', 'click', 'rich', 'yaml', 'tqdm', 'opacus', 'dpltm'):
+    spec = u.find_spec(name)
+    print(*(spec.submodule_search_locations or []) if spec else [])") || exit 103
+python3 -m compileall -qq -j 0 $packages configs > /dev/null 2>&1  # a file some package never meant to compile: no matter
 step pytest-gpu 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -o addopts=""
 step bench-dp-step 90 python3 benchmarks/bench_dp_step.py --device cuda --kernels-out "$OUT/kernels.txt"
 step bench-generate 60 python3 benchmarks/bench_generate.py --device cuda --graphs-only --steps 5000 --dataset kmnist --split test

@@ -208,9 +208,11 @@ def lightning_trainer(device: torch.device, distribution: Distribution | None = 
                       strategy=DDPStrategy(broadcast_buffers=False), use_distributed_sampler=False)
     else:
         kwargs.setdefault("devices", [device.index or 0] if device.type == "cuda" else 1)
-        environment = single_process_environment()
-        if environment is not None:
-            kwargs.setdefault("plugins", [environment])
+        plugins = list(kwargs.get("plugins") or [])
+        if "strategy" not in kwargs and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+            environment = single_process_environment()
+            if environment is not None:
+                kwargs["plugins"] = [*plugins, environment]
     with quiet_lightning():
         return L.Trainer(
             accelerator="gpu" if device.type == "cuda" else device.type,
@@ -222,8 +224,10 @@ def lightning_trainer(device: torch.device, distribution: Distribution | None = 
         )
 
 
-MPI_LAUNCH_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
-"""What MPI launchers set in each process (Open MPI, MPICH/Intel MPI's Hydra and PMI, PMIx, MVAPICH2)."""
+MPI_LAUNCH_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_SIZE",
+                        "MPI_LOCALNRANKS", "ALPS_APP_PE", "PALS_RANKID")
+"""What MPI launchers set in each process (Open MPI, MPICH/Intel MPI's Hydra and PMI, PMIx, MVAPICH2, Cray's ALPS
+and PALS)."""
 
 
 def single_process_environment() -> ClusterEnvironment | None:

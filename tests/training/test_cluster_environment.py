@@ -6,10 +6,10 @@ import pytest
 import torch
 from lightning.pytorch.plugins.environments import LightningEnvironment, MPIEnvironment, SLURMEnvironment
 
-from dpltm.training.plain import MPI_LAUNCH_VARIABLES, lightning_trainer
+from dpltm.training.plain import MPI_LAUNCH_VARIABLES, lightning_trainer, single_process_environment
 
-LAUNCHER_VARIABLES = (*MPI_LAUNCH_VARIABLES, "SLURM_NTASKS", "SLURM_JOB_NAME", "LSB_JOBID", "LSB_HOSTS",
-                      "LSB_MCPU_HOSTS", "LSB_DJOB_RANKFILE", "TORCHELASTIC_RUN_ID", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+LAUNCHER_VARIABLES = (*MPI_LAUNCH_VARIABLES, "SLURM_NTASKS", "SLURM_JOB_NAME", "LSB_JOBID", "LSB_DJOB_RANKFILE",
+                      "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE", "TORCHELASTIC_RUN_ID")
 
 
 @pytest.fixture
@@ -55,7 +55,29 @@ def test_under_slurm_lightning_keeps_its_slurm_environment(mpi_detections: list[
     assert type(_environment(trainer)) is SLURMEnvironment  # its signal handling (requeue) as before
 
 
-def test_a_callers_own_plugins_are_kept(mpi_detections: list[str]) -> None:
+@pytest.mark.parametrize("launcher", [
+    {"TORCHELASTIC_RUN_ID": "1"},
+    {"LSB_JOBID": "1", "LSB_DJOB_RANKFILE": "/tmp/rankfile", "JSM_NAMESPACE_LOCAL_RANK": "0",
+     "JSM_NAMESPACE_SIZE": "1"},
+], ids=["torchelastic", "lsf"])
+def test_other_launchers_leave_the_choice_to_lightning(mpi_detections: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                       launcher: dict[str, str]) -> None:
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    assert single_process_environment() is None
+
+
+def test_a_callers_own_environment_is_kept(mpi_detections: list[str]) -> None:
     own = LightningEnvironment()
     trainer = lightning_trainer(torch.device("cpu"), max_steps=1, plugins=[own])
     assert _environment(trainer) is own
+
+
+def test_a_callers_other_plugins_are_kept_beside_the_environment(mpi_detections: list[str]) -> None:
+    from lightning.pytorch.plugins.precision import Precision
+
+    precision = Precision()
+    trainer = lightning_trainer(torch.device("cpu"), max_steps=1, plugins=[precision])
+    assert trainer.precision_plugin is precision
+    assert type(_environment(trainer)) is LightningEnvironment
+    assert mpi_detections == []
