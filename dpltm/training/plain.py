@@ -151,6 +151,16 @@ class GraphedSgdStep:
         return self.loss
 
 
+class _StageTqdm(Tqdm):
+    """Lightning's tqdm, keeping the stage's label: Lightning renames the bar "Epoch N" at each epoch's start,
+    a frame that a log of stderr shows between the stage's own."""
+
+    label: str | None = None
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        super().set_description(self.label if self.label is not None else desc, refresh)
+
+
 class RoundProgressBar(TQDMProgressBar):
     """Lightning's bar, labelled with the stage it belongs to, written to **stderr**.
 
@@ -163,13 +173,26 @@ class RoundProgressBar(TQDMProgressBar):
         self.label = label
 
     def init_train_tqdm(self) -> Tqdm:
-        return step_bar(self.label, position=2 * self.process_position, enabled=not self.is_disabled, bar_class=Tqdm)
+        bar = step_bar(self.label, position=2 * self.process_position, enabled=not self.is_disabled,
+                       bar_class=_StageTqdm)
+        bar.label = self.label
+        return bar
 
     def on_train_epoch_start(self, trainer, *args):  # type: ignore[no-untyped-def]
-        super().on_train_epoch_start(trainer, *args)
         epochs = trainer.max_epochs  # the bar's ETA is the epoch's: say which epoch of how many
-        self.train_progress_bar.set_description(
-            self.label if not epochs or epochs <= 1 else f"{self.label} epoch {trainer.current_epoch + 1}/{epochs}")
+        label = self.label if not epochs or epochs <= 1 else f"{self.label} epoch {trainer.current_epoch + 1}/{epochs}"
+        self._label_bar(label)  # before Lightning resets the bar, so that frame carries it too
+        super().on_train_epoch_start(trainer, *args)
+        self._label_bar(label)  # a bar Lightning made anew (leave=True) included
+
+    def _label_bar(self, label: str) -> None:
+        try:
+            bar = self.train_progress_bar
+        except TypeError:  # Lightning's way of saying there is no bar yet
+            return
+        if isinstance(bar, _StageTqdm):
+            bar.label = label
+            bar.set_description(label, refresh=False)
 
 
 @contextlib.contextmanager
