@@ -108,8 +108,8 @@ def main() -> None:
     parser.add_argument("--kernels-out", type=Path, default=None,
                         help="with --device cuda: write each graph step's kernels, by name, to this file")
     args = parser.parse_args()
-    if args.kernels_out is not None and not args.kernels_out.parent.is_dir():
-        parser.error(f"--kernels-out: no folder {args.kernels_out.parent}")
+    if args.kernels_out is not None and (args.kernels_out.is_dir() or not args.kernels_out.parent.is_dir()):
+        parser.error(f"--kernels-out {args.kernels_out}: a file in an existing folder was expected")
     device = resolve_device(args.device)
     g = torch.Generator(device=device).manual_seed(0)
     features = torch.rand(args.records, 784, device=device, generator=g)

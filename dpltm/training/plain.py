@@ -181,18 +181,11 @@ class RoundProgressBar(TQDMProgressBar):
     def on_train_epoch_start(self, trainer, *args):  # type: ignore[no-untyped-def]
         epochs = trainer.max_epochs  # the bar's ETA is the epoch's: say which epoch of how many
         label = self.label if not epochs or epochs <= 1 else f"{self.label} epoch {trainer.current_epoch + 1}/{epochs}"
-        self._label_bar(label)  # before Lightning resets the bar, so that frame carries it too
-        super().on_train_epoch_start(trainer, *args)
-        self._label_bar(label)  # a bar Lightning made anew (leave=True) included
-
-    def _label_bar(self, label: str) -> None:
-        try:
-            bar = self.train_progress_bar
-        except TypeError:  # Lightning's way of saying there is no bar yet
-            return
-        if isinstance(bar, _StageTqdm):
+        bar = self.train_progress_bar  # made at the fit's start (`init_train_tqdm`)
+        if isinstance(bar, _StageTqdm):  # before Lightning resets the bar, so that frame carries the label too
             bar.label = label
             bar.set_description(label, refresh=False)
+        super().on_train_epoch_start(trainer, *args)
 
 
 @contextlib.contextmanager

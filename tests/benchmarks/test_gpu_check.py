@@ -42,3 +42,8 @@ def test_every_flag_the_check_passes_is_taken_by_its_command() -> None:
             assert re.search(as_option, help_text), f"{' '.join(words[:3])}: {flag} is not an option"
             checked += 1
     assert checked >= 15
+
+
+def test_a_step_name_the_check_does_not_have_is_refused_before_anything_runs() -> None:
+    run = subprocess.run(["bash", str(SCRIPTS / "check.sh"), "run_cold"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 104 and "no step named 'run_cold'" in run.stderr  # not a silent "0 failed steps"
