@@ -19,6 +19,7 @@ sum and noise are zero, and the mask is applied again after every optimiser step
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import secrets
 import warnings
@@ -39,9 +40,11 @@ from dpltm.api_checks import (
     check_budget,
     check_budget_left,
     check_callable,
+    check_clip,
     check_count,
     check_data_fits_model,
     check_delta,
+    check_finite,
     check_flag,
     check_mask_values,
     check_model_and_optimizer,
@@ -66,7 +69,13 @@ from dpltm.dp.engine import (
     table_rows,
     trainable_layers,
 )
-from dpltm.dp.independence import check_gradients_reach_their_layers, check_samples_independent
+from dpltm.dp.independence import (
+    check_gradients_reach_their_layers,
+    check_loss_per_sample,
+    check_samples_independent,
+    module_modes,
+    probe_rows,
+)
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
@@ -108,6 +117,12 @@ def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Te
         first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"data must be (features, labels) tensors or a map-style Dataset of (features, label) "
                              f"items ({first})") from None
+    for name, values in (("features", features), ("labels", labels)):
+        if values.layout != torch.strided:
+            layout = str(values.layout).removeprefix("torch.")
+            raise DpltmUserError(f"{name} must be a dense tensor, got layout {layout} (call .to_dense())")
+        if values.is_meta:
+            raise DpltmUserError(f"{name} are on the meta device (shapes without values): load the data itself")
     if features.dim() == 0 or labels.dim() == 0:
         raise DpltmUserError("features and labels need a first (record) dimension")
     if features.shape[0] != labels.shape[0]:
@@ -176,10 +191,12 @@ def surviving_coordinates(model: nn.Module, masks: Mapping[str, Tensor]) -> dict
 
 def user_run_ledger(segments: SpentSegments, delta: float, accountant: str, neighboring: str,
                     masks: Mapping[str, Tensor], masks_from: str | None, masks_private: bool,
-                    selection_eps1: float | None, dataset_name: str) -> PrivacyLedger | None:
+                    selection_eps1: float | None, dataset_name: str,
+                    non_private_updates: int = 0) -> PrivacyLedger | None:
     """What a `make_private` / `DPCallback` run spent: every DP-SGD segment as it ran (composed, never
-    re-planned: docs/privacy.md §8), any ε1 of the selection, and the masks' provenance (none; public; or
-    these private records: then not DP end to end). None before the first step."""
+    re-planned: docs/privacy.md §8), any ε1 of the selection, the masks' provenance (none; public; or
+    these private records: then not DP end to end), and any optimiser step on an un-noised gradient (then not
+    DP at all). None before the first step."""
     records = segments.records()
     if not records:
         return None
@@ -188,7 +205,7 @@ def user_run_ledger(segments: SpentSegments, delta: float, accountant: str, neig
         phase1=phase1, phase1_dataset=masks_from if masks else None, private_dataset=dataset_name,
         selection_eps1=selection_eps1, training=records[-1],
         earlier_training=tuple(records[:-1]) or None, delta=delta, neighboring=neighboring, accountant=accountant,
-        held_out_records=False)
+        held_out_records=False, non_private_updates=non_private_updates)
 
 
 @torch.no_grad()
@@ -303,6 +320,9 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             raise DpltmUserError(f"{name} must lie in (0, 1), got {rate:g}")
     if not callable(loss):
         raise DpltmUserError("loss must be callable: loss(outputs, targets) -> the batch loss")
+    if not prunable_weights(model):
+        raise DpltmUserError("the model has no weight a ticket can prune (trainable weight matrices or kernels of "
+                             "nn.Linear, nn.Conv*, …; biases and normalisation scales are never pruned)")
     check_rounds_leave_weights(prunable_weights(model), rounds, prune_rate, output_prune_rate)
     stepped = privately_stepped(model)
     if stepped:
@@ -315,7 +335,12 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
         features = features.to(parameter.dtype)
     check_data_fits_model(model, features, labels, classification=loss is F.cross_entropy)
     if val is not None:
-        check_data_fits_model(model, *model_tensors(model, val, device), classification=True)
+        val_features, val_labels = model_tensors(model, val, device)
+        if val_features.is_floating_point():
+            val_features = val_features.to(parameter.dtype)  # as the training features: evaluate reads the same
+        check_finite(val_features, "the validation features")
+        check_data_fits_model(model, val_features, val_labels, classification=True)
+        val = (val_features, val_labels)
     seen = [_record_keys(features, labels)]
     if val is not None:
         seen.append(_record_keys(*as_tensors(val, "cpu")))
@@ -338,6 +363,11 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
                 index = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
                 optimizer.zero_grad(set_to_none=True)
                 batch_loss = loss(model(features[index]), labels[index])
+                if not isinstance(batch_loss, Tensor) or batch_loss.numel() != 1:
+                    raise DpltmUserError("generate_tickets' loss must return the batch loss (one number, e.g. "
+                                         "F.cross_entropy with its default reduction='mean'), got "
+                                         + (f"shape {tuple(batch_loss.shape)}" if isinstance(batch_loss, Tensor)
+                                            else type(batch_loss).__name__))
                 if not bool(torch.isfinite(batch_loss)):
                     raise DpltmUserError(f"ticket generation diverged in round {k} (a loss of "
                                          f"{float(batch_loss.detach()):g}): lower lr")
@@ -384,6 +414,8 @@ def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float
         seed = check_seed(seed, "seed")
     if any(t.accuracy is None for t in tickets):
         raise DpltmUserError("every ticket needs an accuracy: generate them with val=…")
+    nu = check_positive(nu, "nu", inclusive=True)
+    accuracy_sensitivity = check_positive(accuracy_sensitivity, "accuracy_sensitivity")
     scores = ticket_scores([t.accuracy for t in tickets], [t.density for t in tickets], nu)  # type: ignore[misc]
     if eps1 is None:
         return tickets[int(scores.argmax())]
@@ -443,6 +475,7 @@ class PrivateTraining:
         self._in_step = False
         self._tables: dict[str, RecordTable] | None = None  # made at the first step (`_batch_tables`)
         self._tables_version = -1
+        self._probed_modes = {module_modes(model)}  # make_private probed the model as it is now
         _guard_optimizer(optimizer, self)
 
     @property
@@ -484,6 +517,8 @@ class PrivateTraining:
         plan = self._plan
         if self.segments.open_steps >= plan.steps:
             raise DpltmUserError(f"the planned {plan.steps} steps are done: the privacy budget is spent")
+        check_not_trained_elsewhere(self.model, self)  # another run stepped these weights since this one did
+        self._check_modes()
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
         batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self._pruning, self.loss,
@@ -493,15 +528,28 @@ class PrivateTraining:
         parameters = dict(self.model.named_parameters())
         for name, grad in grads.items():
             parameters[name].grad = grad
+        # counted before the update: an interruption inside optimizer.step() (Ctrl-C, a hook that raises) may
+        # leave the update in the weights, so the ledger must already hold it (an unused count only over-states)
+        self.segments.count_step()
         self._in_step = True
         try:
             self.optimizer.step()
         finally:
             self._in_step = False
+            note_private_step(self.model, self)
         self.optimizer.zero_grad(set_to_none=True)
         apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
-        self.segments.count_step()
         note_private_step(self.model, self)
+
+    def _check_modes(self) -> None:
+        """The independence probe again whenever the modules are in modes not probed yet (`model.train()` after
+        make_private saw it in eval mode): a layer may mix records only in training mode."""
+        modes = module_modes(self.model)
+        if modes in self._probed_modes:
+            return
+        first_x, _ = self.records.batch(torch.zeros(1, dtype=torch.long, device=self.records.device))
+        check_samples_independent(self.model, first_x, rows=probe_rows(self._plan.expected_batch_size))
+        self._probed_modes.add(modes)
 
     def _batch_tables(self, index: Tensor) -> dict[str, RecordTable] | None:
         """The batch's rows of the per-record norm tables (dpltm.dp.engine.record_norm_tables) of records
@@ -530,6 +578,7 @@ class PrivateTraining:
                                  "calibrated for them); start a new run, or resume this one with a larger epochs")
         if val is not None:  # a wrong validation set fails now, not after an epoch of private steps
             val_x, val_y = model_tensors(self.model, val, next(self.model.parameters()).device)
+            check_finite(val_x, "the validation features")
             check_data_fits_model(self.model, val_x, val_y, classification=True)
             self._warn_if_training_records(val)
         for _ in range(todo):
@@ -613,15 +662,33 @@ class PrivateTraining:
             "ledger": None if ledger is None else ledger.to_json(),
         }
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Write the run to `path` atomically (a dpltm 'run' checkpoint: `dpltm inspect` reads it); resume
-        with `make_private(..., resume_from=path)`."""
+        with `make_private(..., resume_from=path)`. An existing run file is replaced (saving each epoch to one
+        path); any other existing file only with `overwrite=True`."""
         from dpltm.checkpoint import check_checkpoint_name, save_atomic
 
         target = user_path(path, "path")
         check_checkpoint_name(target, "path")
+        check_flag(overwrite, "overwrite")
+        if not overwrite and (target.exists() or target.is_symlink()) and not _is_run_file(target):
+            raise DpltmUserError(f"{target} exists and is not a dpltm run file: not overwritten (save elsewhere, or "
+                                 "pass overwrite=True)")
         save_atomic(self.state_dict(), target, "run")
         return target
+
+
+def _is_run_file(path: Path) -> bool:
+    """Whether `path` is a dpltm 'run' checkpoint (tensors memory-mapped, not read: a cheap look at its header)."""
+    if not path.is_file():
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch file, or a damaged one: either way not ours to replace silently
+        return False
+    return isinstance(body, dict) and body.get("format") == "dpltm" and body.get("kind") == "run"
 
 
 def _record_keys(features: Tensor, labels: Tensor) -> np.ndarray:
@@ -713,9 +780,13 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     Poisson sampler at `batch_size`). dpltm.records says why an IterableDataset is refused.
     """
     check_model_and_optimizer(model, optimizer)
+    owner = _OWNERS.get(optimizer)
+    if owner is not None and owner() is not None:
+        raise DpltmUserError("this optimizer already belongs to another private run: build a new optimizer for a new "
+                             "run (two runs stepping one optimizer would each count only their own steps)")
     target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
     d = check_delta(delta, target_delta)
-    clip = check_positive(max_grad_norm, "max_grad_norm")
+    clip = check_clip(max_grad_norm)
     epochs = check_count(epochs, "epochs")
     accountant = check_accountant(accountant)
     neighboring = check_neighboring(neighboring)
@@ -727,6 +798,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     if noise_seed is not None:
         noise_seed = check_seed(noise_seed, "noise_seed")
     check_flag(masks_private, "masks_private")
+    check_flag(in_memory, "in_memory")
     if selection_eps1 is not None and not masks:
         raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
     if selection_eps1 is not None:
@@ -741,6 +813,9 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     records = training_records(train, parameter.device, in_memory,
                                lambda data, device: model_tensors(model, data, device), dtype)
     n = len(records)
+    if isinstance(records, TensorRecords):
+        check_finite(records.features, "the training features")
+        check_finite(records.labels, "the training labels")
     if d > 1.0 / n:
         warnings.warn(f"delta={d:g} is above 1/N = {1.0 / n:.3g}: a (ε, δ) guarantee with δ > 1/N allows releasing "
                       "a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)
@@ -750,9 +825,12 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     first_x, first_y = records.batch(torch.zeros(1, dtype=torch.long, device=records.device))
     labels = records.labels if isinstance(records, TensorRecords) else first_y
     check_data_fits_model(model, first_x, labels, classification=loss is per_sample_cross_entropy)
-    check_samples_independent(model, first_x)  # parameter-free mixing layers and buffers updated in forward
-    check_gradients_reach_their_layers(model, first_x, first_y, loss)  # weights used outside their layer
     batch_size = check_batch_size(batch_size, n)
+    rows = probe_rows(batch_size)
+    check_samples_independent(model, first_x, rows=rows)  # parameter-free mixing layers and buffers updated in forward
+    check_gradients_reach_their_layers(model, first_x, first_y, loss)  # weights used outside their layer
+    if loss is not per_sample_cross_entropy:
+        check_loss_per_sample(model, first_x, first_y, loss, rows)  # a loss reading other rows (batch means)
     check_steps(epochs, batch_size, n)
     checked = check_user_masks(model, masks)
     provenance = public_provenance(masks_from, records, checked) if checked and not masks_private else masks_from
@@ -765,7 +843,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                                  "randomness (re-seeding would reuse the first segment's noise)")
         resume_from = user_path(resume_from, "resume_from")
         before = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
-        guarded = _LAST_PRIVATE_STEP.get(model) if privately_stepped(model) else None
+        guarded = _held_entries(model)
         try:
             segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, checked, n,
                                                      {"masks_private": masks_private and bool(checked),
@@ -777,8 +855,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         except DpltmUserError:  # a refused resume leaves the model and optimiser as they were
             model.load_state_dict(before[0])
             optimizer.load_state_dict(before[1])
-            if guarded is not None:  # the same weights again: still another run's (restoring moved the counters)
-                _LAST_PRIVATE_STEP[model] = (guarded[0], guarded[1], _weights_state(model))
+            _renote(model, guarded)  # the same weights again: still another run's (restoring moved the counters)
             raise
     apply_masks(model, checked)
     settings = TrainSettings(epochs=epochs - epochs_done, batch_size=batch_size, clip=clip, eps2=target_epsilon,
@@ -796,30 +873,78 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     return run
 
 
-_LAST_PRIVATE_STEP: weakref.WeakKeyDictionary[nn.Module, tuple[int, int, tuple[tuple[int, int], ...]]] = \
-    weakref.WeakKeyDictionary()
-"""Per model: which private run (make_private's PrivateTraining, or a DPCallback; by id, so the entry keeps neither
-the run nor its records alive) last stepped it in this process, its steps by then, and the parameters' (storage,
-version) just after that step."""
+@dataclass(frozen=True)
+class _Stepped:
+    """One trainable parameter as a private run left it: the run (by id, so the entry keeps neither the run nor
+    its records alive), its steps by then, and the tensor's storage and version counter just after that step."""
+
+    parameter: weakref.ref[Tensor]
+    run: int  # `_run_token`, unique in the process (an id could be reused by a later run)
+    steps: int
+    storage: int
+    version: int
+
+    def holds(self, parameter: Tensor) -> bool:
+        """The entry still describes `parameter`: the same tensor, not written since (`load_state_dict`, an
+        optimiser step and `copy_` all move the version counter; `.data = …` moves the storage)."""
+        return (self.parameter() is parameter and self.storage == parameter.data_ptr()
+                and self.version == parameter._version)
 
 
-def _weights_state(model: nn.Module) -> tuple[tuple[int, int], ...]:
-    """Which tensors hold the weights and how often each was written in place (`load_state_dict`, an optimiser
-    step and `copy_` all move a tensor's version counter)."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+_STEPPED: dict[int, _Stepped] = {}
+"""By id of the parameter tensor: which private run (make_private's PrivateTraining, or a DPCallback) last stepped
+it in this process. Keyed on the tensors, not the module: a wrapper around the same weights (`nn.Sequential(net)`,
+a LightningModule holding `net`) is the same weights."""
+
+
+def _forget(key: int) -> Callable[[Any], None]:
+    return lambda _: _STEPPED.pop(key, None)
+
+
+_RUN_TOKENS = itertools.count(1)
+
+
+def _run_token(run: Any) -> int:
+    """A number for `run` that no other run in this process gets (ids are reused once an object dies)."""
+    token = run.__dict__.get("_dpltm_run_token")
+    if token is None:
+        token = run.__dict__["_dpltm_run_token"] = next(_RUN_TOKENS)
+    return int(token)
 
 
 def note_private_step(model: nn.Module, run: Any) -> None:
-    _LAST_PRIVATE_STEP[model] = (id(run), int(run.steps_done), _weights_state(model))
+    steps = int(run.steps_done)
+    token = _run_token(run)
+    for parameter in model.parameters():
+        if parameter.requires_grad:  # a frozen parameter carries nothing of the records
+            key = id(parameter)
+            _STEPPED[key] = _Stepped(weakref.ref(parameter, _forget(key)), token, steps, parameter.data_ptr(),
+                                     parameter._version)
+
+
+def _held_entries(model: nn.Module) -> dict[int, _Stepped]:
+    entries = {}
+    for parameter in model.parameters():
+        entry = _STEPPED.get(id(parameter))
+        if entry is not None and entry.holds(parameter):
+            entries[id(parameter)] = entry
+    return entries
+
+
+def _renote(model: nn.Module, entries: Mapping[int, _Stepped]) -> None:
+    """Put back entries after the weights were restored in place (which moved their version counters)."""
+    for parameter in model.parameters():
+        entry = entries.get(id(parameter))
+        if entry is not None:
+            _STEPPED[id(parameter)] = replace(entry, storage=parameter.data_ptr(), version=parameter._version)
 
 
 def privately_stepped(model: nn.Module, run: Any = None) -> int:
     """The DP steps another private run took on these very weights (0: none, or they were replaced since). A guard
     against accidents, not a taint tracker: weights copied or edited in place after the run are not followed."""
-    last = _LAST_PRIVATE_STEP.get(model)
-    if last is None or (run is not None and last[0] == id(run)) or last[2] != _weights_state(model):
-        return 0
-    return last[1]
+    token = None if run is None else _run_token(run)
+    others = [entry.steps for entry in _held_entries(model).values() if entry.run != token]
+    return max(others, default=0)
 
 
 def check_not_trained_elsewhere(model: nn.Module, run: Any = None) -> None:

@@ -87,6 +87,35 @@ def check_positive(value: Any, name: str, *, minimum: float = 0.0, inclusive: bo
     return x
 
 
+def check_clip(value: Any, name: str = "max_grad_norm") -> float:
+    """The clipping bound C: positive and at most MAX_CLIP (the noise is σ·C per coordinate: beyond it the
+    noise swamps float32 weights and the run can only diverge)."""
+    from dpltm.config import MAX_CLIP
+
+    clip = check_positive(value, name)
+    if clip > MAX_CLIP:
+        raise DpltmUserError(f"{name} must be at most {MAX_CLIP:g} (the noise is σ·C per coordinate), got {clip:g}")
+    return clip
+
+
+FINITE_CHECK_ROWS = 1 << 14
+"""Rows checked for NaN/∞ at a time: the check's temporary stays small for data of any size."""
+
+
+def check_finite(values: Tensor, what: str) -> None:
+    """Refuse records holding NaN or ±∞: the engine drops a non-finite record's gradient (so one bad record
+    cannot break the step), which would train silently on whatever is left, pure noise for all-NaN data."""
+    if not values.is_floating_point() or values.numel() == 0:
+        return
+    rows = values.reshape(values.shape[0], -1) if values.dim() else values.reshape(1, 1)
+    for start in range(0, rows.shape[0], FINITE_CHECK_ROWS):
+        finite = torch.isfinite(rows[start:start + FINITE_CHECK_ROWS]).all(dim=1)
+        if not bool(finite.all()):
+            first = start + int((~finite).nonzero()[0])
+            raise DpltmUserError(f"{what} hold NaN or infinite values (the first in record {first}): clean or impute "
+                                 "them first")
+
+
 def check_delta(delta: Any, target_delta: Any = None) -> float:
     """δ in (0, 1); `target_delta` is Opacus's name for the same thing (give one, or the same value)."""
     if target_delta is not None:

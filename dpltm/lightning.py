@@ -43,19 +43,19 @@ from dpltm.api_checks import (
     check_accountant,
     check_budget,
     check_budget_left,
+    check_clip,
     check_count,
     check_delta,
     check_flag,
-    check_full_precision,
     check_mask_values,
+    check_model_and_optimizer,
     check_neighboring,
     check_positive,
     check_seed,
-    check_single_evaluation,
 )
 from dpltm.config import TrainSettings
 from dpltm.dp.engine import clip_and_sum, trainable_layers
-from dpltm.dp.independence import check_samples_independent
+from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
@@ -137,7 +137,7 @@ def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, *
                       **kwargs)
 
 
-def probe_first_batch(module: torch.nn.Module, batch: Any) -> None:
+def probe_first_batch(module: torch.nn.Module, batch: Any, rows: int = PROBE_ROWS) -> None:
     """The sample-independence probe (dpltm.dp.independence) where the module's forward takes the batch's
     features: the batch itself or the first tensor of an (x, y, …) batch. Without a forward of its own that
     takes them (training_step calls `self.model(x)`), each child module that takes them is probed. A module
@@ -149,7 +149,7 @@ def probe_first_batch(module: torch.nn.Module, batch: Any) -> None:
         return
     for name, candidate in (("", module), *module.named_children()):
         try:
-            check_samples_independent(candidate, x[:1], prefix=name)
+            check_samples_independent(candidate, x[:1], prefix=name, rows=rows)
         except DpltmUserError:
             raise
         except Exception:  # this forward takes something else (a dict, several tensors): not probed
@@ -193,9 +193,14 @@ class DPCallback(L.Callback):
     state is ever written to a checkpoint: a resumed fit draws fresh OS randomness.
 
     Checked at every step: the batch has the size of the sampler's next batch, the optimiser steps once
-    per batch and only on the privatised gradient. Not checkable: a module hook that replaces records
-    within a batch of the right size, or two fits resumed from one checkpoint whose models are both
-    released (each ledger counts its own branch only)."""
+    per batch and only on the privatised gradient, and no other private run stepped these weights since.
+    Checked at each fit's start: the optimiser updates exactly the module's trainable parameters, the
+    sampler draws from the whole dataset at the planned steps, and the first batch's rows (up to 128) pass
+    the independence probe in the modes the fit runs in. Not checkable: a `training_step` whose loss mixes
+    the batch's records (a penalty on the batch's mean output: `make_private` probes its `loss`, the callback
+    cannot call `training_step` on rows of its own), a module hook that replaces records within a batch of the
+    right size, or two fits resumed from one checkpoint whose models are both released (each ledger counts
+    its own branch only)."""
 
     def __init__(self, *, target_epsilon: float | None = None, noise_multiplier: float | None = None,
                  delta: float | None = None, max_grad_norm: float = 1.0, masks: Mapping[str, Tensor] | None = None,
@@ -221,7 +226,7 @@ class DPCallback(L.Callback):
         if noise_seed is not None:
             noise_seed = check_seed(noise_seed, "noise_seed")
         check_flag(masks_private, "masks_private")
-        self.clip = check_positive(max_grad_norm, "max_grad_norm")
+        self.clip = check_clip(max_grad_norm)
         self.masks_in, self.masks_from = dict(masks), masks_from
         self.loss_reduction, self.accountant = loss_reduction, check_accountant(accountant)
         self.neighboring = check_neighboring(neighboring)
@@ -240,6 +245,7 @@ class DPCallback(L.Callback):
         self._pending_seed: int | None = None
         self._stored_provenance: dict[str, Any] | None = None
         self._tainted = False
+        self._raw_steps = 0  # optimiser steps on gradients this callback did not privatise
         self._optimizer_hook: Any = None
         self._batch_size = 0
         self._stepped = False
@@ -273,11 +279,12 @@ class DPCallback(L.Callback):
             raise DpltmUserError("DPCallback needs automatic optimisation without gradient accumulation")
         if len(trainer.optimizers) != 1:
             raise DpltmUserError(f"DPCallback needs exactly one optimiser, the module has {len(trainer.optimizers)}")
-        check_single_evaluation(trainer.optimizers[0])
+        # the optimiser must update exactly the module's trainable parameters: one it holds from elsewhere would
+        # step on its raw gradient, which no rule clips or noises
+        check_model_and_optimizer(pl_module, trainer.optimizers[0])
         if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
             raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
                                  "skips steps from the non-private gradients and rounds the clipping")
-        check_full_precision(pl_module)
         sampler = self._poisson_sampler(trainer)
         if sampler.seed is not None:
             # a seeded sampler replays its batches: a resumed or repeated fit would redraw the same ones
@@ -295,7 +302,15 @@ class DPCallback(L.Callback):
         spent = self.segments.events()
         check_budget_left(spent, self.target_epsilon, self.delta, self.accountant, self.neighboring)
         # with target_epsilon: σ for what is left of the budget given every segment spent (or a refusal)
+        dataset = getattr(trainer.train_dataloader, "dataset", None)
+        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != sampler.n:
+            raise DpltmUserError(f"the Poisson sampler draws from {sampler.n} records but the training dataset holds "
+                                 f"{len(dataset)}: build the loader with poisson_loader(dataset, batch_size)")
         self.plan = plan_training(settings, sampler.n, spent=spent or None)
+        if sampler.steps != self.plan.steps_per_epoch:
+            raise DpltmUserError(f"the Poisson sampler draws {sampler.steps} batches an epoch, but σ is planned for "
+                                 f"{self.plan.steps_per_epoch} (N/L): build the loader with poisson_loader(dataset, "
+                                 "batch_size)")
         self.segments.begin(self.plan.sample_rate, self.plan.noise_multiplier, self.clip,
                             self.plan.expected_batch_size, sampler.n)
         self._sampler = sampler
@@ -323,6 +338,7 @@ class DPCallback(L.Callback):
         `optimizer_step` that calls the raw optimiser skips it): otherwise the model is no longer DP."""
         if not self._privatised:
             self._tainted = True
+            self._raw_steps += 1
             raise DpltmUserError("the optimiser stepped on a gradient DPCallback did not clip and noise (an "
                                  "optimizer_step override?): the model is no longer differentially private")
         self._privatised = False
@@ -377,9 +393,10 @@ class DPCallback(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
+        check_not_trained_elsewhere(pl_module, self)  # two runs on the same weights cannot interleave
         if not self._probed and self._batch_size > 0:  # an empty first batch has no rows to probe: the next one
             self._probed = True
-            probe_first_batch(pl_module, batch)
+            probe_first_batch(pl_module, batch, rows=probe_rows(self.plan.expected_batch_size if self.plan else 0))
         issued = self._sampler.next_issued() if self._sampler is not None else None
         if issued is None or issued != self._batch_size:
             raise DpltmUserError(f"a training batch of {self._batch_size} rows did not come from the run's Poisson "
@@ -448,7 +465,7 @@ class DPCallback(L.Callback):
     # ---- resuming: what was spent travels in Lightning's checkpoint, never a seed ---------------
     def state_dict(self) -> dict[str, Any]:
         return {"format_version": STATE_VERSION, "segments": self.segments.state(), "history": list(self.history),
-                "provenance": self._provenance(), "tainted": self._tainted}
+                "provenance": self._provenance(), "tainted": self._tainted, "non_private_updates": self._raw_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format_version") != STATE_VERSION or "segments" not in state:
@@ -458,6 +475,9 @@ class DPCallback(L.Callback):
         self.history = list(state.get("history", []))
         self._stored_provenance = state.get("provenance")
         self._tainted = self._tainted or bool(state.get("tainted", False))
+        stored = state.get("non_private_updates", 0)
+        stored = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 0 else 0
+        self._raw_steps = max(self._raw_steps, stored, 1 if self._tainted else 0)
         self._fresh_noise = True  # never continue (or replay) a stored stream: fresh OS randomness
 
     # ---- what was spent -----------------------------------------------------------------------
@@ -465,7 +485,7 @@ class DPCallback(L.Callback):
         """Every segment spent so far, composed; None before the first step."""
         return user_run_ledger(self.segments, self.delta, self.accountant, self.neighboring, self.masks or
                                self.masks_in, self.masks_from, self.masks_private, self.selection_eps1,
-                               "the training loader's dataset")
+                               "the training loader's dataset", non_private_updates=self._raw_steps)
 
     @property
     def epsilon(self) -> float:

@@ -23,6 +23,8 @@ from dpltm.errors import DpltmUserError
 
 PROBE_ROWS = 6
 """Rows in the probe batch: several, so that a layer mixing only some rows (pairs, neighbours) shows."""
+PROBE_ROWS_MAX = 128
+"""At most this many rows: a layer that mixes only large batches shows at the expected batch size, up to this."""
 PROBE_SEED = 20211
 """The probe's rows and the model's own randomness (dropout) in both passes: the same draws each time."""
 
@@ -100,25 +102,37 @@ def _agree(a: Tensor, b: Tensor, rows: slice) -> bool:
     return a.shape == b.shape and a.dim() > 0 and _same(a[rows], b[rows])
 
 
-def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "") -> None:
+def module_modes(model: nn.Module) -> tuple[bool, ...]:
+    """Each module's training flag, in order: what a probe's verdict holds for."""
+    return tuple(module.training for module in model.modules())
+
+
+def probe_rows(expected_batch_size: int) -> int:
+    """Rows to probe a model with before a run at this expected batch size: the batch size itself (a layer that
+    mixes records only in batches above some size shows), between PROBE_ROWS and PROBE_ROWS_MAX."""
+    return max(PROBE_ROWS, min(int(expected_batch_size), PROBE_ROWS_MAX))
+
+
+def check_samples_independent(model: nn.Module, example: Tensor, prefix: str = "", rows: int = PROBE_ROWS) -> None:
     """Refuse, in one line naming the layer, a model whose output for one record depends on other records
     of the batch, or whose forward pass updates a buffer. `example` is one record as the model takes it
     (only its shape and dtype are used for floating-point records, unless the model cannot take Gaussian rows:
     then copies of the record are used). The model is probed in the modes its modules are in (as DP-SGD will
     run them) and left as it was: buffers and random state restored. `prefix`: the model's own name in the
-    module that holds it (for the message)."""
-    _on_probe_rows(example, lambda batches: _probe(model, batches, prefix))
+    module that holds it (for the message); `rows`: the probe batch's rows (`probe_rows`)."""
+    _on_probe_rows(example, lambda batches: _probe(model, batches, prefix), rows)
 
 
-def _on_probe_rows(example: Tensor, check: Callable[[tuple[Tensor, Tensor, Tensor]], Any]) -> Any:
+def _on_probe_rows(example: Tensor, check: Callable[[tuple[Tensor, Tensor, Tensor]], Any],
+                   rows: int = PROBE_ROWS) -> Any:
     """`check` on the Gaussian probe rows, or, where the model cannot take them (token ids, say), on copies of the
     record itself. A refusal (DpltmUserError) is the check's verdict and passes through."""
     try:
-        return check(probe_batch(example))
+        return check(probe_batch(example, rows))
     except DpltmUserError:
         raise
     except Exception:
-        return check(probe_batch(example, synthetic=False))
+        return check(probe_batch(example, rows, synthetic=False))
 
 
 def _probe(model: nn.Module, batches: tuple[Tensor, Tensor, Tensor], prefix: str) -> None:
@@ -193,3 +207,59 @@ def _untracked_gradient(model: nn.Module, rows: Tensor, example_label: Tensor,
         if not torch.allclose(mine.double(), expected.double(), rtol=1e-3, atol=1e-5 * max(scale, 1e-12)):
             return name
     return None
+
+
+def check_loss_per_sample(model: nn.Module, example: Tensor, example_label: Tensor,
+                          loss: Callable[[Tensor, Tensor], Tensor], rows: int = PROBE_ROWS) -> None:
+    """Refuse a per-sample loss whose value for one record depends on other records of the batch (a penalty on
+    the batch's mean output, a loss centred by the batch mean): the engine takes row i of the gradient at the
+    outputs as record i's, which bounds one record's influence only when loss(outputs, targets)[i] reads row i
+    alone. Probed on the model's outputs for synthetic rows: changing one row's output and target must leave
+    every other row's loss and its gradient as they were."""
+    _on_probe_rows(example, lambda batches: _check_loss(model, batches[0], example_label, loss), rows)
+
+
+def _check_loss(model: nn.Module, rows: Tensor, example_label: Tensor,
+                loss: Callable[[Tensor, Tensor], Tensor]) -> None:
+    with torch.no_grad(), _buffers_kept(model), _same_randomness(rows.device):
+        outputs = model(rows)
+    if not isinstance(outputs, Tensor) or outputs.dim() == 0 or outputs.shape[0] != rows.shape[0] \
+            or not outputs.is_floating_point():
+        return  # the caller refuses outputs of the wrong kind
+    n = outputs.shape[0]
+    generator = torch.Generator().manual_seed(PROBE_SEED + 1)
+    if example_label.is_floating_point():
+        labels = torch.randn((n, *example_label.shape[1:]), generator=generator)
+    else:
+        labels = torch.randint(0, max(int(outputs.shape[-1]), 1), (n, *example_label.shape[1:]), generator=generator)
+    labels = labels.to(example_label.device, example_label.dtype)
+    scale = float(outputs.detach().abs().max()) if outputs.numel() else 1.0
+    shift = torch.randn(outputs.shape[1:], generator=generator).to(outputs.device, outputs.dtype) * max(scale, 1.0)
+    values = []
+    for row in (None, 0, n - 1):
+        changed, targets = outputs.detach().clone(), labels.clone()
+        if row is not None:
+            changed[row] += shift
+            if not labels.is_floating_point():
+                targets[row] = (targets[row] + 1) % max(int(outputs.shape[-1]), 1)
+            else:
+                targets[row] = -targets[row]
+        changed.requires_grad_(True)
+        with torch.enable_grad():
+            per_sample = loss(changed, targets)
+            if not isinstance(per_sample, Tensor) or per_sample.shape[:1] != (n,):
+                return  # the caller refuses a loss that does not give one value per sample
+            (gradient,) = torch.autograd.grad(per_sample.sum(), changed, allow_unused=True)
+        if not bool(torch.isfinite(per_sample).all()):
+            return  # nothing to compare: the engine drops non-finite records
+        values.append((per_sample.detach(), None if gradient is None else gradient.detach(), row))
+    (base, base_grad, _), *others = values
+    for per_sample, gradient, row in others:
+        keep = torch.ones(n, dtype=torch.bool, device=base.device)
+        keep[row] = False
+        same_grad = (gradient is None and base_grad is None) or (
+            gradient is not None and base_grad is not None and _same(base_grad[keep], gradient[keep]))
+        if not (_same(base[keep], per_sample[keep]) and same_grad):
+            raise DpltmUserError("the loss mixes the records of a batch: loss(outputs, targets)[i] must depend on "
+                                 "row i alone (no batch means or penalties over the batch), or per-sample clipping "
+                                 "bounds nothing")

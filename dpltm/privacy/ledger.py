@@ -145,8 +145,15 @@ class PrivacyLedger:
     held_out_records: bool = True
     """Whether validation and test records were held out of the private set (the CLI's splits); a
     library run on the user's tensors has none, and its statement must not claim them."""
+    non_private_updates: int = 0
+    """Optimiser steps that ran on a gradient the mechanism did not clip and noise (a library run whose
+    module stepped its optimiser itself): the weights then carry a release with no DP guarantee, so the run
+    is not DP at all (a NonPrivateDpEvent in the tree); the ε of its DP steps is reported only as such."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.non_private_updates, bool) or not isinstance(self.non_private_updates, int) \
+                or self.non_private_updates < 0:
+            raise DpltmUserError(f"non_private_updates must be a count, got {self.non_private_updates!r}")
         if self.phase1 not in PHASE1_MODES:
             raise DpltmUserError(f"phase1 must be one of {PHASE1_MODES}, got {self.phase1!r}")
         if self.phase1 == "none" and self.selection_eps1 is not None:
@@ -227,6 +234,9 @@ class PrivacyLedger:
         """What the reported ε covers: it must never claim a phase that was not DP."""
         if self.training is None:
             return "nothing (training was not private)"
+        if self.non_private_updates:
+            return (f"the DP steps only; {self.non_private_updates} optimiser step(s) on gradients that were not "
+                    "clipped and noised also ran")
         if self.end_to_end_dp:
             return "whole run"
         if isinstance(self.selection_event(), NonPrivateDpEvent):
@@ -245,14 +255,15 @@ class PrivacyLedger:
 
     def dp_event(self) -> DpEvent:
         """The whole run: `ComposedDpEvent([phase 1, selection, training])`."""
-        return ComposedDpEvent([self.phase1_event(), self.selection_event(), self.training_event()])
+        events = [self.phase1_event(), self.selection_event(), self.training_event()]
+        return ComposedDpEvent(events + [NonPrivateDpEvent()] * bool(self.non_private_updates))
 
     # ---- guarantees ------------------------------------------------------------------------
 
     @property
     def end_to_end_dp(self) -> bool:
         """False when tickets came from the private data without privacy, or training was not DP."""
-        return self.phase1 != "same-data" and self.training is not None
+        return self.phase1 != "same-data" and self.training is not None and not self.non_private_updates
 
     def bounds(self) -> list[Bound]:
         """Every valid bound for selection + training (`accounting.composition_bounds`).
@@ -282,6 +293,11 @@ class PrivacyLedger:
         return self.best_bound().epsilon if self.end_to_end_dp else math.inf
 
     def warning(self) -> str | None:
+        if self.non_private_updates:
+            return (
+                f"NOT differentially private: {self.non_private_updates} optimiser step(s) ran on gradients of "
+                f"{self.private_dataset} that were not clipped and noised; overall epsilon is infinite."
+            )
         if self.training is None:
             return (
                 f"NOT differentially private: training ran without privacy on the private "
@@ -328,6 +344,7 @@ class PrivacyLedger:
             "phase1_training": None if self.phase1_training is None else [dict(r) for r in self.phase1_training],
             "earlier_training": None if self.earlier_training is None else [dict(r) for r in self.earlier_training],
             "noise": self.noise,
+            "non_private_updates": self.non_private_updates,
             "warning": self.warning(),
         }
 
@@ -421,6 +438,7 @@ class PrivacyLedger:
             "phase1_training": None if self.phase1_training is None else [dict(r) for r in self.phase1_training],
             "earlier_training": None if self.earlier_training is None else [dict(r) for r in self.earlier_training],
             "held_out_records": self.held_out_records,
+            "non_private_updates": self.non_private_updates,
             "dp_event": event_to_json(self.dp_event()),
         }
 
@@ -444,7 +462,8 @@ class PrivacyLedger:
                      selection_draws=data.get("selection_draws", 1),
                      phase1_training=_records(data.get("phase1_training")),
                      earlier_training=_records(data.get("earlier_training")),
-                     held_out_records=_flag(data.get("held_out_records", True), "held_out_records"))
+                     held_out_records=_flag(data.get("held_out_records", True), "held_out_records"),
+                     non_private_updates=data.get("non_private_updates", 0))
         if "dp_event" in data and event_from_json(data["dp_event"]) != ledger.dp_event():
             raise DpltmUserError(
                 "privacy record is inconsistent: its DpEvent does not match its fields"

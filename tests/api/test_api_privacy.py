@@ -244,11 +244,12 @@ def test_save_and_resume_compose_the_segments_and_store_no_seed(tmp_path) -> Non
         dpltm.make_private(model3, torch.optim.SGD(model3.parameters(), lr=0.1), data, target_epsilon=0.5, epochs=2,
                            batch_size=60, masks=masks, masks_from="public", resume_from=path)
     assert all(torch.equal(v, before[k]) for k, v in model3.state_dict().items())  # a refused resume changes nothing
+    fresh = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)  # optimizer2 is `resumed`'s (refused)
     with pytest.raises(DpltmUserError, match="noise_seed cannot be combined"):
-        dpltm.make_private(model2, optimizer2, data, target_epsilon=1.0, epochs=2, batch_size=60, masks=masks,
+        dpltm.make_private(model2, fresh, data, target_epsilon=1.0, epochs=2, batch_size=60, masks=masks,
                            masks_from="public", resume_from=path, noise_seed=1)
     with pytest.raises(DpltmUserError, match="masks differ"):
-        dpltm.make_private(model2, optimizer2, data, target_epsilon=1.0, epochs=2, batch_size=60,
+        dpltm.make_private(model2, fresh, data, target_epsilon=1.0, epochs=2, batch_size=60,
                            masks={"0.weight": torch.ones(16, 10)}, masks_from="public", resume_from=path)
 
 

@@ -213,6 +213,7 @@ def test_replace_one_adjacency_is_recorded() -> None:
         {"training": None},
         {"selection_eps1": 0.25, "neighboring": "replace_one", "accountant": "pld"},
         {"training": training_record(0.01, 1.0, 10)},
+        {"non_private_updates": 2},
     ],
 )
 def test_json_round_trip(overrides: dict[str, Any]) -> None:
@@ -222,6 +223,28 @@ def test_json_round_trip(overrides: dict[str, Any]) -> None:
     again = PrivacyLedger.from_json(stored)
     assert again == ledger
     assert again.dp_event() == ledger.dp_event()
+
+
+def test_an_update_outside_the_mechanism_makes_the_run_not_dp() -> None:
+    """One optimiser step on an un-noised gradient: no finite ε is claimed anywhere, the DP steps' own ε is
+    reported only as such, and the DpEvent tree holds the non-private release (dp-accounting: ε = ∞)."""
+    clean, tainted = _ledger(), _ledger(non_private_updates=1)
+    assert tainted.best_bound().epsilon == clean.best_bound().epsilon  # what the DP steps alone spent
+    assert not tainted.end_to_end_dp and tainted.overall_epsilon == math.inf
+    report = tainted.report()
+    assert report["end_to_end_dp"] is False and report["overall_epsilon"] == "inf"
+    assert report["non_private_updates"] == 1 and "NOT differentially private" in report["warning"]
+    assert "not clipped and noised" in tainted.statement()
+    accountant = dpa.pld.PLDAccountant()
+    accountant.compose(tainted.dp_event())
+    assert accountant.get_epsilon(1e-5) == math.inf
+    for bad in (-1, True, 1.5):
+        with pytest.raises(DpltmUserError, match="non_private_updates"):
+            _ledger(non_private_updates=bad)
+    hidden = tainted.to_json()
+    hidden["non_private_updates"] = 0  # the count dropped, the tree kept: refused
+    with pytest.raises(DpltmUserError, match="inconsistent"):
+        PrivacyLedger.from_json(hidden)
 
 
 def test_tampered_or_foreign_records_are_refused() -> None:

@@ -1,0 +1,487 @@
+"""Hostile uses of the Python API that a second adversarial review found: optimisers that hold other tensors
+than the module's, interrupted steps, runs that share a model or an optimiser, wrapped models, losses and layers
+that mix the batch, tainted Lightning runs, non-finite or out-of-range data, overwritten files, odd devices and
+argument types. Each refusal is a `DpltmUserError` raised before any private step (nothing spent, nothing moved)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from dp_accounting import dp_event, pld
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+import dpltm
+from dpltm.errors import DpltmUserError
+from dpltm.lightning import PoissonBatchSampler, poisson_loader
+from tests.apidata import blobs, mlp
+
+
+def data(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return blobs(n, seed)
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def trainer(callback: L.Callback, max_epochs: int = 1) -> L.Trainer:
+    return L.Trainer(max_epochs=max_epochs, callbacks=[callback], logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+
+
+def loader(n: int = 200, batch_size: int = 20) -> DataLoader:  # type: ignore[type-arg]
+    return poisson_loader(TensorDataset(*data(n)), batch_size=batch_size)
+
+
+def independent_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+    """dp-accounting's PLD accountant fed the event by hand."""
+    accountant = pld.PLDAccountant()
+    accountant.compose(dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps))
+    return float(accountant.get_epsilon(delta))
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, net: nn.Module | None = None) -> None:
+        super().__init__()
+        self.net = net if net is not None else mlp()
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+# ---- S1: the callback's optimiser must update exactly the module's parameters ---------------------------
+
+class Leaky(Classifier):
+    """A layer held in a plain list (not registered on the module) whose parameters the optimiser updates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = [nn.Linear(10, 10)]
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(self.hidden[0](x)), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(list(self.parameters()) + list(self.hidden[0].parameters()), lr=0.1)
+
+
+class Partial(Classifier):
+    """An optimiser that leaves one trainable parameter of the module out."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for n, p in self.named_parameters() if n != "net.0.bias"], lr=0.1)
+
+
+def test_callback_refuses_an_optimizer_holding_a_parameter_the_module_does_not_own() -> None:
+    """DPCallback refuses, before any step, an optimiser updating an unregistered layer from its raw gradient."""
+    module = Leaky()
+    before = module.hidden[0].weight.detach().clone()
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError):
+        trainer(callback).fit(module, loader())
+    assert callback.steps_done == 0
+    assert torch.equal(module.hidden[0].weight, before)
+
+
+def test_callback_refuses_an_optimizer_that_leaves_out_a_trainable_parameter() -> None:
+    """DPCallback refuses, before any step, an optimiser that does not update every trainable parameter."""
+    module = Partial()
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError):
+        trainer(callback).fit(module, loader())
+    assert callback.steps_done == 0
+    assert all(torch.equal(p, before[n]) for n, p in module.named_parameters())
+
+
+# ---- S2: an interrupted step is counted --------------------------------------------------------------
+
+def test_a_step_interrupted_inside_the_optimizer_is_counted() -> None:
+    """A KeyboardInterrupt in an optimiser post-hook (after the update) leaves that step counted in steps_done and ε."""
+    model = mlp()
+    optimizer = sgd(model)
+    run = dpltm.make_private(model, optimizer, data(), noise_multiplier=2.0, batch_size=20)  # σ 2: quick PLDs
+    calls = {"n": 0}
+
+    def interrupt(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+
+    optimizer.register_step_post_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(6):
+            run.step()
+    assert calls["n"] == 5
+    assert run.steps_done == 5
+    truth = independent_epsilon(run.plan.sample_rate, run.plan.noise_multiplier, 5, run.settings.delta)
+    assert run.epsilon >= truth * (1 - 1e-9)
+
+
+# ---- S3, S4, 16: runs that share a model or an optimiser ------------------------------------------------
+
+def test_two_runs_on_one_model_cannot_interleave_their_steps() -> None:
+    """A second run on a model another live run stepped is refused at its step (each ledger counts only its own)."""
+    x, y = data()
+    model = mlp()
+    r1 = dpltm.make_private(model, sgd(model), (x, y), noise_multiplier=1.0, batch_size=20)
+    r2 = dpltm.make_private(model, sgd(model), (x, y), noise_multiplier=1.0, batch_size=20)
+    r1.step()
+    with pytest.raises(DpltmUserError, match="already took"):
+        r2.step()
+    assert r2.steps_done == 0
+    r1.step()
+    assert r1.steps_done == 2
+
+
+def test_a_wrapped_model_another_run_trained_is_refused_and_fresh_weights_are_accepted() -> None:
+    """A new run on a wrapper (nn.Sequential or a LightningModule) of privately stepped weights is refused;
+    after fresh weights are loaded it is accepted."""
+    x, y = data()
+    net = mlp()
+    theta0 = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    first = dpltm.make_private(net, sgd(net), (x, y), noise_multiplier=1.0, batch_size=20)
+    first.fit()  # kept alive: the guard knows runs by id, which a freed run's successor could reuse
+    wrapper = nn.Sequential(net)
+    with pytest.raises(DpltmUserError):
+        dpltm.make_private(wrapper, sgd(wrapper), (x, y), noise_multiplier=1.0, batch_size=20)
+    with pytest.raises(DpltmUserError):
+        trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(Classifier(net), loader())
+    net.load_state_dict(theta0)
+    wrapper = nn.Sequential(net)
+    run = dpltm.make_private(wrapper, sgd(wrapper), (x, y), noise_multiplier=1.0, batch_size=20)
+    run.step()
+    assert run.steps_done == 1
+
+
+def test_a_fresh_net_wrapped_by_a_callback_after_load_state_dict_is_accepted() -> None:
+    """After a make_private run, loading θ0 into the net lets a DPCallback fit of a module wrapping it run."""
+    x, y = data()
+    net = mlp()
+    theta0 = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    first = dpltm.make_private(net, sgd(net), (x, y), noise_multiplier=1.0, batch_size=20)
+    first.fit()  # kept alive: the guard knows runs by id, which a freed run's successor could reuse
+    net.load_state_dict(theta0)
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    trainer(callback).fit(Classifier(net), loader())
+    assert callback.steps_done == 10
+
+
+def test_a_second_run_with_the_optimizer_of_a_live_run_is_refused() -> None:
+    """Two live runs cannot share one optimiser: the second is refused at construction."""
+    x, y = data()
+    model = mlp()
+    optimizer = sgd(model)
+    first = dpltm.make_private(model, optimizer, (x, y), noise_multiplier=1.0, batch_size=20)
+    with pytest.raises(DpltmUserError, match="optimizer"):
+        dpltm.make_private(model, optimizer, (x, y), noise_multiplier=1.0, batch_size=20)
+    first.step()
+    assert first.steps_done == 1
+
+
+# ---- S5, S6: losses and layers that mix the batch --------------------------------------------------------
+
+@pytest.mark.parametrize("loss", [
+    lambda o, t: F.cross_entropy(o, t, reduction="none") + 50 * (o.mean(0) ** 2).sum(),
+    lambda o, t: F.cross_entropy(o, t, reduction="none") - F.cross_entropy(o, t, reduction="none").mean(),
+], ids=["plus-batch-mean-penalty", "minus-batch-mean-loss"])
+def test_a_per_sample_loss_whose_rows_depend_on_other_rows_is_refused(loss: Any) -> None:
+    """make_private refuses a loss whose per-sample values mix the batch (its clipped sum's sensitivity exceeds C)."""
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="loss"):
+        dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, loss=loss)
+
+
+@pytest.mark.parametrize("loss", [
+    None,
+    lambda o, t: F.cross_entropy(o, t, reduction="none", label_smoothing=0.1),
+], ids=["default", "label-smoothing"])
+def test_per_sample_losses_are_accepted(loss: Any) -> None:
+    """The default loss and a per-sample loss with label smoothing are not mistaken for mixing losses."""
+    model = mlp()
+    kwargs = {} if loss is None else {"loss": loss}
+    run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, **kwargs)
+    run.step()
+    assert run.steps_done == 1
+
+
+class BatchCentre(nn.Module):
+    """Mixes records only in training mode."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h - h.mean(0, keepdim=True) if self.training else h
+
+
+class CentreAboveSix(nn.Module):
+    """Mixes records only when the batch has more than 6 rows."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h - h.mean(0, keepdim=True) if h.shape[0] > 6 else h
+
+
+def test_a_layer_that_mixes_only_in_training_mode_is_refused_at_the_first_step() -> None:
+    """A mixing layer probed in eval mode at make_private is caught once the model is put in training mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), BatchCentre(), nn.Tanh(), nn.Linear(16, 3))
+    model.eval()
+    run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20)
+    model.train()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(DpltmUserError, match="mixes"):
+        run.step()
+    assert run.steps_done == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_layer_that_mixes_only_large_batches_is_refused_before_any_step() -> None:
+    """A layer that mixes only batches of more than 6 rows is refused at make_private or the first step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), CentreAboveSix(), nn.Tanh(), nn.Linear(16, 3))
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    run = None
+    with pytest.raises(DpltmUserError):
+        run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20)
+        run.step()
+    assert run is None or run.steps_done == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+# ---- S7: a tainted callback run reports no finite guarantee anywhere -----------------------------------
+
+class Raw(Classifier):
+    """An optimizer_step override that makes one extra raw (non-private) optimiser step."""
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):  # type: ignore[no-untyped-def]
+        optimizer.step(closure=optimizer_closure)
+        if batch_idx == 3:
+            optimizer.optimizer.step()
+
+
+def test_a_tainted_callback_run_claims_no_finite_epsilon_in_its_ledger() -> None:
+    """After a raw optimiser step, ε, the ledger's report and its statement all say the run is not DP."""
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError):
+        trainer(callback).fit(Raw(), loader())
+    assert callback.epsilon == float("inf")
+    ledger = callback.ledger()
+    assert ledger is not None  # DP steps ran before the raw one
+    report = ledger.report()
+    assert report["end_to_end_dp"] is False and report["overall_epsilon"] == "inf"
+    assert report["non_private_updates"] == 1
+    assert "NOT differentially private" in ledger.statement()
+    assert callback.state_dict()["non_private_updates"] == 1  # and it travels in Lightning's checkpoint
+
+
+# ---- bad data, found before any step -------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_features_are_refused_at_construction(value: float) -> None:
+    """make_private refuses in-memory features holding NaN or inf before any step."""
+    x, y = data()
+    x = x.clone()
+    x[123, 4] = value
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="(?i)nan|finite"):
+        dpltm.make_private(model, sgd(model), (x, y), noise_multiplier=1.0, batch_size=20)
+
+
+def test_a_late_label_out_of_range_is_refused_at_construction() -> None:
+    """make_private checks every in-memory label against the model's classes, not only the first record's."""
+    x, y = data()
+    y = y.clone()
+    y[150] = 7
+    model = mlp()
+    with pytest.raises(DpltmUserError):
+        dpltm.make_private(model, sgd(model), (x, y), noise_multiplier=1.0, batch_size=20)
+
+
+def test_fit_refuses_non_finite_validation_features_before_any_step() -> None:
+    """fit(val=…) with NaN in the validation features fails before the first private step."""
+    model = mlp()
+    run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, epochs=2)
+    xv, yv = blobs(50, 1)
+    xv = xv.clone()
+    xv[7, 0] = float("nan")
+    with pytest.raises(DpltmUserError):
+        run.fit(val=(xv, yv))
+    assert run.steps_done == 0
+    assert run.epochs_done == 0
+
+
+# ---- save over a file that is not the run's -------------------------------------------------------------
+
+def test_save_refuses_to_overwrite_a_file_that_is_not_a_dpltm_checkpoint(tmp_path: Path) -> None:
+    """save() never replaces a foreign file; saving twice over its own run file works."""
+    model = mlp()
+    run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20)
+    run.step()
+    foreign = tmp_path / "notes.pt"
+    foreign.write_text("my notes, not a checkpoint\n")
+    original = foreign.read_bytes()
+    with pytest.raises(DpltmUserError):
+        run.save(foreign)
+    assert foreign.read_bytes() == original
+    own = tmp_path / "run.pt"
+    assert run.save(own) == own
+    run.step()
+    assert run.save(own) == own
+    resumed_model = mlp()
+    resumed = dpltm.make_private(resumed_model, sgd(resumed_model), data(), noise_multiplier=1.0, batch_size=20,
+                                 epochs=2, resume_from=own)
+    assert resumed.steps_done == 2
+
+
+# ---- tickets ------------------------------------------------------------------------------------------
+
+class ScaleLayer(nn.Module):
+    """A per-feature scale: its only parameter is one-dimensional (nothing a ticket can prune)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def test_generate_tickets_refuses_a_model_with_no_prunable_weight() -> None:
+    """generate_tickets on a model with no prunable weight fails in one line rather than deep in the pruning."""
+    model = nn.Sequential(nn.Flatten(), ScaleLayer())
+    assert not dpltm.api.prunable_weights(model)
+    with pytest.raises(DpltmUserError):
+        dpltm.generate_tickets(model, data(), rounds=1, iterations=5)
+
+
+def test_generate_tickets_with_an_unreduced_loss_works_or_says_why() -> None:
+    """A loss returning one value per sample either trains tickets or is refused with a DpltmUserError."""
+    try:
+        tickets = dpltm.generate_tickets(mlp(), data(), rounds=1, iterations=5,
+                                         loss=lambda o, t: F.cross_entropy(o, t, reduction="none"))
+    except DpltmUserError:
+        return
+    assert [t.round for t in tickets] == [0, 1]
+
+
+def test_generate_tickets_casts_float32_data_for_a_float64_model() -> None:
+    """A float64 model takes float32 training and validation features (no dtype error)."""
+    tickets = dpltm.generate_tickets(mlp().double(), data(), val=blobs(60, 1), rounds=1, iterations=5)
+    assert [t.round for t in tickets] == [0, 1] and all(t.accuracy is not None for t in tickets)
+
+
+def _tickets() -> list[Any]:
+    return dpltm.generate_tickets(mlp(), data(), val=blobs(60, 1), rounds=1, iterations=5)
+
+
+def test_select_ticket_refuses_nu_as_text() -> None:
+    """select_ticket(nu="50") is refused in one line, not scored with a string."""
+    with pytest.raises(DpltmUserError):
+        dpltm.select_ticket(_tickets(), nu="50")  # type: ignore[arg-type]
+
+
+def test_select_ticket_refuses_a_negative_accuracy_sensitivity() -> None:
+    """A negative sensitivity would turn the exponential mechanism's preference around: refused."""
+    with pytest.raises(DpltmUserError):
+        dpltm.select_ticket(_tickets(), eps1=0.5, accuracy_sensitivity=-5, seed=1)
+
+
+# ---- devices, layouts and argument types --------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["meta", "sparse"])
+def test_make_private_refuses_meta_and_sparse_features(kind: str) -> None:
+    """Features without values (meta) or in a sparse layout are refused in one line."""
+    x, y = data()
+    features = x.to("meta") if kind == "meta" else x.to_sparse()
+    model = mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DpltmUserError):
+            dpltm.make_private(model, sgd(model), (features, y), noise_multiplier=1.0, batch_size=20)
+
+
+def test_evaluate_refuses_meta_features() -> None:
+    """evaluate() on features on the meta device fails in one line."""
+    x, y = data()
+    with pytest.raises(DpltmUserError):
+        dpltm.evaluate(mlp(), (x.to("meta"), y))
+
+
+def test_an_absurd_clip_norm_is_refused_in_the_apis_words() -> None:
+    """max_grad_norm=1e30 is refused by make_private (naming no CLI option) and by DPCallback at construction."""
+    model = mlp()
+    with pytest.raises(DpltmUserError) as refused:
+        dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, max_grad_norm=1e30)
+    assert "--clip" not in str(refused.value)
+    with pytest.raises(DpltmUserError):
+        dpltm.DPCallback(max_grad_norm=1e30, noise_multiplier=1.0)
+
+
+def test_in_memory_must_be_a_bool() -> None:
+    """in_memory="no" is refused, not read as its truth value."""
+    model = mlp()
+    with pytest.raises(DpltmUserError):
+        dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20,
+                           in_memory="no")  # type: ignore[arg-type]
+
+
+# ---- 1: a sampler over fewer records than the dataset --------------------------------------------------
+
+def test_callback_refuses_a_sampler_over_fewer_records_than_the_dataset() -> None:
+    """A PoissonBatchSampler for 200 records over a 500-record dataset is refused at fit start (q would be wrong)."""
+    x, y = blobs(500, 0)
+
+    def collate(items: list[Any]) -> Any:
+        return default_collate(items) if items else (x[:0], y[:0])
+
+    batches = DataLoader(TensorDataset(x, y), batch_sampler=PoissonBatchSampler(200, 20), collate_fn=collate)
+    module = Classifier()
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError):
+        trainer(callback).fit(module, batches)
+    assert callback.steps_done == 0
+    assert all(torch.equal(p, before[n]) for n, p in module.named_parameters())
+
+
+def test_callback_refuses_a_sampler_drawing_other_than_the_planned_steps() -> None:
+    """A sampler drawing 20 batches an epoch where σ is planned for N/L = 10 is refused at fit start, not when the
+    budget runs out mid-fit."""
+    x, y = blobs(200, 0)
+
+    def collate(items: list[Any]) -> Any:
+        return default_collate(items) if items else (x[:0], y[:0])
+
+    batches = DataLoader(TensorDataset(x, y), batch_sampler=PoissonBatchSampler(200, 20, steps=20), collate_fn=collate)
+    callback = dpltm.DPCallback(target_epsilon=1.0)
+    with pytest.raises(DpltmUserError, match="planned for 10"):
+        trainer(callback).fit(Classifier(), batches)
+    assert callback.steps_done == 0
+
+
+def test_run_tokens_are_never_reused() -> None:
+    """The stepped-weights guard names runs by a token, not by id(): a later run at a dead run's address is
+    another run."""
+    from dpltm.api import _run_token
+
+    class Run:
+        pass
+
+    tokens = set()
+    for _ in range(50):
+        run = Run()  # each dies at the next iteration, so CPython reuses its address
+        tokens.add(_run_token(run))
+        assert _run_token(run) == _run_token(run)
+    assert len(tokens) == 50
