@@ -44,8 +44,10 @@ class Interrupted(BaseException):
 
 
 #: OS errors that are the user's to fix (a full disk, a quota, a read-only file system, a name
-#: too long): the CLI reports them in one line, naming the file, instead of a traceback.
-USER_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG})
+#: too long, a file or folder the user may not write: permissions, an immutable file): the CLI
+#: reports them in one line, naming the file, instead of a traceback.
+USER_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.EACCES,
+                         errno.EPERM})
 
 
 def os_error_message(exc: OSError) -> str:

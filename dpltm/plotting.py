@@ -91,9 +91,18 @@ def _check_records(body: dict[str, Any], command: str, file: Path) -> None:
         for key in _METRICS:
             if key in record and record[key] is not None and _number(record[key]) is None:
                 raise DpltmUserError(f"{file}: {field}[{i}].{key} is not a number ({record[key]!r})")
+            value = _number(record.get(key))
+            if value is not None and not math.isnan(value) and not _in_range(key, value):
+                raise DpltmUserError(f"{file}: {field}[{i}].{key} = {record[key]!r} is out of range "
+                                     f"({'[0, 1]' if 'accuracy' in key else '≥ 0'})")
     report = body.get("report")
     if report is not None and not isinstance(report, dict):
         raise DpltmUserError(f"{file}: 'report' is not an object")
+
+
+def _in_range(key: str, value: float) -> bool:
+    """Accuracies lie in [0, 1]; an ε is ≥ 0 (∞ allowed: a run that is not DP end to end)."""
+    return 0.0 <= value <= 1.0 if "accuracy" in key else value >= 0.0
 
 
 def _number(value: Any) -> float | None:
@@ -307,9 +316,13 @@ def plot_runs(paths: list[Path], out: Path | None = None, overwrite: bool = Fals
         raise DpltmUserError(f"--out {out} is also this command's input: write the figure elsewhere")
     check_writable(out)  # before drawing: fail fast on a directory or a read-only place
     fmt = plot_format(out)
-    fig = run_figure(runs, [run_label(f) for f in folders])
     try:
+        fig = run_figure(runs, [run_label(f) for f in folders])
         write_atomic(out, lambda handle: fig.savefig(handle, format=fmt, dpi=120))
     except OSError as exc:
         raise DpltmUserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    except (ValueError, OverflowError) as exc:  # matplotlib on values it cannot lay out (finite but ~1e308)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DpltmUserError(f"cannot draw these runs ({reason}): a value in a run file is out of any plottable "
+                             "range") from None
     return out

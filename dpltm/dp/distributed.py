@@ -91,9 +91,22 @@ def check_launch(distribution: Distribution) -> None:
         shown = ", ".join(f"${n}={os.environ[n]}" for n in names) or "the environment"
         raise DpltmUserError(f"{shown} says this is not the first process of a multi-process run, but this "
                              "run has one process (--devices 1 --num-nodes 1): unset it, or pass --devices")
+    if distribution.multi_process:
+        check_master_port(os.environ.get("MASTER_PORT"))
     if distribution.num_nodes > 1 and "MASTER_ADDR" not in os.environ and not _slurm_tasks():
         raise DpltmUserError(f"--num-nodes {distribution.num_nodes}: start one process per node with a launcher "
                              "(torchrun, srun) that sets $MASTER_ADDR; run alone it would wait for the others forever")
+
+
+def check_master_port(value: str | None) -> None:
+    """$MASTER_PORT, where set, must be a TCP port: torch.distributed would fail on it in every process with a
+    traceback, after the data was loaded."""
+    if value is None:
+        return
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and 0 < int(text) <= 65535):
+        raise DpltmUserError(f"$MASTER_PORT={value!r} is not a TCP port (1-65535): set a free port, or unset it "
+                             "and Lightning picks one")
 
 
 def local_rank() -> int:

@@ -223,3 +223,25 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(RuntimeError, match="a bug"):  # anything else is not the user's: it propagates as it is
         write_atomic(target, lambda handle: (_ for _ in ()).throw(RuntimeError("a bug")))
+
+
+@pytest.mark.parametrize("code", ["EPERM", "EACCES"])
+def test_a_file_the_user_may_not_replace_is_one_line_and_kept(code: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An immutable (chattr +i) or protected output: the rename fails; the error names the file in one line, the
+    old file stays and no temp file is left."""
+    import errno
+    import os
+
+    from dpltm.checkpoint import write_atomic
+
+    target = tmp_path / "kept.pt"
+    target.write_bytes(b"old")
+
+    def refused(src: str, dst: str) -> None:
+        raise PermissionError(getattr(errno, code), os.strerror(getattr(errno, code)), src, None, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", refused)
+    with pytest.raises(DpltmUserError, match=f"cannot write {re.escape(str(target))}: "):
+        write_atomic(target, lambda handle: handle.write(b"new"))
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.pt"]

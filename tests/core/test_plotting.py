@@ -220,6 +220,23 @@ def test_read_run_errors_are_one_line(tmp_path: Path) -> None:
     one_line_error(lambda: read_run(bad), r"tickets\[2\]")
 
 
+def test_values_out_of_range_are_one_line_and_draw_nothing(tmp_path: Path) -> None:
+    """Accuracies outside [0, 1] or a negative ε are refused when read; a finite value matplotlib cannot lay out
+    (an epoch of 1e308) fails the drawing in one line, with no image written."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for key, value in (("val_accuracy", 1.5), ("val_accuracy", -0.1), ("epsilon", -5)):
+        broken = train_run()
+        broken["history"][0][key] = value
+        (bad / RUN_FILE).write_text(json.dumps(broken))
+        one_line_error(lambda: read_run(bad), rf"history\[0\].{key} = {value} is out of range")
+    broken = train_run()
+    broken["history"] = [{**broken["history"][0], "epoch": 1e308}]  # one point: its axis margins overflow
+    (bad / RUN_FILE).write_text(json.dumps(broken))
+    one_line_error(lambda: plot_runs([bad], tmp_path / "p.png"), "cannot draw these runs")
+    assert not (tmp_path / "p.png").exists()
+
+
 def test_report_epsilon_inf_string_is_read(tmp_path: Path) -> None:
     folder = write_run(tmp_path, train_run(end_to_end=False), 0)
     assert read_run(folder)["report"]["epsilon"] == "inf"

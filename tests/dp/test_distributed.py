@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from scipy import stats
 
-from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
+from dpltm.dp.distributed import Distribution, all_reduce_sum, check_launch, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches
@@ -68,6 +68,18 @@ def test_distribution_checks() -> None:
         Distribution(2, strategy="ddp_spawn")
     with pytest.raises(DpltmUserError, match="--devices"):
         Distribution(0)
+
+
+@pytest.mark.parametrize("port", ["abc", "99999", "0", "-1", "", "８０８０"])
+def test_a_master_port_that_is_no_port_is_refused_before_any_process_starts(port: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.distributed would fail on it in every rank with a traceback, after the data was loaded."""
+    monkeypatch.setenv("MASTER_PORT", port)
+    with pytest.raises(DpltmUserError, match="MASTER_PORT"):
+        check_launch(Distribution(2))
+    check_launch(Distribution())  # one process: no port is used
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    check_launch(Distribution(2))
 
 
 def test_more_processes_than_the_node_can_run_are_refused_before_any_starts(monkeypatch: pytest.MonkeyPatch) -> None:
