@@ -158,6 +158,11 @@ def probe_first_batch(module: torch.nn.Module, batch: Any, rows: int = PROBE_ROW
             return
 
 
+def trainable_names(module: torch.nn.Module) -> frozenset[str]:
+    """The names of the parameters that take gradients now."""
+    return frozenset(name for name, parameter in module.named_parameters() if parameter.requires_grad)
+
+
 def _empty_like(example: Any) -> Any:
     """A batch of zero rows shaped like `example` (tensors, or lists/tuples/dicts of them)."""
     if isinstance(example, Tensor):
@@ -253,6 +258,7 @@ class DPCallback(L.Callback):
         self._calls: dict[int, int] = {}
         self._taps: list[LayerCall] = []
         self._clipping = False
+        self._trainable: frozenset[str] = frozenset()
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
 
@@ -329,6 +335,7 @@ class DPCallback(L.Callback):
             self._noise_generator = torch.Generator(device=pl_module.device).manual_seed(seed)
             self._noise_seed, self._fresh_noise = None, False
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
+        self._trainable = trainable_names(pl_module)
         for index, tap in enumerate(self._taps):
             self._handles.append(tap.module.register_forward_hook(self._forward_hook(index), with_kwargs=True))
         self._handles.append(trainer.optimizers[0].register_step_post_hook(self._after_optimizer_step))
@@ -413,6 +420,9 @@ class DPCallback(L.Callback):
                                  "one Poisson step allows one noisy gradient")
         if self.segments.open_steps >= self.plan.steps:
             raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
+        if trainable_names(pl_module) != self._trainable:
+            raise DpltmUserError("the module's trainable parameters changed during the fit (a layer frozen or "
+                                 "unfrozen): the fit's layers were set at its start; start a new fit to change them")
         if not self._grads and self._taps:
             raise DpltmUserError("no gradient reached any layer: training_step must return the batch loss")
         if len(self._grads) != len(self._taps):

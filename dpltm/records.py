@@ -86,7 +86,14 @@ class DatasetRecords:
         if not rows:
             x, y = self._empty
         else:
-            x, y = _as_pair(self.collate([self.dataset[i] for i in rows]))
+            try:
+                x, y = _as_pair(self.collate([self.dataset[i] for i in rows]))
+            except DpltmUserError:
+                raise
+            except Exception as exc:  # the user's dataset or collate: before the step, so nothing is spent
+                first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+                raise DpltmUserError(f"reading a batch of the training dataset failed ({type(exc).__name__}: "
+                                     f"{first}); the step was not taken") from exc
         if x.shape[0] != len(rows) or y.shape[0] != len(rows):
             # each sampled record must give exactly one row: a record that gave two would add two
             # clipped gradients, a sensitivity of 2C where the accountant assumes C
@@ -138,4 +145,4 @@ def training_records(data: Any, device: torch.device, in_memory: bool,
     if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
         raise DpltmUserError(f"train must be (features, labels), a map-style Dataset or a DataLoader, got "
                              f"{type(data).__name__}")
-    return DatasetRecords(data, device)
+    return DatasetRecords(data, device, dtype=dtype)

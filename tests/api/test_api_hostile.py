@@ -485,3 +485,54 @@ def test_run_tokens_are_never_reused() -> None:
         tokens.add(_run_token(run))
         assert _run_token(run) == _run_token(run)
     assert len(tokens) == 50
+
+
+class Unfreezes(Classifier):
+    """Starts with its first layer frozen and unfreezes it after two steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net[0].requires_grad_(False)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if batch_idx == 2:
+            self.net[0].requires_grad_(True)
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.1)
+
+
+def test_callback_refuses_layers_frozen_or_unfrozen_mid_fit_in_one_line() -> None:
+    """Unfreezing a layer mid-fit is refused in dpltm's words (it was a KeyError from inside the callback)."""
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="trainable parameters changed"):
+        trainer(callback).fit(Unfreezes(), loader())
+    assert callback.steps_done == 2
+
+
+class LateBadItem(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """200 records, the last of which the user's __getitem__ cannot read."""
+
+    def __init__(self) -> None:
+        self.x, self.y = data()
+
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i == 199:
+            raise KeyError(f"record {i} is missing")
+        return self.x[i], self.y[i]
+
+
+def test_a_lazy_dataset_that_fails_mid_run_says_so_in_dpltm_words_and_spends_nothing_for_it() -> None:
+    """in_memory=False reads per batch: a record the user's dataset cannot give is a DpltmUserError naming the
+    cause, raised before the step is counted; float64 models get their lazy features cast as in memory."""
+    model = mlp().double()
+    run = dpltm.make_private(model, sgd(model), LateBadItem(), noise_multiplier=1.0, batch_size=150,
+                             in_memory=False)
+    with pytest.raises(DpltmUserError, match="reading a batch of the training dataset failed .KeyError"):
+        for _ in range(20):  # each batch holds record 199 with probability 0.75
+            run.step()
+    assert run.steps_done < 20
