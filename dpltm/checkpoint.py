@@ -169,7 +169,11 @@ def write_bytes_atomic(data: bytes, path: Path) -> None:
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write to a temp file beside `path`, fsync, then `os.replace`: a crash or a signal leaves
-    either the old file or the new one, never half of one, and no temp file behind."""
+    either the old file or the new one, never half of one, and no temp file behind. A symbolic link
+    is written through (its target replaced, the link kept): replacing the link itself would turn
+    `/dev/stdout` or a user's link into a plain file and leave the file it named as it was."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     check_not_input(path)
     check_writable(path)
     _make_parent(path)

@@ -158,11 +158,25 @@ OUTPUT_EXAMPLES = {"generate": "tickets.pt", "select": "winner.pt", "export": "m
 """A file name of the kind each command writes, for the `--out dir/` hint (else a model file)."""
 
 
+def tolerate_narrow_streams() -> None:
+    """Streams whose encoding cannot spell ε or ∞ (PYTHONIOENCODING=ascii, a latin-1 pipe) write "?" in their
+    place instead of ending the command with a UnicodeEncodeError after its work was done."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            "ε∞σθ≤".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(errors="replace")
+
+
 def run_app(app: typer.Typer) -> None:
     """Run `app` as the entry point: the parser's own usage errors become one line too; SIGINT and SIGTERM stop a
     run cleanly with one line and exit 130 / 143."""
     from typer.exceptions import Abort, TyperException
 
+    tolerate_narrow_streams()
     problem = folder_named_as_output(sys.argv[1:]) or options_at_odds(app, sys.argv[1:])
     if problem is not None:
         typer.echo(f"dpltm: error: {problem}", err=True)

@@ -14,6 +14,16 @@ if TYPE_CHECKING:
     from dpltm.artefacts import Winner
 
 
+def known_accuracy(value: float | None) -> float | None:
+    """An accuracy, or None where there was nothing to measure it on (NaN: no validation records)."""
+    return None if value is None or value != value else float(value)
+
+
+def accuracy_text(value: float | None, what: str = "validation accuracy") -> str:
+    known = known_accuracy(value)
+    return f"{what} {known:.4f}" if known is not None else "(no validation set)"
+
+
 def _say(text: str) -> None:
     err_console.print(text, markup=False, highlight=False)
 
@@ -37,12 +47,12 @@ def show_private_ticket(ticket: dict[str, Any], target: Path, json_out: bool) ->
 
     privacy = Winner.from_payload(ticket).privacy_view
     summary = {"output": str(target), "density": ticket["density"], "layer_density": ticket["layer_density"],
-               "val_accuracy": ticket["val_accuracy"], "privacy": privacy,
+               "val_accuracy": known_accuracy(ticket["val_accuracy"]), "privacy": privacy,
                "private_ticket": {k: v for k, v in ticket["private_ticket"].items() if k != "dp_event"}}
     if json_out:
         emit_json(summary)
         return
-    out_console.print(f"private ticket: C={ticket['density']:.4f}, validation accuracy {ticket['val_accuracy']:.4f}",
+    out_console.print(f"private ticket: C={ticket['density']:.4f}, {accuracy_text(ticket['val_accuracy'])}",
                       markup=False, highlight=False)
     out_console.print(privacy["statement"], markup=False, highlight=False)
     err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']} "

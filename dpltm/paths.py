@@ -21,7 +21,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
     if data_dir is not None:
         root = Path(data_dir).expanduser()
         source = "--data-dir"
-        check_path_length(root, "--data-dir")
+        check_path_length(root, "--data-dir", file=False)
     elif os.environ.get(DATA_DIR_ENV):
         root = Path(os.environ[DATA_DIR_ENV]).expanduser()
         source = f"${DATA_DIR_ENV}"
@@ -99,9 +99,15 @@ def check_not_input(target: Path, option: str = "--out") -> None:
                                  "write the result elsewhere")
 
 
-def check_path_length(path: Path, what: str = "output") -> None:
+WRITE_NAME_EXTRA = len(".") + len(".XXXXXXXX.tmp")
+"""Bytes the longest name written beside an output adds to its name: the temp file `.{name}.XXXXXXXX.tmp`
+(`dpltm.checkpoint.write_atomic`; the lock `.{name}.lock` is shorter)."""
+
+
+def check_path_length(path: Path, what: str = "output", file: bool = True) -> None:
     """Refuse a path the file system cannot hold (a part longer than its NAME_MAX, usually 255
-    bytes, or the whole longer than PATH_MAX) before any work, instead of failing on the write."""
+    bytes, or the whole longer than PATH_MAX) before any work, instead of failing on the write. A
+    `file` written atomically needs room in its folder for its temp file's longer name too."""
     name_max, path_max = 255, 4096
     try:
         name_max = os.pathconf("/", "PC_NAME_MAX")
@@ -112,5 +118,10 @@ def check_path_length(path: Path, what: str = "output") -> None:
         if len(os.fsencode(part)) > name_max:
             raise DpltmUserError(f"{what} {path}: the name {part[:40]}… is {len(os.fsencode(part))} bytes long; "
                                  f"the file system allows {name_max}")
+    name = os.fsencode(path.name)
+    if file and path.name and len(name) + WRITE_NAME_EXTRA > name_max:
+        raise DpltmUserError(f"{what} {path.name[:40]}…: a name of {len(name)} bytes is too long to write safely "
+                             f"(its temporary file adds {WRITE_NAME_EXTRA}; the file system allows {name_max}): "
+                             f"use at most {name_max - WRITE_NAME_EXTRA}")
     if len(os.fsencode(str(path.absolute()))) >= path_max:
         raise DpltmUserError(f"{what} {path} is longer than the file system allows ({path_max} bytes)")

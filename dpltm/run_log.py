@@ -63,7 +63,7 @@ def check_log_root(root: Path | None) -> Path:
     from dpltm.paths import check_path_length
 
     root = root if root is not None else default_log_root()
-    check_path_length(root, "--log-dir")
+    check_path_length(root, "--log-dir", file=False)
     if root.exists() and not root.is_dir():
         raise DpltmUserError(f"--log-dir {root} is not a directory")
     check_writable(root / "version_0")

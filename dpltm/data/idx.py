@@ -7,6 +7,7 @@ dimension, then the values in C order, big-endian. A name ending in `.gz` means 
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import struct
 import zlib
@@ -30,14 +31,16 @@ _CODE_OF_KIND: dict[tuple[str, int], int] = {
 }
 
 
-def gunzip_if_named(data: bytes, path: str | os.PathLike[str]) -> bytes:
-    """The content of a file: gunzipped when its name ends in `.gz`, as the archives ship it."""
+MAX_GUNZIPPED_BYTES = 1 << 28
+"""256 MiB: more than any file dpltm reads holds unpacked (UCI HAR's largest, X_train.txt, is 66 MB)."""
+
+
+def gunzip_if_named(data: bytes, path: str | os.PathLike[str], limit: int = MAX_GUNZIPPED_BYTES) -> bytes:
+    """The content of a file: gunzipped when its name ends in `.gz`, as the archives ship it; refused once it
+    passes `limit` bytes."""
     if not str(path).endswith(".gz"):
         return data
-    try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DpltmUserError(f"corrupt file {path}: not a valid gzip stream ({exc})") from None
+    return gunzip_at_most(data, path, limit)
 
 
 def decode_idx(data: bytes, path: str | os.PathLike[str]) -> np.ndarray:
@@ -60,13 +63,73 @@ def decode_idx(data: bytes, path: str | os.PathLike[str]) -> np.ndarray:
     return values.astype(dtype.newbyteorder("="), copy=True)
 
 
+def gunzip_at_most(data: bytes, path: str | os.PathLike[str], limit: int) -> bytes:
+    """The gunzipped content of `data`, refused as soon as it passes `limit` bytes: a small file that inflates
+    without end (a corrupt or hostile archive) stops here, not when memory runs out."""
+    parts, size = [], 0
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while size <= limit:
+                chunk = stream.read(min(GUNZIP_CHUNK, limit + 1 - size))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DpltmUserError(f"corrupt file {path}: not a valid gzip stream ({exc})") from None
+    if size > limit:
+        raise DpltmUserError(f"corrupt file {path}: it inflates to more than the {limit} bytes its content can hold")
+    return b"".join(parts)
+
+
+GUNZIP_CHUNK = 1 << 24
+MAX_IDX_BYTES = 1 << 32
+"""An IDX header claiming more than 4 GiB of values is corrupt for every dataset dpltm reads (MNIST's
+largest file holds 47 MB)."""
+
+
+def _idx_size(head: bytes, path: str | os.PathLike[str]) -> int:
+    """The whole file's size in bytes as its header states it (magic and dimensions), checked."""
+    if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _TYPE_CODES or head[3] == 0:
+        decode_idx(head, path)  # says what is wrong, in its words
+    ndim = head[3]
+    if len(head) < 4 + 4 * ndim:
+        raise DpltmUserError(f"corrupt file {path}: truncated IDX header ({ndim} dimensions)")
+    shape = struct.unpack(f">{ndim}I", head[4:4 + 4 * ndim])
+    size = int(np.prod(shape, dtype=object)) * _TYPE_CODES[head[2]].itemsize
+    if size > MAX_IDX_BYTES:
+        raise DpltmUserError(f"corrupt file {path}: IDX header says shape {tuple(shape)}, {size} bytes of data")
+    return 4 + 4 * ndim + size
+
+
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
-    """Read an IDX file (gzipped when the name ends in `.gz`) into a numpy array."""
+    """Read an IDX file (gzipped when the name ends in `.gz`) into a numpy array; a gzipped one is inflated only as
+    far as its header's size (plus one byte, to tell a longer file)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise DpltmUserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return decode_idx(gunzip_if_named(raw, path), path)
+    if not str(path).endswith(".gz"):
+        return decode_idx(raw, path)
+    head = gunzip_at_most_prefix(raw, path, 4 + 4 * 255)
+    size = _idx_size(head, path)
+    try:
+        data = gunzip_at_most(raw, path, size)
+    except DpltmUserError as exc:
+        if "inflates to more" not in str(exc):
+            raise
+        raise DpltmUserError(f"corrupt file {path}: the IDX header says {size - len(head[:4 + 4 * head[3]])} bytes "
+                             "of data but the file holds more") from None
+    return decode_idx(data, path)
+
+
+def gunzip_at_most_prefix(data: bytes, path: str | os.PathLike[str], length: int) -> bytes:
+    """The first `length` bytes of the gunzipped content (fewer if it is shorter)."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            return stream.read(length)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DpltmUserError(f"corrupt file {path}: not a valid gzip stream ({exc})") from None
 
 
 def write_idx(path: str | os.PathLike[str], array: np.ndarray) -> Path:

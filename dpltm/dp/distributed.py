@@ -93,6 +93,7 @@ def check_launch(distribution: Distribution) -> None:
                              "run has one process (--devices 1 --num-nodes 1): unset it, or pass --devices")
     if distribution.multi_process:
         check_master_port(os.environ.get("MASTER_PORT"))
+        check_master_address(os.environ.get("MASTER_ADDR"))
     if distribution.num_nodes > 1 and "MASTER_ADDR" not in os.environ and not _slurm_tasks():
         raise DpltmUserError(f"--num-nodes {distribution.num_nodes}: start one process per node with a launcher "
                              "(torchrun, srun) that sets $MASTER_ADDR; run alone it would wait for the others forever")
@@ -107,6 +108,20 @@ def check_master_port(value: str | None) -> None:
     if not (text.isascii() and text.isdigit() and 0 < int(text) <= 65535):
         raise DpltmUserError(f"$MASTER_PORT={value!r} is not a TCP port (1-65535): set a free port, or unset it "
                              "and Lightning picks one")
+
+
+def check_master_address(value: str | None) -> None:
+    """$MASTER_ADDR, where set, must name a host this machine can resolve: torch.distributed would retry an
+    unresolvable one forever, once a second, with a run already locked and started."""
+    if value is None:
+        return
+    import socket
+
+    try:
+        socket.getaddrinfo(value.strip(), None)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        raise DpltmUserError(f"$MASTER_ADDR={value!r} does not resolve ({exc}): set the first node's address, or "
+                             "unset it for a run on this machine") from None
 
 
 def local_rank() -> int:

@@ -44,7 +44,7 @@ from dpltm.privacy.accounting import (
     require_support,
 )
 from dpltm.privacy.display import format_epsilon
-from dpltm.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, dpsgd_event, selection_event
+from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, DpEvent, dpsgd_event, selection_event
 
 Composition = Literal["best", "basic", "rdp"]
 
@@ -231,8 +231,13 @@ def calibrate_noise_multiplier(
     if not (0.0 < rel_tol < 0.5):
         raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
-    return _calibrated_dpsgd(float(sample_rate), int(steps), t, d, accountant, neighboring,
-                             None if selection_eps1 is None else float(selection_eps1), composition, float(rel_tol))
+    sigma = _calibrated_dpsgd(float(sample_rate), int(steps), t, d, accountant, neighboring,
+                              None if selection_eps1 is None else float(selection_eps1), composition, float(rel_tol))
+    if sigma > MAX_NOISE_MULTIPLIER:  # the bound a given σ has: past it the accountants cannot state the tiny ε
+        raise DpltmUserError(f"target epsilon {t:g} needs a noise multiplier of {sigma:.4g}, above the "
+                             f"{MAX_NOISE_MULTIPLIER:g} the accountants can state ε for (and noise that drowns any "
+                             "gradient): raise the target epsilon")
+    return sigma
 
 
 @functools.lru_cache(maxsize=256)

@@ -179,9 +179,10 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
 
     def on_round(record: dict[str, Any]) -> None:
         on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
+        val = record["val_accuracy"]
         err_console.print(f"warm-up round {record['round']}: C={record['density']:.4f} "
-                          f"val acc={record['val_accuracy']:.4f}, "
-                          f"ε so far ≤ {format_epsilon(record['epsilon_so_far'])}")
+                          + (f"val acc={val:.4f}, " if val == val else "(no validation set), ")
+                          + f"ε so far ≤ {format_epsilon(record['epsilon_so_far'])}")
         rounds.append({"round": record["round"], "density": record["density"], "kind": "dp-warm-up",
                        "val_accuracy": record["val_accuracy"], "test_accuracy": None,
                        "epsilon": record["epsilon_so_far"]})

@@ -245,3 +245,33 @@ def test_a_file_the_user_may_not_replace_is_one_line_and_kept(code: str, tmp_pat
     with pytest.raises(DpltmUserError, match=f"cannot write {re.escape(str(target))}: "):
         write_atomic(target, lambda handle: handle.write(b"new"))
     assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.pt"]
+
+
+def test_an_output_name_leaves_room_for_its_temporary_file(tmp_path: Path) -> None:
+    """A legal 253-byte name would fail only at the write (the temp file's name adds 14 bytes): refused up front,
+    saying how long a name may be; the longest allowed name writes."""
+    import os
+
+    from dpltm.paths import WRITE_NAME_EXTRA, check_path_length
+
+    name_max = os.pathconf(str(tmp_path), "PC_NAME_MAX")
+    longest = tmp_path / ("x" * (name_max - WRITE_NAME_EXTRA - 3) + ".pt")
+    with pytest.raises(DpltmUserError, match=f"use at most {name_max - WRITE_NAME_EXTRA}"):
+        check_path_length(tmp_path / ("x" * (name_max - 5) + ".pt"))
+    check_path_length(tmp_path / ("x" * (name_max - 5) + ".pt"), file=False)  # a folder's name: no temp beside it
+    checkpoint.write_atomic(longest, lambda handle: handle.write(b"x"))
+    assert longest.read_bytes() == b"x"
+
+
+def test_a_symbolic_link_output_is_written_through(tmp_path: Path) -> None:
+    """The link stays a link and its target gets the bytes, dangling or not (replacing the link would turn
+    /dev/stdout or a user's link into a plain file)."""
+    import os
+
+    target, link = tmp_path / "real.pt", tmp_path / "link.pt"
+    os.symlink(target, link)  # dangling: the write creates the target
+    checkpoint.write_atomic(link, lambda handle: handle.write(b"one"))
+    assert link.is_symlink() and target.read_bytes() == b"one"
+    checkpoint.write_atomic(link, lambda handle: handle.write(b"two"))
+    assert link.is_symlink() and target.read_bytes() == b"two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt", "real.pt"]

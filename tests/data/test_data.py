@@ -85,6 +85,39 @@ def test_idx_bad_magic_and_truncation(tmp_path: Path) -> None:
         read_idx(tmp_path / "x.gz")
 
 
+def test_a_gzip_that_inflates_past_its_content_is_refused_early(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An IDX whose header promises 20 bytes but whose gzip inflates to 64 MiB is read only as far as the header's
+    size (plus a byte), and a gzipped table past the cap is refused, both in one line naming the file; truncated
+    and header-less gzipped IDX files keep their messages."""
+    from dpltm.data import idx
+
+    header = b"\x00\x00\x08\x02" + (4).to_bytes(4, "big") + (5).to_bytes(4, "big")
+    bomb = tmp_path / "bomb-idx1-ubyte.gz"
+    bomb.write_bytes(gzip.compress(header + bytes(64 << 20)))
+    read: list[int] = []
+    real = idx.gunzip_at_most
+    monkeypatch.setattr(idx, "gunzip_at_most", lambda *a: read.append(a[2]) or real(*a))
+    with pytest.raises(DpltmUserError, match=r"bomb-idx1-ubyte\.gz: the IDX header says 20 bytes of data but the "
+                                             r"file holds more"):
+        read_idx(bomb)
+    assert read == [12 + 20]  # inflated no further than the header's size
+    with pytest.raises(DpltmUserError, match=r"table\.csv\.gz: it inflates to more than the 1000 bytes"):
+        idx.gunzip_if_named(gzip.compress(bytes(5000)), "table.csv.gz", limit=1000)
+    short = tmp_path / "short-idx1-ubyte.gz"
+    short.write_bytes(gzip.compress(header + bytes(7)))
+    with pytest.raises(DpltmUserError, match=r"IDX header says shape \(4, 5\)"):
+        read_idx(short)
+    huge = tmp_path / "huge-idx1-ubyte.gz"
+    huge.write_bytes(gzip.compress(b"\x00\x00\x08\x03" + (2**32 - 1).to_bytes(4, "big") * 3))
+    with pytest.raises(DpltmUserError, match="IDX header says shape"):
+        read_idx(huge)
+    empty = tmp_path / "empty-idx1-ubyte.gz"
+    empty.write_bytes(gzip.compress(b""))
+    with pytest.raises(DpltmUserError, match="bad IDX magic"):
+        read_idx(empty)
+
+
 def test_idx_reader_matches_torchvision_on_real_mnist(tmp_path: Path) -> None:
     root = _real_root("MNIST/raw/t10k-images-idx3-ubyte.gz", "MNIST/raw/t10k-labels-idx1-ubyte.gz")
     tv = pytest.importorskip("torchvision.datasets.mnist", reason="torchvision not importable")

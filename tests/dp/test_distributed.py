@@ -82,6 +82,20 @@ def test_a_master_port_that_is_no_port_is_refused_before_any_process_starts(port
     check_launch(Distribution(2))
 
 
+@pytest.mark.parametrize("address", ["nonexistent.invalid", "", "bad host name"])
+def test_a_master_address_that_does_not_resolve_is_refused_before_any_process_starts(
+        address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.distributed retries an unresolvable address once a second, forever."""
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", address)
+    with pytest.raises(DpltmUserError, match="MASTER_ADDR"):
+        check_launch(Distribution(2))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    check_launch(Distribution(2))
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    check_launch(Distribution(2))
+
+
 def test_more_processes_than_the_node_can_run_are_refused_before_any_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """`--devices 100000` on the CPU once started that many gloo processes: refused in one line now."""
     from dpltm.dp import distributed

@@ -252,6 +252,9 @@ def test_calibration_with_selection(accountant: str, composition: str) -> None:
 
 
 def test_calibration_errors() -> None:
+    # a target so small that σ would pass the bound a given --sigma has: refused alike, naming σ
+    with pytest.raises(DpltmUserError, match="needs a noise multiplier of .* above the 10000"):
+        calibrate_noise_multiplier(0.1, 100, 1e-6, DELTA)
     with pytest.raises(DpltmUserError):
         calibrate_noise_multiplier(Q, CAL_STEPS, 0.0, DELTA)
     with pytest.raises(DpltmUserError):
