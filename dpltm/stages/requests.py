@@ -341,7 +341,8 @@ class TrainRequest(_TrainingOptions):
         if self.non_private:  # options of the DP mechanism: silently ignored, they would suggest it ran
             given = [flag for flag, value in (("--noise", self.noise), ("--clip", self.clip),
                                               ("--noise-seed", self.noise_seed), ("--accountant", self.accountant),
-                                              ("--max-eps", self.max_eps), ("--neighbouring", self.neighbouring))
+                                              ("--max-eps", self.max_eps), ("--neighbouring", self.neighbouring),
+                                              ("--delta", self.delta))
                      if value is not None]
             if given:
                 raise DpltmUserError(f"--non-private trains without clipping, noise or accounting: drop "

@@ -149,7 +149,7 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     """Choose the winner of a ticket set by the rule `rule` of dpltm.selection.rules (None: the one the
     CLI's flags `best`/`noise_aware` name); `noise_aware` is also the planned run a rule may need."""
     from dpltm.artefacts import Winner
-    from dpltm.checkpoint import load_ticket_set, output_lock, prepare_output, save_atomic
+    from dpltm.checkpoint import check_writable, load_ticket_set, output_lock, prepare_output, save_atomic
     from dpltm.config import resolve_select_config
     from dpltm.paths import default_checkpoint_dir
     from dpltm.selection.winner import newest_ticket_set, winner_payload
@@ -169,6 +169,12 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     target = out or default_checkpoint_dir() / f"{ticket_set.dataset}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config], checkpoint=True)
     chosen_eps1 = settings.eps1 if chosen_rule.spends_eps1 else None
+    if chosen_rule.spends_eps1:  # the draw is recorded in the ticket file: it must be writable, said as such
+        try:
+            check_writable(source)
+        except DpltmUserError as exc:
+            raise DpltmUserError(f"{source}: a draw that spends ε1 is recorded in the ticket file, which cannot be "
+                                 f"written ({exc}); copy it somewhere writable and select from the copy") from None
     check_halving(settings.halving, noise_aware=chosen_rule.needs_planned_run, name=chosen_rule.name)
     check_search(settings.search, noise_aware=chosen_rule.needs_planned_run, name=chosen_rule.name)
     rule_settings = RuleSettings(nu=settings.nu, seed=seed, eps1=chosen_eps1, planned_run=noise_aware, config=config,

@@ -430,6 +430,7 @@ CASES = [
          "--non-private trains without clipping, noise or accounting: drop --noise, --clip"),
     Case("train-non-private-with-noise-seed", (*TRAIN, "--non-private", "--noise-seed", "3", "--accountant", "rdp"),
          "drop --noise-seed, --accountant"),
+    Case("train-non-private-with-delta", (*TRAIN, "--non-private", "--delta", "1e-6"), "drop --delta"),
     Case("train-dense-public-tickets", (*TRAIN, "--eps2", "1", "--public-tickets"), "drop it with --dense"),
     Case("train-dense-rewind-public", (*TRAIN, "--eps2", "1", "--rewind", "public"), "drop them with --dense"),
     Case("train-dense-output-layer", (*TRAIN, "--eps2", "1", "--output-layer", "keep"), "drop them with --dense"),
@@ -897,3 +898,27 @@ def test_a_loop_of_symbolic_links_and_a_damaged_checkpoint_are_one_line_errors(
         code, stdout, stderr = _run_in_process(list(args), cwd, data)
         assert_one_line_error(code, stdout, stderr, message)
     assert snapshot(tmp_path, data, tickets.parent) == before
+
+
+def test_a_ticket_file_that_cannot_record_a_draw_is_named_as_such(tmp_path: Path, data_dirs: dict[str, Path],
+                                                                   tickets: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """select --eps1 records its draw in the ticket file: a ticket folder on a read-only file system is refused
+    before the draw, naming the ticket file (it blamed "output directory … is not writable" for an --out that was
+    elsewhere)."""
+    import dpltm.checkpoint
+
+    real = dpltm.checkpoint.check_storage
+
+    def read_only_tickets(folder: Path) -> None:
+        if folder.resolve() == tickets.parent.resolve():
+            raise DpltmUserError(f"cannot write in {folder}: its file system is read-only")
+        real(folder)
+
+    monkeypatch.setattr(dpltm.checkpoint, "check_storage", read_only_tickets)
+    before = tickets.read_bytes()
+    code, _, stderr = _run_in_process(["select", "--eps1", "0.1", "--tickets", str(tickets), "--out",
+                                       str(tmp_path / "w.pt")], tmp_path, data_dirs["good"])
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert "a draw that spends ε1 is recorded in the ticket file" in stderr.splitlines()[-1]
+    assert tickets.read_bytes() == before and not (tmp_path / "w.pt").exists()
