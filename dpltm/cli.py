@@ -260,7 +260,7 @@ def train(
     public_tickets: opt.TrainPublicTickets = False,
     val_fraction: opt.ValFraction = None,
     public_dataset: opt.TrainPublicDataset = None,
-    public_split: opt.TrainPublicSplit = Split.train,
+    public_split: opt.TrainPublicSplit = None,
     seed: opt.Seed = None,
     noise_seed: opt.TrainNoiseSeed = None,
     device: opt.Device = "auto",

@@ -999,9 +999,9 @@ TrainPublicDataset = Annotated[
 
 
 TrainPublicSplit = Annotated[
-    Split,
+    Split | None,
     typer.Option(
-        help="Split of --public-dataset whose training part is used.",
+        help="Split of --public-dataset whose training part is used [default: train].",
     ),
 ]
 

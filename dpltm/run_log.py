@@ -62,11 +62,15 @@ def check_log_root(root: Path | None) -> Path:
     from dpltm.checkpoint import check_writable
     from dpltm.paths import check_path_length
 
+    source = "--log-dir" if root is not None else f"${LOG_DIR_ENV}" if os.environ.get(LOG_DIR_ENV) else "the log root"
     root = root if root is not None else default_log_root()
-    check_path_length(root, "--log-dir", file=False)
+    check_path_length(root, source, file=False)
     if root.exists() and not root.is_dir():
-        raise DpltmUserError(f"--log-dir {root} is not a directory")
-    check_writable(root / "version_0")
+        raise DpltmUserError(f"{source} {root} is not a directory")
+    try:
+        check_writable(root / "version_0")
+    except DpltmUserError as exc:
+        raise DpltmUserError(f"{source} {root}: {exc}") from None
     return root
 
 

@@ -21,6 +21,7 @@ removed on the way out). A refused connection fails at once.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -201,6 +202,7 @@ def _fetch(dataset_class: type[MNIST], raw_dir: Path, resource: tuple[str, str],
     is atomic), which is removed whatever happens: nothing half-written is ever published.
     """
     filename, md5 = resource
+    made = [folder for folder in (raw_dir, *raw_dir.parents) if not folder.exists()]  # made here, removed on failure
     try:
         raw_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=raw_dir, prefix=".download-") as staging:
@@ -213,6 +215,9 @@ def _fetch(dataset_class: type[MNIST], raw_dir: Path, resource: tuple[str, str],
             for produced in (filename, _uncompressed_name(filename)):
                 os.replace(staged / produced, raw_dir / produced)
     except (RuntimeError, URLError, OSError) as exc:
+        for folder in made:  # innermost first: a failed download leaves no empty MNIST/raw behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty
         raise DpltmUserError(
             f"cannot download {filename} (official md5 {md5}) from {' or '.join(mirrors)}: {_one_line(exc)}; "
             f"put the official files into {raw_dir} by hand (README, Data section)"

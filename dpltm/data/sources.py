@@ -63,14 +63,30 @@ def find_file(candidates: Sequence[Path]) -> Path | None:
     A folder that cannot be searched (no permission) is a one-line error naming the path,
     not a missing file: the data may well be there.
     """
+    not_a_file = None
     for path in candidates:
         try:
             if path.is_file():
                 note_input(path)
                 return path
+            if not_a_file is None and (path.is_symlink() or path.exists()):
+                not_a_file = path
         except OSError as exc:
             raise _unreadable(path, exc) from None
+    if not_a_file is not None:  # there, but not a file: say what it is, not "missing"
+        raise DpltmUserError(f"{not_a_file} is {_what_it_is(not_a_file)}, not a data file: put the file itself there")
     return None
+
+
+def _what_it_is(path: Path) -> str:
+    try:
+        if path.is_dir():
+            return "a folder"
+        if path.exists():
+            return "a device, pipe or socket"
+    except OSError:
+        pass
+    return "a symbolic link to nothing readable (dangling, or a loop)"
 
 
 def is_dir(path: Path) -> bool:

@@ -81,6 +81,12 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
                                  f"(--split {model_split}), so its {part} part can hold {TRAINING_RECORDS_EXPOSED}; "
                                  f"leave --split out to use the model's own {part} set, or pass "
                                  "--expose-training-records to write it anyway")
+    if expose_training_records and not exposes:  # a consent that consents to nothing would suggest it did
+        raise DpltmUserError(f"--expose-training-records: this {part} part of {name} holds none of the model's "
+                             "training records: drop the flag")
+    if overwrite and out is None:
+        raise DpltmUserError("--overwrite replaces the file --out names, and no --out was given: drop --overwrite, "
+                             "or give --out")
     if out is not None:
         check_text_output_name(out, "CSV")
         prepare_output(out, overwrite=overwrite, inputs=[model_path])

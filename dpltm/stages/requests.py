@@ -41,14 +41,20 @@ def floats_option(text: str | None, option: str) -> tuple[float, ...] | None:
         raise DpltmUserError(f"{option} takes comma-separated numbers, got '{text}'") from None
 
 
+MAX_WIDTH = 1_000_000
+"""The widest layer an integer-list option takes: a width past it is a typo (it would not fit in memory)."""
+
+
 def ints_option(text: str | None, option: str) -> tuple[int, ...] | None:
-    """A list of positive integers (`--hidden 300,100`)."""
-    values = floats_option(text, option)
+    """A list of positive integers (`--hidden 300,100`), written in ASCII digits: `1e2`, `300.0`, other scripts'
+    digits and absurd widths are refused rather than read through float."""
+    values = floats_option(text, option)  # the list's shape and its messages
     if values is None:
         return None
-    if any(not v.is_integer() or v <= 0 for v in values):
-        raise DpltmUserError(f"{option} takes positive integers, got '{text}'")
-    return tuple(int(v) for v in values)
+    fields = text.replace(",", " ").split()  # type: ignore[union-attr]
+    if any(not (f.isascii() and f.isdigit()) or not 0 < int(f) <= MAX_WIDTH for f in fields):
+        raise DpltmUserError(f"{option} takes positive integers up to {MAX_WIDTH} (digits only), got '{text}'")
+    return tuple(int(f) for f in fields)
 
 
 def _plain(option: Any) -> Any:
@@ -318,7 +324,7 @@ class TrainRequest(_TrainingOptions):
     public_tickets: bool = False
     val_fraction: float | None = None
     public_dataset: str | None = None
-    public_split: str = "train"
+    public_split: str | None = None  # None: "train"
     devices: int = 1
     num_nodes: int = 1
     strategy: str = "auto"
@@ -333,6 +339,9 @@ class TrainRequest(_TrainingOptions):
         """The options' combinations, one line each."""
         if self.dense and self.ticket is not None:
             raise DpltmUserError("--dense trains the full network: drop --ticket")
+        if self.public_split is not None and self.public_dataset is None:
+            raise DpltmUserError("--public-split chooses a split of --public-dataset: give --public-dataset too, or "
+                                 "drop --public-split")
         if self.dense and self.public_tickets:
             raise DpltmUserError("--public-tickets is about a ticket's data: drop it with --dense")
         self._check_budget()
@@ -382,7 +391,7 @@ class TrainRequest(_TrainingOptions):
 
         check_logger(self.logger)
         self.check()
-        public = None if self.public_dataset is None else f"{self.public_dataset}:{self.public_split}"
+        public = None if self.public_dataset is None else f"{self.public_dataset}:{self.public_split or 'train'}"
         return stage_train(self.settings(), self.config, self.ticket, self.non_private, self.public_tickets,
                            self.data_dir, self.device, self.out, self.progress, public_data=public,
                            noise_seed=self.noise_seed, overwrite=self.overwrite,

@@ -518,3 +518,22 @@ def test_loader_neighbouring_datasets_differ_in_one_training_record(
     assert added == 1
     assert len(small.val) > 0 and len(small.train) > len(small.val)
 
+
+
+@pytest.mark.parametrize("kind", ["folder", "loop", "dangling"])
+def test_a_data_file_that_is_not_a_file_is_named_as_such(kind: str, tmp_path: Path) -> None:
+    """A data file's name taken by a folder or a broken link is said to be that, not "missing"; a later candidate
+    that is a real file is still found."""
+    from dpltm.data.sources import find_file
+
+    path = tmp_path / "digits.csv.gz"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "loop":
+        path.symlink_to(path)
+    else:
+        path.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(DpltmUserError, match="not a data file"):
+        find_file([path, tmp_path / "digits.csv"])
+    (tmp_path / "digits.csv").write_text("0")
+    assert find_file([path, tmp_path / "digits.csv"]) == tmp_path / "digits.csv"

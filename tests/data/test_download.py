@@ -150,7 +150,7 @@ def test_unreachable_mirror_is_one_line(tmp_path: Path) -> None:
         download_dataset("mnist", tmp_path, mirror=url)
     message = str(caught.value)
     assert "\n" not in message and url in message and "train-images-idx3-ubyte.gz" in message
-    assert not any(_raw(tmp_path).iterdir())  # no partial file, no staging folder
+    assert not _raw(tmp_path).exists() and list(tmp_path.iterdir()) == []  # no file, no staging or empty folder
 
 
 def test_mirror_from_env_and_partial_root(mirror: Mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -309,6 +309,18 @@ def test_log_dir_mistakes_are_one_line(data_root: Path, tmp_path: Path, fails) -
     assert not (tmp_path / "d.pt").exists()
 
 
+def test_a_log_root_from_the_environment_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad $DPLTM_LOG_DIR is named as the variable, not as a --log-dir the user never passed."""
+    from dpltm.run_log import LOG_DIR_ENV, check_log_root
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(LOG_DIR_ENV, str(tmp_path / "file"))
+    with pytest.raises(DpltmUserError, match=rf"^\${LOG_DIR_ENV} .*file is not a directory$"):
+        check_log_root(None)
+    with pytest.raises(DpltmUserError, match=r"^--log-dir .*file is not a directory$"):
+        check_log_root(tmp_path / "file")
+
+
 def test_run_log_refuses_an_unknown_logger(tmp_path: Path) -> None:
     with pytest.raises(DpltmUserError, match="--logger must be one of"):
         RunLog("train", "digits", "wandb", tmp_path)
@@ -386,3 +398,20 @@ def test_a_private_ticket_plan_with_the_0_1_0_key_is_refused_in_one_line() -> No
               "source": {"config": {"train": {"target_eps": None, "epochs": 5}, "data": {"dataset": "digits"}}}}
     with pytest.raises(DpltmUserError, match="unknown config key.*target_eps"):
         resolve_train_config({"data": {"dataset": "digits"}}, None, base=private_ticket_plan(ticket))
+
+
+def test_predict_flags_that_would_do_nothing_are_refused(  # type: ignore[no-untyped-def]
+        trained, data_root: Path, tmp_path: Path) -> None:
+    """--expose-training-records where no training record is exposed, and --overwrite with no --out: each would
+    be silently ignored (and the first suggests an exposure that did not happen)."""
+    from tests.cli.test_bad_inputs import _run_in_process, assert_one_line_error
+
+    model, _ = trained
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--part", "test",
+                                            "--expose-training-records"], cwd, data_root)
+    assert_one_line_error(code, stdout, stderr, "holds none of the model's training records: drop the flag")
+    code, stdout, stderr = _run_in_process(["predict", "--model", str(model), "--overwrite"], cwd, data_root)
+    assert_one_line_error(code, stdout, stderr, "no --out was given")
+    assert list(cwd.iterdir()) == []
