@@ -634,6 +634,9 @@ class TrainSettings:
             raise DpltmUserError(f"--delta must lie in (0, 1), got {self.delta}")
         if self.max_eps is not None:
             check_target_epsilon(self.max_eps, "--max-eps")
+            if self.sigma is None and self.eps2 is not None and self.max_eps >= self.eps2:
+                raise DpltmUserError(f"--max-eps {self.max_eps:g} cannot stop a run whose σ is calibrated to spend "
+                                     f"--eps {self.eps2:g} in all: drop --max-eps, or give --sigma and cap its ε")
         _require_positive("--patience", self.patience)
         if self.accountant not in ("pld", "rdp"):
             raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")

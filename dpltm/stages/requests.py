@@ -234,6 +234,11 @@ class SelectRequest(CommandRequest):
         if self.nu is not None and rule.needs_planned_run:
             raise DpltmUserError(f"--nu weighs density in the score A·(1 − ν·C); {flag} chooses by public accuracy "
                                  "under the planned noise: drop --nu")
+        if self.nu is not None and not rule.touches_ticket_data:
+            raise DpltmUserError(f"--nu weighs density in the score A·(1 − ν·C); {flag} looks at no score: drop --nu")
+        if self.seed is not None and name == "best":
+            raise DpltmUserError("--seed makes a random choice reproducible; --best has none (the highest score): "
+                                 "drop --seed")
         if self.reselect and not rule.spends_eps1:
             raise DpltmUserError(f"--reselect allows another exponential-mechanism draw; the {name} selection draws "
                                  "nothing: drop --reselect")

@@ -273,6 +273,8 @@ CASES = [
     Case("account-steps-and-epochs", ("account", "--steps", "100", "--epochs", "2", "--sigma", "1"), "not both"),
     # ---- outputs that would destroy an input or an earlier result ({tickets}, {winner}: real files) --
     Case("select-out-is-tickets", ("select", "--best", "--out", "{tickets}"), "also this command's input"),
+    Case("select-best-seed", ("select", "--best", "--seed", "3"), "--best has none (the highest score): drop --seed"),
+    Case("select-random-nu", ("select", "--rule", "random", "--nu", "3"), "--rule random looks at no score"),
     Case("select-out-in-proc", ("select", "--rule", "random", "--tickets", "{tickets}", "--out", "/proc/w.pt"),
          "cannot write in /proc: /proc is the kernel's"),
     Case("select-rule-private-size-negative", ("select", "--rule", "noise-aware", "--tickets", "{tickets}",

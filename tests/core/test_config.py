@@ -246,7 +246,10 @@ def test_settings_refuse_non_finite_and_absurd_numbers(cls: type, kwargs: dict[s
 
 def test_settings_accept_the_bounds() -> None:
     assert GenerateSettings(lr=MAX_LR).lr == MAX_LR
-    assert TrainSettings(eps2=MAX_EPSILON, max_eps=MAX_EPSILON).eps2 == MAX_EPSILON
+    assert TrainSettings(eps2=MAX_EPSILON).eps2 == MAX_EPSILON
+    assert TrainSettings(eps2=None, sigma=1.0, max_eps=MAX_EPSILON).max_eps == MAX_EPSILON
+    with pytest.raises(DpltmUserError, match="--max-eps 1 cannot stop a run whose σ is calibrated to spend --eps 1"):
+        TrainSettings(eps2=1.0, max_eps=1.0)  # a cap at or above the calibrated budget never binds
     assert TrainSettings(eps2=None, sigma=MIN_NOISE_MULTIPLIER).sigma == MIN_NOISE_MULTIPLIER
     assert SelectSettings(eps1=MAX_EPS1).eps1 == MAX_EPS1
     assert GenerateConfig(seed=MAX_SEED).seed == MAX_SEED
