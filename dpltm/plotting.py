@@ -74,6 +74,12 @@ def read_run(path: Path) -> dict[str, Any]:
     if command not in COMMANDS:
         what = f"a {command!r} run" if isinstance(command, str) else "no command"
         raise DpltmUserError(f"{file} records {what}; dpltm plot draws {' and '.join(COMMANDS)} runs")
+    field = _RECORDS[command][0]
+    status = body.get("status")
+    if field not in body and status in ("running", "interrupted", "failed"):  # say why there is no curve
+        said = {"running": "is still running, or was killed before it could say so",
+                "interrupted": "was interrupted", "failed": "failed"}[status]
+        raise DpltmUserError(f"{file}: the {command} run {said} before it recorded any {field}: nothing to draw")
     _check_records(body, command, file)
     return body
 

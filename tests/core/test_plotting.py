@@ -237,6 +237,14 @@ def test_values_out_of_range_are_one_line_and_draw_nothing(tmp_path: Path) -> No
     assert not (tmp_path / "p.png").exists()
 
 
+@pytest.mark.parametrize("status", ["running", "interrupted", "failed"])
+def test_a_run_that_ended_before_its_records_says_so(status: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / RUN_FILE).write_text(json.dumps({"format": "dpltm-run-v1", "command": "generate", "status": status}))
+    one_line_error(lambda: read_run(bad), "before it recorded any tickets: nothing to draw")
+
+
 def test_report_epsilon_inf_string_is_read(tmp_path: Path) -> None:
     folder = write_run(tmp_path, train_run(end_to_end=False), 0)
     assert read_run(folder)["report"]["epsilon"] == "inf"
