@@ -517,6 +517,10 @@ class PrivateTraining:
         plan = self._plan
         if self.segments.open_steps >= plan.steps:
             raise DpltmUserError(f"the planned {plan.steps} steps are done: the privacy budget is spent")
+        owner = _OWNERS.get(self.optimizer)
+        if owner is None or owner() is not self:  # a resume took the optimizer (and the run) over
+            raise DpltmUserError("this run's optimizer now belongs to a newer private run (a resume of it): continue "
+                                 "with that one")
         check_not_trained_elsewhere(self.model, self)  # another run stepped these weights since this one did
         self._check_modes()
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
@@ -781,7 +785,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     """
     check_model_and_optimizer(model, optimizer)
     owner = _OWNERS.get(optimizer)
-    if owner is not None and owner() is not None:
+    if resume_from is None and owner is not None and owner() is not None:  # a resume takes the optimizer over
         raise DpltmUserError("this optimizer already belongs to another private run: build a new optimizer for a new "
                              "run (two runs stepping one optimizer would each count only their own steps)")
     target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)

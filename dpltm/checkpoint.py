@@ -69,6 +69,12 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     """
     check_path_length(path, option)
     check_no_link_loop(path, option)
+    if path.is_symlink():  # written through (write_atomic): the target is what must exist and be writable
+        target = Path(os.path.realpath(path))
+        if not target.exists():
+            raise DpltmUserError(f"{option} {path} is a symbolic link to {target}, which does not exist: give the "
+                                 "file's own path")
+        check_writable(target)
     if checkpoint:
         check_checkpoint_name(path, option)
     for source in inputs:

@@ -200,7 +200,7 @@ class DPCallback(L.Callback):
     Checked at every step: the batch has the size of the sampler's next batch, the optimiser steps once
     per batch and only on the privatised gradient, and no other private run stepped these weights since.
     Checked at each fit's start: the optimiser updates exactly the module's trainable parameters, the
-    sampler draws from the whole dataset at the planned steps, and the first batch's rows (up to 128) pass
+    sampler draws from the whole dataset at the planned steps, and the first batch's rows (up to 64) pass
     the independence probe in the modes the fit runs in. Not checkable: a `training_step` whose loss mixes
     the batch's records (a penalty on the batch's mean output: `make_private` probes its `loss`, the callback
     cannot call `training_step` on rows of its own), a module hook that replaces records within a batch of the
@@ -313,10 +313,10 @@ class DPCallback(L.Callback):
             raise DpltmUserError(f"the Poisson sampler draws from {sampler.n} records but the training dataset holds "
                                  f"{len(dataset)}: build the loader with poisson_loader(dataset, batch_size)")
         self.plan = plan_training(settings, sampler.n, spent=spent or None)
-        if sampler.steps != self.plan.steps_per_epoch:
-            raise DpltmUserError(f"the Poisson sampler draws {sampler.steps} batches an epoch, but σ is planned for "
-                                 f"{self.plan.steps_per_epoch} (N/L): build the loader with poisson_loader(dataset, "
-                                 "batch_size)")
+        if sampler.steps > self.plan.steps_per_epoch:  # fewer only spend less than planned
+            raise DpltmUserError(f"the Poisson sampler draws {sampler.steps} batches an epoch, but the fit is planned "
+                                 f"for {self.plan.steps_per_epoch} (N/L) and would stop when they are done: build the "
+                                 "loader with poisson_loader(dataset, batch_size)")
         self.segments.begin(self.plan.sample_rate, self.plan.noise_multiplier, self.clip,
                             self.plan.expected_batch_size, sampler.n)
         self._sampler = sampler

@@ -23,7 +23,7 @@ from dpltm.errors import DpltmUserError
 
 PROBE_ROWS = 6
 """Rows in the probe batch: several, so that a layer mixing only some rows (pairs, neighbours) shows."""
-PROBE_ROWS_MAX = 128
+PROBE_ROWS_MAX = 64
 """At most this many rows: a layer that mixes only large batches shows at the expected batch size, up to this."""
 PROBE_SEED = 20211
 """The probe's rows and the model's own randomness (dropout) in both passes: the same draws each time."""
@@ -71,11 +71,11 @@ def _same_randomness(device: torch.device) -> Iterator[None]:
         yield
 
 
-def _run(model: nn.Module, batch: Tensor, outputs: list[tuple[str, Tensor]], prefix: str = "") -> Any:
-    """The model's output, and (in `outputs`) every module's tensor output with one row per record, in
+def _run(model: nn.Module, batch: Tensor, outputs: list[tuple[str, Tensor]] | None = None, prefix: str = "") -> Any:
+    """The model's output, and (in `outputs`, when given) every module's tensor output with one row per record, in
     the order the modules finished (innermost first)."""
     handles = []
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if outputs is not None else ():
         def hook(module: nn.Module, args: Any, output: Any, name: str = name) -> None:
             if isinstance(output, Tensor) and output.dim() > 0 and output.shape[0] == batch.shape[0]:
                 name = ".".join(part for part in (prefix, name) if part)
@@ -138,25 +138,37 @@ def _on_probe_rows(example: Tensor, check: Callable[[tuple[Tensor, Tensor, Tenso
 def _probe(model: nn.Module, batches: tuple[Tensor, Tensor, Tensor], prefix: str) -> None:
     first, second, third = batches
     written = {name: (b.data_ptr(), b._version) for name, b in model.named_buffers()}  # NaN-safe, unlike equality
-    seen: list[list[tuple[str, Tensor]]] = [[], [], []]
     with _buffers_kept(model):
-        outputs = [_run(model, first, seen[0], prefix)]
+        outputs = [_run(model, first)]  # the outputs alone: every module's would cost several training steps' memory
         changed = [name for name, b in model.named_buffers() if written.get(name) != (b.data_ptr(), b._version)]
         if changed:
             name = ".".join(part for part in (prefix, changed[0]) if part)
             raise DpltmUserError(f"the model's forward pass updates buffer {name!r} (running statistics of "
                                  "the training records would be released without noise): freeze it or use a layer "
                                  "without running statistics")
-        outputs += [_run(model, second, seen[1], prefix), _run(model, third, seen[2], prefix)]
+        outputs += [_run(model, second), _run(model, third)]
     if not all(isinstance(out, Tensor) for out in outputs):
         return  # the caller checks the output's type; nothing row-wise to compare
     for other, rows in ((1, slice(1, None)), (2, slice(None, -1))):  # row 0 changed, then the last row
         if _agree(outputs[0], outputs[other], rows):
             continue
-        culprit = next((name for (name, a), (_, b) in zip(seen[0], seen[other]) if a.shape == b.shape
-                        and not _agree(a, b, rows)), type(model).__name__)
+        culprit = _culprit(model, batches[0], batches[other], rows, prefix)
         raise DpltmUserError(f"layer {culprit} mixes the records of a batch: its output for one record depends on "
                              "other records, which per-sample clipping cannot bound")
+
+
+def _culprit(model: nn.Module, first: Tensor, other: Tensor, rows: slice, prefix: str) -> str:
+    """The first module (innermost first) whose output differs on the unchanged rows: the passes again, now
+    keeping every module's output (only on the way to a refusal)."""
+    seen: list[list[tuple[str, Tensor]]] = [[], []]
+    try:
+        with _buffers_kept(model):
+            _run(model, first, seen[0], prefix)
+            _run(model, other, seen[1], prefix)
+    except Exception:  # out of memory, say: the refusal stands, without the layer's name
+        return type(model).__name__
+    return next((name for (name, a), (_, b) in zip(seen[0], seen[1]) if a.shape == b.shape
+                 and not _agree(a, b, rows)), type(model).__name__)
 
 
 def check_gradients_reach_their_layers(model: nn.Module, example: Tensor, example_label: Tensor,
@@ -245,11 +257,16 @@ def _check_loss(model: nn.Module, rows: Tensor, example_label: Tensor,
             else:
                 targets[row] = -targets[row]
         changed.requires_grad_(True)
-        with torch.enable_grad():
-            per_sample = loss(changed, targets)
-            if not isinstance(per_sample, Tensor) or per_sample.shape[:1] != (n,):
-                return  # the caller refuses a loss that does not give one value per sample
-            (gradient,) = torch.autograd.grad(per_sample.sum(), changed, allow_unused=True)
+        try:  # the same random draws in every call (a loss with noise or dropout in it)
+            with torch.enable_grad(), _same_randomness(changed.device):
+                per_sample = loss(changed, targets)
+                if not isinstance(per_sample, Tensor) or per_sample.shape[:1] != (n,):
+                    return  # the caller refuses a loss that does not give one value per sample
+                (gradient,) = torch.autograd.grad(per_sample.sum(), changed, allow_unused=True)
+        except DpltmUserError:
+            raise
+        except Exception:  # the loss cannot take the made-up targets (class maps, probabilities): not probed
+            return
         if not bool(torch.isfinite(per_sample).all()):
             return  # nothing to compare: the engine drops non-finite records
         values.append((per_sample.detach(), None if gradient is None else gradient.detach(), row))

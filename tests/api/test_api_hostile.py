@@ -466,7 +466,7 @@ def test_callback_refuses_a_sampler_drawing_other_than_the_planned_steps() -> No
 
     batches = DataLoader(TensorDataset(x, y), batch_sampler=PoissonBatchSampler(200, 20, steps=20), collate_fn=collate)
     callback = dpltm.DPCallback(target_epsilon=1.0)
-    with pytest.raises(DpltmUserError, match="planned for 10"):
+    with pytest.raises(DpltmUserError, match="planned for 10 .N/L."):
         trainer(callback).fit(Classifier(), batches)
     assert callback.steps_done == 0
 
@@ -536,3 +536,34 @@ def test_a_lazy_dataset_that_fails_mid_run_says_so_in_dpltm_words_and_spends_not
         for _ in range(20):  # each batch holds record 199 with probability 0.75
             run.step()
     assert run.steps_done < 20
+
+
+def test_a_loss_with_its_own_randomness_is_probed_under_fixed_draws() -> None:
+    """A per-sample loss that draws noise (or dropout) is per-sample: the probe calls it under the same draws each
+    time instead of calling the differing draws mixing."""
+    model = mlp()
+
+    def noisy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(F.dropout(outputs + 0.1 * torch.randn_like(outputs), 0.1), targets, reduction="none")
+
+    run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, loss=noisy)
+    run.step()
+    assert run.steps_done == 1
+
+
+def test_resuming_with_the_same_optimizer_while_the_first_run_lives_is_accepted(tmp_path: Path) -> None:
+    """`run = make_private(..., resume_from=p)` with the run's own optimizer (a notebook cell run again): the resume
+    takes the optimizer over, and the first run refuses further steps in one line."""
+    model = mlp()
+    optimizer = sgd(model)
+    first = dpltm.make_private(model, optimizer, data(), noise_multiplier=1.0, epochs=2, batch_size=20)
+    for _ in range(4):
+        first.step()
+    path = first.save(tmp_path / "run.pt")
+    resumed = dpltm.make_private(model, optimizer, data(), noise_multiplier=1.0, epochs=2, batch_size=20,
+                                 resume_from=path)
+    resumed.step()
+    assert resumed.steps_done == 5
+    with pytest.raises(DpltmUserError, match="belongs to a newer private run"):
+        first.step()
+    assert first.steps_done == 4

@@ -275,3 +275,23 @@ def test_a_symbolic_link_output_is_written_through(tmp_path: Path) -> None:
     checkpoint.write_atomic(link, lambda handle: handle.write(b"two"))
     assert link.is_symlink() and target.read_bytes() == b"two"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt", "real.pt"]
+
+
+def test_a_symbolic_link_output_is_checked_where_it_will_be_written(tmp_path: Path) -> None:
+    """prepare_output checks the link's target before any work: a dangling link is refused (dpltm would create
+    files wherever it points), a link to an existing file needs --overwrite like the file itself."""
+    import os
+
+    from dpltm.checkpoint import prepare_output
+
+    dangling = tmp_path / "dangling.pt"
+    os.symlink(tmp_path / "nowhere" / "x.pt", dangling)
+    with pytest.raises(DpltmUserError, match="which does not exist"):
+        prepare_output(dangling, overwrite=True)
+    (tmp_path / "real.pt").write_bytes(b"old")
+    link = tmp_path / "link.pt"
+    os.symlink(tmp_path / "real.pt", link)
+    with pytest.raises(DpltmUserError, match="already exists"):
+        prepare_output(link, overwrite=False)
+    prepare_output(link, overwrite=True)
+    assert not (tmp_path / "nowhere").exists()
