@@ -530,8 +530,8 @@ def test_a_lazy_dataset_that_fails_mid_run_says_so_in_dpltm_words_and_spends_not
     """in_memory=False reads per batch: a record the user's dataset cannot give is a DpltmUserError naming the
     cause, raised before the step is counted; float64 models get their lazy features cast as in memory."""
     model = mlp().double()
-    run = dpltm.make_private(model, sgd(model), LateBadItem(), noise_multiplier=1.0, batch_size=150,
-                             in_memory=False)
+    run = dpltm.make_private(model, sgd(model), LateBadItem(), noise_multiplier=1.0, batch_size=150, epochs=20,
+                             in_memory=False)  # 40 planned steps: the budget cannot run out before record 199
     with pytest.raises(DpltmUserError, match="reading a batch of the training dataset failed .KeyError"):
         for _ in range(20):  # each batch holds record 199 with probability 0.75
             run.step()
