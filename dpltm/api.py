@@ -52,6 +52,7 @@ from dpltm.api_checks import (
     check_positive,
     check_seed,
     check_steps,
+    check_token_ids,
     evaluation_mode,
     first_parameter,
     user_path,
@@ -175,6 +176,9 @@ def check_user_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> Masks:
             raise DpltmUserError(f"mask {name} has shape {tuple(mask.shape)}, the weight {tuple(weights[name].shape)}")
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise DpltmUserError(f"mask {name} must hold only 0 and 1")
+        if mask.numel() and not bool(mask.any()):  # as generate_tickets refuses a round that would do it
+            raise DpltmUserError(f"mask {name} prunes every weight of the layer: the network could not compute through "
+                                 "it (use a ticket of an earlier round, or no mask for this layer)")
         # a copy: the run's noise positions are fixed from these masks, so a later edit of the caller's tensor
         # must not change which coordinates are clipped and re-masked
         out[name] = mask.to(device=weights[name].device, dtype=torch.bool, copy=True)
@@ -339,7 +343,7 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
         if val_features.is_floating_point():
             val_features = val_features.to(parameter.dtype)  # as the training features: evaluate reads the same
         check_finite(val_features, "the validation features")
-        check_data_fits_model(model, val_features, val_labels, classification=True)
+        check_data_fits_model(model, val_features, val_labels, classification=True, what="the validation data")
         val = (val_features, val_labels)
     seen = [_record_keys(features, labels)]
     if val is not None:
@@ -583,7 +587,7 @@ class PrivateTraining:
         if val is not None:  # a wrong validation set fails now, not after an epoch of private steps
             val_x, val_y = model_tensors(self.model, val, next(self.model.parameters()).device)
             check_finite(val_x, "the validation features")
-            check_data_fits_model(self.model, val_x, val_y, classification=True)
+            check_data_fits_model(self.model, val_x, val_y, classification=True, what="the validation data")
             self._warn_if_training_records(val)
         for _ in range(todo):
             for _ in range(self.plan.steps_per_epoch):
@@ -820,6 +824,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     if isinstance(records, TensorRecords):
         check_finite(records.features, "the training features")
         check_finite(records.labels, "the training labels")
+        check_token_ids(model, records.features, "the training data")
     if d > 1.0 / n:
         warnings.warn(f"delta={d:g} is above 1/N = {1.0 / n:.3g}: a (ε, δ) guarantee with δ > 1/N allows releasing "
                       "a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)

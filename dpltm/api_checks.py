@@ -257,11 +257,13 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
-def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, classification: bool) -> None:
+def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, classification: bool,
+                          what: str = "the training data") -> None:
     """One forward pass on the first record (no gradient, nothing kept or released): the features' shape
-    must suit the model, and class labels must name one of its outputs."""
+    must suit the model, class labels must name one of its outputs, and token ids its one embedding's rows."""
     if features.shape[0] == 0:
-        raise DpltmUserError("the training data is empty")
+        raise DpltmUserError(f"{what} is empty")
+    check_token_ids(model, features, what)
     try:
         with torch.no_grad(), evaluation_mode(model):
             outputs = model(features[:1])
@@ -284,6 +286,21 @@ def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, cl
         if low < 0 or high >= classes:
             raise DpltmUserError(f"labels must lie in [0, {classes - 1}] (the model has {classes} outputs), found "
                                  f"labels in [{low}, {high}]")
+
+
+def check_token_ids(model: nn.Module, features: Tensor, what: str) -> None:
+    """Integer features of a model with exactly one embedding are its token ids: every one must name a row of it
+    (a later record's id past the table failed mid-run, with an IndexError, after steps were spent)."""
+    if features.is_floating_point() or features.is_complex() or features.numel() == 0:
+        return
+    tables = [m for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    if len(tables) != 1:
+        return  # which table reads the ids is the model's business
+    rows = tables[0].num_embeddings
+    low, high = int(features.min()), int(features.max())
+    if low < 0 or high >= rows:
+        raise DpltmUserError(f"{what} holds token ids in [{low}, {high}], but the model's embedding has {rows} rows "
+                             f"(ids 0 to {rows - 1})")
 
 
 def check_masks_from(masks_from: Any) -> str | None:

@@ -567,3 +567,31 @@ def test_resuming_with_the_same_optimizer_while_the_first_run_lives_is_accepted(
     with pytest.raises(DpltmUserError, match="belongs to a newer private run"):
         first.step()
     assert first.steps_done == 4
+
+
+def test_a_late_token_id_past_the_embedding_is_refused_at_construction() -> None:
+    """Token ids of an in-memory record past the embedding's rows are refused before any step (an IndexError
+    mid-run before)."""
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * 4, 3))
+    ids, labels = torch.randint(0, 50, (200, 4)), torch.randint(0, 3, (200,))
+    ids[150, 2] = 50
+    with pytest.raises(DpltmUserError, match=r"token ids in \[0, 50\], but the model's embedding has 50 rows"):
+        dpltm.make_private(model, sgd(model), (ids, labels), noise_multiplier=1.0, batch_size=20)
+    ids[150, 2] = 49
+    dpltm.make_private(model, sgd(model), (ids, labels), noise_multiplier=1.0, batch_size=20).step()
+
+
+def test_a_mask_that_prunes_a_whole_layer_is_refused() -> None:
+    model = mlp()
+    masks = {"0.weight": torch.zeros_like(model[0].weight)}
+    with pytest.raises(DpltmUserError, match="prunes every weight of the layer"):
+        dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, masks=masks,
+                           masks_from="public data")
+
+
+def test_an_empty_validation_set_is_named_as_such() -> None:
+    model = mlp()
+    run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20)
+    with pytest.raises(DpltmUserError, match="^the validation data is empty"):
+        run.fit(val=(data()[0][:0], data()[1][:0]))
+    assert run.steps_done == 0
