@@ -542,12 +542,11 @@ class PrivateTraining:
         self._in_step = True
         try:
             self.optimizer.step()
-        finally:
+        finally:  # interrupted too: the weights may have moved, and they are this run's
             self._in_step = False
+            self.optimizer.zero_grad(set_to_none=True)
+            apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
             note_private_step(self.model, self)
-        self.optimizer.zero_grad(set_to_none=True)
-        apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
-        note_private_step(self.model, self)
 
     def _check_modes(self) -> None:
         """The independence probe again whenever the modules are in modes not probed yet (`model.train()` after
@@ -674,29 +673,16 @@ class PrivateTraining:
         """Write the run to `path` atomically (a dpltm 'run' checkpoint: `dpltm inspect` reads it); resume
         with `make_private(..., resume_from=path)`. An existing run file is replaced (saving each epoch to one
         path); any other existing file only with `overwrite=True`."""
-        from dpltm.checkpoint import check_checkpoint_name, save_atomic
+        from dpltm.checkpoint import check_checkpoint_name, holds_checkpoint_of_kind, save_atomic
 
         target = user_path(path, "path")
         check_checkpoint_name(target, "path")
         check_flag(overwrite, "overwrite")
-        if not overwrite and (target.exists() or target.is_symlink()) and not _is_run_file(target):
+        if not overwrite and (target.exists() or target.is_symlink()) and not holds_checkpoint_of_kind(target, "run"):
             raise DpltmUserError(f"{target} exists and is not a dpltm run file: not overwritten (save elsewhere, or "
                                  "pass overwrite=True)")
         save_atomic(self.state_dict(), target, "run")
         return target
-
-
-def _is_run_file(path: Path) -> bool:
-    """Whether `path` is a dpltm 'run' checkpoint (tensors memory-mapped, not read: a cheap look at its header)."""
-    if not path.is_file():
-        return False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            body = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a torch file, or a damaged one: either way not ours to replace silently
-        return False
-    return isinstance(body, dict) and body.get("format") == "dpltm" and body.get("kind") == "run"
 
 
 def _record_keys(features: Tensor, labels: Tensor) -> np.ndarray:
@@ -927,8 +913,10 @@ def note_private_step(model: nn.Module, run: Any) -> None:
     for parameter in model.parameters():
         if parameter.requires_grad:  # a frozen parameter carries nothing of the records
             key = id(parameter)
-            _STEPPED[key] = _Stepped(weakref.ref(parameter, _forget(key)), token, steps, parameter.data_ptr(),
-                                     parameter._version)
+            entry = _STEPPED.get(key)
+            ref = entry.parameter if entry is not None and entry.parameter() is parameter else \
+                weakref.ref(parameter, _forget(key))  # one weakref per tensor, not one per step
+            _STEPPED[key] = _Stepped(ref, token, steps, parameter.data_ptr(), parameter._version)
 
 
 def _held_entries(model: nn.Module) -> dict[int, _Stepped]:

@@ -70,7 +70,7 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     check_path_length(path, option)
     check_no_link_loop(path, option)
     if path.is_symlink():  # written through (write_atomic): the target is what must exist and be writable
-        target = Path(os.path.realpath(path))
+        target = written_path(path)
         if not target.exists():
             raise DpltmUserError(f"{option} {path} is a symbolic link to {target}, which does not exist: give the "
                                  "file's own path")
@@ -173,13 +173,17 @@ def write_bytes_atomic(data: bytes, path: Path) -> None:
     write_atomic(path, lambda handle: handle.write(data))
 
 
+def written_path(path: Path) -> Path:
+    """The file a write to `path` replaces: a symbolic link's target (the link is kept), else `path` itself."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write to a temp file beside `path`, fsync, then `os.replace`: a crash or a signal leaves
     either the old file or the new one, never half of one, and no temp file behind. A symbolic link
     is written through (its target replaced, the link kept): replacing the link itself would turn
     `/dev/stdout` or a user's link into a plain file and leave the file it named as it was."""
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
+    path = written_path(path)
     check_not_input(path)
     check_writable(path)
     _make_parent(path)
@@ -288,6 +292,20 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
     body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION, **payload,
             "environment": environment()}
     write_atomic(path, lambda handle: torch.save(body, handle))
+
+
+def holds_checkpoint_of_kind(path: Path, kind: str) -> bool:
+    """Whether `path` is a dpltm checkpoint of `kind`, from its header alone (tensors memory-mapped, not read):
+    the cheap look a save takes before replacing a file, unlike `load_checkpoint`'s full check."""
+    if not path.is_file():
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch file, or a damaged one: either way not one to replace silently
+        return False
+    return isinstance(body, dict) and body.get("format") == "dpltm" and body.get("kind") == kind
 
 
 def load_checkpoint(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:

@@ -249,8 +249,7 @@ class DPCallback(L.Callback):
         self._seeds_used: set[int] = set()
         self._pending_seed: int | None = None
         self._stored_provenance: dict[str, Any] | None = None
-        self._tainted = False
-        self._raw_steps = 0  # optimiser steps on gradients this callback did not privatise
+        self._raw_steps = 0  # optimiser steps on gradients this callback did not privatise: any, and it is not DP
         self._optimizer_hook: Any = None
         self._batch_size = 0
         self._stepped = False
@@ -344,7 +343,6 @@ class DPCallback(L.Callback):
         """Every optimiser step must have been privatised by `on_before_optimizer_step` (an override of
         `optimizer_step` that calls the raw optimiser skips it): otherwise the model is no longer DP."""
         if not self._privatised:
-            self._tainted = True
             self._raw_steps += 1
             raise DpltmUserError("the optimiser stepped on a gradient DPCallback did not clip and noise (an "
                                  "optimizer_step override?): the model is no longer differentially private")
@@ -475,7 +473,8 @@ class DPCallback(L.Callback):
     # ---- resuming: what was spent travels in Lightning's checkpoint, never a seed ---------------
     def state_dict(self) -> dict[str, Any]:
         return {"format_version": STATE_VERSION, "segments": self.segments.state(), "history": list(self.history),
-                "provenance": self._provenance(), "tainted": self._tainted, "non_private_updates": self._raw_steps}
+                "provenance": self._provenance(), "tainted": self._raw_steps > 0,
+                "non_private_updates": self._raw_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format_version") != STATE_VERSION or "segments" not in state:
@@ -484,10 +483,10 @@ class DPCallback(L.Callback):
         self.segments = SpentSegments(state["segments"])
         self.history = list(state.get("history", []))
         self._stored_provenance = state.get("provenance")
-        self._tainted = self._tainted or bool(state.get("tainted", False))
         stored = state.get("non_private_updates", 0)
         stored = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 0 else 0
-        self._raw_steps = max(self._raw_steps, stored, 1 if self._tainted else 0)
+        # a checkpoint written before the count was kept says only "tainted": at least one
+        self._raw_steps = max(self._raw_steps, stored, int(bool(state.get("tainted", False))))
         self._fresh_noise = True  # never continue (or replay) a stored stream: fresh OS randomness
 
     # ---- what was spent -----------------------------------------------------------------------
@@ -500,7 +499,7 @@ class DPCallback(L.Callback):
     @property
     def epsilon(self) -> float:
         """The run's ε so far; ∞ when the masks came from the private records (`masks_private`)."""
-        if self._tainted:
+        if self._raw_steps:
             return math.inf  # a non-private update ran (see _after_optimizer_step)
         ledger = self.ledger()
         return 0.0 if ledger is None else ledger.overall_epsilon

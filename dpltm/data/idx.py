@@ -63,14 +63,16 @@ def decode_idx(data: bytes, path: str | os.PathLike[str]) -> np.ndarray:
     return values.astype(dtype.newbyteorder("="), copy=True)
 
 
-def gunzip_at_most(data: bytes, path: str | os.PathLike[str], limit: int) -> bytes:
-    """The gunzipped content of `data`, refused as soon as it passes `limit` bytes: a small file that inflates
-    without end (a corrupt or hostile archive) stops here, not when memory runs out."""
+def gunzip_at_most(data: bytes, path: str | os.PathLike[str], limit: int, truncate: bool = False) -> bytes:
+    """The gunzipped content of `data`, refused as soon as it passes `limit` bytes (`truncate`: its first `limit`
+    bytes instead): a small file that inflates without end (a corrupt or hostile archive) stops here, not when
+    memory runs out."""
+    bound = limit if truncate else limit + 1
     parts, size = [], 0
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            while size <= limit:
-                chunk = stream.read(min(GUNZIP_CHUNK, limit + 1 - size))
+            while size < bound:
+                chunk = stream.read(min(GUNZIP_CHUNK, bound - size))
                 if not chunk:
                     break
                 parts.append(chunk)
@@ -111,25 +113,13 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
         raise DpltmUserError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not str(path).endswith(".gz"):
         return decode_idx(raw, path)
-    head = gunzip_at_most_prefix(raw, path, 4 + 4 * 255)
-    size = _idx_size(head, path)
-    try:
-        data = gunzip_at_most(raw, path, size)
-    except DpltmUserError as exc:
-        if "inflates to more" not in str(exc):
-            raise
-        raise DpltmUserError(f"corrupt file {path}: the IDX header says {size - len(head[:4 + 4 * head[3]])} bytes "
-                             "of data but the file holds more") from None
+    size = _idx_size(gunzip_at_most(raw, path, 4 + 4 * 255, truncate=True), path)
+    data = gunzip_at_most(raw, path, size + 1, truncate=True)  # one byte past the header's size tells a longer file
+    if len(data) > size:
+        header = 4 + 4 * data[3]
+        raise DpltmUserError(f"corrupt file {path}: the IDX header says {size - header} bytes of data but the file "
+                             "holds more")
     return decode_idx(data, path)
-
-
-def gunzip_at_most_prefix(data: bytes, path: str | os.PathLike[str], length: int) -> bytes:
-    """The first `length` bytes of the gunzipped content (fewer if it is shorter)."""
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            return stream.read(length)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DpltmUserError(f"corrupt file {path}: not a valid gzip stream ({exc})") from None
 
 
 def write_idx(path: str | os.PathLike[str], array: np.ndarray) -> Path:

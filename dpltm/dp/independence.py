@@ -193,12 +193,11 @@ def _untracked_gradient(model: nn.Module, rows: Tensor, example_label: Tensor,
 
     generator = torch.Generator().manual_seed(PROBE_SEED)
     if example_label.is_floating_point():
-        labels = torch.randn((rows.shape[0], *example_label.shape[1:]), generator=generator)
+        classes = 0
     else:
         with torch.no_grad(), _same_randomness(rows.device):
             classes = model(rows).shape[-1]
-        labels = torch.randint(0, classes, (rows.shape[0], *example_label.shape[1:]), generator=generator)
-    labels = labels.to(example_label.device, example_label.dtype)
+    labels = _probe_targets(example_label, rows.shape[0], classes, generator)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     with _buffers_kept(model):
         with _same_randomness(rows.device):
@@ -221,6 +220,14 @@ def _untracked_gradient(model: nn.Module, rows: Tensor, example_label: Tensor,
     return None
 
 
+def _probe_targets(example_label: Tensor, rows: int, classes: int, generator: torch.Generator) -> Tensor:
+    """Made-up targets shaped like `example_label`'s rows: Gaussian for float targets, else classes in [0, classes)."""
+    shape = (rows, *example_label.shape[1:])
+    labels = torch.randn(shape, generator=generator) if example_label.is_floating_point() else \
+        torch.randint(0, max(classes, 1), shape, generator=generator)
+    return labels.to(example_label.device, example_label.dtype)
+
+
 def check_loss_per_sample(model: nn.Module, example: Tensor, example_label: Tensor,
                           loss: Callable[[Tensor, Tensor], Tensor], rows: int = PROBE_ROWS) -> None:
     """Refuse a per-sample loss whose value for one record depends on other records of the batch (a penalty on
@@ -240,11 +247,7 @@ def _check_loss(model: nn.Module, rows: Tensor, example_label: Tensor,
         return  # the caller refuses outputs of the wrong kind
     n = outputs.shape[0]
     generator = torch.Generator().manual_seed(PROBE_SEED + 1)
-    if example_label.is_floating_point():
-        labels = torch.randn((n, *example_label.shape[1:]), generator=generator)
-    else:
-        labels = torch.randint(0, max(int(outputs.shape[-1]), 1), (n, *example_label.shape[1:]), generator=generator)
-    labels = labels.to(example_label.device, example_label.dtype)
+    labels = _probe_targets(example_label, n, int(outputs.shape[-1]), generator)
     scale = float(outputs.detach().abs().max()) if outputs.numel() else 1.0
     shift = torch.randn(outputs.shape[1:], generator=generator).to(outputs.device, outputs.dtype) * max(scale, 1.0)
     values = []
