@@ -110,6 +110,10 @@ def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Te
             items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
             if not items:
                 raise DpltmUserError("the dataset is empty")
+            odd = next((i for i, item in enumerate(items) if isinstance(item, (tuple, list)) and len(item) != 2), None)
+            if odd is not None:  # a third field (a weight, an index) would be dropped without a word
+                raise DpltmUserError(f"each record must be a (features, label) pair, but item {odd} has "
+                                     f"{len(items[odd])} fields")
             features = torch.stack([torch.as_tensor(item[0]) for item in items])
             labels = torch.stack([torch.as_tensor(item[1]) for item in items])
     except DpltmUserError:
@@ -338,6 +342,9 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     if features.is_floating_point():
         features = features.to(parameter.dtype)
     check_data_fits_model(model, features, labels, classification=loss is F.cross_entropy)
+    # a model make_private would refuse (an LSTM's tuple output, a tied weight) fails now, not after the rounds
+    check_gradients_reach_their_layers(model, features[:1], labels[:1],
+                                       per_sample_cross_entropy if loss is F.cross_entropy else _row_by_row(loss))
     if val is not None:
         val_features, val_labels = model_tensors(model, val, device)
         if val_features.is_floating_point():
@@ -390,6 +397,14 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             for k, m, density, accuracy in rounds_made]
 
 
+def _row_by_row(loss: Callable[[Tensor, Tensor], Tensor]) -> Loss:
+    """A batch loss as one loss per row (each row's batch of one), for the engine's per-sample checks."""
+    def per_row(outputs: Tensor, targets: Tensor) -> Tensor:
+        return torch.stack([loss(outputs[i:i + 1], targets[i:i + 1]).reshape(()) for i in range(outputs.shape[0])])
+
+    return per_row
+
+
 def check_rounds_leave_weights(weights: Mapping[str, Tensor], rounds: int, prune_rate: float,
                                output_prune_rate: float) -> None:
     """Refused before any training: `rounds` that would prune every weight of a layer (counted as prune_layerwise
@@ -418,6 +433,11 @@ def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float
         seed = check_seed(seed, "seed")
     if any(t.accuracy is None for t in tickets):
         raise DpltmUserError("every ticket needs an accuracy: generate them with val=…")
+    shapes = [{n: tuple(m.shape) for n, m in t.masks.items()} for t in tickets]
+    if any(s != shapes[0] for s in shapes):
+        odd = next(i for i, s in enumerate(shapes) if s != shapes[0])
+        raise DpltmUserError(f"tickets[{odd}] masks other weights than tickets[0] (names or shapes differ), so the "
+                             "tickets come from different models: select among the tickets of one model")
     nu = check_positive(nu, "nu", inclusive=True)
     accuracy_sensitivity = check_positive(accuracy_sensitivity, "accuracy_sensitivity")
     scores = ticket_scores([t.accuracy for t in tickets], [t.density for t in tickets], nu)  # type: ignore[misc]
@@ -474,7 +494,7 @@ class PrivateTraining:
         self.segments = segments if segments is not None else SpentSegments()
         self.segments.begin(plan.sample_rate, plan.noise_multiplier, settings.clip, plan.expected_batch_size,
                             plan.dataset_size)
-        self.epochs_done = epochs_done
+        self.epochs_done = epochs_done  # the epochs fit() finished and recorded (the length of `history`)
         self.history: list[dict[str, Any]] = list(history or [])
         self._in_step = False
         self._tables: dict[str, RecordTable] | None = None  # made at the first step (`_batch_tables`)
@@ -529,6 +549,8 @@ class PrivateTraining:
         self._check_modes()
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
+        if isinstance(self.records, DatasetRecords):  # records held in memory were checked whole by make_private
+            check_token_ids(self.model, x, "a batch of the training dataset (the step was not taken)")
         batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self._pruning, self.loss,
                                         input_terms=self._batch_tables(index))
         grads = noisy_mean(batch.grad_sums, noise=self._noise, surviving=self.surviving, clip=self._settings.clip,
@@ -578,7 +600,9 @@ class PrivateTraining:
             on_epoch: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Run the planned epochs (or `epochs` of them); returns one record per epoch with ε so far."""
         check_callable(on_epoch, "on_epoch")
-        left = (self.plan.steps - self.segments.open_steps) // self.plan.steps_per_epoch
+        per_epoch = self.plan.steps_per_epoch
+        position = self._schedule_position()
+        left = self.plan.epochs - position // per_epoch  # an epoch begun (steps taken by hand) counts as one
         todo = left if epochs is None else check_count(epochs, "epochs", minimum=0)
         if todo > left:  # before any step: the budget was planned for the run's epochs
             raise DpltmUserError(f"fit(epochs={todo}): only {left} of the run's planned epochs are left (σ was "
@@ -589,16 +613,21 @@ class PrivateTraining:
             check_data_fits_model(self.model, val_x, val_y, classification=True, what="the validation data")
             self._warn_if_training_records(val)
         for _ in range(todo):
-            for _ in range(self.plan.steps_per_epoch):
+            for _ in range(per_epoch - self._schedule_position() % per_epoch):  # to the end of the current epoch
                 self.step()
             self.epochs_done += 1
-            record = {"epoch": self.epochs_done, "steps": self.steps_done, "epsilon": self.epsilon}
+            record = {"epoch": self._schedule_position() // per_epoch, "steps": self.steps_done,
+                      "epsilon": self.epsilon}
             if val is not None:
                 record["val_accuracy"] = evaluate(self.model, val)
             self.history.append(record)
             if on_epoch is not None:
                 on_epoch(record)
         return self.history
+
+    def _schedule_position(self) -> int:
+        """Steps into the run's `epochs` epochs: those of earlier segments (`plan.steps_before`) and this one's."""
+        return self.plan.steps_before + self.segments.open_steps
 
     def evaluate(self, data: Data) -> float:
         """Top-1 accuracy on `data`: not private (warned when it holds private training records)."""
@@ -764,9 +793,9 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     secret; it is never stored).
 
     `resume_from` (a file `PrivateTraining.save` wrote) continues that run: model, optimiser and what
-    was spent are restored; with `target_epsilon` (the whole run's budget), σ is calibrated for what
-    is left given the segments spent (composed as they ran); noise and sampling draw fresh OS
-    randomness.
+    was spent are restored, and the resumed run takes the steps left of `epochs` (steps saved mid-epoch
+    count); with `target_epsilon` (the whole run's budget), σ is calibrated for those steps given the
+    segments spent (composed as they ran); noise and sampling draw fresh OS randomness.
 
     `train` is (features, labels), a map-style Dataset (read once into tensors; `in_memory=False`
     reads it per batch: larger-than-memory data, augmentation in `__getitem__`), or a DataLoader
@@ -805,7 +834,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     parameter = next(model.parameters())
     dtype = parameter.dtype if parameter.is_floating_point() else None
     records = training_records(train, parameter.device, in_memory,
-                               lambda data, device: model_tensors(model, data, device), dtype)
+                               lambda data, device: model_tensors(model, data, device), dtype, takes_ids(model))
     n = len(records)
     if isinstance(records, TensorRecords):
         check_finite(records.features, "the training features")
@@ -831,7 +860,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     provenance = public_provenance(masks_from, records, checked) if checked and not masks_private else masks_from
     if provenance is not None and not isinstance(provenance, str):
         provenance = "the private training records themselves"
-    segments, epochs_done, history = None, 0, None
+    segments, epochs_done, history, steps_before = None, 0, None, 0
     if resume_from is not None:
         if noise_seed is not None:
             raise DpltmUserError("noise_seed cannot be combined with resume_from: a resumed run draws fresh OS "
@@ -844,8 +873,10 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                                                      {"masks_private": masks_private and bool(checked),
                                                       "selection_eps1": selection_eps1, "neighboring": neighboring})
             check_budget_left(segments.events(), target_epsilon, d, accountant, neighboring)
-            if epochs_done >= epochs:
-                raise DpltmUserError(f"the run in {resume_from} has done {epochs_done} of epochs={epochs}: pass a "
+            steps_before = _schedule_steps_done(segments, n, batch_size)
+            epochs_run = steps_before / math.ceil(n / batch_size)
+            if epochs_run >= epochs:
+                raise DpltmUserError(f"the run in {resume_from} has done {epochs_run:.4g} of epochs={epochs}: pass a "
                                      "larger epochs to train on")
         except DpltmUserError:  # a refused resume leaves the model and optimiser as they were
             model.load_state_dict(before[0])
@@ -853,13 +884,14 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
             _renote(model, guarded)  # the same weights again: still another run's (restoring moved the counters)
             raise
     apply_masks(model, checked)
-    settings = TrainSettings(epochs=epochs - epochs_done, batch_size=batch_size, clip=clip, eps2=target_epsilon,
+    settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=target_epsilon,
                              sigma=noise_multiplier, delta=d, accountant=accountant, neighboring=neighboring)
-    plan = plan_training(settings, n, spent=segments.events() if segments is not None else None)
+    plan = plan_training(settings, n, spent=segments.events() if segments is not None else None,
+                         steps_before=steps_before)
     if not math.isfinite(plan.noise_multiplier):
         raise DpltmUserError("no finite noise multiplier meets this budget")
     seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
-    run = PrivateTraining(model, optimizer, records, plan, replace(settings, epochs=epochs), checked,
+    run = PrivateTraining(model, optimizer, records, plan, settings, checked,
                           provenance if checked else None, loss, seed, dataset_name,
                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
                           segments=segments, epochs_done=epochs_done, history=history)
@@ -973,6 +1005,14 @@ def _guard_optimizer(optimizer: torch.optim.Optimizer, run: PrivateTraining) -> 
                                      "PrivateTraining.step() (a step on an unprivatised gradient is not DP)")
 
         optimizer.register_step_pre_hook(guard)
+
+
+def _schedule_steps_done(segments: SpentSegments, dataset_size: int, batch_size: int) -> int:
+    """The spent segments' steps in epochs of ⌈N/L⌉ steps at this `batch_size`: each segment ran
+    steps / ⌈N/L_i⌉ epochs at its own L_i (a resume may change L). Steps taken outside fit() (saved mid-epoch)
+    count too, so the resumed plan covers what is left of the run's epochs, never whole epochs more."""
+    passes = sum(r["steps"] / math.ceil(r["dataset_size"] / r["expected_batch_size"]) for r in segments.records())
+    return round(passes * math.ceil(dataset_size / batch_size))
 
 
 def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,

@@ -55,7 +55,7 @@ from dpltm.api_checks import (
 )
 from dpltm.config import TrainSettings
 from dpltm.dp.engine import clip_and_sum, trainable_layers
-from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
+from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, module_modes, probe_rows
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
@@ -239,7 +239,7 @@ class DPCallback(L.Callback):
         self._noise_seed = noise_seed  # used once, by the first fit of a fresh callback; never stored
         self._noise_generator: torch.Generator | None = None
         self._fresh_noise = False
-        self._probed = False
+        self._probed_modes: set[tuple[bool, ...]] = set()  # the module modes the probe has seen this fit
         self.segments = SpentSegments()
         self.history: list[dict[str, Any]] = []
         self.plan: TrainPlan | None = None
@@ -257,6 +257,7 @@ class DPCallback(L.Callback):
         self._calls: dict[int, int] = {}
         self._taps: list[LayerCall] = []
         self._clipping = False
+        self._in_batch = False  # between a training batch's start and its optimiser step: the forwards to record
         self._trainable: frozenset[str] = frozenset()
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
@@ -277,7 +278,7 @@ class DPCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1:
             raise DpltmUserError("DPCallback runs on one device (multi-device DP: `dpltm train --devices`)")
-        self._probed = False  # each fit probes its first batch (dpltm.dp.independence)
+        self._probed_modes = set()  # each fit probes its first batch (dpltm.dp.independence)
         if self._stored_provenance is None:  # not restored from a checkpoint of this run
             check_not_trained_elsewhere(pl_module, self)
         if not pl_module.automatic_optimization or trainer.accumulate_grad_batches != 1:
@@ -376,8 +377,10 @@ class DPCallback(L.Callback):
 
     def _forward_hook(self, index: int) -> Any:
         def hook(module: torch.nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            if not module.training or not torch.is_grad_enabled() or self._clipping:
-                return  # not a training forward (or the engine's own per-sample calls, torch.func rule)
+            if not self._in_batch or not torch.is_grad_enabled() or self._clipping:
+                # not a training step's forward (validation, a probe; a layer in eval mode still trains), or the
+                # engine's own per-sample calls (torch.func rule)
+                return
             tap = self._taps[index]
             self._calls[index] = self._calls.get(index, 0) + 1
             tap.record(module, inputs, kwargs, output, keep_output=False)  # the backward hook gives g
@@ -386,6 +389,7 @@ class DPCallback(L.Callback):
         return hook
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._in_batch = False
         self.segments.end()
         for handle in self._handles:
             handle.remove()
@@ -399,8 +403,11 @@ class DPCallback(L.Callback):
                              batch_idx: int) -> None:
         self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
         check_not_trained_elsewhere(pl_module, self)  # two runs on the same weights cannot interleave
-        if not self._probed and self._batch_size > 0:  # an empty first batch has no rows to probe: the next one
-            self._probed = True
+        modes = module_modes(pl_module)
+        # the first batch, and again whenever the modules are in modes not probed yet (a layer may mix records
+        # only in training mode); an empty batch has no rows to probe: the next one
+        if modes not in self._probed_modes and self._batch_size > 0:
+            self._probed_modes.add(modes)
             probe_first_batch(pl_module, batch, rows=probe_rows(self.plan.expected_batch_size if self.plan else 0))
         issued = self._sampler.next_issued() if self._sampler is not None else None
         if issued is None or issued != self._batch_size:
@@ -409,10 +416,12 @@ class DPCallback(L.Callback):
         self._stepped = False
         self._calls.clear()
         self._grads.clear()
+        self._in_batch = True
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
         assert self.plan is not None
+        self._in_batch = False
         if self._stepped:
             raise DpltmUserError("the optimiser evaluated the loss twice on one batch (a closure run more than once): "
                                  "one Poisson step allows one noisy gradient")
@@ -460,6 +469,7 @@ class DPCallback(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        self._in_batch = False
         apply_masks(pl_module, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
         if self._stepped:
             note_private_step(pl_module, self)

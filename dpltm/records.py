@@ -28,14 +28,17 @@ from dpltm.dp.sampling import BatchGather
 from dpltm.errors import DpltmUserError
 
 
-def _as_pair(batch: Any) -> tuple[Tensor, Tensor]:
+def _as_pair(batch: Any, ids: bool = False) -> tuple[Tensor, Tensor]:
+    """A collated batch as (features, labels); integer features become floats unless they are token ids (`ids`:
+    the model embeds)."""
     if not isinstance(batch, (list, tuple)) or len(batch) != 2:
-        raise DpltmUserError(f"each record must be a (features, label) pair, got {type(batch).__name__}")
+        got = f"{len(batch)} fields" if isinstance(batch, (list, tuple)) else type(batch).__name__
+        raise DpltmUserError(f"each record must be a (features, label) pair, got {got}")
     try:
         features, labels = (torch.as_tensor(t) for t in batch)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise DpltmUserError(f"records must hold tensors or numbers: {str(exc).splitlines()[0][:120]}") from None
-    if not features.is_floating_point():
+    if not features.is_floating_point() and not (ids and not features.is_complex()):
         features = features.float()
     if not labels.is_floating_point():
         labels = labels.long()
@@ -70,13 +73,14 @@ class DatasetRecords:
     """Records read from a map-style Dataset by index, per batch (lazy: nothing is held)."""
 
     def __init__(self, dataset: Dataset, device: torch.device,  # type: ignore[type-arg]
-                 collate: Callable[[list[Any]], Any] | None = None, dtype: torch.dtype | None = None) -> None:
-        self.dataset, self.device, self.dtype = dataset, device, dtype
+                 collate: Callable[[list[Any]], Any] | None = None, dtype: torch.dtype | None = None,
+                 ids: bool = False) -> None:
+        self.dataset, self.device, self.dtype, self.ids = dataset, device, dtype, ids
         self.collate = collate or default_collate
         self._n = len(dataset)  # type: ignore[arg-type]
         if self._n == 0:
             raise DpltmUserError("the training dataset is empty")
-        self._empty = tuple(t[:0] for t in _as_pair(self.collate([dataset[0]])))
+        self._empty = tuple(t[:0] for t in _as_pair(self.collate([dataset[0]]), ids))
 
     def __len__(self) -> int:
         return self._n
@@ -87,7 +91,7 @@ class DatasetRecords:
             x, y = self._empty
         else:
             try:
-                x, y = _as_pair(self.collate([self.dataset[i] for i in rows]))
+                x, y = _as_pair(self.collate([self.dataset[i] for i in rows]), self.ids)
             except DpltmUserError:
                 raise
             except Exception as exc:  # the user's dataset or collate: before the step, so nothing is spent
@@ -125,16 +129,17 @@ def _whole_dataset_loader(loader: DataLoader) -> None:  # type: ignore[type-arg]
 
 def training_records(data: Any, device: torch.device, in_memory: bool,
                      as_tensors: Callable[[Any, torch.device], tuple[Tensor, Tensor]],
-                     dtype: torch.dtype | None = None) -> Records:
+                     dtype: torch.dtype | None = None, ids: bool = False) -> Records:
     """The run's records: tensors as given; a Dataset read once into tensors (`in_memory`, the fast
     path) or lazily; a DataLoader's dataset lazily with its collate_fn. Iterable streams are refused.
-    Floating-point features are cast to `dtype` (the model's)."""
+    Floating-point features are cast to `dtype` (the model's); integer features read lazily stay integers when
+    they are token ids (`ids`: the model embeds), else become floats."""
     if isinstance(data, DataLoader):
         if isinstance(data.dataset, IterableDataset):
             raise DpltmUserError("the DataLoader streams an IterableDataset: Poisson sampling needs records it can "
                                  "fetch by index (a map-style Dataset)")
         _whole_dataset_loader(data)
-        return DatasetRecords(data.dataset, device, data.collate_fn, dtype)
+        return DatasetRecords(data.dataset, device, data.collate_fn, dtype, ids)
     if isinstance(data, IterableDataset):
         raise DpltmUserError("an IterableDataset cannot be Poisson-sampled (a stream has no index to include "
                              "independently): pass a map-style Dataset")
@@ -145,4 +150,4 @@ def training_records(data: Any, device: torch.device, in_memory: bool,
     if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
         raise DpltmUserError(f"train must be (features, labels), a map-style Dataset or a DataLoader, got "
                              f"{type(data).__name__}")
-    return DatasetRecords(data, device, dtype=dtype)
+    return DatasetRecords(data, device, dtype=dtype, ids=ids)

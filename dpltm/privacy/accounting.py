@@ -321,8 +321,10 @@ def _epsilon_cached(key: str, delta: float, accountant: str, neighboring: str) -
         # reports ε = 0: not a bound for any finite σ (PLD gives a positive ε there)
         if accountant != "pld":
             raise AccountantUnderflow(f"the {ACCOUNTANT_LABELS[accountant]} accountant underflows to epsilon 0 at "
-                                      "this setting (a noise multiplier of about 1e4 or more): it gives no bound "
-                                      "here; raise the target epsilon or use the PLD accountant")
+                                      "this setting (a noise multiplier of about 1e4 or more, or a sampling rate "
+                                      "so small that its privacy loss vanishes in floating point): it gives no "
+                                      "bound here; use the PLD accountant (or, calibrating, a larger target "
+                                      "epsilon)")
         # PLD's 0 is a true bound where δ is at least the whole privacy loss's mass, but states nothing useful
         raise AccountantUnderflow(f"the PLD accountant gives epsilon 0 at this setting (delta = {delta:g}, or a noise "
                                   "multiplier of about 1e4 or more): no meaningful guarantee to state or calibrate; "

@@ -32,26 +32,36 @@ class TrainPlan:
     calibrated: bool
     lr: float = 0.1
     """The learning rate the run uses: `settings.lr`, or `settings.lr_sigma / noise_multiplier`."""
+    steps_before: int = 0
+    """Steps of the run's `epochs` already taken in earlier segments (a library run resumed mid-epoch): this
+    plan's noise covers only the rest, so a resume never trains more than the run's epochs."""
 
     @property
     def steps(self) -> int:
-        return self.steps_per_epoch * self.epochs
+        """The steps this plan runs: what is left of `epochs` epochs of `steps_per_epoch`."""
+        return self.steps_per_epoch * self.epochs - self.steps_before
 
 
-def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEvent] | None = None) -> TrainPlan:
+def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEvent] | None = None,
+                  steps_before: int = 0) -> TrainPlan:
     """q = L/N, ⌈N/L⌉ steps per epoch, and σ: given, or the smallest σ meeting eps2 at δ.
 
     σ is calibrated on the training mechanism alone (ε_train ≤ eps2); the final report composes
     it with the selection. With `spent` (the DP warm-up of a private ticket, on this same data)
     eps2 is the whole run's target: σ is calibrated so that `spent` composed with training meets
-    it. Calibration never overshoots the target (dpltm.privacy.calibration).
+    it. Calibration never overshoots the target (dpltm.privacy.calibration). `steps_before`: steps of
+    the run's epochs already taken (a resumed library run, whose earlier segments are in `spent`); the
+    plan covers the rest.
     """
     L_ = settings.batch_size
     if L_ >= dataset_size:
         raise DpltmUserError(f"--batch-size {L_} must be smaller than the training set ({dataset_size} records)")
     q = L_ / dataset_size
     steps_per_epoch = math.ceil(dataset_size / L_)
-    steps = steps_per_epoch * settings.epochs
+    steps = steps_per_epoch * settings.epochs - steps_before
+    if not 0 <= steps_before < steps_per_epoch * settings.epochs:
+        raise DpltmUserError(f"{steps_before} of the run's {steps_per_epoch * settings.epochs} steps are done: "
+                             "nothing is left to plan")
     if steps > MAX_STEPS:
         raise DpltmUserError(f"--epochs {settings.epochs} at {steps_per_epoch} steps an epoch (batch {L_} of "
                              f"{dataset_size} records) is {steps} DP steps; dpltm accounts for at most "
@@ -71,7 +81,7 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
     else:
         raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma")
     return TrainPlan(dataset_size, L_, q, steps_per_epoch, settings.epochs, effective, parameter, calibrated,
-                     learning_rate(settings, effective))
+                     learning_rate(settings, effective), steps_before)
 
 
 def learning_rate(settings: TrainSettings, noise_multiplier: float | None) -> float:

@@ -595,3 +595,186 @@ def test_an_empty_validation_set_is_named_as_such() -> None:
     with pytest.raises(DpltmUserError, match="^the validation data is empty"):
         run.fit(val=(data()[0][:0], data()[1][:0]))
     assert run.steps_done == 0
+
+
+# ---- the second review's leftovers ------------------------------------------------------------------------
+
+def test_a_run_saved_mid_epoch_resumes_for_what_is_left_of_its_epochs(tmp_path: Path) -> None:
+    """Steps taken by hand and saved mid-epoch count toward the run's epochs: the resume trains the rest, not
+    whole epochs more (it trained 25 of 20 planned steps, and spent ε for them)."""
+    model = mlp()
+    first = dpltm.make_private(model, sgd(model), data(), noise_multiplier=2.0, epochs=2, batch_size=20)
+    for _ in range(5):
+        first.step()
+    path = first.save(tmp_path / "run.pt")
+    model2 = mlp()
+    resumed = dpltm.make_private(model2, sgd(model2), data(), noise_multiplier=2.0, epochs=2, batch_size=20,
+                                 resume_from=path)
+    assert resumed.plan.steps == 15
+    history = resumed.fit()
+    assert resumed.steps_done == 20 and [r["epoch"] for r in history] == [1, 2]
+    assert [r["steps"] for r in history] == [10, 20]
+    assert resumed.epsilon == pytest.approx(independent_epsilon(0.1, 2.0, 20, 1e-5), rel=1e-9)
+
+
+def test_a_resume_at_a_new_batch_size_counts_the_epochs_already_run(tmp_path: Path) -> None:
+    """Epochs done are counted at each segment's own batch size: 10 steps at L = 20 of 200 are one epoch, and one
+    epoch at L = 40 is 5 steps, so epochs=2 leaves 5."""
+    model = mlp()
+    first = dpltm.make_private(model, sgd(model), data(), noise_multiplier=2.0, epochs=2, batch_size=20)
+    first.fit(epochs=1)
+    path = first.save(tmp_path / "run.pt")
+    model2 = mlp()
+    resumed = dpltm.make_private(model2, sgd(model2), data(), noise_multiplier=2.0, epochs=2, batch_size=40,
+                                 resume_from=path)
+    assert resumed.plan.steps == 5
+    resumed.fit()
+    assert [s["steps"] for s in resumed.segments.records()] == [10, 5]
+
+
+def test_fit_after_steps_by_hand_finishes_the_epoch_begun() -> None:
+    """fit() after 5 steps taken by hand runs the epoch's other 5, then the whole next one: the planned 20."""
+    model = mlp()
+    run = dpltm.make_private(model, sgd(model), data(), noise_multiplier=2.0, epochs=2, batch_size=20)
+    for _ in range(5):
+        run.step()
+    history = run.fit()
+    assert run.steps_done == 20 and [(r["epoch"], r["steps"]) for r in history] == [(1, 10), (2, 20)]
+
+
+def test_a_resumed_budget_calibrates_for_the_steps_left(tmp_path: Path) -> None:
+    """With target_epsilon the resume's σ covers the steps left, and the whole run meets the target."""
+    model = mlp()
+    first = dpltm.make_private(model, sgd(model), data(), target_epsilon=2.0, epochs=2, batch_size=20)
+    for _ in range(7):
+        first.step()
+    path = first.save(tmp_path / "run.pt")
+    model2 = mlp()
+    resumed = dpltm.make_private(model2, sgd(model2), data(), target_epsilon=2.0, epochs=2, batch_size=20,
+                                 resume_from=path)
+    resumed.fit()
+    assert resumed.steps_done == 20 and 1.9 < resumed.epsilon <= 2.0
+
+
+class Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(10, 8, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x.unsqueeze(1))
+        return self.head(out[:, -1])
+
+
+def test_generate_tickets_refuses_a_model_make_private_refuses() -> None:
+    """An LSTM (a tuple output dpltm cannot clip per sample) is refused before any round, not pruned in its head
+    alone into tickets no private run can use."""
+    model = Recurrent()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(DpltmUserError, match="lstm .*returns a tuple"):
+        dpltm.generate_tickets(model, data(), val=data(60, 1), rounds=1, iterations=5)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_generate_tickets_takes_a_custom_batch_loss() -> None:
+    """The layer check runs a custom batch loss row by row (it needs one loss per sample)."""
+    tickets = dpltm.generate_tickets(mlp(), data(), val=data(60, 1), rounds=1, iterations=5,
+                                     loss=lambda out, y: F.nll_loss(F.log_softmax(out, 1), y))
+    assert len(tickets) == 2
+
+
+def test_select_ticket_refuses_tickets_of_different_models() -> None:
+    small = dpltm.generate_tickets(mlp(), data(), val=data(60, 1), rounds=1, iterations=5)
+    torch.manual_seed(0)
+    wide = dpltm.generate_tickets(nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 3)), data(),
+                                  val=data(60, 1), rounds=1, iterations=5)
+    for eps1 in (None, 0.5):
+        with pytest.raises(DpltmUserError, match=r"tickets\[1\] masks other weights .*different models"):
+            dpltm.select_ticket([small[0], wide[1]], eps1=eps1)
+    assert dpltm.select_ticket([small[0], small[1]]) in small
+
+
+class Weighted(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """(features, label, weight) items: a third field dpltm would have dropped."""
+
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        x, y = data()
+        return x[i], y[i], 0.5
+
+
+def test_a_dataset_item_with_a_third_field_is_refused() -> None:
+    model = mlp()
+    for in_memory in (True, False):
+        with pytest.raises(DpltmUserError, match="must be a \\(features, label\\) pair"):
+            dpltm.make_private(model, sgd(model), Weighted(), noise_multiplier=1.0, batch_size=20,
+                               in_memory=in_memory).step()
+
+
+class LateIds(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Token ids read per batch; with `past`, every record after the first names a row past the embedding's 50."""
+
+    def __init__(self, past: bool = True) -> None:
+        self.past = past
+
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((4,), 50 if self.past and i else i % 50), torch.tensor(i % 3)
+
+
+def test_token_ids_read_lazily_stay_ids() -> None:
+    """in_memory=False read integer features as floats, which no embedding takes: a lazy text dataset failed."""
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * 4, 3))
+    run = dpltm.make_private(model, sgd(model), LateIds(past=False), noise_multiplier=1.0, batch_size=20,
+                             in_memory=False)
+    run.step()
+    assert run.steps_done == 1
+
+
+def test_a_lazily_read_token_id_past_the_embedding_is_refused_before_its_step() -> None:
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * 4, 3))
+    run = dpltm.make_private(model, sgd(model), LateIds(), noise_multiplier=1.0, batch_size=20, in_memory=False)
+    with pytest.raises(DpltmUserError, match=r"\(the step was not taken\) holds token ids in \[(0|50), 50\]"):
+        run.step()
+    assert run.steps_done == 0
+
+
+class LayerNormNet(Classifier):
+    def __init__(self) -> None:
+        super().__init__(nn.Sequential(nn.Linear(10, 16), nn.LayerNorm(16), nn.Tanh(), nn.Linear(16, 3)))
+        self.net[1].eval()  # a trainable layer in eval mode trains as any other
+
+
+def test_the_callback_trains_a_trainable_layer_in_eval_mode() -> None:
+    """A trainable LayerNorm in eval mode was skipped by the callback's hooks ('no gradient reached')."""
+    module = LayerNormNet()
+    weight = module.net[1].weight.detach().clone()
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    trainer(callback).fit(module, loader())
+    assert callback.steps_done == 10 and not torch.equal(module.net[1].weight, weight)
+
+
+class TrainModeAtEpochTwo(Classifier):
+    """Its mixing layer is in eval mode for the first epoch (probed then) and in training mode after."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.Sequential(nn.Linear(10, 16), BatchCentre(), nn.Tanh(), nn.Linear(16, 3)))
+
+    def on_train_epoch_start(self) -> None:
+        self.net[1].train(self.current_epoch > 0)
+
+
+def test_the_callback_probes_again_when_the_modules_change_mode() -> None:
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="mixes"):
+        trainer(callback, max_epochs=2).fit(TrainModeAtEpochTwo(), loader())
+    assert callback.steps_done == 10
+
+
+def test_the_rdp_underflow_message_names_a_tiny_sampling_rate_too() -> None:
+    with pytest.raises(DpltmUserError, match="sampling rate so small"):
+        dpltm.account(sample_rate=1e-8, noise_multiplier=1.0, steps=1, accountant="rdp")
