@@ -283,7 +283,7 @@ class Ticket:
     accuracy: float | None
     theta0: dict[str, Tensor] = field(repr=False)
     """θ0: the model's weights when `generate_tickets` was called, before any training (no record has touched
-    them), whatever `rewind_step`."""
+    them), whatever `rewind_step`. One call's tickets share these tensors (copy before editing them in place)."""
     public_records: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False)
     """Content hashes of the public records the ticket was made on (training and validation): passed as
     `make_private(..., masks_from=tickets)`, they let the overlap with the private records be checked."""
@@ -392,8 +392,9 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     finally:  # refused, diverged or interrupted too: the model is left as it came, at θ0, never at trained weights
         model.load_state_dict(theta0)
         model.zero_grad(set_to_none=True)
-    return [Ticket(k, m, density, accuracy, {n: v.clone() for n, v in theta0.items()}, public_records, rewind_step,
-                   {n: v.clone() for n, v in start.items()} if rewind_step else None)
+    # one θ0 (and θ_K) for all the tickets, not a copy each: rounds + 1 copies of a large model's weights add up
+    theta_k = start if rewind_step else None
+    return [Ticket(k, m, density, accuracy, theta0, public_records, rewind_step, theta_k)
             for k, m, density, accuracy in rounds_made]
 
 

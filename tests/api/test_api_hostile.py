@@ -778,3 +778,15 @@ def test_the_callback_probes_again_when_the_modules_change_mode() -> None:
 def test_the_rdp_underflow_message_names_a_tiny_sampling_rate_too() -> None:
     with pytest.raises(DpltmUserError, match="sampling rate so small"):
         dpltm.account(sample_rate=1e-8, noise_multiplier=1.0, steps=1, accountant="rdp")
+
+
+def test_one_generate_tickets_call_keeps_one_theta0_apart_from_the_model() -> None:
+    """The tickets share one copy of θ0 (rounds + 1 copies of a large model add up), which training the model
+    afterwards leaves as it was."""
+    model = mlp()
+    tickets = dpltm.generate_tickets(model, data(), val=data(60, 1), rounds=2, iterations=5)
+    assert all(t.theta0 is tickets[0].theta0 for t in tickets)
+    kept = {k: v.clone() for k, v in tickets[0].theta0.items()}
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    assert all(torch.equal(tickets[0].theta0[k], v) for k, v in kept.items())
