@@ -786,6 +786,25 @@ SelectBatchSize = Annotated[
 ]
 
 
+SelectDevice = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        help="--noise-aware: where the candidates train (auto, cpu, cuda or cuda:N).",
+        show_default="auto",
+    ),
+]
+
+
+SelectDataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="--noise-aware: data root of the tickets' public data (else $DPLTM_DATA_DIR, else ../shared/data).",
+    ),
+]
+
+
 SelectReselect = Annotated[
     bool,
     typer.Option(

@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 import typer
 
-from dpltm.console import forget_kept, kept_on_interrupt
+from dpltm.console import ReportStream, forget_kept, kept_on_interrupt
 from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
 from dpltm.launch_env import check_rank_environment
-from dpltm.paths import forget_inputs
+from dpltm.paths import forget_inputs, names_stdout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,18 +74,21 @@ def emit_json(report: dict[str, Any]) -> None:
     """A report as one line of strict JSON (no NaN) on stdout."""
     from dpltm.strict_json import dumps
 
-    if sys.stdout is None:  # started with stdout closed (`>&-`): Python gives it no stream at all
-        raise DpltmUserError("standard output is closed: nowhere to print the --json report")
-    sys.stdout.write(dumps(report) + "\n")
+    stream = ReportStream("the --json report")  # a closed or full stdout: one line, not silence or a traceback
+    stream.write(dumps(report) + "\n")
+    stream.flush()
 
 
 def folder_named_as_output(argv: list[str]) -> str | None:
     """The error for `--out dir/`: Click's path type drops the trailing separator, so the folder would be taken
-    for the name of the file to write (and a file of that name made)."""
+    for the name of the file to write (and a file of that name made); and for `--out -` (`names_stdout`), refused
+    here for every command before any other check of its output."""
     args = argv[: argv.index("--")] if "--" in argv else argv
     for _, value in _values_given(["--out"], args):
         if not value.strip():
             return "--out takes the name of the file to write, got an empty name"
+        if (problem := names_stdout(value)) is not None:
+            return problem
         if value.endswith(("/", os.sep)):
             command = next((a for a in argv if not a.startswith("-")), "")
             example = OUTPUT_EXAMPLES.get(command, "model.pt")

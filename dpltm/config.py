@@ -51,6 +51,10 @@ MAX_ITERATIONS = 1_000_000
 MAX_ROUNDS = 100
 MAX_CLIP = 1e6
 """Per-sample gradient norms of the networks dpltm trains are O(1)–O(100); C above this only scales the noise."""
+MIN_CLIP = 1e-6
+"""The smallest clipping norm C: float32 resolves about 7 digits (and 1e-38 is its smallest normal number), so
+clipped gradients of norm C and the noise σ·C at this size would lose all precision beside the O(0.01–1) weights
+they update, and far below it they round to 0 or to denormals (C = 1e-300 is 0 in float32): no training at all."""
 
 #: Seeds are non-negative and fit in 63 bits (what torch and numpy generators accept).
 MAX_SEED = 2**63 - 1
@@ -217,8 +221,9 @@ def _invalid(where: str, value: Any, what: str) -> DpltmUserError:
 
 
 def _yaml_scalar(text: str) -> Any:
+    """One piece of a comma list as the YAML scalar it spells (read as a settings file reads it: `1e-5` a float)."""
     try:
-        return yaml.safe_load(text)
+        return safe_load_strict(text)
     except yaml.YAMLError:
         return text
 
@@ -227,9 +232,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     """`value` as type `tp`, strictly: what YAML or the CLI gives must already mean that type.
 
     bool only from booleans (or the strings "true"/"false"); int only from integers (not bool)
-    or whole floats; float from numbers (not bool) or numeric strings (PyYAML reads `1e-5`
-    as a string); str only from strings; a section (dataclass) only from a mapping (or
-    null: all defaults). Range checks (finite, positive, ...) are the settings' own.
+    or whole floats; float only from numbers (not bool): a quoted "0.1" is a string, refused like
+    any other (dpltm.strict_yaml reads an unquoted `1e-5` as a float); str only from strings; a
+    section (dataclass) only from a mapping (or null: all defaults). Range checks (finite,
+    positive, ...) are the settings' own.
     """
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
@@ -271,11 +277,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+        if isinstance(value, str) and isinstance(_yaml_scalar(value), (int, float)):
+            raise _invalid(where, value, "float: it is a string (in quotes); write the number without them")
         raise _invalid(where, value, "float")
     if tp is str:
         if isinstance(value, str):
@@ -305,7 +308,10 @@ def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tree.items():
         if key in TOP_LEVEL_SCALARS:
-            out[key] = _coerce(TOP_LEVEL_SCALARS[key], value, str(key))
+            try:
+                out[key] = _coerce(TOP_LEVEL_SCALARS[key], value, str(key))
+            except DpltmUserError as error:
+                raise DpltmUserError(f"{error} (in {source})") from error
             continue
         if key not in SECTIONS:
             raise DpltmUserError(f"unknown section '{key}' in config file {source}; known: {known}")
@@ -318,11 +324,11 @@ def check_config_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
         unknown = sorted(map(str, set(value) - set(hints)))
         if unknown:
             raise DpltmUserError(f"unknown config key(s) {unknown} in section '{key}' of {source}")
-        section = {k: _coerce(hints[k], v, f"{key}.{k}") for k, v in value.items()}
-        alone = {k: v for k, v in section.items() if PAIRED_KEYS.get((key, k), k) in section}
         try:
+            section = {k: _coerce(hints[k], v, f"{key}.{k}") for k, v in value.items()}
+            alone = {k: v for k, v in section.items() if PAIRED_KEYS.get((key, k), k) in section}
             cls(**alone)  # the section's own range checks (the rest at their defaults)
-        except DpltmUserError as error:  # it names the flag; the value is in this file
+        except DpltmUserError as error:  # it names the key or the flag; the value is in this file
             raise DpltmUserError(f"{error} (in section '{key}' of {source})") from error
         out[key] = section
     return out
@@ -619,6 +625,9 @@ class TrainSettings:
         if self.clip > MAX_CLIP:  # the noise σC swamps float32 weights: a run that can only diverge
             raise DpltmUserError(f"--clip must be at most {MAX_CLIP:g} (the noise is σ·C per coordinate), got "
                                  f"{self.clip:g}")
+        if self.clip < MIN_CLIP:  # the clipped sums and the noise σC vanish in float32: a run that cannot move
+            raise DpltmUserError(f"--clip must be at least {MIN_CLIP:g} (below it the clipped gradients and the "
+                                 f"noise σ·C lose all precision in float32), got {self.clip:g}")
         _require_lr(self.lr)
         if self.optimizer not in OPTIMIZERS:
             raise DpltmUserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")

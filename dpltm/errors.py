@@ -51,6 +51,8 @@ USER_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, e
 
 
 def os_error_message(exc: OSError) -> str:
-    """`cannot write FILE: No space left on device`; the file as the OS error names it."""
-    where = exc.filename if exc.filename is not None else "a file"
-    return f"cannot write {where}: {exc.strerror or exc}"
+    """`cannot write FILE: No space left on device`; the file as the OS error names it. An error that names none
+    (a write to a stream, not a path) is not said to be a file's."""
+    if exc.filename is None:
+        return f"a write failed: {exc.strerror or exc}"
+    return f"cannot write {exc.filename}: {exc.strerror or exc}"

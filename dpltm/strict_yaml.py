@@ -1,11 +1,15 @@
-"""YAML for settings files: PyYAML's safe loader, refusing a key given twice in one mapping.
+"""YAML for settings files: PyYAML's safe loader, refusing a key given twice in one mapping, and
+reading `1e-5` as the number it is.
 
 PyYAML keeps the last of duplicate keys silently, so `train: {epochs: 5}` written twice in a
---config file (the second one meant for another section) would change a run unseen.
+--config file (the second one meant for another section) would change a run unseen. PyYAML follows
+YAML 1.1, whose floats need a dot and a signed exponent: `1e-5` and `1.5e3` would be strings, which
+a settings file could then not tell from a quoted "0.1" (refused: dpltm.config._coerce).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -32,6 +36,12 @@ class _StrictLoader(yaml.SafeLoader):
                 raise DuplicateKeyError(key, key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+"""A float in exponent notation as YAML 1.2 spells it (`1e-5`, `1E3`, `1.5e3`): plain scalars that YAML 1.1
+leaves as strings. Tried after the 1.1 resolvers, so every int and dotted float keeps its meaning."""
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def safe_load_strict(text: str) -> Any:

@@ -196,7 +196,7 @@ class SelectRequest(CommandRequest):
     sigma: float | None = None
     epochs: int | None = None
     batch_size: int | None = None
-    device: str = "auto"
+    device: str | None = None  # None: not given (the noise-aware choice then trains on "auto")
     data_dir: Path | None = None
     reselect: bool = False
     seed: int | None = None
@@ -246,6 +246,13 @@ class SelectRequest(CommandRequest):
         if not rule.needs_planned_run and any(v is not None for v in planned):
             raise DpltmUserError("--private-size, --eps, --sigma, --epochs and --batch-size describe the planned "
                                  "run of --noise-aware: add --noise-aware or drop them")
+        data_options = [flag for flag, value in (("--device", self.device), ("--data-dir", self.data_dir))
+                        if value is not None]
+        if not rule.needs_planned_run and data_options:  # silently ignored, they would suggest data was read
+            chooser = "--best" if self.best else f"the {name} selection"
+            raise DpltmUserError(f"{' and '.join(data_options)} {'is' if len(data_options) == 1 else 'are'} for "
+                                 f"--noise-aware, which trains on data; {chooser} reads only the ticket file: drop "
+                                 f"{'it' if len(data_options) == 1 else 'them'}")
         if rule.needs_planned_run and self.private_size is None:
             raise DpltmUserError(f"{flag} needs --private-size N, the private training set's size")
         if self.private_size is not None and self.private_size < 2:
@@ -263,7 +270,7 @@ class SelectRequest(CommandRequest):
         planned = None if not selection_rule(name).needs_planned_run else NoiseAwareRequest(
             int(self.private_size),  # type: ignore[arg-type]
             {"train": {"eps2": self.eps2, "sigma": self.sigma, "epochs": self.epochs,
-                       "batch_size": self.batch_size}}, self.data_dir, self.device, self.progress)
+                       "batch_size": self.batch_size}}, self.data_dir, self.device or "auto", self.progress)
         select = {"eps1": self.eps1, "nu": self.nu, "halving": self.halving, "search": search_option(self.search)}
         return stage_select({"select": select}, self.config, self.tickets, self.best, self.seed, self.out,
                             overwrite=self.overwrite, reselect=self.reselect, noise_aware=planned, rule=name)

@@ -419,14 +419,16 @@ def test_evaluate_refuses_meta_features() -> None:
         dpltm.evaluate(mlp(), (x.to("meta"), y))
 
 
-def test_an_absurd_clip_norm_is_refused_in_the_apis_words() -> None:
-    """max_grad_norm=1e30 is refused by make_private (naming no CLI option) and by DPCallback at construction."""
+@pytest.mark.parametrize("clip", [1e30, 1e-300])
+def test_an_absurd_clip_norm_is_refused_in_the_apis_words(clip: float) -> None:
+    """max_grad_norm=1e30 (noise that swamps the weights) or 1e-300 (0 in float32) is refused by make_private
+    (naming no CLI option) and by DPCallback at construction."""
     model = mlp()
-    with pytest.raises(DpltmUserError) as refused:
-        dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, max_grad_norm=1e30)
+    with pytest.raises(DpltmUserError, match="^max_grad_norm must be at") as refused:
+        dpltm.make_private(model, sgd(model), data(), noise_multiplier=1.0, batch_size=20, max_grad_norm=clip)
     assert "--clip" not in str(refused.value)
     with pytest.raises(DpltmUserError):
-        dpltm.DPCallback(max_grad_norm=1e30, noise_multiplier=1.0)
+        dpltm.DPCallback(max_grad_norm=clip, noise_multiplier=1.0)
 
 
 def test_in_memory_must_be_a_bool() -> None:

@@ -427,6 +427,26 @@ CASES = [
     Case("select-noise-aware-nu", ("select", "--noise-aware", "--private-size", "1000", "--nu", "3"),
          "--nu weighs density in the score"),
     Case("select-best-reselect", ("select", "--best", "--reselect"), "--reselect allows another exponential"),
+    # --best (like every rule but the noise-aware one) reads no data and computes nothing: data options are refused
+    Case("select-best-device", ("select", "--best", "--device", "cpu"),
+         "--device is for --noise-aware, which trains on data; --best reads only the ticket file: drop it"),
+    Case("select-best-data-dir", ("select", "--best", "--data-dir", "{data}"), "--data-dir is for --noise-aware"),
+    Case("select-exponential-device-and-data-dir", ("select", "--eps1", "0.1", "--device", "cpu", "--data-dir",
+                                                    "{data}"),
+         "--device and --data-dir are for --noise-aware, which trains on data; the exponential selection reads only"),
+    Case("train-clip-tiny", (*TRAIN, "--eps2", "1", "--clip", "1e-300"), "--clip must be at least 1e-06"),
+    Case("config-clip-tiny", (*TRAIN, "--eps2", "1", "--config", "c.yaml"),
+         "--clip must be at least 1e-06 (below it the clipped gradients and the noise σ·C lose all precision in "
+         "float32), got 1e-09 (in section 'train' of c.yaml)", {"c.yaml": b"train: {clip: 1e-9}\n"}),
+    Case("config-lr-quoted", (*TRAIN, "--eps2", "1", "--config", "c.yaml"),
+         "train.lr='0.1' is not a valid float: it is a string (in quotes); write the number without them (in "
+         "section 'train' of c.yaml)", {"c.yaml": b'train: {lr: "0.1"}\n'}),
+    # `-` is standard output to many tools; every dpltm output is a file: no file named '-' is made
+    *[Case(f"out-stdout-{cmd[0]}", (*cmd, "--out", "-"),
+           "--out - : this command writes a file; give a path, '-' (standard output) is not supported",
+           {"r.json": _RUN_JSON})
+      for cmd in [(*TRAIN, "--eps2", "1"), GEN, ("select", "--best"), ("export", "--model", "{model}"),
+                  ("predict", "--model", "{model}", "--device", "cpu"), ("plot", "r.json")]],
     Case("train-clip-huge", (*TRAIN, "--eps2", "1", "--clip", "1e30"), "--clip must be at most 1e+06"),
     Case("train-out-names-a-csv", (*TRAIN, "--eps2", "1", "--out", "m.csv"), "--out m.csv names a CSV file"),
     Case("predict-out-names-a-model-file", ("predict", "--model", "{model}", "--out", "p.safetensors"),

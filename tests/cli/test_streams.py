@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,3 +18,47 @@ def test_a_narrow_stdout_gets_replacement_characters_not_a_traceback(encoding: s
     stdout, stderr = done.stdout.decode(encoding), done.stderr.decode(encoding)
     assert done.returncode == 0, stderr
     assert "Traceback" not in stderr and "pld" in stdout and "0.37991" in stdout
+
+
+ACCOUNT = ["account", "--dataset-size", "54000", "--batch-size", "400", "--epochs", "50", "--eps", "1"]
+
+
+def _dpltm(args: list[str], cwd: Path, redirect: str) -> subprocess.CompletedProcess[str]:
+    """`python -m dpltm.cli ARGS`, its streams redirected by `sh` as a user's shell would (`>&-` closes stdout)."""
+    command = ["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, "-m", "dpltm.cli", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tickets_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real ticket set (no training), for `inspect`."""
+    from dpltm.checkpoint import save_atomic
+    from tests.core.bodies import ticket_set
+
+    path = tmp_path_factory.mktemp("tickets") / "t.pt"
+    save_atomic(ticket_set().to_dict(), path, "tickets")
+    return path
+
+
+@pytest.mark.parametrize("command", ["account", "inspect"])
+def test_a_closed_stdout_fails_the_command_in_one_line(command: str, tickets_file: Path) -> None:
+    """Started with stdout closed (`>&-`), Python has no sys.stdout, and the report went nowhere with exit 0."""
+    args = ACCOUNT if command == "account" else ["inspect", str(tickets_file)]
+    done = _dpltm(args, tickets_file.parent, ">&-")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "dpltm: error: standard output is closed: nowhere to print the report\n"
+
+
+def test_with_both_streams_closed_the_exit_code_still_says_it_failed(tmp_path: Path) -> None:
+    done = _dpltm(ACCOUNT, tmp_path, ">&- 2>&-")
+    assert done.returncode == 2 and done.stdout == done.stderr == ""
+
+
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs /dev/full")
+@pytest.mark.parametrize(("flags", "what"), [([], "the report"), (["--json"], "the --json report")])
+def test_a_full_stdout_is_one_line_naming_standard_output_not_a_file(flags: list[str], what: str,
+                                                                     tmp_path: Path) -> None:
+    """`> /dev/full`: the write fails with ENOSPC and no file name; the line said "cannot write a file"."""
+    done = _dpltm([*ACCOUNT, *flags], tmp_path, "> /dev/full")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"dpltm: error: cannot write {what} to standard output: No space left on device\n"

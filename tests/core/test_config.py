@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,11 @@ from grid import PROFILES
 
 from dpltm.config import (
     CONFIG_DIR,
+    MAX_CLIP,
     MAX_CONFIG_BYTES,
     MAX_LR,
     MAX_SEED,
+    MIN_CLIP,
     DataSettings,
     GenerateConfig,
     GenerateSettings,
@@ -112,7 +115,7 @@ def test_every_experiment_profile_is_complete(path: Path) -> None:
     [
         (bool, True, True), (bool, "false", False), (bool, "True", True),
         (int, 5, 5), (int, 5.0, 5), (int, 2**70, 2**70),
-        (float, 1, 1.0), (float, "1e-5", 1e-5), (float, 0.5, 0.5),
+        (float, 1, 1.0), (float, 1e-5, 1e-5), (float, 0.5, 0.5),
         (str, "mnist", "mnist"),
         (tuple[int, ...], "300,100", (300, 100)), (tuple[int, ...], [300], (300,)),
         (int | None, None, None),
@@ -127,7 +130,7 @@ def test_coerce_accepts_what_means_the_type(tp: object, value: object, expected:
     [
         (bool, "maybe"), (bool, 1), (bool, "yes!"), (bool, None),
         (int, True), (int, "5"), (int, 5.5), (int, math.inf), (int, "x"), (int, [1]),
-        (float, True), (float, "x"), (float, None), (float, [1.0]),
+        (float, True), (float, "x"), (float, None), (float, [1.0]), (float, "0.1"), (float, "1e-5"),
         (str, 5), (str, None), (str, ["a"]),
         (tuple[int, ...], [True]),
     ],
@@ -184,8 +187,55 @@ def test_empty_sections_mean_no_overrides(tmp_path: Path) -> None:
     assert resolve_select_config({}, user).nu == 2.0
 
 
+@pytest.mark.parametrize(("text", "where"), [
+    ('train: {lr: "0.1"}\n', "train.lr='0.1'"),
+    ("train: {delta: '1e-5'}\n", "train.delta='1e-5'"),
+    ('generate: {min_density: "0.01"}\n', "generate.min_density='0.01'"),
+    ('train:\n  clip: "2"\n', "train.clip='2'"),
+])
+def test_a_quoted_number_is_a_string_refused_naming_the_key_and_the_file(tmp_path: Path, text: str,
+                                                                         where: str) -> None:
+    """A number in quotes is YAML's string: it was read through float() and taken; now one line names the key and
+    the file (real numbers, below, still work)."""
+    user = tmp_path / "u.yaml"
+    user.write_text(text)
+    with pytest.raises(DpltmUserError) as caught:
+        resolve_train_config({}, user)
+    line = str(caught.value)
+    assert f"config value {where} is not a valid float: it is a string (in quotes)" in line, line
+    assert f"of {user})" in line and "\n" not in line
+    user.write_text('seed: "3"\n')
+    with pytest.raises(DpltmUserError, match=re.escape(f"seed='3' is not a valid int (in {user})")):
+        resolve_train_config({}, user)
+
+
+def test_real_numbers_in_every_yaml_spelling_still_work(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) reads `1e-6` and `1.5e-3` (no dot, or no exponent sign) as strings; dpltm's loader reads
+    them as the numbers they are, so refusing quoted strings loses none of them."""
+    user = tmp_path / "u.yaml"
+    user.write_text("train: {lr: 1.5e-3, delta: 1e-6, clip: 2, max_eps: 0.5, eps2: 1E0}\n"
+                    "generate:\n  prune_rates: 0.2,1e-1,5E-2\n  lr: 0.1\n")
+    train = resolve_train_config({}, user).train
+    assert (train.lr, train.delta, train.clip, train.max_eps, train.eps2) == (1.5e-3, 1e-6, 2.0, 0.5, 1.0)
+    assert isinstance(train.clip, float)  # an int where a float is allowed
+    generate = resolve_generate_config({}, user).generate
+    assert generate.prune_rates == (0.2, 0.1, 0.05) and generate.lr == 0.1
+
+
+def test_the_strict_loader_reads_exponents_as_floats_and_keeps_everything_else() -> None:
+    import yaml
+
+    from dpltm.strict_yaml import safe_load_strict
+
+    text = 'a: [1e-5, 1E3, 1.5e3, -2e+2, .5e1, 1.0e-5, "1e-5", "0.1", 0.1, 12, 1_000, e5, 1e, 1e-3x, .inf]'
+    assert safe_load_strict(text)["a"] == [1e-5, 1e3, 1.5e3, -200.0, 5.0, 1e-5, "1e-5", "0.1", 0.1, 12, 1000, "e5",
+                                           "1e", "1e-3x", math.inf]
+    assert safe_load_strict("a: 1") == {"a": 1} and isinstance(safe_load_strict("a: 1e3")["a"], float)
+    assert yaml.safe_load("a: 1e-5") == {"a": "1e-5"}  # PyYAML's own loader is left as it is
+
+
 def test_check_config_tree_passes_valid_trees_through() -> None:
-    tree = {"seed": 3, "train": {"delta": "1e-6", "epochs": 2}, "data": None}
+    tree = {"seed": 3, "train": {"delta": 1e-6, "epochs": 2}, "data": None}
     assert check_config_tree(tree, "t") == {"seed": 3, "train": {"delta": 1e-6, "epochs": 2}}
 
 
@@ -221,6 +271,8 @@ def test_a_dataset_name_cannot_reach_outside_the_config_folder(tmp_path: Path) -
         (GenerateSettings, {"min_density": math.nan}, "--min-density must be a finite"),
         (TrainSettings, {"lr": 1e4}, r"--lr must lie in \(0, 1000\]"),
         (TrainSettings, {"clip": math.inf}, "--clip must be a finite number"),
+        (TrainSettings, {"clip": 1e-300}, r"--clip must be at least 1e-06 \(below it the clipped gradients"),
+        (TrainSettings, {"clip": 5e-7}, "--clip must be at least 1e-06"),
         (TrainSettings, {"delta": math.nan}, "--delta must be a finite number"),
         (TrainSettings, {"eps2": 1e6}, r"--eps must lie in \(0, 100\]"),
         (TrainSettings, {"eps2": math.inf}, "--eps must be a finite number"),
@@ -246,6 +298,7 @@ def test_settings_refuse_non_finite_and_absurd_numbers(cls: type, kwargs: dict[s
 
 def test_settings_accept_the_bounds() -> None:
     assert GenerateSettings(lr=MAX_LR).lr == MAX_LR
+    assert TrainSettings(clip=MIN_CLIP).clip == MIN_CLIP and TrainSettings(clip=MAX_CLIP).clip == MAX_CLIP
     assert TrainSettings(eps2=MAX_EPSILON).eps2 == MAX_EPSILON
     assert TrainSettings(eps2=None, sigma=1.0, max_eps=MAX_EPSILON).max_eps == MAX_EPSILON
     with pytest.raises(DpltmUserError, match="--max-eps 1 cannot stop a run whose σ is calibrated to spend --eps 1"):
