@@ -110,10 +110,12 @@ def as_tensors(data: Data, device: torch.device | str | None = None) -> tuple[Te
             items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
             if not items:
                 raise DpltmUserError("the dataset is empty")
-            odd = next((i for i, item in enumerate(items) if isinstance(item, (tuple, list)) and len(item) != 2), None)
-            if odd is not None:  # a third field (a weight, an index) would be dropped without a word
-                raise DpltmUserError(f"each record must be a (features, label) pair, but item {odd} has "
-                                     f"{len(items[odd])} fields")
+            odd = next((i for i, item in enumerate(items) if not isinstance(item, (tuple, list)) or len(item) != 2),
+                       None)
+            if odd is not None:  # a third field (a weight, an index) dropped, or a tensor's first two rows taken
+                item = items[odd]
+                got = f"{len(item)} field(s)" if isinstance(item, (tuple, list)) else f"a {type(item).__name__}"
+                raise DpltmUserError(f"each record must be a (features, label) pair, but item {odd} is {got}")
             features = torch.stack([torch.as_tensor(item[0]) for item in items])
             labels = torch.stack([torch.as_tensor(item[1]) for item in items])
     except DpltmUserError:
@@ -373,12 +375,7 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
                     start = {n: v.detach().clone() for n, v in model.state_dict().items()}
                 index = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
                 optimizer.zero_grad(set_to_none=True)
-                batch_loss = loss(model(features[index]), labels[index])
-                if not isinstance(batch_loss, Tensor) or batch_loss.numel() != 1:
-                    raise DpltmUserError("generate_tickets' loss must return the batch loss (one number, e.g. "
-                                         "F.cross_entropy with its default reduction='mean'), got "
-                                         + (f"shape {tuple(batch_loss.shape)}" if isinstance(batch_loss, Tensor)
-                                            else type(batch_loss).__name__))
+                batch_loss = _batch_loss(loss(model(features[index]), labels[index]))
                 if not bool(torch.isfinite(batch_loss)):
                     raise DpltmUserError(f"ticket generation diverged in round {k} (a loss of "
                                          f"{float(batch_loss.detach()):g}): lower lr")
@@ -398,10 +395,19 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
             for k, m, density, accuracy in rounds_made]
 
 
+def _batch_loss(value: Any) -> Tensor:
+    """generate_tickets' loss value as the one number it must be."""
+    if not isinstance(value, Tensor) or value.numel() != 1:
+        raise DpltmUserError("generate_tickets' loss must return the batch loss (one number, e.g. F.cross_entropy "
+                             "with its default reduction='mean'), got "
+                             + (f"shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__))
+    return value.reshape(())
+
+
 def _row_by_row(loss: Callable[[Tensor, Tensor], Tensor]) -> Loss:
     """A batch loss as one loss per row (each row's batch of one), for the engine's per-sample checks."""
     def per_row(outputs: Tensor, targets: Tensor) -> Tensor:
-        return torch.stack([loss(outputs[i:i + 1], targets[i:i + 1]).reshape(()) for i in range(outputs.shape[0])])
+        return torch.stack([_batch_loss(loss(outputs[i:i + 1], targets[i:i + 1])) for i in range(outputs.shape[0])])
 
     return per_row
 
@@ -719,6 +725,9 @@ def _record_keys(features: Tensor, labels: Tensor) -> np.ndarray:
     """Per-record content hashes (float32 features, int64 labels), as the CLI's overlap check uses."""
     x = features.detach().to("cpu", torch.float32)
     y = labels.detach().to("cpu")
+    if y.dim() > 1:  # several targets a record (one-hot, multi-label): hashed as part of the record's row
+        x = torch.cat([x.reshape(x.shape[0], -1), y.reshape(y.shape[0], -1).to(torch.float32)], dim=1)
+        y = torch.zeros(y.shape[0], dtype=torch.long)
     return record_hashes(x, y.long() if not y.is_floating_point() else y.round().long(), seed=0)
 
 
@@ -875,10 +884,12 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                                                       "selection_eps1": selection_eps1, "neighboring": neighboring})
             check_budget_left(segments.events(), target_epsilon, d, accountant, neighboring)
             steps_before = _schedule_steps_done(segments, n, batch_size)
-            epochs_run = steps_before / math.ceil(n / batch_size)
-            if epochs_run >= epochs:
-                raise DpltmUserError(f"the run in {resume_from} has done {epochs_run:.4g} of epochs={epochs}: pass a "
-                                     "larger epochs to train on")
+            if steps_before >= epochs * math.ceil(n / batch_size):
+                run_so_far = _epochs_run(segments)
+                short = (f", and a step at batch_size={batch_size} is more than the rest" if run_so_far < epochs
+                         else "")
+                raise DpltmUserError(f"the run in {resume_from} has done {run_so_far:.4g} of epochs={epochs}{short}: "
+                                     "pass a larger epochs to train on")
         except DpltmUserError:  # a refused resume leaves the model and optimiser as they were
             model.load_state_dict(before[0])
             optimizer.load_state_dict(before[1])
@@ -1008,12 +1019,16 @@ def _guard_optimizer(optimizer: torch.optim.Optimizer, run: PrivateTraining) -> 
         optimizer.register_step_pre_hook(guard)
 
 
+def _epochs_run(segments: SpentSegments) -> float:
+    """The epochs the spent segments ran: each ran steps / ⌈N/L_i⌉ at its own L_i (a resume may change L). Steps
+    taken outside fit() (saved mid-epoch) count too."""
+    return sum(r["steps"] / math.ceil(r["dataset_size"] / r["expected_batch_size"]) for r in segments.records())
+
+
 def _schedule_steps_done(segments: SpentSegments, dataset_size: int, batch_size: int) -> int:
-    """The spent segments' steps in epochs of ⌈N/L⌉ steps at this `batch_size`: each segment ran
-    steps / ⌈N/L_i⌉ epochs at its own L_i (a resume may change L). Steps taken outside fit() (saved mid-epoch)
-    count too, so the resumed plan covers what is left of the run's epochs, never whole epochs more."""
-    passes = sum(r["steps"] / math.ceil(r["dataset_size"] / r["expected_batch_size"]) for r in segments.records())
-    return round(passes * math.ceil(dataset_size / batch_size))
+    """`_epochs_run` in steps of an epoch of ⌈N/L⌉ at this `batch_size`, rounded up: the resumed plan covers what is
+    left of the run's epochs and never goes past them (it may stop short of them by under a step)."""
+    return math.ceil(_epochs_run(segments) * math.ceil(dataset_size / batch_size) - 1e-9)
 
 
 def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,

@@ -258,6 +258,8 @@ class DPCallback(L.Callback):
         self._taps: list[LayerCall] = []
         self._clipping = False
         self._in_batch = False  # between a training batch's start and its optimiser step: the forwards to record
+        self._batch: Any = None  # the step's batch, for a probe in the modes its forward ran in
+        self._step_modes: set[tuple[bool, ...]] = set()  # the modes of the forwards whose outputs took a gradient
         self._trainable: frozenset[str] = frozenset()
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
@@ -337,7 +339,8 @@ class DPCallback(L.Callback):
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
         self._trainable = trainable_names(pl_module)
         for index, tap in enumerate(self._taps):
-            self._handles.append(tap.module.register_forward_hook(self._forward_hook(index), with_kwargs=True))
+            self._handles.append(tap.module.register_forward_hook(self._forward_hook(index, pl_module),
+                                                                  with_kwargs=True))
         self._handles.append(trainer.optimizers[0].register_step_post_hook(self._after_optimizer_step))
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -375,21 +378,31 @@ class DPCallback(L.Callback):
                                  f"{self.dataset_size}: start a new fit to change the sampling rate")
         self._sampler = sampler
 
-    def _forward_hook(self, index: int) -> Any:
+    def _forward_hook(self, index: int, pl_module: L.LightningModule) -> Any:
+        """Each forward of the layer in a training step is recorded on its own; the one whose output takes a
+        gradient in the backward is the step's (`_took_gradient`). A forward whose output takes none (an eval pass
+        for logging, detached) trained nothing and is dropped; two that take one are weight sharing."""
         def hook(module: torch.nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if not self._in_batch or not torch.is_grad_enabled() or self._clipping:
                 # not a training step's forward (validation, a probe; a layer in eval mode still trains), or the
                 # engine's own per-sample calls (torch.func rule)
                 return
-            tap = self._taps[index]
-            self._calls[index] = self._calls.get(index, 0) + 1
-            tap.record(module, inputs, kwargs, output, keep_output=False)  # the backward hook gives g
+            call = LayerCall(self._taps[index].name, module)
+            call.record(module, inputs, kwargs, output, keep_output=False)  # the backward hook gives g
+            modes = module_modes(pl_module)  # what the probe must have seen for this forward
             if output.requires_grad:
-                output.register_hook(lambda grad: self._grads.__setitem__(index, grad.detach()))
+                output.register_hook(lambda grad: self._took_gradient(index, call, modes, grad))
         return hook
 
+    def _took_gradient(self, index: int, call: LayerCall, modes: tuple[bool, ...], grad: Tensor) -> None:
+        self._calls[index] = self._calls.get(index, 0) + 1
+        self._grads[index] = grad.detach()
+        tap = self._taps[index]
+        tap.inputs, tap.kwargs = call.inputs, call.kwargs
+        self._step_modes.add(modes)
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._in_batch = False
+        self._in_batch, self._batch = False, None
         self.segments.end()
         for handle in self._handles:
             handle.remove()
@@ -403,12 +416,9 @@ class DPCallback(L.Callback):
                              batch_idx: int) -> None:
         self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
         check_not_trained_elsewhere(pl_module, self)  # two runs on the same weights cannot interleave
-        modes = module_modes(pl_module)
         # the first batch, and again whenever the modules are in modes not probed yet (a layer may mix records
-        # only in training mode); an empty batch has no rows to probe: the next one
-        if modes not in self._probed_modes and self._batch_size > 0:
-            self._probed_modes.add(modes)
-            probe_first_batch(pl_module, batch, rows=probe_rows(self.plan.expected_batch_size if self.plan else 0))
+        # only in training mode); the modes the step's forward ran in are checked again before its noise
+        self._probe_modes(pl_module, batch, module_modes(pl_module))
         issued = self._sampler.next_issued() if self._sampler is not None else None
         if issued is None or issued != self._batch_size:
             raise DpltmUserError(f"a training batch of {self._batch_size} rows did not come from the run's Poisson "
@@ -416,7 +426,25 @@ class DPCallback(L.Callback):
         self._stepped = False
         self._calls.clear()
         self._grads.clear()
+        self._step_modes.clear()
+        self._batch = batch
         self._in_batch = True
+
+    def _probe_modes(self, pl_module: L.LightningModule, batch: Any, modes: tuple[bool, ...]) -> None:
+        """The independence probe on `batch` with the modules in `modes`, unless probed in them this fit (an empty
+        batch has no rows to probe: the next one); the modules are left in the modes they were in."""
+        if modes in self._probed_modes or self._batch_size == 0:
+            return
+        modules = list(pl_module.modules())
+        now = [module.training for module in modules]
+        try:
+            for module, mode in zip(modules, modes):
+                module.training = mode
+            probe_first_batch(pl_module, batch, rows=probe_rows(self.plan.expected_batch_size if self.plan else 0))
+        finally:
+            for module, mode in zip(modules, now):
+                module.training = mode
+        self._probed_modes.add(modes)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
@@ -439,6 +467,8 @@ class DPCallback(L.Callback):
         if twice:
             raise DpltmUserError(f"layer(s) {twice} ran twice in one step: weight sharing is not supported by "
                                  "dpltm's per-sample clipping")
+        for modes in self._step_modes:  # modes set after the batch began (in training_step, a module hook)
+            self._probe_modes(pl_module, self._batch, modes)
         batch = self._batch_size
         scale = float(batch) if self.loss_reduction == "mean" else 1.0  # back to per-sample gradients
         grads = [self._grads[i] * scale for i in range(len(self._taps))]
@@ -469,7 +499,7 @@ class DPCallback(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._in_batch = False
+        self._in_batch, self._batch = False, None
         apply_masks(pl_module, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
         if self._stepped:
             note_private_step(pl_module, self)

@@ -32,7 +32,7 @@ def _as_pair(batch: Any, ids: bool = False) -> tuple[Tensor, Tensor]:
     """A collated batch as (features, labels); integer features become floats unless they are token ids (`ids`:
     the model embeds)."""
     if not isinstance(batch, (list, tuple)) or len(batch) != 2:
-        got = f"{len(batch)} fields" if isinstance(batch, (list, tuple)) else type(batch).__name__
+        got = f"{len(batch)} field(s)" if isinstance(batch, (list, tuple)) else type(batch).__name__
         raise DpltmUserError(f"each record must be a (features, label) pair, got {got}")
     try:
         features, labels = (torch.as_tensor(t) for t in batch)

@@ -189,15 +189,34 @@ def _untracked_gradient(model: nn.Module, rows: Tensor, example_label: Tensor,
                         loss: Callable[[Tensor, Tensor], Tensor]) -> str | None:
     """The first trainable parameter whose engine sum (no clipping) and autograd gradient differ on `rows`; None when
     all agree, or when the rows give a non-finite loss (nothing to compare: the engine drops such records)."""
+    with torch.no_grad(), _buffers_kept(model), _same_randomness(rows.device):
+        outputs = model(rows)  # a model that cannot take these rows raises: _on_probe_rows tries the record's copies
+    if not isinstance(outputs, Tensor) or outputs.dim() == 0:
+        return None  # the caller refuses outputs of the wrong kind
+    classes = 0 if example_label.is_floating_point() else outputs.shape[-1]
+    made_up = _probe_targets(example_label, rows.shape[0], classes, torch.Generator().manual_seed(PROBE_SEED))
+    own = example_label[:1].expand(rows.shape[0], *example_label.shape[1:]).clone()
+    # a loss that cannot take made-up targets (probabilities, class maps) gets the record's own; one that takes
+    # neither is left unprobed (its first step fails on it anyway)
+    labels = next((t for t in (made_up, own) if _takes(loss, outputs, t)), None)
+    return None if labels is None else _differing_parameter(model, rows, labels, loss)
+
+
+def _takes(loss: Callable[[Tensor, Tensor], Tensor], outputs: Tensor, targets: Tensor) -> bool:
+    try:
+        with torch.no_grad(), _same_randomness(outputs.device):
+            loss(outputs, targets)
+    except DpltmUserError:
+        raise
+    except Exception:
+        return False
+    return True
+
+
+def _differing_parameter(model: nn.Module, rows: Tensor, labels: Tensor,
+                         loss: Callable[[Tensor, Tensor], Tensor]) -> str | None:
     from dpltm.dp.engine import clipped_gradient_sum_of
 
-    generator = torch.Generator().manual_seed(PROBE_SEED)
-    if example_label.is_floating_point():
-        classes = 0
-    else:
-        with torch.no_grad(), _same_randomness(rows.device):
-            classes = model(rows).shape[-1]
-    labels = _probe_targets(example_label, rows.shape[0], classes, generator)
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     with _buffers_kept(model):
         with _same_randomness(rows.device):

@@ -792,3 +792,117 @@ def test_one_generate_tickets_call_keeps_one_theta0_apart_from_the_model() -> No
     with torch.no_grad():
         model[0].weight.add_(1.0)
     assert all(torch.equal(tickets[0].theta0[k], v) for k, v in kept.items())
+
+
+# ---- the review of the fixes above -------------------------------------------------------------------------
+
+class EvalPassForLogging(Classifier):
+    """A second forward in eval mode with gradients on, detached (training accuracy for a log): it trains nothing."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        self.net.eval()
+        _ = self.net(x).detach()
+        self.net.train()
+        return F.cross_entropy(self.net(x), y)
+
+
+class TwoUses(Classifier):
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y) + F.cross_entropy(self.net(x), y)
+
+
+def test_the_callback_keeps_the_forward_that_took_the_gradient() -> None:
+    """A detached extra forward is not weight sharing (it was refused as 'ran twice'); two forwards that both take
+    a gradient still are."""
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    trainer(callback).fit(EvalPassForLogging(), loader())
+    assert callback.steps_done == 10
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="ran twice in one step"):
+        trainer(callback).fit(TwoUses(), loader())
+    assert callback.steps_done == 0
+
+
+class MixingNet(Classifier):
+    def __init__(self) -> None:
+        super().__init__(nn.Sequential(nn.Linear(10, 16), BatchCentre(), nn.Tanh(), nn.Linear(16, 3)))
+        self.net[1].eval()
+
+
+class ModeInOwnHook(MixingNet):
+    """Puts its mixing layer in training mode in its own on_train_batch_start (after the callback's)."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.net[1].train(True)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.net[1].train(False)
+
+
+class ModeInStep(MixingNet):
+    """Puts its mixing layer in training mode around the forward alone."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        self.net[1].train(True)
+        outputs = self.net(x)
+        self.net[1].train(False)
+        return F.cross_entropy(outputs, y)
+
+
+@pytest.mark.parametrize("module", [ModeInOwnHook, ModeInStep])
+def test_the_callback_probes_the_modes_the_forward_ran_in(module: type[L.LightningModule]) -> None:
+    """Modes set after the callback's batch start trained a mixing layer unprobed, with a finite ε reported."""
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="mixes the records of a batch"):
+        trainer(callback).fit(module(), loader())
+    assert callback.steps_done == 0
+
+
+def test_generate_tickets_takes_losses_the_probe_cannot_feed_made_up_targets() -> None:
+    """BCE on probabilities refuses Gaussian targets: the layer check uses the record's own target instead."""
+    x, y = data()
+    targets = (y == 0).float()[:, None]
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 1))
+    tickets = dpltm.generate_tickets(net, (x, targets), rounds=1, iterations=5,
+                                     loss=lambda o, t: F.binary_cross_entropy(torch.sigmoid(o), t))
+    assert len(tickets) == 2
+    with pytest.raises(DpltmUserError, match="must return the batch loss .* got float"):
+        dpltm.generate_tickets(mlp(), data(), rounds=1, iterations=5, loss=lambda o, t: 0.5)
+
+
+def test_generate_tickets_takes_several_targets_a_record() -> None:
+    """One-hot targets for an MSE loss: the records' content keys take the target row (a ValueError before)."""
+    x, y = data()
+    tickets = dpltm.generate_tickets(mlp(), (x, F.one_hot(y, 3).float()), rounds=1, iterations=5, loss=F.mse_loss)
+    assert len(tickets) == 2 and len(tickets[0].public_records) == 200
+
+
+def test_a_resume_at_another_batch_size_never_trains_past_the_epochs(tmp_path: Path) -> None:
+    """A quarter epoch run at L = 30 of 100 is half a step at L = 50: counted as a whole step (rounded half to
+    even, it was 0, and the run trained 2.25 epochs of 2)."""
+    model = mlp()
+    first = dpltm.make_private(model, sgd(model), data(100), noise_multiplier=2.0, epochs=2, batch_size=30)
+    first.step()
+    path = first.save(tmp_path / "run.pt")
+    model2 = mlp()
+    resumed = dpltm.make_private(model2, sgd(model2), data(100), noise_multiplier=2.0, epochs=2, batch_size=50,
+                                 resume_from=path)
+    assert resumed.plan.steps == 3  # 0.25 + 3 / 2 = 1.75 epochs ≤ 2
+
+
+def test_a_dataset_of_single_tensors_is_refused_not_split_into_rows() -> None:
+    """An item that is one tensor was read as (its row 0, its row 1)."""
+    class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 200
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.randn(2, 10)
+
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="item 0 is a Tensor"):
+        dpltm.make_private(model, sgd(model), Rows(), noise_multiplier=1.0, batch_size=20)
