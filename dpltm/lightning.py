@@ -55,7 +55,7 @@ from dpltm.api_checks import (
 )
 from dpltm.config import TrainSettings
 from dpltm.dp.engine import clip_and_sum, trainable_layers
-from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, module_modes, probe_rows
+from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
@@ -260,6 +260,7 @@ class DPCallback(L.Callback):
         self._in_batch = False  # between a training batch's start and its optimiser step: the forwards to record
         self._batch: Any = None  # the step's batch, for a probe in the modes its forward ran in
         self._step_modes: set[tuple[bool, ...]] = set()  # the modes of the forwards whose outputs took a gradient
+        self._modules: list[torch.nn.Module] = []  # the fit's modules, in module_modes' order
         self._trainable: frozenset[str] = frozenset()
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
@@ -337,6 +338,7 @@ class DPCallback(L.Callback):
             self._noise_generator = torch.Generator(device=pl_module.device).manual_seed(seed)
             self._noise_seed, self._fresh_noise = None, False
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
+        self._modules = list(pl_module.modules())
         self._trainable = trainable_names(pl_module)
         for index, tap in enumerate(self._taps):
             self._handles.append(tap.module.register_forward_hook(self._forward_hook(index, pl_module),
@@ -389,7 +391,7 @@ class DPCallback(L.Callback):
                 return
             call = LayerCall(self._taps[index].name, module)
             call.record(module, inputs, kwargs, output, keep_output=False)  # the backward hook gives g
-            modes = module_modes(pl_module)  # what the probe must have seen for this forward
+            modes = self._modes()  # what the probe must have seen for this forward
             if output.requires_grad:
                 output.register_hook(lambda grad: self._took_gradient(index, call, modes, grad))
         return hook
@@ -418,7 +420,7 @@ class DPCallback(L.Callback):
         check_not_trained_elsewhere(pl_module, self)  # two runs on the same weights cannot interleave
         # the first batch, and again whenever the modules are in modes not probed yet (a layer may mix records
         # only in training mode); the modes the step's forward ran in are checked again before its noise
-        self._probe_modes(pl_module, batch, module_modes(pl_module))
+        self._probe_modes(pl_module, batch, self._modes())
         issued = self._sampler.next_issued() if self._sampler is not None else None
         if issued is None or issued != self._batch_size:
             raise DpltmUserError(f"a training batch of {self._batch_size} rows did not come from the run's Poisson "
@@ -435,16 +437,20 @@ class DPCallback(L.Callback):
         batch has no rows to probe: the next one); the modules are left in the modes they were in."""
         if modes in self._probed_modes or self._batch_size == 0:
             return
-        modules = list(pl_module.modules())
-        now = [module.training for module in modules]
+        now = self._modes()
         try:
-            for module, mode in zip(modules, modes):
+            for module, mode in zip(self._modules, modes):
                 module.training = mode
             probe_first_batch(pl_module, batch, rows=probe_rows(self.plan.expected_batch_size if self.plan else 0))
         finally:
-            for module, mode in zip(modules, now):
+            for module, mode in zip(self._modules, now):
                 module.training = mode
         self._probed_modes.add(modes)
+
+    def _modes(self) -> tuple[bool, ...]:
+        """Each module's training flag (dpltm.dp.independence.module_modes), read from the fit's list of modules:
+        asked at every layer's forward, where walking the module tree would cost 0.6 ms a step on a ResNet-18."""
+        return tuple(module.training for module in self._modules)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
