@@ -24,7 +24,7 @@ import torch
 
 from dpltm.checkpoint_format import FORMAT_VERSION, KINDS, OLDEST_READABLE, current_parameter_names, refusal
 from dpltm.errors import USER_ERRNOS, DpltmUserError
-from dpltm.paths import check_not_input, check_not_stdout, check_path_length
+from dpltm.paths import check_not_input, check_path_length
 
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "run": {"model": dict, "optimizer": dict, "masks": dict, "dataset_name": str, "dataset_size": int,
@@ -67,7 +67,6 @@ def prepare_output(path: Path, *, overwrite: bool, inputs: Sequence[Path | None]
     an existing output is replaced only with `--overwrite`. `checkpoint`: the command writes a PyTorch
     checkpoint (`check_checkpoint_name`).
     """
-    check_not_stdout(path, option)
     check_path_length(path, option)
     check_no_link_loop(path, option)
     if path.is_symlink():  # written through (write_atomic): the target is what must exist and be writable
@@ -241,7 +240,6 @@ def check_no_link_loop(path: Path, option: str = "--out") -> None:
 def check_writable(path: Path) -> None:
     """Fail before any work is done if the output cannot be written. Creates nothing: the
     nearest existing ancestor must be a writable directory (missing folders are made on save)."""
-    check_not_stdout(path, "output")
     check_path_length(path)
     check_no_link_loop(path)
     if path.exists() and path.is_dir():

@@ -790,8 +790,8 @@ SelectDevice = Annotated[
     str | None,
     typer.Option(
         "--device",
-        help="--noise-aware: where the candidates train (auto, cpu, cuda or cuda:N).",
-        show_default="auto",
+        help="--noise-aware: where the candidates train (auto, cpu, cuda or cuda:N; default auto).",
+        show_default=False,
     ),
 ]
 

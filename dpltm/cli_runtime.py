@@ -8,6 +8,7 @@ signum; `--json` reports go to stdout. The commands themselves are in dpltm.cli.
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import os
 import signal
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from dpltm.console import ReportStream, forget_kept, kept_on_interrupt
+from dpltm.console import ReportStream, forget_kept, kept_on_interrupt, quiet_broken_pipe
 from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
 from dpltm.launch_env import check_rank_environment
 from dpltm.paths import forget_inputs, names_stdout
@@ -180,7 +181,9 @@ def run_app(app: typer.Typer) -> None:
     from typer.exceptions import Abort, TyperException
 
     tolerate_narrow_streams()
-    problem = folder_named_as_output(sys.argv[1:]) or options_at_odds(app, sys.argv[1:])
+    problem = ("standard output is closed: dpltm prints its reports there (discard them with > /dev/null)"
+               if sys.stdout is None else None)  # said before any work, not after it
+    problem = problem or folder_named_as_output(sys.argv[1:]) or options_at_odds(app, sys.argv[1:])
     if problem is not None:
         typer.echo(f"dpltm: error: {problem}", err=True)
         raise SystemExit(2)
@@ -191,6 +194,13 @@ def run_app(app: typer.Typer) -> None:
     except Abort:
         typer.echo("dpltm: interrupted", err=True)
         raise SystemExit(130) from None
+    except OSError as exc:  # what no command caught: `--help` or `--version` printed to a full or closed pipe
+        if exc.errno == errno.EPIPE:
+            quiet_broken_pipe()
+        if exc.errno not in USER_ERRNOS:
+            raise
+        typer.echo(f"dpltm: error: {os_error_message(exc)}", err=True)
+        raise SystemExit(2) from None
     except TyperException as exc:  # usage errors: bad option, bad value, missing argument
         message = " ".join(exc.format_message().split()).replace("Value error, ", "")  # typer's enum wording
         if not message:  # `dpltm` alone: the help was printed, there is no error to add

@@ -32,7 +32,7 @@ from dpltm.model import ACTIVATIONS, ARCHS, check_network_size
 from dpltm.privacy.accounting import check_target_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
-from dpltm.strict_yaml import DuplicateKeyError, safe_load_strict
+from dpltm.strict_yaml import DuplicateKeyError, ExponentFloat, safe_load_strict
 
 CONFIG_DIR: Traversable = resources.files("dpltm.configs")
 """The packaged YAML (defaults, per-dataset, experiment profiles): shipped as package data, so an
@@ -54,7 +54,12 @@ MAX_CLIP = 1e6
 MIN_CLIP = 1e-6
 """The smallest clipping norm C: float32 resolves about 7 digits (and 1e-38 is its smallest normal number), so
 clipped gradients of norm C and the noise σ·C at this size would lose all precision beside the O(0.01–1) weights
-they update, and far below it they round to 0 or to denormals (C = 1e-300 is 0 in float32): no training at all."""
+they update, and far below it they round to 0 or to denormals (C = 1e-300 is 0 in float32): no training at all.
+Compared with a relative slack of 1e-6 (`below_min_clip`), so 1e-6 read back from float32 is still 1e-6."""
+
+
+def below_min_clip(clip: float) -> bool:
+    return clip < MIN_CLIP * (1 - 1e-6)
 
 #: Seeds are non-negative and fit in 63 bits (what torch and numpy generators accept).
 MAX_SEED = 2**63 - 1
@@ -220,11 +225,16 @@ def _invalid(where: str, value: Any, what: str) -> DpltmUserError:
     return DpltmUserError(f"config value {where}={value!r} is not a valid {what}")
 
 
+YAML_FAILURES = (yaml.YAMLError, ValueError, TypeError, IndexError, OverflowError, RecursionError)
+"""What PyYAML's safe loader raises on text it cannot build: its own errors, and Python's from a constructor
+(`!!float abc`, `2020-13-45` as a date, `!!int 0x`) or from nesting too deep."""
+
+
 def _yaml_scalar(text: str) -> Any:
     """One piece of a comma list as the YAML scalar it spells (read as a settings file reads it: `1e-5` a float)."""
     try:
         return safe_load_strict(text)
-    except yaml.YAMLError:
+    except YAML_FAILURES:
         return text
 
 
@@ -271,8 +281,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) <= 2**53:
+            return int(value)  # above 2⁵³ a float no longer holds every integer: 1234567890123456789e0 is another
         raise _invalid(where, value, "int")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -283,6 +293,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, ExponentFloat):  # `dataset: 1e5`, `--search 1e3`: text that reads as a number
+            return value.text
         raise _invalid(where, value, "string")
     return value
 
@@ -368,6 +380,9 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
         raise DpltmUserError(f"config file {path} is not valid YAML: {problem}{where}") from None
     except RecursionError:
         raise DpltmUserError(f"config file {path} is nested too deeply") from None
+    except YAML_FAILURES as exc:  # a constructor's own error: `!!float abc`, a date that is no date
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise DpltmUserError(f"config file {path} is not valid YAML: {first}") from None
     if not isinstance(data, dict):
         raise DpltmUserError(f"config file {path} must hold a mapping at the top level")
     return data
@@ -625,7 +640,7 @@ class TrainSettings:
         if self.clip > MAX_CLIP:  # the noise σC swamps float32 weights: a run that can only diverge
             raise DpltmUserError(f"--clip must be at most {MAX_CLIP:g} (the noise is σ·C per coordinate), got "
                                  f"{self.clip:g}")
-        if self.clip < MIN_CLIP:  # the clipped sums and the noise σC vanish in float32: a run that cannot move
+        if below_min_clip(self.clip):  # the clipped sums and the noise σC vanish in float32: a run that cannot move
             raise DpltmUserError(f"--clip must be at least {MIN_CLIP:g} (below it the clipped gradients and the "
                                  f"noise σ·C lose all precision in float32), got {self.clip:g}")
         _require_lr(self.lr)

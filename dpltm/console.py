@@ -6,8 +6,10 @@ output is known, and the CLI prints it when SIGINT or SIGTERM stops the run.
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 
@@ -30,7 +32,7 @@ class ReportStream:
         try:
             return stream.write(text)
         except OSError as exc:
-            raise DpltmUserError(f"cannot write {self.what} to standard output: {exc.strerror or exc}") from None
+            self._failed(exc)
 
     def flush(self) -> None:
         if sys.stdout is None:  # nothing was written (write refused it)
@@ -38,10 +40,29 @@ class ReportStream:
         try:
             sys.stdout.flush()
         except OSError as exc:
-            raise DpltmUserError(f"cannot write {self.what} to standard output: {exc.strerror or exc}") from None
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> NoReturn:
+        if exc.errno == errno.EPIPE:
+            quiet_broken_pipe()
+        kept = kept_on_interrupt()
+        raise DpltmUserError(f"cannot write {self.what} to standard output: {exc.strerror or exc}"
+                             + ("" if kept == "nothing was written" else f" ({kept})")) from None
 
     def __getattr__(self, name: str) -> Any:  # isatty, encoding, fileno: what rich asks of the stream
         return getattr(sys.stdout, name)
+
+
+def quiet_broken_pipe() -> NoReturn:
+    """The reader of standard output left (`dpltm inspect f.pt | head -1`): end as quietly as a Unix filter, exit 1.
+    Standard output is pointed at /dev/null first, so the exit's own flush does not fail again (Python's advice,
+    docs "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+    raise SystemExit(1)
 
 
 err_console = Console(stderr=True)

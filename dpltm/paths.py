@@ -101,17 +101,11 @@ def check_not_input(target: Path, option: str = "--out") -> None:
 
 def names_stdout(path: str | os.PathLike[str], option: str = "--out") -> str | None:
     """The refusal of `-` as an output, else None. To many tools `-` means standard output, but every dpltm output is
-    a file (a checkpoint, a CSV, a figure), written atomically beside its name: `-` would make a file named '-'."""
+    a file (a checkpoint, a CSV, a figure), written atomically beside its name: `-` would make a file named '-'.
+    Checked on the argument as typed (`./-` names a file '-', and Click normalises it to `-`)."""
     if os.fspath(path) != "-":
         return None
     return f"{option} - : this command writes a file; give a path, '-' (standard output) is not supported"
-
-
-def check_not_stdout(path: Path, option: str = "--out") -> None:
-    """Refuse `-` as an output path (`names_stdout`)."""
-    problem = names_stdout(path, option)
-    if problem is not None:
-        raise DpltmUserError(problem)
 
 
 WRITE_NAME_EXTRA = len(".") + len(".XXXXXXXX.tmp")

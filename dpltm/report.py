@@ -84,7 +84,8 @@ def print_tickets(payload: dict[str, Any], console: Console) -> None:
     if point is not None:
         console.print(f"late rewinding: the rounds after the first rewound to θ_{point['step']}, the dense network "
                       f"after {point['step']} steps (kept: train --rewind {point['step']} starts there)")
-    console.print(f"data: {data['n_train']} train / {data['n_val']} val / {data['n_test']} test, "
+    sizes = " / ".join(f"{data.get(f'n_{part}', '?')} {part}" for part in ("train", "val", "test"))  # '?': not kept
+    console.print(f"data: {sizes}, "
                   f"fingerprint {data['fingerprint']}; seed {payload['seed']}; "
                   f"generation time {payload.get('wall_seconds', 0):.0f} s")
     console.print(f"privacy: phase 1 ran WITHOUT privacy on {data['dataset']} ({data['split']}). "

@@ -38,10 +38,35 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
 """A float in exponent notation as YAML 1.2 spells it (`1e-5`, `1E3`, `1.5e3`): plain scalars that YAML 1.1
 leaves as strings. Tried after the 1.1 resolvers, so every int and dotted float keeps its meaning."""
-_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
+EXPONENT_TAG = "tag:dpltm,2026:exponent-float"
+
+
+class ExponentFloat(float):
+    """A float written in exponent notation that keeps its text: a setting that takes text (a name, a layer list)
+    gets what was written (`1e5`), not 100000.0, and messages show it as written."""
+
+    text: str
+
+    def __new__(cls, text: str) -> ExponentFloat:
+        value = super().__new__(cls, text.replace("_", ""))
+        value.text = text
+        return value
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+
+def _construct_exponent(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> ExponentFloat:
+    return ExponentFloat(loader.construct_scalar(node))
+
+
+_StrictLoader.add_implicit_resolver(EXPONENT_TAG, EXPONENT_FLOAT, list("-+0123456789."))
+_StrictLoader.add_constructor(EXPONENT_TAG, _construct_exponent)
 
 
 def safe_load_strict(text: str) -> Any:

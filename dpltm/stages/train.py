@@ -117,12 +117,15 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
             err_console.print(f"warning: δ = {cfg.train.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "
                               "guarantee with δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
 
-    return pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
-                          assert_public=public_tickets, progress=progress, public_data=public,
-                          public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
-                          on_start=announce, distribution=distribution,
-                          step_mode="graphs" if cuda_graphs else "eager", logger=logger, log_dir=log_dir,
-                          audit=audit)
+    report = pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
+                            assert_public=public_tickets, progress=progress, public_data=public,
+                            public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
+                            on_start=announce, distribution=distribution,
+                            step_mode="graphs" if cuda_graphs else "eager", logger=logger, log_dir=log_dir,
+                            audit=audit)
+    if main:  # said if printing the report fails now (a full or closed stdout) or the run is stopped
+        on_interrupt_kept(f"the model is written to {target}")
+    return report
 
 
 RECIPE_ARCHITECTURES = {"scatter": ("scatter-linear", "scatter-mlp", "scatter-cnn"), "cnn": ("lenet5",)}

@@ -40,13 +40,31 @@ def tickets_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command", ["account", "inspect"])
+@pytest.mark.parametrize("command", ["account", "inspect", "--version"])
 def test_a_closed_stdout_fails_the_command_in_one_line(command: str, tickets_file: Path) -> None:
-    """Started with stdout closed (`>&-`), Python has no sys.stdout, and the report went nowhere with exit 0."""
-    args = ACCOUNT if command == "account" else ["inspect", str(tickets_file)]
+    """Started with stdout closed (`>&-`), Python has no sys.stdout, and the report went nowhere with exit 0: now
+    refused before any work (a training run no longer runs to its end first)."""
+    args = {"account": ACCOUNT, "inspect": ["inspect", str(tickets_file)], "--version": ["--version"]}[command]
     done = _dpltm(args, tickets_file.parent, ">&-")
     assert done.returncode == 2, done.stderr
-    assert done.stderr == "dpltm: error: standard output is closed: nowhere to print the report\n"
+    assert done.stderr == ("dpltm: error: standard output is closed: dpltm prints its reports there (discard them "
+                           "with > /dev/null)\n")
+
+
+@pytest.mark.parametrize("args", [ACCOUNT, [*ACCOUNT, "--json"], ["--help"]])
+def test_a_reader_that_leaves_ends_the_command_quietly(args: list[str], tmp_path: Path) -> None:
+    """`dpltm inspect f.pt | head -1`: a broken pipe ends the command as a Unix filter ends, exit 1 and no message
+    (it printed 'cannot write the report to standard output: Broken pipe')."""
+    # the reader is gone long before the interpreter has started, so the first write meets a closed pipe
+    done = subprocess.run(["bash", "-c", 'set -o pipefail; "$@" | (exit 0)', "bash", sys.executable, "-m",
+                           "dpltm.cli", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1) and done.stderr == "", done.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs /dev/full")
+def test_help_to_a_full_stdout_is_one_line(tmp_path: Path) -> None:
+    done = _dpltm(["--help"], tmp_path, "> /dev/full")
+    assert done.returncode == 2 and done.stderr == "dpltm: error: a write failed: No space left on device\n"
 
 
 def test_with_both_streams_closed_the_exit_code_still_says_it_failed(tmp_path: Path) -> None:

@@ -390,3 +390,35 @@ def test_a_config_file_takes_the_neighbouring_relation_as_the_flag_does() -> Non
     assert TrainSettings(neighboring="ADD-REMOVE").neighboring == "add_remove"
     with pytest.raises(DpltmUserError, match="neighboring must be add_remove or replace_one"):
         TrainSettings(neighboring="replace-two")
+
+
+@pytest.mark.parametrize("text", ["generate: {lr: ._e5}\n", "generate: {lr: '._e5'}\n",
+                                  'generate: {lr: "!!float abc"}\n',
+                                  "generate: {lr: 2020-13-45}\n", "generate: {lr: !!float abc}\n",
+                                  'generate: {prune_rates: "!!float abc"}\n',
+                                  'generate: {lr: "' + "[" * 3000 + '"}\n'])
+def test_yaml_a_constructor_cannot_build_is_one_line(tmp_path: Path, text: str) -> None:
+    """PyYAML's constructors raise Python's errors (ValueError, IndexError, RecursionError), not YAMLError: they
+    ended in a traceback."""
+    user = tmp_path / "u.yaml"
+    user.write_text(text)
+    with pytest.raises(DpltmUserError) as caught:
+        resolve_generate_config({}, user)
+    assert "\n" not in str(caught.value)
+
+
+def test_text_settings_keep_what_was_written_when_it_reads_as_a_number(tmp_path: Path) -> None:
+    """`1e5` is a float to the strict loader, but a setting that takes text gets the text, not '100000.0'; an int
+    setting takes whole floats only where a float holds every integer (≤ 2⁵³)."""
+    from dpltm.strict_yaml import ExponentFloat, safe_load_strict
+
+    value = safe_load_strict("a: 1e5")["a"]
+    assert isinstance(value, ExponentFloat) and value == 1e5 and str(value) == "1e5"
+    from dpltm.config import _coerce
+
+    assert _coerce(str, value, "data.dataset") == "1e5"
+    with pytest.raises(DpltmUserError, match="--optimizer must be one of sgd, adam, got 1e5"):  # as written
+        check_config_tree({"train": {"optimizer": value}}, "t")
+    assert check_config_tree({"seed": safe_load_strict("a: 1e3")["a"]}, "t")["seed"] == 1000
+    with pytest.raises(DpltmUserError, match="is not a valid int"):
+        check_config_tree({"seed": safe_load_strict("a: 1234567890123456789e0")["a"]}, "t")

@@ -169,3 +169,16 @@ def test_a_set_written_with_copies_of_its_data_in_privacy_reads_them_from_data()
     assert set(read.privacy) == {"phase1", "dp_event"}
     assert read.privacy_view == {**read.privacy, "dataset": "kmnist", "split": "test", "fingerprint": "abc123",
                                  "note": PHASE1_NOTE}
+
+
+def test_inspect_prints_a_ticket_set_whose_data_record_lacks_its_sizes() -> None:
+    """A ticket set whose data record keeps no n_val/n_test (it loads) printed a KeyError traceback in inspect."""
+    import io
+
+    from rich.console import Console
+
+    from dpltm.report import print_tickets
+
+    out = io.StringIO()
+    print_tickets(ticket_set().to_dict(), Console(file=out, width=200))
+    assert "data: 900 train / ? val / ? test" in out.getvalue()
