@@ -296,7 +296,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if isinstance(value, ExponentFloat):  # `dataset: 1e5`, `--search 1e3`: text that reads as a number
             return value.text
         raise _invalid(where, value, "string")
-    return value
+    return float(value) if isinstance(value, ExponentFloat) else value  # a plain float in what is saved
 
 
 #: What a config file may hold at the top level: the sections (one settings class each) and `seed`.
