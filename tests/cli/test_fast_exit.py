@@ -56,4 +56,5 @@ def test_a_report_with_stdout_closed_is_one_line(tmp_path: Path) -> None:
     """Started with stdout closed (`>&-`), Python gives the process no stdout stream at all."""
     result = console("sys.stdout = None", ACCOUNT, tmp_path)
     assert result.returncode == 2
-    assert result.stderr == "dpltm: error: standard output is closed: nowhere to print the --json report\n"
+    assert result.stderr == ("dpltm: error: standard output is closed: dpltm prints its reports there (discard them "
+                             "with > /dev/null)\n")
