@@ -206,8 +206,11 @@ def user_run_ledger(segments: SpentSegments, delta: float, accountant: str, neig
     """What a `make_private` / `DPCallback` run spent: every DP-SGD segment as it ran (composed, never
     re-planned: docs/privacy.md §8), any ε1 of the selection, the masks' provenance (none; public; or
     these private records: then not DP end to end), and any optimiser step on an un-noised gradient (then not
-    DP at all). None before the first step."""
+    DP at all). None before the first step, unless an update outside the mechanism already ran: the ledger then
+    says so, with the open segment counted as one step (a count that over-states, never under-states)."""
     records = segments.records()
+    if not records and non_private_updates and segments.latest_mechanism is not None:
+        records = [{**segments.latest_mechanism, "steps": 1}]
     if not records:
         return None
     phase1 = "none" if not masks else "same-data" if masks_private else "public"
@@ -952,7 +955,9 @@ def _run_token(run: Any) -> int:
 
 
 def note_private_step(model: nn.Module, run: Any) -> None:
-    steps = int(run.steps_done)
+    """Note that `run` stepped these weights: its DP steps, and any update it saw outside them (DPCallback's raw
+    steps), so that a new run on them is refused even when only the latter happened."""
+    steps = int(run.steps_done) + int(getattr(run, "_raw_steps", 0))
     token = _run_token(run)
     for parameter in model.parameters():
         if parameter.requires_grad:  # a frozen parameter carries nothing of the records
@@ -994,7 +999,7 @@ def check_not_trained_elsewhere(model: nn.Module, run: Any = None) -> None:
     or resume that run, or load other weights, e.g. θ0, first)."""
     steps = privately_stepped(model, run)
     if steps:
-        raise DpltmUserError(f"this model already took {steps} DP steps in another private run: continue that run, "
+        raise DpltmUserError(f"this model already took {steps} steps in another private run: continue that run, "
                              "or save it and resume from the file; a new run would report only its own steps")
 
 

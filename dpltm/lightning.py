@@ -18,6 +18,7 @@ noise on the surviving weights, over the expected batch size (dpltm.dp.engine: t
 
 from __future__ import annotations
 
+import itertools
 import math
 import secrets
 import warnings
@@ -138,24 +139,29 @@ def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, *
 
 
 def probe_first_batch(module: torch.nn.Module, batch: Any, rows: int = PROBE_ROWS) -> None:
-    """The sample-independence probe (dpltm.dp.independence) where the module's forward takes the batch's
-    features: the batch itself or the first tensor of an (x, y, …) batch. Without a forward of its own that
-    takes them (training_step calls `self.model(x)`), each child module that takes them is probed. A module
-    whose networks take something else cannot be probed; its layers that own parameters are still checked
-    by the engine (dpltm.dp.rules.check_adds_up)."""
-    x = batch if isinstance(batch, Tensor) else (
-        batch[0] if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], Tensor) else None)
-    if x is None or x.dim() == 0 or x.shape[0] == 0:
-        return
-    for name, candidate in (("", module), *module.named_children()):
-        try:
-            check_samples_independent(candidate, x[:1], prefix=name, rows=rows)
-        except DpltmUserError:
-            raise
-        except Exception:  # this forward takes something else (a dict, several tensors): not probed
+    """The sample-independence probe (dpltm.dp.independence) on the module's forward and on each of its child
+    modules, for each input of the batch they take: the batch itself, the first tensor of an (x, y, …) batch,
+    or every tensor of a {"x": …, "y": …} batch. The children too, since training_step may route through
+    one the module's own (inference) forward does not use. A network that takes something else cannot be
+    probed; its layers that own parameters are still checked by the engine (dpltm.dp.rules.check_adds_up)."""
+    if isinstance(batch, Tensor):
+        inputs = [batch]
+    elif isinstance(batch, (tuple, list)):
+        inputs = batch[:1]
+    elif isinstance(batch, Mapping):
+        inputs = list(batch.values())
+    else:
+        inputs = []
+    for x in inputs:
+        if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[0] == 0:
             continue
-        if candidate is module:
-            return
+        for name, candidate in (("", module), *module.named_children()):
+            try:
+                check_samples_independent(candidate, x[:1], prefix=name, rows=rows)
+            except DpltmUserError:
+                raise
+            except Exception:  # this forward takes something else (a dict, several tensors): not probed on x
+                continue
 
 
 def trainable_names(module: torch.nn.Module) -> frozenset[str]:
@@ -264,6 +270,10 @@ class DPCallback(L.Callback):
         self._trainable: frozenset[str] = frozenset()
         self._grads: dict[int, Tensor] = {}
         self._handles: list[Any] = []
+        self._optimizer: torch.optim.Optimizer | None = None  # the fit's optimiser, the one whose steps are checked
+        self._module: L.LightningModule | None = None
+        self._marks: dict[str, tuple[int, float]] = {}  # parameters' and buffers' versions and norms at batch start
+        self._written: dict[str, tuple[Tensor, int]] = {}  # each noisy gradient as written, and its version
 
     @property
     def steps_done(self) -> int:
@@ -278,6 +288,16 @@ class DPCallback(L.Callback):
                                  "dpltm.lightning.poisson_loader(dataset, batch_size)")
         return sampler
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Before any other callback's on_fit_start: Lightning's tuners run optimiser steps on the raw gradients of
+        the private batches there (LearningRateFinder) and keep what they chose (BatchSizeFinder)."""
+        from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
+
+        tuners = [type(c).__name__ for c in trainer.callbacks if isinstance(c, (LearningRateFinder, BatchSizeFinder))]
+        if stage == "fit" and tuners:
+            raise DpltmUserError(f"{tuners[0]} trains on the raw gradients of the private batches and keeps its "
+                                 "choice: not differentially private; tune on public data, then fit with DPCallback")
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1:
             raise DpltmUserError("DPCallback runs on one device (multi-device DP: `dpltm train --devices`)")
@@ -291,6 +311,10 @@ class DPCallback(L.Callback):
         # the optimiser must update exactly the module's trainable parameters: one it holds from elsewhere would
         # step on its raw gradient, which no rule clips or noises
         check_model_and_optimizer(pl_module, trainer.optimizers[0])
+        if trainer.gradient_clip_val:  # it would clip the noisy mean in place, which the step check reads as a write
+            raise DpltmUserError("Trainer(gradient_clip_val=…) clips the batch's noisy mean gradient, not each "
+                                 "sample's: DPCallback's max_grad_norm is the per-sample clipping; drop "
+                                 "gradient_clip_val")
         if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
             raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
                                  "skips steps from the non-private gradients and rounds the clipping")
@@ -343,16 +367,33 @@ class DPCallback(L.Callback):
         for index, tap in enumerate(self._taps):
             self._handles.append(tap.module.register_forward_hook(self._forward_hook(index, pl_module),
                                                                   with_kwargs=True))
+        self._optimizer, self._module = trainer.optimizers[0], pl_module
         self._handles.append(trainer.optimizers[0].register_step_post_hook(self._after_optimizer_step))
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Every optimiser step must have been privatised by `on_before_optimizer_step` (an override of
-        `optimizer_step` that calls the raw optimiser skips it): otherwise the model is no longer DP."""
-        if not self._privatised:
+        `optimizer_step` that calls the raw optimiser skips it), on the very gradients it wrote: a hook that runs
+        after it (the module's own on_before_optimizer_step, a later callback, configure_gradient_clipping) may
+        replace them or add to them, and no hook runs between those and the update. Otherwise the model is no
+        longer DP: counted, so every ε after it is ∞."""
+        privatised, self._privatised = self._privatised, False
+        changed = None if not privatised else next(
+            (name for name, (grad, version) in self._written.items()
+             if self._parameters.get(name) is None or self._parameters[name].grad is not grad
+             or grad._version != version), None)
+        self._written = {}
+        if self._module is not None:  # these weights carry this run's steps now, even if a later hook raises
+            note_private_step(self._module, self)
+        if not privatised:
             self._raw_steps += 1
             raise DpltmUserError("the optimiser stepped on a gradient DPCallback did not clip and noise (an "
                                  "optimizer_step override?): the model is no longer differentially private")
-        self._privatised = False
+        if changed is not None:
+            self._raw_steps += 1
+            raise DpltmUserError(f"the gradient of {changed} was replaced or changed after DPCallback noised it (in "
+                                 "the module's on_before_optimizer_step, a callback after DPCallback, or "
+                                 "configure_gradient_clipping), and the optimiser stepped on it: the model is no "
+                                 "longer differentially private")
 
     def _provenance(self) -> dict[str, Any]:
         return {"masks_private": bool(self.masks_private and (self.masks_in or self.masks)),
@@ -430,6 +471,7 @@ class DPCallback(L.Callback):
         self._grads.clear()
         self._step_modes.clear()
         self._batch = batch
+        self._marks = self._state_marks(pl_module)  # after the probe, which puts buffers back
         self._in_batch = True
 
     def _probe_modes(self, pl_module: L.LightningModule, batch: Any, modes: tuple[bool, ...]) -> None:
@@ -447,6 +489,32 @@ class DPCallback(L.Callback):
                 module.training = mode
         self._probed_modes.add(modes)
 
+    @staticmethod
+    def _state_marks(pl_module: L.LightningModule) -> dict[str, tuple[int, float]]:
+        """Each parameter's and buffer's version counter (every in-place write moves it) and norm (a write through
+        `.data`, which leaves the counter alone, moves that): compared across a step, they show a write."""
+        tensors = list(itertools.chain(pl_module.named_parameters(), pl_module.named_buffers()))
+        floats = [(name, t.detach()) for name, t in tensors if t.is_floating_point() and t.numel()]
+        norms = torch._foreach_norm([t for _, t in floats]) if floats else []
+        values = torch.stack([n.to(torch.float64) for n in norms]).tolist() if floats else []
+        norm_of = {name: value for (name, _), value in zip(floats, values)}
+        return {name: (t._version, norm_of.get(name, 0.0)) for name, t in tensors}
+
+    @staticmethod
+    def _first_written(before: Mapping[str, tuple[int, float]], now: Mapping[str, tuple[int, float]]) -> str | None:
+        for name, (version, norm) in now.items():
+            was = before.get(name)
+            if was is None:
+                continue
+            same_norm = was[1] == norm or (math.isnan(was[1]) and math.isnan(norm))
+            if was[0] != version or not same_norm:
+                return name
+        return None
+
+    @property
+    def _parameters(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self._module.named_parameters()) if self._module is not None else {}
+
     def _modes(self) -> tuple[bool, ...]:
         """Each module's training flag (dpltm.dp.independence.module_modes), read from the fit's list of modules:
         asked at every layer's forward, where walking the module tree would cost 0.6 ms a step on a ResNet-18."""
@@ -456,6 +524,16 @@ class DPCallback(L.Callback):
                                  optimizer: torch.optim.Optimizer) -> None:
         assert self.plan is not None
         self._in_batch = False
+        if optimizer is not self._optimizer:  # its steps would escape the check of `_after_optimizer_step`
+            raise DpltmUserError("the optimiser changed during the fit (trainer.strategy.optimizers replaced): the "
+                                 "fit's optimiser is checked at its start; start a new fit to change it")
+        moved = self._first_written(self._marks, self._state_marks(pl_module))
+        if moved is not None:  # already done: a write from the batch, outside any noisy step
+            self._raw_steps += 1
+            note_private_step(pl_module, self)  # the weights carry it: another run on them is refused
+            raise DpltmUserError(f"{moved} was written in place during the training step, before DPCallback's noisy "
+                                 "step (an update on the raw gradient, a perturbation, a running statistic of the "
+                                 "batch): the model is no longer differentially private")
         if self._stepped:
             raise DpltmUserError("the optimiser evaluated the loss twice on one batch (a closure run more than once): "
                                  "one Poisson step allows one noisy gradient")
@@ -495,6 +573,7 @@ class DPCallback(L.Callback):
         for name, parameter in parameters.items():
             if parameter.requires_grad:
                 parameter.grad = grads[name]
+                self._written[name] = (grads[name], grads[name]._version)
         self._grads.clear()
         self._stepped = True
         self._privatised = True
@@ -508,7 +587,7 @@ class DPCallback(L.Callback):
         self._in_batch, self._batch = False, None
         apply_masks(pl_module, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
         if self._stepped:
-            note_private_step(pl_module, self)
+            note_private_step(pl_module, self)  # again: apply_masks moved the version counters
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         record = {"epoch": trainer.current_epoch + 1, "steps": self.steps_done, "epsilon": self.epsilon}

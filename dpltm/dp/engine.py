@@ -45,8 +45,9 @@ def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
     Refused, in one line naming the layer: batch normalisation in training mode (even frozen: its
     batch statistics make one sample's gradient depend on the others) and any layer keeping running
-    statistics in training mode (they would be released without noise); a weight shared by two
-    layers (its gradient would be counted once in the sum but twice in the norm).
+    statistics in training mode (they would be released without noise); an embedding with max_norm (its
+    forward rescales the looked-up rows in place); a weight shared by two layers (its gradient would be
+    counted once in the sum but twice in the norm).
     """
     layers = []
     seen: dict[int, str] = {}
@@ -55,6 +56,13 @@ def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
             raise DpltmUserError(f"layer {label} ({type(module).__name__}) mixes the samples of a batch, which "
                                  "per-sample clipping cannot bound: remove it, or put it in eval mode and freeze it")
+        if any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters(recurse=False)):
+            raise DpltmUserError(f"layer {label} ({type(module).__name__}) has parameters not made yet (a lazy "
+                                 "module): run one forward pass on public or made-up data first")
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.max_norm is not None:
+            raise DpltmUserError(f"layer {label} ({type(module).__name__}) has max_norm: it renormalises, in place, "
+                                 "the rows a batch looks up, a write to the weights from the records outside DP-SGD "
+                                 "(trainable or not): drop max_norm")
         if module.training and bool(getattr(module, "track_running_stats", False)):
             raise DpltmUserError(f"layer {label} ({type(module).__name__}) keeps running statistics of the "
                                  "training records, released without noise: use track_running_stats=False")

@@ -149,7 +149,7 @@ class MaterialisedRule:
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
         grads = self.per_sample_grads(call, g)
         grads = {n: (v * masks[n] if n in masks else v) for n, v in grads.items()}
-        total = sum(v.flatten(1).pow(2).sum(dim=1) for v in grads.values())
+        total = sum(v.reshape(v.shape[0], -1).pow(2).sum(dim=1) for v in grads.values())  # a 0-dim parameter too
         return total, grads  # type: ignore[return-value]
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,

@@ -28,6 +28,7 @@ class SpentSegments:
 
     def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
         self._records: list[dict[str, Any]] = []
+        self._latest: dict[str, Any] | None = None
         self._open: dict[str, Any] | None = None
         for record in records:
             checked = self._checked(record)
@@ -63,6 +64,7 @@ class SpentSegments:
         self.end()
         self._open = self._checked({"q": q, "sigma": sigma, "steps": 0, "clip": clip,
                                     "expected_batch_size": expected_batch_size, "dataset_size": dataset_size})
+        self._latest = dict(self._open)
 
     def count_step(self) -> None:
         """One step of the open segment ran (call it after the noisy update, once per step)."""
@@ -86,6 +88,13 @@ class SpentSegments:
             else:
                 out.append(dict(self._open))
         return out
+
+    @property
+    def latest_mechanism(self) -> dict[str, Any] | None:
+        """The mechanism of the segment begun last, open or ended, with its steps so far (0 included)."""
+        if self._open is not None:
+            return dict(self._open)
+        return None if self._latest is None else dict(self._latest)
 
     @property
     def steps(self) -> int:

@@ -5,6 +5,7 @@ argument types. Each refusal is a `DpltmUserError` raised before any private ste
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -906,3 +907,206 @@ def test_a_dataset_of_single_tensors_is_refused_not_split_into_rows() -> None:
     model = mlp()
     with pytest.raises(DpltmUserError, match="item 0 is a Tensor"):
         dpltm.make_private(model, sgd(model), Rows(), noise_multiplier=1.0, batch_size=20)
+
+
+# ---- a privacy review of DPCallback against what Lightning users write ------------------------------------
+
+class ReplacesTheGradient(Classifier):
+    """Puts the raw batch gradient back in its own on_before_optimizer_step, which Lightning calls after every
+    callback's."""
+
+    def on_after_backward(self) -> None:
+        self.raw = [p.grad.detach().clone() for p in self.parameters()]
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        for p, raw in zip(self.parameters(), self.raw):
+            p.grad = raw
+
+
+class AddsTheRawGradient(L.Callback):
+    """A callback listed after DPCallback that adds the raw gradient in place."""
+
+    def on_after_backward(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.raw = [p.grad.detach().clone() for p in module.parameters()]
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, module: L.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        for p, raw in zip(module.parameters(), self.raw):
+            p.grad.add_(raw)
+
+
+class SharpnessAware(Classifier):
+    """SAM as Lightning users write it: a closure, a step of ρ along the raw gradient, the closure again."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer_closure()
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.05 * p.grad)
+        optimizer.step(closure=optimizer_closure)
+
+
+def _not_dp_and_guarded(callback: Any, module: L.LightningModule) -> None:
+    assert callback.epsilon == math.inf and callback.ledger().non_private_updates >= 1
+    with pytest.raises(DpltmUserError, match="already took .* steps in another private run"):
+        trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(module, loader())
+
+
+@pytest.mark.parametrize("case", ["module hook", "later callback", "in-backward update", "SAM"])
+def test_an_update_the_callback_did_not_noise_makes_the_run_not_dp(case: str) -> None:
+    """Each of these moved the weights on the raw gradient while the callback reported ε = 2.85 for 10 steps."""
+    module = SharpnessAware() if case == "SAM" else ReplacesTheGradient() if case == "module hook" else Classifier()
+    callbacks: list[L.Callback] = [dpltm.DPCallback(noise_multiplier=1.0)]
+    if case == "later callback":
+        callbacks.append(AddsTheRawGradient())
+    if case == "in-backward update":  # PyTorch's "optimizer in backward": an update inside the backward pass
+        def update(p: torch.Tensor) -> None:
+            p.data.add_(p.grad, alpha=-0.1)
+
+        for parameter in module.parameters():
+            parameter.register_post_accumulate_grad_hook(update)
+    with pytest.raises(DpltmUserError, match="no longer differentially private"):
+        L.Trainer(max_epochs=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").fit(module, loader())
+    if case == "in-backward update":
+        for parameter in module.parameters():
+            parameter._post_accumulate_grad_hooks = None  # the user removes it (as a fix) before training again
+    _not_dp_and_guarded(callbacks[0], module)
+
+
+class SwapsTheOptimizer(L.Callback):
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            trainer.strategy.optimizers = [torch.optim.SGD(module.parameters(), lr=0.1)]
+
+
+def test_an_optimizer_swapped_mid_fit_is_refused_before_its_step() -> None:
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="the optimiser changed during the fit"):
+        L.Trainer(max_epochs=2, callbacks=[callback, SwapsTheOptimizer()], logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").fit(Classifier(), loader())
+    assert callback.steps_done == 10 and math.isfinite(callback.epsilon)
+
+
+def test_lightnings_gradient_clipping_and_tuners_are_refused_before_any_step() -> None:
+    from lightning.pytorch.callbacks import LearningRateFinder
+
+    module = Classifier()
+    before = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    with pytest.raises(DpltmUserError, match="gradient_clip_val"):
+        L.Trainer(max_epochs=1, callbacks=[dpltm.DPCallback(noise_multiplier=1.0)], gradient_clip_val=1.0,
+                  logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                  accelerator="cpu").fit(module, loader())
+    with pytest.raises(DpltmUserError, match="^LearningRateFinder trains on the raw gradients"):
+        L.Trainer(max_epochs=1, callbacks=[LearningRateFinder(num_training_steps=5), dpltm.DPCallback(
+            noise_multiplier=1.0)], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, accelerator="cpu").fit(module, loader())
+    assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+
+
+class FrozenRenormalised(Classifier):
+    """A frozen embedding with max_norm: its forward rescales, in place, the rows a batch looks up."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.Sequential(nn.Embedding(50, 8, max_norm=1.0), nn.Flatten(), nn.Linear(8 * 4, 3)))
+        self.net[0].weight.requires_grad_(False)
+
+
+def test_an_embedding_with_max_norm_is_refused_trainable_or_not() -> None:
+    """Which rows a batch renormalised showed in the released weights: a membership test at a finite ε."""
+    with pytest.raises(DpltmUserError, match="has max_norm"):
+        trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(FrozenRenormalised(), loader())
+    net = FrozenRenormalised().net
+    with pytest.raises(DpltmUserError, match="has max_norm"):
+        dpltm.make_private(net, torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1),
+                           (torch.randint(0, 50, (200, 4)), torch.randint(0, 3, (200,))), noise_multiplier=1.0,
+                           batch_size=20)
+
+
+class DictBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x, y = data()
+        return {"x": x[i], "y": y[i]}
+
+
+class MixesThroughDicts(MixingNet):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net[1].train()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self.net(batch["x"]), batch["y"])
+
+
+class CleanForwardMixingStep(L.LightningModule):
+    """Its forward (inference) is clean; training_step goes through a child that mixes the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.centre = mlp(), BatchCentre()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(self.centre(x)), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_probe_reaches_dict_batches_and_the_children_training_step_uses() -> None:
+    """Both trained a batch-mixing layer (a measured sensitivity of 1.42 C) at a finite ε."""
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="mixes the records of a batch"):
+        trainer(callback).fit(MixesThroughDicts(), poisson_loader(DictBatches(), batch_size=20))
+    with pytest.raises(DpltmUserError, match="mixes the records of a batch"):
+        trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(CleanForwardMixingStep(), loader())
+    assert callback.steps_done == 0
+
+
+class FailsAfterTheStep(L.Callback):
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step == 5:
+            raise RuntimeError("disk full while logging")
+
+
+def test_weights_a_run_stepped_are_guarded_even_if_it_failed_before_its_batch_ended() -> None:
+    module = Classifier()
+    first = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(RuntimeError, match="disk full"):
+        L.Trainer(max_epochs=1, callbacks=[FailsAfterTheStep(), first], logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").fit(module, loader())
+    assert first.steps_done == 5
+    with pytest.raises(DpltmUserError, match="already took 5 steps in another private run"):
+        trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(module, loader())
+
+
+class ScaledOutput(Classifier):
+    """A 0-dim parameter of the module itself (a temperature) used in its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+def test_a_scalar_parameter_trains_and_a_lazy_layer_is_one_line() -> None:
+    """A 0-dim parameter ended in an IndexError in the engine's norms; a LazyLinear in torch's ValueError."""
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    module = ScaledOutput()
+    trainer(callback).fit(module, loader())
+    assert callback.steps_done == 10 and float(module.scale) != 1.0
+    with pytest.raises(DpltmUserError, match="net.0 \\(LazyLinear\\) has parameters not made yet"):
+        trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(
+            Classifier(nn.Sequential(nn.LazyLinear(16), nn.Tanh(), nn.Linear(16, 3))), loader())

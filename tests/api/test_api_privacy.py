@@ -545,7 +545,7 @@ def test_a_new_run_on_weights_another_run_trained_is_refused(tmp_path: Path) -> 
                                        noise_multiplier=1.0, batch_size=30)  # nothing stepped yet: allowed
     first.fit()
     path = first.save(tmp_path / "first.pt")
-    with pytest.raises(DpltmUserError, match="^this model already took 10 DP steps in another private run"):
+    with pytest.raises(DpltmUserError, match="^this model already took 10 steps in another private run"):
         dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
                            batch_size=30)
     resumed = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
@@ -554,7 +554,7 @@ def test_a_new_run_on_weights_another_run_trained_is_refused(tmp_path: Path) -> 
     with pytest.raises(DpltmUserError, match="has done 1 of epochs=1"):  # a refused resume keeps the guard
         dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
                            batch_size=30, epochs=1, resume_from=path)
-    with pytest.raises(DpltmUserError, match="^this model already took 10 DP steps"):
+    with pytest.raises(DpltmUserError, match="^this model already took 10 steps"):
         dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
                            batch_size=30)
     with pytest.raises(DpltmUserError, match="^generate_tickets takes the model's current weights as θ0, and these "
@@ -574,7 +574,7 @@ def test_a_new_callback_on_a_module_another_callback_trained_is_refused() -> Non
 
     module = Classifier()
     fit(dpltm.DPCallback(noise_multiplier=1.0), module)
-    with pytest.raises(DpltmUserError, match="already took 10 DP steps in another private run"):
+    with pytest.raises(DpltmUserError, match="already took 10 steps in another private run"):
         fit(dpltm.DPCallback(noise_multiplier=1.0), module)
 
 
