@@ -19,6 +19,7 @@ sum and noise are zero, and the mask is applied again after every optimiser step
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import math
 import secrets
@@ -925,12 +926,25 @@ class _Stepped:
     steps: int
     storage: int
     version: int
+    digest: bytes | None = None
+    """The values' digest (`weights_digest`), where the run noted them at its end (DPCallback's fit): a move to
+    another device or dtype (Lightning moves a GPU module back to the CPU after a fit) keeps the values."""
 
     def holds(self, parameter: Tensor) -> bool:
         """The entry still describes `parameter`: the same tensor, not written since (`load_state_dict`, an
-        optimiser step and `copy_` all move the version counter; `.data = …` moves the storage)."""
-        return (self.parameter() is parameter and self.storage == parameter.data_ptr()
-                and self.version == parameter._version)
+        optimiser step and `copy_` all move the version counter; `.data = …` moves the storage), or, where the
+        digest was noted, moved with its values intact."""
+        if self.parameter() is not parameter:
+            return False
+        if self.storage == parameter.data_ptr() and self.version == parameter._version:
+            return True
+        return self.digest is not None and self.digest == weights_digest(parameter)
+
+
+def weights_digest(parameter: Tensor) -> bytes:
+    """A digest of the values as float32 on the CPU: the same wherever the tensor lives, in float32 or float64."""
+    values = parameter.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return hashlib.blake2b(values, digest_size=16).digest()
 
 
 _STEPPED: dict[int, _Stepped] = {}
@@ -952,6 +966,15 @@ def _run_token(run: Any) -> int:
     if token is None:
         token = run.__dict__["_dpltm_run_token"] = next(_RUN_TOKENS)
     return int(token)
+
+
+def note_fit_end(model: nn.Module, run: Any) -> None:
+    """At the end of a fit, the digests of the weights `run` last stepped (one copy to the CPU), so the guard
+    still knows them after the module moves device or dtype (`_Stepped.digest`)."""
+    for parameter in model.parameters():
+        entry = _STEPPED.get(id(parameter))
+        if entry is not None and entry.run == _run_token(run) and entry.holds(parameter):
+            _STEPPED[id(parameter)] = replace(entry, digest=weights_digest(parameter))
 
 
 def note_private_step(model: nn.Module, run: Any) -> None:

@@ -36,6 +36,7 @@ from dpltm.api import (
     apply_masks,
     check_not_trained_elsewhere,
     check_user_masks,
+    note_fit_end,
     note_private_step,
     surviving_coordinates,
     user_run_ledger,
@@ -446,6 +447,7 @@ class DPCallback(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._in_batch, self._batch = False, None
+        note_fit_end(pl_module, self)  # Lightning moves a GPU module to the CPU next: the guard must still know it
         self.segments.end()
         for handle in self._handles:
             handle.remove()

@@ -1110,3 +1110,26 @@ def test_a_scalar_parameter_trains_and_a_lazy_layer_is_one_line() -> None:
     with pytest.raises(DpltmUserError, match="net.0 \\(LazyLinear\\) has parameters not made yet"):
         trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(
             Classifier(nn.Sequential(nn.LazyLinear(16), nn.Tanh(), nn.Linear(16, 3))), loader())
+
+
+@pytest.mark.parametrize("move", ["device", "float64"])
+def test_weights_moved_after_a_fit_are_still_guarded(move: str) -> None:
+    """Lightning moves a GPU module back to the CPU after a fit (new storage), and precision='64-true' converts it:
+    either way a second DPCallback counted only its own steps on weights that carry the first fit's."""
+    module = Classifier()
+    trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(module, loader())
+    if move == "device":
+        module._apply(lambda t: t.clone())  # what module.cpu() after a GPU fit does to the storage
+        second = trainer(dpltm.DPCallback(noise_multiplier=1.0))
+    else:
+        second = L.Trainer(max_epochs=1, callbacks=[dpltm.DPCallback(noise_multiplier=1.0)], precision="64-true",
+                           logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                           enable_model_summary=False, accelerator="cpu")
+    with pytest.raises(DpltmUserError, match="already took 10 steps in another private run"):
+        second.fit(module, loader())
+    fresh = Classifier()  # new weights: accepted
+    module.load_state_dict(fresh.state_dict())
+    trainer(dpltm.DPCallback(noise_multiplier=1.0)).fit(module.double() if move == "float64" else module,
+                                                        loader() if move == "device" else poisson_loader(
+                                                            TensorDataset(data()[0].double(), data()[1]),
+                                                            batch_size=20))
