@@ -369,19 +369,45 @@ class DPCallback(L.Callback):
             self._handles.append(tap.module.register_forward_hook(self._forward_hook(index, pl_module),
                                                                   with_kwargs=True))
         self._optimizer, self._module = trainer.optimizers[0], pl_module
+        self._handles.append(trainer.optimizers[0].register_step_pre_hook(self._checked_closure))
         self._handles.append(trainer.optimizers[0].register_step_post_hook(self._after_optimizer_step))
+
+    def _changed_gradient(self) -> str | None:
+        """The first parameter whose gradient is not the noisy one `on_before_optimizer_step` wrote, as written."""
+        parameters = self._parameters
+        return next((name for name, (grad, version) in self._written.items()
+                     if name not in parameters or parameters[name].grad is not grad or grad._version != version), None)
+
+    def _checked_closure(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """The step's closure (training_step, backward, every on_before_optimizer_step hook, Lightning's gradient
+        clipping), then the check that the gradients are still the noisy ones DPCallback wrote: a hook that runs
+        after DPCallback's may replace them or add to them, and the optimiser would update on them next. Refused
+        there, before the update."""
+        closure = kwargs.get("closure")
+        if closure is None:
+            return None  # no closure to wrap: `_after_optimizer_step` checks after the update
+
+        def checked() -> Any:
+            result = closure()
+            changed = self._changed_gradient() if self._privatised else None
+            if changed is not None:
+                self._privatised, self._written = False, {}
+                raise DpltmUserError(f"the gradient of {changed} was replaced or changed after DPCallback noised it "
+                                     "(in the module's on_before_optimizer_step, a callback after DPCallback, or "
+                                     "configure_gradient_clipping): refused before the optimiser's update")
+            self._written = {}  # checked: what the optimiser then does to the gradients is its own
+            return result
+
+        return args, {**kwargs, "closure": checked}
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Every optimiser step must have been privatised by `on_before_optimizer_step` (an override of
-        `optimizer_step` that calls the raw optimiser skips it), on the very gradients it wrote: a hook that runs
-        after it (the module's own on_before_optimizer_step, a later callback, configure_gradient_clipping) may
-        replace them or add to them, and no hook runs between those and the update. Otherwise the model is no
-        longer DP: counted, so every ε after it is ∞."""
+        `optimizer_step` that calls the raw optimiser skips it), on the very gradients it wrote (checked here when
+        no closure could be checked before the update). Otherwise the model is no longer DP: counted, so every
+        ε after it is ∞."""
         privatised, self._privatised = self._privatised, False
-        changed = None if not privatised else next(
-            (name for name, (grad, version) in self._written.items()
-             if self._parameters.get(name) is None or self._parameters[name].grad is not grad
-             or grad._version != version), None)
+        changed = self._changed_gradient() if privatised else None
         self._written = {}
         if self._module is not None:  # these weights carry this run's steps now, even if a later hook raises
             note_private_step(self._module, self)
@@ -446,7 +472,7 @@ class DPCallback(L.Callback):
         self._step_modes.add(modes)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._in_batch, self._batch = False, None
+        self._in_batch, self._batch, self._privatised, self._written = False, None, False, {}
         note_fit_end(pl_module, self)  # Lightning moves a GPU module to the CPU next: the guard must still know it
         self.segments.end()
         for handle in self._handles:
