@@ -602,17 +602,24 @@ def test_an_empty_validation_set_is_named_as_such() -> None:
 
 # ---- the second review's leftovers ------------------------------------------------------------------------
 
+def saved_run(tmp_path: Path, steps: int, **budget: float) -> Path:
+    """A run of epochs=2 at L = 20 of 200 records (10 steps an epoch), saved after `steps` steps by hand."""
+    model = mlp()
+    run = dpltm.make_private(model, sgd(model), data(), epochs=2, batch_size=20, **budget)
+    for _ in range(steps):
+        run.step()
+    return run.save(tmp_path / "run.pt")
+
+
+def resumed_run(path: Path, batch_size: int = 20, **budget: float) -> Any:
+    model = mlp()
+    return dpltm.make_private(model, sgd(model), data(), epochs=2, batch_size=batch_size, resume_from=path, **budget)
+
+
 def test_a_run_saved_mid_epoch_resumes_for_what_is_left_of_its_epochs(tmp_path: Path) -> None:
     """Steps taken by hand and saved mid-epoch count toward the run's epochs: the resume trains the rest, not
     whole epochs more (it trained 25 of 20 planned steps, and spent ε for them)."""
-    model = mlp()
-    first = dpltm.make_private(model, sgd(model), data(), noise_multiplier=2.0, epochs=2, batch_size=20)
-    for _ in range(5):
-        first.step()
-    path = first.save(tmp_path / "run.pt")
-    model2 = mlp()
-    resumed = dpltm.make_private(model2, sgd(model2), data(), noise_multiplier=2.0, epochs=2, batch_size=20,
-                                 resume_from=path)
+    resumed = resumed_run(saved_run(tmp_path, 5, noise_multiplier=2.0), noise_multiplier=2.0)
     assert resumed.plan.steps == 15
     history = resumed.fit()
     assert resumed.steps_done == 20 and [r["epoch"] for r in history] == [1, 2]
@@ -623,13 +630,7 @@ def test_a_run_saved_mid_epoch_resumes_for_what_is_left_of_its_epochs(tmp_path: 
 def test_a_resume_at_a_new_batch_size_counts_the_epochs_already_run(tmp_path: Path) -> None:
     """Epochs done are counted at each segment's own batch size: 10 steps at L = 20 of 200 are one epoch, and one
     epoch at L = 40 is 5 steps, so epochs=2 leaves 5."""
-    model = mlp()
-    first = dpltm.make_private(model, sgd(model), data(), noise_multiplier=2.0, epochs=2, batch_size=20)
-    first.fit(epochs=1)
-    path = first.save(tmp_path / "run.pt")
-    model2 = mlp()
-    resumed = dpltm.make_private(model2, sgd(model2), data(), noise_multiplier=2.0, epochs=2, batch_size=40,
-                                 resume_from=path)
+    resumed = resumed_run(saved_run(tmp_path, 10, noise_multiplier=2.0), batch_size=40, noise_multiplier=2.0)
     assert resumed.plan.steps == 5
     resumed.fit()
     assert [s["steps"] for s in resumed.segments.records()] == [10, 5]
@@ -647,14 +648,7 @@ def test_fit_after_steps_by_hand_finishes_the_epoch_begun() -> None:
 
 def test_a_resumed_budget_calibrates_for_the_steps_left(tmp_path: Path) -> None:
     """With target_epsilon the resume's σ covers the steps left, and the whole run meets the target."""
-    model = mlp()
-    first = dpltm.make_private(model, sgd(model), data(), target_epsilon=2.0, epochs=2, batch_size=20)
-    for _ in range(7):
-        first.step()
-    path = first.save(tmp_path / "run.pt")
-    model2 = mlp()
-    resumed = dpltm.make_private(model2, sgd(model2), data(), target_epsilon=2.0, epochs=2, batch_size=20,
-                                 resume_from=path)
+    resumed = resumed_run(saved_run(tmp_path, 7, target_epsilon=2.0), target_epsilon=2.0)
     resumed.fit()
     assert resumed.steps_done == 20 and 1.9 < resumed.epsilon <= 2.0
 
