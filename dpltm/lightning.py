@@ -157,12 +157,19 @@ def probe_first_batch(module: torch.nn.Module, batch: Any, rows: int = PROBE_ROW
         if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[0] == 0:
             continue
         for name, candidate in (("", module), *module.named_children()):
+            if _is_metric(candidate):  # aggregates over the batch by design, and is no part of the gradient's path
+                continue
             try:
                 check_samples_independent(candidate, x[:1], prefix=name, rows=rows)
             except DpltmUserError:
                 raise
             except Exception:  # this forward takes something else (a dict, several tensors): not probed on x
                 continue
+
+
+def _is_metric(module: torch.nn.Module) -> bool:
+    """A torchmetrics Metric (told by its classes' module, so torchmetrics is never imported here)."""
+    return any(cls.__module__.split(".")[0] == "torchmetrics" for cls in type(module).__mro__)
 
 
 def trainable_names(module: torch.nn.Module) -> frozenset[str]:
@@ -390,6 +397,13 @@ class DPCallback(L.Callback):
 
         def checked() -> Any:
             result = closure()
+            moved = self._first_written(self._marks, self._state_marks(self._module)) \
+                if self._privatised and self._module is not None else None
+            if moved is not None:  # after DPCallback's hook: the module's on_before_optimizer_step, a later callback
+                self._privatised, self._written = False, {}
+                self._raw_steps += 1
+                note_private_step(self._module, self)  # type: ignore[arg-type]
+                raise DpltmUserError(self._written_message(moved, "after DPCallback noised the gradient"))
             changed = self._changed_gradient() if self._privatised else None
             if changed is not None:
                 self._privatised, self._written = False, {}
@@ -529,6 +543,13 @@ class DPCallback(L.Callback):
         return {name: (t._version, norm_of.get(name, 0.0)) for name, t in tensors}
 
     @staticmethod
+    def _written_message(name: str, when: str) -> str:
+        return (f"{name} was written during the training step, {when} (an update on the raw gradient, a perturbation, "
+                "a running statistic of the batch): the model is no longer differentially private. dpltm cannot tell "
+                "a write that does not depend on the batch (a step counter, a clamp of the weights) from one that "
+                "does: do such writes after the step, in on_train_batch_end")
+
+    @staticmethod
     def _first_written(before: Mapping[str, tuple[int, float]], now: Mapping[str, tuple[int, float]]) -> str | None:
         for name, (version, norm) in now.items():
             was = before.get(name)
@@ -559,9 +580,7 @@ class DPCallback(L.Callback):
         if moved is not None:  # already done: a write from the batch, outside any noisy step
             self._raw_steps += 1
             note_private_step(pl_module, self)  # the weights carry it: another run on them is refused
-            raise DpltmUserError(f"{moved} was written in place during the training step, before DPCallback's noisy "
-                                 "step (an update on the raw gradient, a perturbation, a running statistic of the "
-                                 "batch): the model is no longer differentially private")
+            raise DpltmUserError(self._written_message(moved, "before DPCallback's noisy step"))
         if self._stepped:
             raise DpltmUserError("the optimiser evaluated the loss twice on one batch (a closure run more than once): "
                                  "one Poisson step allows one noisy gradient")
@@ -627,13 +646,18 @@ class DPCallback(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"format_version": STATE_VERSION, "segments": self.segments.state(), "history": list(self.history),
                 "provenance": self._provenance(), "tainted": self._raw_steps > 0,
-                "non_private_updates": self._raw_steps}
+                "non_private_updates": self._raw_steps,
+                # the mechanism a tainted run with no DP step ran at: its ledger still says NOT DP after a reload
+                "latest_mechanism": self.segments.latest_mechanism if self._raw_steps else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format_version") != STATE_VERSION or "segments" not in state:
             raise DpltmUserError("this checkpoint's DPCallback state was written by an older dpltm that did not record "
                                  "its (q, σ, steps) segments: what it spent cannot be accounted; start a new run")
         self.segments = SpentSegments(state["segments"])
+        latest = state.get("latest_mechanism")
+        if isinstance(latest, dict) and not self.segments.records():
+            self.segments.note_mechanism(latest)
         self.history = list(state.get("history", []))
         self._stored_provenance = state.get("provenance")
         stored = state.get("non_private_updates", 0)

@@ -295,8 +295,9 @@ class PrivacyLedger:
     def warning(self) -> str | None:
         if self.non_private_updates:
             return (
-                f"NOT differentially private: {self.non_private_updates} optimiser step(s) ran on gradients of "
-                f"{self.private_dataset} that were not clipped and noised; overall epsilon is infinite."
+                f"NOT differentially private: {self.non_private_updates} update(s) outside DP-SGD touched "
+                f"{self.private_dataset}'s model (an optimiser step on gradients that were not clipped and noised, "
+                "or weights or buffers written during a training step); overall epsilon is infinite."
             )
         if self.training is None:
             return (

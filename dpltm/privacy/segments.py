@@ -89,6 +89,10 @@ class SpentSegments:
                 out.append(dict(self._open))
         return out
 
+    def note_mechanism(self, record: Mapping[str, Any]) -> None:
+        """Restore `latest_mechanism` (a reloaded run that took no step), checked as a segment is."""
+        self._latest = self._checked({**record, "steps": 0})
+
     @property
     def latest_mechanism(self) -> dict[str, Any] | None:
         """The mechanism of the segment begun last, open or ended, with its steps so far (0 included)."""

@@ -1140,3 +1140,51 @@ def test_weights_moved_after_a_fit_are_still_guarded(move: str) -> None:
                                                         loader() if move == "device" else poisson_loader(
                                                             TensorDataset(data()[0].double(), data()[1]),
                                                             batch_size=20))
+
+
+# ---- the final review of the above ----------------------------------------------------------------------------
+
+class WithMeanMetric(Classifier):
+    """The Lightning-Hydra layout: a torchmetrics aggregator as a child, fed the detached loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchmetrics
+
+        self.train_loss = torchmetrics.MeanMetric()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.train_loss(loss.detach())
+        return loss
+
+
+def test_a_metric_child_is_not_probed_as_a_layer() -> None:
+    """Probing every child called the MeanMetric on made-up rows and refused it as mixing the batch."""
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    trainer(callback).fit(WithMeanMetric(), loader())
+    assert callback.steps_done == 10
+
+
+class WritesAfterTheCallback(ReplacesTheGradient):
+    """Adds the raw gradient to the weights themselves in its own on_before_optimizer_step (after DPCallback's)."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        for p, raw in zip(self.parameters(), self.raw):
+            p.data.add_(raw, alpha=-0.1)
+
+
+def test_a_write_after_the_callbacks_hook_makes_the_run_not_dp_and_survives_a_reload() -> None:
+    module = WritesAfterTheCallback()
+    callback = dpltm.DPCallback(noise_multiplier=1.0)
+    with pytest.raises(DpltmUserError, match="was written during the training step, after DPCallback noised"):
+        trainer(callback).fit(module, loader())
+    reloaded = dpltm.DPCallback(noise_multiplier=1.0)
+    reloaded.load_state_dict(callback.state_dict())
+    ledger = reloaded.ledger()
+    assert reloaded.epsilon == math.inf and ledger is not None and ledger.non_private_updates == 1
+    assert "NOT differentially private" in (ledger.warning() or "")
