@@ -24,7 +24,7 @@ import secrets
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning as L
 import torch
@@ -280,8 +280,9 @@ class DPCallback(L.Callback):
         self._handles: list[Any] = []
         self._optimizer: torch.optim.Optimizer | None = None  # the fit's optimiser, the one whose steps are checked
         self._module: L.LightningModule | None = None
-        self._marks: dict[str, tuple[int, float]] = {}  # parameters' and buffers' versions and norms at batch start
-        self._written: dict[str, tuple[Tensor, int]] = {}  # each noisy gradient as written, and its version
+        self._marks: dict[str, tuple[int, float]] = {}  # parameters' and buffers' versions and norms at batch start,
+        # until the step's one check of them (`_check_no_writes`)
+        self._written: dict[str, tuple[torch.nn.Parameter, Tensor, int]] = {}  # each noisy gradient as written
 
     @property
     def steps_done(self) -> int:
@@ -381,35 +382,56 @@ class DPCallback(L.Callback):
 
     def _changed_gradient(self) -> str | None:
         """The first parameter whose gradient is not the noisy one `on_before_optimizer_step` wrote, as written."""
-        parameters = self._parameters
-        return next((name for name, (grad, version) in self._written.items()
-                     if name not in parameters or parameters[name].grad is not grad or grad._version != version), None)
+        return next((name for name, (parameter, grad, version) in self._written.items()
+                     if parameter.grad is not grad or grad._version != version), None)
+
+    @staticmethod
+    def _changed_message(name: str, outcome: str) -> str:
+        return (f"the gradient of {name} was replaced or changed after DPCallback noised it (in the module's "
+                f"on_before_optimizer_step, a callback after DPCallback, or configure_gradient_clipping): {outcome}")
+
+    def _not_private(self, message: str) -> NoReturn:
+        """An update outside the mechanism ran: counted (every ε after it is ∞), the weights noted as this run's
+        (another run on them is refused), and the fit stopped."""
+        self._raw_steps += 1
+        self._privatised, self._written, self._marks = False, {}, {}
+        if self._module is not None:
+            note_private_step(self._module, self)
+        raise DpltmUserError(message)
+
+    def _check_no_writes(self, when: str) -> None:
+        """Once a step, before its update: no parameter or buffer was written since the batch began (the marks are
+        then dropped, so the update itself is never mistaken for a write)."""
+        if not self._marks or self._module is None:
+            return
+        moved = self._first_written(self._marks, self._state_marks(self._module))
+        self._marks = {}
+        if moved is not None:
+            self._not_private(self._written_message(moved, when))
 
     def _checked_closure(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         """The step's closure (training_step, backward, every on_before_optimizer_step hook, Lightning's gradient
-        clipping), then the check that the gradients are still the noisy ones DPCallback wrote: a hook that runs
-        after DPCallback's may replace them or add to them, and the optimiser would update on them next. Refused
-        there, before the update."""
+        clipping), then the checks that nothing was written since the batch began and that the gradients are
+        still the noisy ones DPCallback wrote: a hook that runs after DPCallback's may write the weights, or
+        replace or add to the gradients, and the optimiser would update next. Refused there, before the update.
+        A step whose closure ran before `optimizer.step()` (no closure given) is checked here at once."""
         closure = kwargs.get("closure")
         if closure is None:
-            return None  # no closure to wrap: `_after_optimizer_step` checks after the update
+            self._check_no_writes("before the optimiser's step")
+            return None  # `_after_optimizer_step` checks the gradients after the update
 
         def checked() -> Any:
-            result = closure()
-            moved = self._first_written(self._marks, self._state_marks(self._module)) \
-                if self._privatised and self._module is not None else None
-            if moved is not None:  # after DPCallback's hook: the module's on_before_optimizer_step, a later callback
-                self._privatised, self._written = False, {}
-                self._raw_steps += 1
-                note_private_step(self._module, self)  # type: ignore[arg-type]
-                raise DpltmUserError(self._written_message(moved, "after DPCallback noised the gradient"))
+            try:
+                result = closure()
+            except BaseException:  # a step refused inside (a closure run twice, as SAM does) may follow a write
+                self._check_no_writes("before DPCallback's noisy step")
+                raise
+            self._check_no_writes("before the optimiser's update")
             changed = self._changed_gradient() if self._privatised else None
             if changed is not None:
                 self._privatised, self._written = False, {}
-                raise DpltmUserError(f"the gradient of {changed} was replaced or changed after DPCallback noised it "
-                                     "(in the module's on_before_optimizer_step, a callback after DPCallback, or "
-                                     "configure_gradient_clipping): refused before the optimiser's update")
+                raise DpltmUserError(self._changed_message(changed, "refused before the optimiser's update"))
             self._written = {}  # checked: what the optimiser then does to the gradients is its own
             return result
 
@@ -423,18 +445,14 @@ class DPCallback(L.Callback):
         privatised, self._privatised = self._privatised, False
         changed = self._changed_gradient() if privatised else None
         self._written = {}
+        if not privatised:
+            self._not_private("the optimiser stepped on a gradient DPCallback did not clip and noise (an "
+                              "optimizer_step override?): the model is no longer differentially private")
+        if changed is not None:
+            self._not_private(self._changed_message(changed, "the optimiser stepped on it, and the model is no "
+                                                             "longer differentially private"))
         if self._module is not None:  # these weights carry this run's steps now, even if a later hook raises
             note_private_step(self._module, self)
-        if not privatised:
-            self._raw_steps += 1
-            raise DpltmUserError("the optimiser stepped on a gradient DPCallback did not clip and noise (an "
-                                 "optimizer_step override?): the model is no longer differentially private")
-        if changed is not None:
-            self._raw_steps += 1
-            raise DpltmUserError(f"the gradient of {changed} was replaced or changed after DPCallback noised it (in "
-                                 "the module's on_before_optimizer_step, a callback after DPCallback, or "
-                                 "configure_gradient_clipping), and the optimiser stepped on it: the model is no "
-                                 "longer differentially private")
 
     def _provenance(self) -> dict[str, Any]:
         return {"masks_private": bool(self.masks_private and (self.masks_in or self.masks)),
@@ -486,7 +504,7 @@ class DPCallback(L.Callback):
         self._step_modes.add(modes)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._in_batch, self._batch, self._privatised, self._written = False, None, False, {}
+        self._in_batch, self._batch, self._privatised, self._written, self._marks = False, None, False, {}, {}
         note_fit_end(pl_module, self)  # Lightning moves a GPU module to the CPU next: the guard must still know it
         self.segments.end()
         for handle in self._handles:
@@ -560,10 +578,6 @@ class DPCallback(L.Callback):
                 return name
         return None
 
-    @property
-    def _parameters(self) -> dict[str, torch.nn.Parameter]:
-        return dict(self._module.named_parameters()) if self._module is not None else {}
-
     def _modes(self) -> tuple[bool, ...]:
         """Each module's training flag (dpltm.dp.independence.module_modes), read from the fit's list of modules:
         asked at every layer's forward, where walking the module tree would cost 0.6 ms a step on a ResNet-18."""
@@ -576,11 +590,6 @@ class DPCallback(L.Callback):
         if optimizer is not self._optimizer:  # its steps would escape the check of `_after_optimizer_step`
             raise DpltmUserError("the optimiser changed during the fit (trainer.strategy.optimizers replaced): the "
                                  "fit's optimiser is checked at its start; start a new fit to change it")
-        moved = self._first_written(self._marks, self._state_marks(pl_module))
-        if moved is not None:  # already done: a write from the batch, outside any noisy step
-            self._raw_steps += 1
-            note_private_step(pl_module, self)  # the weights carry it: another run on them is refused
-            raise DpltmUserError(self._written_message(moved, "before DPCallback's noisy step"))
         if self._stepped:
             raise DpltmUserError("the optimiser evaluated the loss twice on one batch (a closure run more than once): "
                                  "one Poisson step allows one noisy gradient")
@@ -620,7 +629,7 @@ class DPCallback(L.Callback):
         for name, parameter in parameters.items():
             if parameter.requires_grad:
                 parameter.grad = grads[name]
-                self._written[name] = (grads[name], grads[name]._version)
+                self._written[name] = (parameter, grads[name], grads[name]._version)
         self._grads.clear()
         self._stepped = True
         self._privatised = True
@@ -632,6 +641,7 @@ class DPCallback(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._in_batch, self._batch = False, None
+        self._check_no_writes("in a batch that took no optimiser step")  # the marks are gone after a step's check
         apply_masks(pl_module, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
         if self._stepped:
             note_private_step(pl_module, self)  # again: apply_masks moved the version counters

@@ -1181,7 +1181,7 @@ class WritesAfterTheCallback(ReplacesTheGradient):
 def test_a_write_after_the_callbacks_hook_makes_the_run_not_dp_and_survives_a_reload() -> None:
     module = WritesAfterTheCallback()
     callback = dpltm.DPCallback(noise_multiplier=1.0)
-    with pytest.raises(DpltmUserError, match="was written during the training step, after DPCallback noised"):
+    with pytest.raises(DpltmUserError, match="was written during the training step, before the optimiser.s update"):
         trainer(callback).fit(module, loader())
     reloaded = dpltm.DPCallback(noise_multiplier=1.0)
     reloaded.load_state_dict(callback.state_dict())
