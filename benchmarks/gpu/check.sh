@@ -4,6 +4,8 @@
 #   2. benchmarks/bench_dp_step.py --device cuda: the DP graph step against the non-private graph step
 #      (target ≤ 1.2×) and against Opacus (target ≥ 4× ahead of ghost clipping), with each graph step's kernel count
 #      and device time under torch.profiler;
+#   2b. benchmarks/bench_callback.py --device cuda: a Lightning fit with DPCallback against one without DP and against
+#      make_private's step (the callback's closure wrapping and per-step weight marks each sync the device once);
 #   3. benchmarks/bench_generate.py --device cuda --graphs-only: IMP in graphs against a bare graph loop (≤ 1.1×);
 #   4. the README's `dpltm run --cuda-graphs`, twice (target on an H100 ≤ 20 s): run-cold with no tickets or features
 #      cached, as a user's first run after `pip install`; run-warm with both cached;
@@ -16,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export LC_NUMERIC=C  # the step timer's decimal point
-STEPS=" pytest-gpu bench-dp-step bench-generate run-cold run-warm generate-rewind "
+STEPS=" pytest-gpu bench-dp-step bench-callback bench-generate run-cold run-warm generate-rewind "
 for name in "$@"; do
     [[ "$STEPS" == *" $name "* ]] || { echo "check.sh: no step named '$name' (steps:$STEPS)" >&2; exit 104; }
 done
@@ -67,6 +69,7 @@ for name in ('torch', 'lightning', 'lightning_utilities', 'torchmetrics', 'trans
 python3 -m compileall -qq -j 0 $packages configs > /dev/null 2>&1  # a file some package never meant to compile: no matter
 step pytest-gpu 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -o addopts=""
 step bench-dp-step 90 python3 benchmarks/bench_dp_step.py --device cuda --kernels-out "$OUT/kernels.txt"
+step bench-callback 90 python3 benchmarks/bench_callback.py --device cuda
 step bench-generate 60 python3 benchmarks/bench_generate.py --device cuda --graphs-only --steps 5000 --dataset kmnist --split test
 step run-cold 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt
 step run-warm 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt
