@@ -236,33 +236,11 @@ def test_dp_callback_on_the_device(device: str) -> None:
     the steps run, the first step's gradient is the masked clipped sum plus N(0, σ²C²) on surviving entries only,
     over L, and the stepped weights stay guarded after Lightning moves a GPU module back to the CPU."""
     import lightning as L
-    import torch.nn.functional as F
 
     from dpltm.dp.engine import clipped_gradient_sum_of
     from dpltm.errors import DpltmUserError
     from dpltm.lightning import poisson_loader
-
-    class Classifier(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = mlp()
-            self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            self.seen.append((x.cpu(), y.cpu()))
-            return F.cross_entropy(self.model(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
-
-    class FirstGradient(L.Callback):
-        def __init__(self) -> None:
-            self.first: dict[str, torch.Tensor] | None = None
-
-        def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # type: ignore[no-untyped-def]
-            if self.first is None:
-                self.first = {n: p.grad.detach().cpu().clone() for n, p in pl_module.named_parameters()}
+    from tests.api.test_api import Classifier, GradientSpy
 
     def trainer(*callbacks: L.Callback) -> L.Trainer:
         return L.Trainer(max_epochs=2, callbacks=list(callbacks), logger=False, enable_checkpointing=False,
@@ -275,7 +253,7 @@ def test_dp_callback_on_the_device(device: str) -> None:
     theta0 = {n: p.detach().clone() for n, p in module.model.named_parameters()}
     masks = {"model.0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(1)) < 0.5}
     callback = dpltm.DPCallback(target_epsilon=2.0, max_grad_norm=0.5, masks=masks, masks_from="public")
-    spy = FirstGradient()
+    spy = GradientSpy()
     trainer(callback, spy).fit(module, loader)
     plan = callback.plan
     assert plan is not None and callback.steps_done == plan.steps == 20
@@ -292,13 +270,14 @@ def test_dp_callback_on_the_device(device: str) -> None:
     reference.load_state_dict(theta0)
     with torch.no_grad():
         reference[0].weight.mul_(masks["model.0.weight"])
-    bx, by = module.seen[0]
+    bx, by = (t.cpu() for t in module.seen[0])
     sums = clipped_gradient_sum_of(reference, bx, by, 0.5, {"0.weight": masks["model.0.weight"]}).grad_sums
     assert spy.first is not None
-    pruned = spy.first["model.0.weight"][~masks["model.0.weight"]]
+    first = {name: gradient.cpu() for name, gradient in spy.first.items()}
+    pruned = first["model.0.weight"][~masks["model.0.weight"]]
     assert bool((pruned == 0).all())
-    noise = torch.cat([(spy.first[f"model.{name}"] * 40 - value)[masks["model.0.weight"]] if name == "0.weight"
-                       else (spy.first[f"model.{name}"] * 40 - value).flatten() for name, value in sums.items()])
+    noise = torch.cat([(first[f"model.{name}"] * 40 - value)[masks["model.0.weight"]] if name == "0.weight"
+                       else (first[f"model.{name}"] * 40 - value).flatten() for name, value in sums.items()])
     assert noise.numel() > 100
     assert 0.75 < float(noise.std()) / (plan.noise_multiplier * 0.5) < 1.25
     # the weights this fit stepped (moved back to the CPU by Lightning after a GPU fit) stay guarded
