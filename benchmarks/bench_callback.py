@@ -84,7 +84,7 @@ def api_fit(args: argparse.Namespace, data: tuple[torch.Tensor, torch.Tensor], s
                                  noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5,
                                  batch_size=args.batch_size, epochs=1000)
     ends = []
-    for _ in range(args.warmup + args.steps):
+    for _ in range(args.warmup + args.steps + 1):  # as a Lightning fit's epoch: `steps` intervals timed
         private.step()
         if args.device == "cuda":
             torch.cuda.synchronize()

@@ -224,7 +224,9 @@ def user_run_ledger(segments: SpentSegments, delta: float, accountant: str, neig
 
 @torch.no_grad()
 def apply_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> None:
-    """Zero the pruned weights in place."""
+    """Zero the pruned weights in place (called every step: nothing to do without masks)."""
+    if not masks:
+        return
     parameters = dict(model.named_parameters())
     for name, mask in masks.items():
         parameters[name].mul_(mask.to(parameters[name].dtype))

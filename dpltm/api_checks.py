@@ -90,14 +90,10 @@ def check_positive(value: Any, name: str, *, minimum: float = 0.0, inclusive: bo
 def check_clip(value: Any, name: str = "max_grad_norm") -> float:
     """The clipping bound C: between MIN_CLIP and MAX_CLIP (the noise is σ·C per coordinate: beyond it the
     noise swamps float32 weights and the run can only diverge; below it C and σ·C vanish in float32)."""
-    from dpltm.config import MAX_CLIP, MIN_CLIP, below_min_clip
+    from dpltm.config import check_clip_range
 
     clip = check_positive(value, name)
-    if clip > MAX_CLIP:
-        raise DpltmUserError(f"{name} must be at most {MAX_CLIP:g} (the noise is σ·C per coordinate), got {clip:g}")
-    if below_min_clip(clip):
-        raise DpltmUserError(f"{name} must be at least {MIN_CLIP:g} (below it the clipped gradients and the noise "
-                             f"σ·C lose all precision in float32), got {clip:g}")
+    check_clip_range(clip, name)
     return clip
 
 

@@ -55,11 +55,17 @@ MIN_CLIP = 1e-6
 """The smallest clipping norm C: float32 resolves about 7 digits (and 1e-38 is its smallest normal number), so
 clipped gradients of norm C and the noise σ·C at this size would lose all precision beside the O(0.01–1) weights
 they update, and far below it they round to 0 or to denormals (C = 1e-300 is 0 in float32): no training at all.
-Compared with a relative slack of 1e-6 (`below_min_clip`), so 1e-6 read back from float32 is still 1e-6."""
+Compared with a relative slack of 1e-6 (`check_clip_range`), so 1e-6 read back from float32 is still 1e-6."""
 
 
-def below_min_clip(clip: float) -> bool:
-    return clip < MIN_CLIP * (1 - 1e-6)
+def check_clip_range(clip: float, name: str) -> None:
+    """C within [MIN_CLIP, MAX_CLIP] (`name`: the flag or argument that gave it), the one check of the CLI's
+    settings and the API's `max_grad_norm`."""
+    if clip > MAX_CLIP:  # the noise σC swamps float32 weights: a run that can only diverge
+        raise DpltmUserError(f"{name} must be at most {MAX_CLIP:g} (the noise is σ·C per coordinate), got {clip:g}")
+    if clip < MIN_CLIP * (1 - 1e-6):  # the clipped sums and the noise σC vanish in float32: a run that cannot move
+        raise DpltmUserError(f"{name} must be at least {MIN_CLIP:g} (below it the clipped gradients and the noise "
+                             f"σ·C lose all precision in float32), got {clip:g}")
 
 #: Seeds are non-negative and fit in 63 bits (what torch and numpy generators accept).
 MAX_SEED = 2**63 - 1
@@ -637,12 +643,7 @@ class TrainSettings:
         _require_positive("--epochs", self.epochs)
         _require_positive("--batch-size", self.batch_size)
         _require_positive("--clip", self.clip)
-        if self.clip > MAX_CLIP:  # the noise σC swamps float32 weights: a run that can only diverge
-            raise DpltmUserError(f"--clip must be at most {MAX_CLIP:g} (the noise is σ·C per coordinate), got "
-                                 f"{self.clip:g}")
-        if below_min_clip(self.clip):  # the clipped sums and the noise σC vanish in float32: a run that cannot move
-            raise DpltmUserError(f"--clip must be at least {MIN_CLIP:g} (below it the clipped gradients and the "
-                                 f"noise σ·C lose all precision in float32), got {self.clip:g}")
+        check_clip_range(self.clip, "--clip")
         _require_lr(self.lr)
         if self.optimizer not in OPTIMIZERS:
             raise DpltmUserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
