@@ -22,6 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the fault switches live with 
 from faults import fault  # noqa: E402
 
 from dpltm.audit.run import AuditPlan  # noqa: E402
+from dpltm.privacy.display import format_epsilon, round_down  # noqa: E402
 from dpltm.stages.audit import stage_audit  # noqa: E402
 
 
@@ -40,7 +41,8 @@ def one(eps: float, threat_model: str, args: argparse.Namespace, broken: str | N
            "guesses": audit["by_observation"][audit["observed"]]["guesses"],
            "correct": audit["by_observation"][audit["observed"]]["correct"],
            "test_accuracy": report["test_accuracy"], "seconds": time.perf_counter() - started}
-    print(f"ε={eps:g} {row['threat_model']}: lower bound {row['lower_bound']:.3f} (claimed {row['claimed']:.3f}), "
+    print(f"ε={eps:g} {row['threat_model']}: lower bound {round_down(row['lower_bound'])} (claimed "
+          f"{format_epsilon(row['claimed'])}), "
           f"{row['correct']}/{row['guesses']} correct, {row['seconds']:.0f} s", flush=True)
     return row
 
@@ -68,7 +70,8 @@ def write_docs(rows: list[dict], args: argparse.Namespace) -> None:  # type: ign
     ]
     for r in rows:
         final = f"{r['final_model']:.3f}" if r["threat_model"].startswith("white") else "—"
-        lines.append(f"| {r['claimed']:.3f} | {r['threat_model']} | **{r['lower_bound']:.3f}** | {final} | "
+        lines.append(f"| {format_epsilon(r['claimed'])} | {r['threat_model']} | "
+                     f"**{round_down(r['lower_bound'])}** | {final} | "
                      f"{r['canaries']} ({r['included']}) | {r['correct']} / {r['guesses']} | "
                      f"{r['test_accuracy']:.3f} | {r['seconds']:.0f} s |")
     lines += ["", "A lower bound above the claim would mean the code is not the mechanism the accountant "

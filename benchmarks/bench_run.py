@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpltm.privacy.display import format_epsilon
+
 REPO = Path(__file__).resolve().parent.parent
 PAPER_RUN = ["--recipe", "paper", "--choice", "best", "--eps", "1"]
 
@@ -84,7 +86,7 @@ def main() -> None:
                                                         "DPLTM_TICKET_CACHE": str(cache / "tickets"),
                                                         "DPLTM_LOG_DIR": str(work)})
             report = json.loads(stdout)
-            accuracies.append(f"{report['test_accuracy']:.4f} (ε {report['epsilon']:.3f})")
+            accuracies.append(f"{report['test_accuracy']:.4f} (ε {format_epsilon(report['epsilon'])})")
             shutil.rmtree(out.parent, ignore_errors=True)
             return seconds
 

@@ -33,6 +33,7 @@ from tune_recipe import positive_float, scatter_features  # noqa: E402
 from dpltm.api import make_private  # noqa: E402
 from dpltm.data import load_dataset  # noqa: E402
 from dpltm.errors import DpltmUserError  # noqa: E402
+from dpltm.privacy.display import format_epsilon, format_sigma  # noqa: E402
 
 BATCH, EPOCHS, CLIP, MOMENTUM, DELTA = 4096, 40, 1.0, 0.9, 1e-5
 FEATURES = 81 * 7 * 7  # J = 2 scattering of a 28×28 image
@@ -116,7 +117,8 @@ def run(args: argparse.Namespace) -> None:
                     scores[(k, lr_sigma)] = statistics.mean(accs)
             k_best, lr_best = max(scores, key=scores.get)  # type: ignore[arg-type]
             base_lr = max((lr for k, lr in scores if k == 0), key=lambda lr: scores[(0, lr)])
-            print(f"# {name} ε={eps}: σ={sigma:.4f}; TAN proxy (KMNIST's test split: {len(pub_y)} records fit, "
+            print(f"# {name} ε={eps}: σ={format_sigma(sigma)}; TAN proxy (KMNIST's test split: {len(pub_y)} "
+                  f"records fit, "
                   f"{len(held_y)} score): " +
                   ", ".join(f"k={k} lr·σ={lr}: {v:.4f}" for (k, lr), v in sorted(scores.items())), flush=True)
             for k, lr_sigma, label in ((0, 1.0, "scatter recipe, no projection"),
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace) -> None:
                 accs = [r[0] for r in runs]
                 spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
                 print(f"{name} ε={eps} k={k} lr·σ={lr_sigma} ({label}): {statistics.mean(accs):.4f} ± {spread:.4f} "
-                      f"{[round(a, 4) for a in accs]} ε spent ≤ {max(r[1] for r in runs):.4f}", flush=True)
+                      f"{[round(a, 4) for a in accs]} ε spent ≤ {format_epsilon(max(r[1] for r in runs))}", flush=True)
             print(f"# {time.time() - started:.0f} s", flush=True)
 
 

@@ -34,6 +34,7 @@ from tune_recipe import positive_float, scatter_features  # noqa: E402
 from dpltm.api import make_private  # noqa: E402
 from dpltm.data import load_dataset  # noqa: E402
 from dpltm.errors import DpltmUserError  # noqa: E402
+from dpltm.privacy.display import format_epsilon  # noqa: E402
 
 CHANNELS, POSITIONS = 81, 49  # J = 2 scattering of a 28×28 image: 81 maps of 7×7
 
@@ -122,7 +123,8 @@ def run(args: argparse.Namespace) -> None:
                 spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
                 print(f"{name} ε={eps:g} {kind}: proxy {', '.join(f'{lr:g}: {v:.4f}' for lr, v in scores.items())} "
                       f"→ lr·σ={best:g}: {statistics.mean(accs):.4f} ± {spread:.4f} {[round(a, 4) for a in accs]} "
-                      f"ε spent ≤ {max(r[1] for r in runs):.4f} ({time.time() - started:.0f} s)", flush=True)
+                      f"ε spent ≤ {format_epsilon(max(r[1] for r in runs))} ({time.time() - started:.0f} "
+                      f"s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from grid.experiment import Experiment, run_grid
 from grid.report import make_figures, read_rows, summarise, write_markdown
 
 from dpltm.devices import resolve_device
+from dpltm.privacy.display import format_delta, format_epsilon
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,7 +113,7 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
               f"lr {train['lr']}" + (f" (by ε: {spec['lr_by_eps']})" if spec.get("lr_by_eps") else "")
               + f", activation {spec.get('model', {}).get('activation', 'relu')}, momentum {train.get('momentum', 0)}, "
               f"EMA {train.get('ema') or 'off'}{' with warm-up' if train.get('ema_warmup') else ''}, "
-              f"δ = {spec['delta']:g}; σ calibrated by the PLD accountant")
+              f"δ = {format_delta(spec['delta'])}; σ calibrated by the PLD accountant")
     methods = set(spec["methods"])
     bullets = []
     if "dpltm-noise-aware" in methods:
@@ -145,7 +146,8 @@ def report(exp: Experiment, doc: Path | None, note: str = "") -> None:
                        "public data (round 0), trained privately by the same recipe: the baseline that gets the same "
                        "public data as the tickets. End-to-end (ε, δ)-DP.")
     if "random_mask_eps" in spec:
-        bullets.append(f"- **random mask** (ε = {spec['random_mask_eps']:g}): the noise-aware winner's per-layer "
+        bullets.append(f"- **random mask** (ε = {format_epsilon(spec['random_mask_eps'])}): the noise-aware "
+                       f"winner's per-layer "
                        "density, a random pattern drawn from the run seed alone (no data), from "
                        + ("the dense public weights under that mask" if start == "public"
                           else "θ0" if start == "init" else f"θ_{start} under that mask")

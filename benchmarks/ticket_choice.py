@@ -41,6 +41,7 @@ from dpltm.config import (
 from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.display import format_sigma
 from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, among_rounds, noise_aware_choice
 from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
 from dpltm.tickets.data import reload_ticket_data
@@ -133,7 +134,7 @@ def main() -> None:
                 if choice is None or not args.every_candidate:  # every candidate: one proxy ranking per ε
                     choice = noise_aware_choice(payload, public, planned, seed=seed)
                 choice_seconds = time.perf_counter() - started
-                print(f"# ε={eps:g} σ={plan.noise_multiplier:.3f}: public accuracy under the planned noise "
+                print(f"# ε={eps:g} σ={format_sigma(plan.noise_multiplier)}: public accuracy under the planned noise "
                       + ", ".join(f"C={c.density:.3f}:{c.public_val_accuracy:.3f}" for c in choice.candidates)
                       + f" (noise-aware pick: C={choice.candidates[choice.index].density:.3f}; {choice_seconds:.0f} s)",
                       flush=True)
@@ -158,7 +159,8 @@ def main() -> None:
                     cfg = TrainConfig(data=DataSettings(dataset=args.dataset), train=settings, model=model, seed=seed)
                     started = time.perf_counter()
                     report = train(cfg, data, Path(folder) / f"{k}-{eps}-{seed}.pt", ticket=winner,
-                                   ticket_path=args.tickets, private=True, progress=False)
+                                   ticket_path=args.tickets, private=True, progress=False,
+                                   ticket_data=None if winner is None else public)
                     private.setdefault(k, []).append(float(report["test_accuracy"]))
                     print(f"{eps:g} | {method} | {seed} | {report['density']:.3f} | {report['test_accuracy']:.4f} | "
                           f"{time.perf_counter() - started:.0f}", flush=True)

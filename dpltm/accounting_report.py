@@ -29,7 +29,7 @@ from dpltm.privacy.accounting import (
 )
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_paper_sigma
-from dpltm.privacy.display import round_up
+from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma, round_up
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
 
 SOUND = ("pld", "rdp")
@@ -149,19 +149,21 @@ def _supported(event: Any, neighboring: str, rows: list[dict[str, Any]], key: st
 
 def print_account_report(report: dict[str, Any], console: Console) -> None:
     solving = "target_epsilon" in report
-    title = (f"σ for ε = {report['target_epsilon']:g}" if solving else f"ε for σ = {report['sigma']:g}")
+    title = (f"σ for ε = {format_epsilon(report['target_epsilon'])}" if solving
+             else f"ε for σ = {format_sigma(report['sigma'])}")
     noise = report.get("noise", "gaussian")
     if noise != "gaussian":
         title = f"{title} ({noise} noise" + (
-            f"; accountants see the effective multiplier {report['effective_sigma']:g})" if not solving
+            f"; accountants see the effective multiplier {format_sigma(report['effective_sigma'])})" if not solving
             else "; σ is the plug-in's own parameter)")
     relation = NEIGHBORING_LABELS[report.get("neighboring", "add_remove")]
-    table = Table(title=f"{title}, q = {report['q']:.5g}, T = {report['steps']}, δ = {report['delta']:g}, "
+    table = Table(title=f"{title}, q = {format_rate(report['q'], 5)}, T = {report['steps']}, δ = "
+                        f"{format_delta(report['delta'])}, "
                         f"{relation} adjacency")
     table.add_column("accountant")
     table.add_column("σ" if solving else "ε", justify="right")
     if report.get("eps1") is not None and not solving:
-        table.add_column(f"ε with ε1 = {report['eps1']:g} selection", justify="right")
+        table.add_column(f"ε with ε1 = {format_epsilon(report['eps1'])} selection", justify="right")
     table.add_column("status")
     for row in report["rows"]:
         # ε and σ shown rounded up: a displayed ε never understates, a displayed σ always suffices

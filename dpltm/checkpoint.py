@@ -207,16 +207,21 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def _write_failure(exc: BaseException, folder: Path) -> str | None:
-    """Why a write failed, where it is the file system's doing: an OS error (ENOSPC, EDQUOT, …), or torch.save's
-    zip writer, which reports a short write as a RuntimeError ("unexpected pos", "file write failed")."""
+    """Why a write failed, where it is the file system's doing: an OS error (ENOSPC, EFBIG, EDQUOT, …), or torch.save's
+    zip writer, which reports a short write as a RuntimeError ("unexpected pos", "file write failed") raised while
+    handling the OS error (its `__context__`), which says what happened: a full disk, a quota, a file-size limit."""
     if isinstance(exc, OSError) and exc.errno in USER_ERRNOS:
         return exc.strerror or str(exc)
     if isinstance(exc, RuntimeError) and ("inline_container" in str(exc) or "write failed" in str(exc)):
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, OSError) and cause.errno in USER_ERRNOS:
+            return cause.strerror or str(cause)
         try:
             free = shutil.disk_usage(folder).free
         except OSError:
-            return "the write failed (is the disk full?)"
-        return f"the write failed with {free} bytes free on its file system (no space left?)"
+            free = None
+        return ("the write stopped short" + ("" if free is None else f" ({free} bytes free on its file system)")
+                + ": a full disk, a disk quota or a file-size limit (ulimit -f); free space or write elsewhere")
     return None
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpltm.cli_runtime import emit_json
 from dpltm.console import err_console, out_console
+from dpltm.privacy.display import format_epsilon
 
 if TYPE_CHECKING:
     from dpltm.artefacts import Winner
@@ -56,7 +57,8 @@ def show_private_ticket(ticket: dict[str, Any], target: Path, json_out: bool) ->
                       markup=False, highlight=False)
     out_console.print(privacy["statement"], markup=False, highlight=False)
     err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']} "
-                      f"(σ is calibrated so the whole run meets ε = {ticket['private_ticket']['epsilon_total']:g})")
+                      f"(σ is calibrated so the whole run meets ε = "
+                      f"{format_epsilon(ticket['private_ticket']['epsilon_total'])})")
 
 
 def show_winner(winner: Winner, target: Path, json_out: bool) -> None:
@@ -107,7 +109,7 @@ def show_export(exported: dict[str, Any], model: Path, json_out: bool) -> None:
 
 def show_audit(report: dict[str, Any], json_out: bool) -> None:
     """`audit`: the empirical lower bound beside the accountant's claim, and the verdict."""
-    from dpltm.privacy.display import format_epsilon, round_down
+    from dpltm.privacy.display import round_down
 
     result = report["audit"]
     if report["warning"]:  # as `dpltm train` says it: a same-data ticket makes the run NOT end-to-end DP
@@ -124,13 +126,12 @@ def show_audit(report: dict[str, Any], json_out: bool) -> None:
                       f"ε ≥ {round_down(result['epsilon_lower_bound'], 3)} at {result['confidence']:.0%} confidence; "
                       f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (the training mechanism alone; "
                       f"{run_epsilon_phrase(report)}, scope: {report['epsilon_scope']}); {verdict}")
+    _say(result["unaccounted"])
 
 
 def run_epsilon_phrase(report: dict[str, Any]) -> str:
     """The run's own ε as `dpltm train` states it: ∞ when it is not DP end to end (a same-data ticket), with its DP
     part beside it, never the DP part alone as if it were the run's."""
-    from dpltm.privacy.display import format_epsilon
-
     part = format_epsilon(report["epsilon_dp_part"])
     overall = report.get("epsilon")
     if report.get("end_to_end_dp") is not False and overall not in (math.inf, "inf", "Infinity"):

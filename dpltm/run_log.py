@@ -56,9 +56,10 @@ def float32_at_least(value: float) -> float:
     return float(rounded)
 
 
-def check_log_root(root: Path | None) -> Path:
+def check_log_root(root: Path | None, command: str | None = None, dataset: str | None = None) -> Path:
     """The log root, checked before any work (read-only: creates nothing): a directory, or a path
-    whose nearest existing ancestor is a writable directory."""
+    whose nearest existing ancestor is a writable directory; and so is the run's own folder under it
+    (`<command>/<dataset>`), so a file in its place is refused before any work, not when the run starts."""
     from dpltm.checkpoint import check_writable
     from dpltm.paths import check_path_length
 
@@ -67,8 +68,9 @@ def check_log_root(root: Path | None) -> Path:
     check_path_length(root, source, file=False)
     if root.exists() and not root.is_dir():
         raise DpltmUserError(f"{source} {root} is not a directory")
+    folder = root / command / (dataset or "") if command is not None else root
     try:
-        check_writable(root / "version_0")
+        check_writable(folder / "version_0")
     except DpltmUserError as exc:
         raise DpltmUserError(f"{source} {root}: {exc}") from None
     return root

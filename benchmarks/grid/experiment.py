@@ -69,8 +69,10 @@ from dpltm.config import (
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.display import format_sigma
 from dpltm.selection.noise_aware import among_rounds
 from dpltm.selection.winner import Selection, choose, winner_payload
+from dpltm.tickets.data import data_to_check
 from dpltm.tickets.imp import generate_tickets
 from dpltm.training.pipeline import train
 
@@ -271,7 +273,8 @@ class Experiment:
         if not cache.exists():
             source = payload["data"]
             public = self.data(source["dataset"], source["split"], int(payload["config"].get("seed", 0)))
-            print(f"noise-aware choice for σ={plan.noise_multiplier:.4f}, T={plan.steps} on {tickets.name}", flush=True)
+            print(f"noise-aware choice for σ={format_sigma(plan.noise_multiplier)}, T={plan.steps} on "
+                  f"{tickets.name}", flush=True)
             started = time.perf_counter()
             choice = noise_aware_choice(payload, public, planned, seed=None, halving=halving, search=search)
             cache.parent.mkdir(exist_ok=True)
@@ -395,8 +398,10 @@ class Experiment:
         started = time.perf_counter()
         prep_seconds = started - prepared  # tickets, choice or DP warm-up (cached parts: only the first run)
         # noise_seed=None: a fresh OS-CSPRNG seed per run, never stored (module docstring)
+        ticket_data, unchecked = data_to_check(ticket, run.dataset, assert_public, self.data_dir)
         report = train(cfg, data, out, ticket=ticket, ticket_path=ticket_path, private=private,
-                       assert_public=assert_public, progress=False, noise_seed=None)
+                       assert_public=assert_public, progress=False, noise_seed=None, ticket_data=ticket_data,
+                       ticket_data_unchecked=unchecked)
         report["seconds"] = time.perf_counter() - started
         history = list(load_trained_model(out).history)
         ticket_round = ticket["round"] if ticket else None

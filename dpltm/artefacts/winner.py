@@ -148,13 +148,14 @@ class Winner:
         warm-up record; None for a winner, whose guarantee is stated by the model trained from it."""
         if self.private_ticket is None or self.epsilon_spent is None:
             return None
-        from dpltm.privacy.display import format_delta, format_epsilon
+        from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma
 
         record = self.private_ticket
         first = record["warmup"][0]
         records = f"{int(first['dataset_size'])} " if "dataset_size" in first else ""
         return (f"made with privacy on {self.dataset}: {len(record['rounds'])} DP-SGD warm-up round(s) of "
-                f"{int(first['steps'])} steps, q = {float(first['q']):.4g}, σ = {float(first['sigma']):.4g}; "
+                f"{int(first['steps'])} steps, q = {format_rate(float(first['q']))}, σ = "
+                f"{format_sigma(float(first['sigma']))}; "
                 f"its weights and mask are (ε = {format_epsilon(self.epsilon_spent)}, "
                 f"δ = {format_delta(float(record['delta']))})-DP for the {records}training records (its validation "
                 "accuracy is not private)")

@@ -26,6 +26,7 @@ from torch import Tensor
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.dp.plugins import NOISE_PLUGINS
 from dpltm.model import LeNet, Masks
+from dpltm.privacy.display import format_sigma
 
 #: torch.quantile refuses very large inputs; larger layers are summarised on an even stride.
 QUANTILE_SAMPLE = 1_000_000
@@ -86,6 +87,7 @@ class DropoutNoise(ScaledGaussianNoise):
         return metrics
 
     def description(self) -> str:
-        return (f"DPD noise N(0, 4C²σ²) with σ = {self.sigma:.4g} (Ermiş & Cemgil, Alg. 1): multiplier σ under "
+        return (f"DPD noise N(0, 4C²σ²) with σ = {format_sigma(self.sigma)} (Ermiş & Cemgil, Alg. 1): "
+                f"multiplier σ under "
                 f"the paper's replace-one reading (sensitivity 2C), accounted under add/remove (sensitivity C) "
-                f"as the Gaussian mechanism with multiplier 2σ = {2 * self.sigma:.4g}")
+                f"as the Gaussian mechanism with multiplier 2σ = {format_sigma(2 * self.sigma)}")

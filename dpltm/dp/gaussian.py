@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
+from dpltm.privacy.display import format_sigma
 
 
 @dataclass(frozen=True)
@@ -24,4 +25,4 @@ class GaussianNoise(ScaledGaussianNoise):
         return cls(float(parameter))
 
     def description(self) -> str:
-        return f"Gaussian DP-SGD noise, multiplier σ = {self.sigma:.4g}"
+        return f"Gaussian DP-SGD noise, multiplier σ = {format_sigma(self.sigma)}"

@@ -49,6 +49,7 @@ from dpltm.dp.dpd import quantiles
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks
+from dpltm.privacy.display import format_sigma
 
 PUBLIC_RECORDS = 4096
 """At most this many public records estimate the sensitivity (the first ones, in order)."""
@@ -156,7 +157,7 @@ class ShapedNoise(ScaledGaussianNoise):
 
     def description(self) -> str:
         source = f" from public data ({self.public_dataset})" if self.public_dataset else " from public data"
-        return (f"sensitivity-shaped Gaussian noise N(0, σ²C²s²), σ = {self.sigma:.4g}, scales s{source} in "
+        return (f"sensitivity-shaped Gaussian noise N(0, σ²C²s²), σ = {format_sigma(self.sigma)}, scales s{source} in "
                 f"[{self.summary.get('shaped_scale_min', float('nan')):.3g}, "
                 f"{self.summary.get('shaped_scale_max', float('nan')):.3g}], clipping in ‖g/s‖ ≤ C: "
                 f"exactly the Gaussian mechanism with multiplier σ in the rescaled space")

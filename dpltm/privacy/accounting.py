@@ -495,7 +495,7 @@ def composition_bounds(
     bounds = [
         Bound(
             BASIC_COMPOSITION, eps1 + eps_train, d, accountant, neighboring,
-            f"basic composition ε1 + ε_train = {eps1:g} + {format_epsilon(eps_train)} "
+            f"basic composition ε1 + ε_train = {format_epsilon(eps1)} + {format_epsilon(eps_train)} "
             f"(Dwork & Roth 2014, Thm 3.16; ε_train by {label})",
         )
     ]

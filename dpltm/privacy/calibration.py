@@ -43,7 +43,7 @@ from dpltm.privacy.accounting import (
     make_accountant,
     require_support,
 )
-from dpltm.privacy.display import format_epsilon
+from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, DpEvent, dpsgd_event, selection_event
 
 Composition = Literal["best", "basic", "rdp"]
@@ -234,7 +234,7 @@ def calibrate_noise_multiplier(
     sigma = _calibrated_dpsgd(float(sample_rate), int(steps), t, d, accountant, neighboring,
                               None if selection_eps1 is None else float(selection_eps1), composition, float(rel_tol))
     if sigma > MAX_NOISE_MULTIPLIER:  # the bound a given σ has: past it the accountants cannot state the tiny ε
-        raise DpltmUserError(f"target epsilon {t:g} needs a noise multiplier of {sigma:.4g}, above the "
+        raise DpltmUserError(f"target epsilon {t:g} needs a noise multiplier of {round_up(sigma, 4)}, above the "
                              f"{MAX_NOISE_MULTIPLIER:g} the accountants can state ε for (and noise that drowns any "
                              "gradient): raise the target epsilon")
     return sigma

@@ -1,11 +1,12 @@
 """How privacy figures are shown: an upper bound is rounded UP, a lower bound DOWN.
 
-A displayed ε that is an upper bound (what a run spent, what a σ gives, what is left) must never
+A displayed ε (or ε1) that is an upper bound (what a run spent, what a σ gives, what is left) must never
 read below the computed value: `:.4g` shows 0.7006 for 0.700612, which claims more privacy than the
 accountant proved. δ is a bound of the same kind (the probability the ε-guarantee fails) and is
-rounded up too. An empirical *lower* bound (the audit's) is rounded down for the same reason: it must
-never claim more leakage was proved than was. Every ε printed by dpltm goes through these; JSON keeps
-the exact floats.
+rounded up too, and so is a sampling rate q, while a noise multiplier σ is rounded down: ε re-derived
+from the shown q and σ never falls below the one shown. An empirical *lower* bound (the audit's) is
+rounded down for the same reason: it must never claim more leakage was proved than was. Every ε, σ and q
+printed by dpltm goes through these; JSON keeps the exact floats.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def round_down(value: float, digits: int = 3) -> str:
 
 def format_epsilon(value: float, digits: int = 4) -> str:
     """An ε that is an upper bound (spent, planned, claimed), for display."""
+    return round_up(value, digits)
+
+
+def format_sigma(value: float, digits: int = 5) -> str:
+    """A noise multiplier σ for display, rounded DOWN: the ε re-derived from the shown σ never falls below
+    the one stated (more noise than shown would claim less privacy than was bought)."""
+    return round_down(value, digits)
+
+
+def format_rate(value: float, digits: int = 4) -> str:
+    """A sampling rate q for display, rounded UP: a larger q is the weaker guarantee, so the shown q never
+    claims more privacy than the one that ran."""
     return round_up(value, digits)
 
 

@@ -49,7 +49,7 @@ from dpltm.privacy.accounting import (
     check_neighboring,
     composition_bounds,
 )
-from dpltm.privacy.display import format_delta, round_up
+from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma, round_up
 from dpltm.privacy.events import (
     DpEvent,
     dpsgd_event,
@@ -203,7 +203,7 @@ class PrivacyLedger:
             rec["q"], batch / n, rel_tol=1e-9
         ):
             raise DpltmUserError(
-                f"training q = {rec['q']:g} disagrees with expected_batch_size/dataset_size "
+                f"training q = {format_rate(rec['q'])} disagrees with expected_batch_size/dataset_size "
                 f"= {batch:g}/{n}"
             )
         return rec
@@ -367,21 +367,23 @@ class PrivacyLedger:
         if self.training is not None and "dataset_size" in self.training:
             lines.append(
                 f"Protected: the {int(self.training['dataset_size'])} training records of "
-                f"{self.private_dataset} (their number is treated as public)."
+                f"{self.private_dataset} (their number N is treated as public: q = L/N, and settings chosen from "
+                "N, such as --recipe auto's, depend on it)."
                 + (" Validation and test records are held out; their accuracies are reported without privacy."
                    if self.held_out_records else "")
             )
         if self.selection_eps1 is not None and self.selection_draws > 1:
             lines.append(f"Selection: exponential mechanism, {self.selection_draws} draws from the same tickets, "
-                         f"ε1 = {self.selection_eps1:g} in all (basic composition of the draws).")
+                         f"ε1 = {format_epsilon(self.selection_eps1)} in all (basic composition of the draws).")
         elif self.selection_eps1 is not None:
-            lines.append(f"Selection: exponential mechanism, ε1 = {self.selection_eps1:g}.")
+            lines.append(f"Selection: exponential mechanism, ε1 = {format_epsilon(self.selection_eps1)}.")
         if self.phase1 == "private":
             rounds = self.phase1_training or ()
             r0 = rounds[0]
             lines.append(
-                f"Ticket: made on {self.private_dataset} itself with privacy: {len(rounds)} DP-SGD warm-up "
-                f"round(s) of {int(r0['steps'])} steps (q = {r0['q']:.4g}, σ = {r0['sigma']:g}), masks by "
+                f"Ticket: made with privacy on {self.phase1_dataset}: {len(rounds)} DP-SGD warm-up "
+                f"round(s) of {int(r0['steps'])} steps (q = {format_rate(r0['q'])}, σ = "
+                f"{format_sigma(r0['sigma'])}), masks by "
                 "magnitude of the DP weights (post-processing); composed with training above."
             )
         elif self.selection_eps1 is not None:
@@ -399,14 +401,15 @@ class PrivacyLedger:
             t = self.training
             extra = f", clip {t['clip']:g}" if "clip" in t else ""
             lines.append(
-                f"Training: DP-SGD with Poisson sampling q = {t['q']:.4g}, noise plug-in "
+                f"Training: DP-SGD with Poisson sampling q = {format_rate(t['q'])}, noise plug-in "
                 f"'{self.noise}' ({_NOISE_TEXT.get(self.noise, self.noise)}), "
                 f"{'effective ' if self.noise != 'gaussian' else ''}noise multiplier "
-                f"σ = {t['sigma']:g}, {int(t['steps'])} steps{extra}."
+                f"σ = {format_sigma(t['sigma'])}, {int(t['steps'])} steps{extra}."
             )
             for k, r in enumerate(self.earlier_training or (), start=1):
                 lines.append(
-                    f"  Earlier segment {k} (composed above as it ran): q = {r['q']:.4g}, σ = {r['sigma']:g}, "
+                    f"  Earlier segment {k} (composed above as it ran): q = {format_rate(r['q'])}, σ = "
+                    f"{format_sigma(r['sigma'])}, "
                     f"{int(r['steps'])} steps."
                 )
         else:

@@ -21,6 +21,7 @@ from dpltm.checkpoint import load_ticket_set
 from dpltm.config import SEARCH_FIXED_BY, canonical_start, describe_start
 from dpltm.errors import DpltmUserError
 from dpltm.model import masked_weights
+from dpltm.privacy.display import format_sigma
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
     decisive_eps1,
@@ -143,9 +144,9 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
                f"trained up to {plan.steps} steps, halved after steps {', '.join(map(str, rungs))} while over two "
                "remain (successive halving: the dense network and the better half of the tickets go on)")
     err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), {trained}"
-                      f" under σ = {sigma:.4f}, L = {batch} on {public.name} ({public.source_split} "
+                      f" under σ = {format_sigma(sigma)}, L = {batch} on {public.name} ({public.source_split} "
                       f"split, the tickets' public data): the private run's {plan.epochs} epochs and noise per step "
-                      f"σ/L = {plan.noise_multiplier / plan.expected_batch_size:.3g}; spends no ε")
+                      f"σ/L = {format_sigma(plan.noise_multiplier / plan.expected_batch_size, 3)}; spends no ε")
     for dimension in settings.search:
         if dimension in fixed:
             err_console.print(f"note: --search {dimension}: not searched, the {fixed[dimension]} setting given "

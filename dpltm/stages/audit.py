@@ -18,4 +18,14 @@ def stage_audit(cli: dict[str, Any], config: Path | None, ticket: Path | None, d
     with tempfile.TemporaryDirectory(prefix="dpltm-audit-") as scratch:
         report = stage_train(cli, config, ticket, False, False, data_dir, device, Path(scratch) / "audited.pt",
                              progress, public_data=public_data, noise_seed=noise_seed, audit=plan)
+    report["audit"]["unaccounted"] = unaccounted_note(report["dataset"])
     return report
+
+
+def unaccounted_note(dataset: str) -> str:
+    """What an audit publishes that no ledger counts: it trains on the private records with DP, and its lower
+    bound and test accuracy are outputs of that run (post-processing of it, so bounded by its ε), but the
+    model is not kept and no checkpoint records the spend: a second audit, or a `train`, spends again."""
+    return (f"not in any ledger: this audit trained with DP on the training records of {dataset}; its lower bound "
+            "and test accuracy are outputs of that run (covered by its claimed ε), which no checkpoint records: "
+            "count it in your own budget, or audit on public data")

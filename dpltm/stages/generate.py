@@ -9,7 +9,7 @@ from typing import Any
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input
-from dpltm.privacy.display import format_epsilon
+from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma
 
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
@@ -50,7 +50,7 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     if logger is not None:
         from dpltm.run_log import check_log_root
 
-        check_log_root(log_dir)
+        check_log_root(log_dir, "generate", cfg.data.dataset)
     resuming = target.exists() and not overwrite  # generate_tickets resumes it
     if resuming:
         from dpltm.tickets.imp import resumable_body
@@ -163,8 +163,10 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     err_console.print(
         f"private ticket on {data.name} ({len(data.train)} training records) on {torch_device}: "
         f"{p.rounds} DP warm-up round(s) of {p.warmup_epochs} epochs, then {cfg.train.epochs} epochs of training "
-        f"planned; σ = {plan.noise_multiplier:.4f} for the warm-up, q = {plan.sample_rate:.5f}, planned so that "
-        f"the whole run is (ε = {plan.epsilon:g}, δ = {plan.delta:g})-DP (training calibrates its own σ after "
+        f"planned; σ = {format_sigma(plan.noise_multiplier)} for the warm-up, q = "
+        f"{format_rate(plan.sample_rate)}, planned so that "
+        f"the whole run is (ε = {format_epsilon(plan.epsilon)}, δ = {format_delta(plan.delta)})-DP (training "
+        f"calibrates its own σ after "
         "the warm-up that ran: never less noise than planned)"
     )
     if plan.delta > 1.0 / len(data.train):  # as train and make_private warn

@@ -53,6 +53,15 @@ def chosen_recipe(recipe: str, n_train: int, scatter: bool = False, arch: str | 
     return recipe
 
 
+def auto_recipe_note(recipe: str, n_train: int) -> str:
+    """`--recipe auto` reads N (the released mechanism differs on either side of the threshold): said where it
+    is chosen, as the privacy statement says N is treated as public."""
+    if recipe != "auto":
+        return ""
+    side = "≥" if n_train >= TUNED_RECIPE_MIN_RECORDS else "<"
+    return f" (auto: N = {n_train} {side} {TUNED_RECIPE_MIN_RECORDS} training records; N is treated as public)"
+
+
 def scatter_applies(arch: str | None, private_features: int, public_features: int) -> bool:
     """Whether `run --recipe auto` may take the ScatterNet front end: no --arch or a scatter-* one, the same
     input size on both sides (its tickets do not transfer across sizes), square images whose side is a
@@ -235,7 +244,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {r.public_dataset} ({r.public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
-                      + f"; training recipe: {train_cli['recipe']}")
+                      + f"; training recipe: {train_cli['recipe']}" + auto_recipe_note(r.recipe, len(private.train)))
     from dpltm.tickets.cache import keep_tickets, restore_tickets
 
     cached = restore_tickets(gen_cfg, public.fingerprint, tickets_path) if (
@@ -416,7 +425,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     layer_keep_fractions(ticket_architecture(planned, pool), planned.private_ticket.density)
     err_console.print(f"[bold]1/2[/bold] private ticket on {r.dataset}: {rounds} × {warmup} DP warm-up epochs, "
                       f"then {settings.train.epochs - warmup * rounds} epochs of DP training, ε = {r.eps:g} in all; "
-                      f"recipe {chosen}")
+                      f"recipe {chosen}{auto_recipe_note(r.recipe, len(pool.train))}")
     logging = {"logger": r.logger, "log_dir": r.log_dir}
     stage_generate_private(train_cli, r.config, r.data_dir, r.device, ticket_path, r.overwrite, r.progress,
                            **logging)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpltm.console import err_console
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.display import format_epsilon
 from dpltm.selection.rules import RuleSettings, SelectionRule, selection_rule
 
 if TYPE_CHECKING:
@@ -45,10 +46,12 @@ def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule,
         err_console.print(rule.note)
     if not rule.spends_eps1:
         return
-    err_console.print(f"exponential mechanism: ε1 = {eps1:g}, sensitivity Δ = {selection.sensitivity:.4g}")
+    err_console.print(f"exponential mechanism: ε1 = {format_epsilon(eps1)}, sensitivity Δ = "
+                      f"{selection.sensitivity:.4g}")
     if selection.near_uniform:
         err_console.print(
-            f"[bold]the choice is close to uniform at ε1 = {eps1:g}[/bold] (every probability within 10 % of "
+            f"[bold]the choice is close to uniform at ε1 = {format_epsilon(eps1)}[/bold] (every probability "
+            f"within 10 % of "
             f"1/{len(ticket_set.tickets)}); ε1 ≈ {selection.decisive_eps1:.3g} would pick the best ticket "
             f"with probability 0.9"
         )
@@ -190,7 +193,8 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
             draws = ticket_set.draws
             if draws and not reselect:
                 raise DpltmUserError(
-                    f"{source} was already drawn from {len(draws)} time(s) (ε1 = {sum(draws):g} in all): another "
+                    f"{source} was already drawn from {len(draws)} time(s) (ε1 = {format_epsilon(sum(draws))} "
+                    f"in all): another "
                     f"draw spends ε1 again on {ticket_set.dataset}; pass --reselect to draw again "
                     f"(the winner's ledger then composes every draw)")
         stack.enter_context(output_lock(target))
@@ -207,9 +211,10 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     _print_selection(ticket_set, selection, chosen_rule, chosen_eps1, settings.nu)
     data = ticket_set.data
     spend = (chosen_rule.spend if not chosen_rule.spends_eps1 else
-             f"spends ε1 = {chosen_eps1:g} on {data['dataset']} ({data['split']}), the data that made the tickets"
+             f"spends ε1 = {format_epsilon(chosen_eps1)} on {data['dataset']} ({data['split']}), the data that "
+             f"made the tickets"
              + (f"; {winner.selection['draws']} draws from this ticket set, ε1 = "
-                f"{winner.selection['eps1_total']:g} in all" if winner.selection["draws"] > 1 else ""))
+                f"{format_epsilon(winner.selection['eps1_total'])} in all" if winner.selection["draws"] > 1 else ""))
     err_console.print(f"winner: round {winner.round} (C = {winner.density:.4f}, "
                       f"A = {winner.val_accuracy:.4f}); selection {spend}")
     err_console.print(same_data_note(data), markup=False)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.display import format_rate, format_sigma
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -32,7 +33,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
     from dpltm.paths import check_not_input, default_checkpoint_dir
     from dpltm.selection.winner import chosen_training, describe_variant
-    from dpltm.tickets.data import reload_ticket_data
+    from dpltm.tickets.data import data_to_check
     from dpltm.tickets.private import is_private_ticket, private_ticket_plan
     from dpltm.training import pipeline
 
@@ -94,9 +95,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     public = None if public_name is None else load_dataset(
         public_name, split=public_split, data_dir=data_dir, device=torch_device).train
     check_not_input(target)  # a data file just read
-    ticket_data = None
-    if public_tickets and ticket_body is not None and ticket_body["source"]["data"]["dataset"] == data.name:
-        ticket_data = reload_ticket_data(ticket_body, data_dir)
+    ticket_data, unchecked = data_to_check(ticket_body, data.name, public_tickets, data_dir)
     if main:
         on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
                                                     if target.exists() else ""))
@@ -120,6 +119,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     report = pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
                             assert_public=public_tickets, progress=progress, public_data=public,
                             public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
+                            ticket_data_unchecked=unchecked,
                             on_start=announce, distribution=distribution,
                             step_mode="graphs" if cuda_graphs else "eager", logger=logger, log_dir=log_dir,
                             audit=audit)
@@ -185,8 +185,8 @@ def print_training_report(report: dict[str, Any], console: Console = err_console
     if report["noise_multiplier"] is not None:
         how = "calibrated" if report["sigma_calibrated"] else "given"
         if report["noise_parameter"] != report["noise_multiplier"]:
-            how = f"effective; plug-in parameter {report['noise_parameter']:.4f}, {how}"
-        console.print(f"noise multiplier σ = {report['noise_multiplier']:.4f} ({how}), "
-                      f"q = {report['sample_rate']:.5f}")
+            how = f"effective; plug-in parameter {format_sigma(report['noise_parameter'])}, {how}"
+        console.print(f"noise multiplier σ = {format_sigma(report['noise_multiplier'])} ({how}), "
+                      f"q = {format_rate(report['sample_rate'])}")
     console.print(report["statement"], markup=False, highlight=False)
     console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))

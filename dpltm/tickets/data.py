@@ -24,6 +24,30 @@ def reload_ticket_data(ticket: dict[str, Any], data_dir: Path | None,
     data = load_dataset(source["dataset"], split=source["split"], data_dir=data_dir,
                         val_fraction=settings.get("val_fraction", 0.1), seed=config.get("seed", 0), device=device)
     if data.fingerprint != source.get("fingerprint"):
-        raise DpltmUserError(f"--public-tickets cannot be checked: the tickets' data ({source['dataset']}, "
-                             f"{source['split']} split) no longer matches its fingerprint in the ticket file")
+        raise DpltmUserError(f"the tickets' data ({source['dataset']}, {source['split']} split) no longer matches "
+                             "its fingerprint in the ticket file, so it cannot be checked for private records")
     return data
+
+
+def data_to_check(ticket: dict[str, Any] | None, private_dataset: str, assert_public: bool,
+                  data_dir: Path | None) -> tuple[DatasetSplits | None, str | None]:
+    """The tickets' own data, to check record by record that it holds no private training record
+    (`dpltm.training.pipeline.ticket_origin`), and why it could not be had (None where it was).
+
+    Reloaded for tickets asserted public (`--public-tickets`: a failure is refused) and for tickets
+    made on another dataset (a failure becomes the guarantee's caveat: the tickets may travel without
+    their data). Not for a private ticket (its warm-up is composed instead) nor same-data tickets (not
+    DP end to end anyway)."""
+    from dpltm.tickets.private import is_private_ticket
+
+    if ticket is None or is_private_ticket(ticket):
+        return None, None
+    same_name = ticket["source"]["data"]["dataset"] == private_dataset
+    if same_name and not assert_public:
+        return None, None
+    try:
+        return reload_ticket_data(ticket, data_dir), None
+    except DpltmUserError as exc:
+        if same_name:
+            raise
+        return None, str(exc)

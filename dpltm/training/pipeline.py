@@ -71,30 +71,23 @@ def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensor
 
 
 def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_public: bool,
-                  ticket_data: DatasetSplits | None = None) -> TicketOrigin:
+                  ticket_data: DatasetSplits | None = None, unchecked: str | None = None) -> TicketOrigin:
     """Same dataset name, or the private data's fingerprint ⇒ same data (conservative), unless the user
     asserts the tickets are public.
 
-    The assertion is checked, not trusted: it is refused when the tickets' data fingerprint is the
-    private data's, or when the records the generation saw (its train and validation parts, which
-    the caller reloads as `ticket_data`) include any private training record.
+    Whatever the names, tickets are checked record by record whenever their own data could be reloaded
+    (`ticket_data`: the train and validation parts generation saw): tickets asserted public, or made on
+    another dataset, that saw a private training record are refused. `unchecked` says why the data of
+    tickets from another dataset could not be reloaded; the guarantee then carries that caveat. A private
+    ticket's DP warm-up is composed into the ledger whatever data it names, since its records may be
+    the private ones.
     """
     if ticket is None:
         return TicketOrigin("none", None, None, "dense network: no ticket")
     source = ticket["source"]["data"]
     generated_on = f"{source['dataset']} ({source['split']} split)"
-    if is_private_ticket(ticket) and source["dataset"] == private.name:
-        differs = mismatch(source, private)  # settings and counts: the file holds no fingerprint of user data
-        if differs is not None:
-            raise DpltmUserError(
-                f"this private ticket was made on {generated_on} with other data settings ({differs}): "
-                "train it on the same dataset, split, seed and --val-fraction it was made with")
-        warmup = ticket.get("private_ticket", {}).get("warmup")
-        if not isinstance(warmup, list) or not warmup:
-            raise DpltmUserError("the private ticket lacks the record of its DP warm-up (a damaged or foreign file)")
-        return TicketOrigin("private", generated_on, None,
-                            f"ticket made on {generated_on} itself, with privacy (DP warm-up, composed below)",
-                            phase1_training=tuple(warmup))
+    if is_private_ticket(ticket):
+        return _private_ticket_origin(ticket, private, generated_on)
     selection = ticket["selection"]
     private_dataset = private.name
     # The name decides, and the data's fingerprint backs it: tickets that name another dataset but hold
@@ -107,10 +100,7 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
             raise DpltmUserError(f"{refused} is the private data itself (same data fingerprint)")
         if ticket_data is None:
             raise DpltmUserError(f"{refused} cannot be checked against the private data (reload it)")
-        overlap = shared_records([ticket_data.train, ticket_data.val], private.train)
-        if overlap:
-            raise DpltmUserError(f"{refused} includes {overlap} of the private training records of "
-                                 f"{private_dataset} ({private.source_split} split)")
+        _refuse_shared_records(refused, ticket_data, private)
     if same_name and not assert_public:
         # What the pick spent, from its rule's declared capabilities (dpltm.selection.rules); a method no
         # rule knows is taken as a non-private look at the data.
@@ -127,8 +117,43 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
                             caveat=f"the tickets' data ({generated_on}) was asserted public by the user "
                                    "(--public-tickets; no private training record found among them); the "
                                    "end-to-end guarantee rests on that assertion")
-    return TicketOrigin("public", generated_on, None, f"tickets from {generated_on}: another dataset than the "
-                                                      "private one")
+    explanation = f"tickets from {generated_on}: another dataset than the private one"
+    if ticket_data is None:
+        return TicketOrigin("public", generated_on, None, explanation,
+                            caveat=f"the tickets' data ({generated_on}) could not be checked record by record for "
+                                   f"private training records of {private_dataset} ({unchecked or 'not reloaded'}); "
+                                   "the end-to-end guarantee assumes it holds none")
+    _refuse_shared_records(f"the tickets come from {generated_on}, which", ticket_data, private)
+    return TicketOrigin("public", generated_on, None, f"{explanation} (no private training record among them)")
+
+
+def _refuse_shared_records(refused: str, ticket_data: DatasetSplits, private: DatasetSplits) -> None:
+    overlap = shared_records([ticket_data.train, ticket_data.val], private.train)
+    if overlap:
+        raise DpltmUserError(f"{refused} includes {overlap} of the private training records of "
+                             f"{private.name} ({private.source_split} split): tickets trained without privacy on "
+                             "private records are not public; make them on data that shares no record with it")
+
+
+def _private_ticket_origin(ticket: dict[str, Any], private: DatasetSplits, generated_on: str) -> TicketOrigin:
+    """A ticket made with privacy (`generate --private`): its warm-up is composed into this run's ledger, on
+    the data it was made on and on any other (whose records may be the same people's)."""
+    warmup = ticket.get("private_ticket", {}).get("warmup")
+    if not isinstance(warmup, list) or not warmup:
+        raise DpltmUserError("the private ticket lacks the record of its DP warm-up (a damaged or foreign file)")
+    source = ticket["source"]["data"]
+    if source["dataset"] != private.name:
+        return TicketOrigin("private", generated_on, None,
+                            f"ticket made with privacy on {generated_on}, another dataset whose records may be among "
+                            f"{private.name}'s: its DP warm-up is composed below", phase1_training=tuple(warmup))
+    differs = mismatch(source, private)  # settings and counts: the file holds no fingerprint of user data
+    if differs is not None:
+        raise DpltmUserError(
+            f"this private ticket was made on {generated_on} with other data settings ({differs}): "
+            "train it on the same dataset, split, seed and --val-fraction it was made with")
+    return TicketOrigin("private", generated_on, None,
+                        f"ticket made on {generated_on} itself, with privacy (DP warm-up, composed below)",
+                        phase1_training=tuple(warmup))
 
 
 def check_start(start: str, output_layer: str, ticket: dict[str, Any] | None, origin: TicketOrigin) -> None:
@@ -180,7 +205,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
           progress: bool = True,
           public_data: LabeledTensors | None = None, public_dataset: str | None = None,
           noise_seed: int | None = None, ticket_data: DatasetSplits | None = None,
-          on_start: Callable[[], None] | None = None,
+          ticket_data_unchecked: str | None = None, on_start: Callable[[], None] | None = None,
           distribution: Distribution | None = None, step_mode: str = "eager",
           logger: str | None = None, log_dir: Path | None = None,
           audit: AuditPlan | None = None) -> dict[str, Any]:
@@ -189,7 +214,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
     plug-in, e.g. for the sensitivity-shaped noise (docs/privacy.md §6). `noise_seed` seeds the noise
     and Poisson sampling (default: a fresh OS-CSPRNG seed; never stored). `ticket_data` is the
-    tickets' own data, reloaded to check a `--public-tickets` assertion record by record.
+    tickets' own data, reloaded to check record by record that it holds no private training record
+    (`ticket_data_unchecked`: why it could not be reloaded).
     `on_start` is called once every check has passed, just before training (the output is
     locked from then on). With a multi-process `distribution` (DP training only) every rank runs
     this function; only rank 0 locks and writes the output. `step_mode` (private_training.STEP_MODES)
@@ -206,7 +232,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     main = is_main_process()
     check_writable(out)  # read-only, on every rank: under torchrun they all fail together
     s = cfg.train
-    origin = ticket_origin(ticket, data, assert_public, ticket_data)
+    origin = ticket_origin(ticket, data, assert_public, ticket_data, ticket_data_unchecked)
     check_start(s.rewind, s.output_layer, ticket, origin)
     model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch,
                                          s.rewind, s.output_layer)
@@ -277,7 +303,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     if logger is not None and main:
         from dpltm.run_log import check_log_root
 
-        check_log_root(log_dir)
+        check_log_root(log_dir, "train", data.name)
     if on_start is not None and main:
         on_start()
 

@@ -13,6 +13,7 @@ from dpltm.config import MAX_LR, TrainSettings
 from dpltm.dp.noise import noise_class
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
+from dpltm.privacy.display import format_sigma
 from dpltm.privacy.events import MAX_STEPS, DpEvent
 
 
@@ -91,6 +92,7 @@ def learning_rate(settings: TrainSettings, noise_multiplier: float | None) -> fl
         return settings.lr
     lr = settings.lr_sigma / noise_multiplier
     if not 0.0 < lr <= MAX_LR:
-        raise DpltmUserError(f"--lr-sigma {settings.lr_sigma:g} / σ {noise_multiplier:.4g} gives learning rate "
+        raise DpltmUserError(f"--lr-sigma {settings.lr_sigma:g} / σ {format_sigma(noise_multiplier)} gives "
+                             f"learning rate "
                              f"{lr:.4g}, outside (0, {MAX_LR:g}]")
     return lr

@@ -225,6 +225,12 @@ def test_dpltm_audit_reports_the_bound_beside_the_claim(tmp_path: Path, cli) -> 
     # what the claim covers, beside the run's own ε (with a private ticket the two differ: its warm-up)
     assert report["claim_scope"].startswith("the training mechanism alone") and report["epsilon"] <= 2.0
     assert report["by_observation"]["iterates"]["guesses"] > 0  # the attack's best guesses, even unrefuted
+    # an audit on private records publishes outputs of a DP run that no ledger counts: said in the JSON and on screen
+    assert report["unaccounted"].startswith("not in any ledger: this audit trained with DP on the training records "
+                                            "of digits")
+    shown = cli("audit", "--dense", "--dataset", "digits", "--data-dir", str(root), "--eps", "2", "--epochs", "1",
+                "--batch-size", "64", "--canaries", "100", "--canary-seed", "0", "--device", "cpu", "--no-progress")
+    assert "not in any ledger" in shown.stderr and "count it in your own budget" in shown.stderr
     for args, message in ((["--dense", "--ticket", "x.pt"], "--ticket PATH"), ([], "--ticket PATH"),
                           (["--dense", "--canaries", "1"], "must lie in [2, "),
                           (["--dense", "--confidence", "1.5"], "--confidence")):

@@ -313,6 +313,12 @@ CASES = [
     Case("num-nodes-without-launcher", (*TRAIN, "--eps2", "1", "--num-nodes", "2"), "--num-nodes 2: start one"),
     Case("log-dir-is-a-file", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "f.txt"),
          "--log-dir f.txt is not a directory", {"f.txt": b"x"}),
+    # the run's own folder under the root, checked with the other outputs (before "training on …" is printed)
+    Case("log-dir-command-folder-is-a-file", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "logs"),
+         "--log-dir logs: cannot create output directory logs/train/digits: logs/train is not a directory",
+         {"logs/train": b"x"}),
+    Case("log-dir-dataset-folder-is-a-file", (*GEN, "--logger", "csv", "--log-dir", "logs"),
+         "logs/generate/digits is not a directory", {"logs/generate/digits": b"x"}),
     # /sys: writable to root by os.access, yet nothing can be made there; refused before any work, not at the save
     Case("out-on-a-pseudo-file-system", (*TRAIN, "--eps2", "1", "--out", "/sys/dpltm-test/m.pt"), " /sys"),
     Case("log-dir-on-a-pseudo-file-system", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "/sys/dpltm-test"),
@@ -653,6 +659,7 @@ def assert_one_line_error(code: int, stdout: str, stderr: str, message: str) -> 
 def _prepare(case: Case, cwd: Path, data_dirs: dict[str, Path], tickets: Path) -> list[str]:
     model = tickets.parent / "m.pt"
     for name, content in case.files.items():
+        (cwd / name).parent.mkdir(parents=True, exist_ok=True)
         (cwd / name).write_bytes(content(model) if callable(content) else content)
     args = [a.replace("{tickets}", str(tickets)).replace("{winner}", str(tickets.parent / "w.pt"))
             .replace("{model}", str(model)).replace("{data}", str(data_dirs[case.data])) for a in case.args]

@@ -236,6 +236,29 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(tmp_path: Pa
         write_atomic(target, lambda handle: (_ for _ in ()).throw(RuntimeError("a bug")))
 
 
+def test_a_file_size_limit_is_named_as_such_not_guessed_a_full_disk(tmp_path: Path) -> None:
+    """Under `ulimit -f` torch.save's zip writer raises a RuntimeError while handling EFBIG: the message says the
+    file is too large (the OS's words), not "no space left?" beside the bytes free."""
+    import subprocess
+    import sys
+
+    script = f"""
+import resource, signal, torch
+from pathlib import Path
+from dpltm.checkpoint import save_atomic
+from dpltm.errors import DpltmUserError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+try:
+    save_atomic({{"x": torch.zeros(1 << 16)}}, Path({str(tmp_path / 'm.pt')!r}), "model")
+except DpltmUserError as exc:
+    print(exc)
+"""
+    said = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120).stdout.strip()
+    assert said == f"cannot write {tmp_path / 'm.pt'}: File too large", said
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("code", ["EPERM", "EACCES"])
 def test_a_file_the_user_may_not_replace_is_one_line_and_kept(code: str, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:

@@ -172,6 +172,15 @@ def test_public_ledger_is_end_to_end_dp() -> None:
     assert "public data (kmnist)" in text
 
 
+def test_the_statement_says_n_is_public_and_what_reads_it() -> None:
+    """q = L/N and `--recipe auto`'s threshold read N: the statement says N is treated as public."""
+    ledger = PrivacyLedger(phase1="none", phase1_dataset=None, private_dataset="mnist", selection_eps1=None,
+                           training=training_record(400 / 54000, 6.80117, 6750, 1.0, 400, 54000), delta=DELTA)
+    assert ("Protected: the 54000 training records of mnist (their number N is treated as public: q = L/N, and "
+            "settings chosen from N, such as --recipe auto's, depend on it).") in ledger.statement()
+    assert "σ = 6.8011," in ledger.statement() and "q = 0.007408," in ledger.statement()
+
+
 def test_public_tickets_selected_on_a_private_holdout() -> None:
     # docs/privacy.md §2: public tickets scored on private records cost ε1.
     ledger = _ledger(selection_eps1=0.5, accountant="rdp")

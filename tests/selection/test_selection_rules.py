@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from dp_accounting import NonPrivateDpEvent, NoOpDpEvent, ZCDpEvent  # type: ignore[import-untyped]
 from scipy.stats import chisquare
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.data.types import DatasetSplits
+from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.events import event_from_json
 from dpltm.privacy.exponential import selection_probabilities
@@ -188,6 +189,37 @@ def test_tickets_that_name_another_dataset_but_hold_the_private_fingerprint_are_
     assert ticket_origin(winner, private, assert_public=False).phase1 == "same-data"
     other = dataclasses.replace(private, fingerprint="fp-of-other-data")
     assert ticket_origin(winner, other, assert_public=False).phase1 == "public"
+
+
+def _records(rows: list[list[float]], labels: list[int]) -> LabeledTensors:
+    return LabeledTensors(torch.tensor(rows), torch.tensor(labels))
+
+
+def test_tickets_from_another_dataset_are_checked_record_by_record() -> None:
+    """Tickets named after another dataset (two user files sharing records) are checked whenever their data
+    was reloaded: a shared private training record refuses them in one line; none shared is public with no
+    caveat; data that could not be reloaded leaves the reason in the guarantee's caveat."""
+    rule = SELECTION_RULES["best"]
+    payload = ticket_set()
+    chosen = runnable(rule).select(payload, settings_for(rule))
+    winner = winner_payload(payload, Path("t.pt"), chosen.selection, eps1=None, nu=NU, seeded=True, method=rule.name,
+                            event=chosen.event)
+    winner["source"]["data"] = {**winner["source"]["data"], "dataset": "their-csv", "fingerprint": "fp-their"}
+    mine = _records([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]], [0, 1, 0])
+    private = DatasetSplits(name="my-csv", source_split="train", train=mine, val=mine, test=mine,
+                            num_features=2, num_classes=2, fingerprint="fp-mine")
+    sharing = DatasetSplits(name="their-csv", source_split="train", train=_records([[2.0, 3.0], [9.0, 9.0]], [1, 0]),
+                            val=_records([[4.0, 5.0]], [0]), test=mine, num_features=2, num_classes=2,
+                            fingerprint="fp-their")
+    with pytest.raises(DpltmUserError, match=r"their-csv \(train split\), which includes 2 of the private training "
+                                             r"records of my-csv") as refused:
+        ticket_origin(winner, private, assert_public=False, ticket_data=sharing)
+    assert "\n" not in str(refused.value)
+    disjoint = dataclasses.replace(sharing, train=_records([[7.0, 7.0]], [1]), val=_records([[8.0, 8.0]], [0]))
+    origin = ticket_origin(winner, private, assert_public=False, ticket_data=disjoint)
+    assert origin.phase1 == "public" and origin.caveat is None and "no private training record" in origin.explanation
+    unchecked = ticket_origin(winner, private, assert_public=False, unchecked="their-csv.csv does not exist")
+    assert unchecked.phase1 == "public" and "their-csv.csv does not exist" in (unchecked.caveat or "")
 
 
 def test_the_newest_ticket_set_is_never_passed_over_unseen_when_a_newer_file_is_damaged(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -94,7 +94,27 @@ def test_private_ticket_then_training_meets_the_requested_epsilon(tiny_splits: D
     for name, mask in payload["masks"].items():
         key = name
         assert torch.all(model_body["state_dict"][key][~mask] == 0)
-    assert "Ticket: made on blobs itself with privacy" in report["statement"]
+    assert "Ticket: made with privacy on blobs" in report["statement"]
+
+
+def test_a_private_ticket_under_another_dataset_name_composes_its_warm_up(tiny_splits: DatasetSplits,
+                                                                           tmp_path: Path) -> None:
+    """Trained on data of another name (whose records may be the same people's), a private ticket's warm-up is
+    still composed: ε equals an independent PLD over the warm-up and the training that ran."""
+    cfg = _config(eps=2.0, warmup=2, epochs=3, density_=0.3)
+    ticket_path = tmp_path / "ticket.pt"
+    make_private_ticket(cfg, tiny_splits, ticket_path, progress=False, noise_seed=1)
+    renamed = dataclasses.replace(tiny_splits, name="blobs-copy")
+    report = train(cfg, renamed, tmp_path / "model.pt", ticket=load_ticket(ticket_path), ticket_path=ticket_path,
+                   private=True, progress=False, noise_seed=2)
+    ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "model.pt", ("model",))["privacy"]["ledger"])
+    assert ledger.phase1 == "private" and ledger.phase1_training
+    warmup, training = ledger.phase1_training[0], ledger.training
+    independent = _independent_pld_epsilon(
+        [(warmup["q"], warmup["sigma"], warmup["steps"]), (training["q"], training["sigma"], training["steps"])],
+        1e-5)
+    assert report["epsilon"] == pytest.approx(independent, rel=1e-9) and report["epsilon"] <= 2.0
+    assert "Ticket: made with privacy on blobs (" in report["statement"]
 
 
 def test_more_warmup_rounds_are_each_accounted(tiny_splits: DatasetSplits, tmp_path: Path) -> None:
