@@ -11,7 +11,8 @@ extracting it; our own loader checks the md5 again on read (`dpltm.data.mnist`).
 downloaded into a private folder inside `<root>/<Folder>/raw/` and moved into place with
 `os.replace` only once torchvision has accepted them, so a failed, corrupt or interrupted
 download never leaves a file where the loader would read it (torchvision itself leaves a
-corrupt download under its final name).
+corrupt download under its final name). Any failure is one line, and the folders made for
+the download are removed again: the disk is left as it was found.
 
 Not covered: HAR, ISOLET and DIGITS (no torchvision class; see the README's Data section),
 and stalled connections: torchvision's `urlopen` has no timeout, so a mirror that accepts a
@@ -22,14 +23,15 @@ removed on the way out). A refused connection fails at once.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
+import re
 import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.error import URLError
 from urllib.parse import urlparse
 
 from dpltm.data.loaders import DATASETS
@@ -61,15 +63,18 @@ class DownloadResult:
         return f"{self.dataset}: fetched {len(self.fetched)}, already present {len(self.present)} in {where}"
 
 
-def download_root(data_dir: str | os.PathLike[str] | None) -> Path:
+def download_root(data_dir: str | os.PathLike[str] | None, made: list[Path] | None = None) -> Path:
     """The data root to download into, created when named explicitly.
 
     Same order as `resolve_data_dir` (argument, then $DPLTM_DATA_DIR, then ../shared/data),
-    but a root the user named may not exist yet: downloading is how it gets filled.
+    but a root the user named may not exist yet: downloading is how it gets filled. The folders
+    it creates are appended to `made`, innermost first, for a failed download to remove.
     """
     named = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV) or None
     if named is not None:
         root = Path(named).expanduser()
+        if made is not None:
+            made += _absent(root)
         try:
             root.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
@@ -92,17 +97,25 @@ def download_dataset(
     """
     _check_downloadable(name)
     mirrors = _chosen_mirror(mirror)
-    root = download_root(data_dir)
     dataset_class = _torchvision_class(name)
+    made: list[Path] = []
+    root = download_root(data_dir, made)
     raw_dir = root / FOLDERS[name] / "raw"
+    made[:0] = _absent(raw_dir)
     fetched: list[str] = []
     present: list[str] = []
-    for filename, md5 in dataset_class.resources:
-        if _already_present(raw_dir, filename, md5):
-            present.append(filename)
-            continue
-        _fetch(dataset_class, raw_dir, (filename, md5), mirrors or list(dataset_class.mirrors))
-        fetched.append(filename)
+    try:
+        for filename, md5 in dataset_class.resources:
+            if _already_present(raw_dir, filename, md5):
+                present.append(filename)
+                continue
+            _fetch(dataset_class, raw_dir, (filename, md5), mirrors or list(dataset_class.mirrors))
+            fetched.append(filename)
+    except BaseException:  # an interrupt too: no empty MNIST/raw (or data root) is left behind
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty: files fetched before the failure are kept
+        raise
     return DownloadResult(name, root, tuple(fetched), tuple(present))
 
 
@@ -131,6 +144,11 @@ def _chosen_mirror(mirror: str | None) -> list[str]:
         parsed.port  # noqa: B018 (raises ValueError for a port that is not a number)
     except ValueError:
         parsed = urlparse("")
+    if re.search(r"[^!-~]", chosen):  # urllib would fail on it (http.client.InvalidURL, UnicodeEncodeError)
+        raise DpltmUserError(
+            f"download mirror {chosen!r} (from {source}) contains a space, a control character or a "
+            f"non-ASCII character: percent-encode it, e.g. https://mirror.example.org/my%20mnist/"
+        )
     if parsed.scheme not in _MIRROR_SCHEMES or not parsed.netloc:
         raise DpltmUserError(
             f"download mirror {chosen!r} (from {source}) must be an http:// or https:// URL, "
@@ -154,6 +172,11 @@ def _torchvision_class(name: str) -> type[MNIST]:
                              ) from None
 
     return getattr(datasets, FOLDERS[name])
+
+
+def _absent(folder: Path) -> list[Path]:
+    """`folder` and its parents that do not exist yet, innermost first."""
+    return [path for path in (folder, *folder.parents) if not path.exists()]
 
 
 def _already_present(raw_dir: Path, filename: str, md5: str) -> bool:
@@ -200,9 +223,10 @@ def _fetch(dataset_class: type[MNIST], raw_dir: Path, resource: tuple[str, str],
 
     torchvision works in a private folder inside `raw_dir` (same file system, so `os.replace`
     is atomic), which is removed whatever happens: nothing half-written is ever published.
+    Its progress bar is silenced: drawn before a failure, it would bury the one-line error,
+    and the summary says what was fetched.
     """
     filename, md5 = resource
-    made = [folder for folder in (raw_dir, *raw_dir.parents) if not folder.exists()]  # made here, removed on failure
     try:
         raw_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=raw_dir, prefix=".download-") as staging:
@@ -210,14 +234,12 @@ def _fetch(dataset_class: type[MNIST], raw_dir: Path, resource: tuple[str, str],
             dataset.root = staging
             dataset.mirrors = mirrors
             dataset.resources = [resource]
-            dataset.download()
+            with contextlib.redirect_stderr(io.StringIO()):
+                dataset.download()
             staged = Path(dataset.raw_folder)
             for produced in (filename, _uncompressed_name(filename)):
                 os.replace(staged / produced, raw_dir / produced)
-    except (RuntimeError, URLError, OSError) as exc:
-        for folder in made:  # innermost first: a failed download leaves no empty MNIST/raw behind
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only if empty
+    except Exception as exc:  # urllib's and http.client's errors, torchvision's, a full disk: all the same to the user
         raise DpltmUserError(
             f"cannot download {filename} (official md5 {md5}) from {' or '.join(mirrors)}: {_one_line(exc)}; "
             f"put the official files into {raw_dir} by hand (README, Data section)"
@@ -225,10 +247,13 @@ def _fetch(dataset_class: type[MNIST], raw_dir: Path, resource: tuple[str, str],
 
 
 def _one_line(exc: BaseException) -> str:
-    """torchvision's multi-line error as one line, without the headers that repeat file and mirror."""
-    lines = (line.strip().rstrip(".") for line in str(exc).splitlines())
-    reasons = [line for line in lines if line and not line.startswith(("Error downloading", "Tried "))]
-    return "; ".join(reasons) or type(exc).__name__
+    """torchvision's multi-line error as one line, without the headers that repeat file and mirror;
+    other errors (http.client's, e.g. BadStatusLine) say little without their name."""
+    lines = (line.strip().rstrip(".:") for line in str(exc).splitlines())
+    reason = "; ".join(line for line in lines if line and not line.startswith(("Error downloading", "Tried ")))
+    if isinstance(exc, (RuntimeError, OSError)) and reason:
+        return reason
+    return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
 
 
 def fetch_for_run(names: list[str], data_dir: str | os.PathLike[str] | None) -> list[DownloadResult]:

@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -144,15 +144,6 @@ def test_corrupt_file_on_mirror_is_one_line_and_never_published(mirror: Mirror, 
     assert sorted(result.fetched) == sorted(set(MNIST_FILES) - {"train-images-idx3-ubyte.gz"})
 
 
-def test_unreachable_mirror_is_one_line(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_closed_port()}/"
-    with pytest.raises(DpltmUserError) as caught:
-        download_dataset("mnist", tmp_path, mirror=url)
-    message = str(caught.value)
-    assert "\n" not in message and url in message and "train-images-idx3-ubyte.gz" in message
-    assert not _raw(tmp_path).exists() and list(tmp_path.iterdir()) == []  # no file, no staging or empty folder
-
-
 def test_mirror_from_env_and_partial_root(mirror: Mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Good files already there are kept; a .gz with the wrong md5 is replaced."""
     raw = _raw(tmp_path)
@@ -263,3 +254,76 @@ def test_download_without_torchvision_is_one_line(tmp_path: Path, monkeypatch: p
     with pytest.raises(DpltmUserError, match=r"pip install 'dpltm\[download\]'") as caught:
         download_dataset("mnist", tmp_path)
     assert "\n" not in str(caught.value)
+
+
+class _BadMirrorHandler(BaseHTTPRequestHandler):
+    """Answers every GET the way `mode` says: 404, a redirect to itself, a body that is not the
+    file, a body cut short of its Content-Length, or bytes that are not HTTP at all."""
+
+    mode: str
+
+    def do_GET(self) -> None:
+        self.close_connection = True
+        if self.mode == "not-http":
+            self.wfile.write(b"garbage\r\n\r\n")
+        elif self.mode == "404":
+            self.send_error(404)
+        elif self.mode == "redirect":
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 20 if self.mode == "short-read" else 4096))
+            self.end_headers()
+            self.wfile.write(bytes(range(256)) * 16)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _tree(root: Path) -> list[Path]:
+    return sorted(path.relative_to(root) for path in root.rglob("*"))
+
+
+@pytest.mark.parametrize("mode", ["refused", "404", "redirect", "garbage", "short-read", "not-http"])
+def test_failed_download_is_one_line_silent_and_leaves_nothing(mode: str, tmp_path: Path,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    """Whatever goes wrong, the user sees one line, no progress bar, and the disk as it was:
+    the dataset folder that existed before is kept, an empty raw/ or data root is not left behind."""
+    (tmp_path / "data" / "MNIST").mkdir(parents=True)
+    root = tmp_path / ("new" if mode == "refused" else "data")  # the named root is created, then removed
+    before = _tree(tmp_path)
+    server = _QuietServer(("127.0.0.1", 0), type("Handler", (_BadMirrorHandler,), {"mode": mode}))
+    url = f"http://127.0.0.1:{server.server_address[1] if mode != 'refused' else _closed_port()}/"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(DpltmUserError) as caught:
+            download_dataset("mnist", root, mirror=url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    message = str(caught.value)
+    assert "\n" not in message and url in message and "train-images-idx3-ubyte.gz" in message
+    assert _tree(tmp_path) == before
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("url", ["http://host/a b\nc/", "http://host/a b/", "http://host/mnist\t/"])
+def test_mirror_with_space_or_control_character_is_refused(url: str, tmp_path: Path, cli) -> None:
+    result = cli("download", "mnist", "--mirror", url, "--data-dir", str(tmp_path / "new"), ok=False)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "percent-encode" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # refused before touching the disk
+
+
+def test_url_urllib_cannot_request_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL that http.client refuses to send (here in torchvision's own mirror list) is one line too."""
+    from torchvision.datasets import MNIST
+
+    monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/a b/"])
+    with pytest.raises(DpltmUserError, match="InvalidURL: URL can't contain control characters") as caught:
+        download_dataset("mnist", tmp_path)
+    assert "\n" not in str(caught.value) and list(tmp_path.iterdir()) == []
