@@ -16,6 +16,7 @@ from rich.table import Table
 
 from dpltm.dp.plugins import noise_plugin
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.privacy.accounting import (
     NEIGHBORING_LABELS,
     AccountantUnderflow,
@@ -32,7 +33,7 @@ from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_pa
 from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma, round_up
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, check_steps, dpsgd_event, selection_event
 
-SOUND = ("pld", "rdp")
+SOUND = tuple(ACCOUNTANTS)
 
 
 def _positive_int(option: str, value: int) -> int:

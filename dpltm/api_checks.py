@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accountants import accountant_entry
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MAX_STEPS, MIN_NOISE_MULTIPLIER
 
@@ -152,9 +153,8 @@ def check_budget(target_epsilon: Any, noise_multiplier: Any) -> tuple[float | No
 
 
 def check_accountant(accountant: Any) -> str:
-    if accountant not in ("pld", "rdp"):
-        raise DpltmUserError(f"accountant must be 'pld' or 'rdp', got {_shown(accountant)}")
-    return str(accountant)
+    """The name of a registered accountant (dpltm.privacy.accountants)."""
+    return accountant_entry(accountant).name
 
 
 def check_neighboring(neighboring: Any) -> str:

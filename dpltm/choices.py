@@ -13,6 +13,7 @@ from typing import Any
 from dpltm.architectures import ARCHITECTURES
 from dpltm.data.catalog import DATASET_ENTRIES
 from dpltm.dp.plugins import NOISE_PLUGINS
+from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.selection.rules import SELECTION_RULES
 
 
@@ -75,9 +76,8 @@ Noise = Choice("Noise", {name.replace("-", "_"): name for name in NOISE_PLUGINS}
 """`--noise`: the plug-ins of dpltm/dp/plugins.py."""
 
 
-class Accountant(Choice):
-    pld = "pld"
-    rdp = "rdp"
+Accountant = Choice("Accountant", {name: name for name in ACCOUNTANTS})  # type: ignore[misc]
+"""`--accountant`: the accountants of dpltm/privacy/accountants.py."""
 
 
 class Neighbouring(Choice):

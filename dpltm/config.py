@@ -29,6 +29,7 @@ import yaml
 
 from dpltm.errors import DpltmUserError
 from dpltm.model import ACTIVATIONS, ARCHS, check_network_size
+from dpltm.privacy.accountants import accountant_entry
 from dpltm.privacy.accounting import check_target_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
@@ -663,8 +664,7 @@ class TrainSettings:
                 raise DpltmUserError(f"--max-eps {self.max_eps:g} cannot stop a run whose σ is calibrated to spend "
                                      f"--eps {self.eps2:g} in all: drop --max-eps, or give --sigma and cap its ε")
         _require_positive("--patience", self.patience)
-        if self.accountant not in ("pld", "rdp"):
-            raise DpltmUserError(f"--accountant must be pld or rdp, got {self.accountant}")
+        accountant_entry(self.accountant, "--accountant")
         # the CLI's and the API's spellings (replace-one) too, stored in the accountant's (replace_one)
         object.__setattr__(self, "neighboring", self.neighboring.strip().lower().replace("-", "_"))
         if self.neighboring not in ("add_remove", "replace_one"):

@@ -1,19 +1,8 @@
 """ε from a real accountant, and every valid way to compose selection with training.
 
-Two sound accountants from dp-accounting 0.6.0, both upper bounds on the true ε:
-
-* ``"pld"`` — privacy loss distributions (Meiser & Mohammad 2018; Koskela, Jälkö & Honkela
-  2020; Doroshenko et al. 2022 "connect the dots"). dp-accounting's `PLDAccountant` builds
-  each PLD with `pessimistic_estimate=True`: losses are rounded up and the truncated tail
-  is counted as infinite loss, so the ε it reports is an upper bound, and nearly tight.
-  We use a value discretisation interval of 1e-4 (dp-accounting's default): at the
-  reference setting of docs/privacy.md §3 it is within 5e-4 of the 1e-5 result, whereas 1e-3
-  overstates ε = 0.180 as 0.216. Default accountant.
-* ``"rdp"`` — Rényi DP (Mironov 2017; subsampled Gaussian per Mironov, Talwar & Zhang
-  2019), converted to (ε, δ) by Canonne, Kamath & Steinke (2020), Prop. 12 (the same bound
-  as Balle et al. 2020, Thm 21). Looser than PLD (about 10 % at the reference setting), but
-  it also accepts `ZCDpEvent`, which is how the exponential mechanism enters an RDP
-  composition.
+The sound accountants, each an upper bound on the true ε, are the registry's
+(dpltm.privacy.accountants): PLD (dpltm/privacy/pld_accountant.py, the default) and RDP
+(dpltm/privacy/rdp_accountant.py, which also composes the exponential mechanism as zCDP).
 
 The Gaussian-DP central limit theorem (Bu, Dong, Long & Su 2020) is offered separately as
 a labelled *approximation* (`gdp_mu`, `gdp_epsilon`): it can fall below the true ε.
@@ -32,7 +21,6 @@ import math
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dp_accounting import (  # type: ignore[import-untyped]
     ComposedDpEvent,
@@ -41,28 +29,21 @@ from dp_accounting import (  # type: ignore[import-untyped]
     PoissonSampledDpEvent,
     PrivacyAccountant,
     SelfComposedDpEvent,
-    pld,
-    rdp,
 )
-from dp_accounting.pld import privacy_loss_distribution as pld_lib  # type: ignore[import-untyped]
 from scipy import optimize, special  # type: ignore[import-untyped]
 
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accountants import ACCOUNTANTS, accountant_entry
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import DpEvent, event_from_json, event_to_json, selection_event
 
-ACCOUNTANTS = ("pld", "rdp")
 NEIGHBORING = ("add_remove", "replace_one")
-
-#: PLD value discretisation interval (see the module docstring for why 1e-4).
-PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 
 _RELATIONS = {
     "add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE,
     "replace_one": NeighboringRelation.REPLACE_ONE,
 }
 
-ACCOUNTANT_LABELS = {"pld": "PLD", "rdp": "RDP"}
 NEIGHBORING_LABELS = {"add_remove": "add/remove-one", "replace_one": "replace-one"}
 
 
@@ -89,10 +70,9 @@ class EpsilonOutOfRange(DpltmUserError):
     """ε is beyond what dpltm accounts for (see `PLD_MAX_RDP_EPSILON`)."""
 
 
-def check_accountant(accountant: str) -> str:
-    if accountant not in ACCOUNTANTS:
-        raise DpltmUserError(f"unknown accountant {accountant!r}; choose one of {ACCOUNTANTS}")
-    return accountant
+def check_accountant(accountant: object, option: str = "accountant") -> str:
+    """The name of a registered accountant (dpltm.privacy.accountants), or one line naming `option`."""
+    return accountant_entry(accountant, option).name
 
 
 def check_neighboring(neighboring: str) -> str:
@@ -121,12 +101,7 @@ def check_target_epsilon(target_epsilon: float, option: str = "target epsilon") 
 def make_accountant(accountant: str = "pld", neighboring: str = "add_remove") -> PrivacyAccountant:
     """A fresh dp-accounting accountant of the named kind (see the module docstring)."""
     relation = _RELATIONS[check_neighboring(neighboring)]
-    if check_accountant(accountant) == "pld":
-        return pld.PLDAccountant(
-            neighboring_relation=relation,
-            value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL,
-        )
-    return rdp.RdpAccountant(neighboring_relation=relation)
+    return accountant_entry(accountant).load().make(relation)  # type: ignore[no-any-return]
 
 
 def _offending_subevent(acc: PrivacyAccountant, event: DpEvent) -> DpEvent:
@@ -152,7 +127,7 @@ def require_support(event: DpEvent, accountant: str, neighboring: str) -> None:
     if not acc.supports(event):
         bad = type(_offending_subevent(acc, event)).__name__
         raise DpltmUserError(
-            f"the {ACCOUNTANT_LABELS[accountant]} accountant cannot account for {bad} under "
+            f"the {ACCOUNTANTS[accountant].label} accountant cannot account for {bad} under "
             f"{NEIGHBORING_LABELS[neighboring]} adjacency; try another accountant or relation"
         )
 
@@ -236,7 +211,7 @@ _quiet_saved_level = logging.NOTSET
 def _composed(event: DpEvent, accountant: str, neighboring: str, delta: float) -> PrivacyAccountant:
     """A fresh accountant that has composed `event`; dp-accounting's failures become one line."""
     require_support(event, accountant, neighboring)
-    if accountant == "pld":
+    if ACCOUNTANTS[accountant].cost_grows_with_epsilon:
         _check_pld_cost(event, delta, neighboring)
     acc = make_accountant(accountant, neighboring)
     try:
@@ -244,7 +219,7 @@ def _composed(event: DpEvent, accountant: str, neighboring: str, delta: float) -
             acc.compose(event)
     except (ArithmeticError, ValueError, MemoryError) as exc:
         raise DpltmUserError(
-            f"the {ACCOUNTANT_LABELS[accountant]} accountant failed at this setting: {_first_line(exc)}"
+            f"the {ACCOUNTANTS[accountant].label} accountant failed at this setting: {_first_line(exc)}"
         ) from None
     return acc
 
@@ -274,28 +249,6 @@ def _dpsgd_shape(event: DpEvent) -> tuple[float, float, int] | None:
     return None
 
 
-@functools.lru_cache(maxsize=4)  # a run asks for one (q, σ); a σ search's many each once (up to ~12 MB each)
-def _subsampled_gaussian_pld(q: float, sigma: float, neighboring: str) -> Any:
-    """The one-step PLD of a Poisson-sampled Gaussian, exactly as dp-accounting's `PLDAccountant`
-    builds it (pessimistic, connect-the-dots, our discretisation), kept for reuse.
-
-    Building it is most of a DP-SGD ε query (~0.3 s of ~0.45 s); the ε after each epoch, the budget
-    stop and the final report all self-compose this same PLD a different number of times
-    (`PrivacyLossDistribution.self_compose` returns a new PLD and leaves this one unchanged).
-    """
-    return pld_lib.from_gaussian_mechanism(
-        standard_deviation=sigma, value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL,
-        sampling_prob=q, neighboring_relation=_RELATIONS[neighboring])
-
-
-def _dpsgd_pld_epsilon(q: float, sigma: float, steps: int, delta: float, neighboring: str) -> float:
-    """What `PLDAccountant` computes for the event (identity ∘ one-step PLD^T, then ε at δ), bit for
-    bit, from the cached one-step PLD (tests/privacy/test_accounting.py checks the equality)."""
-    composed = pld_lib.identity(PLD_VALUE_DISCRETIZATION_INTERVAL).compose(
-        _subsampled_gaussian_pld(q, sigma, neighboring).self_compose(steps))
-    return float(composed.get_epsilon_for_delta(delta))
-
-
 class AccountantUnderflow(DpltmUserError):
     """An accountant's ε fell to 0 by underflow: no bound from it at this setting (another may give one)."""
 
@@ -303,24 +256,27 @@ class AccountantUnderflow(DpltmUserError):
 @functools.lru_cache(maxsize=512)
 def _epsilon_cached(key: str, delta: float, accountant: str, neighboring: str) -> float:
     event = event_from_json(json.loads(key))
-    shape = _dpsgd_shape(event) if accountant == "pld" else None
+    entry = ACCOUNTANTS[accountant]
+    fast = getattr(entry.load(), "dpsgd_epsilon", None)
+    shape = _dpsgd_shape(event) if fast is not None else None
     try:
         if shape is not None:
             require_support(event, accountant, neighboring)
-            _check_pld_cost(event, delta, neighboring)
-            return _dpsgd_pld_epsilon(*shape, delta, neighboring)
+            if entry.cost_grows_with_epsilon:
+                _check_pld_cost(event, delta, neighboring)
+            return float(fast(*shape, delta, _RELATIONS[neighboring]))  # type: ignore[misc]
         acc = _composed(event, accountant, neighboring, delta)
         with _quiet_rdp_warnings():
             value = float(acc.get_epsilon(delta))
     except (ArithmeticError, ValueError, MemoryError) as exc:
         raise DpltmUserError(
-            f"the {ACCOUNTANT_LABELS[accountant]} accountant failed at this setting: {_first_line(exc)}"
+            f"the {ACCOUNTANTS[accountant].label} accountant failed at this setting: {_first_line(exc)}"
         ) from None
     if value <= 0.0 and '"GaussianDpEvent"' in key:
         # dp-accounting's RDP orders underflow to exactly 0 at very large σ (about 2e4 and more) and it then
         # reports ε = 0: not a bound for any finite σ (PLD gives a positive ε there)
         if accountant != "pld":
-            raise AccountantUnderflow(f"the {ACCOUNTANT_LABELS[accountant]} accountant underflows to epsilon 0 at "
+            raise AccountantUnderflow(f"the {ACCOUNTANTS[accountant].label} accountant underflows to epsilon 0 at "
                                       "this setting (a noise multiplier of about 1e4 or more, or a sampling rate "
                                       "so small that its privacy loss vanishes in floating point): it gives no "
                                       "bound here; use the PLD accountant (or, calibrating, a larger target "
@@ -370,7 +326,7 @@ def delta_for_epsilon(
             return float(min(1.0, acc.get_delta(e)))
     except (ArithmeticError, ValueError, MemoryError) as exc:
         raise DpltmUserError(
-            f"the {ACCOUNTANT_LABELS[accountant]} accountant failed at this setting: {_first_line(exc)}"
+            f"the {ACCOUNTANTS[accountant].label} accountant failed at this setting: {_first_line(exc)}"
         ) from None
 
 
@@ -481,7 +437,7 @@ def composition_bounds(
     check_accountant(accountant)
     check_neighboring(neighboring)
     d = check_delta(delta)
-    label = ACCOUNTANT_LABELS[accountant]
+    label = ACCOUNTANTS[accountant].label
     eps_train = epsilon_unchecked(training_event, d, accountant, neighboring)
     if selection_eps1 is None:
         return [

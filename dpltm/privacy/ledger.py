@@ -36,8 +36,8 @@ from dp_accounting import (  # type: ignore[import-untyped]
 
 from dpltm.dp.plugins import NOISE_PLUGINS
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.privacy.accounting import (
-    ACCOUNTANT_LABELS,
     BASIC_COMPOSITION,
     NEIGHBORING_LABELS,
     RDP_COMPOSITION,
@@ -279,7 +279,7 @@ class PrivacyLedger:
         dp_phases = ComposedDpEvent([*self._warmup_events(), self.training_event()])
         return [replace(b, name=PRIVATE_TICKET_COMPOSITION if b.name == TRAINING_ONLY else b.name,
                         description="DP ticket generation (warm-up) and training composed by the "
-                                    f"{ACCOUNTANT_LABELS[self.accountant]} accountant" if b.name == TRAINING_ONLY
+                                    f"{ACCOUNTANTS[self.accountant].label} accountant" if b.name == TRAINING_ONLY
                         else b.description)
                 for b in composition_bounds(self.selection_eps1, dp_phases, self.delta, self.accountant,
                                             self.neighboring)]
@@ -359,7 +359,7 @@ class PrivacyLedger:
         relation = NEIGHBORING_LABELS[self.neighboring]
         lines.append(
             f"(ε = {round_up(best.epsilon)}, δ = {format_delta(self.delta)})-DP for {self.private_dataset} "
-            f"under {relation} adjacency, {ACCOUNTANT_LABELS[best.accountant]} accountant, "
+            f"under {relation} adjacency, {ACCOUNTANTS[best.accountant].label} accountant, "
             f"composition: {_COMPOSITION_TEXT.get(best.name, best.name)}"
             + ("" if self.end_to_end_dp else f" [{self.epsilon_scope}]")
             + "."
@@ -418,7 +418,7 @@ class PrivacyLedger:
         for b in others:
             lines.append(
                 f"Also valid: ε = {round_up(b.epsilon)} by {_COMPOSITION_TEXT.get(b.name, b.name)}"
-                f" ({ACCOUNTANT_LABELS[b.accountant]})."
+                f" ({ACCOUNTANTS[b.accountant].label})."
             )
         return "\n".join(lines)
 

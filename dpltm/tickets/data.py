@@ -38,9 +38,9 @@ def data_to_check(ticket: dict[str, Any] | None, private_dataset: str, assert_pu
     made on another dataset (a failure becomes the guarantee's caveat: the tickets may travel without
     their data). Not for a private ticket (its warm-up is composed instead) nor same-data tickets (not
     DP end to end anyway)."""
-    from dpltm.tickets.private import is_private_ticket
+    from dpltm.artefacts.winner import PRIVATE_METHOD
 
-    if ticket is None or is_private_ticket(ticket):
+    if ticket is None or ticket.get("selection", {}).get("method") == PRIVATE_METHOD:
         return None, None
     same_name = ticket["source"]["data"]["dataset"] == private_dataset
     if same_name and not assert_public:

@@ -343,7 +343,7 @@ def test_the_pld_cost_guard_skips_only_runs_a_passed_one_covers(monkeypatch: pyt
 
 @pytest.mark.parametrize("path", ["accountant", "dp-sgd one-step pld"])
 def test_dp_accounting_failures_become_one_user_error(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpltm.privacy import accounting
+    from dpltm.privacy import accounting, pld_accountant
 
     def fail(*args: object, **kwargs: object) -> None:
         raise ValueError("Maximum allowed size exceeded\nmore detail")
@@ -353,8 +353,8 @@ def test_dp_accounting_failures_become_one_user_error(path: str, monkeypatch: py
         monkeypatch.setattr(dpa.pld.PLDAccountant, "compose", fail)
         event = dpa.ComposedDpEvent([dpsgd_event(0.5, 3.0, 17), dpsgd_event(0.25, 3.0, 5)])
     else:  # DP-SGD's event: its one-step PLD is built by dp-accounting and kept
-        accounting._subsampled_gaussian_pld.cache_clear()
-        monkeypatch.setattr(accounting.pld_lib, "from_gaussian_mechanism", fail)
+        pld_accountant._subsampled_gaussian_pld.cache_clear()
+        monkeypatch.setattr(pld_accountant.pld_lib, "from_gaussian_mechanism", fail)
         event = dpsgd_event(0.5, 3.0, 17)
     with pytest.raises(DpltmUserError, match="PLD accountant failed at this setting: Maximum allowed size exceeded$"):
         epsilon(event, DELTA, "pld")
@@ -414,11 +414,11 @@ def test_dpsgd_epsilon_from_the_cached_one_step_pld_is_dp_accountings_bit_for_bi
     """DP-SGD's ε is computed from a one-step PLD built once and self-composed per query: each value
     must be exactly what a fresh `PLDAccountant` gives for the event, whatever was asked before it
     (the cached PLD is never changed by composing it), nested self-compositions included."""
-    from dpltm.privacy import accounting
+    from dpltm.privacy import accounting, pld_accountant
 
     relation = {"add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
                 "replace_one": dpa.NeighboringRelation.REPLACE_ONE}[neighboring]
-    accounting._subsampled_gaussian_pld.cache_clear()
+    pld_accountant._subsampled_gaussian_pld.cache_clear()
     step = dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(1.1))
     for event, delta in [(dpa.SelfComposedDpEvent(step, 300), 1e-5), (dpa.SelfComposedDpEvent(step, 20), 1e-5),
                          (dpa.SelfComposedDpEvent(dpa.SelfComposedDpEvent(step, 25), 12), 1e-6),
@@ -427,7 +427,7 @@ def test_dpsgd_epsilon_from_the_cached_one_step_pld_is_dp_accountings_bit_for_bi
         independent.compose(event)
         accounting._epsilon_cached.cache_clear()
         assert accounting.epsilon(event, delta, "pld", neighboring) == float(independent.get_epsilon(delta))
-    assert accounting._subsampled_gaussian_pld.cache_info().currsize == 1  # one one-step PLD served all four
+    assert pld_accountant._subsampled_gaussian_pld.cache_info().currsize == 1  # one one-step PLD served all four
 
 
 def test_rdp_underflow_to_zero_is_refused_not_reported_as_a_bound() -> None:

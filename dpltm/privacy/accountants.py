@@ -1,0 +1,53 @@
+"""The accountants dpltm states ε with, and what each can do: the one list every front end reads.
+
+Adding an accountant: one module with `make(relation: dp_accounting.NeighboringRelation) ->
+dp_accounting.PrivacyAccountant` (like dpltm/privacy/rdp_accountant.py) and one `AccountantEntry` line
+below. The CLI's `--accountant` choices, the API's, the config's and the checkpoints' checks, the labels
+in privacy statements and `dpltm account`'s table are derived from this table; the shared suite in
+tests/privacy/test_accountants.py runs every entry against dp-accounting. Only *sound* accountants (an
+upper bound on the true ε) belong here: an approximation such as the GDP central limit theorem is
+offered apart and labelled (dpltm.privacy.accounting.gdp_epsilon). This module imports nothing heavy,
+so `dpltm --help` stays quick; an accountant's module is imported when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from dpltm.errors import DpltmUserError
+
+
+@dataclass(frozen=True)
+class AccountantEntry:
+    name: str
+    label: str
+    """How statements and tables name it ("PLD accountant")."""
+    module: str
+    """The module with `make(relation)`, and optionally `dpsgd_epsilon(q, σ, T, δ, relation)`: the same ε as
+    the accountant's for DP-SGD's event, computed faster (tests check the equality)."""
+    cost_grows_with_epsilon: bool = False
+    """Its cost grows with the privacy loss's range: run only where the cheap RDP bound says ε is modest
+    (dpltm.privacy.accounting.PLD_MAX_RDP_EPSILON)."""
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+
+ACCOUNTANTS: dict[str, AccountantEntry] = {entry.name: entry for entry in (
+    AccountantEntry("pld", "PLD", "dpltm.privacy.pld_accountant", cost_grows_with_epsilon=True),
+    AccountantEntry("rdp", "RDP", "dpltm.privacy.rdp_accountant"),
+)}
+"""By name; the first is the default."""
+
+DEFAULT_ACCOUNTANT = next(iter(ACCOUNTANTS))
+
+
+def accountant_entry(name: object, option: str = "accountant") -> AccountantEntry:
+    """The entry named `name`, or one line naming `option` and the accountants there are."""
+    entry = ACCOUNTANTS.get(name) if isinstance(name, str) else None
+    if entry is None:
+        shown = repr(name) if isinstance(name, str) else type(name).__name__
+        raise DpltmUserError(f"{option} must be one of {', '.join(ACCOUNTANTS)}, got {shown}")
+    return entry

@@ -1,0 +1,70 @@
+"""Every registered accountant (dpltm.privacy.accountants) against dp-accounting: the ε dpltm states is the
+accountant's own, and it is an upper bound (never below a finer PLD of the same mechanism)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import dp_accounting as dpa
+import pytest
+
+from dpltm.api_checks import check_accountant as api_check_accountant
+from dpltm.choices import Accountant
+from dpltm.config import TrainSettings
+from dpltm.errors import DpltmUserError
+from dpltm.privacy import accounting
+from dpltm.privacy.accountants import ACCOUNTANTS, AccountantEntry
+from dpltm.privacy.events import dpsgd_event
+
+RELATIONS = {"add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+             "replace_one": dpa.NeighboringRelation.REPLACE_ONE}
+SETTINGS = [(400 / 60000, 2.49, 7500, 1e-5), (0.02, 1.1, 300, 1e-5), (0.1, 5.0, 50, 1e-6)]
+
+
+def _reference(q: float, sigma: float, steps: int, delta: float) -> float:
+    """dp-accounting's PLD at a ten times finer grid: as close to the true ε as we can compute."""
+    acc = dpa.pld.PLDAccountant(value_discretization_interval=1e-5)
+    acc.compose(dpsgd_event(q, sigma, steps))
+    return float(acc.get_epsilon(delta))
+
+
+@pytest.mark.parametrize("name", list(ACCOUNTANTS))
+@pytest.mark.parametrize(("q", "sigma", "steps", "delta"), SETTINGS)
+def test_every_accountant_states_its_own_epsilon_and_an_upper_bound(name: str, q: float, sigma: float, steps: int,
+                                                                     delta: float) -> None:
+    entry = ACCOUNTANTS[name]
+    own = entry.load().make(RELATIONS["add_remove"])
+    event = dpsgd_event(q, sigma, steps)
+    assert own.supports(event)
+    own.compose(event)
+    accounting._epsilon_cached.cache_clear()
+    stated = accounting.epsilon(event, delta, name)
+    assert stated == pytest.approx(float(own.get_epsilon(delta)), rel=1e-12)  # its fast path, if any, included
+    reference = _reference(q, sigma, steps, delta)
+    assert reference * (1 - 1e-3) <= stated <= reference * 1.25
+    assert f"{entry.label} accountant" in accounting.composition_bounds(None, event, delta, name)[0].description
+
+
+def test_the_cli_the_config_and_the_api_offer_exactly_the_registry() -> None:
+    assert [member.value for member in Accountant] == list(ACCOUNTANTS)
+    for name in ACCOUNTANTS:
+        assert api_check_accountant(name) == name and TrainSettings(accountant=name).accountant == name
+    with pytest.raises(DpltmUserError, match=r"^accountant must be one of pld, rdp, got 'prv'$"):
+        api_check_accountant("prv")
+    with pytest.raises(DpltmUserError, match=r"^--accountant must be one of pld, rdp, got 'gdp'$"):
+        TrainSettings(accountant="gdp")
+    with pytest.raises(DpltmUserError, match=r"^accountant must be one of pld, rdp, got list$"):
+        api_check_accountant(["pld"])
+
+
+def test_adding_an_accountant_is_one_module_and_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module with `make(relation)` and a line in the table: every ε path takes it."""
+    module = types.ModuleType("tests_fake_accountant")
+    module.make = lambda relation: dpa.rdp.RdpAccountant(neighboring_relation=relation)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(ACCOUNTANTS, "rdp2", AccountantEntry("rdp2", "RDP (again)", module.__name__))
+    accounting._epsilon_cached.cache_clear()
+    event = dpsgd_event(0.02, 1.1, 300)
+    assert accounting.epsilon(event, 1e-5, "rdp2") == accounting.epsilon(event, 1e-5, "rdp")
+    assert api_check_accountant("rdp2") == "rdp2"
