@@ -302,14 +302,6 @@ def check_token_ids(model: nn.Module, features: Tensor, what: str) -> None:
                              f"(ids 0 to {rows - 1})")
 
 
-def check_masks_from(masks_from: Any) -> str | None:
-    """`masks_from` as a provenance string (data and ticket lists are checked by the caller)."""
-    if masks_from is None or isinstance(masks_from, str):
-        return masks_from
-    raise DpltmUserError(f"masks_from must be a string, public data or the tickets of generate_tickets, got "
-                         f"{type(masks_from).__name__}")
-
-
 def check_mask_values(masks: Any) -> Mapping[str, Any]:
     if masks is None:
         return {}
