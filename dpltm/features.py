@@ -7,26 +7,34 @@ own settings, so its features can be computed once and reused by every stage and
 The cache is **private data** when the records are: features are a function of the records. It
 lives in the user's own cache folder (`$DPLTM_FEATURE_CACHE`, else ``~/.cache/dpltm/features``,
 made with mode 0700, files 0600), never in a checkpoint, model file or export (those hold the head's
-weights only: the front end has no state). A cache file is keyed by a SHA-256 of the records' exact
-bytes and the front end's settings (`ScatterFront.settings`): other data or other settings name
-another file, so a stale entry is never found. Each file stores a SHA-256 of its own features (over
-32 MiB pieces hashed in parallel) and is checked when read; a damaged, truncated or foreign file is
-reported on stderr and rebuilt, never used.
+weights only: the front end has no state). An existing folder open to other users, or not the user's,
+is not used (`cache_secret`). A cache file is named by a SHA-256 of the records' exact bytes and the
+front end's settings (`ScatterFront.settings`): other data or other settings name another file, so a
+stale entry is never found. Each file stores an HMAC-SHA-256 of its own features (over 32 MiB pieces
+hashed in parallel) keyed by a secret kept in the folder (`KEY_FILE`, 0600), checked when read: a
+damaged, truncated or foreign file, or one made by anyone without the key, is reported on stderr and
+rebuilt, never used. Entries are opened only as regular files: a pipe in their place cannot block a run.
+The cache is best effort: whatever keeps it from being read or written is one note on stderr, and the
+run goes on computing the features.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import hmac
 import json
 import os
+import secrets
+import stat
 import sys
 import tempfile
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -38,8 +46,10 @@ from dpltm.errors import DpltmUserError
 from dpltm.paths import user_cache_dir
 
 CACHE_ENV = "DPLTM_FEATURE_CACHE"
-CACHE_FORMAT = 2
-"""2: the checksum is a SHA-256 over 32 MiB pieces (`_checksum`); a format-1 file is rebuilt."""
+CACHE_FORMAT = 3
+"""3: the checksum is an HMAC keyed by the folder's secret (`_checksum`); a file of an earlier format is rebuilt."""
+KEY_FILE = ".hmac-key"
+KEY_BYTES = 32
 CHECKSUM_PIECE = 32 << 20
 CHUNK = 1024
 """Records per front-end call: bounds the transform's working memory."""
@@ -86,11 +96,13 @@ def features_of(front: Any, records: Tensor, folder: Path, *, progress: bool = F
     key = cache_key(front.settings(), records)
     path = folder / f"{key}.pt"
     features = _recent.pop(key, None)
-    if features is None:
-        features = read_cached(path, key, (records.shape[0], front.out_features))
+    secret = cache_secret(folder) if features is None else None
+    if features is None and secret is not None:
+        features = read_cached(path, key, (records.shape[0], front.out_features), secret)
     if features is None:
         features = compute_features(front, records, progress=progress, label=label)
-        write_cached(path, key, front.settings(), features)
+        if secret is not None:
+            write_cached(path, key, front.settings(), features, secret)
     _recent[key] = features  # most recent last
     while len(_recent) > RECENT:
         _recent.popitem(last=False)
@@ -116,9 +128,9 @@ def _bytes(values: Tensor) -> memoryview:
     return memoryview(array).cast("B")
 
 
-def _checksum(features: Tensor) -> str:
-    """SHA-256 over the SHA-256s of the features' 32 MiB pieces, hashed in parallel threads (hashlib
-    releases the GIL): a file of a gigabyte is checked at the speed of all the cores, not of one."""
+def _checksum(features: Tensor, secret: bytes = b"") -> str:
+    """HMAC-SHA-256, keyed by `secret`, of the SHA-256s of the features' 32 MiB pieces, hashed in parallel
+    threads (hashlib releases the GIL): a file of a gigabyte is checked at the speed of all the cores."""
     data = _bytes(features)
     starts = range(0, len(data), CHECKSUM_PIECE)
 
@@ -131,7 +143,8 @@ def _checksum(features: Tensor) -> str:
             digests = list(pool.map(piece, starts))
     else:
         digests = [piece(start) for start in starts]
-    return hashlib.sha256(f"dpltm-feature-pieces:{CHECKSUM_PIECE}:".encode() + b"".join(digests)).hexdigest()
+    message = f"dpltm-feature-pieces:{CHECKSUM_PIECE}:".encode() + b"".join(digests)
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 @torch.no_grad()
@@ -149,14 +162,18 @@ def compute_features(front: Any, records: Tensor, *, progress: bool = False, lab
     return out
 
 
-def read_cached(path: Path, key: str, shape: tuple[int, int]) -> Tensor | None:
+def read_cached(path: Path, key: str, shape: tuple[int, int], secret: bytes) -> Tensor | None:
     """The cached features at `path` if the file is whole and is the one for `key`; None if there is
-    none; a damaged or foreign file is reported on stderr and left to be rebuilt."""
-    if not path.exists():
-        return None
+    none; a damaged or foreign file, or anything but a regular file, is reported on stderr and left to
+    be rebuilt (the new file replaces it)."""
     try:
-        body = torch.load(path, map_location="cpu", weights_only=True)
-        problem = _problem(body, key, shape)
+        with _open_regular(path) as handle:
+            body = torch.load(handle, map_location="cpu", weights_only=True)
+        problem = _problem(body, key, shape, secret)
+    except FileNotFoundError:
+        return None
+    except _Unusable as exc:
+        problem = str(exc)
     except Exception as exc:  # any unreadable file is rebuilt, never trusted
         problem = f"unreadable ({type(exc).__name__})"
     if problem is None:
@@ -169,10 +186,24 @@ def read_cached(path: Path, key: str, shape: tuple[int, int]) -> Tensor | None:
     return None
 
 
+class _Unusable(OSError):
+    """A cache entry or key that is there but cannot be used (its message says why)."""
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file. Opened without blocking (a FIFO would wait for a
+    writer) and checked on the open file, not on the name, so nothing can be swapped in between."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _Unusable("not a regular file")
+    return os.fdopen(fd, "rb")
+
+
 EARLIER_FORMAT = "an earlier format"
 
 
-def _problem(body: Any, key: str, shape: tuple[int, int]) -> str | None:
+def _problem(body: Any, key: str, shape: tuple[int, int], secret: bytes) -> str | None:
     if isinstance(body, dict) and type(body.get("format")) is int and 0 < body["format"] < CACHE_FORMAT:
         return EARLIER_FORMAT
     if not isinstance(body, dict) or body.get("format") != CACHE_FORMAT:
@@ -182,28 +213,95 @@ def _problem(body: Any, key: str, shape: tuple[int, int]) -> str | None:
     features = body.get("features")
     if not isinstance(features, Tensor) or tuple(features.shape) != shape or features.dtype != torch.float32:
         return "features of the wrong shape or type"
-    if body.get("sha256") != _checksum(features):
+    if body.get("hmac") != _checksum(features, secret):
         return "checksum mismatch"
     return None
 
 
 _UNWRITABLE: set[str] = set()
-"""Cache folders this process could not create or write in (said once each)."""
+"""Cache folders this process could not use or write in (said once each)."""
 
 
-def write_cached(path: Path, key: str, settings: dict[str, Any], features: Tensor) -> None:
+def _note_once(folder: Path, note: str) -> None:
+    if str(folder) not in _UNWRITABLE:  # once a folder per run, not once a split
+        _UNWRITABLE.add(str(folder))
+        print(note, file=sys.stderr)
+
+
+def cache_secret(folder: Path) -> bytes | None:
+    """The secret key of the cache folder, made (folder 0700, key 0600) on first use; None, with one note,
+    if the folder cannot be used. An existing folder open to other users or owned by another is refused,
+    not made private: a chmod would change a folder the user may share on purpose (even /tmp), would not
+    take out what others already put there, and cannot be done on another user's folder at all."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = folder.stat()
+        if info.st_uid == os.geteuid() and not info.st_mode & 0o077:
+            return _secret_in(folder / KEY_FILE)
+        why = (f"is open to other users (mode {stat.S_IMODE(info.st_mode):o}); make it private with "
+               f"`chmod 700 {folder}` or" if info.st_uid == os.geteuid() else "belongs to another user;")
+        note = f"feature cache not used: {folder} {why} set {CACHE_ENV} to a folder of your own"
+    except _Unusable as exc:
+        note = f"feature cache not used: {exc}"
+    except (FileExistsError, NotADirectoryError):
+        file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+        note = f"feature cache not written: {file} is a file, not a folder; remove it or set {CACHE_ENV} to a folder"
+    except OSError as exc:
+        note = f"feature cache not written ({folder}: {_why(exc)}); the features are not kept"
+    _note_once(folder, note)
+    return None
+
+
+def _secret_in(path: Path) -> bytes:
+    """The key in `path`, made on first use: written whole to a temp file (O_EXCL, 0600) and hard-linked
+    into place, which never replaces a key, so concurrent runs agree on one and none reads a part."""
+    if not os.path.lexists(path):
+        fd, tmp = tempfile.mkstemp(prefix=".key.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(secrets.token_bytes(KEY_BYTES))
+                handle.flush()
+                os.fsync(handle.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    try:
+        with _open_regular(path) as handle:
+            info, secret = os.fstat(handle.fileno()), handle.read(KEY_BYTES + 1)
+        mine = info.st_uid == os.geteuid() and not info.st_mode & 0o077 and len(secret) == KEY_BYTES
+    except _Unusable:
+        mine = False
+    if not mine:
+        raise _Unusable(f"its key {path} is not a {KEY_BYTES}-byte file of yours alone; remove it (the cache is "
+                      "then rebuilt)")
+    return secret
+
+
+_PLAINLY = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "file too large for the file-size limit",
+            errno.EDQUOT: "disk quota exceeded"}
+
+
+def _why(exc: BaseException) -> str:
+    """What failed, in one line: the OSError behind the exception when there is one (torch's zip writer
+    raises a RuntimeError after the write's OSError), in plain words when it is a full disk or a limit."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, OSError):
+        return _PLAINLY.get(cause.errno or 0, cause.strerror or str(cause))
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def write_cached(path: Path, key: str, settings: dict[str, Any], features: Tensor, secret: bytes) -> None:
     """Write a cache file atomically (temp file, fsync, rename), readable by the user alone. A cache that
     cannot be written is skipped with a note: the run goes on with the features it computed."""
-    body = {"format": CACHE_FORMAT, "key": key, "settings": settings, "sha256": _checksum(features),
+    body = {"format": CACHE_FORMAT, "key": key, "settings": settings, "hmac": _checksum(features, secret),
             "features": features}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
     except OSError as exc:
-        if str(path.parent) not in _UNWRITABLE:  # once a folder per run, not once a split
-            _UNWRITABLE.add(str(path.parent))
-            print(f"feature cache not written ({path.parent}: {exc.strerror}); the features are not kept",
-                  file=sys.stderr)
+        _note_once(path.parent, f"feature cache not written ({path.parent}: {_why(exc)}); the features are not kept")
         return
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -211,11 +309,9 @@ def write_cached(path: Path, key: str, settings: dict[str, Any], features: Tenso
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        print(f"feature cache not written ({path}: {exc.strerror}); the features are not kept", file=sys.stderr)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        if not isinstance(exc, (OSError, RuntimeError)):  # torch's zip writer: RuntimeError on a failed write
+            raise
+        _note_once(path.parent, f"feature cache not written ({path}: {_why(exc)}); the features are not kept")

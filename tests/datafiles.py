@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,9 @@ def write_isolet(root: Path, *, gz: bool, subdir: str = "ISOLET"):
 
 
 def write_mnist(root: Path, folder: str = "MNIST", n_train: int = 50, n_test: int = 20, gz=True):
-    """IDX fixtures in torchvision's layout; returns {portion: (images, labels)}."""
-    rng = np.random.default_rng(2)
+    """IDX fixtures in torchvision's layout; returns {portion: (images, labels)}. Each folder draws its own
+    records: two datasets that shared them would be one dataset under two names (refused as tickets' data)."""
+    rng = np.random.default_rng(2 if folder == "MNIST" else zlib.crc32(folder.encode()))
     raw = root / folder / "raw"
     raw.mkdir(parents=True)
     suffix = ".gz" if gz else ""

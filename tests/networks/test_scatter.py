@@ -181,7 +181,7 @@ def test_features_are_computed_once_then_read_from_the_cache(tmp_path: Path, mon
     first = network_inputs(net, data, cache_dir=tmp_path)
     assert first.train.features.shape == (40, CHANNELS * 49) and first.num_features == 784
     assert first.fingerprint == data.fingerprint and torch.equal(first.train.labels, data.train.labels)
-    files = sorted(tmp_path.iterdir())
+    files = sorted(tmp_path.glob("*.pt"))
     assert len(files) == 3  # one per split
     assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)  # private data: the user's alone
@@ -209,11 +209,11 @@ def test_the_cache_is_rebuilt_when_the_data_or_the_settings_change(tmp_path: Pat
     real = feature_cache.compute_features
     monkeypatch.setattr(feature_cache, "compute_features", lambda *a, **k: calls.append(1) or real(*a, **k))
     features_of(front, changed, tmp_path)
-    assert calls == [1] and len(list(tmp_path.iterdir())) == 2
+    assert calls == [1] and len(list(tmp_path.glob("*.pt"))) == 2
     settings = front.settings()
     monkeypatch.setattr(type(front), "settings", lambda self: {**settings, "kymatio": "0.4.0"})
     features_of(front, x, tmp_path)
-    assert calls == [1, 1] and len(list(tmp_path.iterdir())) == 3
+    assert calls == [1, 1] and len(list(tmp_path.glob("*.pt"))) == 3
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "foreign"])
@@ -222,7 +222,7 @@ def test_a_damaged_cache_file_is_rebuilt_never_used(tmp_path: Path, damage: str,
     front = _network("scatter-linear").front  # type: ignore[union-attr]
     x = _images(12)
     good = features_of(front, x, tmp_path)
-    (path,) = tmp_path.iterdir()
+    (path,) = tmp_path.glob("*.pt")
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:200])
     elif damage == "flip":
@@ -244,7 +244,7 @@ def test_a_cache_file_of_an_earlier_format_is_rebuilt(tmp_path: Path, capsys: py
     front = _network("scatter-linear").front  # type: ignore[union-attr]
     x = _images(5)
     good = features_of(front, x, tmp_path)
-    (path,) = tmp_path.iterdir()
+    (path,) = tmp_path.glob("*.pt")
     body = torch.load(path, weights_only=True)
     torch.save({**body, "format": 1}, path)  # format 1 stored a plain SHA-256 of the features
     feature_cache._recent.clear()
@@ -323,7 +323,7 @@ def test_cli_scatter_cnn_generate_select_train_export_predict(tmp_path: Path, cl
     predicted = json.loads(cli("predict", "--model", str(tmp_path / "m.safetensors"), "--dataset", "mnist",
                                "--json", env=env).stdout)
     assert predicted["accuracy"] == pytest.approx(report["test_accuracy"])
-    assert 3 <= len(list(cache.iterdir())) <= 6  # one file per distinct split (keyed by content), none per stage
+    assert 3 <= len(list(cache.glob("*.pt"))) <= 6  # one file per distinct split (keyed by content), none per stage
 
 
 def test_an_unwritable_cache_folder_is_said_once_and_the_features_still_come(
