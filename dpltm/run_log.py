@@ -68,11 +68,15 @@ def check_log_root(root: Path | None, command: str | None = None, dataset: str |
     check_path_length(root, source, file=False)
     if root.exists() and not root.is_dir():
         raise DpltmUserError(f"{source} {root} is not a directory")
-    folder = root / command / (dataset or "") if command is not None else root
     try:
-        check_writable(folder / "version_0")
+        check_writable(root / "version_0")
     except DpltmUserError as exc:
         raise DpltmUserError(f"{source} {root}: {exc}") from None
+    folder = root / (command or "") / (dataset or "")
+    for part in (folder.parent, folder) if command is not None else ():
+        if part.exists() and not part.is_dir():
+            raise DpltmUserError(f"{source} {root}: {part} is not a directory, and the run's log goes in {folder}: "
+                                 "remove it or log elsewhere")
     return root
 
 

@@ -315,7 +315,7 @@ CASES = [
          "--log-dir f.txt is not a directory", {"f.txt": b"x"}),
     # the run's own folder under the root, checked with the other outputs (before "training on …" is printed)
     Case("log-dir-command-folder-is-a-file", (*TRAIN, "--eps2", "1", "--logger", "csv", "--log-dir", "logs"),
-         "--log-dir logs: cannot create output directory logs/train/digits: logs/train is not a directory",
+         "--log-dir logs: logs/train is not a directory, and the run's log goes in logs/train/digits",
          {"logs/train": b"x"}),
     Case("log-dir-dataset-folder-is-a-file", (*GEN, "--logger", "csv", "--log-dir", "logs"),
          "logs/generate/digits is not a directory", {"logs/generate/digits": b"x"}),
