@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import typer
 
 from dpltm.console import ReportStream, forget_kept, kept_on_interrupt, quiet_broken_pipe
-from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, one_line, os_error_message
+from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, first_arrived, one_line, os_error_message
 from dpltm.launch_env import check_rank_environment
 from dpltm.paths import forget_inputs, names_stdout
 
@@ -46,12 +46,17 @@ def user_errors(func: F) -> F:
             typer.echo(f"dpltm: error: {one_line(os_error_message(exc))}", err=True)
             raise typer.Exit(2) from None
         except (KeyboardInterrupt, Interrupted) as exc:
-            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            # on a line of its own: a progress bar may have left the cursor at the end of its line
-            typer.echo(f"\ndpltm: interrupted ({signal.Signals(signum).name}); {kept_on_interrupt()}", err=True)
-            raise typer.Exit(128 + signum) from None
+            raise typer.Exit(_say_interrupted(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _say_interrupted(exc: BaseException) -> int:
+    """The one line for a run stopped by a signal; its exit code, 128 + signum."""
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    # on a line of its own: a progress bar may have left the cursor at the end of its line
+    typer.echo(f"\ndpltm: interrupted ({signal.Signals(signum).name}); {kept_on_interrupt()}", err=True)
+    return 128 + signum
 
 
 _UNWINDING: list[int] = []
@@ -59,16 +64,15 @@ _UNWINDING: list[int] = []
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
-    """Signal handler: unwind the run as an exception (temp files are cleaned on the way out).
-    Further signals are ignored while it unwinds, so the clean-up itself is not cut short: the
-    handler sets SIG_IGN, and since Lightning's signal connector may put this handler back during its
-    own tear-down, the handler itself also ignores every signal after the first."""
+    """Signal handler: unwind the run as an exception (temp files are cleaned on the way out), named
+    after the signal that came first. Further signals are ignored while it unwinds, so the clean-up
+    itself is not cut short; by this handler staying in place and returning, not by SIG_IGN: a second
+    signal that arrived with the first but is handled after it would find SIG_IGN and be reported by
+    Python as "Signal 15 ignored due to race condition", with a traceback."""
     if _UNWINDING:
         return
     _UNWINDING.append(signum)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Interrupted(signum)
+    raise Interrupted(first_arrived(signum))
 
 
 def emit_json(report: dict[str, Any]) -> None:
@@ -191,6 +195,8 @@ def run_app(app: typer.Typer) -> None:
     previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
+    except (KeyboardInterrupt, Interrupted) as exc:  # outside the command: while parsing, or after it returned
+        raise SystemExit(_say_interrupted(exc)) from None
     except Abort:
         typer.echo("dpltm: interrupted", err=True)
         raise SystemExit(130) from None
@@ -209,27 +215,30 @@ def run_app(app: typer.Typer) -> None:
         raise SystemExit(max(int(getattr(exc, "exit_code", 2)), 2)) from None
     finally:  # main() may run inside another program (tests): leave its handlers as they were,
         # except after a signal, when the process is about to exit 128 + signum: a second Ctrl-C
-        # must not kill it with the default handler on the way out
+        # must not kill it with the default handler on the way out (signal.signal runs any signal
+        # pending first, through _raise_interrupted, which ignores it)
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_IGN if _UNWINDING else handler)
     if isinstance(code, int) and code != 0:
         raise SystemExit(code)
 
 
-def exit_without_teardown(code: int = 0) -> None:
-    """End a command that has finished, skipping the interpreter's teardown.
+def exit_without_teardown(code: int = 0, stopped: bool = False) -> None:
+    """End a command that has finished, or a run `stopped` by a signal, skipping the interpreter's teardown.
 
     Why: once torch and Lightning are imported, Python's finalisation (tearing down some 8000 modules
     and their objects) takes 0.7–1.9 s, a tenth of a warm `dpltm run` on a GPU. At this point every
     file a command writes is on disk and closed (atomic writes), so only the teardown is skipped: the
     `atexit` handlers still run (logging's flush, temporary folders, coverage), both streams are flushed,
     and a command that left another non-daemon thread running, or whose output cannot be flushed (a
-    closed pipe), ends the ordinary way. `DPLTM_FULL_TEARDOWN=1` always takes the ordinary way.
+    closed pipe), ends the ordinary way. A stopped run waits for no thread: their work (the ε of epochs
+    ahead, say) was for the run that stopped, and the ordinary exit would make a Ctrl-C wait for all of
+    it. `DPLTM_FULL_TEARDOWN=1` always takes the ordinary way.
     """
     if os.environ.get("DPLTM_FULL_TEARDOWN", "") not in ("", "0"):
         return
-    if any(thread is not threading.main_thread() and thread.is_alive() and not thread.daemon
-           for thread in threading.enumerate()):
+    if not stopped and any(thread is not threading.main_thread() and thread.is_alive() and not thread.daemon
+                           for thread in threading.enumerate()):
         return
     try:
         sys.stdout.flush()

@@ -7,6 +7,7 @@ removed, nothing half-written is published, and the user is told what was kept.
 """
 
 import errno
+import os
 import signal
 
 #: The longest error message printed: a value quoted in a message (a YAML alias bomb expands to
@@ -41,6 +42,38 @@ class Interrupted(BaseException):
     def exit_code(self) -> int:
         """The shell convention: 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
         return 128 + self.signum
+
+
+_ARRIVALS: list[int] = []
+"""The read end of the pipe Python writes each arriving signal's number to (`note_arrivals`)."""
+
+
+def note_arrivals() -> None:
+    """Have Python write each arriving signal's number to a pipe (`signal.set_wakeup_fd`), unless the
+    process has its own wake-up fd. Two signals that land while the main thread is in one C call (an
+    import, a tensor operation) have their handlers run in signal-number order, SIGINT before SIGTERM
+    whichever came first; the pipe keeps the order they came in (`first_arrived`)."""
+    if _ARRIVALS:
+        return
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    if previous == -1:
+        _ARRIVALS.append(read)
+        return
+    signal.set_wakeup_fd(previous)  # not ours to replace: put it back
+    os.close(read)
+    os.close(write)
+
+
+def first_arrived(signum: int) -> int:
+    """The first SIGINT or SIGTERM in the pipe (`note_arrivals`), else `signum`; the pipe is emptied."""
+    try:
+        arrived = os.read(_ARRIVALS[0], 4096) if _ARRIVALS else b""
+    except BlockingIOError:
+        arrived = b""
+    return next((number for number in arrived if number in (signal.SIGINT, signal.SIGTERM)), signum)
 
 
 #: OS errors that are the user's to fix (a full disk, a quota, a read-only file system, a name
