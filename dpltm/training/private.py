@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,8 +139,15 @@ class EpsilonCurve:
     def __init__(self, epsilon_after: Callable[[int], float], steps: list[int]) -> None:
         self._epsilon_after = epsilon_after
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpltm-epsilon")
-        self._futures = {n: self._pool.submit(epsilon_after, n) for n in steps}
-        self._pool.shutdown(wait=False)
+        self._futures: dict[int, Future[float]] = {}
+        try:
+            for n in steps:
+                self._futures[n] = self._pool.submit(epsilon_after, n)
+        except BaseException:  # a signal while queuing: the caller never holds this curve to cancel it, and
+            self.cancel()      # the interpreter's exit would wait for every queued ε
+            raise
+        finally:
+            self._pool.shutdown(wait=False)
 
     def __call__(self, steps: int) -> float:
         future = self._futures.get(steps)
