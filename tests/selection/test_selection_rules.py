@@ -174,16 +174,23 @@ def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_pa
         assert len(lines) <= 1 or "Usage" in refused.stderr, (args, lines)
 
 
-def test_tickets_that_name_another_dataset_but_hold_the_private_fingerprint_are_same_data() -> None:
-    """The name decides which data the tickets saw, and the fingerprint backs it: a tickets file renamed to
-    another dataset (by hand, or one set of files under two names) but made on the private data is not
-    public, so the run is not end-to-end DP."""
+def _best_winner_named(dataset: str, fingerprint: str) -> dict[str, Any]:
+    """The best-score winner of `ticket_set()`, its source data renamed (by hand, or one set of files under two
+    names)."""
     rule = SELECTION_RULES["best"]
     payload = ticket_set()
     chosen = runnable(rule).select(payload, settings_for(rule))
     winner = winner_payload(payload, Path("t.pt"), chosen.selection, eps1=None, nu=NU, seeded=True, method=rule.name,
                             event=chosen.event)
-    winner["source"]["data"] = {**winner["source"]["data"], "dataset": "imagenet", "fingerprint": "fp-of-digits"}
+    winner["source"]["data"] = {**winner["source"]["data"], "dataset": dataset, "fingerprint": fingerprint}
+    return winner
+
+
+def test_tickets_that_name_another_dataset_but_hold_the_private_fingerprint_are_same_data() -> None:
+    """The name decides which data the tickets saw, and the fingerprint backs it: a tickets file renamed to
+    another dataset (by hand, or one set of files under two names) but made on the private data is not
+    public, so the run is not end-to-end DP."""
+    winner = _best_winner_named("imagenet", "fp-of-digits")
     private = DatasetSplits(name="digits", source_split="train", train=None, val=None,  # type: ignore[arg-type]
                             test=None, num_features=1, num_classes=2, fingerprint="fp-of-digits")  # type: ignore[arg-type]
     assert ticket_origin(winner, private, assert_public=False).phase1 == "same-data"
@@ -199,12 +206,7 @@ def test_tickets_from_another_dataset_are_checked_record_by_record() -> None:
     """Tickets named after another dataset (two user files sharing records) are checked whenever their data
     was reloaded: a shared private training record refuses them in one line; none shared is public with no
     caveat; data that could not be reloaded leaves the reason in the guarantee's caveat."""
-    rule = SELECTION_RULES["best"]
-    payload = ticket_set()
-    chosen = runnable(rule).select(payload, settings_for(rule))
-    winner = winner_payload(payload, Path("t.pt"), chosen.selection, eps1=None, nu=NU, seeded=True, method=rule.name,
-                            event=chosen.event)
-    winner["source"]["data"] = {**winner["source"]["data"], "dataset": "their-csv", "fingerprint": "fp-their"}
+    winner = _best_winner_named("their-csv", "fp-their")
     mine = _records([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]], [0, 1, 0])
     private = DatasetSplits(name="my-csv", source_split="train", train=mine, val=mine, test=mine,
                             num_features=2, num_classes=2, fingerprint="fp-mine")
