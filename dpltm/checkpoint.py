@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dpltm.checkpoint_format import FORMAT_VERSION, KINDS, OLDEST_READABLE, current_parameter_names, refusal
-from dpltm.errors import USER_ERRNOS, DpltmUserError
+from dpltm.errors import USER_ERRNOS, DpltmUserError, os_error_behind
 from dpltm.paths import check_not_input, check_path_length
 
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -210,12 +210,11 @@ def _write_failure(exc: BaseException, folder: Path) -> str | None:
     """Why a write failed, where it is the file system's doing: an OS error (ENOSPC, EFBIG, EDQUOT, …), or torch.save's
     zip writer, which reports a short write as a RuntimeError ("unexpected pos", "file write failed") raised while
     handling the OS error (its `__context__`), which says what happened: a full disk, a quota, a file-size limit."""
-    if isinstance(exc, OSError) and exc.errno in USER_ERRNOS:
-        return exc.strerror or str(exc)
-    if isinstance(exc, RuntimeError) and ("inline_container" in str(exc) or "write failed" in str(exc)):
-        cause = exc.__cause__ or exc.__context__
-        if isinstance(cause, OSError) and cause.errno in USER_ERRNOS:
-            return cause.strerror or str(cause)
+    short_write = isinstance(exc, RuntimeError) and ("inline_container" in str(exc) or "write failed" in str(exc))
+    cause = os_error_behind(exc) if isinstance(exc, OSError) or short_write else None
+    if cause is not None and cause.errno in USER_ERRNOS:
+        return cause.strerror or str(cause)
+    if short_write:
         try:
             free = shutil.disk_usage(folder).free
         except OSError:

@@ -83,6 +83,15 @@ USER_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, e
                          errno.EPERM})
 
 
+def os_error_behind(exc: BaseException) -> OSError | None:
+    """The OS error behind a failed write: `exc` itself, or the one torch.save's zip writer was handling when
+    it raised its RuntimeError ("unexpected pos"); None if there is none."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    return cause
+
+
 def os_error_message(exc: OSError) -> str:
     """`cannot write FILE: No space left on device`; the file as the OS error names it. An error that names none
     (a write to a stream, not a path) is not said to be a file's."""

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.distributed import available_cores
-from dpltm.errors import DpltmUserError
+from dpltm.errors import DpltmUserError, os_error_behind
 from dpltm.paths import user_cache_dir
 
 CACHE_ENV = "DPLTM_FEATURE_CACHE"
@@ -285,10 +285,8 @@ _PLAINLY = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "file too 
 def _why(exc: BaseException) -> str:
     """What failed, in one line: the OSError behind the exception when there is one (torch's zip writer
     raises a RuntimeError after the write's OSError), in plain words when it is a full disk or a limit."""
-    cause: BaseException | None = exc
-    while cause is not None and not isinstance(cause, OSError):
-        cause = cause.__cause__ or cause.__context__
-    if isinstance(cause, OSError):
+    cause = os_error_behind(exc)
+    if cause is not None:
         return _PLAINLY.get(cause.errno or 0, cause.strerror or str(cause))
     return " ".join(str(exc).split()) or type(exc).__name__
 
