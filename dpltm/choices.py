@@ -8,7 +8,6 @@ tests/cli/test_cli_vocabulary.py checks every enum here against its registry, so
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
 from dpltm.architectures import ARCHITECTURES
 from dpltm.data.catalog import DATASET_ENTRIES
@@ -80,7 +79,7 @@ Accountant = Choice("Accountant", {name: name for name in ACCOUNTANTS})  # type:
 """`--accountant`: the accountants of dpltm/privacy/accountants.py."""
 
 
-class Neighbouring(Choice):
+class Neighboring(Choice):
     """The neighbouring relation ε is stated for (dpltm.privacy.accounting.NEIGHBORING, with hyphens)."""
 
     add_remove = "add-remove"
@@ -115,11 +114,6 @@ class Logger(Choice):
     tensorboard = "tensorboard"
     mlflow = "mlflow"
     none = "none"
-
-
-def value(choice: Any) -> Any:
-    """The plain value behind an enum option (None and plain values pass through)."""
-    return choice.value if isinstance(choice, Enum) else choice
 
 
 class Part(Choice):

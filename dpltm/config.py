@@ -528,7 +528,7 @@ class SelectSettings:
 
 
 SEARCHABLE = ("start", "release", "freeze")
-"""What the noise-aware choice may change besides the ticket (`select.search`, `--search`; issue 21, item 3):
+"""What the noise-aware choice may change besides the ticket (`select.search`, `--search`):
 where the run starts (θ0 or the ticket's public-trained weights), what it releases (the final iterate or an
 EMA with warm-up), and whether the first layer is held at its public weights
 (dpltm.selection.noise_aware.searched_trainings, searched_releases)."""

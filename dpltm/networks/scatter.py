@@ -19,7 +19,7 @@ noise, the parameter count and every file. The heads, named as dpltm's masks are
 - scatter-linear: one linear layer `output` (zero-initialised: Tramèr & Boneh's linear model is convex,
   and a zero start adds nothing for the noise to undo);
 - scatter-mlp: fully connected layers over the features (100 by default, `--hidden`), then the classes:
-  the head whose first layer a ticket can prune and public data can train (issue 21's levers);
+  the head whose first layer a ticket can prune and public data can train;
 - scatter-cnn: Tramèr & Boneh's CNN over the 81 × 7 × 7 maps (their code, `MNIST_CNN` with
   in_channels = 81): Conv(16, 3×3, stride 2, padding 1) → activation → Conv(32, 3×3, padding 1) →
   activation → fully connected (32 by default, `--hidden`) → activation → the classes. With

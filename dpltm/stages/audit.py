@@ -3,11 +3,42 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpltm.audit.run import AuditPlan
-from dpltm.stages.train import stage_train
+from dpltm.architectures import model_cli
+from dpltm.choices import Recipe, ThreatModel
+from dpltm.errors import DpltmUserError
+from dpltm.options import (
+    ACCOUNTANT,
+    ACTIVATION,
+    ARCH,
+    BATCH_SIZE,
+    CLIP,
+    CONFIG_FILE,
+    DATA_DIR,
+    DELTA,
+    DEVICE,
+    EPOCHS,
+    JSON,
+    LEARNING_RATE,
+    MAX_SEED,
+    MOMENTUM,
+    NOISE,
+    OPTIMIZER,
+    PRIVATE_DATASET,
+    PROGRESS,
+    SEED,
+    SIGMA,
+    SPLIT,
+    option,
+)
+from dpltm.stages.requests import CommandRequest
+from dpltm.stages.train import TrainingChecks, stage_train
+
+if TYPE_CHECKING:
+    from dpltm.audit.run import AuditPlan
 
 
 def stage_audit(cli: dict[str, Any], config: Path | None, ticket: Path | None, data_dir: Path | None, device: str,
@@ -29,3 +60,64 @@ def unaccounted_note(dataset: str) -> str:
     return (f"not in any ledger: this audit trained with DP on the training records of {dataset}; its lower bound "
             "and test accuracy are outputs of that run (covered by its claimed ε), which no checkpoint records: "
             "count it in your own budget, or audit on public data")
+
+
+@dataclass(frozen=True)
+class AuditRequest(CommandRequest, TrainingChecks):
+    """`dpltm audit`: `dpltm train`'s run with canaries, and the lower bound on ε they give."""
+
+    ticket: Path | None = option(help='Winning ticket from `dpltm select` (as for `dpltm train`).')
+    dense: bool = option("--dense", default=False, help='Audit DP-SGD on the full network (no ticket).')
+    dataset: str | None = PRIVATE_DATASET()
+    split: str | None = SPLIT()
+    eps2: float | None = option("--eps", "--eps2", config="train.eps2",
+        help='Training budget ε; σ is calibrated to it (the claim the audit tests).')
+    sigma: float | None = SIGMA()
+    delta: float | None = DELTA()
+    epochs: int | None = EPOCHS()
+    batch_size: int | None = BATCH_SIZE()
+    clip: float | None = CLIP()
+    lr: float | None = LEARNING_RATE()
+    recipe: str = option(choices=Recipe, default='paper', help='Training recipe, as for `dpltm train`.')
+    optimizer: str | None = OPTIMIZER()
+    momentum: float | None = MOMENTUM()
+    activation: str | None = ACTIVATION()
+    arch: str | None = ARCH()
+    noise: str | None = NOISE()
+    accountant: str | None = ACCOUNTANT()
+    canaries: int = option(default=1000, help='Number m of canaries, each included with probability 1/2.')
+    threat_model: str = option(choices=ThreatModel, default='white-box',
+        help=('white-box: Dirac gradient canaries on surviving weights, observed through the released noisy '
+              'gradients (also reported: the final model only); black-box: out-of-distribution input records '
+              "with random labels, scored by the released model's loss."))
+    confidence: float = option(default=0.95, help='Confidence of the lower bound.')
+    canary_seed: int | None = option(min=0, max=MAX_SEED,
+        help='Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.')
+    seed: int | None = SEED()
+    noise_seed: int | None = option("--noise-seed", min=0, max=MAX_SEED,
+        help='Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.')
+    device: str = DEVICE("auto")
+    config: Path | None = CONFIG_FILE()
+    data_dir: Path | None = DATA_DIR()
+    progress: bool = PROGRESS(True)
+    json_out: bool = JSON(False)
+
+    def run(self) -> dict[str, Any]:
+        """The training report with its `audit` part (dpltm.audit.run)."""
+        from dpltm.audit.run import AuditPlan
+
+        if self.dense == (self.ticket is not None):
+            raise DpltmUserError("give --ticket PATH (from `dpltm select`) or --dense"
+                                 + (", not both" if self.dense else ""))
+        self._check_network()
+        self._check_budget()
+        plan = AuditPlan(self.threat_model, self.canaries, self.confidence, self.canary_seed)
+        settings = {
+            "data": {"dataset": self.dataset, "split": self.split},
+            "train": self._train_settings(),
+            "model": model_cli(self.arch, None, activation=self.activation),
+            "seed": self.seed,
+            "recipe": self.recipe,
+        }
+        return stage_audit(settings, self.config, self.ticket, self.data_dir, self.device, plan, self.progress,
+                           noise_seed=self.noise_seed)

@@ -10,13 +10,31 @@ stage. A library caller can build the same request in Python and get the same ch
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dpltm.architectures import model_cli
+from dpltm.choices import Dataset, Rewind, SelectionRuleName
 from dpltm.errors import DpltmUserError
+from dpltm.options import (
+    ACTIVATION,
+    ARCH,
+    CONFIG_FILE,
+    CUDA_GRAPHS,
+    DATA_DIR,
+    DEVICE,
+    DOWNLOAD,
+    JSON,
+    LOG_DIR,
+    LOGGER,
+    MAX_SEED,
+    PROGRESS,
+    SPLIT,
+    VAL_FRACTION,
+    option,
+)
 
 if TYPE_CHECKING:
     from dpltm.artefacts import Winner
@@ -59,6 +77,8 @@ def ints_option(text: str | None, option: str) -> tuple[int, ...] | None:
 
 def _plain(option: Any) -> Any:
     """An option's plain value: a neighbouring relation in the accountant's spelling, an enum's value."""
+    if isinstance(option, list):
+        return tuple(_plain(item) for item in option)
     relation = getattr(option, "relation", None)
     if isinstance(option, Enum) and relation is not None:
         return relation
@@ -71,52 +91,76 @@ def _given(options: Mapping[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class CommandRequest:
-    """A command's options; `from_options` takes the CLI's keyword arguments (enums unwrapped)."""
+    """A command's options, each field declared once with its `dpltm.options.Flag` (the CLI derives the command's
+    options from them); `from_options` takes the parsed values (enums unwrapped)."""
+
+    given: frozenset[str] = field(default=frozenset(), kw_only=True, compare=False)
+    """The options given on the command line, not defaulted (a default cannot be told from a choice otherwise)."""
 
     @classmethod
-    def from_options(cls: type[R], options: Mapping[str, Any]) -> R:
+    def from_options(cls: type[R], options: Mapping[str, Any], given: frozenset[str] = frozenset()) -> R:
         names = {f.name for f in fields(cls)}
-        return cls(**{name: _plain(v) for name, v in options.items() if name in names})
+        return cls(**{name: _plain(v) for name, v in options.items() if name in names}, given=given)
 
 
 @dataclass(frozen=True)
 class GenerateRequest(CommandRequest):
     """`dpltm generate`: IMP tickets on public data, or with `private` one ticket made by DP warm-up."""
 
-    dataset: str | None = None
-    split: str | None = None
-    rounds: int | None = None
-    iterations: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    prune_rates: str | None = None
-    min_density: float | None = None
-    hidden: str | None = None
-    arch: str | None = None
-    project_to: int | None = None
-    activation: str | None = None
-    controls: bool | None = None
-    rewind_step: int | None = None
-    val_fraction: float | None = None
-    seed: int | None = None
-    private: bool = False
-    eps: float | None = None
-    delta: float | None = None
-    warmup_epochs: int | None = None
-    density: float | None = None
-    rewind: str | None = None
-    epochs: int | None = None
-    noise_seed: int | None = None
-    device: str = "auto"
-    cuda_graphs: bool = False
-    config: Path | None = None
-    data_dir: Path | None = None
-    download: bool = False
-    out: Path | None = None
-    overwrite: bool = False
-    progress: bool = True
-    logger: str = "csv"
-    log_dir: Path | None = None
+    dataset: str | None = option(config="data.dataset", choices=Dataset, help='Dataset the tickets are made on.')
+    split: str | None = SPLIT()
+    rounds: int | None = option(config="generate.rounds", help='Pruning rounds T (ticket 0 is the dense network).')
+    iterations: int | None = option(config="generate.iterations", help='SGD iterations per ticket (paper: 5000).')
+    batch_size: int | None = option(config="generate.batch_size", help='Mini-batch size (paper: 400).')
+    lr: float | None = option(config="generate.lr", help='SGD learning rate (paper: 0.1).')
+    prune_rates: str | None = option(shown='0.3 per layer, 0.2 for the output layer from config',
+        help='Fraction of survivors pruned per round: one value, or one per layer (paper: 0.3,0.3,0.2).')
+    min_density: float | None = option(config="generate.min_density",
+        help='Stop before a ticket would keep less than this fraction of weights.')
+    hidden: str | None = option(config="model.hidden", help='Hidden layer widths (paper: 300,100).')
+    arch: str | None = ARCH()
+    project_to: int | None = option("--project-to",
+        help='Add an input projection layer to this width (paper §4.5.2 transfer).')
+    activation: str | None = ACTIVATION()
+    controls: bool | None = option("--controls/--no-controls", config="generate.controls",
+        help='Also train the random-reinit and random-mask control tickets.')
+    rewind_step: int | None = option("--rewind-step", metavar="K", config="generate.rewind_step",
+        help=("Late rewinding (Frankle et al. 2020): rounds after the first rewind to the dense network's "
+              'weights after K steps of round 0, not θ0, and train the remaining iterations; the tickets keep '
+              "that iterate (train --rewind K starts there). 0: θ0 (the paper's)."))
+    val_fraction: float | None = VAL_FRACTION()
+    seed: int | None = option(config="seed", help='Seed for θ0, data split and batch order.')
+    private: bool = option("--private", default=False,
+        help=('Make ONE ticket on the private data itself, with privacy: DP-SGD warm-up (the train: recipe), '
+              'masks by magnitude of the DP weights, one σ calibrated so warm-up + the planned training meet '
+              '--eps. Writes a ticket for `dpltm train --ticket` (no select).'))
+    eps: float | None = option("--eps", "--eps2", config="train.eps2",
+        help='With --private: ε of the whole run (warm-up and training, composed by PLD).')
+    delta: float | None = option(config="train.delta", help='With --private: δ.')
+    warmup_epochs: int | None = option(config="private_ticket.warmup_epochs",
+        help='With --private: DP-SGD epochs per warm-up round.')
+    density: float | None = option(config="private_ticket.density",
+        help='With --private: fraction of weights the ticket keeps.')
+    rewind: str | None = option(config="private_ticket.rewind", choices=Rewind,
+        help='With --private: train from the masked warm-up weights (warmup) or from θ0 (init).')
+    epochs: int | None = option(config="train.epochs",
+        help="With --private: epochs of the ticket's DP training, planned now (σ covers them).")
+    noise_seed: int | None = option("--noise-seed", min=0, max=MAX_SEED,
+        help=('With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays '
+              'secret). Default: a fresh OS-CSPRNG seed, never stored.'))
+    device: str = DEVICE("auto")
+    cuda_graphs: bool = CUDA_GRAPHS(False)
+    config: Path | None = CONFIG_FILE()
+    data_dir: Path | None = DATA_DIR()
+    download: bool = DOWNLOAD(False)
+    out: Path | None = option(
+        help=('Ticket file (default checkpoints/<dataset>-tickets.pt; with --private '
+              '<dataset>-private-ticket.pt).'))
+    overwrite: bool = option(default=False, help='Replace an existing ticket file made with other settings.')
+    progress: bool = PROGRESS(True)
+    logger: str = LOGGER('csv')
+    log_dir: Path | None = LOG_DIR()
+    json_out: bool = JSON(False)
 
     def _model(self) -> dict[str, Any]:
         return model_cli(self.arch, ints_option(self.hidden, "--hidden"), project_to=self.project_to,
@@ -183,27 +227,53 @@ def search_option(value: str | None) -> str | list[str] | None:
 class SelectRequest(CommandRequest):
     """`dpltm select`: the exponential mechanism (ε1), the best pick, or the noise-aware choice."""
 
-    tickets: Path | None = None
-    eps1: float | None = None
-    nu: float | None = None
-    rule: str | None = None
-    best: bool = False
-    noise_aware: bool = False
-    halving: int | None = None
-    search: str | None = None
-    private_size: int | None = None
-    eps2: float | None = None
-    sigma: float | None = None
-    epochs: int | None = None
-    batch_size: int | None = None
-    device: str | None = None  # None: not given (the noise-aware choice then trains on "auto")
-    data_dir: Path | None = None
-    reselect: bool = False
-    seed: int | None = None
-    config: Path | None = None
-    out: Path | None = None
-    overwrite: bool = False
-    progress: bool = True
+    tickets: Path | None = option(help='Ticket set (default: the newest in checkpoints/, named on screen).')
+    eps1: float | None = option(config="select.eps1", help='Selection budget ε1 (paper: 0.1).')
+    nu: float | None = option(config="select.nu", help='Score weight ν in S = A·(1 − ν·C) (paper: 50).')
+    rule: str | None = option("--rule", choices=SelectionRuleName,
+        help=('Choose by a rule of dpltm/selection/rules.py by name (exponential: ε1-DP; best; noise-aware: '
+              'needs --private-size; random: looks at no data). Default: exponential, or what '
+              '--best/--noise-aware name.'))
+    best: bool = option("--best", default=False,
+        help=('Pick the best paper score S = A·(1 − ν·C) without privacy (for tickets from public data). '
+              'Beware: at ν = 50 the factor is negative for every C > 0.02, so it always takes the sparsest '
+              'ticket, whatever the noise; prefer --noise-aware.'))
+    noise_aware: bool = option("--noise-aware", default=False,
+        help=("Train every ticket (the dense network included) under the planned DP noise on the tickets' own "
+              'public data and pick the best; spends no ε. Needs --private-size; the planned run is '
+              "--eps/--sigma, --epochs, --batch-size and the config's train section."))
+    halving: int | None = option("--halving", metavar="RUNGS", shown="the config's select.halving (0)",
+        help=('Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense '
+              'network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full '
+              'runs instead of 5). 0: every candidate trains all T steps.'))
+    search: str | None = option("--search", metavar="DIM[,DIM…]", shown="the config's select.search (none)",
+        help=('What the noise-aware choice also tries for each ticket, each as a candidate of its own: start '
+              "(θ0 and the ticket's public-trained weights), release (the final iterate and an EMA 0.999 with "
+              'warm-up, scored on the same run), freeze (the first layer held at its public weights). A variant'
+              ' wins only if it beats the dense network as planned by two standard errors; `train` then runs '
+              'the winner as chosen. A train: setting in the --config file (rewind/output_layer, '
+              'ema/ema_warmup, freeze) fixes its dimension. none: search nothing.'))
+    private_size: int | None = option("--private-size",
+        help="N, the private training set's size (public), for --noise-aware's planned run.")
+    eps2: float | None = option("--eps", "--eps2", config="train.eps2",
+        help='--noise-aware: the planned training budget ε2 (σ calibrated to it).')
+    sigma: float | None = option(help='--noise-aware: the planned noise multiplier instead of --eps.')
+    epochs: int | None = option(config="train.epochs", help='--noise-aware: the planned epochs.')
+    batch_size: int | None = option(config="train.batch_size", help='--noise-aware: the planned expected batch size L.')
+    device: str | None = option("--device", shown=False,
+        help='--noise-aware: where the candidates train (auto, cpu, cuda or cuda:N; default auto).')
+    data_dir: Path | None = option("--data-dir",
+        help=("--noise-aware: data root of the tickets' public data (else $DPLTM_DATA_DIR, else "
+              '../shared/data).'))
+    reselect: bool = option("--reselect", default=False,
+        help=("Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's "
+              'ledger composes every draw.'))
+    seed: int | None = option(min=0, max=MAX_SEED, help='Seed the draw (reproducible, not secret); default: OS CSPRNG.')
+    config: Path | None = CONFIG_FILE()
+    out: Path | None = option(help='Winner file (default checkpoints/<dataset>-winner.pt).')
+    overwrite: bool = option(default=False, help='Replace an existing winner file.')
+    progress: bool = PROGRESS(True)
+    json_out: bool = JSON(False)
 
     def rule_name(self) -> str:
         """The rule `--rule` names, or the one the flags --best/--noise-aware name (else exponential)."""
@@ -274,170 +344,3 @@ class SelectRequest(CommandRequest):
         select = {"eps1": self.eps1, "nu": self.nu, "halving": self.halving, "search": search_option(self.search)}
         return stage_select({"select": select}, self.config, self.tickets, self.best, self.seed, self.out,
                             overwrite=self.overwrite, reselect=self.reselect, noise_aware=planned, rule=name)
-
-
-@dataclass(frozen=True)
-class _TrainingOptions(CommandRequest):
-    """What `dpltm train` and `dpltm audit` share: the ticket or dense network and the DP recipe."""
-
-    ticket: Path | None = None
-    dense: bool = False
-    dataset: str | None = None
-    split: str | None = None
-    eps2: float | None = None
-    delta: float | None = None
-    sigma: float | None = None
-    epochs: int | None = None
-    batch_size: int | None = None
-    clip: float | None = None
-    lr: float | None = None
-    recipe: str = "paper"
-    optimizer: str | None = None
-    momentum: float | None = None
-    activation: str | None = None
-    arch: str | None = None
-    noise: str | None = None
-    accountant: str | None = None
-    seed: int | None = None
-    noise_seed: int | None = None
-    device: str = "auto"
-    config: Path | None = None
-    data_dir: Path | None = None
-    progress: bool = True
-
-    def _check_network(self) -> None:
-        if self.arch is not None and self.ticket is not None:
-            raise DpltmUserError("--arch is for --dense: a ticket brings its own network")
-
-    def _check_budget(self) -> None:
-        if self.sigma is not None and self.eps2 is not None:
-            raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
-
-    def _train_settings(self) -> dict[str, Any]:
-        return {"eps2": self.eps2, "delta": self.delta, "sigma": self.sigma, "epochs": self.epochs,
-                "batch_size": self.batch_size, "clip": self.clip, "lr": self.lr, "optimizer": self.optimizer,
-                "noise": self.noise, "accountant": self.accountant, "momentum": self.momentum}
-
-
-@dataclass(frozen=True)
-class TrainRequest(_TrainingOptions):
-    """`dpltm train`: DP-SGD on a ticket, or the dense and non-private baselines."""
-
-    lr_sigma: float | None = None
-    ema: float | None = None
-    ema_warmup: bool | None = None
-    rewind: str | None = None
-    output_layer: str | None = None
-    freeze: str | None = None
-    neighbouring: str | None = None
-    max_eps: float | None = None
-    patience: int | None = None
-    non_private: bool = False
-    public_tickets: bool = False
-    val_fraction: float | None = None
-    public_dataset: str | None = None
-    public_split: str | None = None  # None: "train"
-    devices: int = 1
-    num_nodes: int = 1
-    strategy: str = "auto"
-    cuda_graphs: bool = False
-    download: bool = False
-    out: Path | None = None
-    overwrite: bool = False
-    logger: str = "csv"
-    log_dir: Path | None = None
-
-    def check(self) -> None:
-        """The options' combinations, one line each."""
-        if self.dense and self.ticket is not None:
-            raise DpltmUserError("--dense trains the full network: drop --ticket")
-        if self.public_split is not None and self.public_dataset is None:
-            raise DpltmUserError("--public-split chooses a split of --public-dataset: give --public-dataset too, or "
-                                 "drop --public-split")
-        if self.dense and self.public_tickets:
-            raise DpltmUserError("--public-tickets is about a ticket's data: drop it with --dense")
-        self._check_budget()
-        if self.non_private and (self.eps2 is not None or self.sigma is not None):
-            raise DpltmUserError("--non-private trains without noise: drop --eps/--sigma")
-        if self.non_private:  # options of the DP mechanism: silently ignored, they would suggest it ran
-            given = [flag for flag, value in (("--noise", self.noise), ("--clip", self.clip),
-                                              ("--noise-seed", self.noise_seed), ("--accountant", self.accountant),
-                                              ("--max-eps", self.max_eps), ("--neighbouring", self.neighbouring),
-                                              ("--delta", self.delta))
-                     if value is not None]
-            if given:
-                raise DpltmUserError(f"--non-private trains without clipping, noise or accounting: drop "
-                                     f"{', '.join(given)}")
-        if self.lr is not None and self.lr_sigma is not None:
-            raise DpltmUserError("give --lr (a fixed step size) or --lr-sigma (lr = lr_sigma / σ), not both: one "
-                                 "would be ignored")
-        if not self.dense and self.ticket is None:
-            raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
-        if self.rewind is not None:
-            from dpltm.config import late_rewind_step
-
-            late_rewind_step(self.rewind)  # a start train takes, before what it combines with
-        if self.dense and ((self.rewind is not None and self.rewind != "init") or self.output_layer is not None):
-            raise DpltmUserError(f"--rewind {self.rewind or 'public'} and --output-layer choose a ticket's start: drop "
-                                 "them with --dense")
-        self._check_network()
-
-    def settings(self) -> dict[str, Any]:
-        """The settings tree the stage resolves against the config (dpltm.config.resolve_train_config)."""
-        return {
-            "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
-            "train": {**self._train_settings(), "lr_sigma": self.lr_sigma, "neighboring": self.neighbouring,
-                      "max_eps": self.max_eps, "patience": self.patience, "ema": self.ema,
-                      "ema_warmup": self.ema_warmup,
-                      "rewind": self.rewind, "output_layer": self.output_layer, "freeze": self.freeze},
-            "model": model_cli(self.arch, None, activation=self.activation),
-            "seed": self.seed,
-            "recipe": self.recipe,
-        }
-
-    def run(self) -> dict[str, Any]:
-        """The training report (dpltm.training.pipeline.final_report)."""
-        from dpltm.dp.distributed import Distribution
-        from dpltm.run_log import check_logger
-        from dpltm.stages.train import stage_train
-
-        check_logger(self.logger)
-        self.check()
-        public = None if self.public_dataset is None else f"{self.public_dataset}:{self.public_split or 'train'}"
-        return stage_train(self.settings(), self.config, self.ticket, self.non_private, self.public_tickets,
-                           self.data_dir, self.device, self.out, self.progress, public_data=public,
-                           noise_seed=self.noise_seed, overwrite=self.overwrite,
-                           distribution=Distribution(self.devices, self.num_nodes, self.strategy),
-                           cuda_graphs=self.cuda_graphs, logger=self.logger, log_dir=self.log_dir,
-                           download=self.download)
-
-
-@dataclass(frozen=True)
-class AuditRequest(_TrainingOptions):
-    """`dpltm audit`: `dpltm train`'s run with canaries, and the lower bound on ε they give."""
-
-    canaries: int = 1000
-    threat_model: str = "white-box"
-    confidence: float = 0.95
-    canary_seed: int | None = None
-
-    def run(self) -> dict[str, Any]:
-        """The training report with its `audit` part (dpltm.audit.run)."""
-        from dpltm.audit.run import AuditPlan
-        from dpltm.stages.audit import stage_audit
-
-        if self.dense == (self.ticket is not None):
-            raise DpltmUserError("give --ticket PATH (from `dpltm select`) or --dense"
-                                 + (", not both" if self.dense else ""))
-        self._check_network()
-        self._check_budget()
-        plan = AuditPlan(self.threat_model, self.canaries, self.confidence, self.canary_seed)
-        settings = {
-            "data": {"dataset": self.dataset, "split": self.split},
-            "train": self._train_settings(),
-            "model": model_cli(self.arch, None, activation=self.activation),
-            "seed": self.seed,
-            "recipe": self.recipe,
-        }
-        return stage_audit(settings, self.config, self.ticket, self.data_dir, self.device, plan, self.progress,
-                           noise_seed=self.noise_seed)

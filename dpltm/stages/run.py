@@ -18,8 +18,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.architectures import model_cli
+from dpltm.choices import Activation, Dataset, OutputLayer, RunRecipe, Split
 from dpltm.console import err_console, kept_by_earlier_stage, on_interrupt_kept
 from dpltm.errors import DpltmUserError
+from dpltm.options import (
+    ARCH,
+    CLIP,
+    CONFIG_FILE,
+    CUDA_GRAPHS,
+    DATA_DIR,
+    DEVICE,
+    DOWNLOAD,
+    JSON,
+    LEARNING_RATE,
+    LOG_DIR,
+    LOGGER,
+    NEIGHBORING,
+    PROGRESS,
+    option,
+)
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
 from dpltm.stages.select import (
@@ -77,49 +94,84 @@ def scatter_applies(arch: str | None, private_features: int, public_features: in
 class RunRequest(CommandRequest):
     """`dpltm run`'s options, as plain values (None: the recipe's or the config's)."""
 
-    dataset: str = "mnist"
-    public_dataset: str = "kmnist"
-    public_split: str = "test"
-    eps: float = 1.0
-    delta: float = 1e-5
-    epochs: int | None = None
-    batch_size: int | None = None
-    clip: float | None = None
-    lr: float | None = None
-    neighbouring: str | None = None
-    rounds: int | None = None
-    iterations: int | None = None
-    project_to: int | None = None
-    activation: str | None = None
-    arch: str | None = None
-    momentum: float | None = None
-    ema: float | None = None
-    ema_warmup: bool | None = None
-    rewind: str | None = None
-    output_layer: str | None = None
-    freeze: str | None = None
-    recipe: str = "auto"
-    ticket_source: TicketSource = TicketSource.public
-    warmup_epochs: int | None = None
-    density: float | None = None
-    choice: TicketChoice = TicketChoice.noise_aware
-    halving: int | None = None
-    search: str | None = None
-    """`--search` (None: start,release with the noise-aware choice; dpltm.stages.requests.search_option)."""
-    seed: int | None = None
-    device: str = "auto"
-    cuda_graphs: bool = False
-    public_given: tuple[str, ...] = ()
-    """The public-data options given on the command line (their defaults cannot be told from a choice otherwise):
-    refused with --ticket-source private, which reads no public data."""
-    config: Path | None = None
-    data_dir: Path | None = None
-    download: bool = False
-    out: Path | None = None
-    overwrite: bool = False
-    progress: bool = True
-    logger: str = "csv"
-    log_dir: Path | None = None
+    dataset: str = option(choices=Dataset, default='mnist', help='Private dataset to train on.')
+    public_dataset: str = option(choices=Dataset, default='kmnist', help='Public dataset the tickets come from.')
+    public_split: str = option(choices=Split, default='test', help='Split of the public dataset (KMNIST here: test).')
+    eps: float = option("--eps", "--eps2", default=1.0,
+        help='Privacy budget ε for the private data (all of it goes to training: public tickets cost nothing).')
+    delta: float = option(default=1e-5, help='δ.')
+    epochs: int | None = option(help='DP training epochs (paper: 50).')
+    batch_size: int | None = option(help='Expected DP batch size L (paper: 400).')
+    clip: float | None = CLIP()
+    lr: float | None = LEARNING_RATE()
+    neighboring: str | None = NEIGHBORING()
+    rounds: int | None = option(help='Pruning rounds (paper-style default: 10).')
+    iterations: int | None = option(help='SGD iterations per ticket (paper: 5000).')
+    project_to: int | None = option("--project-to",
+        help=("Input projection width of the tickets (default: added automatically when the two datasets' input"
+              ' sizes differ).'))
+    activation: str | None = option(shown="the recipe's", choices=Activation,
+        help=('Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps '
+              'under DP, Papernot et al. 2021).'))
+    arch: str | None = ARCH()
+    momentum: float | None = option(shown="the recipe's", help='SGD momentum on the privatized gradients, in [0, 1).')
+    ema: float | None = option("--ema", metavar="DECAY",
+        help=('Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 '
+              '(post-processing: free). Default: the final iterate.'))
+    ema_warmup: bool | None = option("--ema-warmup/--no-ema-warmup", shown="the recipe's",
+        help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the "
+              'first iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema.'))
+    rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
+        help=("Where the winner's weights start for DP training: θ0 (init), the weights its public IMP round "
+              'ended with (public), or K: the tickets are made with late rewinding to step K of public training'
+              ' and training starts there. Adds nothing to ε. Public tickets only.'))
+    output_layer: str | None = option("--output-layer", config="train.output_layer", choices=OutputLayer,
+        help="With --rewind public or K: θ0's output layer (reinit) or the public-trained one (keep).")
+    freeze: str | None = option("--freeze", metavar="LAYER[,LAYER…]", config="train.freeze",
+        help=('Layers of the winner held at their start weights and not trained (e.g. hidden.0); the '
+              'noise-aware choice simulates the same. Public tickets only.'))
+    recipe: str = option(choices=RunRecipe, default='auto',
+        help=('Training recipe (under --config and flags): auto (the default: from 20000 training records, the '
+              'size the recipes were chosen for, scatter where its front end applies — square images, public '
+              'tickets of the same shape, no other --arch — else cnn for --arch lenet5 and tuned for the rest; '
+              'paper below), scatter (the ScatterNet front end with tickets over a linear head, chosen on '
+              'public data: L = 4096, momentum 0.9, lr = 1/σ, 5 IMP rounds of 1000 steps), tuned (chosen on '
+              "public data: tanh, L = 1600, lr = 6/σ, EMA 0.999), cnn (LeNet-5's, chosen on public data: the "
+              "tuned recipe's rate, the final iterate) or paper."))
+    ticket_source: TicketSource = option("--ticket-source", default=TicketSource.public,
+        help=('Where the ticket comes from: public (generated without privacy on --public-dataset) or private '
+              '(made on --dataset itself by DP warm-up, no public data needed; warm-up and training composed to'
+              ' --eps).'))
+    warmup_epochs: int | None = option(config="private_ticket.warmup_epochs",
+        help='With --ticket-source private: DP warm-up epochs, taken out of --epochs.')
+    density: float | None = option(config="private_ticket.density",
+        help='With --ticket-source private: fraction of weights the ticket keeps.')
+    choice: TicketChoice = option(default=TicketChoice.noise_aware,
+        help=('How to pick the public ticket: noise-aware (train every ticket, the dense network included, '
+              "under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at"
+              ' ν = 50 always takes the sparsest ticket).'))
+    halving: int | None = option("--halving", metavar="RUNGS", shown="the config's select.halving (0)",
+        help=('Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense '
+              'network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full '
+              'runs instead of 5). 0: every candidate trains all T steps.'))
+    search: str | None = option("--search", metavar="DIM[,DIM…]", shown="start,release with --choice noise-aware",
+        help=('What the noise-aware choice also tries for each ticket (start, release, freeze; none: nothing): '
+              'see `dpltm select --help`. A setting you give (--rewind, --ema, --freeze) fixes its dimension.'))
+    seed: int | None = option(help='Seed.')
+    device: str = DEVICE("auto")
+    cuda_graphs: bool = CUDA_GRAPHS(False)
+    config: Path | None = CONFIG_FILE()
+    data_dir: Path | None = DATA_DIR()
+    download: bool = DOWNLOAD(False)
+    out: Path | None = option(
+        help=('Model checkpoint (default checkpoints/<dataset>-dpltm.pt); the tickets and winner go beside it '
+              'as <stem>-tickets.pt and <stem>-winner.pt.'))
+    overwrite: bool = option(default=False,
+        help='Replace existing outputs (finished tickets made with the same settings are reused).')
+    progress: bool = PROGRESS(True)
+    logger: str = LOGGER('csv')
+    log_dir: Path | None = LOG_DIR()
+    json_out: bool = JSON(False)
 
 
 def stage_run(request: RunRequest) -> dict[str, Any]:
@@ -147,7 +199,9 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
         public_only = {"--rounds": r.rounds, "--iterations": r.iterations, "--project-to": r.project_to,
                        "--rewind": r.rewind, "--output-layer": r.output_layer, "--freeze": r.freeze,
                        "--halving": r.halving, "--search": r.search}
-        given = [name for name, value in public_only.items() if value is not None] + list(r.public_given)
+        given = ([name for name, value in public_only.items() if value is not None]
+                 + [flag for name, flag in (("public_dataset", "--public-dataset"),
+                                            ("public_split", "--public-split")) if name in r.given])
         if r.choice != TicketChoice.noise_aware:
             given.append("--choice")
         if given:
@@ -166,34 +220,12 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.checkpoint import prepare_output
     from dpltm.config import late_rewind_step, resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
-    from dpltm.data.loaders import DATASETS, SPECS
+    from dpltm.data.loaders import SPECS
     from dpltm.devices import require_cuda_for_graphs, resolve_device
     from dpltm.paths import default_checkpoint_dir
 
-    if r.public_dataset == r.dataset:
-        raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
-                             "(for the paper's same-data mode run generate, select and train yourself)")
-    for name in (r.dataset, r.public_dataset):
-        if name not in SPECS:
-            raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    check_graphs_take(r.cuda_graphs, r.arch)
     private_spec, public_spec = SPECS[r.dataset], SPECS[r.public_dataset]
-    project_to = r.project_to
-    mlp = r.arch in (None, "mlp")
-    if not mlp and private_spec.num_features != public_spec.num_features:
-        raise DpltmUserError(f"--arch {r.arch} tickets made on {r.public_dataset} ({public_spec.num_features} "
-                             f"features) train only on data of that shape; {r.dataset} has "
-                             f"{private_spec.num_features}: use --arch mlp, whose input projection carries tickets "
-                             "across input sizes")
-    if project_to is None and private_spec.num_features != public_spec.num_features:
-        project_to = private_spec.num_features  # the paper's §4.5.2 transfer between input sizes
-    if project_to is not None and project_to < 1:
-        raise DpltmUserError(f"--project-to must be a positive width, got {project_to}")
-    first_layer_inputs = project_to if project_to is not None else public_spec.num_features
-    if first_layer_inputs != private_spec.num_features:
-        raise DpltmUserError(f"--project-to {project_to} cannot transfer: {r.dataset} has "
-                             f"{private_spec.num_features} features, so the tickets' projection width must be "
-                             f"{private_spec.num_features}")
+    project_to = transfer_width(r)
     # every check before the (long) ticket generation: settings, outputs, both datasets
     model_out = r.out or default_checkpoint_dir() / f"{r.dataset}-dpltm.pt"
     tickets_path = model_out.with_name(f"{model_out.stem}-tickets.pt")
@@ -202,7 +234,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
         "data": {"dataset": r.dataset},
         "train": {"eps2": r.eps, "delta": r.delta, "epochs": r.epochs, "batch_size": r.batch_size, "clip": r.clip,
                   "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "ema_warmup": r.ema_warmup,
-                  "neighboring": r.neighbouring, "rewind": r.rewind, "output_layer": r.output_layer,
+                  "neighboring": r.neighboring, "rewind": r.rewind, "output_layer": r.output_layer,
                   "freeze": r.freeze},
         "model": {"activation": r.activation}, "seed": r.seed}
     train_cfg = resolve_train_config(train_cli, r.config)
@@ -271,9 +303,41 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                        overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
 
 
+def transfer_width(r: RunRequest) -> int | None:
+    """The tickets' input projection width: none where both datasets have the private data's input size, else
+    the private data's (the paper's §4.5.2 transfer; --arch mlp only). Checked before any data is read."""
+    from dpltm.data.loaders import DATASETS, SPECS
+
+    if r.public_dataset == r.dataset:
+        raise DpltmUserError("`dpltm run` uses public tickets: --public-dataset must differ from --dataset "
+                             "(for the paper's same-data mode run generate, select and train yourself)")
+    for name in (r.dataset, r.public_dataset):
+        if name not in SPECS:
+            raise DpltmUserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    check_graphs_take(r.cuda_graphs, r.arch)
+    private_spec, public_spec = SPECS[r.dataset], SPECS[r.public_dataset]
+    project_to = r.project_to
+    mlp = r.arch in (None, "mlp")
+    if not mlp and private_spec.num_features != public_spec.num_features:
+        raise DpltmUserError(f"--arch {r.arch} tickets made on {r.public_dataset} ({public_spec.num_features} "
+                             f"features) train only on data of that shape; {r.dataset} has "
+                             f"{private_spec.num_features}: use --arch mlp, whose input projection carries tickets "
+                             "across input sizes")
+    if project_to is None and private_spec.num_features != public_spec.num_features:
+        project_to = private_spec.num_features  # the paper's §4.5.2 transfer between input sizes
+    if project_to is not None and project_to < 1:
+        raise DpltmUserError(f"--project-to must be a positive width, got {project_to}")
+    first_layer_inputs = project_to if project_to is not None else public_spec.num_features
+    if first_layer_inputs != private_spec.num_features:
+        raise DpltmUserError(f"--project-to {project_to} cannot transfer: {r.dataset} has "
+                             f"{private_spec.num_features} features, so the tickets' projection width must be "
+                             f"{private_spec.num_features}")
+    return project_to
+
+
 RUN_SEARCH = "start,release"
 """`run`'s default --search with the noise-aware choice: the other start and the other release of each ticket
-(issue 21, item 3). For the default ScatterNet linear head both cost no extra training: its public start is
+For the default ScatterNet linear head both cost no extra training: its public start is
 θ0 (its only layer is the re-initialised output layer) and a release is scored on the same run."""
 
 
@@ -412,7 +476,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     train_cli = {"data": {"dataset": r.dataset},
                  "train": {"eps2": r.eps, "delta": r.delta, "epochs": settings.train.epochs - warmup * rounds,
                            "batch_size": r.batch_size, "clip": r.clip, "lr": r.lr, "momentum": r.momentum,
-                           "ema": r.ema, "ema_warmup": r.ema_warmup, "neighboring": r.neighbouring},
+                           "ema": r.ema, "ema_warmup": r.ema_warmup, "neighboring": r.neighboring},
                  "model": model_cli(r.arch, None, activation=r.activation),
                  "private_ticket": {"warmup_epochs": warmup, "density": r.density}, "seed": r.seed,
                  "recipe": chosen}

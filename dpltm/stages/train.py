@@ -3,13 +3,46 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpltm.architectures import model_cli
+from dpltm.choices import Activation, Dataset, OutputLayer, Recipe, Split, Strategy
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
+from dpltm.options import (
+    ACCOUNTANT,
+    ARCH,
+    BATCH_SIZE,
+    CLIP,
+    CONFIG_FILE,
+    CUDA_GRAPHS,
+    DATA_DIR,
+    DELTA,
+    DEVICE,
+    DOWNLOAD,
+    EPOCHS,
+    JSON,
+    LEARNING_RATE,
+    LOG_DIR,
+    LOGGER,
+    MAX_SEED,
+    MOMENTUM,
+    NEIGHBORING,
+    NOISE,
+    OPTIMIZER,
+    PRIVATE_DATASET,
+    PROGRESS,
+    SEED,
+    SIGMA,
+    SPLIT,
+    VAL_FRACTION,
+    option,
+)
 from dpltm.privacy.display import format_rate, format_sigma
+from dpltm.stages.requests import CommandRequest
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -74,15 +107,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     torch_device = local_device(resolve_device(device), distribution)
     if cuda_graphs and (torch_device.type != "cuda" or distribution.multi_process or non_private):
         raise DpltmUserError("--cuda-graphs needs DP training on one CUDA device (--device cuda, one process)")
-    public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
-    if public_name is not None and not noise_plugin(cfg.train.noise).needs_public_data:
-        needing = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.needs_public_data)
-        raise DpltmUserError(f"--public-dataset is only used by --noise {needing} (this run uses {cfg.train.noise})")
-    if public_name is None and not non_private and noise_plugin(cfg.train.noise).needs_public_data:
-        raise DpltmUserError(f"--noise {cfg.train.noise} needs public data: pass --public-dataset NAME "
-                             "(and --public-split)")
-    if public_name is not None and public_name == cfg.data.dataset:
-        raise DpltmUserError(f"--public-dataset must be public: it names the private dataset {cfg.data.dataset}")
+    public_name, public_split = public_data_for_noise(public_data, cfg, non_private)
     if download:
         if distribution.multi_process:  # every rank would write into the data root at once
             raise DpltmUserError("--download with several processes: run `dpltm download "
@@ -128,6 +153,22 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     return report
 
 
+def public_data_for_noise(public_data: str | None, cfg: TrainConfig,
+                          non_private: bool) -> tuple[str | None, str | None]:
+    """`--public-dataset NAME[:SPLIT]` for a noise plug-in that needs public data: given exactly when the plug-in
+    reads it, and never the private dataset."""
+    public_name, public_split = (public_data.split(":", 1) + ["train"])[:2] if public_data else (None, None)
+    if public_name is not None and not noise_plugin(cfg.train.noise).needs_public_data:
+        needing = ", ".join(n for n, p in NOISE_PLUGINS.items() if p.needs_public_data)
+        raise DpltmUserError(f"--public-dataset is only used by --noise {needing} (this run uses {cfg.train.noise})")
+    if public_name is None and not non_private and noise_plugin(cfg.train.noise).needs_public_data:
+        raise DpltmUserError(f"--noise {cfg.train.noise} needs public data: pass --public-dataset NAME "
+                             "(and --public-split)")
+    if public_name is not None and public_name == cfg.data.dataset:
+        raise DpltmUserError(f"--public-dataset must be public: it names the private dataset {cfg.data.dataset}")
+    return public_name, public_split
+
+
 RECIPE_ARCHITECTURES = {"scatter": ("scatter-linear", "scatter-mlp", "scatter-cnn"), "cnn": ("lenet5",)}
 """The networks a network-specific recipe was chosen for (as `--dense --arch` checks them in resolve_train_config)."""
 
@@ -152,7 +193,7 @@ def check_lr_given(lr: float | None, cfg: TrainConfig, recipe: str) -> None:
 
 def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str,
                            noise_aware_on: LabeledTensors | None = None) -> None:
-    """`dpltm run`'s DP training checked against the data before any ticket is made (issue 19): the
+    """`dpltm run`'s DP training checked against the data before any ticket is made: the
     batch below the private training set, σ calibrable to the budget, lr_sigma's learning rate in
     range, a noise `run` can give; with the noise-aware choice (`noise_aware_on`: its public
     training records) Gaussian-type noise and a batch below that set too."""
@@ -190,3 +231,180 @@ def print_training_report(report: dict[str, Any], console: Console = err_console
                       f"q = {format_rate(report['sample_rate'])}")
     console.print(report["statement"], markup=False, highlight=False)
     console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))
+
+
+class TrainingChecks:
+    """What `dpltm train` and `dpltm audit` share: the checks of the ticket or dense network and of the budget."""
+
+    ticket: Path | None
+    arch: str | None
+    sigma: float | None
+    eps2: float | None
+
+    def _check_network(self) -> None:
+        if self.arch is not None and self.ticket is not None:
+            raise DpltmUserError("--arch is for --dense: a ticket brings its own network")
+
+    def _check_budget(self) -> None:
+        if self.sigma is not None and self.eps2 is not None:
+            raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
+
+    def _train_settings(self) -> dict[str, Any]:
+        return {"eps2": self.eps2, "delta": self.delta, "sigma": self.sigma, "epochs": self.epochs,
+                "batch_size": self.batch_size, "clip": self.clip, "lr": self.lr, "optimizer": self.optimizer,
+                "noise": self.noise, "accountant": self.accountant, "momentum": self.momentum}
+
+
+@dataclass(frozen=True)
+class TrainRequest(CommandRequest, TrainingChecks):
+    """`dpltm train`: DP-SGD on a ticket, or the dense and non-private baselines."""
+
+    ticket: Path | None = option(help='Winning ticket from `dpltm select`.')
+    dataset: str | None = PRIVATE_DATASET()
+    split: str | None = SPLIT()
+    eps2: float | None = option("--eps", "--eps2", config="train.eps2",
+        help=("Training budget ε (the paper's ε2); σ is calibrated to it. With a private ticket (generate "
+              "--private): the whole run's ε, warm-up included (default: the ε the ticket was planned for)."))
+    delta: float | None = DELTA()
+    sigma: float | None = SIGMA()
+    epochs: int | None = EPOCHS()
+    batch_size: int | None = BATCH_SIZE()
+    clip: float | None = CLIP()
+    lr: float | None = LEARNING_RATE()
+    recipe: str = option(choices=Recipe, default='paper',
+        help=('Training recipe under --config and flags: paper (defaults.yaml; the default), tuned (chosen on '
+              'public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; '
+              'configs/recipes/tuned.yaml), scatter (chosen on public data: the ScatterNet front end and a '
+              'linear head, --arch scatter-linear, L = 4096, momentum 0.9, lr = 1/σ, 40 epochs; '
+              "configs/recipes/scatter.yaml) or cnn (LeNet-5's, chosen on public data: --arch lenet5, tanh, L ="
+              ' 1600, lr = 6/σ, the final iterate; configs/recipes/cnn.yaml).'))
+    lr_sigma: float | None = option("--lr-sigma",
+        help=("Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets "
+              "(the tuned recipe's rule; overrides --lr for DP runs)."))
+    optimizer: str | None = OPTIMIZER()
+    momentum: float | None = MOMENTUM()
+    ema: float | None = option("--ema", metavar="DECAY",
+        help=('Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 '
+              '(post-processing: free). Default: the final iterate.'))
+    ema_warmup: bool | None = option("--ema-warmup/--no-ema-warmup", shown="the recipe's",
+        help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the "
+              'first iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema.'))
+    rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
+        help=("Where the ticket's weights start: θ0 (init, the paper's), the weights its public IMP round ended"
+              ' with (public), or K, the iterate K steps into public training its tickets rewound to (generate '
+              '--rewind-step K, late rewinding). Public data adds nothing to ε; public starts are refused for '
+              'tickets made on the private data.'))
+    output_layer: str | None = option("--output-layer", config="train.output_layer", choices=OutputLayer,
+        help=("With --rewind public or K: θ0's output layer (reinit; the public one learned other classes) or "
+              'the public-trained one (keep; same class count only).'))
+    freeze: str | None = option("--freeze", metavar="LAYER[,LAYER…]", config="train.freeze",
+        help=('Layers held at their start weights and not trained (e.g. hidden.0, or conv.0,conv.1): no clipped'
+              ' gradient, no noise, no update. With --rewind public they keep what public data taught them '
+              '(public knowledge: nothing added to ε).'))
+    activation: str | None = option(config="model.activation", choices=Activation,
+        help=("Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps "
+              'under DP, Papernot et al. 2021).'))
+    arch: str | None = ARCH()
+    noise: str | None = NOISE()
+    accountant: str | None = ACCOUNTANT()
+    neighboring: str | None = NEIGHBORING()
+    max_eps: float | None = option("--max-eps",
+        help='A cap: stop before the ε spent would exceed this (σ stays calibrated to --eps).')
+    patience: int | None = option(help='Early-stop after this many epochs without validation gain.')
+    dense: bool = option("--dense", default=False, help='DP-SGD baseline on the full network (no ticket).')
+    non_private: bool = option("--non-private", default=False, help='Train without privacy (baseline).')
+    public_tickets: bool = option("--public-tickets", default=False,
+        help=("Assert the ticket's generation data is public even though it has the private dataset's name "
+              '(checked record by record).'))
+    val_fraction: float | None = VAL_FRACTION()
+    public_dataset: str | None = option(choices=Dataset,
+        help='Public dataset for noise plug-ins that need one (shaped); never the private dataset.')
+    public_split: str | None = option(choices=Split,
+        help='Split of --public-dataset whose training part is used [default: train].')
+    seed: int | None = SEED()
+    noise_seed: int | None = option("--noise-seed", min=0, max=MAX_SEED,
+        help=('Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). '
+              'Default: a fresh OS-CSPRNG seed, never stored.'))
+    device: str = DEVICE("auto")
+    devices: int = option(default=1,
+        help=('DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo '
+              'processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced'
+              ' and the noise is added once: the same mechanism and ε as on one device.'))
+    num_nodes: int = option("--num-nodes", default=1,
+        help=('Nodes of a multi-device run (launch one command per node with NODE_RANK, MASTER_ADDR and '
+              'MASTER_PORT set, as Lightning documents).'))
+    strategy: str = option(choices=Strategy, default='auto',
+        help='auto, or ddp (what auto picks for more than one process).')
+    cuda_graphs: bool = CUDA_GRAPHS(False)
+    config: Path | None = CONFIG_FILE()
+    data_dir: Path | None = DATA_DIR()
+    download: bool = DOWNLOAD(False)
+    out: Path | None = option(help='Model checkpoint (default checkpoints/<dataset>-<mode>.pt).')
+    overwrite: bool = option(default=False, help='Replace an existing model file.')
+    progress: bool = PROGRESS(True)
+    logger: str = LOGGER('csv')
+    log_dir: Path | None = LOG_DIR()
+    json_out: bool = JSON(False)
+
+    def check(self) -> None:
+        """The options' combinations, one line each."""
+        if self.dense and self.ticket is not None:
+            raise DpltmUserError("--dense trains the full network: drop --ticket")
+        if self.public_split is not None and self.public_dataset is None:
+            raise DpltmUserError("--public-split chooses a split of --public-dataset: give --public-dataset too, or "
+                                 "drop --public-split")
+        if self.dense and self.public_tickets:
+            raise DpltmUserError("--public-tickets is about a ticket's data: drop it with --dense")
+        self._check_budget()
+        if self.non_private and (self.eps2 is not None or self.sigma is not None):
+            raise DpltmUserError("--non-private trains without noise: drop --eps/--sigma")
+        if self.non_private:  # options of the DP mechanism: silently ignored, they would suggest it ran
+            given = [flag for flag, value in (("--noise", self.noise), ("--clip", self.clip),
+                                              ("--noise-seed", self.noise_seed), ("--accountant", self.accountant),
+                                              ("--max-eps", self.max_eps), ("--neighbouring", self.neighboring),
+                                              ("--delta", self.delta))
+                     if value is not None]
+            if given:
+                raise DpltmUserError(f"--non-private trains without clipping, noise or accounting: drop "
+                                     f"{', '.join(given)}")
+        if self.lr is not None and self.lr_sigma is not None:
+            raise DpltmUserError("give --lr (a fixed step size) or --lr-sigma (lr = lr_sigma / σ), not both: one "
+                                 "would be ignored")
+        if not self.dense and self.ticket is None:
+            raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
+        if self.rewind is not None:
+            from dpltm.config import late_rewind_step
+
+            late_rewind_step(self.rewind)  # a start train takes, before what it combines with
+        if self.dense and ((self.rewind is not None and self.rewind != "init") or self.output_layer is not None):
+            raise DpltmUserError(f"--rewind {self.rewind or 'public'} and --output-layer choose a ticket's start: drop "
+                                 "them with --dense")
+        self._check_network()
+
+    def settings(self) -> dict[str, Any]:
+        """The settings tree the stage resolves against the config (dpltm.config.resolve_train_config)."""
+        return {
+            "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
+            "train": {**self._train_settings(), "lr_sigma": self.lr_sigma, "neighboring": self.neighboring,
+                      "max_eps": self.max_eps, "patience": self.patience, "ema": self.ema,
+                      "ema_warmup": self.ema_warmup,
+                      "rewind": self.rewind, "output_layer": self.output_layer, "freeze": self.freeze},
+            "model": model_cli(self.arch, None, activation=self.activation),
+            "seed": self.seed,
+            "recipe": self.recipe,
+        }
+
+    def run(self) -> dict[str, Any]:
+        """The training report (dpltm.training.pipeline.final_report)."""
+        from dpltm.dp.distributed import Distribution
+        from dpltm.run_log import check_logger
+
+        check_logger(self.logger)
+        self.check()
+        public = None if self.public_dataset is None else f"{self.public_dataset}:{self.public_split or 'train'}"
+        return stage_train(self.settings(), self.config, self.ticket, self.non_private, self.public_tickets,
+                           self.data_dir, self.device, self.out, self.progress, public_data=public,
+                           noise_seed=self.noise_seed, overwrite=self.overwrite,
+                           distribution=Distribution(self.devices, self.num_nodes, self.strategy),
+                           cuda_graphs=self.cuda_graphs, logger=self.logger, log_dir=self.log_dir,
+                           download=self.download)

@@ -1,4 +1,4 @@
-"""Private tickets: a lottery ticket made on the private data itself, with privacy (issue 9).
+"""Private tickets: a lottery ticket made on the private data itself, with privacy.
 
 For a user who has no public data to take tickets from. The paper's same-data mode prunes by
 the magnitudes of non-privately trained weights, so the mask leaks (docs/privacy.md §1). Here every

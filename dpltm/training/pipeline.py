@@ -9,7 +9,7 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ import torch
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel
 from dpltm.checkpoint import check_writable, load_winner, output_lock, save_atomic
-from dpltm.config import TrainConfig, describe_start, to_dict
+from dpltm.config import TrainConfig, TrainSettings, describe_start, to_dict
 from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
@@ -220,10 +220,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     locked from then on). With a multi-process `distribution` (DP training only) every rank runs
     this function; only rank 0 locks and writes the output. `step_mode` (private_training.STEP_MODES)
     says how a DP step runs, never what it computes. `audit` (dpltm.audit.run.AuditPlan) adds
-    canaries to this very run and puts the empirical lower bound on ε in report["audit"]. With
-    `logger` (csv, tensorboard, mlflow or
-    none), rank 0 logs the run into a versioned folder under `log_dir` (dpltm.run_log): each
-    epoch's released-model accuracies and ε spent, and at the end the history and report.
+    canaries to this very run and puts the empirical lower bound on ε in report["audit"]. With `logger`
+    (csv, tensorboard, mlflow or none), rank 0 logs the run under `log_dir` (dpltm.run_log).
     """
     distribution = distribution or Distribution()
     if distribution.multi_process and not private:
@@ -234,10 +232,116 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
     s = cfg.train
     origin = ticket_origin(ticket, data, assert_public, ticket_data, ticket_data_unchecked)
     check_start(s.rewind, s.output_layer, ticket, origin)
+    model, masks, transfer, data = _prepared_model(cfg, data, ticket, step_mode, audit, private, distribution,
+                                                   progress and main, warn=main)
+    n = len(data.train) + (audit.extra_records if audit is not None else 0)
+    plan = plan_training(s, n, origin.spent_events()) if private else None
+    if plan is not None and plan.lr != s.lr:  # lr_sigma: the run's lr follows its σ (and is stored)
+        s = replace(s, lr=plan.lr)
+        cfg = replace(cfg, train=s)
+    accounting = RunAccounting(origin, plan, s, n, data.name)
+    plan, budget_note = accounting.within_max_eps()
+    if plan is not None:  # refuse an accountant that cannot state this run before any step
+        ledger = accounting.ledger_for(plan.steps)
+        require_support(ledger.training_event(), s.accountant, s.neighboring)
+        ledger.best_bound()
+        if audit is not None:  # the claim the audit tests, stated before any step
+            audit.state_claim(ledger, s)
+    planned = accounting.ledger_for(plan.steps if plan is not None else 0)
+    on_epoch = EpochLog(planned.end_to_end_dp and s.patience is None,
+                        planned.best_bound().epsilon if plan is not None and s.patience is not None else None,
+                        show=progress and main)
+    if logger is not None and main:
+        from dpltm.run_log import check_log_root
+
+        check_log_root(log_dir, "train", data.name)
+    if on_start is not None and main:
+        on_start()
+    run_log = None
+    with output_lock(out) if main else contextlib.nullcontext():
+        if logger is not None and main:  # claimed once the output is ours: a refused run leaves no folder
+            from dpltm.run_log import RunLog
+
+            run_log = on_epoch.run_log = RunLog("train", data.name, logger, log_dir,
+                                                {**to_dict(cfg), "ticket": str(ticket_path)},
+                                                mode="dp-sgd" if plan is not None else "non-private")
+            run_log.update(end_to_end_dp=on_epoch.end_to_end, epsilon_scope=planned.epsilon_scope)
+        with run_log.closed_on_error() if run_log is not None else contextlib.nullcontext():
+            seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
+            if plan is not None:
+                context = NoiseContext(model=model, masks=masks, clip=s.clip, private_dataset=data.name,
+                                       public_data=public_data, public_dataset=public_dataset)
+                outcome = run_private(model, data, plan, s, seed=seed, progress=progress and main,
+                                      epsilon_after=accounting.epsilon_after if main else None,
+                                      noise_context=context, on_epoch=on_epoch,
+                                      distribution=distribution, step_mode=step_mode,
+                                      canaries=None if audit is None else audit.canaries_in_training)
+            else:
+                outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch,
+                                          masks=masks)
+            if budget_note is not None and outcome.stop_reason.startswith("finished"):
+                outcome = replace(outcome, stop_reason=budget_note)
+            adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
+            # An adaptively chosen stopping time is covered by the budget of the planned run
+            # (post-processing of all T iterates), not by the ε at the stopping point.
+            guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
+            ledger = accounting.ledger_for(guarantee_steps)
+            released = outcome.released if outcome.released is not None else model  # the EMA when on
+            audited = None if audit is None or plan is None else audit.conclude(released, plan, ledger, s)
+            trained = trained_model(released, masks, ledger, outcome, cfg, ticket, ticket_path, transfer, data,
+                                    origin, plan, out, adaptive_stop, network_density=density(masks),
+                                    randomness=randomness if plan is not None else None,
+                                    processes=distribution.world_size,
+                                    log_dir=None if run_log is None else str(run_log.folder), audit=audited)
+            report = trained.report()
+            if not main:  # another rank of a multi-device run: rank 0 writes
+                return report
+            save_atomic(trained.to_dict(), out, "model")
+    if run_log is not None:  # finished only once the model it describes is kept
+        run_log.finish(output=str(out), history=on_epoch.logged, report=report)
+    return report
+
+
+@dataclass
+class EpochLog:
+    """Each epoch's record on screen and in the run's log, ε named as the run may claim it: a bare "epsilon"
+    only for a run that is DP end to end and stops at a data-independent time; otherwise "epsilon_dp_part",
+    and with --patience the planned run's bound (an adaptive stop is covered by the planned run's budget, not
+    by the ε at the stopping point)."""
+
+    end_to_end: bool
+    planned_epsilon: float | None
+    show: bool
+    run_log: Any = None
+    logged: list[dict[str, Any]] = field(default_factory=list)
+
+    def loggable(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self.end_to_end:
+            return record
+        shown = {("epsilon_dp_part" if k == "epsilon" else k): v for k, v in record.items()}
+        if self.planned_epsilon is not None:
+            shown["epsilon_dp_part"] = self.planned_epsilon
+        return shown
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self.show:
+            _print_epoch(record, self.end_to_end)
+        if self.run_log is not None:
+            self.logged.append(self.loggable(record))
+            self.run_log.log_metrics(self.logged[-1], step=record["steps"])
+            self.run_log.update(history=self.logged)  # readable (and plottable) while the run goes on
+
+
+def _prepared_model(cfg: TrainConfig, data: DatasetSplits, ticket: dict[str, Any] | None, step_mode: str,
+                    audit: AuditPlan | None, private: bool, distribution: Distribution, progress: bool,
+                    warn: bool) -> tuple[Any, Masks, dict[str, Any], DatasetSplits]:
+    """The network to train (from the ticket or dense, frozen layers held), on its device, and the data it
+    trains on: a fixed front end's features, and an audit's canaries."""
+    s = cfg.train
     model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch,
                                          s.rewind, s.output_layer)
     override = transfer.get("activation_override")
-    if override and s.rewind != "init" and main:  # recorded in the checkpoint too (transfer)
+    if override and s.rewind != "init" and warn:  # recorded in the checkpoint too (transfer)
         from dpltm.console import err_console
 
         err_console.print(f"warning: the ticket's public weights were trained with {override['ticket']}; training "
@@ -253,7 +357,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
                     "frozen_parameters": sum(p.numel() for n, p in model.named_parameters() if n in frozen)}
     check_noise_for_network(s.noise, model.arch.is_mlp)
     model.to(data.train.labels.device)
-    data = network_inputs(model, data, progress=progress and main)  # a fixed front end's cached features
+    data = network_inputs(model, data, progress=progress)  # a fixed front end's cached features
     if audit is not None:  # canaries join the training set (input canaries) or its index space (gradient ones)
         if not private or distribution.multi_process or step_mode != "eager":
             raise DpltmUserError("an audit runs DP training on one device, in the eager step")
@@ -261,112 +365,45 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str,
             plain = " or ".join(n for n, p in NOISE_PLUGINS.items() if p.plain_norm)
             raise DpltmUserError(f"the audit's canaries assume the plain clipping norm: audit --noise {plain}")
         data = audit.prepare(model, data, s.clip, masks)
-    n = len(data.train) + (audit.extra_records if audit is not None else 0)
-    plan = plan_training(s, n, origin.spent_events()) if private else None
-    if plan is not None and plan.lr != s.lr:  # lr_sigma: the run's lr follows its σ (and is stored)
-        s = replace(s, lr=plan.lr)
-        cfg = replace(cfg, train=s)
+    return model, masks, transfer, data
 
-    def ledger_for(steps: int) -> PrivacyLedger:
+
+@dataclass(frozen=True)
+class RunAccounting:
+    """The run's privacy ledger after any number of steps: what every ε the run states is computed from."""
+
+    origin: TicketOrigin
+    plan: TrainPlan | None
+    settings: TrainSettings
+    records: int
+    dataset: str
+
+    def ledger_for(self, steps: int) -> PrivacyLedger:
+        s, plan, origin = self.settings, self.plan, self.origin
         training = (training_record(plan.sample_rate, plan.noise_multiplier, steps, s.clip,
-                                    plan.expected_batch_size, n) if plan is not None else None)
+                                    plan.expected_batch_size, self.records) if plan is not None else None)
         return PrivacyLedger(phase1=origin.phase1, phase1_dataset=origin.phase1_dataset,
-                             private_dataset=data.name, selection_eps1=origin.selection_eps1,
+                             private_dataset=self.dataset, selection_eps1=origin.selection_eps1,
                              training=training, delta=s.delta, neighboring=s.neighboring,
                              accountant=s.accountant, noise=s.noise,
                              data_independent_selection=origin.data_independent_selection,
                              selection_draws=origin.selection_draws, phase1_training=origin.phase1_training)
 
-    def epsilon_after(steps: int) -> float:
-        return ledger_for(steps).best_bound().epsilon
+    def epsilon_after(self, steps: int) -> float:
+        return self.ledger_for(steps).best_bound().epsilon
 
-    budget_note = None
-    if plan is not None and s.max_eps is not None:
-        allowed = epochs_within_budget(plan, s.max_eps, epsilon_after)
-        if allowed < plan.epochs:
-            one_more = epsilon_after((allowed + 1) * plan.steps_per_epoch)
-            budget_note = (f"--max-eps {s.max_eps:g}: stopped after {allowed} of {plan.epochs} epochs; "
-                           f"one more would spend ε = {format_epsilon(one_more)}")
-            plan = replace(plan, epochs=allowed)
-    if plan is not None:  # refuse an accountant that cannot state this run before any step
-        ledger = ledger_for(plan.steps)
-        require_support(ledger.training_event(), s.accountant, s.neighboring)
-        ledger.best_bound()
-        if audit is not None:  # the claim the audit tests, stated before any step
-            audit.state_claim(ledger, s)
-    # What the run's log may call ε: a bare "epsilon" only for a run that is DP end to end and stops at
-    # a data-independent time; otherwise "epsilon_dp_part", and with --patience the planned run's bound
-    # (an adaptive stop is covered by the planned run's budget, not by the ε at the stopping point).
-    planned = ledger_for(plan.steps if plan is not None else 0)
-    end_to_end = planned.end_to_end_dp and s.patience is None
-    planned_epsilon = planned.best_bound().epsilon if plan is not None and s.patience is not None else None
-    if logger is not None and main:
-        from dpltm.run_log import check_log_root
-
-        check_log_root(log_dir, "train", data.name)
-    if on_start is not None and main:
-        on_start()
-
-    def loggable(record: dict[str, Any]) -> dict[str, Any]:
-        if end_to_end:
-            return record
-        shown = {("epsilon_dp_part" if k == "epsilon" else k): v for k, v in record.items()}
-        if planned_epsilon is not None:
-            shown["epsilon_dp_part"] = planned_epsilon
-        return shown
-
-    run_log = None
-    logged: list[dict[str, Any]] = []
-    with output_lock(out) if main else contextlib.nullcontext():
-        if logger is not None and main:  # claimed once the output is ours: a refused run leaves no folder
-            from dpltm.run_log import RunLog
-
-            run_log = RunLog("train", data.name, logger, log_dir, {**to_dict(cfg), "ticket": str(ticket_path)},
-                             mode="dp-sgd" if plan is not None else "non-private")
-            run_log.update(end_to_end_dp=end_to_end, epsilon_scope=planned.epsilon_scope)
-
-        def on_epoch(record: dict[str, Any]) -> None:
-            if progress and main:
-                _print_epoch(record, end_to_end)
-            if run_log is not None:
-                logged.append(loggable(record))
-                run_log.log_metrics(logged[-1], step=record["steps"])
-                run_log.update(history=logged)  # readable (and plottable) while the run goes on
-
-        with run_log.closed_on_error() if run_log is not None else contextlib.nullcontext():
-            seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
-            if plan is not None:
-                context = NoiseContext(model=model, masks=masks, clip=s.clip, private_dataset=data.name,
-                                       public_data=public_data, public_dataset=public_dataset)
-                outcome = run_private(model, data, plan, s, seed=seed,
-                                      epsilon_after=epsilon_after if main else None, progress=progress and main,
-                                      noise_context=context, on_epoch=on_epoch,
-                                      distribution=distribution, step_mode=step_mode,
-                                      canaries=None if audit is None else audit.canaries_in_training)
-            else:
-                outcome = run_non_private(model, data, s, seed=cfg.seed, progress=progress, on_epoch=on_epoch,
-                                          masks=masks)
-            if budget_note is not None and outcome.stop_reason.startswith("finished"):
-                outcome = replace(outcome, stop_reason=budget_note)
-            adaptive_stop = s.patience is not None and outcome.steps < (plan.steps if plan else 0)
-            # An adaptively chosen stopping time is covered by the budget of the planned run
-            # (post-processing of all T iterates), not by the ε at the stopping point.
-            guarantee_steps = plan.steps if (plan is not None and adaptive_stop) else outcome.steps
-            ledger = ledger_for(guarantee_steps)
-            released = outcome.released if outcome.released is not None else model  # the EMA when on
-            audited = None if audit is None or plan is None else audit.conclude(released, plan, ledger, s)
-            trained = trained_model(released, masks, ledger, outcome, cfg, ticket, ticket_path, transfer, data,
-                                    origin, plan, out, adaptive_stop, network_density=density(masks),
-                                    randomness=randomness if plan is not None else None,
-                                    processes=distribution.world_size,
-                                    log_dir=None if run_log is None else str(run_log.folder), audit=audited)
-            report = trained.report()
-            if not main:  # another rank of a multi-device run: rank 0 writes
-                return report
-            save_atomic(trained.to_dict(), out, "model")
-    if run_log is not None:  # finished only once the model it describes is kept
-        run_log.finish(output=str(out), history=logged, report=report)
-    return report
+    def within_max_eps(self) -> tuple[TrainPlan | None, str | None]:
+        """The plan cut to the epochs --max-eps allows (a data-independent stop), and the note saying so."""
+        plan, cap = self.plan, self.settings.max_eps
+        if plan is None or cap is None:
+            return plan, None
+        allowed = epochs_within_budget(plan, cap, self.epsilon_after)
+        if allowed >= plan.epochs:
+            return plan, None
+        one_more = self.epsilon_after((allowed + 1) * plan.steps_per_epoch)
+        note = (f"--max-eps {cap:g}: stopped after {allowed} of {plan.epochs} epochs; "
+                f"one more would spend ε = {format_epsilon(one_more)}")
+        return replace(plan, epochs=allowed), note
 
 
 def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger, outcome: TrainOutcome,
