@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice, rung_steps
+from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.tickets.imp import generate_tickets
 
 

@@ -33,10 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ticket_choice import recipe_settings, spearman  # noqa: E402
 
-from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings  # noqa: E402
+from dpltm.config import ModelSettings  # noqa: E402
 from dpltm.data import load_dataset  # noqa: E402
 from dpltm.data.types import DatasetSplits, LabeledTensors  # noqa: E402
 from dpltm.selection.noise_aware import PlannedRun, among_rounds, noise_aware_choice  # noqa: E402
+from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings
 from dpltm.tickets.imp import generate_tickets  # noqa: E402
 from dpltm.training.plan import plan_training  # noqa: E402
 

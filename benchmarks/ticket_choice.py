@@ -29,21 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.config import (
-    OUTPUT_LAYERS,
-    TICKET_STARTS,
-    DataSettings,
-    ModelSettings,
-    TrainConfig,
-    TrainSettings,
-    recipe_tree,
-)
+from dpltm.config import recipe_tree
 from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.display import format_sigma
 from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, among_rounds, noise_aware_choice
 from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
+from dpltm.settings import OUTPUT_LAYERS, TICKET_STARTS, DataSettings, ModelSettings, TrainConfig, TrainSettings
 from dpltm.tickets.data import reload_ticket_data
 from dpltm.training.pipeline import train
 from dpltm.training.plan import plan_training

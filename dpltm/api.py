@@ -58,7 +58,6 @@ from dpltm.api_checks import (
     first_parameter,
     user_path,
 )
-from dpltm.config import MAX_LR, MAX_ROUNDS, TrainSettings
 from dpltm.data.splits import record_hashes
 from dpltm.dp.distributed import rank_sampling_seed
 from dpltm.dp.engine import (
@@ -89,6 +88,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.pruning import prune_layerwise, pruned_count
 from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
+from dpltm.settings import MAX_LR, MAX_ROUNDS, TrainSettings
 from dpltm.training.plan import TrainPlan, plan_training
 
 Data = tuple[Tensor, Tensor] | torch.utils.data.Dataset  # type: ignore[type-arg]

@@ -91,7 +91,7 @@ def check_positive(value: Any, name: str, *, minimum: float = 0.0, inclusive: bo
 def check_clip(value: Any, name: str = "max_grad_norm") -> float:
     """The clipping bound C: between MIN_CLIP and MAX_CLIP (the noise is σ·C per coordinate: beyond it the
     noise swamps float32 weights and the run can only diverge; below it C and σ·C vanish in float32)."""
-    from dpltm.config import check_clip_range
+    from dpltm.settings import check_clip_range
 
     clip = check_positive(value, name)
     check_clip_range(clip, name)

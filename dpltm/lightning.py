@@ -55,7 +55,6 @@ from dpltm.api_checks import (
     check_positive,
     check_seed,
 )
-from dpltm.config import TrainSettings
 from dpltm.dp.engine import clip_and_sum, trainable_layers
 from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
 from dpltm.dp.noise import GaussianNoise
@@ -66,6 +65,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.run_log import float32_at_least
+from dpltm.settings import TrainSettings
 from dpltm.training.plan import TrainPlan, plan_training
 
 STATE_VERSION = 2

@@ -56,22 +56,14 @@ import numpy as np
 import torch
 
 from dpltm.checkpoint import load_checkpoint, load_trained_model, write_text_atomic
-from dpltm.config import (
-    DataSettings,
-    GenerateConfig,
-    GenerateSettings,
-    ModelSettings,
-    TrainConfig,
-    TrainSettings,
-    config_hash,
-    read_yaml,
-)
+from dpltm.config import config_hash, read_yaml
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.display import format_sigma
 from dpltm.selection.noise_aware import among_rounds
 from dpltm.selection.winner import Selection, choose, winner_payload
+from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings, TrainConfig, TrainSettings
 from dpltm.tickets.data import data_to_check
 from dpltm.tickets.imp import generate_tickets
 from dpltm.training.pipeline import train
@@ -301,7 +293,7 @@ class Experiment:
 
     def private_ticket(self, run: Run, data: DatasetSplits, settings: TrainSettings) -> tuple[Path, TrainSettings]:
         """A private ticket on the run's own data; the ticket's training gets the epochs the warm-up left."""
-        from dpltm.config import PrivateTicketSettings
+        from dpltm.settings import PrivateTicketSettings
         from dpltm.tickets.private import make_private_ticket
 
         p = PrivateTicketSettings(**self.spec.get("private_ticket", {}))

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dpltm.config import check_search
 from dpltm.data.splits import derive_seed
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.averaging import Ema, average_into
@@ -50,10 +49,11 @@ from dpltm.dp.step import (
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
 from dpltm.model import Architecture, Masks, build_network, freeze_layers_, rewind, ticket_masks
+from dpltm.settings import check_search
 from dpltm.training.transfer import start_weights
 
 if TYPE_CHECKING:
-    from dpltm.config import TrainSettings
+    from dpltm.settings import TrainSettings
     from dpltm.training.plan import TrainPlan
 
 

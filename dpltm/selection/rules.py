@@ -40,7 +40,7 @@ class RuleSettings:
     halving: int = 0
     """Rungs of successive halving, for a rule that trains candidates (the noise-aware choice)."""
     search: tuple[str, ...] = ()
-    """What the noise-aware choice searches besides the ticket (dpltm.config.SEARCHABLE)."""
+    """What the noise-aware choice searches besides the ticket (dpltm.settings.SEARCHABLE)."""
 
 
 @dataclass(frozen=True)

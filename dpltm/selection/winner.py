@@ -18,7 +18,7 @@ import numpy as np
 
 from dpltm import __version__
 from dpltm.checkpoint import load_ticket_set
-from dpltm.config import SEARCH_FIXED_BY, canonical_start, describe_start
+from dpltm.config import SEARCH_FIXED_BY
 from dpltm.errors import DpltmUserError
 from dpltm.model import masked_weights
 from dpltm.privacy.display import format_sigma
@@ -34,6 +34,7 @@ from dpltm.privacy.exponential import (
 )
 from dpltm.selection.noise_aware import NoiseAwareChoice
 from dpltm.selection.rules import RuleSettings, selection_rule
+from dpltm.settings import canonical_start, describe_start
 
 if TYPE_CHECKING:
     from dpltm.privacy.events import DpEvent
@@ -185,7 +186,7 @@ def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
     only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the --config file and
     flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged record is
     refused in one line."""
-    from dpltm.config import OUTPUT_LAYERS, SEARCHABLE
+    from dpltm.settings import OUTPUT_LAYERS, SEARCHABLE
 
     selection = (winner or {}).get("selection")
     choice = selection.get("noise_aware") if isinstance(selection, dict) else None

@@ -50,7 +50,7 @@ from dpltm.stages.select import (
 from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
 
 if TYPE_CHECKING:
-    from dpltm.config import TrainConfig
+    from dpltm.settings import TrainConfig
 
 TUNED_RECIPE_MIN_RECORDS = 20000
 """`run --recipe auto` takes the tuned recipe from this many private training records up: it was
@@ -218,11 +218,12 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
 
 def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.checkpoint import prepare_output
-    from dpltm.config import late_rewind_step, resolve_select_config, resolve_train_config
+    from dpltm.config import resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.data.loaders import SPECS
     from dpltm.devices import require_cuda_for_graphs, resolve_device
     from dpltm.paths import default_checkpoint_dir
+    from dpltm.settings import late_rewind_step
 
     private_spec, public_spec = SPECS[r.dataset], SPECS[r.public_dataset]
     project_to = transfer_width(r)

@@ -48,9 +48,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from dpltm.audit.run import AuditPlan
-    from dpltm.config import TrainConfig
     from dpltm.data.types import DatasetSplits, LabeledTensors
     from dpltm.dp.distributed import Distribution
+    from dpltm.settings import TrainConfig
 
 
 def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
@@ -373,7 +373,7 @@ class TrainRequest(CommandRequest, TrainingChecks):
         if not self.dense and self.ticket is None:
             raise DpltmUserError("give --ticket PATH (from `dpltm select`), or --dense for the DP-SGD baseline")
         if self.rewind is not None:
-            from dpltm.config import late_rewind_step
+            from dpltm.settings import late_rewind_step
 
             late_rewind_step(self.rewind)  # a start train takes, before what it combines with
         if self.dense and ((self.rewind is not None and self.rewind != "init") or self.output_layer is not None):

@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 from dpltm.checkpoint import load_ticket_set, write_bytes_atomic
-from dpltm.config import GenerateConfig, config_hash
+from dpltm.config import config_hash
 from dpltm.errors import DpltmUserError
 from dpltm.paths import user_cache_dir
+from dpltm.settings import GenerateConfig
 
 TICKET_CACHE_ENV = "DPLTM_TICKET_CACHE"
 

@@ -33,7 +33,7 @@ import torch
 from dpltm import __version__
 from dpltm.artefacts import TicketSet
 from dpltm.checkpoint import load_ticket_set, save_atomic
-from dpltm.config import GenerateConfig, config_hash, to_dict
+from dpltm.config import config_hash, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
 from dpltm.features import network_inputs
@@ -51,6 +51,7 @@ from dpltm.model import (
     trained_weights,
 )
 from dpltm.pruning import paper_prune_rates, prune_layerwise, random_masks_like
+from dpltm.settings import GenerateConfig
 
 
 def round_seed(seed: int, round_index: int, stream: int = 0) -> int:

@@ -35,7 +35,7 @@ from dpltm import __version__
 from dpltm.artefacts import Winner
 from dpltm.artefacts.winner import PRIVATE_METHOD
 from dpltm.checkpoint import save_atomic
-from dpltm.config import TrainConfig, to_dict
+from dpltm.config import to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext, noise_class
 from dpltm.dp.plugins import check_noise_for_network, noise_plugin
@@ -57,6 +57,7 @@ from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
 from dpltm.privacy.ledger import training_record
 from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
+from dpltm.settings import TrainConfig
 from dpltm.training.plan import TrainPlan, learning_rate
 from dpltm.training.private import mechanism_seed, run_private
 

@@ -19,7 +19,7 @@ import torch
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel
 from dpltm.checkpoint import check_writable, load_winner, output_lock, save_atomic
-from dpltm.config import TrainConfig, TrainSettings, describe_start, to_dict
+from dpltm.config import to_dict
 from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
@@ -34,6 +34,7 @@ from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent
 from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, training_record
 from dpltm.selection.rules import SELECTION_RULES
+from dpltm.settings import TrainConfig, TrainSettings, describe_start
 from dpltm.tickets.private import is_private_ticket
 from dpltm.training.plan import TrainPlan, plan_training
 from dpltm.training.private import TrainOutcome, epochs_within_budget, mechanism_seed, run_non_private, run_private

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpltm.config import MAX_LR, TrainSettings
 from dpltm.dp.noise import noise_class
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.display import format_sigma
 from dpltm.privacy.events import MAX_STEPS, DpEvent
+from dpltm.settings import MAX_LR, TrainSettings
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpltm.config import TrainSettings
 from dpltm.data.batches import ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.devices import require_cuda_for_graphs
@@ -43,6 +42,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.model import Masks, PrunedWeights, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.display import format_epsilon
+from dpltm.settings import TrainSettings
 from dpltm.training.plain import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
 from dpltm.training.plan import TrainPlan
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from dpltm.config import OUTPUT_LAYERS, late_rewind_step
 from dpltm.errors import DpltmUserError
 from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_network
+from dpltm.settings import OUTPUT_LAYERS, late_rewind_step
 
 
 def start_weights(ticket: dict[str, Any], start: str, output_layer: str, num_classes: int) -> dict[str, torch.Tensor]:

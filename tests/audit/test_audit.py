@@ -17,10 +17,10 @@ from scipy import stats
 from dpltm.audit.bounds import bound_from_scores, epsilon_lower_bound, p_value
 from dpltm.audit.canaries import GradientCanaries, InputCanaries, inclusion_bits
 from dpltm.audit.run import AuditPlan
-from dpltm.config import TrainConfig, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, apply_masks_, build_architecture
+from dpltm.settings import TrainConfig, TrainSettings
 from dpltm.training import pipeline
 from tests.datafiles import write_digits
 from tests.faults import FAULTS, fault

@@ -16,13 +16,13 @@ from dpltm.cli import app
 
 def test_enums_match_the_registries() -> None:
     from dpltm.audit.canaries import THREAT_MODELS
-    from dpltm.config import OPTIMIZERS, OUTPUT_LAYERS, REWIND_POINTS
     from dpltm.data.loaders import DATASETS, SPLITS
     from dpltm.dp.distributed import STRATEGIES
     from dpltm.dp.noise import NOISE_MECHANISMS
     from dpltm.model import ACTIVATIONS, ARCHS
     from dpltm.run_log import LOGGERS
     from dpltm.selection.rules import SELECTION_RULES
+    from dpltm.settings import OPTIMIZERS, OUTPUT_LAYERS, REWIND_POINTS
     from dpltm.stages.predict import PARTS
 
     pairs = [(choices.Dataset, DATASETS), (choices.Split, SPLITS), (choices.Activation, ACTIVATIONS),

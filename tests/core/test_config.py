@@ -11,18 +11,7 @@ from grid import PROFILES
 
 from dpltm.config import (
     CONFIG_DIR,
-    MAX_CLIP,
     MAX_CONFIG_BYTES,
-    MAX_LR,
-    MAX_SEED,
-    MIN_CLIP,
-    DataSettings,
-    GenerateConfig,
-    GenerateSettings,
-    ModelSettings,
-    SelectSettings,
-    TrainConfig,
-    TrainSettings,
     _coerce,
     check_config_tree,
     config_hash,
@@ -39,6 +28,19 @@ from dpltm.privacy.accounting import MAX_EPSILON
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import MAX_EPS1
 from dpltm.selection.noise_aware import check_search
+from dpltm.settings import (
+    MAX_CLIP,
+    MAX_LR,
+    MAX_SEED,
+    MIN_CLIP,
+    DataSettings,
+    GenerateConfig,
+    GenerateSettings,
+    ModelSettings,
+    SelectSettings,
+    TrainConfig,
+    TrainSettings,
+)
 
 
 def _yaml_files(group: str) -> list[Path]:
@@ -80,8 +82,8 @@ def test_every_experiment_profile_is_complete(path: Path) -> None:
     """The reproduction's profiles name only known methods and build valid settings."""
     from grid.experiment import METHODS
 
-    from dpltm.config import ModelSettings, PrivateTicketSettings
     from dpltm.data import DATASETS
+    from dpltm.settings import ModelSettings, PrivateTicketSettings
 
     spec = read_yaml(path)
     assert set(spec["methods"]) <= set(METHODS)
@@ -384,7 +386,7 @@ def test_config_hashes_are_pinned() -> None:
 def test_a_config_file_takes_the_neighbouring_relation_as_the_flag_does() -> None:
     """`--neighbouring replace-one` and the API take the hyphen; a config file's `neighboring: replace-one` too,
     stored in the accountant's spelling."""
-    from dpltm.config import TrainSettings
+    from dpltm.settings import TrainSettings
 
     assert TrainSettings(neighboring="replace-one").neighboring == "replace_one"
     assert TrainSettings(neighboring="ADD-REMOVE").neighboring == "add_remove"

@@ -9,7 +9,6 @@ import pytest
 import torch
 from scipy import stats
 
-from dpltm.config import TrainSettings
 from dpltm.data.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.averaging import Ema, make_averager, update_average
@@ -22,6 +21,7 @@ from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from dpltm.settings import TrainSettings
 from dpltm.training.plain import train_classifier
 from dpltm.training.plan import plan_training
 from dpltm.training.private import TrainOutcome, run_private

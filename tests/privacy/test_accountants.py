@@ -11,11 +11,11 @@ import pytest
 
 from dpltm.api_checks import check_accountant as api_check_accountant
 from dpltm.choices import Accountant
-from dpltm.config import TrainSettings
 from dpltm.errors import DpltmUserError
 from dpltm.privacy import accounting
 from dpltm.privacy.accountants import ACCOUNTANTS, AccountantEntry
 from dpltm.privacy.events import dpsgd_event
+from dpltm.settings import TrainSettings
 
 RELATIONS = {"add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
              "replace_one": dpa.NeighboringRelation.REPLACE_ONE}

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings, check_search
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
 from dpltm.selection.noise_aware import (
@@ -24,6 +23,7 @@ from dpltm.selection.noise_aware import (
     searched_trainings,
 )
 from dpltm.selection.winner import chosen_training, noise_aware_selection
+from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings, check_search
 from dpltm.tickets.imp import generate_tickets
 
 

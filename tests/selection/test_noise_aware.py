@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, clipped_sums, noisy_step
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
@@ -23,6 +22,7 @@ from dpltm.selection.noise_aware import (
     rung_steps,
     winning_index,
 )
+from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.tickets.imp import generate_tickets
 
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from dpltm.checkpoint import load_ticket_set, save_atomic
-from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import (
@@ -27,6 +26,7 @@ from dpltm.model import (
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice, searched_trainings
 from dpltm.selection.winner import chosen_training
+from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.tickets.imp import generate_tickets, round_seed
 from dpltm.training.plain import GraphedSgdStep, train_classifier
 

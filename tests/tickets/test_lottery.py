@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dpltm.checkpoint import load_checkpoint, load_ticket_set
-from dpltm.config import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.errors import DpltmUserError
+from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.tickets.imp import generate_tickets
 
 

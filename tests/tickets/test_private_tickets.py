@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from dpltm.checkpoint import load_checkpoint
-from dpltm.config import PrivateTicketSettings, TrainConfig, TrainSettings
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, build_architecture
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.pld_accountant import PLD_VALUE_DISCRETIZATION_INTERVAL
+from dpltm.settings import PrivateTicketSettings, TrainConfig, TrainSettings
 from dpltm.tickets.private import layer_keep_fractions, make_private_ticket, plan_private_ticket, round_prune_rates
 from dpltm.training.pipeline import load_ticket, train
 

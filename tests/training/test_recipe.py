@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import dpltm.training.private as private_training
-from dpltm.config import TrainSettings
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
+from dpltm.settings import TrainSettings
 from dpltm.training.plain import accuracy, train_classifier
 from dpltm.training.plan import plan_training
 from dpltm.training.private import TrainOutcome, make_optimizer, run_non_private, run_private
