@@ -127,7 +127,7 @@ def _values_given(names: list[str], args: list[str]) -> list[tuple[str, str]]:
     return given
 
 
-PRIVACY_TERMS = frozenset({"eps", "eps1", "eps2", "max_eps", "delta", "sigma", "clip", "neighboring", "accountant",
+PRIVACY_TERMS = frozenset({"eps", "eps1", "max_eps", "delta", "sigma", "clip", "neighboring", "accountant",
                            "noise"})
 """Parameters that state a run's privacy guarantee: given twice with different values, refused even under one name."""
 

@@ -136,7 +136,7 @@ LOGGER = flag("--logger", choices=Logger,
           'reads).'))
 MOMENTUM = flag(config="train.momentum", help='SGD momentum on the privatized gradients, in [0, 1).')
 NEIGHBORING = flag("--neighbouring", "--neighboring", shown="add-remove", choices=Neighboring,
-    help=('Neighboring datasets ε is stated for: add-remove (one record added or removed; the number of '
+    help=('Neighbouring datasets ε is stated for: add-remove (one record added or removed; the number of '
           'training records N is treated as public, as Opacus and TF Privacy do) or replace-one (one record'
           ' replaced, N fixed; a larger ε for the same run).'))
 NOISE = flag(config="train.noise", choices=Noise,
@@ -153,3 +153,14 @@ SPLIT = flag(config="data.split", choices=Split,
 VAL_FRACTION = flag(config="data.val_fraction", help='Fraction of the training pool held out for validation.')
 
 PROGRESS = flag("--progress/--no-progress", help="Show progress bars.")
+
+HALVING = flag("--halving", metavar="RUNGS", shown="the config's select.halving (0)",
+    help=('Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense '
+          'network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full '
+          'runs instead of 5). 0: every candidate trains all T steps.'))
+EMA = flag("--ema", metavar="DECAY",
+    help=('Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 '
+          '(post-processing: free). Default: the final iterate.'))
+EMA_WARMUP = flag("--ema-warmup/--no-ema-warmup", shown="the recipe's",
+    help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the "
+          'first iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema.'))

@@ -70,7 +70,7 @@ class AuditRequest(CommandRequest, TrainingChecks):
     dense: bool = option("--dense", default=False, help='Audit DP-SGD on the full network (no ticket).')
     dataset: str | None = PRIVATE_DATASET()
     split: str | None = SPLIT()
-    eps2: float | None = option("--eps", "--eps2", config="train.eps2",
+    eps: float | None = option("--eps", "--eps2", config="train.eps2",
         help='Training budget ε; σ is calibrated to it (the claim the audit tests).')
     sigma: float | None = SIGMA()
     delta: float | None = DELTA()

@@ -26,6 +26,7 @@ from dpltm.options import (
     DATA_DIR,
     DEVICE,
     DOWNLOAD,
+    HALVING,
     JSON,
     LOG_DIR,
     LOGGER,
@@ -242,10 +243,7 @@ class SelectRequest(CommandRequest):
         help=("Train every ticket (the dense network included) under the planned DP noise on the tickets' own "
               'public data and pick the best; spends no ε. Needs --private-size; the planned run is '
               "--eps/--sigma, --epochs, --batch-size and the config's train section."))
-    halving: int | None = option("--halving", metavar="RUNGS", shown="the config's select.halving (0)",
-        help=('Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense '
-              'network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full '
-              'runs instead of 5). 0: every candidate trains all T steps.'))
+    halving: int | None = HALVING()
     search: str | None = option("--search", metavar="DIM[,DIM…]", shown="the config's select.search (none)",
         help=('What the noise-aware choice also tries for each ticket, each as a candidate of its own: start '
               "(θ0 and the ticket's public-trained weights), release (the final iterate and an EMA 0.999 with "
@@ -255,7 +253,7 @@ class SelectRequest(CommandRequest):
               'ema/ema_warmup, freeze) fixes its dimension. none: search nothing.'))
     private_size: int | None = option("--private-size",
         help="N, the private training set's size (public), for --noise-aware's planned run.")
-    eps2: float | None = option("--eps", "--eps2", config="train.eps2",
+    eps: float | None = option("--eps", "--eps2", config="train.eps2",
         help='--noise-aware: the planned training budget ε2 (σ calibrated to it).')
     sigma: float | None = option(help='--noise-aware: the planned noise multiplier instead of --eps.')
     epochs: int | None = option(config="train.epochs", help='--noise-aware: the planned epochs.')
@@ -312,7 +310,7 @@ class SelectRequest(CommandRequest):
         if self.reselect and not rule.spends_eps1:
             raise DpltmUserError(f"--reselect allows another exponential-mechanism draw; the {name} selection draws "
                                  "nothing: drop --reselect")
-        planned = (self.eps2, self.sigma, self.epochs, self.batch_size, self.private_size)
+        planned = (self.eps, self.sigma, self.epochs, self.batch_size, self.private_size)
         if not rule.needs_planned_run and any(v is not None for v in planned):
             raise DpltmUserError("--private-size, --eps, --sigma, --epochs and --batch-size describe the planned "
                                  "run of --noise-aware: add --noise-aware or drop them")
@@ -327,7 +325,7 @@ class SelectRequest(CommandRequest):
             raise DpltmUserError(f"{flag} needs --private-size N, the private training set's size")
         if self.private_size is not None and self.private_size < 2:
             raise DpltmUserError(f"--private-size must be at least 2 records, got {self.private_size}")
-        if self.eps2 is not None and self.sigma is not None:
+        if self.eps is not None and self.sigma is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma, not both")
 
     def run(self) -> tuple[Winner, Path]:
@@ -339,7 +337,7 @@ class SelectRequest(CommandRequest):
         name = self.rule_name()
         planned = None if not selection_rule(name).needs_planned_run else NoiseAwareRequest(
             int(self.private_size),  # type: ignore[arg-type]
-            {"train": {"eps2": self.eps2, "sigma": self.sigma, "epochs": self.epochs,
+            {"train": {"eps2": self.eps, "sigma": self.sigma, "epochs": self.epochs,
                        "batch_size": self.batch_size}}, self.data_dir, self.device or "auto", self.progress)
         select = {"eps1": self.eps1, "nu": self.nu, "halving": self.halving, "search": search_option(self.search)}
         return stage_select({"select": select}, self.config, self.tickets, self.best, self.seed, self.out,

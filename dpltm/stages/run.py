@@ -29,6 +29,9 @@ from dpltm.options import (
     DATA_DIR,
     DEVICE,
     DOWNLOAD,
+    EMA,
+    EMA_WARMUP,
+    HALVING,
     JSON,
     LEARNING_RATE,
     LOG_DIR,
@@ -115,12 +118,8 @@ class RunRequest(CommandRequest):
               'under DP, Papernot et al. 2021).'))
     arch: str | None = ARCH()
     momentum: float | None = option(shown="the recipe's", help='SGD momentum on the privatized gradients, in [0, 1).')
-    ema: float | None = option("--ema", metavar="DECAY",
-        help=('Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 '
-              '(post-processing: free). Default: the final iterate.'))
-    ema_warmup: bool | None = option("--ema-warmup/--no-ema-warmup", shown="the recipe's",
-        help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the "
-              'first iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema.'))
+    ema: float | None = EMA()
+    ema_warmup: bool | None = EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
         help=("Where the winner's weights start for DP training: θ0 (init), the weights its public IMP round "
               'ended with (public), or K: the tickets are made with late rewinding to step K of public training'
@@ -150,10 +149,7 @@ class RunRequest(CommandRequest):
         help=('How to pick the public ticket: noise-aware (train every ticket, the dense network included, '
               "under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at"
               ' ν = 50 always takes the sparsest ticket).'))
-    halving: int | None = option("--halving", metavar="RUNGS", shown="the config's select.halving (0)",
-        help=('Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense '
-              'network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full '
-              'runs instead of 5). 0: every candidate trains all T steps.'))
+    halving: int | None = HALVING()
     search: str | None = option("--search", metavar="DIM[,DIM…]", shown="start,release with --choice noise-aware",
         help=('What the noise-aware choice also tries for each ticket (start, release, freeze; none: nothing): '
               'see `dpltm select --help`. A setting you give (--rewind, --ema, --freeze) fixes its dimension.'))

@@ -23,6 +23,8 @@ from dpltm.options import (
     DELTA,
     DEVICE,
     DOWNLOAD,
+    EMA,
+    EMA_WARMUP,
     EPOCHS,
     JSON,
     LEARNING_RATE,
@@ -239,18 +241,18 @@ class TrainingChecks:
     ticket: Path | None
     arch: str | None
     sigma: float | None
-    eps2: float | None
+    eps: float | None
 
     def _check_network(self) -> None:
         if self.arch is not None and self.ticket is not None:
             raise DpltmUserError("--arch is for --dense: a ticket brings its own network")
 
     def _check_budget(self) -> None:
-        if self.sigma is not None and self.eps2 is not None:
+        if self.sigma is not None and self.eps is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
 
     def _train_settings(self) -> dict[str, Any]:
-        return {"eps2": self.eps2, "delta": self.delta, "sigma": self.sigma, "epochs": self.epochs,
+        return {"eps2": self.eps, "delta": self.delta, "sigma": self.sigma, "epochs": self.epochs,
                 "batch_size": self.batch_size, "clip": self.clip, "lr": self.lr, "optimizer": self.optimizer,
                 "noise": self.noise, "accountant": self.accountant, "momentum": self.momentum}
 
@@ -262,7 +264,7 @@ class TrainRequest(CommandRequest, TrainingChecks):
     ticket: Path | None = option(help='Winning ticket from `dpltm select`.')
     dataset: str | None = PRIVATE_DATASET()
     split: str | None = SPLIT()
-    eps2: float | None = option("--eps", "--eps2", config="train.eps2",
+    eps: float | None = option("--eps", "--eps2", config="train.eps2",
         help=("Training budget ε (the paper's ε2); σ is calibrated to it. With a private ticket (generate "
               "--private): the whole run's ε, warm-up included (default: the ε the ticket was planned for)."))
     delta: float | None = DELTA()
@@ -283,12 +285,8 @@ class TrainRequest(CommandRequest, TrainingChecks):
               "(the tuned recipe's rule; overrides --lr for DP runs)."))
     optimizer: str | None = OPTIMIZER()
     momentum: float | None = MOMENTUM()
-    ema: float | None = option("--ema", metavar="DECAY",
-        help=('Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 '
-              '(post-processing: free). Default: the final iterate.'))
-    ema_warmup: bool | None = option("--ema-warmup/--no-ema-warmup", shown="the recipe's",
-        help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the "
-              'first iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema.'))
+    ema: float | None = EMA()
+    ema_warmup: bool | None = EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
         help=("Where the ticket's weights start: θ0 (init, the paper's), the weights its public IMP round ended"
               ' with (public), or K, the iterate K steps into public training its tickets rewound to (generate '
@@ -356,7 +354,7 @@ class TrainRequest(CommandRequest, TrainingChecks):
         if self.dense and self.public_tickets:
             raise DpltmUserError("--public-tickets is about a ticket's data: drop it with --dense")
         self._check_budget()
-        if self.non_private and (self.eps2 is not None or self.sigma is not None):
+        if self.non_private and (self.eps is not None or self.sigma is not None):
             raise DpltmUserError("--non-private trains without noise: drop --eps/--sigma")
         if self.non_private:  # options of the DP mechanism: silently ignored, they would suggest it ran
             given = [flag for flag, value in (("--noise", self.noise), ("--clip", self.clip),

@@ -54,7 +54,7 @@ def test_one_option_name_per_idea_across_commands() -> None:
     assert {opt: seen for opt, seen in spellings.items() if len(seen) > 1} == {}
     every = {opt for params in _options().values() for opts in params.values() for opt in opts}
     assert "--public-data" not in every and "--target-eps" not in every
-    assert {"--eps", "--eps2"} <= set(_options()["train"]["eps2"]) and "--max-eps" in every
+    assert {"--eps", "--eps2"} <= set(_options()["train"]["eps"]) and "--max-eps" in every
     assert _options()["select"]["tickets"] == ("--tickets",)
     assert _options()["run"]["ticket_source"] == ("--ticket-source",)
 

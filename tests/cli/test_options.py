@@ -86,8 +86,8 @@ def _parse(request_type: type[CommandRequest], argv: list[str], into: list[Comma
 def test_the_command_line_parses_into_the_request_a_caller_would_build(parsed: list[CommandRequest]) -> None:
     request = _parse(TrainRequest, ["--dense", "--dataset", "digits", "--eps", "1", "--neighbouring", "replace-one",
                                     "--recipe", "tuned"], parsed)
-    assert request == TrainRequest(dense=True, dataset="digits", eps2=1.0, neighboring="replace_one", recipe="tuned")
-    assert request.given == {"dense", "dataset", "eps2", "neighboring", "recipe"}
+    assert request == TrainRequest(dense=True, dataset="digits", eps=1.0, neighboring="replace_one", recipe="tuned")
+    assert request.given == {"dense", "dataset", "eps", "neighboring", "recipe"}
     assert _parse(RunRequest, [], parsed) == RunRequest()
     assert _parse(DownloadRequest, ["mnist", "kmnist"], parsed).datasets == ("mnist", "kmnist")  # type: ignore[attr-defined]
 
