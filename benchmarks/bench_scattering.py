@@ -1,7 +1,7 @@
 """Seconds to scatter N MNIST-sized images: kymatio's `Scattering2D` against dpltm's batched transform
 (`dpltm.networks.scattering`, the ScatterNet front end's), interleaved, in one run.
 
-Both in the chunks the feature cache uses (`dpltm.features.CHUNK`), median of `--repeats` rounds; the
+Both in the chunks the feature cache uses (`dpltm.feature_cache.CHUNK`), median of `--repeats` rounds; the
 maximum difference between their maps is printed beside the times.
 
     python benchmarks/bench_scattering.py [--images 8192] [--repeats 3] [--device cpu]
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from dpltm.devices import resolve_device
-from dpltm.features import CHUNK
+from dpltm.feature_cache import CHUNK
 from dpltm.networks.scatter import scattering_class
 from dpltm.networks.scattering import Scattering2D
 

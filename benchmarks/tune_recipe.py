@@ -40,8 +40,8 @@ from dpltm.model import ARCH_DEFAULT_HIDDEN
 
 
 def scatter_features(public: DatasetSplits) -> DatasetSplits:
-    """`public` as scatter-linear's head reads it: its records' scattering features (dpltm.features)."""
-    from dpltm.features import network_inputs
+    """`public` as scatter-linear's head reads it: its records' scattering features (dpltm.feature_cache)."""
+    from dpltm.feature_cache import network_inputs
     from dpltm.model import build_architecture, build_network
 
     net = build_network(build_architecture(public.num_features, public.num_classes, (), None, "relu",

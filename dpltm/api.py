@@ -86,8 +86,8 @@ from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
+from dpltm.private_records import DatasetRecords, Records, TensorRecords, training_records
 from dpltm.pruning import prune_layerwise, pruned_count
-from dpltm.records import DatasetRecords, Records, TensorRecords, training_records
 from dpltm.settings import MAX_LR, MAX_ROUNDS, TrainSettings
 from dpltm.training.plan import TrainPlan, plan_training
 
@@ -816,7 +816,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     `train` is (features, labels), a map-style Dataset (read once into tensors; `in_memory=False`
     reads it per batch: larger-than-memory data, augmentation in `__getitem__`), or a DataLoader
     (its dataset read per batch with its collate_fn; its own batching is replaced by the run's
-    Poisson sampler at `batch_size`). dpltm.records says why an IterableDataset is refused.
+    Poisson sampler at `batch_size`). dpltm.private_records says why an IterableDataset is refused.
     """
     check_model_and_optimizer(model, optimizer)
     owner = _OWNERS.get(optimizer)

@@ -32,7 +32,7 @@ def _say(text: str) -> None:
 def show_tickets(payload: dict[str, Any], target: Path, json_out: bool) -> None:
     """`generate`: the ticket set's table, or its JSON view (phase 1's record with where it ran)."""
     from dpltm.artefacts.ticket_set import phase1_view
-    from dpltm.report import print_tickets, tickets_json
+    from dpltm.ticket_views import print_tickets, tickets_json
 
     payload = {**payload, "privacy": phase1_view(payload["privacy"], payload["data"])}
     if json_out:

@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _run_folders_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """CLI runs log into versioned folders (default ./logs): keep the suite's out of the checkout."""
     monkeypatch.setenv("DPLTM_LOG_DIR", str(tmp_path_factory.getbasetemp() / "run-logs"))
-    # the front ends' feature cache (dpltm.features) too: never the user's ~/.cache
+    # the front ends' feature cache (dpltm.feature_cache) too: never the user's ~/.cache
     monkeypatch.setenv("DPLTM_FEATURE_CACHE", str(tmp_path_factory.getbasetemp() / "feature-cache"))
     # and the public-ticket cache, one per test: a test's run never finds another test's tickets
     monkeypatch.setenv("DPLTM_TICKET_CACHE", str(tmp_path_factory.mktemp("ticket-cache")))

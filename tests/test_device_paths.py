@@ -60,7 +60,7 @@ def test_dp_training_of_a_masked_scatter_head_keeps_pruned_weights_zero(device: 
     """The CLI's DP training over cached features (norm tables on), on the device the data lives on:
     pruned head weights stay exactly zero and the trained head separates the classes of its records."""
     from dpltm.dp.noise import NoiseContext
-    from dpltm.features import network_inputs
+    from dpltm.feature_cache import network_inputs
     from dpltm.settings import TrainSettings
     from dpltm.training.plan import plan_training
     from dpltm.training.private import run_private

@@ -17,7 +17,7 @@ to the private run's σC/L over the same T steps; it matches the private run's e
 reaches batches far larger than the public set.
 
 A network over a fixed front end (`arch="scatter-cnn"`, ScatterNet's CNN head) trains on the public records'
-cached front-end features (dpltm.features), as `dpltm train` does.
+cached front-end features (dpltm.feature_cache), as `dpltm train` does.
 
 A convolutional network (`arch="lenet5"`, `"scatter-cnn"`) cannot be stacked into one set of matrices: its
 candidates, one per rate, are stepped in turn by the DP training's own step (`EachCandidate`, the noise-aware choice's
@@ -37,7 +37,7 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
-from dpltm.features import network_inputs
+from dpltm.feature_cache import network_inputs
 from dpltm.model import build_architecture, build_network, full_masks
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.selection.noise_aware import EachCandidate, PlannedRun, stacks, tan_proxy

@@ -25,7 +25,7 @@ noise, the parameter count and every file. The heads, named as dpltm's masks are
   activation → fully connected (32 by default, `--hidden`) → activation → the classes. With
   `--activation tanh` it is theirs.
 
-Training reads cached features (dpltm.features: the front end runs once per record), so `forward`
+Training reads cached features (dpltm.feature_cache: the front end runs once per record), so `forward`
 takes either raw records (side² values: the front end runs) or their features (81·(side/4)² values).
 """
 

@@ -47,7 +47,7 @@ from dpltm.dp.step import (
     terms_of_batch,
 )
 from dpltm.errors import DpltmUserError
-from dpltm.features import network_inputs
+from dpltm.feature_cache import network_inputs
 from dpltm.model import Architecture, Masks, build_network, freeze_layers_, rewind, ticket_masks
 from dpltm.settings import check_search
 from dpltm.training.transfer import start_weights
@@ -438,7 +438,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     device = public.train.labels.device
     models, masks, trainings = _searched_models(payload, plan, search, device)
     releases = searched_releases(plan, search)
-    public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.features)
+    public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.feature_cache)
     stack: StackedMLP | EachCandidate = (
         StackedMLP(models, masks) if stacks(models[0]) and not any(freeze for _, _, freeze in trainings)
         else EachCandidate(models, masks, proxy, public.train.features.dtype))

@@ -24,7 +24,7 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
     from dpltm.checkpoint_body import EXPORT_TEXT_KEYS
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
     from dpltm.export import SUFFIX, USER_MODEL, check_digest, load_exported, private_fingerprints, read_metadata
-    from dpltm.report import (
+    from dpltm.ticket_views import (
         print_export,
         print_model,
         print_run,

@@ -36,7 +36,7 @@ from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import config_hash, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
-from dpltm.features import network_inputs
+from dpltm.feature_cache import network_inputs
 from dpltm.model import (
     Architecture,
     Masks,

@@ -40,7 +40,7 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext, noise_class
 from dpltm.dp.plugins import check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.features import network_inputs
+from dpltm.feature_cache import network_inputs
 from dpltm.model import (
     Architecture,
     Masks,

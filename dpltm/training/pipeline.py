@@ -27,7 +27,7 @@ from dpltm.dp.distributed import Distribution, is_main_process
 from dpltm.dp.noise import NoiseContext
 from dpltm.dp.plugins import NOISE_PLUGINS, check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.features import network_inputs
+from dpltm.feature_cache import network_inputs
 from dpltm.model import Masks, build_architecture, build_network, density, freeze_layers_, full_masks, stored_state
 from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up

@@ -177,7 +177,7 @@ def test_inspect_prints_a_ticket_set_whose_data_record_lacks_its_sizes() -> None
 
     from rich.console import Console
 
-    from dpltm.report import print_tickets
+    from dpltm.ticket_views import print_tickets
 
     out = io.StringIO()
     print_tickets(ticket_set().to_dict(), Console(file=out, width=200))

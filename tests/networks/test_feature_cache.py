@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm import features as feature_cache
-from dpltm.features import feature_cache_dir, features_of
+from dpltm import feature_cache
+from dpltm.feature_cache import feature_cache_dir, features_of
 
 
 class Front:
@@ -152,7 +152,7 @@ def test_a_file_size_limit_is_one_plain_note(cache: Path) -> None:
     and services leave it) gets EFBIG, and torch's zip writer a RuntimeError after it."""
     child = """if True:
         import resource, signal, torch
-        from dpltm.features import feature_cache_dir, features_of
+        from dpltm.feature_cache import feature_cache_dir, features_of
         from tests.networks.test_feature_cache import Front, _records
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm import features as feature_cache
+from dpltm import feature_cache
 from dpltm.architectures import ARCHITECTURES
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.step import EngineLayout, private_gradients, step_layout
 from dpltm.errors import DpltmUserError
-from dpltm.features import features_of, network_inputs
+from dpltm.feature_cache import features_of, network_inputs
 from dpltm.model import apply_masks_, build_architecture, build_network, full_masks, prunable_weights
 from dpltm.networks.scatter import CHANNELS, ScatterFront, scattering_class
 from dpltm.pruning import paper_prune_rates, prune_layerwise
