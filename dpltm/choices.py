@@ -56,14 +56,9 @@ class Recipe(Choice):
     cnn = "cnn"
 
 
-class RunRecipe(Choice):
-    """`run --recipe`: auto picks tuned for private sets the size it was chosen for (dpltm.stages.run)."""
-
-    auto = "auto"
-    paper = "paper"
-    tuned = "tuned"
-    scatter = "scatter"
-    cnn = "cnn"
+RunRecipe = Choice("RunRecipe", {"auto": "auto", **{r.name: r.value for r in Recipe}})  # type: ignore[misc]
+"""`run --recipe`: auto, which picks one of the recipes by the private set's size and shape (dpltm.stages.run),
+or one of them."""
 
 
 class Optimizer(Choice):

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from dpltm.choices import Recipe
 from dpltm.errors import DpltmUserError
 from dpltm.model import check_network_size
 from dpltm.settings import (
@@ -367,7 +368,7 @@ def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> S
     return from_dict(SelectSettings, tree.get("select", {}), "select")
 
 
-RECIPES = ("paper", "tuned", "scatter", "cnn")
+RECIPES = tuple(choice.value for choice in Recipe)
 """Training recipes: the paper's settings (defaults.yaml), the DP recipe chosen on public data
 (configs/recipes/tuned.yaml, for MNIST-sized sets), the ScatterNet one (configs/recipes/scatter.yaml:
 the scattering front end and a linear head, chosen on public data too), or LeNet-5's

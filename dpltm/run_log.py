@@ -30,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from dpltm.choices import Logger
 from dpltm.errors import DpltmUserError
 from dpltm.strict_json import dumps
 
 LOG_DIR_ENV = "DPLTM_LOG_DIR"
 RUN_FILE = "run.json"
 FORMAT = "dpltm-run-v1"
-LOGGERS = ("csv", "tensorboard", "mlflow", "none")
+LOGGERS = tuple(choice.value for choice in Logger)
 _VERSION = re.compile(r"version_(\d+)$")
 
 

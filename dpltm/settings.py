@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpltm.choices import Optimizer, OutputLayer, Rewind
 from dpltm.errors import DpltmUserError
 from dpltm.model import ACTIVATIONS, ARCHS
 from dpltm.privacy.accountants import accountant_entry
@@ -228,7 +229,7 @@ def check_search(search: Any) -> tuple[str, ...]:
     return tuple(d for d in SEARCHABLE if d in set(search))
 
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = tuple(choice.value for choice in Optimizer)
 
 TICKET_STARTS = ("init", "public")
 """`train.rewind`: a ticket's training starts from θ0 or from the weights its public IMP round ended with
@@ -260,7 +261,7 @@ def describe_start(start: str) -> str:
     return "θ0" if start == "init" else f"its iterate {start} of public training (late rewinding)"
 
 
-OUTPUT_LAYERS = ("reinit", "keep")
+OUTPUT_LAYERS = tuple(choice.value for choice in OutputLayer)
 """`train.output_layer`: a public start's output layer, θ0's or the public-trained one."""
 
 
@@ -355,7 +356,7 @@ class TrainSettings:
             raise DpltmUserError(f"--output-layer must be one of {', '.join(OUTPUT_LAYERS)}, got {self.output_layer}")
 
 
-REWIND_POINTS = ("warmup", "init")
+REWIND_POINTS = tuple(choice.value for choice in Rewind)
 
 
 @dataclass(frozen=True)

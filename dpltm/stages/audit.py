@@ -7,33 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Recipe, ThreatModel
 from dpltm.errors import DpltmUserError
-from dpltm.options import (
-    ACCOUNTANT,
-    ACTIVATION,
-    ARCH,
-    BATCH_SIZE,
-    CLIP,
-    CONFIG_FILE,
-    DATA_DIR,
-    DELTA,
-    DEVICE,
-    EPOCHS,
-    JSON,
-    LEARNING_RATE,
-    MAX_SEED,
-    MOMENTUM,
-    NOISE,
-    OPTIMIZER,
-    PRIVATE_DATASET,
-    PROGRESS,
-    SEED,
-    SIGMA,
-    SPLIT,
-    option,
-)
+from dpltm.options import option
 from dpltm.stages.requests import CommandRequest
 from dpltm.stages.train import TrainingChecks, stage_train
 
@@ -68,39 +46,39 @@ class AuditRequest(CommandRequest, TrainingChecks):
 
     ticket: Path | None = option(help='Winning ticket from `dpltm select` (as for `dpltm train`).')
     dense: bool = option("--dense", default=False, help='Audit DP-SGD on the full network (no ticket).')
-    dataset: str | None = PRIVATE_DATASET()
-    split: str | None = SPLIT()
+    dataset: str | None = opt.PRIVATE_DATASET()
+    split: str | None = opt.SPLIT()
     eps: float | None = option("--eps", "--eps2", config="train.eps2",
         help='Training budget ε; σ is calibrated to it (the claim the audit tests).')
-    sigma: float | None = SIGMA()
-    delta: float | None = DELTA()
-    epochs: int | None = EPOCHS()
-    batch_size: int | None = BATCH_SIZE()
-    clip: float | None = CLIP()
-    lr: float | None = LEARNING_RATE()
+    sigma: float | None = opt.SIGMA()
+    delta: float | None = opt.DELTA()
+    epochs: int | None = opt.EPOCHS()
+    batch_size: int | None = opt.BATCH_SIZE()
+    clip: float | None = opt.CLIP()
+    lr: float | None = opt.LEARNING_RATE()
     recipe: str = option(choices=Recipe, default='paper', help='Training recipe, as for `dpltm train`.')
-    optimizer: str | None = OPTIMIZER()
-    momentum: float | None = MOMENTUM()
-    activation: str | None = ACTIVATION()
-    arch: str | None = ARCH()
-    noise: str | None = NOISE()
-    accountant: str | None = ACCOUNTANT()
+    optimizer: str | None = opt.OPTIMIZER()
+    momentum: float | None = opt.MOMENTUM()
+    activation: str | None = opt.ACTIVATION()
+    arch: str | None = opt.ARCH()
+    noise: str | None = opt.NOISE()
+    accountant: str | None = opt.ACCOUNTANT()
     canaries: int = option(default=1000, help='Number m of canaries, each included with probability 1/2.')
     threat_model: str = option(choices=ThreatModel, default='white-box',
         help=('white-box: Dirac gradient canaries on surviving weights, observed through the released noisy '
               'gradients (also reported: the final model only); black-box: out-of-distribution input records '
               "with random labels, scored by the released model's loss."))
     confidence: float = option(default=0.95, help='Confidence of the lower bound.')
-    canary_seed: int | None = option(min=0, max=MAX_SEED,
+    canary_seed: int | None = option(min=0, max=opt.MAX_SEED,
         help='Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.')
-    seed: int | None = SEED()
-    noise_seed: int | None = option("--noise-seed", min=0, max=MAX_SEED,
+    seed: int | None = opt.SEED()
+    noise_seed: int | None = option("--noise-seed", min=0, max=opt.MAX_SEED,
         help='Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.')
-    device: str = DEVICE("auto")
-    config: Path | None = CONFIG_FILE()
-    data_dir: Path | None = DATA_DIR()
-    progress: bool = PROGRESS(True)
-    json_out: bool = JSON(False)
+    device: str = opt.DEVICE("auto")
+    config: Path | None = opt.CONFIG_FILE()
+    data_dir: Path | None = opt.DATA_DIR()
+    progress: bool = opt.PROGRESS(True)
+    json_out: bool = opt.JSON(False)
 
     def run(self) -> dict[str, Any]:
         """The training report with its `audit` part (dpltm.audit.run)."""

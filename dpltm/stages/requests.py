@@ -15,27 +15,11 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Dataset, Rewind, SelectionRuleName
 from dpltm.errors import DpltmUserError
-from dpltm.options import (
-    ACTIVATION,
-    ARCH,
-    CONFIG_FILE,
-    CUDA_GRAPHS,
-    DATA_DIR,
-    DEVICE,
-    DOWNLOAD,
-    HALVING,
-    JSON,
-    LOG_DIR,
-    LOGGER,
-    MAX_SEED,
-    PROGRESS,
-    SPLIT,
-    VAL_FRACTION,
-    option,
-)
+from dpltm.options import option
 
 if TYPE_CHECKING:
     from dpltm.artefacts import Winner
@@ -109,7 +93,7 @@ class GenerateRequest(CommandRequest):
     """`dpltm generate`: IMP tickets on public data, or with `private` one ticket made by DP warm-up."""
 
     dataset: str | None = option(config="data.dataset", choices=Dataset, help='Dataset the tickets are made on.')
-    split: str | None = SPLIT()
+    split: str | None = opt.SPLIT()
     rounds: int | None = option(config="generate.rounds", help='Pruning rounds T (ticket 0 is the dense network).')
     iterations: int | None = option(config="generate.iterations", help='SGD iterations per ticket (paper: 5000).')
     batch_size: int | None = option(config="generate.batch_size", help='Mini-batch size (paper: 400).')
@@ -119,17 +103,17 @@ class GenerateRequest(CommandRequest):
     min_density: float | None = option(config="generate.min_density",
         help='Stop before a ticket would keep less than this fraction of weights.')
     hidden: str | None = option(config="model.hidden", help='Hidden layer widths (paper: 300,100).')
-    arch: str | None = ARCH()
+    arch: str | None = opt.ARCH()
     project_to: int | None = option("--project-to",
         help='Add an input projection layer to this width (paper §4.5.2 transfer).')
-    activation: str | None = ACTIVATION()
+    activation: str | None = opt.ACTIVATION()
     controls: bool | None = option("--controls/--no-controls", config="generate.controls",
         help='Also train the random-reinit and random-mask control tickets.')
     rewind_step: int | None = option("--rewind-step", metavar="K", config="generate.rewind_step",
         help=("Late rewinding (Frankle et al. 2020): rounds after the first rewind to the dense network's "
               'weights after K steps of round 0, not θ0, and train the remaining iterations; the tickets keep '
               "that iterate (train --rewind K starts there). 0: θ0 (the paper's)."))
-    val_fraction: float | None = VAL_FRACTION()
+    val_fraction: float | None = opt.VAL_FRACTION()
     seed: int | None = option(config="seed", help='Seed for θ0, data split and batch order.')
     private: bool = option("--private", default=False,
         help=('Make ONE ticket on the private data itself, with privacy: DP-SGD warm-up (the train: recipe), '
@@ -146,22 +130,22 @@ class GenerateRequest(CommandRequest):
         help='With --private: train from the masked warm-up weights (warmup) or from θ0 (init).')
     epochs: int | None = option(config="train.epochs",
         help="With --private: epochs of the ticket's DP training, planned now (σ covers them).")
-    noise_seed: int | None = option("--noise-seed", min=0, max=MAX_SEED,
+    noise_seed: int | None = option("--noise-seed", min=0, max=opt.MAX_SEED,
         help=('With --private: seed the noise and Poisson sampling (reproducible; DP only while the seed stays '
               'secret). Default: a fresh OS-CSPRNG seed, never stored.'))
-    device: str = DEVICE("auto")
-    cuda_graphs: bool = CUDA_GRAPHS(False)
-    config: Path | None = CONFIG_FILE()
-    data_dir: Path | None = DATA_DIR()
-    download: bool = DOWNLOAD(False)
+    device: str = opt.DEVICE("auto")
+    cuda_graphs: bool = opt.CUDA_GRAPHS(False)
+    config: Path | None = opt.CONFIG_FILE()
+    data_dir: Path | None = opt.DATA_DIR()
+    download: bool = opt.DOWNLOAD(False)
     out: Path | None = option(
         help=('Ticket file (default checkpoints/<dataset>-tickets.pt; with --private '
               '<dataset>-private-ticket.pt).'))
     overwrite: bool = option(default=False, help='Replace an existing ticket file made with other settings.')
-    progress: bool = PROGRESS(True)
-    logger: str = LOGGER('csv')
-    log_dir: Path | None = LOG_DIR()
-    json_out: bool = JSON(False)
+    progress: bool = opt.PROGRESS(True)
+    logger: str = opt.LOGGER('csv')
+    log_dir: Path | None = opt.LOG_DIR()
+    json_out: bool = opt.JSON(False)
 
     def _model(self) -> dict[str, Any]:
         return model_cli(self.arch, ints_option(self.hidden, "--hidden"), project_to=self.project_to,
@@ -243,7 +227,7 @@ class SelectRequest(CommandRequest):
         help=("Train every ticket (the dense network included) under the planned DP noise on the tickets' own "
               'public data and pick the best; spends no ε. Needs --private-size; the planned run is '
               "--eps/--sigma, --epochs, --batch-size and the config's train section."))
-    halving: int | None = HALVING()
+    halving: int | None = opt.HALVING()
     search: str | None = option("--search", metavar="DIM[,DIM…]", shown="the config's select.search (none)",
         help=('What the noise-aware choice also tries for each ticket, each as a candidate of its own: start '
               "(θ0 and the ticket's public-trained weights), release (the final iterate and an EMA 0.999 with "
@@ -266,12 +250,13 @@ class SelectRequest(CommandRequest):
     reselect: bool = option("--reselect", default=False,
         help=("Allow another exponential-mechanism draw from a ticket set already drawn from; the winner's "
               'ledger composes every draw.'))
-    seed: int | None = option(min=0, max=MAX_SEED, help='Seed the draw (reproducible, not secret); default: OS CSPRNG.')
-    config: Path | None = CONFIG_FILE()
+    seed: int | None = option(min=0, max=opt.MAX_SEED,
+        help='Seed the draw (reproducible, not secret); default: OS CSPRNG.')
+    config: Path | None = opt.CONFIG_FILE()
     out: Path | None = option(help='Winner file (default checkpoints/<dataset>-winner.pt).')
     overwrite: bool = option(default=False, help='Replace an existing winner file.')
-    progress: bool = PROGRESS(True)
-    json_out: bool = JSON(False)
+    progress: bool = opt.PROGRESS(True)
+    json_out: bool = opt.JSON(False)
 
     def rule_name(self) -> str:
         """The rule `--rule` names, or the one the flags --best/--noise-aware name (else exponential)."""

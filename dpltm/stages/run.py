@@ -17,29 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Activation, Dataset, OutputLayer, RunRecipe, Split
 from dpltm.console import err_console, kept_by_earlier_stage, on_interrupt_kept
 from dpltm.errors import DpltmUserError
-from dpltm.options import (
-    ARCH,
-    CLIP,
-    CONFIG_FILE,
-    CUDA_GRAPHS,
-    DATA_DIR,
-    DEVICE,
-    DOWNLOAD,
-    EMA,
-    EMA_WARMUP,
-    HALVING,
-    JSON,
-    LEARNING_RATE,
-    LOG_DIR,
-    LOGGER,
-    NEIGHBORING,
-    PROGRESS,
-    option,
-)
+from dpltm.options import option
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
 from dpltm.stages.select import (
@@ -105,9 +88,9 @@ class RunRequest(CommandRequest):
     delta: float = option(default=1e-5, help='δ.')
     epochs: int | None = option(help='DP training epochs (paper: 50).')
     batch_size: int | None = option(help='Expected DP batch size L (paper: 400).')
-    clip: float | None = CLIP()
-    lr: float | None = LEARNING_RATE()
-    neighboring: str | None = NEIGHBORING()
+    clip: float | None = opt.CLIP()
+    lr: float | None = opt.LEARNING_RATE()
+    neighboring: str | None = opt.NEIGHBORING()
     rounds: int | None = option(help='Pruning rounds (paper-style default: 10).')
     iterations: int | None = option(help='SGD iterations per ticket (paper: 5000).')
     project_to: int | None = option("--project-to",
@@ -116,10 +99,10 @@ class RunRequest(CommandRequest):
     activation: str | None = option(shown="the recipe's", choices=Activation,
         help=('Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps '
               'under DP, Papernot et al. 2021).'))
-    arch: str | None = ARCH()
+    arch: str | None = opt.ARCH()
     momentum: float | None = option(shown="the recipe's", help='SGD momentum on the privatized gradients, in [0, 1).')
-    ema: float | None = EMA()
-    ema_warmup: bool | None = EMA_WARMUP()
+    ema: float | None = opt.EMA()
+    ema_warmup: bool | None = opt.EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
         help=("Where the winner's weights start for DP training: θ0 (init), the weights its public IMP round "
               'ended with (public), or K: the tickets are made with late rewinding to step K of public training'
@@ -149,25 +132,25 @@ class RunRequest(CommandRequest):
         help=('How to pick the public ticket: noise-aware (train every ticket, the dense network included, '
               "under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at"
               ' ν = 50 always takes the sparsest ticket).'))
-    halving: int | None = HALVING()
+    halving: int | None = opt.HALVING()
     search: str | None = option("--search", metavar="DIM[,DIM…]", shown="start,release with --choice noise-aware",
         help=('What the noise-aware choice also tries for each ticket (start, release, freeze; none: nothing): '
               'see `dpltm select --help`. A setting you give (--rewind, --ema, --freeze) fixes its dimension.'))
     seed: int | None = option(help='Seed.')
-    device: str = DEVICE("auto")
-    cuda_graphs: bool = CUDA_GRAPHS(False)
-    config: Path | None = CONFIG_FILE()
-    data_dir: Path | None = DATA_DIR()
-    download: bool = DOWNLOAD(False)
+    device: str = opt.DEVICE("auto")
+    cuda_graphs: bool = opt.CUDA_GRAPHS(False)
+    config: Path | None = opt.CONFIG_FILE()
+    data_dir: Path | None = opt.DATA_DIR()
+    download: bool = opt.DOWNLOAD(False)
     out: Path | None = option(
         help=('Model checkpoint (default checkpoints/<dataset>-dpltm.pt); the tickets and winner go beside it '
               'as <stem>-tickets.pt and <stem>-winner.pt.'))
     overwrite: bool = option(default=False,
         help='Replace existing outputs (finished tickets made with the same settings are reused).')
-    progress: bool = PROGRESS(True)
-    logger: str = LOGGER('csv')
-    log_dir: Path | None = LOG_DIR()
-    json_out: bool = JSON(False)
+    progress: bool = opt.PROGRESS(True)
+    logger: str = opt.LOGGER('csv')
+    log_dir: Path | None = opt.LOG_DIR()
+    json_out: bool = opt.JSON(False)
 
 
 def stage_run(request: RunRequest) -> dict[str, Any]:

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpltm import options as opt
 from dpltm.choices import Dataset, Noise, Part, Split
-from dpltm.options import DATA_DIR, DEVICE, DOWNLOAD, JSON, NEIGHBORING, option
+from dpltm.options import option
 from dpltm.stages.requests import CommandRequest
 
 Warn = Callable[[str], None]
@@ -22,7 +23,7 @@ class InspectRequest(CommandRequest):
     path: Path = option(required=True, argument=True,
         help=('A ticket file (`dpltm generate`), a winner (`dpltm select`), a model (`dpltm train`), its export'
               ' (.safetensors) or a library run (`make_private(...).save`).'))
-    json_out: bool = JSON(False)
+    json_out: bool = opt.JSON(False)
 
     def run(self, warn: Warn) -> tuple[dict[str, Any], Any]:
         """The file's summary and a function that prints it as tables."""
@@ -45,16 +46,16 @@ class PredictRequest(CommandRequest):
     part: str = option(choices=Part, default='test',
         help=("Which records: the test set, the validation hold-out or the training set (with the model's own "
               'data settings when the dataset is its training dataset).'))
-    device: str = DEVICE("auto")
-    data_dir: Path | None = DATA_DIR()
-    download: bool = DOWNLOAD(False)
+    device: str = opt.DEVICE("auto")
+    data_dir: Path | None = opt.DATA_DIR()
+    download: bool = opt.DOWNLOAD(False)
     out: Path | None = option(
         help='Write the predictions here as CSV: index, label, prediction and one probability per class.')
     overwrite: bool = option(default=False, help='Replace an existing --out file.')
     expose_training_records: bool = option("--expose-training-records", default=False,
         help=("Allow --part train on the model's own dataset: its output holds per-record labels and model "
               'outputs of the private training records, which are not differentially private.'))
-    json_out: bool = JSON(False)
+    json_out: bool = opt.JSON(False)
 
     def run(self) -> dict[str, Any]:
         from dpltm.stages.predict import stage_predict
@@ -72,7 +73,7 @@ class ExportRequest(CommandRequest):
         help='A `dpltm train` checkpoint, or a library run saved by `PrivateTraining.save`.')
     out: Path | None = option(shown="the model's path with .safetensors", help='The safetensors file.')
     overwrite: bool = option(default=False, help='Replace an existing file.')
-    json_out: bool = JSON(False)
+    json_out: bool = opt.JSON(False)
 
     def run(self, warn: Warn) -> Any:
         from dpltm.stages.export import stage_export
@@ -101,7 +102,7 @@ class DownloadRequest(CommandRequest):
 
     datasets: tuple[str, ...] = option(required=True, choices=Dataset, argument=True,
         help="Datasets to fetch (mnist, fashion-mnist, kmnist: through torchvision's dataset classes).")
-    data_dir: Path | None = DATA_DIR()
+    data_dir: Path | None = opt.DATA_DIR()
     mirror: str | None = option(
         help=("URL base to fetch the official files from instead of torchvision's mirrors (else "
               '$DPLTM_DOWNLOAD_MIRROR).'))
@@ -130,8 +131,8 @@ class AccountRequest(CommandRequest):
     noise: str = option(choices=Noise, default='gaussian',
         help=("Noise plug-in --sigma belongs to: gaussian, dpd (accounted as 2σ; adds the DPD paper's own zCDP "
               'figure as a labelled comparison) or shaped.'))
-    neighboring: str | None = NEIGHBORING()
-    json_out: bool = JSON(False)
+    neighboring: str | None = opt.NEIGHBORING()
+    json_out: bool = opt.JSON(False)
 
     def run(self) -> dict[str, Any]:
         from dpltm.accounting_report import account_report

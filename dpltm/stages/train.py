@@ -7,42 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Activation, Dataset, OutputLayer, Recipe, Split, Strategy
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.options import (
-    ACCOUNTANT,
-    ARCH,
-    BATCH_SIZE,
-    CLIP,
-    CONFIG_FILE,
-    CUDA_GRAPHS,
-    DATA_DIR,
-    DELTA,
-    DEVICE,
-    DOWNLOAD,
-    EMA,
-    EMA_WARMUP,
-    EPOCHS,
-    JSON,
-    LEARNING_RATE,
-    LOG_DIR,
-    LOGGER,
-    MAX_SEED,
-    MOMENTUM,
-    NEIGHBORING,
-    NOISE,
-    OPTIMIZER,
-    PRIVATE_DATASET,
-    PROGRESS,
-    SEED,
-    SIGMA,
-    SPLIT,
-    VAL_FRACTION,
-    option,
-)
+from dpltm.options import option
 from dpltm.privacy.display import format_rate, format_sigma
 from dpltm.stages.requests import CommandRequest
 
@@ -262,17 +233,17 @@ class TrainRequest(CommandRequest, TrainingChecks):
     """`dpltm train`: DP-SGD on a ticket, or the dense and non-private baselines."""
 
     ticket: Path | None = option(help='Winning ticket from `dpltm select`.')
-    dataset: str | None = PRIVATE_DATASET()
-    split: str | None = SPLIT()
+    dataset: str | None = opt.PRIVATE_DATASET()
+    split: str | None = opt.SPLIT()
     eps: float | None = option("--eps", "--eps2", config="train.eps2",
         help=("Training budget ε (the paper's ε2); σ is calibrated to it. With a private ticket (generate "
               "--private): the whole run's ε, warm-up included (default: the ε the ticket was planned for)."))
-    delta: float | None = DELTA()
-    sigma: float | None = SIGMA()
-    epochs: int | None = EPOCHS()
-    batch_size: int | None = BATCH_SIZE()
-    clip: float | None = CLIP()
-    lr: float | None = LEARNING_RATE()
+    delta: float | None = opt.DELTA()
+    sigma: float | None = opt.SIGMA()
+    epochs: int | None = opt.EPOCHS()
+    batch_size: int | None = opt.BATCH_SIZE()
+    clip: float | None = opt.CLIP()
+    lr: float | None = opt.LEARNING_RATE()
     recipe: str = option(choices=Recipe, default='paper',
         help=('Training recipe under --config and flags: paper (defaults.yaml; the default), tuned (chosen on '
               'public data for MNIST-sized sets: tanh, L = 1600, lr = 6/σ, EMA 0.999; '
@@ -283,10 +254,10 @@ class TrainRequest(CommandRequest, TrainingChecks):
     lr_sigma: float | None = option("--lr-sigma",
         help=("Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets "
               "(the tuned recipe's rule; overrides --lr for DP runs)."))
-    optimizer: str | None = OPTIMIZER()
-    momentum: float | None = MOMENTUM()
-    ema: float | None = EMA()
-    ema_warmup: bool | None = EMA_WARMUP()
+    optimizer: str | None = opt.OPTIMIZER()
+    momentum: float | None = opt.MOMENTUM()
+    ema: float | None = opt.EMA()
+    ema_warmup: bool | None = opt.EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
         help=("Where the ticket's weights start: θ0 (init, the paper's), the weights its public IMP round ended"
               ' with (public), or K, the iterate K steps into public training its tickets rewound to (generate '
@@ -302,10 +273,10 @@ class TrainRequest(CommandRequest, TrainingChecks):
     activation: str | None = option(config="model.activation", choices=Activation,
         help=("Activation of the network trained (a ticket's included): relu (paper) or tanh (bounded; helps "
               'under DP, Papernot et al. 2021).'))
-    arch: str | None = ARCH()
-    noise: str | None = NOISE()
-    accountant: str | None = ACCOUNTANT()
-    neighboring: str | None = NEIGHBORING()
+    arch: str | None = opt.ARCH()
+    noise: str | None = opt.NOISE()
+    accountant: str | None = opt.ACCOUNTANT()
+    neighboring: str | None = opt.NEIGHBORING()
     max_eps: float | None = option("--max-eps",
         help='A cap: stop before the ε spent would exceed this (σ stays calibrated to --eps).')
     patience: int | None = option(help='Early-stop after this many epochs without validation gain.')
@@ -314,16 +285,16 @@ class TrainRequest(CommandRequest, TrainingChecks):
     public_tickets: bool = option("--public-tickets", default=False,
         help=("Assert the ticket's generation data is public even though it has the private dataset's name "
               '(checked record by record).'))
-    val_fraction: float | None = VAL_FRACTION()
+    val_fraction: float | None = opt.VAL_FRACTION()
     public_dataset: str | None = option(choices=Dataset,
         help='Public dataset for noise plug-ins that need one (shaped); never the private dataset.')
     public_split: str | None = option(choices=Split,
         help='Split of --public-dataset whose training part is used [default: train].')
-    seed: int | None = SEED()
-    noise_seed: int | None = option("--noise-seed", min=0, max=MAX_SEED,
+    seed: int | None = opt.SEED()
+    noise_seed: int | None = option("--noise-seed", min=0, max=opt.MAX_SEED,
         help=('Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). '
               'Default: a fresh OS-CSPRNG seed, never stored.'))
-    device: str = DEVICE("auto")
+    device: str = opt.DEVICE("auto")
     devices: int = option(default=1,
         help=('DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo '
               'processes). Each rank Poisson-samples its shard of the records, the clipped sums are all-reduced'
@@ -333,16 +304,16 @@ class TrainRequest(CommandRequest, TrainingChecks):
               'MASTER_PORT set, as Lightning documents).'))
     strategy: str = option(choices=Strategy, default='auto',
         help='auto, or ddp (what auto picks for more than one process).')
-    cuda_graphs: bool = CUDA_GRAPHS(False)
-    config: Path | None = CONFIG_FILE()
-    data_dir: Path | None = DATA_DIR()
-    download: bool = DOWNLOAD(False)
+    cuda_graphs: bool = opt.CUDA_GRAPHS(False)
+    config: Path | None = opt.CONFIG_FILE()
+    data_dir: Path | None = opt.DATA_DIR()
+    download: bool = opt.DOWNLOAD(False)
     out: Path | None = option(help='Model checkpoint (default checkpoints/<dataset>-<mode>.pt).')
     overwrite: bool = option(default=False, help='Replace an existing model file.')
-    progress: bool = PROGRESS(True)
-    logger: str = LOGGER('csv')
-    log_dir: Path | None = LOG_DIR()
-    json_out: bool = JSON(False)
+    progress: bool = opt.PROGRESS(True)
+    logger: str = opt.LOGGER('csv')
+    log_dir: Path | None = opt.LOG_DIR()
+    json_out: bool = opt.JSON(False)
 
     def check(self) -> None:
         """The options' combinations, one line each."""
