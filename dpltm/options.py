@@ -135,7 +135,8 @@ LOGGER = flag("--logger", choices=Logger,
           '$MLFLOW_TRACKING_URI, else <log-dir>/mlflow.db) or none (run.json only, which `dpltm plot` '
           'reads).'))
 MOMENTUM = flag(config="train.momentum", help='SGD momentum on the privatized gradients, in [0, 1).')
-NEIGHBORING = flag("--neighbouring", "--neighboring", shown="add-remove", choices=Neighboring,
+NEIGHBORING = flag("--neighbouring", "--neighboring", config="train.neighboring", shown="add-remove",
+                   choices=Neighboring,
     help=('Neighbouring datasets ε is stated for: add-remove (one record added or removed; the number of '
           'training records N is treated as public, as Opacus and TF Privacy do) or replace-one (one record'
           ' replaced, N fixed; a larger ε for the same run).'))
@@ -143,10 +144,10 @@ NOISE = flag(config="train.noise", choices=Noise,
     help=('Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ)'
           ' or shaped (needs --public-dataset).'))
 OPTIMIZER = flag(config="train.optimizer", choices=Optimizer, help='sgd, or adam (NoisyAdam).')
-PRIVATE_DATASET = flag(shown="mnist", choices=Dataset,
+PRIVATE_DATASET = flag(config="data.dataset", shown="mnist", choices=Dataset,
     help="Private dataset to train on (or the --config file's data.dataset).")
 SEED = flag(config="seed", help='Seed for the data split and any fresh layer.')
-SIGMA = flag(help='Noise multiplier σ (skips calibration; ε is reported).')
+SIGMA = flag(config="train.sigma", shown=True, help='Noise multiplier σ (skips calibration; ε is reported).')
 SPLIT = flag(config="data.split", choices=Split,
     help=('Official split to draw from (train: the official training portion, the official test set as test'
           ' set; test/all: a per-record 80/20 split of that pool).'))
@@ -154,13 +155,13 @@ VAL_FRACTION = flag(config="data.val_fraction", help='Fraction of the training p
 
 PROGRESS = flag("--progress/--no-progress", help="Show progress bars.")
 
-HALVING = flag("--halving", metavar="RUNGS", shown="the config's select.halving (0)",
+HALVING = flag("--halving", metavar="RUNGS", config="select.halving", shown="the config's select.halving (0)",
     help=('Successive halving in the noise-aware choice: after T/2^RUNGS, …, T/4, T/2 steps only the dense '
           'network and the better half of the tickets train on (5 candidates, 2 rungs: the cost of 3 full '
           'runs instead of 5). 0: every candidate trains all T steps.'))
-EMA = flag("--ema", metavar="DECAY",
+EMA = flag("--ema", metavar="DECAY", config="train.ema", shown=True,
     help=('Release and evaluate an exponential moving average of the iterates with this decay, e.g. 0.999 '
           '(post-processing: free). Default: the final iterate.'))
-EMA_WARMUP = flag("--ema-warmup/--no-ema-warmup", shown="the recipe's",
+EMA_WARMUP = flag("--ema-warmup/--no-ema-warmup", config="train.ema_warmup", shown="the recipe's",
     help=("Warm the moving average up: decay_t = min(DECAY, (1 + t)/(10 + t)) (TensorFlow's rule), so the "
           'first iterates (a far-away start) do not keep a weight of DECAY^T. Needs --ema.'))

@@ -90,12 +90,7 @@ class AuditRequest(CommandRequest, TrainingChecks):
         self._check_network()
         self._check_budget()
         plan = AuditPlan(self.threat_model, self.canaries, self.confidence, self.canary_seed)
-        settings = {
-            "data": {"dataset": self.dataset, "split": self.split},
-            "train": self._train_settings(),
-            "model": model_cli(self.arch, None, activation=self.activation),
-            "seed": self.seed,
-            "recipe": self.recipe,
-        }
+        settings = {**self.overrides("data", "train", "seed"),
+                    "model": model_cli(self.arch, None, activation=self.activation), "recipe": self.recipe}
         return stage_audit(settings, self.config, self.ticket, self.data_dir, self.device, plan, self.progress,
                            noise_seed=self.noise_seed)

@@ -19,7 +19,7 @@ from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Dataset, Rewind, SelectionRuleName
 from dpltm.errors import DpltmUserError
-from dpltm.options import option
+from dpltm.options import flag_of, option
 
 if TYPE_CHECKING:
     from dpltm.artefacts import Winner
@@ -87,6 +87,21 @@ class CommandRequest:
         names = {f.name for f in fields(cls)}
         return cls(**{name: _plain(v) for name, v in options.items() if name in names}, given=given)
 
+    def overrides(self, *sections: str) -> dict[str, Any]:
+        """The options whose config key lies in `sections`, as the settings tree the config layers them over
+        (dpltm.config): each option overrides the key its `Flag` names (None: not given, the config's)."""
+        tree: dict[str, Any] = {}
+        for f in fields(self):
+            flag = flag_of(f)
+            if flag is None or flag.config is None or flag.config.split(".")[0] not in sections:
+                continue
+            *path, key = flag.config.split(".")
+            node = tree
+            for part in path:
+                node = node.setdefault(part, {})
+            node[key] = getattr(self, f.name)
+        return tree
+
 
 @dataclass(frozen=True)
 class GenerateRequest(CommandRequest):
@@ -98,7 +113,8 @@ class GenerateRequest(CommandRequest):
     iterations: int | None = option(config="generate.iterations", help='SGD iterations per ticket (paper: 5000).')
     batch_size: int | None = option(config="generate.batch_size", help='Mini-batch size (paper: 400).')
     lr: float | None = option(config="generate.lr", help='SGD learning rate (paper: 0.1).')
-    prune_rates: str | None = option(shown='0.3 per layer, 0.2 for the output layer from config',
+    prune_rates: str | None = option(config="generate.prune_rates",
+        shown='0.3 per layer, 0.2 for the output layer from config',
         help='Fraction of survivors pruned per round: one value, or one per layer (paper: 0.3,0.3,0.2).')
     min_density: float | None = option(config="generate.min_density",
         help='Stop before a ticket would keep less than this fraction of weights.')
@@ -176,16 +192,9 @@ class GenerateRequest(CommandRequest):
         if _given(private_only):
             given = _given(private_only)
             raise DpltmUserError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} with --private")
-        return {
-            "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
-            "model": self._model(),
-            "generate": {
-                "rounds": self.rounds, "iterations": self.iterations, "batch_size": self.batch_size, "lr": self.lr,
-                "prune_rates": floats_option(self.prune_rates, "--prune-rates"), "min_density": self.min_density,
-                "controls": self.controls, "rewind_step": self.rewind_step,
-            },
-            "seed": self.seed,
-        }
+        tree = {**self.overrides("data", "generate", "seed"), "model": self._model()}
+        tree["generate"]["prune_rates"] = floats_option(self.prune_rates, "--prune-rates")
+        return tree
 
     def run(self) -> tuple[dict[str, Any], Path]:
         """The ticket set (or with `private` the one private ticket) and the file it was written to."""
@@ -228,7 +237,8 @@ class SelectRequest(CommandRequest):
               'public data and pick the best; spends no ε. Needs --private-size; the planned run is '
               "--eps/--sigma, --epochs, --batch-size and the config's train section."))
     halving: int | None = opt.HALVING()
-    search: str | None = option("--search", metavar="DIM[,DIM…]", shown="the config's select.search (none)",
+    search: str | None = option("--search", metavar="DIM[,DIM…]", config="select.search",
+        shown="the config's select.search (none)",
         help=('What the noise-aware choice also tries for each ticket, each as a candidate of its own: start '
               "(θ0 and the ticket's public-trained weights), release (the final iterate and an EMA 0.999 with "
               'warm-up, scored on the same run), freeze (the first layer held at its public weights). A variant'
@@ -239,7 +249,8 @@ class SelectRequest(CommandRequest):
         help="N, the private training set's size (public), for --noise-aware's planned run.")
     eps: float | None = option("--eps", "--eps2", config="train.eps2",
         help='--noise-aware: the planned training budget ε2 (σ calibrated to it).')
-    sigma: float | None = option(help='--noise-aware: the planned noise multiplier instead of --eps.')
+    sigma: float | None = option(config="train.sigma", shown=True,
+        help='--noise-aware: the planned noise multiplier instead of --eps.')
     epochs: int | None = option(config="train.epochs", help='--noise-aware: the planned epochs.')
     batch_size: int | None = option(config="train.batch_size", help='--noise-aware: the planned expected batch size L.')
     device: str | None = option("--device", shown=False,
@@ -322,8 +333,8 @@ class SelectRequest(CommandRequest):
         name = self.rule_name()
         planned = None if not selection_rule(name).needs_planned_run else NoiseAwareRequest(
             int(self.private_size),  # type: ignore[arg-type]
-            {"train": {"eps2": self.eps, "sigma": self.sigma, "epochs": self.epochs,
-                       "batch_size": self.batch_size}}, self.data_dir, self.device or "auto", self.progress)
-        select = {"eps1": self.eps1, "nu": self.nu, "halving": self.halving, "search": search_option(self.search)}
-        return stage_select({"select": select}, self.config, self.tickets, self.best, self.seed, self.out,
+            self.overrides("train"), self.data_dir, self.device or "auto", self.progress)
+        select = self.overrides("select")
+        select["select"]["search"] = search_option(self.search)
+        return stage_select(select, self.config, self.tickets, self.best, self.seed, self.out,
                             overwrite=self.overwrite, reselect=self.reselect, noise_aware=planned, rule=name)

@@ -222,11 +222,6 @@ class TrainingChecks:
         if self.sigma is not None and self.eps is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
 
-    def _train_settings(self) -> dict[str, Any]:
-        return {"eps2": self.eps, "delta": self.delta, "sigma": self.sigma, "epochs": self.epochs,
-                "batch_size": self.batch_size, "clip": self.clip, "lr": self.lr, "optimizer": self.optimizer,
-                "noise": self.noise, "accountant": self.accountant, "momentum": self.momentum}
-
 
 @dataclass(frozen=True)
 class TrainRequest(CommandRequest, TrainingChecks):
@@ -251,7 +246,7 @@ class TrainRequest(CommandRequest, TrainingChecks):
               'linear head, --arch scatter-linear, L = 4096, momentum 0.9, lr = 1/σ, 40 epochs; '
               "configs/recipes/scatter.yaml) or cnn (LeNet-5's, chosen on public data: --arch lenet5, tanh, L ="
               ' 1600, lr = 6/σ, the final iterate; configs/recipes/cnn.yaml).'))
-    lr_sigma: float | None = option("--lr-sigma",
+    lr_sigma: float | None = option("--lr-sigma", config="train.lr_sigma", shown=True,
         help=("Set a DP run's learning rate to this / σ, so an update's noise stays the same across budgets "
               "(the tuned recipe's rule; overrides --lr for DP runs)."))
     optimizer: str | None = opt.OPTIMIZER()
@@ -277,9 +272,10 @@ class TrainRequest(CommandRequest, TrainingChecks):
     noise: str | None = opt.NOISE()
     accountant: str | None = opt.ACCOUNTANT()
     neighboring: str | None = opt.NEIGHBORING()
-    max_eps: float | None = option("--max-eps",
+    max_eps: float | None = option("--max-eps", config="train.max_eps", shown=True,
         help='A cap: stop before the ε spent would exceed this (σ stays calibrated to --eps).')
-    patience: int | None = option(help='Early-stop after this many epochs without validation gain.')
+    patience: int | None = option(config="train.patience", shown=True,
+        help='Early-stop after this many epochs without validation gain.')
     dense: bool = option("--dense", default=False, help='DP-SGD baseline on the full network (no ticket).')
     non_private: bool = option("--non-private", default=False, help='Train without privacy (baseline).')
     public_tickets: bool = option("--public-tickets", default=False,
@@ -352,16 +348,8 @@ class TrainRequest(CommandRequest, TrainingChecks):
 
     def settings(self) -> dict[str, Any]:
         """The settings tree the stage resolves against the config (dpltm.config.resolve_train_config)."""
-        return {
-            "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
-            "train": {**self._train_settings(), "lr_sigma": self.lr_sigma, "neighboring": self.neighboring,
-                      "max_eps": self.max_eps, "patience": self.patience, "ema": self.ema,
-                      "ema_warmup": self.ema_warmup,
-                      "rewind": self.rewind, "output_layer": self.output_layer, "freeze": self.freeze},
-            "model": model_cli(self.arch, None, activation=self.activation),
-            "seed": self.seed,
-            "recipe": self.recipe,
-        }
+        return {**self.overrides("data", "train", "seed"),
+                "model": model_cli(self.arch, None, activation=self.activation), "recipe": self.recipe}
 
     def run(self) -> dict[str, Any]:
         """The training report (dpltm.training.pipeline.final_report)."""

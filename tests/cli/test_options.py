@@ -46,16 +46,33 @@ def test_every_command_takes_exactly_its_requests_fields_in_their_order() -> Non
             assert param.help == flag_of(field).help  # type: ignore[union-attr]
 
 
-def test_every_config_key_an_option_names_is_in_the_defaults_file() -> None:
+def test_every_config_key_an_option_names_is_a_setting_and_a_shown_default_is_in_the_defaults_file() -> None:
+    from dpltm.config import SECTIONS, TOP_LEVEL_SCALARS
+
     for request_type in REQUESTS.values():
         for field in dataclasses.fields(request_type):
             flag = flag_of(field)
             if flag is None or flag.config is None:
                 continue
-            node = DEFAULTS
-            for part in flag.config.split("."):
-                assert part in node, f"{request_type.__name__}.{field.name}: {flag.config} is not in defaults.yaml"
-                node = node[part]
+            where = f"{request_type.__name__}.{field.name}: {flag.config}"
+            section, _, key = flag.config.partition(".")
+            assert (key in {f.name for f in dataclasses.fields(SECTIONS[section])} if key
+                    else section in TOP_LEVEL_SCALARS), f"{where} names no setting"
+            if flag.shown is None:  # --help shows defaults.yaml's value
+                node = DEFAULTS
+                for part in flag.config.split("."):
+                    assert part in node, f"{where} is not in defaults.yaml"
+                    node = node[part]
+
+
+def test_a_requests_overrides_are_its_options_under_their_config_keys() -> None:
+    request = TrainRequest(dataset="digits", eps=0.5, sigma=None, lr_sigma=3.0, neighboring="replace_one", seed=4)
+    tree = request.overrides("data", "train", "seed")
+    assert tree["data"]["dataset"] == "digits" and tree["seed"] == 4
+    assert tree["train"]["eps2"] == 0.5 and tree["train"]["lr_sigma"] == 3.0
+    assert tree["train"]["neighboring"] == "replace_one" and tree["train"]["sigma"] is None
+    assert "model" not in tree and "activation" not in tree["train"]
+    assert set(SelectRequest(eps1=0.2).overrides("select")["select"]) == {"eps1", "nu", "halving", "search"}
 
 
 def test_help_shows_the_defaults_files_value(monkeypatch: pytest.MonkeyPatch) -> None:
