@@ -80,14 +80,16 @@ def scatter_applies(arch: str | None, private_features: int, public_features: in
 class RunRequest(CommandRequest):
     """`dpltm run`'s options, as plain values (None: the recipe's or the config's)."""
 
-    dataset: str = option(choices=Dataset, default='mnist', help='Private dataset to train on.')
+    dataset: str = option(choices=Dataset, default='mnist', config="data.dataset", shown=True,
+        help='Private dataset to train on.')
     public_dataset: str = option(choices=Dataset, default='kmnist', help='Public dataset the tickets come from.')
     public_split: str = option(choices=Split, default='test', help='Split of the public dataset (KMNIST here: test).')
-    eps: float = option("--eps", "--eps2", default=1.0,
+    eps: float = option("--eps", "--eps2", default=1.0, config="train.eps2", shown=True,
         help='Privacy budget ε for the private data (all of it goes to training: public tickets cost nothing).')
-    delta: float = option(default=1e-5, help='δ.')
-    epochs: int | None = option(help='DP training epochs (paper: 50).')
-    batch_size: int | None = option(help='Expected DP batch size L (paper: 400).')
+    delta: float = option(default=1e-5, config="train.delta", shown=True, help='δ.')
+    epochs: int | None = option(config="train.epochs", shown=True, help='DP training epochs (paper: 50).')
+    batch_size: int | None = option(config="train.batch_size", shown=True,
+        help='Expected DP batch size L (paper: 400).')
     clip: float | None = opt.CLIP()
     lr: float | None = opt.LEARNING_RATE()
     neighboring: str | None = opt.NEIGHBORING()
@@ -100,7 +102,8 @@ class RunRequest(CommandRequest):
         help=('Hidden activation of the tickets and the trained network: relu (paper) or tanh (bounded; helps '
               'under DP, Papernot et al. 2021).'))
     arch: str | None = opt.ARCH()
-    momentum: float | None = option(shown="the recipe's", help='SGD momentum on the privatized gradients, in [0, 1).')
+    momentum: float | None = option(config="train.momentum", shown="the recipe's",
+        help='SGD momentum on the privatized gradients, in [0, 1).')
     ema: float | None = opt.EMA()
     ema_warmup: bool | None = opt.EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
@@ -136,7 +139,7 @@ class RunRequest(CommandRequest):
     search: str | None = option("--search", metavar="DIM[,DIM…]", shown="start,release with --choice noise-aware",
         help=('What the noise-aware choice also tries for each ticket (start, release, freeze; none: nothing): '
               'see `dpltm select --help`. A setting you give (--rewind, --ema, --freeze) fixes its dimension.'))
-    seed: int | None = option(help='Seed.')
+    seed: int | None = option(config="seed", shown=True, help='Seed.')
     device: str = opt.DEVICE("auto")
     cuda_graphs: bool = opt.CUDA_GRAPHS(False)
     config: Path | None = opt.CONFIG_FILE()
@@ -210,13 +213,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     model_out = r.out or default_checkpoint_dir() / f"{r.dataset}-dpltm.pt"
     tickets_path = model_out.with_name(f"{model_out.stem}-tickets.pt")
     winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
-    train_cli: dict[str, Any] = {
-        "data": {"dataset": r.dataset},
-        "train": {"eps2": r.eps, "delta": r.delta, "epochs": r.epochs, "batch_size": r.batch_size, "clip": r.clip,
-                  "lr": r.lr, "momentum": r.momentum, "ema": r.ema, "ema_warmup": r.ema_warmup,
-                  "neighboring": r.neighboring, "rewind": r.rewind, "output_layer": r.output_layer,
-                  "freeze": r.freeze},
-        "model": {"activation": r.activation}, "seed": r.seed}
+    train_cli = {**r.overrides("data", "train", "seed"), "model": {"activation": r.activation}}
     train_cfg = resolve_train_config(train_cli, r.config)
     # the given generation options checked before any data is read (the recipe's own come once it is chosen)
     given_recipe = "paper" if r.recipe == "auto" else r.recipe
@@ -453,13 +450,10 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
     for path in (model_out, ticket_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
-    train_cli = {"data": {"dataset": r.dataset},
-                 "train": {"eps2": r.eps, "delta": r.delta, "epochs": settings.train.epochs - warmup * rounds,
-                           "batch_size": r.batch_size, "clip": r.clip, "lr": r.lr, "momentum": r.momentum,
-                           "ema": r.ema, "ema_warmup": r.ema_warmup, "neighboring": r.neighboring},
-                 "model": model_cli(r.arch, None, activation=r.activation),
-                 "private_ticket": {"warmup_epochs": warmup, "density": r.density}, "seed": r.seed,
-                 "recipe": chosen}
+    train_cli = r.overrides("data", "train", "seed")  # the public-only ones (--rewind, ...) were refused: None
+    train_cli["train"]["epochs"] = settings.train.epochs - warmup * rounds
+    train_cli.update(model=model_cli(r.arch, None, activation=r.activation), recipe=chosen,
+                     private_ticket={"warmup_epochs": warmup, "density": r.density})
     # the whole plan checked against the data before the first line of work (σ, L < N, the density)
     planned = resolve_train_config(train_cli, r.config)
     if planned.train.rewind != "init":  # e.g. from a --config file
