@@ -40,7 +40,8 @@ from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.step import apply_gradients, noisy_mean, private_gradients
-from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture, density
+from dpltm.masks import Masks, PrunedWeights, apply_masks_, density
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import GraphedSgdStep
 

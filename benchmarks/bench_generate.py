@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from dpltm.data import load_dataset
 from dpltm.data.batches import ShuffledBatches
 from dpltm.devices import resolve_device
-from dpltm.model import LeNet, PrunedWeights, apply_masks_, build_architecture
+from dpltm.masks import PrunedWeights, apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import GraphedSgdStep, train_classifier
 

@@ -31,7 +31,8 @@ from dpltm.api import make_private
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import BatchGather
 from dpltm.dp.step import apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
-from dpltm.model import apply_masks_, build_architecture, build_network, full_masks
+from dpltm.masks import apply_masks_, full_masks
+from dpltm.networks.lenet import build_architecture, build_network
 from dpltm.networks.scatter import CHANNELS
 
 

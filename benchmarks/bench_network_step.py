@@ -22,7 +22,8 @@ from bench_dp_step import interleaved, timed
 from dpltm.devices import resolve_device
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.step import apply_gradients, private_gradients, step_layout
-from dpltm.model import PrunedWeights, apply_masks_, build_architecture, build_network, full_masks, prunable_weights
+from dpltm.masks import PrunedWeights, apply_masks_, full_masks, prunable_weights
+from dpltm.networks.lenet import build_architecture, build_network
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 
 

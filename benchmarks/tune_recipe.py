@@ -36,13 +36,13 @@ from grid.recipe_search import FIELDS, PROXIES, PROXY_FIELDS, search_recipe
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
-from dpltm.model import ARCH_DEFAULT_HIDDEN
+from dpltm.networks.lenet import ARCH_DEFAULT_HIDDEN
 
 
 def scatter_features(public: DatasetSplits) -> DatasetSplits:
     """`public` as scatter-linear's head reads it: its records' scattering features (dpltm.feature_cache)."""
     from dpltm.feature_cache import network_inputs
-    from dpltm.model import build_architecture, build_network
+    from dpltm.networks.lenet import build_architecture, build_network
 
     net = build_network(build_architecture(public.num_features, public.num_classes, (), None, "relu",
                                            "scatter-linear"))

@@ -1,6 +1,6 @@
 """The built-in networks `--arch` names, one entry each: the one list every front end reads.
 
-Most are of dpltm.model's LeNet family: an optional convolutional front — (output channels, kernel
+Most are of dpltm.networks.lenet's LeNet family: an optional convolutional front — (output channels, kernel
 side) per layer, each followed by the activation and 2×2 average pooling — then fully connected
 layers; adding one of this family is one `ArchitectureEntry` line. Any other network is one file under
 dpltm/networks/ (a `build(arch, generator)` returning a plain `nn.Module`) and one line here naming it
@@ -23,7 +23,7 @@ class ArchitectureEntry:
     description: str
     module: str | None = None
     """A network of its own file: the module (under dpltm/networks/) whose `build(arch, generator)`
-    returns it as a plain `nn.Module`; None for the LeNet family above (dpltm.model.LeNet). Such a network
+    returns it as a plain `nn.Module`; None for the LeNet family above (dpltm.networks.lenet.LeNet). Such a network
     trains through the DP engine's per-layer rules (dpltm.dp.engine) unless `fused_step`."""
     fused_step: bool = True
     """It trains in the fused ghost-norm DP step (dpltm.dp.step.takes_fused_step), so also static-shape and in

@@ -24,7 +24,7 @@ def _damaged(path: Path, kind: str, what: str) -> DpltmUserError:
 
 def architecture_of(body: dict[str, Any], kind: str, path: Path) -> Any:
     """The checkpoint's `Architecture`, or a one-line error saying why its record builds none."""
-    from dpltm.model import Architecture
+    from dpltm.networks.lenet import Architecture
 
     try:
         return Architecture.from_dict(body["architecture"])

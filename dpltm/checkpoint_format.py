@@ -40,7 +40,7 @@ _OLD_PARAMETER_NAME = re.compile(r"^layers\.(?:(conv|hidden)_(\d+)|(project|outp
 
 def current_parameter_names(state: dict[str, Any], where: str = "the file") -> dict[str, Any]:
     """A built-in network's weights under today's parameter names. Until the networks became plain modules
-    (`dpltm.model.LeNet`), their parameters lived in one `layers` dict: `layers.hidden_0.weight` is now
+    (`dpltm.networks.lenet.LeNet`), their parameters lived in one `layers` dict: `layers.hidden_0.weight` is now
     `hidden.0.weight`, `layers.output.bias` is `output.bias`. Files written before keep loading: their
     θ0 and state_dict keys are renamed as they are read (values untouched; other keys kept as they are).
     A file holding one parameter under both names is refused in one line (which one would be trained?)."""

@@ -27,7 +27,7 @@ import yaml
 
 from dpltm.choices import Recipe
 from dpltm.errors import DpltmUserError
-from dpltm.model import check_network_size
+from dpltm.networks.lenet import check_network_size
 from dpltm.settings import (
     DataSettings,
     GenerateConfig,
@@ -341,7 +341,7 @@ def resolve_generate_config(cli: Mapping[str, Any], config_file: Path | None) ->
     if spec is not None:
         check_network_size(spec.num_features, cfg.model.hidden, spec.num_classes, cfg.model.project_to)
         if cfg.model.arch != "mlp":  # the images' shape, before any data is read
-            from dpltm.model import build_architecture
+            from dpltm.networks.lenet import build_architecture
 
             build_architecture(spec.num_features, spec.num_classes, cfg.model.hidden, None, cfg.model.activation,
                                cfg.model.arch)

@@ -43,7 +43,7 @@ DIGEST_KEY = "digest"
 class LoadedModel:
     """A model ready for inference, and what is known about how it was made."""
 
-    model: Any  # the network (dpltm.model.build_network), in eval mode, on the CPU
+    model: Any  # the network (dpltm.networks.lenet.build_network), in eval mode, on the CPU
     architecture: dict[str, Any]
     data: dict[str, Any]
     """dataset, split, val_fraction, seed and counts of the data the model was trained on, and its
@@ -275,7 +275,8 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
     from safetensors.torch import load_file
 
     from dpltm.checkpoint_format import current_parameter_names
-    from dpltm.model import Architecture, build_network, pruned_but_not_zero, split_stored_state
+    from dpltm.masks import pruned_but_not_zero, split_stored_state
+    from dpltm.networks.lenet import Architecture, build_network
 
     metadata = read_metadata(path) if metadata is None else metadata
     if json.loads(metadata["architecture"]).get("kind") == USER_MODEL:

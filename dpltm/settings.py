@@ -14,7 +14,7 @@ from typing import Any
 
 from dpltm.choices import Optimizer, OutputLayer, Rewind
 from dpltm.errors import DpltmUserError
-from dpltm.model import ACTIVATIONS, ARCHS
+from dpltm.networks.lenet import ACTIVATIONS, ARCHS
 from dpltm.privacy.accountants import accountant_entry
 from dpltm.privacy.accounting import check_target_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
@@ -305,7 +305,7 @@ class TrainSettings:
     public-trained one (keep, only for as many classes)."""
     freeze: tuple[str, ...] = ()
     """Layers (e.g. hidden.0) held at their start weights — public-trained with rewind public, else θ0 —
-    and not trained: no clipped gradient, no noise, no update (dpltm.model.freeze_layers_). Public
+    and not trained: no clipped gradient, no noise, no update (dpltm.masks.freeze_layers_). Public
     knowledge: nothing is added to the privacy ledger."""
 
     def __post_init__(self) -> None:

@@ -16,7 +16,8 @@ import dpltm
 from dpltm.architectures import ARCHITECTURES
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.engine import record_norm_tables
-from dpltm.model import apply_masks_, build_architecture, build_network, full_masks
+from dpltm.masks import apply_masks_, full_masks
+from dpltm.networks.lenet import build_architecture, build_network
 from tests.apidata import blobs, mlp
 from tests.dp.test_record_tables import _check_against_reference as check_against_reference
 
@@ -118,7 +119,8 @@ def test_generate_with_cuda_graphs_takes_the_eager_steps(steps: int) -> None:
     """`train_classifier(cuda_graphs=True)` (generate's IMP rounds): the same batches and updates as
     the eager loop, each replay writing its own loss (in the graph) to the round's loss record, the
     pruned weights staying exactly zero, and late rewinding's θ_K (`snapshot_at`) the eager loop's."""
-    from dpltm.model import LeNet, prunable_weights
+    from dpltm.masks import prunable_weights
+    from dpltm.networks.lenet import LeNet
     from dpltm.pruning import paper_prune_rates, prune_layerwise
     from dpltm.training.plain import train_classifier
 

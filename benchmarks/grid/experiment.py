@@ -217,7 +217,7 @@ class Experiment:
                                                            "public_weights", "rewind_point")}
         body["masks"] = masks
         if public_tickets is not None:
-            from dpltm.model import masked_weights
+            from dpltm.masks import masked_weights
 
             ticket_set = load_checkpoint(public_tickets, "tickets")
             dense = among_rounds(ticket_set, ())["tickets"][0]

@@ -38,7 +38,8 @@ from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, accuracies, noisy_step
 from dpltm.dp.sampling import poisson_sample
 from dpltm.feature_cache import network_inputs
-from dpltm.model import build_architecture, build_network, full_masks
+from dpltm.masks import full_masks
+from dpltm.networks.lenet import build_architecture, build_network
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.selection.noise_aware import EachCandidate, PlannedRun, stacks, tan_proxy
 

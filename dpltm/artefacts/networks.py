@@ -8,10 +8,10 @@ from typing import Any
 
 
 def reference_state(arch: Any) -> dict[str, Any]:
-    """A model file's state (`dpltm.model.stored_state`): weights, biases and, beside them, the boolean
+    """A model file's state (`dpltm.masks.stored_state`): weights, biases and, beside them, the boolean
     masks."""
 
-    from dpltm.model import stored_mask_key
+    from dpltm.masks import stored_mask_key
 
     masks = {stored_mask_key(name): mask for name, mask in reference_masks(arch).items()}
     return {**reference_theta0(arch), **masks}
@@ -21,7 +21,7 @@ def reference_theta0(arch: Any) -> dict[str, Any]:
     """θ0 as ticket files keep it: the network's parameters (the model holds no masks)."""
     import torch
 
-    from dpltm.model import build_network
+    from dpltm.networks.lenet import build_network
 
     with torch.device("meta"):
         return build_network(arch).state_dict()

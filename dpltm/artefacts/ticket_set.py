@@ -131,7 +131,7 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
     prunes: a ticket's weights that act where its mask prunes would not be that ticket."""
     from dpltm.artefacts.networks import reference_theta0
     from dpltm.checkpoint_body import check_tensors
-    from dpltm.model import pruned_but_not_zero
+    from dpltm.masks import pruned_but_not_zero
 
     check_tensors(weights, reference_theta0(arch), where, kind, path, check_dtype=True)
     acting = pruned_but_not_zero(dict(weights), dict(masks))

@@ -207,7 +207,7 @@ class TrainedModel:
     """A trained network as `dpltm train` writes it: weights, one privacy record, how it was made.
 
     `state_dict` holds the weights (pruned ones exactly 0) and the masks beside them
-    (`dpltm.model.stored_state`). `report()` is the dict a run
+    (`dpltm.masks.stored_state`). `report()` is the dict a run
     returns and `train --json` prints, built from the stored facts and the privacy record.
     """
 
@@ -296,7 +296,8 @@ class TrainedModel:
 
     def network(self) -> nn.Module:
         """The released network, in eval mode, on the CPU (its pruned weights are 0)."""
-        from dpltm.model import Architecture, build_network, split_stored_state
+        from dpltm.masks import split_stored_state
+        from dpltm.networks.lenet import Architecture, build_network
 
         arch = Architecture.from_dict(self.architecture)
         model = build_network(arch)
@@ -306,7 +307,8 @@ class TrainedModel:
     @property
     def masks(self) -> dict[str, torch.Tensor]:
         """The ticket's masks, keyed by mask name (all True for a dense network)."""
-        from dpltm.model import Architecture, split_stored_state
+        from dpltm.masks import split_stored_state
+        from dpltm.networks.lenet import Architecture
 
         return split_stored_state(Architecture.from_dict(self.architecture), self.state_dict)[1]
 
@@ -363,7 +365,7 @@ class TrainedModel:
         outcome = Outcome.from_dict(_typed(body, "outcome", (dict,), "", path), path)
         arch = architecture_of(body, KIND, path)
         check_tensors(values["state_dict"], _reference_state(arch), "state_dict", KIND, path, check_dtype=True)
-        from dpltm.model import pruned_but_not_zero, split_stored_state
+        from dpltm.masks import pruned_but_not_zero, split_stored_state
 
         acting = pruned_but_not_zero(*split_stored_state(arch, values["state_dict"]))
         if acting is not None:

@@ -75,7 +75,7 @@ class AuditPlan:
         row is dropped whenever it is sampled: the universe is N + m records whatever the bits)."""
         if self.threat_model == "white-box":
             from dpltm.dp.step import step_layout
-            from dpltm.model import full_masks
+            from dpltm.masks import full_masks
 
             ticket = masks if masks is not None else full_masks(model)
             surviving = step_layout(model, ticket, data.train.features.dtype).surviving

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from dpltm.dp.ghost import clip_factors
 from dpltm.dp.precision import ieee_float32
-from dpltm.model import Masks, activation_function
+from dpltm.masks import Masks
+from dpltm.networks.lenet import activation_function
 
 
 class LinearChain(Protocol):

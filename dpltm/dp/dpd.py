@@ -25,7 +25,8 @@ from torch import Tensor
 
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.dp.plugins import NOISE_PLUGINS
-from dpltm.model import LeNet, Masks
+from dpltm.masks import Masks
+from dpltm.networks.lenet import LeNet
 from dpltm.privacy.display import format_sigma
 
 #: torch.quantile refuses very large inputs; larger layers are summarised on an even stride.

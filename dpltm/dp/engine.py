@@ -30,7 +30,7 @@ from dpltm.dp.ghost import ClippedBatch, clip_factors, squares_times
 from dpltm.dp.precision import ieee_float32
 from dpltm.dp.rules import FuncRule, LayerCall, rule_for
 from dpltm.errors import DpltmUserError
-from dpltm.model import prunable_weights
+from dpltm.masks import prunable_weights
 
 Loss = Callable[[Tensor, Tensor], Tensor]
 """(outputs, targets) -> per-sample losses, shape (B,)."""
@@ -84,7 +84,7 @@ def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def prunable_weight_names(model: nn.Module) -> list[str]:
-    """The weights a ticket may mask (`dpltm.model.prunable_weights`: one rule for every network), once
+    """The weights a ticket may mask (`dpltm.masks.prunable_weights`: one rule for every network), once
     every layer is checked to be one the engine can clip (`trainable_layers`, one-line refusals)."""
     trainable_layers(model)
     return list(prunable_weights(model))

@@ -32,7 +32,8 @@ from torch import Tensor
 from dpltm.dp.precision import ieee_float32
 from dpltm.dp.rules import conv2d_weight_grads
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks
+from dpltm.masks import Masks
+from dpltm.networks.lenet import LeNet
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ from dpltm.dp.mechanism import ScaledGaussianNoise
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.dp.padding import load_chunk, ones_then_zeros
 from dpltm.dp.step import noisy_mean
-from dpltm.model import LeNet, Masks
+from dpltm.masks import Masks
+from dpltm.networks.lenet import LeNet
 
 
 class StaticShapeDpStep:

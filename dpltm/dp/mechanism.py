@@ -20,7 +20,8 @@ from torch import Tensor
 
 from dpltm.data.types import LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks
+from dpltm.masks import Masks
+from dpltm.networks.lenet import LeNet
 from dpltm.privacy.events import dpsgd_event
 
 

@@ -48,7 +48,8 @@ from torch import Tensor
 from dpltm.dp.dpd import quantiles
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks
+from dpltm.masks import Masks
+from dpltm.networks.lenet import LeNet
 from dpltm.privacy.display import format_sigma
 
 PUBLIC_RECORDS = 4096

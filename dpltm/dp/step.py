@@ -26,7 +26,8 @@ from dpltm.dp.engine import RecordTable, clipped_gradient_sum_of, record_norm_ta
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.noise import NoiseMechanism
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, full_masks
+from dpltm.masks import Masks, full_masks
+from dpltm.networks.lenet import LeNet
 
 
 @dataclass(frozen=True)

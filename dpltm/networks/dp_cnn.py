@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import activation_function, image_side
+from dpltm.networks.lenet import activation_function, image_side
 
 CONVOLUTIONS = ((16, 8, 2, 3), (32, 4, 2, 0))
 """(output channels, kernel side, stride, padding) of each convolution, input to output."""

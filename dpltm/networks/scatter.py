@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import activation_function, image_side
+from dpltm.networks.lenet import activation_function, image_side
 from dpltm.networks.scattering import SCALES, Scattering2D
 
 ANGLES = 8

@@ -48,7 +48,8 @@ from dpltm.dp.step import (
 )
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
-from dpltm.model import Architecture, Masks, build_network, freeze_layers_, rewind, ticket_masks
+from dpltm.masks import Masks, freeze_layers_, rewind, ticket_masks
+from dpltm.networks.lenet import Architecture, build_network
 from dpltm.settings import check_search
 from dpltm.training.transfer import start_weights
 

@@ -20,7 +20,7 @@ from dpltm import __version__
 from dpltm.checkpoint import load_ticket_set
 from dpltm.config import SEARCH_FIXED_BY
 from dpltm.errors import DpltmUserError
-from dpltm.model import masked_weights
+from dpltm.masks import masked_weights
 from dpltm.privacy.display import format_sigma
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
@@ -153,7 +153,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
             err_console.print(f"note: --search {dimension}: not searched, the {fixed[dimension]} setting given "
                               "fixes it", markup=False, highlight=False)
     if "freeze" in search:
-        from dpltm.model import Architecture
+        from dpltm.networks.lenet import Architecture
         from dpltm.selection.noise_aware import freezable_first_layer
 
         if freezable_first_layer(Architecture.from_dict(payload["architecture"])) is None:

@@ -105,7 +105,7 @@ def check_prune_rates(cfg: Any) -> None:
     """--prune-rates against the network's layers, before any data is read (a known dataset's shape is
     fixed: dpltm.data.loaders.SPECS)."""
     from dpltm.data.loaders import SPECS
-    from dpltm.model import build_architecture
+    from dpltm.networks.lenet import build_architecture
     from dpltm.tickets.imp import resolve_prune_rates
 
     spec = SPECS.get(cfg.data.dataset)

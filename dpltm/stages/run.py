@@ -403,7 +403,8 @@ def check_planned_freeze(planned: TrainConfig, gen_cfg: Any, public_spec: Any) -
     otherwise surface only at training, after generation and the choice)."""
     if not planned.train.freeze:
         return
-    from dpltm.model import build_architecture, build_network, frozen_parameter_names
+    from dpltm.masks import frozen_parameter_names
+    from dpltm.networks.lenet import build_architecture, build_network
 
     arch = build_architecture(public_spec.num_features, public_spec.num_classes, gen_cfg.model.hidden,
                               gen_cfg.model.project_to, gen_cfg.model.activation, gen_cfg.model.arch)

@@ -37,12 +37,9 @@ from dpltm.config import config_hash, to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
-from dpltm.model import (
-    Architecture,
+from dpltm.masks import (
     Masks,
     apply_masks_,
-    build_architecture,
-    build_network,
     density,
     layer_densities,
     prunable_weights,
@@ -50,6 +47,7 @@ from dpltm.model import (
     ticket_masks,
     trained_weights,
 )
+from dpltm.networks.lenet import Architecture, build_architecture, build_network
 from dpltm.pruning import paper_prune_rates, prune_layerwise, random_masks_like
 from dpltm.settings import GenerateConfig
 

@@ -41,17 +41,8 @@ from dpltm.dp.noise import NoiseContext, noise_class
 from dpltm.dp.plugins import check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
-from dpltm.model import (
-    Architecture,
-    Masks,
-    apply_masks_,
-    build_architecture,
-    build_network,
-    density,
-    full_masks,
-    layer_densities,
-    prunable_weights,
-)
+from dpltm.masks import Masks, apply_masks_, density, full_masks, layer_densities, prunable_weights
+from dpltm.networks.lenet import Architecture, build_architecture, build_network
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json

@@ -28,7 +28,8 @@ from dpltm.dp.noise import NoiseContext
 from dpltm.dp.plugins import NOISE_PLUGINS, check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
-from dpltm.model import Masks, build_architecture, build_network, density, freeze_layers_, full_masks, stored_state
+from dpltm.masks import Masks, density, freeze_layers_, full_masks, stored_state
+from dpltm.networks.lenet import build_architecture, build_network
 from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent

@@ -38,7 +38,7 @@ from dpltm.data.types import LabeledTensors
 from dpltm.devices import require_cuda_for_graphs
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
-from dpltm.model import Masks, PrunedWeights, trained_weights
+from dpltm.masks import Masks, PrunedWeights, trained_weights
 from dpltm.progress import step_bar
 
 

@@ -39,7 +39,7 @@ from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import RecordTerms, apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
 from dpltm.errors import DpltmUserError
-from dpltm.model import Masks, PrunedWeights, full_masks
+from dpltm.masks import Masks, PrunedWeights, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.display import format_epsilon
 from dpltm.settings import TrainSettings

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_network
+from dpltm.masks import Masks, apply_masks_
+from dpltm.networks.lenet import Architecture, LeNet, build_network
 from dpltm.settings import OUTPUT_LAYERS, late_rewind_step
 
 

@@ -19,7 +19,8 @@ from dpltm.audit.canaries import GradientCanaries, InputCanaries, inclusion_bits
 from dpltm.audit.run import AuditPlan
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, apply_masks_, build_architecture
+from dpltm.masks import apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.settings import TrainConfig, TrainSettings
 from dpltm.training import pipeline
 from tests.datafiles import write_digits

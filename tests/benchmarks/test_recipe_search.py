@@ -128,7 +128,7 @@ def test_a_cnn_search_steps_each_rates_network_by_its_own_rate(monkeypatch: pyte
 
     import dpltm.selection.noise_aware as noise_aware
     from dpltm.data.types import DatasetSplits
-    from dpltm.model import build_architecture, build_network
+    from dpltm.networks.lenet import build_architecture, build_network
     from tests.conftest import make_blobs
 
     public = DatasetSplits(name="blobs", source_split="train", train=make_blobs(120, 784, 3, 0),

@@ -19,7 +19,7 @@ def test_enums_match_the_registries() -> None:
     from dpltm.data.loaders import DATASETS, SPLITS
     from dpltm.dp.distributed import STRATEGIES
     from dpltm.dp.noise import NOISE_MECHANISMS
-    from dpltm.model import ACTIVATIONS, ARCHS
+    from dpltm.networks.lenet import ACTIVATIONS, ARCHS
     from dpltm.run_log import LOGGERS
     from dpltm.selection.rules import SELECTION_RULES
     from dpltm.settings import OPTIMIZERS, OUTPUT_LAYERS, REWIND_POINTS

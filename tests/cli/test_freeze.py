@@ -15,7 +15,8 @@ import torch
 from dpltm.checkpoint import load_trained_model, load_winner
 from dpltm.dp.step import EngineLayout, step_layout
 from dpltm.errors import DpltmUserError
-from dpltm.model import PrunedWeights, build_architecture, build_network, freeze_layers_, full_masks, stored_state
+from dpltm.masks import PrunedWeights, freeze_layers_, full_masks, stored_state
+from dpltm.networks.lenet import build_architecture, build_network
 from tests.cli.test_rewind import FAST_TRAIN, _one_line_error, _train, data_root, public_winner  # noqa: F401
 
 

@@ -9,7 +9,7 @@ import torch
 from dp_accounting import ComposedDpEvent, NonPrivateDpEvent  # type: ignore[import-untyped]
 
 from dpltm.artefacts import Ticket, TicketSet, Winner
-from dpltm.model import LeNet, build_architecture
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.events import dpsgd_event, event_to_json, selection_event
 from dpltm.privacy.ledger import training_record
 

@@ -26,7 +26,8 @@ from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
 from dpltm.artefacts import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
 from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, load_trained_model, save_atomic
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, apply_masks_, build_architecture, stored_state
+from dpltm.masks import apply_masks_, stored_state
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.ledger import PrivacyLedger, training_record
 
 Q, SIGMA, STEPS, DELTA = 0.01, 1.1, 500, 1e-5

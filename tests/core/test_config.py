@@ -23,7 +23,7 @@ from dpltm.config import (
     to_dict,
 )
 from dpltm.errors import DpltmUserError
-from dpltm.model import MAX_PARAMETERS, Architecture, check_network_size, parameter_count
+from dpltm.networks.lenet import MAX_PARAMETERS, Architecture, check_network_size, parameter_count
 from dpltm.privacy.accounting import MAX_EPSILON
 from dpltm.privacy.events import MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import MAX_EPS1

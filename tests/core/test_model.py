@@ -7,20 +7,8 @@ import pytest
 import torch
 
 from dpltm.errors import DpltmUserError
-from dpltm.model import (
-    ACTIVATIONS,
-    Architecture,
-    LeNet,
-    Masks,
-    PrunedWeights,
-    activation_function,
-    apply_masks_,
-    build_architecture,
-    density,
-    rewind,
-    split_stored_state,
-    stored_state,
-)
+from dpltm.masks import Masks, PrunedWeights, apply_masks_, density, rewind, split_stored_state, stored_state
+from dpltm.networks.lenet import ACTIVATIONS, Architecture, LeNet, activation_function, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.plain import accuracy, train_classifier
 

@@ -14,7 +14,8 @@ import torch
 
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.errors import DpltmUserError
-from dpltm.model import Architecture, LeNet, Masks, apply_masks_, build_architecture
+from dpltm.masks import Masks, apply_masks_
+from dpltm.networks.lenet import Architecture, LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
 from tests.dp.reference import masked_reference, padded_chunks

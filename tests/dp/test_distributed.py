@@ -29,7 +29,8 @@ from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
+from dpltm.masks import Masks, apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.training.private import check_replicas_agree
 from tests.datafiles import write_digits

@@ -13,7 +13,8 @@ from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_t
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches, poisson_sample
 from dpltm.dp.step import apply_gradients, private_gradients
-from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture
+from dpltm.masks import Masks, PrunedWeights, apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.dp.reference import masked_reference
 

@@ -27,7 +27,8 @@ from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.noise import NOISE_MECHANISMS, NoiseContext, dp_event_of, make_noise, noise_class
 from dpltm.dp.shaped import ShapedNoise, public_sensitivity
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
+from dpltm.masks import Masks, apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.comparisons import (
     COMPARISON_LABEL,

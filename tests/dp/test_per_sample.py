@@ -13,7 +13,8 @@ from torch import nn
 from dpltm.dp.engine import clipped_gradient_sum_of
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, apply_masks_, build_architecture
+from dpltm.masks import apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.dp.reference import masked_reference
 

@@ -8,7 +8,7 @@ import torch
 
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.precision import _precision_leaves, ieee_float32
-from dpltm.model import LeNet, build_architecture
+from dpltm.networks.lenet import LeNet, build_architecture
 
 NEW_API = bool(_precision_leaves())
 

@@ -17,7 +17,8 @@ from dpltm.dp.ghost import MaskLayout, clip_factors, first_layer_input_terms
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.sampling import poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, noisy_mean, private_gradients
-from dpltm.model import LeNet, Masks, apply_masks_, build_architecture, full_masks, prunable_weights
+from dpltm.masks import Masks, apply_masks_, full_masks, prunable_weights
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 
 N = 120

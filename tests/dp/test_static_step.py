@@ -19,7 +19,8 @@ from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
+from dpltm.masks import Masks, apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.settings import TrainSettings
 from dpltm.training.plain import train_classifier

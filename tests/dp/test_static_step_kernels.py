@@ -16,7 +16,8 @@ from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.padding import batch_capacity, load_chunk
-from dpltm.model import LeNet, Masks, PrunedWeights, apply_masks_, build_architecture
+from dpltm.masks import Masks, PrunedWeights, apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.dp.test_cnn_ticket import cnn_ticket, images
 

@@ -14,15 +14,8 @@ from dpltm.architectures import ARCHITECTURES
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.step import EngineLayout, apply_gradients, private_gradients, step_layout
 from dpltm.errors import DpltmUserError
-from dpltm.model import (
-    Architecture,
-    LeNet,
-    apply_masks_,
-    build_architecture,
-    build_network,
-    full_masks,
-    prunable_weights,
-)
+from dpltm.masks import apply_masks_, full_masks, prunable_weights
+from dpltm.networks.lenet import Architecture, LeNet, build_architecture, build_network
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
 from tests.dp.reference import masked_reference

@@ -21,7 +21,8 @@ from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.step import EngineLayout, private_gradients, step_layout
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import features_of, network_inputs
-from dpltm.model import apply_masks_, build_architecture, build_network, full_masks, prunable_weights
+from dpltm.masks import apply_masks_, full_masks, prunable_weights
+from dpltm.networks.lenet import build_architecture, build_network
 from dpltm.networks.scatter import CHANNELS, ScatterFront, scattering_class
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist

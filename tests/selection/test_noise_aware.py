@@ -259,7 +259,7 @@ def test_stacked_scatter_heads_equal_the_engine_step(name: str, hidden: tuple[in
     sums equal the DP engine's for that network alone (the path every other network takes), with the first
     layer's norm terms computed per step or looked up in the per-record table."""
     from dpltm.dp.engine import clipped_gradient_sum_of
-    from dpltm.model import Architecture, build_network
+    from dpltm.networks.lenet import Architecture, build_network
     from dpltm.selection.noise_aware import stacks
 
     arch = Architecture(in_features=64, hidden=hidden, num_classes=3, activation="tanh", name=name)
@@ -294,7 +294,7 @@ def test_stacked_scatter_heads_equal_the_engine_step(name: str, hidden: tuple[in
 
 
 def test_a_scatter_cnn_is_not_stacked() -> None:
-    from dpltm.model import Architecture, build_network
+    from dpltm.networks.lenet import Architecture, build_network
     from dpltm.selection.noise_aware import stacks
 
     arch = Architecture(in_features=64, hidden=(8,), num_classes=3, name="scatter-cnn")

@@ -13,16 +13,8 @@ import torch
 from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import (
-    Architecture,
-    LeNet,
-    PrunedWeights,
-    apply_masks_,
-    build_architecture,
-    build_network,
-    rewind,
-    ticket_masks,
-)
+from dpltm.masks import PrunedWeights, apply_masks_, rewind, ticket_masks
+from dpltm.networks.lenet import Architecture, LeNet, build_architecture, build_network
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice, searched_trainings
 from dpltm.selection.winner import chosen_training

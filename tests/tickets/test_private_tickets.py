@@ -15,7 +15,7 @@ import torch
 from dpltm.checkpoint import load_checkpoint
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, build_architecture
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.pld_accountant import PLD_VALUE_DISCRETIZATION_INTERVAL
 from dpltm.settings import PrivateTicketSettings, TrainConfig, TrainSettings

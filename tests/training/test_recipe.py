@@ -14,7 +14,8 @@ import dpltm.training.private as private_training
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.noise import NoiseContext
 from dpltm.errors import DpltmUserError
-from dpltm.model import LeNet, Masks, apply_masks_, build_architecture
+from dpltm.masks import Masks, apply_masks_
+from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.settings import TrainSettings
 from dpltm.training.plain import accuracy, train_classifier
