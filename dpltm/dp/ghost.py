@@ -300,75 +300,18 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
     place, so joining the terms costs no copy. It is written: pass a fresh gather (an `index_select`), never a
     view of a table kept between steps.
     """
-    inputs: list[Tensor] = []
-    outputs: list[Tensor] = []
-    # only ∂ℓ/∂z is needed: the weights enter as constants, so autograd records no weight path (the
-    # pruned weights are zero: the ticket's forward pass is the dense one's)
-    constants = [(layer.weight.detach(), layer.bias.detach()) for _, layer in model.layers_in_order()]
-    conv_constants = [(layer, layer.weight.detach(), layer.bias.detach(), mask)
-                      for (_, layer), mask in zip(model.conv_layers_in_order(), layout.conv_masks, strict=True)]
-    conv_inputs: list[Tensor] = []
-    conv_outputs: list[Tensor] = []
-    h = x
-    if conv_constants:
-        h = model.images(x)
-        for _, weight, bias, _ in conv_constants:
-            conv_inputs.append(h)
-            z = F.conv2d(h, weight, bias)
-            if not z.requires_grad:
-                z.requires_grad_(True)
-            conv_outputs.append(z)
-            h = model.after_conv(z)
-        h = h.flatten(1)
-    for index, (weight, bias) in enumerate(constants):
-        inputs.append(h)
-        z = F.linear(h, weight, bias)
-        if not z.requires_grad:
-            z.requires_grad_(True)
-        outputs.append(z)
-        h = model.activation(z) if model.is_activation_after(index) else z
+    fwd = _forward(model, x, layout)
     one_hot = y.is_floating_point()
-    loss_sum = None if one_hot else F.cross_entropy(h, y, reduction="sum")
+    loss_sum = None if one_hot else F.cross_entropy(fwd.logits, y, reduction="sum")
     if x.shape[0] == 0:
         parameters = dict(model.named_parameters())  # in the layout's order, as a non-empty batch gives
         zero = {name: torch.zeros_like(parameters[name]) if out is None else out.tensors[name].zero_()
                 for name in layout.all_parameter_names}
         return ClippedBatch(zero, x.new_zeros(0), None if loss_sum is None else loss_sum.detach())
-    if one_hot:  # h is the output layer's z (no activation follows it): ∂(Σ_i CE(z_i, y_i))/∂z_i = softmax(z_i) − y_i
-        last = torch.softmax(h.detach(), dim=1).sub_(y)
-        earlier = conv_outputs + outputs[:-1]
-        all_grads = (*torch.autograd.grad(h, earlier, grad_outputs=last), last) if earlier else (last,)
-    else:
-        all_grads = torch.autograd.grad(loss_sum, conv_outputs + outputs)
-    conv_grads, out_grads = all_grads[: len(conv_outputs)], all_grads[len(conv_outputs):]
+    conv_grads, out_grads = _output_gradients(fwd, y, loss_sum)
     with torch.no_grad():
-        parts: list[Tensor] = []  # each layer's share of the squared norms, summed below
-        conv_weight_per_sample = []
-        for (layer, _, _, mask), a, g in zip(conv_constants, conv_inputs, conv_grads, strict=True):
-            per_sample = conv2d_weight_grads(layer, a, g)
-            if mask is not None:
-                per_sample = per_sample * mask  # the surviving weights' share only
-            conv_weight_per_sample.append(per_sample)
-            parts.append(per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1))
-        # the fully connected layers side by side: their output gradients G = [g_1 … g_L] and norm terms
-        # T = [T_1 … T_L] in one row each (one copy apiece), so their squared norms Σ_j G_ij² T_ij, the clipping
-        # of G and the bias sums take one kernel each, whatever the depth
-        widths = [g.shape[1] for g in out_grads]
-        offsets = [0, *itertools.accumulate(widths)]
-        joined = torch.cat(out_grads, dim=1) if len(out_grads) > 1 else out_grads[0]
-        layers = list(zip(inputs, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True))
-        if joined_terms is not None:  # the first layer's columns gathered already; the others' weight shares added
-            if input_terms is not None or conv_constants or joined_terms.shape != joined.shape:
-                raise ValueError(f"joined_terms (without input_terms) must be {tuple(joined.shape)} for a fully "
-                                 "connected network")
-            for index, (a, operator, bias_weight, bias_term) in enumerate(layers[1:], start=1):
-                layer_norm_terms(a, operator, bias_term, bias_weight is not None,
-                                 add_to=joined_terms[:, offsets[index]: offsets[index + 1]])
-        else:
-            terms = [input_terms if index == 0 and input_terms is not None
-                     else layer_norm_terms(a, operator, bias_term, bias_weight is not None)
-                     for index, (a, operator, bias_weight, bias_term) in enumerate(layers)]
-            joined_terms = torch.cat([t.expand_as(g) for t, g in zip(terms, out_grads, strict=True)], dim=1)
+        parts, conv_weight_per_sample = _conv_norm_parts(fwd, conv_grads)
+        joined, joined_terms = _joined_terms(fwd, out_grads, layout, input_terms, joined_terms)
         # Σ_j g_ij² (M a_i² + b)_j per layer: the masked weights' and the bias' shares in one row dot product
         static = row_clips is not None
         if static:  # one batched row dot product: a kernel fewer than the square, product and sum
@@ -379,49 +322,163 @@ def clipped_gradient_sum(model: LeNet, x: Tensor, y: Tensor, clip: float,
         for part in parts[1:]:
             sq_norms = sq_norms + part
         norms = sq_norms.sqrt()
+        convolutional = bool(fwd.conv_constants)
         # 0 for a padding row; 0 for a non-finite record, or NaN in a static step without convolutions, whose clipped
         # rows' NaN are zeroed below (before any sum: the record adds exactly zero)
-        factors = clip_factors(norms, clip, row_clips, zero_non_finite=not static or bool(conv_constants))
+        factors = clip_factors(norms, clip, row_clips, zero_non_finite=not static or convolutional)
         # eager: ask the device once whether anything is non-finite (rare); static (CUDA graphs): no host
         # synchronisation, so every step zeroes non-finite values (a dropped record's g·0 = NaN; its inputs:
         # 0·inf = NaN in the product), which leaves every finite record's contribution unchanged
-        finite = torch.isfinite(norms) if conv_constants or not static else None
+        finite = torch.isfinite(norms) if convolutional or not static else None
         all_finite = not static and bool(finite.all())  # type: ignore[union-attr]
-        sums: dict[str, Tensor] = {}
-        for per_sample, g, (weight_name, bias_name) in zip(conv_weight_per_sample, conv_grads,
-                                                           layout.conv_parameter_names, strict=True):
-            keep = factors  # already 0 for a non-finite record
-            per_sample = per_sample if all_finite else torch.where(
-                finite.view(-1, 1, 1, 1, 1), per_sample, torch.zeros_like(per_sample))  # type: ignore[union-attr]
-            bias_rows = g.sum(dim=(2, 3))
-            bias_rows = bias_rows if all_finite else torch.where(finite[:, None], bias_rows,  # type: ignore[index]
-                                                                 torch.zeros_like(bias_rows))
-            weight_sum, bias_sum = torch.einsum("b,b...->...", keep, per_sample), (bias_rows * keep[:, None]).sum(dim=0)
-            sums[weight_name] = weight_sum if out is None else out.tensors[weight_name].copy_(weight_sum)
-            sums[bias_name] = bias_sum if out is None else out.tensors[bias_name].copy_(bias_sum)
-        scaled_all = joined * factors[:, None]
-        if static:
-            scaled_all = scaled_all.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        elif not all_finite:  # rare: zero the dropped records' rows
-            scaled_all = torch.where(finite[:, None], scaled_all, torch.zeros_like(scaled_all))  # type: ignore[index]
-        all_bias_sums = scaled_all.sum(dim=0) if out is None else torch.sum(scaled_all, dim=0, out=out.fc_biases)
-        bias_sums = all_bias_sums.split(widths)
-        for index, (a, (weight_name, bias_name), pruned, sum_mask) in enumerate(zip(
-                inputs, layout.parameter_names, layout.pruned_masks, layout.sum_masks, strict=True)):
-            scaled = scaled_all[:, offsets[index]: offsets[index + 1]]
-            if static:  # a dropped record's inputs too: 0·inf = NaN in the product
-                if not (index == 0 and finite_records and not conv_constants):  # a record row: finite already
-                    a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
-            elif not all_finite:
-                a = torch.where(finite[:, None], a, torch.zeros_like(a))  # type: ignore[index]
-            if sum_mask is not None:  # only the surviving entries of (c ⊙ G)ᵀ A, then scattered
-                kept = torch.sparse.sampled_addmm(sum_mask, scaled.T.contiguous(), a, beta=0.0).values()
-                weight_sum = a.new_zeros(sum_mask.shape) if out is None else out.tensors[weight_name].zero_()
-                weight_sum.view(-1).index_copy_(0, layout.surviving[weight_name], kept)  # type: ignore[arg-type]
-            else:
-                weight_sum = scaled.T @ a if out is None else torch.mm(scaled.T, a, out=out.tensors[weight_name])
-                if pruned is not None and mask_sums:  # set, not multiplied: a pruned entry is not bounded
-                    weight_sum.masked_fill_(pruned, 0.0)  # by the clipping, and inf·0 would be NaN
-            sums[weight_name] = weight_sum
-            sums[bias_name] = bias_sums[index]
+        sums = _conv_sums(conv_weight_per_sample, conv_grads, layout, factors, finite, all_finite, out)
+        sums.update(_linear_sums(fwd, joined, [g.shape[1] for g in out_grads], layout, factors, finite, all_finite,
+                                 static, finite_records, mask_sums, out))
     return ClippedBatch(sums, norms, None if loss_sum is None else loss_sum.detach())
+
+
+@dataclass
+class _Forward:
+    """A batch's forward pass with the weights as constants: every layer's input and (grad-requiring) output."""
+
+    conv_constants: list[tuple[torch.nn.Conv2d, Tensor, Tensor, Tensor | None]]
+    conv_inputs: list[Tensor]
+    conv_outputs: list[Tensor]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    logits: Tensor
+
+
+def _forward(model: LeNet, x: Tensor, layout: MaskLayout) -> _Forward:
+    # only ∂ℓ/∂z is needed: the weights enter as constants, so autograd records no weight path (the
+    # pruned weights are zero: the ticket's forward pass is the dense one's)
+    constants = [(layer.weight.detach(), layer.bias.detach()) for _, layer in model.layers_in_order()]
+    conv_constants = [(layer, layer.weight.detach(), layer.bias.detach(), mask)
+                      for (_, layer), mask in zip(model.conv_layers_in_order(), layout.conv_masks, strict=True)]
+    fwd = _Forward(conv_constants, [], [], [], [], x)
+    h = x
+    if conv_constants:
+        h = model.images(x)
+        for _, weight, bias, _ in conv_constants:
+            fwd.conv_inputs.append(h)
+            z = F.conv2d(h, weight, bias)
+            if not z.requires_grad:
+                z.requires_grad_(True)
+            fwd.conv_outputs.append(z)
+            h = model.after_conv(z)
+        h = h.flatten(1)
+    for index, (weight, bias) in enumerate(constants):
+        fwd.inputs.append(h)
+        z = F.linear(h, weight, bias)
+        if not z.requires_grad:
+            z.requires_grad_(True)
+        fwd.outputs.append(z)
+        h = model.activation(z) if model.is_activation_after(index) else z
+    fwd.logits = h
+    return fwd
+
+
+def _output_gradients(fwd: _Forward, y: Tensor,
+                      loss_sum: Tensor | None) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """∂(Σ_i ℓ_i)/∂z for every layer's output z: the convolutions' and the linear layers'. With one-hot `y` (no
+    `loss_sum`) the output layer's, ∂(Σ_i CE(z_i, y_i))/∂z_i = softmax(z_i) − y_i, is written directly (no
+    activation follows the output layer)."""
+    h = fwd.logits
+    if loss_sum is None:
+        last = torch.softmax(h.detach(), dim=1).sub_(y)
+        earlier = fwd.conv_outputs + fwd.outputs[:-1]
+        all_grads = (*torch.autograd.grad(h, earlier, grad_outputs=last), last) if earlier else (last,)
+    else:
+        all_grads = torch.autograd.grad(loss_sum, fwd.conv_outputs + fwd.outputs)
+    return all_grads[: len(fwd.conv_outputs)], all_grads[len(fwd.conv_outputs):]
+
+
+def _conv_norm_parts(fwd: _Forward, conv_grads: tuple[Tensor, ...]) -> tuple[list[Tensor], list[Tensor]]:
+    """Each convolution's share of the squared norms (its surviving weights' and its bias'), and its masked
+    per-sample weight gradients."""
+    parts: list[Tensor] = []  # each layer's share of the squared norms, summed by the caller
+    conv_weight_per_sample = []
+    for (layer, _, _, mask), a, g in zip(fwd.conv_constants, fwd.conv_inputs, conv_grads, strict=True):
+        per_sample = conv2d_weight_grads(layer, a, g)
+        if mask is not None:
+            per_sample = per_sample * mask  # the surviving weights' share only
+        conv_weight_per_sample.append(per_sample)
+        parts.append(per_sample.flatten(1).pow(2).sum(dim=1) + g.sum(dim=(2, 3)).pow(2).sum(dim=1))
+    return parts, conv_weight_per_sample
+
+
+def _joined_terms(fwd: _Forward, out_grads: tuple[Tensor, ...], layout: MaskLayout, input_terms: Tensor | None,
+                  joined_terms: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The fully connected layers side by side: their output gradients G = [g_1 … g_L] and norm terms
+    T = [T_1 … T_L] in one row each (one copy apiece), so their squared norms Σ_j G_ij² T_ij, the clipping
+    of G and the bias sums take one kernel each, whatever the depth."""
+    widths = [g.shape[1] for g in out_grads]
+    offsets = [0, *itertools.accumulate(widths)]
+    joined = torch.cat(out_grads, dim=1) if len(out_grads) > 1 else out_grads[0]
+    layers = list(zip(fwd.inputs, layout.norm_masks, layout.bias_weights, layout.bias_terms, strict=True))
+    if joined_terms is not None:  # the first layer's columns gathered already; the others' weight shares added
+        if input_terms is not None or fwd.conv_constants or joined_terms.shape != joined.shape:
+            raise ValueError(f"joined_terms (without input_terms) must be {tuple(joined.shape)} for a fully "
+                             "connected network")
+        for index, (a, operator, bias_weight, bias_term) in enumerate(layers[1:], start=1):
+            layer_norm_terms(a, operator, bias_term, bias_weight is not None,
+                             add_to=joined_terms[:, offsets[index]: offsets[index + 1]])
+    else:
+        terms = [input_terms if index == 0 and input_terms is not None
+                 else layer_norm_terms(a, operator, bias_term, bias_weight is not None)
+                 for index, (a, operator, bias_weight, bias_term) in enumerate(layers)]
+        joined_terms = torch.cat([t.expand_as(g) for t, g in zip(terms, out_grads, strict=True)], dim=1)
+    return joined, joined_terms
+
+
+def _conv_sums(conv_weight_per_sample: list[Tensor], conv_grads: tuple[Tensor, ...], layout: MaskLayout,
+               factors: Tensor, finite: Tensor | None, all_finite: bool, out: SumBuffers | None) -> dict[str, Tensor]:
+    """The convolutions' clipped sums (weights and biases); a non-finite record adds exactly zero."""
+    sums: dict[str, Tensor] = {}
+    for per_sample, g, (weight_name, bias_name) in zip(conv_weight_per_sample, conv_grads,
+                                                       layout.conv_parameter_names, strict=True):
+        keep = factors  # already 0 for a non-finite record
+        per_sample = per_sample if all_finite else torch.where(
+            finite.view(-1, 1, 1, 1, 1), per_sample, torch.zeros_like(per_sample))  # type: ignore[union-attr]
+        bias_rows = g.sum(dim=(2, 3))
+        bias_rows = bias_rows if all_finite else torch.where(finite[:, None], bias_rows,  # type: ignore[index]
+                                                             torch.zeros_like(bias_rows))
+        weight_sum, bias_sum = torch.einsum("b,b...->...", keep, per_sample), (bias_rows * keep[:, None]).sum(dim=0)
+        sums[weight_name] = weight_sum if out is None else out.tensors[weight_name].copy_(weight_sum)
+        sums[bias_name] = bias_sum if out is None else out.tensors[bias_name].copy_(bias_sum)
+    return sums
+
+
+def _linear_sums(fwd: _Forward, joined: Tensor, widths: list[int], layout: MaskLayout, factors: Tensor,
+                 finite: Tensor | None, all_finite: bool, static: bool, finite_records: bool, mask_sums: bool,
+                 out: SumBuffers | None) -> dict[str, Tensor]:
+    """The fully connected layers' clipped sums (c ⊙ G)ᵀ A and bias sums, the pruned coordinates left out."""
+    offsets = [0, *itertools.accumulate(widths)]
+    convolutional = bool(fwd.conv_constants)
+    sums: dict[str, Tensor] = {}
+    scaled_all = joined * factors[:, None]
+    if static:
+        scaled_all = scaled_all.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    elif not all_finite:  # rare: zero the dropped records' rows
+        scaled_all = torch.where(finite[:, None], scaled_all, torch.zeros_like(scaled_all))  # type: ignore[index]
+    all_bias_sums = scaled_all.sum(dim=0) if out is None else torch.sum(scaled_all, dim=0, out=out.fc_biases)
+    bias_sums = all_bias_sums.split(widths)
+    for index, (a, (weight_name, bias_name), pruned, sum_mask) in enumerate(zip(
+            fwd.inputs, layout.parameter_names, layout.pruned_masks, layout.sum_masks, strict=True)):
+        scaled = scaled_all[:, offsets[index]: offsets[index + 1]]
+        if static:  # a dropped record's inputs too: 0·inf = NaN in the product
+            if not (index == 0 and finite_records and not convolutional):  # a record row: finite already
+                a = torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+        elif not all_finite:
+            a = torch.where(finite[:, None], a, torch.zeros_like(a))  # type: ignore[index]
+        if sum_mask is not None:  # only the surviving entries of (c ⊙ G)ᵀ A, then scattered
+            kept = torch.sparse.sampled_addmm(sum_mask, scaled.T.contiguous(), a, beta=0.0).values()
+            weight_sum = a.new_zeros(sum_mask.shape) if out is None else out.tensors[weight_name].zero_()
+            weight_sum.view(-1).index_copy_(0, layout.surviving[weight_name], kept)  # type: ignore[arg-type]
+        else:
+            weight_sum = scaled.T @ a if out is None else torch.mm(scaled.T, a, out=out.tensors[weight_name])
+            if pruned is not None and mask_sums:  # set, not multiplied: a pruned entry is not bounded
+                weight_sum.masked_fill_(pruned, 0.0)  # by the clipping, and inf·0 would be NaN
+        sums[weight_name] = weight_sum
+        sums[bias_name] = bias_sums[index]
+    return sums
