@@ -37,8 +37,8 @@ from dpltm.artefacts.winner import PRIVATE_METHOD
 from dpltm.checkpoint import save_atomic
 from dpltm.config import to_dict
 from dpltm.data.types import DatasetSplits
-from dpltm.dp.noise import NoiseContext, noise_class
-from dpltm.dp.plugins import check_noise_for_network, noise_plugin
+from dpltm.dp.mechanism import NoiseContext
+from dpltm.dp.noise import check_noise_for_network, noise_class, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
 from dpltm.masks import Masks, apply_masks_, density, full_masks, layer_densities, prunable_weights

@@ -1,4 +1,4 @@
-"""Noise plug-ins: one shared suite over every entry of NOISE_MECHANISMS, then what is
+"""Noise plug-ins: one shared suite over every entry of NOISE_PLUGINS, then what is
 specific to differentially private dropout (dpd) and sensitivity-shaped noise (shaped), and
 the CLI end to end.
 
@@ -24,7 +24,8 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp import dpd as dpd_module
 from dpltm.dp.dpd import DropoutNoise, dropout_rates, quantiles
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
-from dpltm.dp.noise import NOISE_MECHANISMS, NoiseContext, dp_event_of, make_noise, noise_class
+from dpltm.dp.mechanism import NoiseContext, dp_event_of
+from dpltm.dp.noise import NOISE_PLUGINS, make_noise, noise_class
 from dpltm.dp.shaped import ShapedNoise, public_sensitivity
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, apply_masks_
@@ -40,7 +41,7 @@ from dpltm.privacy.ledger import NOISES, PrivacyLedger, training_record
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
 
-PLUGINS = sorted(NOISE_MECHANISMS)
+PLUGINS = sorted(NOISE_PLUGINS)
 FEATURES, CLASSES = 12, 5
 
 
@@ -79,12 +80,12 @@ def scale_of(mechanism, name: str, like: torch.Tensor) -> torch.Tensor:  # type:
 
 
 def test_ledger_and_registry_agree() -> None:
-    """One table (dpltm/dp/plugins.py) gives the classes, the CLI's choices and the ledger's vocabulary."""
+    """One table (dpltm/dp/noise.py) gives the classes, the CLI's choices and the ledger's vocabulary."""
     from dpltm import choices
-    from dpltm.dp.plugins import NOISE_PLUGINS
+    from dpltm.dp.noise import NOISE_PLUGINS
 
-    assert set(NOISES) == set(NOISE_MECHANISMS) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
-    for name, cls in NOISE_MECHANISMS.items():
+    assert set(NOISES) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
+    for name, cls in ((name, noise_class(name)) for name in NOISE_PLUGINS):
         assert cls.name == name and NOISE_PLUGINS[name].load() is cls
         for sigma in (0.5, 1.3):  # the torch-free table's σ maps are the class's
             assert NOISE_PLUGINS[name].effective_for(sigma) == cls.effective_for(sigma)
@@ -97,7 +98,7 @@ def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_spl
     from dataclasses import replace
 
     from dpltm.config import resolve_train_config
-    from dpltm.dp import plugins
+    from dpltm.dp import noise as plugins
     from dpltm.stages.train import check_planned_training
 
     cfg = resolve_train_config({"dataset": "digits", "eps2": 1.0, "epochs": 1, "batch_size": 32}, None, "paper")
