@@ -30,9 +30,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dpltm.choices import ThreatModel
 from dpltm.errors import DpltmUserError
 
-THREAT_MODELS = ("white-box", "black-box")
+THREAT_MODELS = tuple(choice.value for choice in ThreatModel)
 #: ‖canary gradient‖ / C before clipping: with clipping on it is cut to C; a broken clip lets it through.
 CANARY_MAGNITUDE_OVER_CLIP = 100.0
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpltm.choices import Split
 from dpltm.data.catalog import DATASET_ENTRIES
 from dpltm.data.sources import Portion
 from dpltm.data.splits import derive_seed, record_split
@@ -33,7 +34,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.paths import resolve_data_dir
 
 DATASETS: tuple[str, ...] = tuple(DATASET_ENTRIES)
-SPLITS: tuple[str, ...] = ("train", "test", "all")
+SPLITS: tuple[str, ...] = tuple(choice.value for choice in Split)
 POOL_TEST_FRACTION = 0.2
 MAX_VAL_FRACTION = 0.5
 # Bump when the split or normalisation rules change, so old fingerprints stop matching.

@@ -12,10 +12,11 @@ import io
 from pathlib import Path
 from typing import Any
 
+from dpltm.choices import Part
 from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input
 
-PARTS = ("test", "val", "train")
+PARTS = tuple(choice.value for choice in Part)
 TRAINING_RECORDS_EXPOSED = ("per-record labels and model outputs of the private training records: not "
                             "differentially private")
 """What `--part train` on the model's own dataset releases. The DP guarantee covers the model, not
