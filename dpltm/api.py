@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.api_checks import (
-    check_accountant,
     check_batch_size,
     check_budget,
     check_budget_left,
@@ -44,16 +43,15 @@ from dpltm.api_checks import (
     check_clip,
     check_count,
     check_data_fits_model,
-    check_delta,
     check_finite,
     check_flag,
     check_mask_values,
     check_model_and_optimizer,
-    check_neighboring,
     check_positive,
     check_seed,
     check_steps,
     check_token_ids,
+    delta_or_target_delta,
     evaluation_mode,
     first_parameter,
     user_path,
@@ -81,6 +79,7 @@ from dpltm.dp.independence import (
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
@@ -469,7 +468,7 @@ def account(*, sample_rate: float, noise_multiplier: float, steps: int, delta: f
     sample_rate = check_positive(sample_rate, "sample_rate")
     noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
     steps = check_count(steps, "steps", minimum=0)
-    delta = check_delta(delta, None)
+    delta = delta_or_target_delta(delta)
     return accountant_epsilon(dpsgd_event(sample_rate, noise_multiplier, steps), delta, check_accountant(accountant))
 
 
@@ -824,7 +823,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
         raise DpltmUserError("this optimizer already belongs to another private run: build a new optimizer for a new "
                              "run (two runs stepping one optimizer would each count only their own steps)")
     target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
-    d = check_delta(delta, target_delta)
+    d = delta_or_target_delta(delta, target_delta)
     clip = check_clip(max_grad_norm)
     epochs = check_count(epochs, "epochs")
     accountant = check_accountant(accountant)

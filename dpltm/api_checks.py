@@ -20,14 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.accountants import accountant_entry
+from dpltm.privacy.accounting import check_delta
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MAX_STEPS, MIN_NOISE_MULTIPLIER
-
-NEIGHBORING_NAMES = {"add_remove": "add_remove", "add-remove": "add_remove", "add/remove": "add_remove",
-                     "replace_one": "replace_one", "replace-one": "replace_one"}
-"""Accepted spellings of the neighbouring relation: add/remove-one (Opacus's and TF Privacy's
-convention, N treated as public) or replace-one (N fixed; a larger ε for the same run)."""
 
 
 def _shown(value: Any) -> str:
@@ -116,18 +111,14 @@ def check_finite(values: Tensor, what: str) -> None:
                                  "them first")
 
 
-def check_delta(delta: Any, target_delta: Any = None) -> float:
-    """δ in (0, 1); `target_delta` is Opacus's name for the same thing (give one, or the same value)."""
+def delta_or_target_delta(delta: Any, target_delta: Any = None) -> float:
+    """δ in (0, 1), 1e-5 if neither is given; `target_delta` is Opacus's name for the same thing (give one, or the
+    same value)."""
     if target_delta is not None:
         if delta is not None and delta != target_delta:
             raise DpltmUserError(f"delta={delta!r} and target_delta={target_delta!r} disagree: give one of them")
         delta = target_delta
-    if delta is None:
-        delta = 1e-5
-    d = check_positive(delta, "delta")
-    if not d < 1.0:
-        raise DpltmUserError(f"delta must lie in (0, 1), got {d:g}")
-    return d
+    return check_delta(1e-5 if delta is None else delta)
 
 
 def check_budget(target_epsilon: Any, noise_multiplier: Any) -> tuple[float | None, float | None]:
@@ -150,18 +141,6 @@ def check_budget(target_epsilon: Any, noise_multiplier: Any) -> tuple[float | No
         raise DpltmUserError(f"noise_multiplier must be at most {MAX_NOISE_MULTIPLIER:g} (the accountants cannot "
                              f"state the tiny ε of more noise), got {sigma:g}")
     return None, sigma
-
-
-def check_accountant(accountant: Any) -> str:
-    """The name of a registered accountant (dpltm.privacy.accountants)."""
-    return accountant_entry(accountant).name
-
-
-def check_neighboring(neighboring: Any) -> str:
-    """'add_remove' (default; N public) or 'replace_one'; hyphens accepted."""
-    if not isinstance(neighboring, str) or neighboring.lower() not in NEIGHBORING_NAMES:
-        raise DpltmUserError(f"neighboring must be 'add_remove' or 'replace_one', got {_shown(neighboring)}")
-    return NEIGHBORING_NAMES[neighboring.lower()]
 
 
 def check_batch_size(batch_size: Any, dataset_size: int) -> int:

@@ -42,18 +42,16 @@ from dpltm.api import (
     user_run_ledger,
 )
 from dpltm.api_checks import (
-    check_accountant,
     check_budget,
     check_budget_left,
     check_clip,
     check_count,
-    check_delta,
     check_flag,
     check_mask_values,
     check_model_and_optimizer,
-    check_neighboring,
     check_positive,
     check_seed,
+    delta_or_target_delta,
 )
 from dpltm.dp.engine import clip_and_sum, trainable_layers
 from dpltm.dp.gaussian import GaussianNoise
@@ -62,6 +60,7 @@ from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.run_log import float32_at_least
@@ -228,7 +227,7 @@ class DPCallback(L.Callback):
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
                  target_delta: float | None = None) -> None:
         self.target_epsilon, self.noise_multiplier = check_budget(target_epsilon, noise_multiplier)
-        self.delta = check_delta(delta, target_delta)
+        self.delta = delta_or_target_delta(delta, target_delta)
         if loss_reduction not in ("mean", "sum"):
             raise DpltmUserError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         masks = check_mask_values(masks)

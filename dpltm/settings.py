@@ -16,7 +16,7 @@ from dpltm.choices import Optimizer, OutputLayer, Rewind
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import ACTIVATIONS, ARCHS
 from dpltm.privacy.accountants import accountant_entry
-from dpltm.privacy.accounting import check_target_epsilon
+from dpltm.privacy.accounting import check_neighboring, check_target_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from dpltm.privacy.exponential import check_eps1
 
@@ -335,10 +335,7 @@ class TrainSettings:
         _require_positive("--patience", self.patience)
         accountant_entry(self.accountant, "--accountant")
         # the CLI's and the API's spellings (replace-one) too, stored in the accountant's (replace_one)
-        object.__setattr__(self, "neighboring", self.neighboring.strip().lower().replace("-", "_"))
-        if self.neighboring not in ("add_remove", "replace_one"):
-            raise DpltmUserError(f"neighboring must be add_remove or replace_one (or add-remove, replace-one), got "
-                                 f"{self.neighboring}")
+        object.__setattr__(self, "neighboring", check_neighboring(self.neighboring))
         if not 0.0 <= self.momentum < 1.0:
             raise DpltmUserError(f"--momentum must lie in [0, 1), got {self.momentum:g}")
         if self.momentum and self.optimizer != "sgd":

@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import math
+import numbers
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -75,18 +76,28 @@ def check_accountant(accountant: object, option: str = "accountant") -> str:
     return accountant_entry(accountant, option).name
 
 
-def check_neighboring(neighboring: str) -> str:
-    if neighboring not in NEIGHBORING:
-        raise DpltmUserError(
-            f"unknown neighbouring relation {neighboring!r}; choose one of {NEIGHBORING}"
-        )
-    return neighboring
+NEIGHBORING_NAMES = {"add_remove": "add_remove", "add-remove": "add_remove", "add/remove": "add_remove",
+                     "replace_one": "replace_one", "replace-one": "replace_one"}
+"""Accepted spellings of the neighbouring relation: add/remove-one (Opacus's and TF Privacy's convention, N
+treated as public) or replace-one (N fixed; a larger ε for the same run)."""
 
 
-def check_delta(delta: float) -> float:
+def check_neighboring(neighboring: object, name: str = "neighboring") -> str:
+    """The relation in the accountants' spelling (`NEIGHBORING`), from any accepted one, or one line."""
+    key = neighboring.strip().lower() if isinstance(neighboring, str) else None
+    if key not in NEIGHBORING_NAMES:
+        shown = repr(neighboring) if isinstance(neighboring, str) else type(neighboring).__name__
+        raise DpltmUserError(f"{name} must be 'add_remove' or 'replace_one', got {shown}")
+    return NEIGHBORING_NAMES[key]  # type: ignore[index]
+
+
+def check_delta(delta: object, name: str = "delta") -> float:
+    """δ as a float in (0, 1), or one line naming `name`."""
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
+        raise DpltmUserError(f"{name} must be a number, got {type(delta).__name__}")
     d = float(delta)
-    if not (0.0 < d < 1.0):
-        raise DpltmUserError(f"delta must lie strictly between 0 and 1, got {delta}")
+    if not 0.0 < d < 1.0:  # NaN too
+        raise DpltmUserError(f"{name} must lie in (0, 1), got {d:g}")
     return d
 
 

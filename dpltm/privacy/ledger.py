@@ -39,6 +39,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.privacy.accounting import (
     BASIC_COMPOSITION,
+    NEIGHBORING,
     NEIGHBORING_LABELS,
     RDP_COMPOSITION,
     TRAINING_ONLY,
@@ -46,7 +47,6 @@ from dpltm.privacy.accounting import (
     best_bound,
     check_accountant,
     check_delta,
-    check_neighboring,
     composition_bounds,
 )
 from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma, round_up
@@ -167,7 +167,8 @@ class PrivacyLedger:
                 or self.selection_draws < 1:
             raise DpltmUserError(f"selection_draws must be a positive integer, got {self.selection_draws!r}")
         object.__setattr__(self, "delta", check_delta(self.delta))
-        check_neighboring(self.neighboring)
+        if self.neighboring not in NEIGHBORING:  # stored in the accountants' spelling only
+            raise DpltmUserError(f"neighboring must be one of {NEIGHBORING}, got {self.neighboring!r}")
         check_accountant(self.accountant)
         if self.noise not in NOISES:
             raise DpltmUserError(f"noise must be one of {NOISES}, got {self.noise!r}")

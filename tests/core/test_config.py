@@ -390,7 +390,7 @@ def test_a_config_file_takes_the_neighbouring_relation_as_the_flag_does() -> Non
 
     assert TrainSettings(neighboring="replace-one").neighboring == "replace_one"
     assert TrainSettings(neighboring="ADD-REMOVE").neighboring == "add_remove"
-    with pytest.raises(DpltmUserError, match="neighboring must be add_remove or replace_one"):
+    with pytest.raises(DpltmUserError, match="neighboring must be 'add_remove' or 'replace_one'"):
         TrainSettings(neighboring="replace-two")
 
 
