@@ -12,9 +12,9 @@ statements say is computed from them. The file layer (dpltm.checkpoint: atomic w
 checks, `load_ticket_set`, `load_winner`, `load_trained_model`) sits above these modules.
 """
 
-from dpltm.artefacts.ticket_set import Ticket, TicketSet
+from dpltm.artefacts.ticket_set import ImpRound, TicketSet
 from dpltm.artefacts.trained_model import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
 from dpltm.artefacts.winner import Winner
 
-__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "Outcome", "PrivacyRecord", "Ticket", "TicketSet", "TrainedModel",
+__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "ImpRound", "Outcome", "PrivacyRecord", "TicketSet", "TrainedModel",
            "Winner"]

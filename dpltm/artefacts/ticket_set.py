@@ -73,8 +73,9 @@ def parse_event(record: Any, where: str, path: Path | str, kind: str) -> DpEvent
 
 
 @dataclass(frozen=True)
-class Ticket:
-    """One round of IMP: its mask, density C, validation accuracy A and training loss curve."""
+class ImpRound:
+    """One round of IMP as a ticket set stores it (a ticket: its mask, density C, validation accuracy A and training
+    loss curve); the API's `dpltm.Ticket` is the user's object, with θ0 and the public records' hashes."""
 
     round: int
     masks: dict[str, torch.Tensor]
@@ -105,8 +106,8 @@ class Ticket:
         return out
 
     @classmethod
-    def from_dict(cls, record: Any, index: int, path: Path | str) -> Ticket:
-        """Ticket `index` of a set, its fields' types checked (its tensors are checked by the set)."""
+    def from_dict(cls, record: Any, index: int, path: Path | str) -> ImpRound:
+        """Round `index` of a ticket set, its fields' types checked (its tensors are checked by the set)."""
         where = f"tickets[{index}]."
         if not isinstance(record, Mapping):
             raise _damaged(path, f"ticket {index} is not a record")
@@ -181,7 +182,7 @@ class TicketSet:
 
     architecture: dict[str, Any]
     theta0: dict[str, torch.Tensor]
-    tickets: tuple[Ticket, ...]
+    tickets: tuple[ImpRound, ...]
     data: dict[str, Any]
     """The data the tickets were made on (`DatasetSplits.ticket_set_summary`), with its fingerprint."""
     config: dict[str, Any]
@@ -288,7 +289,7 @@ class TicketSet:
         seed = _typed(body, "seed", (int,), "", path)
         if not records:  # generate writes the file after its first round, never before
             raise _damaged(path, "it holds no tickets")
-        tickets = tuple(Ticket.from_dict(r, i, path) for i, r in enumerate(records))
+        tickets = tuple(ImpRound.from_dict(r, i, path) for i, r in enumerate(records))
         check_unknown(body, (*HEADER_KEYS, *TICKET_SET_KEYS), "", path, KIND)
         optional = {key: _typed(body, key, types, "", path, optional=True)
                     for key, types in (("dpltm_version", (str,)), ("config_hash", (str,)),
