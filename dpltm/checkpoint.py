@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from dpltm.checkpoint_format import FORMAT_VERSION, KINDS, OLDEST_READABLE, current_parameter_names, refusal
+from dpltm.artefacts.format import FORMAT_VERSION, KINDS, OLDEST_READABLE, current_parameter_names, refusal
 from dpltm.errors import USER_ERRNOS, DpltmUserError, os_error_behind
 from dpltm.paths import check_not_input, check_path_length
 

@@ -225,7 +225,7 @@ def read_metadata(path: Path) -> dict[str, str]:
         raise DpltmUserError(f"{path} is not a readable safetensors file ({str(exc).splitlines()[0][:120]})") from None
     if metadata.get("format") != FORMAT:
         raise DpltmUserError(f"{path} is a safetensors file but not a dpltm export (no format {FORMAT})")
-    from dpltm.checkpoint_body import check_export_metadata
+    from dpltm.artefacts.format import check_export_metadata
 
     check_export_metadata(metadata, path)
     return privacy_from_ledger(metadata, path)
@@ -274,7 +274,7 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
     """The model of a dpltm export; `metadata`: what `read_metadata(path)` already returned."""
     from safetensors.torch import load_file
 
-    from dpltm.checkpoint_format import current_parameter_names
+    from dpltm.artefacts.format import current_parameter_names
     from dpltm.masks import pruned_but_not_zero, split_stored_state
     from dpltm.networks.lenet import Architecture, build_network
 

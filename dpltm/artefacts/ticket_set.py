@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.fields import (
+from dpltm.artefacts.format import (
+    FORMAT_VERSION,
     HEADER_KEYS,
     check_header,
     check_unknown,
@@ -25,7 +26,6 @@ from dpltm.artefacts.fields import (
     number_list,
     typed,
 )
-from dpltm.checkpoint_format import FORMAT_VERSION
 
 if TYPE_CHECKING:
     import torch
@@ -130,8 +130,8 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
                   path: Path | str) -> None:
     """Public-trained weights checked as θ0 is (its keys, shapes, floating dtypes), and zero where the mask
     prunes: a ticket's weights that act where its mask prunes would not be that ticket."""
+    from dpltm.artefacts.format import check_tensors
     from dpltm.artefacts.networks import reference_theta0
-    from dpltm.checkpoint_body import check_tensors
     from dpltm.masks import pruned_but_not_zero
 
     check_tensors(weights, reference_theta0(arch), where, kind, path, check_dtype=True)
@@ -143,7 +143,7 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
 def check_rewind_point(point: Mapping[str, Any], reference: Mapping[str, Any], where: str, kind: str,
                        path: Path | str) -> int:
     """A late-rewinding point, {"step": K ≥ 1, "weights": θ_K with θ0's keys, shapes and floating dtypes}; its K."""
-    from dpltm.checkpoint_body import check_tensors
+    from dpltm.artefacts.format import check_tensors
 
     check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
     step = typed(point, "step", (int,), f"{where}.", path, kind)
@@ -273,8 +273,8 @@ class TicketSet:
         """A ticket set's body, checked: header and version, every field's type, an architecture that
         builds a network, θ0 and every mask fitting it, a phase-1 DpEvent that parses. One-line errors
         name the file and the field."""
+        from dpltm.artefacts.format import architecture_of, check_tensors
         from dpltm.artefacts.networks import reference_masks, reference_theta0
-        from dpltm.checkpoint_body import architecture_of, check_tensors
 
         body = check_header(body, KIND, path)
         data = _typed(body, "data", (dict,), "", path)

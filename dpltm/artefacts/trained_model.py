@@ -22,8 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.fields import check_header, damaged, json_number, typed
-from dpltm.checkpoint_format import FORMAT_VERSION
+from dpltm.artefacts.format import FORMAT_VERSION, check_header, damaged, json_number, typed
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 
@@ -338,7 +337,7 @@ class TrainedModel:
         """A model checkpoint's body, checked: header and version, every field's type, an architecture
         that builds a network, weights that fit it, a ledger that parses. One-line errors name the file
         and the field."""
-        from dpltm.checkpoint_body import architecture_of, check_tensors
+        from dpltm.artefacts.format import architecture_of, check_tensors
 
         body = check_header(body, KIND, path)
         extra = sorted(set(body) - {"format", "kind", "format_version", "environment", *MODEL_KEYS})

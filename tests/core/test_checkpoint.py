@@ -33,8 +33,8 @@ def test_round_trip(tmp_path: Path) -> None:
 
 def test_files_from_before_the_plain_modules_load_under_todays_names(tmp_path: Path) -> None:
     """θ0 keys of the old `layers` dict (layers.hidden_0.weight) are read as today's (hidden.0.weight)."""
+    from dpltm.artefacts.format import current_parameter_names
     from dpltm.checkpoint import load_ticket_set
-    from dpltm.checkpoint_format import current_parameter_names
 
     assert current_parameter_names({"layers.hidden_0.weight": 1, "layers.conv_1.bias": 2, "layers.project.weight": 3,
                                     "layers.output.bias": 4, "mask_hidden_0_weight": 5, "hidden.1.bias": 6}) == {
