@@ -35,9 +35,9 @@ from torch import nn
 from dpltm.data.types import LabeledTensors
 from dpltm.devices import resolve_device
 from dpltm.dp.engine import clipped_gradient_sum_of
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.ghost import MaskLayout, first_layer_input_terms
 from dpltm.dp.graphed import StaticShapeDpStep
-from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.step import apply_gradients, noisy_mean, private_gradients
 from dpltm.masks import Masks, PrunedWeights, apply_masks_, density

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from bench_dp_step import interleaved, timed
 
 from dpltm.devices import resolve_device
-from dpltm.dp.noise import GaussianNoise
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.step import apply_gradients, private_gradients, step_layout
 from dpltm.masks import PrunedWeights, apply_masks_, full_masks, prunable_weights
 from dpltm.networks.lenet import build_architecture, build_network

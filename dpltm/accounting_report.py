@@ -1,6 +1,6 @@
 """`dpltm account`: ε of DP-SGD by every accountant, side by side, or σ for a target ε.
 
-`--noise` names the plug-in whose parameter `--sigma` is (dpltm/dp/plugins.py):
+`--noise` names the plug-in whose parameter `--sigma` is (dpltm/dp/noise.py):
 the sound accountants always see its effective add/remove multiplier (for `dpd`, 2σ). For
 `dpd` one more row shows what the DPD paper's own zCDP accounting would claim
 (dpltm.privacy.comparisons), labelled as a comparison: it is never a bound.
@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dpltm.dp.plugins import noise_plugin
+from dpltm.dp.noise import noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.privacy.accounting import (

@@ -70,6 +70,7 @@ from dpltm.dp.engine import (
     table_rows,
     trainable_layers,
 )
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import (
     check_gradients_reach_their_layers,
     check_loss_per_sample,
@@ -77,7 +78,6 @@ from dpltm.dp.independence import (
     module_modes,
     probe_rows,
 )
-from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError

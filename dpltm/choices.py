@@ -11,7 +11,7 @@ from enum import Enum
 
 from dpltm.architectures import ARCHITECTURES
 from dpltm.data.catalog import DATASET_ENTRIES
-from dpltm.dp.plugins import NOISE_PLUGINS
+from dpltm.dp.noise import NOISE_PLUGINS
 from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.selection.rules import SELECTION_RULES
 
@@ -67,7 +67,7 @@ class Optimizer(Choice):
 
 
 Noise = Choice("Noise", {name.replace("-", "_"): name for name in NOISE_PLUGINS})  # type: ignore[misc]
-"""`--noise`: the plug-ins of dpltm/dp/plugins.py."""
+"""`--noise`: the plug-ins of dpltm/dp/noise.py."""
 
 
 Accountant = Choice("Accountant", {name: name for name in ACCOUNTANTS})  # type: ignore[misc]

@@ -56,8 +56,8 @@ from dpltm.api_checks import (
     check_seed,
 )
 from dpltm.dp.engine import clip_and_sum, trainable_layers
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
-from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean

@@ -60,7 +60,7 @@ def test_scatter_features_are_the_same_on_each_device(device: str) -> None:
 def test_dp_training_of_a_masked_scatter_head_keeps_pruned_weights_zero(device: str, tmp_path: Path) -> None:
     """The CLI's DP training over cached features (norm tables on), on the device the data lives on:
     pruned head weights stay exactly zero and the trained head separates the classes of its records."""
-    from dpltm.dp.noise import NoiseContext
+    from dpltm.dp.mechanism import NoiseContext
     from dpltm.feature_cache import network_inputs
     from dpltm.settings import TrainSettings
     from dpltm.training.plan import plan_training

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise
-from dpltm.dp.plugins import NOISE_PLUGINS
+from dpltm.dp.noise import NOISE_PLUGINS
 from dpltm.masks import Masks
 from dpltm.networks.lenet import LeNet
 from dpltm.privacy.display import format_sigma

@@ -51,8 +51,7 @@ from dpltm.dp.ghost import (
     clipped_gradient_sum,
     first_layer_input_terms,
 )
-from dpltm.dp.mechanism import ScaledGaussianNoise
-from dpltm.dp.noise import NoiseMechanism
+from dpltm.dp.mechanism import NoiseMechanism, ScaledGaussianNoise
 from dpltm.dp.padding import load_chunk, ones_then_zeros
 from dpltm.dp.step import noisy_mean
 from dpltm.masks import Masks

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from dpltm.dp.engine import RecordTable, clipped_gradient_sum_of, record_norm_tables, table_rows
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
-from dpltm.dp.noise import NoiseMechanism
+from dpltm.dp.mechanism import NoiseMechanism
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, full_masks
 from dpltm.networks.lenet import LeNet

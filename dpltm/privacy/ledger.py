@@ -34,7 +34,7 @@ from dp_accounting import (  # type: ignore[import-untyped]
     NoOpDpEvent,
 )
 
-from dpltm.dp.plugins import NOISE_PLUGINS
+from dpltm.dp.noise import NOISE_PLUGINS
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.privacy.accounting import (
@@ -61,7 +61,7 @@ from dpltm.privacy.events import (
 FORMAT_VERSION = 1
 PHASE1_MODES = ("public", "same-data", "private", "none")
 NOISES = tuple(NOISE_PLUGINS)
-"""Noise plug-ins a ledger may name (dpltm/dp/plugins.py). Each reduces exactly to the
+"""Noise plug-ins a ledger may name (dpltm/dp/noise.py). Each reduces exactly to the
 Poisson-subsampled Gaussian mechanism with the *effective* multiplier that `training` records as
 sigma, so the accounting does not depend on which one ran."""
 _NOISE_TEXT = {name: plugin.statement for name, plugin in NOISE_PLUGINS.items()}

@@ -6,7 +6,7 @@ winner file records its name as `selection.method`, its privacy event is derived
 declares (`SelectionRule.event`), and the training ledger reads the same capabilities back from that name
 (dpltm.training.pipeline.ticket_origin), so the winner file and the ledger cannot disagree. The shared
 suite in tests/selection/test_selection_rules.py runs every entry. This module imports nothing heavy (no torch, no
-numpy), like dpltm.dp.plugins, so a front end may list the rules cheaply; a rule's function is imported
+numpy), like dpltm.dp.noise, so a front end may list the rules cheaply; a rule's function is imported
 when it is used.
 """
 

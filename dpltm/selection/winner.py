@@ -119,7 +119,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
     from dpltm.config import fixed_dimensions, resolve_train_config
     from dpltm.console import err_console
     from dpltm.devices import resolve_device
-    from dpltm.dp.plugins import noise_plugin
+    from dpltm.dp.noise import noise_plugin
     from dpltm.progress import step_bar
     from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice, rung_steps
     from dpltm.tickets.data import reload_ticket_data

@@ -11,7 +11,7 @@ from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Activation, Dataset, OutputLayer, Recipe, Split, Strategy
 from dpltm.console import err_console, on_interrupt_kept
-from dpltm.dp.plugins import NOISE_PLUGINS, noise_plugin
+from dpltm.dp.noise import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.options import option
 from dpltm.privacy.display import format_rate, format_sigma

@@ -24,8 +24,8 @@ from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.distributed import Distribution, is_main_process
-from dpltm.dp.noise import NoiseContext
-from dpltm.dp.plugins import NOISE_PLUGINS, check_noise_for_network, noise_plugin
+from dpltm.dp.mechanism import NoiseContext
+from dpltm.dp.noise import NOISE_PLUGINS, check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
 from dpltm.masks import Masks, density, freeze_layers_, full_masks, stored_state

@@ -34,7 +34,8 @@ from dpltm.dp.averaging import Ema, make_averager, released_model, released_weig
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
 from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.graphed import StaticShapeDpStep
-from dpltm.dp.noise import NoiseContext, NoiseMechanism, make_noise
+from dpltm.dp.mechanism import NoiseContext, NoiseMechanism
+from dpltm.dp.noise import make_noise
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import RecordTerms, apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch

@@ -13,7 +13,7 @@ from torch import nn
 
 import dpltm
 from dpltm.dp.engine import clipped_gradient_sum_of
-from dpltm.dp.noise import GaussianNoise
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.errors import DpltmUserError
 from dpltm.lightning import poisson_loader
 from tests.apidata import blobs, mlp

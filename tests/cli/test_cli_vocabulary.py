@@ -18,7 +18,7 @@ def test_enums_match_the_registries() -> None:
     from dpltm.audit.canaries import THREAT_MODELS
     from dpltm.data.loaders import DATASETS, SPLITS
     from dpltm.dp.distributed import STRATEGIES
-    from dpltm.dp.noise import NOISE_MECHANISMS
+    from dpltm.dp.noise import NOISE_PLUGINS
     from dpltm.networks.lenet import ACTIVATIONS, ARCHS
     from dpltm.run_log import LOGGERS
     from dpltm.selection.rules import SELECTION_RULES
@@ -26,7 +26,7 @@ def test_enums_match_the_registries() -> None:
     from dpltm.stages.predict import PARTS
 
     pairs = [(choices.Dataset, DATASETS), (choices.Split, SPLITS), (choices.Activation, ACTIVATIONS),
-             (choices.Arch, ARCHS), (choices.Optimizer, OPTIMIZERS), (choices.Noise, NOISE_MECHANISMS),
+             (choices.Arch, ARCHS), (choices.Optimizer, OPTIMIZERS), (choices.Noise, NOISE_PLUGINS),
              (choices.Rewind, REWIND_POINTS), (choices.Strategy, STRATEGIES), (choices.Accountant, ("pld", "rdp")),
              (choices.Logger, LOGGERS), (choices.Part, PARTS), (choices.ThreatModel, THREAT_MODELS),
              (choices.SelectionRuleName, SELECTION_RULES),

@@ -24,8 +24,8 @@ import torch.multiprocessing as mp
 from scipy import stats
 
 from dpltm.dp.distributed import Distribution, all_reduce_sum, check_launch, rank_sampling_seed, shard
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
-from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches
 from dpltm.dp.step import private_gradients
 from dpltm.errors import DpltmUserError

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
-from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import PoissonBatches, poisson_sample
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.masks import Masks, PrunedWeights, apply_masks_

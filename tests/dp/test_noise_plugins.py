@@ -1,4 +1,4 @@
-"""Noise plug-ins: one shared suite over every entry of NOISE_MECHANISMS, then what is
+"""Noise plug-ins: one shared suite over every entry of NOISE_PLUGINS, then what is
 specific to differentially private dropout (dpd) and sensitivity-shaped noise (shaped), and
 the CLI end to end.
 
@@ -24,7 +24,8 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp import dpd as dpd_module
 from dpltm.dp.dpd import DropoutNoise, dropout_rates, quantiles
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
-from dpltm.dp.noise import NOISE_MECHANISMS, NoiseContext, dp_event_of, make_noise, noise_class
+from dpltm.dp.mechanism import NoiseContext, dp_event_of
+from dpltm.dp.noise import NOISE_PLUGINS, make_noise, noise_plugin
 from dpltm.dp.shaped import ShapedNoise, public_sensitivity
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, apply_masks_
@@ -40,7 +41,7 @@ from dpltm.privacy.ledger import NOISES, PrivacyLedger, training_record
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from tests.datafiles import write_mnist
 
-PLUGINS = sorted(NOISE_MECHANISMS)
+PLUGINS = sorted(NOISE_PLUGINS)
 FEATURES, CLASSES = 12, 5
 
 
@@ -79,16 +80,12 @@ def scale_of(mechanism, name: str, like: torch.Tensor) -> torch.Tensor:  # type:
 
 
 def test_ledger_and_registry_agree() -> None:
-    """One table (dpltm/dp/plugins.py) gives the classes, the CLI's choices and the ledger's vocabulary."""
+    """One table (dpltm/dp/noise.py) gives the classes, the CLI's choices and the ledger's vocabulary."""
     from dpltm import choices
-    from dpltm.dp.plugins import NOISE_PLUGINS
 
-    assert set(NOISES) == set(NOISE_MECHANISMS) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
-    for name, cls in NOISE_MECHANISMS.items():
-        assert cls.name == name and NOISE_PLUGINS[name].load() is cls
-        for sigma in (0.5, 1.3):  # the torch-free table's σ maps are the class's
-            assert NOISE_PLUGINS[name].effective_for(sigma) == cls.effective_for(sigma)
-            assert NOISE_PLUGINS[name].parameter_for(sigma) == cls.parameter_for(sigma)
+    assert set(NOISES) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
+    for name, plugin in NOISE_PLUGINS.items():
+        assert plugin.load().name == name
 
 
 def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_splits) -> None:  # type: ignore[no-untyped-def]
@@ -97,7 +94,7 @@ def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_spl
     from dataclasses import replace
 
     from dpltm.config import resolve_train_config
-    from dpltm.dp import plugins
+    from dpltm.dp import noise as plugins
     from dpltm.stages.train import check_planned_training
 
     cfg = resolve_train_config({"dataset": "digits", "eps2": 1.0, "epochs": 1, "batch_size": 32}, None, "paper")
@@ -116,7 +113,7 @@ def test_noise_scale_and_masking_on_zero_gradients(name: str) -> None:
     model, masks = pruned_model()
     clip, parameter = 0.8, 1.3
     mechanism = make_noise(name, parameter, context(model, masks, clip))
-    effective = noise_class(name).effective_for(parameter)
+    effective = noise_plugin(name).effective_for(parameter)
     assert mechanism.effective_noise_multiplier == pytest.approx(effective)
     layout = MaskLayout.of(model, masks, torch.float64, mechanism.coordinate_scales())
     zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
@@ -163,14 +160,14 @@ def test_accountant_sees_the_effective_multiplier(name: str, accountant: str) ->
     """(d) dp_event_of(mech) has the same ε as the plain DP-SGD event at σ_eff."""
     mechanism = make_noise(name, 1.1, context(*pruned_model()))
     q, steps, delta = 0.02, 150, 1e-5
-    expected = epsilon(dpsgd_event(q, noise_class(name).effective_for(1.1), steps), delta, accountant)
+    expected = epsilon(dpsgd_event(q, noise_plugin(name).effective_for(1.1), steps), delta, accountant)
     assert epsilon(dp_event_of(mechanism, q, steps), delta, accountant) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", PLUGINS)
 def test_parameter_and_effective_round_trip(name: str) -> None:
     """(e) parameter_for ∘ effective_for = id, both ways, and the built plug-in agrees."""
-    cls = noise_class(name)
+    cls = noise_plugin(name)
     for value in (0.0, 0.37, 1.0, 2.49, 10.43):
         assert cls.parameter_for(cls.effective_for(value)) == pytest.approx(value, rel=1e-15, abs=0)
         assert cls.effective_for(cls.parameter_for(value)) == pytest.approx(value, rel=1e-15, abs=0)
@@ -261,7 +258,7 @@ def test_dpd_privacy_md_section_4_figures() -> None:
     T = E/ν = 20000 iterations, δ = 1e-4. Under add/remove the multiplier is 2σ = 6.46.
     """
     q, steps, delta, sigma = 600 / 60000, 200 * 60000 // 600, 1e-4, 3.23
-    event = dpsgd_event(q, DropoutNoise.effective_for(sigma), steps)
+    event = dpsgd_event(q, noise_plugin("dpd").effective_for(sigma), steps)
     assert round(epsilon(event, delta, "pld"), 2) == 0.67
     assert round(epsilon(event, delta, "rdp"), 2) == 0.75
     assert epsilon(event, delta, "pld") > 0.5  # the paper's figure understates ε

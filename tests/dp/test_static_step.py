@@ -12,11 +12,14 @@ from scipy import stats
 from dpltm.data.batches import BlocksOfIndices, ShuffledBatches
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.dp.averaging import Ema, make_averager, update_average
+from dpltm.dp.dpd import DropoutNoise
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
-from dpltm.dp.noise import DropoutNoise, GaussianNoise, NoiseContext, ShapedNoise, add_gaussian
+from dpltm.dp.mechanism import NoiseContext, add_gaussian
 from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
+from dpltm.dp.shaped import ShapedNoise
 from dpltm.dp.step import apply_gradients, private_gradients
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, apply_masks_

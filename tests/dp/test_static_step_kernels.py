@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dpltm.data.types import LabeledTensors
+from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
-from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.padding import batch_capacity, load_chunk
 from dpltm.masks import Masks, PrunedWeights, apply_masks_
 from dpltm.networks.lenet import LeNet, build_architecture

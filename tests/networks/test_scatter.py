@@ -141,7 +141,7 @@ def test_dp_training_of_a_masked_head_reads_the_norm_tables_and_trains_as_withou
     """The CLI's DP training of a masked head over cached features takes its norms from the per-record
     tables (the head is fed the records themselves), and trains exactly as the per-batch norm does."""
     import dpltm.training.private as private_training
-    from dpltm.dp.noise import NoiseContext
+    from dpltm.dp.mechanism import NoiseContext
     from dpltm.settings import TrainSettings
     from dpltm.training.plan import plan_training
     from dpltm.training.private import run_private

@@ -12,7 +12,7 @@ import torch
 
 import dpltm.training.private as private_training
 from dpltm.data.types import DatasetSplits
-from dpltm.dp.noise import NoiseContext
+from dpltm.dp.mechanism import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, apply_masks_
 from dpltm.networks.lenet import LeNet, build_architecture
