@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -24,8 +28,8 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp import dpd as dpd_module
 from dpltm.dp.dpd import DropoutNoise, dropout_rates, quantiles
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
-from dpltm.dp.mechanism import NoiseContext, dp_event_of
-from dpltm.dp.noise import NOISE_PLUGINS, make_noise, noise_plugin
+from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise, dp_event_of
+from dpltm.dp.noise import NOISE_PLUGINS, NoisePlugin, make_noise, noise_plugin
 from dpltm.dp.shaped import ShapedNoise, public_sensitivity
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, apply_masks_
@@ -86,6 +90,33 @@ def test_ledger_and_registry_agree() -> None:
     assert set(NOISES) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
     for name, plugin in NOISE_PLUGINS.items():
         assert plugin.load().name == name
+
+
+def test_one_module_and_one_line_make_a_mechanism(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mechanism is a module with its class and one `NoisePlugin` line: make_noise builds it, and its σ maps
+    (what the planners and `dpltm account` read) come from that line and agree with the built mechanism."""
+
+    @dataclass(frozen=True)
+    class HalfNoise(ScaledGaussianNoise):
+        sigma: float
+        name: ClassVar[str] = "half"
+        PER_PARAMETER: ClassVar[float] = 0.5
+
+        @classmethod
+        def build(cls, parameter: float, context: NoiseContext | None = None) -> HalfNoise:
+            return cls(float(parameter))
+
+        def description(self) -> str:
+            return f"half noise, σ = {self.sigma}"
+
+    module = types.ModuleType("tests_fake_noise")
+    module.HalfNoise = HalfNoise  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(NOISE_PLUGINS, "half", NoisePlugin("half", f"{module.__name__}:HalfNoise", "half noise",
+                                                           per_parameter=0.5))
+    built = make_noise("half", 3.0)
+    assert isinstance(built, HalfNoise) and built.effective_noise_multiplier == noise_plugin("half").effective_for(3.0)
+    assert noise_plugin("half").parameter_for(1.5) == 3.0 and built.noise_std(2.0) == 3.0
 
 
 def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_splits) -> None:  # type: ignore[no-untyped-def]
