@@ -86,7 +86,7 @@ from dpltm.privacy.exponential import sample_exponential, score_sensitivity, tic
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_records import DatasetRecords, Records, TensorRecords, training_records
-from dpltm.pruning import prune_layerwise, pruned_count
+from dpltm.pruning import paper_prune_rates, prune_layerwise, pruned_count
 from dpltm.settings import MAX_LR, MAX_ROUNDS, TrainSettings
 from dpltm.training.plan import TrainPlan, plan_training
 
@@ -338,7 +338,8 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     if not prunable_weights(model):
         raise DpltmUserError("the model has no weight a ticket can prune (trainable weight matrices or kernels of "
                              "nn.Linear, nn.Conv*, …; biases and normalisation scales are never pruned)")
-    check_rounds_leave_weights(prunable_weights(model), rounds, prune_rate, output_prune_rate)
+    rates = paper_prune_rates(list(prunable_weights(model)), prune_rate, output_prune_rate)
+    check_rounds_leave_weights(prunable_weights(model), rounds, rates)
     stepped = privately_stepped(model)
     if stepped:
         raise DpltmUserError(f"generate_tickets takes the model's current weights as θ0, and these took {stepped} DP "
@@ -363,10 +364,8 @@ def generate_tickets(model: nn.Module, train: Data, *, val: Data | None = None, 
     if val is not None:
         seen.append(_record_keys(*as_tensors(val, "cpu")))
     public_records = np.unique(np.concatenate(seen))
-    names = list(prunable_weights(model))
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     masks: Masks = {n: torch.ones_like(w, dtype=torch.bool) for n, w in prunable_weights(model).items()}
-    rates = {n: (output_prune_rate if i == len(names) - 1 else prune_rate) for i, n in enumerate(names)}
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rounds_made = []
     start = theta0  # θ_K from the first round's step K on, with late rewinding
@@ -417,13 +416,10 @@ def _row_by_row(loss: Callable[[Tensor, Tensor], Tensor]) -> Loss:
     return per_row
 
 
-def check_rounds_leave_weights(weights: Mapping[str, Tensor], rounds: int, prune_rate: float,
-                               output_prune_rate: float) -> None:
+def check_rounds_leave_weights(weights: Mapping[str, Tensor], rounds: int, rates: Mapping[str, float]) -> None:
     """Refused before any training: `rounds` that would prune every weight of a layer (counted as prune_layerwise
     prunes), which leaves a network that cannot compute and a ticket `select_ticket` refuses."""
-    names = list(weights)
-    for index, name in enumerate(names):
-        rate = output_prune_rate if index == len(names) - 1 else prune_rate
+    for name, rate in rates.items():
         survivors = weights[name].numel()
         for k in range(1, rounds + 1):
             survivors -= pruned_count(survivors, rate)

@@ -132,7 +132,8 @@ def add_gaussian(total: Tensor, surviving: Tensor | None, std: float, generator:
 class ScaledGaussianNoise:
     """Shared body of the plug-ins that add Gaussian noise of std `PER_PARAMETER`·σ·C·s.
 
-    A subclass sets `PER_PARAMETER` (noise std per unit of its own σ, in units of C) and, if it
+    A subclass sets `PER_PARAMETER` (noise std per unit of its own σ, in units of C: its registry line's
+    `per_parameter`, dpltm.dp.noise) and, if it
     shapes the noise, `coordinate_scales`. With per-sample clipping to C (in ‖g/s‖ when scaled)
     the add/remove sensitivity of the clipped sum is C, so the effective multiplier — noise std
     over sensitivity, what the accountant sees (Abadi et al. 2016; Mironov et al. 2019) — is
@@ -141,14 +142,6 @@ class ScaledGaussianNoise:
 
     sigma: float
     PER_PARAMETER: ClassVar[float] = 1.0
-
-    @classmethod
-    def parameter_for(cls, effective: float) -> float:
-        return effective / cls.PER_PARAMETER
-
-    @classmethod
-    def effective_for(cls, parameter: float) -> float:
-        return cls.PER_PARAMETER * parameter
 
     @property
     def parameter(self) -> float:

@@ -1,11 +1,12 @@
-"""The noise plug-ins dpltm offers, what each can do, and how one is built: the one registry every front end reads.
+"""The noise mechanisms dpltm offers and what each can do: the one registry every front end reads.
 
-Adding a noise mechanism: one module with a class satisfying `NoiseMechanism` (dpltm/dp/mechanism.py; like
-dpltm/dp/gaussian.py, dpltm/dp/dpd.py, dpltm/dp/shaped.py) and one `NoisePlugin` line below. The CLI's
-`--noise` choices, the ledger's vocabulary and statements, and every capability check (public data
-needed, convolutions supported, plain clipping norm) are derived from this table; the shared suite in
+Adding a noise mechanism: one module with a class satisfying `NoiseMechanism` and built by
+`build(parameter, context)` (dpltm/dp/mechanism.py; like dpltm/dp/gaussian.py) and one `NoisePlugin`
+line below. The CLI's `--noise` choices, the ledger's vocabulary and statements, the σ ↔ effective
+multiplier maps the planners and accountants use, and every capability check (public data needed,
+convolutions supported, plain clipping norm) are derived from this table; the shared suite in
 tests/dp/test_noise_plugins.py runs every entry. This module imports nothing heavy (no torch), so
-`dpltm --help` stays quick; a plug-in's class is imported when it is used (`noise_class`).
+`dpltm --help` stays quick; a mechanism's class is imported when it is built.
 """
 
 from __future__ import annotations
@@ -76,15 +77,8 @@ def noise_plugin(name: str) -> NoisePlugin:
         raise DpltmUserError(f"unknown noise '{name}' (choose from {', '.join(NOISE_PLUGINS)})") from None
 
 
-def noise_class(name: str) -> Any:
-    """The plug-in's mechanism class: `build(parameter, context)`, and the pure maps between its parameter and
-    the effective multiplier, `effective_for(parameter)` and `parameter_for(effective)`."""
-    return noise_plugin(name).load()
-
-
 def make_noise(name: str, parameter: float, context: Any = None) -> Any:
-    """The plug-in's `NoiseMechanism` (dpltm.dp.mechanism) at its parameter σ, built with its `NoiseContext`
-    (what a shaped plug-in reads: the model, masks, public data); typed loosely so this table imports no torch."""
+    """The `NoiseMechanism` called `name` with its own parameter σ, built from a `NoiseContext` (or None)."""
     if parameter < 0:
         raise DpltmUserError(f"noise parameter must be ≥ 0, got {parameter}")
-    return noise_class(name).build(parameter, context)  # type: ignore[no-any-return]
+    return noise_plugin(name).load().build(parameter, context)

@@ -158,24 +158,39 @@ class MaterialisedRule:
                 for n, v in state.items()}
 
 
-@register_rule(nn.Linear)
-class LinearRule(MaterialisedRule):
-    """nn.Linear: the masked ghost norm on (B, in) inputs, formed gradients on (B, …, in) sequences."""
+class WeightAndBiasRule(MaterialisedRule):
+    """A layer with a weight and perhaps a bias only: `weight_grads` and `bias_grads` where each is trained."""
 
     def check(self, label: str, module: nn.Module) -> None:
-        _only_weight_and_bias(label, module)
+        if {n for n, _ in module.named_parameters(recurse=False)} - {"weight", "bias"}:
+            raise DpltmUserError(f"layer {label} ({type(module).__name__}) has parameters besides weight and bias")
+
+    weight_grads: Callable[[Any, Tensor, Tensor], Tensor]
+    bias_grads: Callable[[Tensor], Tensor]
 
     def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
-        a = call.input
-        assert a is not None
-        rows = g.shape[0]
+        module = call.module
+        assert call.input is not None
         grads = {}
-        if call.module.weight.requires_grad:
-            grads["weight"] = torch.einsum("bto,bti->boi", g.reshape(rows, -1, g.shape[-1]),
-                                           a.reshape(rows, -1, a.shape[-1]))
-        if call.module.bias is not None and call.module.bias.requires_grad:
-            grads["bias"] = g.reshape(rows, -1, g.shape[-1]).sum(dim=1)
+        if module.weight.requires_grad:
+            grads["weight"] = self.weight_grads(module, call.input, g)
+        if module.bias is not None and module.bias.requires_grad:
+            grads["bias"] = self.bias_grads(g)
         return grads
+
+
+@register_rule(nn.Linear)
+class LinearRule(WeightAndBiasRule):
+    """nn.Linear: the masked ghost norm on (B, in) inputs, formed gradients on (B, …, in) sequences."""
+
+    @staticmethod
+    def weight_grads(module: Any, a: Tensor, g: Tensor) -> Tensor:
+        rows = g.shape[0]
+        return torch.einsum("bto,bti->boi", g.reshape(rows, -1, g.shape[-1]), a.reshape(rows, -1, a.shape[-1]))
+
+    @staticmethod
+    def bias_grads(g: Tensor) -> Tensor:
+        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(dim=1)
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
         a = call.input
@@ -237,21 +252,14 @@ def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
 
 
 @register_rule(nn.Conv2d)
-class Conv2dRule(MaterialisedRule):
+class Conv2dRule(WeightAndBiasRule):
     """nn.Conv2d: unfolded patches, one einsum per layer."""
 
-    def check(self, label: str, module: nn.Module) -> None:
-        _only_weight_and_bias(label, module)
+    weight_grads = staticmethod(conv2d_weight_grads)
 
-    def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
-        module = call.module
-        assert isinstance(module, nn.Conv2d) and call.input is not None
-        grads = {}
-        if module.weight.requires_grad:
-            grads["weight"] = conv2d_weight_grads(module, call.input, g)
-        if module.bias is not None and module.bias.requires_grad:
-            grads["bias"] = g.flatten(2).sum(dim=2)
-        return grads
+    @staticmethod
+    def bias_grads(g: Tensor) -> Tensor:
+        return g.flatten(2).sum(dim=2)
 
 
 KNOWN_PER_SAMPLE: tuple[type[nn.Module], ...] = (
@@ -337,8 +345,3 @@ def check_adds_up(call: LayerCall, g: Tensor, grads: dict[str, Tensor], masks: L
             raise DpltmUserError(f"layer {call.name} ({type(call.module).__name__}): its per-sample gradients do not "
                                  "add up to the batch gradient, so its output for one sample depends on other "
                                  "samples, which per-sample clipping cannot bound")
-
-
-def _only_weight_and_bias(label: str, module: nn.Module) -> None:
-    if {n for n, _ in module.named_parameters(recurse=False)} - {"weight", "bias"}:
-        raise DpltmUserError(f"layer {label} ({type(module).__name__}) has parameters besides weight and bias")

@@ -38,7 +38,7 @@ from dpltm.checkpoint import save_atomic
 from dpltm.config import to_dict
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.mechanism import NoiseContext
-from dpltm.dp.noise import check_noise_for_network, noise_class, noise_plugin
+from dpltm.dp.noise import check_noise_for_network, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
 from dpltm.masks import Masks, apply_masks_, density, full_masks, layer_densities, prunable_weights
@@ -138,7 +138,7 @@ def plan_private_ticket(cfg: TrainConfig, dataset_size: int) -> PrivateTicketPla
     phases = [(q, warmup_steps)] * p.rounds + [(q, training_steps)]
     sigma = calibrate_phases(phases, s.eps2, s.delta, s.accountant, s.neighboring)
     return PrivateTicketPlan(q, s.batch_size, dataset_size, per_epoch, warmup_steps, p.rounds, training_steps,
-                             sigma, noise_class(s.noise).parameter_for(sigma), s.eps2, s.delta)
+                             sigma, noise_plugin(s.noise).parameter_for(sigma), s.eps2, s.delta)
 
 
 def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, progress: bool = True,

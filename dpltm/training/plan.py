@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpltm.dp.noise import noise_class
+from dpltm.dp.noise import noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
 from dpltm.privacy.display import format_sigma
@@ -67,7 +67,7 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
         raise DpltmUserError(f"--epochs {settings.epochs} at {steps_per_epoch} steps an epoch (batch {L_} of "
                              f"{dataset_size} records) is {steps} DP steps; dpltm accounts for at most "
                              f"{MAX_STEPS:.0e}: use fewer epochs or a larger --batch-size")
-    mechanism = noise_class(settings.noise)
+    mechanism = noise_plugin(settings.noise)
     if settings.sigma is not None:
         parameter, calibrated = settings.sigma, False
         effective = mechanism.effective_for(parameter)

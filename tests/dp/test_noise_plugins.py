@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -24,8 +28,8 @@ from dpltm.data.types import LabeledTensors
 from dpltm.dp import dpd as dpd_module
 from dpltm.dp.dpd import DropoutNoise, dropout_rates, quantiles
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
-from dpltm.dp.mechanism import NoiseContext, dp_event_of
-from dpltm.dp.noise import NOISE_PLUGINS, make_noise, noise_class
+from dpltm.dp.mechanism import NoiseContext, ScaledGaussianNoise, dp_event_of
+from dpltm.dp.noise import NOISE_PLUGINS, NoisePlugin, make_noise, noise_plugin
 from dpltm.dp.shaped import ShapedNoise, public_sensitivity
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, apply_masks_
@@ -82,14 +86,37 @@ def scale_of(mechanism, name: str, like: torch.Tensor) -> torch.Tensor:  # type:
 def test_ledger_and_registry_agree() -> None:
     """One table (dpltm/dp/noise.py) gives the classes, the CLI's choices and the ledger's vocabulary."""
     from dpltm import choices
-    from dpltm.dp.noise import NOISE_PLUGINS
 
     assert set(NOISES) == set(NOISE_PLUGINS) == {c.value for c in choices.Noise}
-    for name, cls in ((name, noise_class(name)) for name in NOISE_PLUGINS):
-        assert cls.name == name and NOISE_PLUGINS[name].load() is cls
-        for sigma in (0.5, 1.3):  # the torch-free table's σ maps are the class's
-            assert NOISE_PLUGINS[name].effective_for(sigma) == cls.effective_for(sigma)
-            assert NOISE_PLUGINS[name].parameter_for(sigma) == cls.parameter_for(sigma)
+    for name, plugin in NOISE_PLUGINS.items():
+        assert plugin.load().name == name
+
+
+def test_one_module_and_one_line_make_a_mechanism(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mechanism is a module with its class and one `NoisePlugin` line: make_noise builds it, and its σ maps
+    (what the planners and `dpltm account` read) come from that line and agree with the built mechanism."""
+
+    @dataclass(frozen=True)
+    class HalfNoise(ScaledGaussianNoise):
+        sigma: float
+        name: ClassVar[str] = "half"
+        PER_PARAMETER: ClassVar[float] = 0.5
+
+        @classmethod
+        def build(cls, parameter: float, context: NoiseContext | None = None) -> HalfNoise:
+            return cls(float(parameter))
+
+        def description(self) -> str:
+            return f"half noise, σ = {self.sigma}"
+
+    module = types.ModuleType("tests_fake_noise")
+    module.HalfNoise = HalfNoise  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(NOISE_PLUGINS, "half", NoisePlugin("half", f"{module.__name__}:HalfNoise", "half noise",
+                                                           per_parameter=0.5))
+    built = make_noise("half", 3.0)
+    assert isinstance(built, HalfNoise) and built.effective_noise_multiplier == noise_plugin("half").effective_for(3.0)
+    assert noise_plugin("half").parameter_for(1.5) == 3.0 and built.noise_std(2.0) == 3.0
 
 
 def test_capabilities_drive_the_checks(monkeypatch: pytest.MonkeyPatch, tiny_splits) -> None:  # type: ignore[no-untyped-def]
@@ -117,7 +144,7 @@ def test_noise_scale_and_masking_on_zero_gradients(name: str) -> None:
     model, masks = pruned_model()
     clip, parameter = 0.8, 1.3
     mechanism = make_noise(name, parameter, context(model, masks, clip))
-    effective = noise_class(name).effective_for(parameter)
+    effective = noise_plugin(name).effective_for(parameter)
     assert mechanism.effective_noise_multiplier == pytest.approx(effective)
     layout = MaskLayout.of(model, masks, torch.float64, mechanism.coordinate_scales())
     zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
@@ -164,14 +191,14 @@ def test_accountant_sees_the_effective_multiplier(name: str, accountant: str) ->
     """(d) dp_event_of(mech) has the same ε as the plain DP-SGD event at σ_eff."""
     mechanism = make_noise(name, 1.1, context(*pruned_model()))
     q, steps, delta = 0.02, 150, 1e-5
-    expected = epsilon(dpsgd_event(q, noise_class(name).effective_for(1.1), steps), delta, accountant)
+    expected = epsilon(dpsgd_event(q, noise_plugin(name).effective_for(1.1), steps), delta, accountant)
     assert epsilon(dp_event_of(mechanism, q, steps), delta, accountant) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", PLUGINS)
 def test_parameter_and_effective_round_trip(name: str) -> None:
     """(e) parameter_for ∘ effective_for = id, both ways, and the built plug-in agrees."""
-    cls = noise_class(name)
+    cls = noise_plugin(name)
     for value in (0.0, 0.37, 1.0, 2.49, 10.43):
         assert cls.parameter_for(cls.effective_for(value)) == pytest.approx(value, rel=1e-15, abs=0)
         assert cls.effective_for(cls.parameter_for(value)) == pytest.approx(value, rel=1e-15, abs=0)
@@ -262,7 +289,7 @@ def test_dpd_privacy_md_section_4_figures() -> None:
     T = E/ν = 20000 iterations, δ = 1e-4. Under add/remove the multiplier is 2σ = 6.46.
     """
     q, steps, delta, sigma = 600 / 60000, 200 * 60000 // 600, 1e-4, 3.23
-    event = dpsgd_event(q, DropoutNoise.effective_for(sigma), steps)
+    event = dpsgd_event(q, noise_plugin("dpd").effective_for(sigma), steps)
     assert round(epsilon(event, delta, "pld"), 2) == 0.67
     assert round(epsilon(event, delta, "rdp"), 2) == 0.75
     assert epsilon(event, delta, "pld") > 0.5  # the paper's figure understates ε
