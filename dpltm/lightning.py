@@ -32,15 +32,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from dpltm.api import (
-    apply_masks,
-    check_not_trained_elsewhere,
-    check_user_masks,
-    note_fit_end,
-    note_private_step,
-    surviving_coordinates,
-    user_run_ledger,
-)
 from dpltm.api_checks import (
     check_budget,
     check_budget_left,
@@ -58,7 +49,7 @@ from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
-from dpltm.dp.step import noisy_mean
+from dpltm.dp.step import check_steps_left, install_gradients, noisy_mean
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.ledger import PrivacyLedger
@@ -66,6 +57,8 @@ from dpltm.privacy.segments import SpentSegments
 from dpltm.run_log import float32_at_least
 from dpltm.settings import TrainSettings
 from dpltm.training.plan import TrainPlan, plan_training
+from dpltm.user_inputs import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
+from dpltm.weight_guard import check_not_trained_elsewhere, note_fit_end, note_private_step
 
 STATE_VERSION = 2
 """The callback's checkpoint state: 2 = spent segments, no seed or generator (1 held both)."""
@@ -592,8 +585,7 @@ class DPCallback(L.Callback):
         if self._stepped:
             raise DpltmUserError("the optimiser evaluated the loss twice on one batch (a closure run more than once): "
                                  "one Poisson step allows one noisy gradient")
-        if self.segments.open_steps >= self.plan.steps:
-            raise DpltmUserError(f"the planned {self.plan.steps} steps are done: the privacy budget is spent")
+        check_steps_left(self.segments.open_steps, self.plan.steps)
         if trainable_names(pl_module) != self._trainable:
             raise DpltmUserError("the module's trainable parameters changed during the fit (a layer frozen or "
                                  "unfrozen): the fit's layers were set at its start; start a new fit to change them")
@@ -625,9 +617,9 @@ class DPCallback(L.Callback):
         assert self._noise_generator is not None
         grads = noisy_mean(sums, noise=self.noise, surviving=self.surviving, clip=self.clip,
                            expected_batch_size=self.plan.expected_batch_size, generator=self._noise_generator)
+        install_gradients(pl_module, grads)
         for name, parameter in parameters.items():
             if parameter.requires_grad:
-                parameter.grad = grads[name]
                 self._written[name] = (parameter, grads[name], grads[name]._version)
         self._grads.clear()
         self._stepped = True

@@ -161,11 +161,35 @@ def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dic
     return out
 
 
-def apply_gradients(model: nn.Module, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer) -> None:
-    """Install ĝ as .grad and step (Opacus' guard against stale gradients is implicit: we overwrite).
-    A frozen parameter (`requires_grad=False`: fixed at public weights) gets no ĝ and is not updated."""
+def check_steps_left(steps_taken: int, planned: int) -> None:
+    """Refuse a step past the plan: σ was calibrated for `planned` steps, so one more would spend beyond the budget."""
+    if steps_taken >= planned:
+        raise DpltmUserError(f"the planned {planned} steps are done: the privacy budget is spent")
+
+
+def install_gradients(model: nn.Module, grads: dict[str, Tensor]) -> None:
+    """Put ĝ in .grad of every trainable parameter (overwriting: no stale gradient survives). A frozen
+    parameter (`requires_grad=False`: fixed at public weights) gets none and is not updated."""
     for name, param in model.named_parameters():
         if param.requires_grad:
             param.grad = grads[name]
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+
+
+def apply_gradients(model: nn.Module, grads: dict[str, Tensor], optimizer: torch.optim.Optimizer, *,
+                    before_update: Callable[[], None] | None = None,
+                    after_update: Callable[[], None] | None = None) -> None:
+    """The end of every DP step: install ĝ, step the optimiser, clear .grad.
+
+    `before_update` runs before the optimiser may move a weight (the ledger counts the step there: an
+    interruption inside `optimizer.step()` may leave the update in the weights, so the count must already
+    hold it); `after_update` runs after it, even when it raised (re-masking the pruned weights to exactly
+    zero, noting who stepped them)."""
+    install_gradients(model, grads)
+    if before_update is not None:
+        before_update()
+    try:
+        optimizer.step()
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        if after_update is not None:
+            after_update()

@@ -40,6 +40,7 @@ from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import MAX_DRAWS_AT_ONCE, BatchGather, poisson_batches_at_once
 from dpltm.dp.step import (
     RecordTerms,
+    install_gradients,
     private_gradients,
     record_terms,
     step_layout,
@@ -371,8 +372,7 @@ class EachCandidate:
                                             expected_batch_size=self.plan.expected_batch_size, generator=generator,
                                             layout=layout,
                                             input_terms=None if index is None else terms_of_batch(terms, index))
-            for name, parameter in model.named_parameters():
-                parameter.grad = grads.get(name)  # a frozen parameter has none: not updated
+            install_gradients(model, grads)  # a frozen parameter gets none: not updated
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

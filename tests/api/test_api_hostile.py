@@ -477,7 +477,7 @@ def test_callback_refuses_a_sampler_drawing_other_than_the_planned_steps() -> No
 def test_run_tokens_are_never_reused() -> None:
     """The stepped-weights guard names runs by a token, not by id(): a later run at a dead run's address is
     another run."""
-    from dpltm.api import _run_token
+    from dpltm.weight_guard import _run_token
 
     class Run:
         pass
