@@ -16,16 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.fields import (
+from dpltm.artefacts.format import (
+    FORMAT_VERSION,
     HEADER_KEYS,
+    architecture_of,
     check_header,
+    check_tensors,
     check_unknown,
     damaged,
     mapping_of,
     number_list,
+    reference_masks,
+    reference_theta0,
     typed,
 )
-from dpltm.checkpoint_format import FORMAT_VERSION
 
 if TYPE_CHECKING:
     import torch
@@ -73,8 +77,9 @@ def parse_event(record: Any, where: str, path: Path | str, kind: str) -> DpEvent
 
 
 @dataclass(frozen=True)
-class Ticket:
-    """One round of IMP: its mask, density C, validation accuracy A and training loss curve."""
+class TicketRecord:
+    """One round of IMP as a ticket set file stores it: its mask, density C, validation accuracy A and training loss
+    curve (`dpltm.Ticket` is the library's in-memory ticket, made by `generate_tickets`)."""
 
     round: int
     masks: dict[str, torch.Tensor]
@@ -105,7 +110,7 @@ class Ticket:
         return out
 
     @classmethod
-    def from_dict(cls, record: Any, index: int, path: Path | str) -> Ticket:
+    def from_dict(cls, record: Any, index: int, path: Path | str) -> TicketRecord:
         """Ticket `index` of a set, its fields' types checked (its tensors are checked by the set)."""
         where = f"tickets[{index}]."
         if not isinstance(record, Mapping):
@@ -129,8 +134,6 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
                   path: Path | str) -> None:
     """Public-trained weights checked as θ0 is (its keys, shapes, floating dtypes), and zero where the mask
     prunes: a ticket's weights that act where its mask prunes would not be that ticket."""
-    from dpltm.artefacts.networks import reference_theta0
-    from dpltm.checkpoint_body import check_tensors
     from dpltm.masks import pruned_but_not_zero
 
     check_tensors(weights, reference_theta0(arch), where, kind, path, check_dtype=True)
@@ -142,8 +145,6 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
 def check_rewind_point(point: Mapping[str, Any], reference: Mapping[str, Any], where: str, kind: str,
                        path: Path | str) -> int:
     """A late-rewinding point, {"step": K ≥ 1, "weights": θ_K with θ0's keys, shapes and floating dtypes}; its K."""
-    from dpltm.checkpoint_body import check_tensors
-
     check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
     step = typed(point, "step", (int,), f"{where}.", path, kind)
     if step < 1:  # `typed` takes a bool only where one is asked for
@@ -181,7 +182,7 @@ class TicketSet:
 
     architecture: dict[str, Any]
     theta0: dict[str, torch.Tensor]
-    tickets: tuple[Ticket, ...]
+    tickets: tuple[TicketRecord, ...]
     data: dict[str, Any]
     """The data the tickets were made on (`DatasetSplits.ticket_set_summary`), with its fingerprint."""
     config: dict[str, Any]
@@ -272,9 +273,6 @@ class TicketSet:
         """A ticket set's body, checked: header and version, every field's type, an architecture that
         builds a network, θ0 and every mask fitting it, a phase-1 DpEvent that parses. One-line errors
         name the file and the field."""
-        from dpltm.artefacts.networks import reference_masks, reference_theta0
-        from dpltm.checkpoint_body import architecture_of, check_tensors
-
         body = check_header(body, KIND, path)
         data = _typed(body, "data", (dict,), "", path)
         for key in ("dataset", "split", "fingerprint"):
@@ -288,7 +286,7 @@ class TicketSet:
         seed = _typed(body, "seed", (int,), "", path)
         if not records:  # generate writes the file after its first round, never before
             raise _damaged(path, "it holds no tickets")
-        tickets = tuple(Ticket.from_dict(r, i, path) for i, r in enumerate(records))
+        tickets = tuple(TicketRecord.from_dict(r, i, path) for i, r in enumerate(records))
         check_unknown(body, (*HEADER_KEYS, *TICKET_SET_KEYS), "", path, KIND)
         optional = {key: _typed(body, key, types, "", path, optional=True)
                     for key, types in (("dpltm_version", (str,)), ("config_hash", (str,)),

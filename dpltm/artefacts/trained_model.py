@@ -8,7 +8,7 @@ facts the ledger cannot know: caveats and whether early stopping chose the stopp
 privacy fact a report, `inspect`, `predict` or `export` shows is computed from it, so a file cannot
 state an ε its ledger does not give.
 
-`TrainedModel.to_dict()` is the checkpoint body (format `checkpoint.FORMAT_VERSION`);
+`TrainedModel.to_dict()` is the checkpoint body (format `dpltm.artefacts.format.FORMAT_VERSION`);
 `TrainedModel.from_dict(body, path)` checks it and refuses a damaged file in one line naming the
 file and the bad field.
 """
@@ -22,8 +22,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.fields import check_header, damaged, json_number, typed
-from dpltm.checkpoint_format import FORMAT_VERSION
+from dpltm.artefacts.format import (
+    FORMAT_VERSION,
+    architecture_of,
+    check_header,
+    check_tensors,
+    damaged,
+    json_number,
+    reference_state,
+    typed,
+)
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 
@@ -338,8 +346,6 @@ class TrainedModel:
         """A model checkpoint's body, checked: header and version, every field's type, an architecture
         that builds a network, weights that fit it, a ledger that parses. One-line errors name the file
         and the field."""
-        from dpltm.checkpoint_body import architecture_of, check_tensors
-
         body = check_header(body, KIND, path)
         extra = sorted(set(body) - {"format", "kind", "format_version", "environment", *MODEL_KEYS})
         if extra:
@@ -364,7 +370,7 @@ class TrainedModel:
         privacy = PrivacyRecord.from_dict(_typed(body, "privacy", (dict,), "", path), path)
         outcome = Outcome.from_dict(_typed(body, "outcome", (dict,), "", path), path)
         arch = architecture_of(body, KIND, path)
-        check_tensors(values["state_dict"], _reference_state(arch), "state_dict", KIND, path, check_dtype=True)
+        check_tensors(values["state_dict"], reference_state(arch), "state_dict", KIND, path, check_dtype=True)
         from dpltm.masks import pruned_but_not_zero, split_stored_state
 
         acting = pruned_but_not_zero(*split_stored_state(arch, values["state_dict"]))
@@ -373,10 +379,3 @@ class TrainedModel:
         return cls(architecture=values["architecture"], state_dict=values["state_dict"], privacy=privacy,
                    history=tuple(history), config=config, data=values["data"], outcome=outcome,
                    transfer=values["transfer"], ticket=ticket, dpltm_version=version_text, environment=environment)
-
-
-def _reference_state(arch: Any) -> dict[str, Any]:
-    """The state_dict the architecture builds, on PyTorch's meta device (shapes only, no memory)."""
-    from dpltm.artefacts.networks import reference_state
-
-    return reference_state(arch)

@@ -23,9 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.fields import HEADER_KEYS, check_header, check_unknown, damaged, mapping_of, number_list, typed
+from dpltm.artefacts.format import (
+    FORMAT_VERSION,
+    HEADER_KEYS,
+    architecture_of,
+    check_header,
+    check_tensors,
+    check_unknown,
+    damaged,
+    mapping_of,
+    number_list,
+    reference_masks,
+    reference_theta0,
+    typed,
+)
 from dpltm.artefacts.ticket_set import check_phase1, check_rewind_point, check_trained, parse_event, phase1_view
-from dpltm.checkpoint_format import FORMAT_VERSION
 
 if TYPE_CHECKING:
     import torch
@@ -202,9 +214,6 @@ class Winner:
         """A winner's body, checked: header and version, every field's type, an architecture that builds
         a network, θ0 and the mask fitting it, its DpEvents parsing. One-line errors name the file and
         the field."""
-        from dpltm.artefacts.networks import reference_masks, reference_theta0
-        from dpltm.checkpoint_body import architecture_of, check_tensors
-
         body = check_header(body, KIND, path)
         architecture = _typed(body, "architecture", (dict,), "", path)
         theta0 = _typed(body, "theta0", (dict,), "", path)

@@ -21,9 +21,16 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
     """(the summary `--json` prints, the function that prints it as tables)."""
     from dpltm.artefacts import TicketSet, TrainedModel, Winner
     from dpltm.checkpoint import load_artefact
-    from dpltm.checkpoint_body import EXPORT_TEXT_KEYS
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
-    from dpltm.export import SUFFIX, USER_MODEL, check_digest, load_exported, private_fingerprints, read_metadata
+    from dpltm.export import (
+        EXPORT_TEXT_KEYS,
+        SUFFIX,
+        USER_MODEL,
+        check_digest,
+        load_exported,
+        private_fingerprints,
+        read_metadata,
+    )
     from dpltm.ticket_views import (
         print_export,
         print_model,
