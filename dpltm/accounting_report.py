@@ -20,13 +20,13 @@ from dpltm.privacy.accountants import ACCOUNTANTS
 from dpltm.privacy.accounting import (
     NEIGHBORING_LABELS,
     AccountantUnderflow,
-    check_delta,
     check_target_epsilon,
     composition_bounds,
     epsilon,
     gdp_epsilon,
     gdp_mu,
     make_accountant,
+    require_delta,
 )
 from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.comparisons import COMPARISON_LABEL, dpd_paper_figure, dpd_paper_sigma
@@ -78,7 +78,7 @@ def account_report(*, q: float | None, sigma: float | None, steps: int | None, d
     if sigma is None and eps is None:
         raise DpltmUserError("give --sigma (to get ε) or --eps (to get σ)")
     rate, n_steps = _mechanism(q, steps, dataset_size, batch_size, epochs)
-    delta = check_delta(delta)
+    delta = require_delta(delta)
     if eps1 is not None:
         selection_event(eps1)  # validates ε1
     if eps is not None:

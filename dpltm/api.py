@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.api_checks import (
-    check_accountant,
     check_batch_size,
     check_budget,
     check_budget_left,
@@ -81,6 +80,7 @@ from dpltm.dp.noise import GaussianNoise
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import check_accountant
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.accountants import accountant_entry
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MAX_STEPS, MIN_NOISE_MULTIPLIER
 
@@ -150,11 +149,6 @@ def check_budget(target_epsilon: Any, noise_multiplier: Any) -> tuple[float | No
         raise DpltmUserError(f"noise_multiplier must be at most {MAX_NOISE_MULTIPLIER:g} (the accountants cannot "
                              f"state the tiny ε of more noise), got {sigma:g}")
     return None, sigma
-
-
-def check_accountant(accountant: Any) -> str:
-    """The name of a registered accountant (dpltm.privacy.accountants)."""
-    return accountant_entry(accountant).name
 
 
 def check_neighboring(neighboring: Any) -> str:

@@ -42,7 +42,6 @@ from dpltm.api import (
     user_run_ledger,
 )
 from dpltm.api_checks import (
-    check_accountant,
     check_budget,
     check_budget_left,
     check_clip,
@@ -62,6 +61,7 @@ from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import noisy_mean
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import check_accountant
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.run_log import float32_at_least

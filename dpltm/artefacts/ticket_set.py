@@ -5,8 +5,8 @@ with), the data they were made on, and a privacy
 record: the DpEvent of phase 1 (`NonPrivateDpEvent`: IMP saw its data without privacy) and where it
 ran. `TicketSet.to_dict()` is the checkpoint body, in the layout `dpltm.tickets.imp` has always
 written; `TicketSet.from_dict(body, path)` checks every field and refuses a damaged file in one line
-naming the file and the field. Readers ask the computed properties (C and A per ticket, the ε1 of
-earlier draws, the phase-1 DpEvent) rather than picking through the dict.
+naming the file and the field. Readers ask the computed properties (A per ticket, the ε1 of
+earlier draws) rather than picking through the dict.
 """
 
 from __future__ import annotations
@@ -218,11 +218,6 @@ class TicketSet:
         return str(self.data["fingerprint"])
 
     @property
-    def densities(self) -> tuple[float, ...]:
-        """C per ticket: the fraction of weights each mask keeps."""
-        return tuple(float(t.density) for t in self.tickets)
-
-    @property
     def accuracies(self) -> tuple[float, ...]:
         """A per ticket: the validation accuracy of each round."""
         return tuple(float(t.val_accuracy) for t in self.tickets)
@@ -236,11 +231,6 @@ class TicketSet:
     def privacy_view(self) -> dict[str, Any]:
         """Phase 1's record as `inspect` shows it: the stored kind and DpEvent, where it ran, and the note."""
         return phase1_view(self.privacy, self.data)
-
-    @property
-    def phase1_event(self) -> DpEvent:
-        """What generation did to its data, as a DpEvent (`NonPrivateDpEvent`)."""
-        return parse_event(self.privacy["dp_event"], "privacy.dp_event", "ticket set", KIND)
 
     # ---- storage --------------------------------------------------------------------------
 

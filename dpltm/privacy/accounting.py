@@ -75,7 +75,9 @@ def check_accountant(accountant: object, option: str = "accountant") -> str:
     return accountant_entry(accountant, option).name
 
 
-def check_neighboring(neighboring: str) -> str:
+def require_neighboring(neighboring: str) -> str:
+    """A relation's canonical name, as settings and stored ledgers hold it (a user's spellings are read by
+    `dpltm.api_checks.check_neighboring`)."""
     if neighboring not in NEIGHBORING:
         raise DpltmUserError(
             f"unknown neighbouring relation {neighboring!r}; choose one of {NEIGHBORING}"
@@ -83,7 +85,9 @@ def check_neighboring(neighboring: str) -> str:
     return neighboring
 
 
-def check_delta(delta: float) -> float:
+def require_delta(delta: float) -> float:
+    """δ in (0, 1), as the accountants take it (a user's argument, with its alias and default, is read by
+    `dpltm.api_checks.check_delta`)."""
     d = float(delta)
     if not (0.0 < d < 1.0):
         raise DpltmUserError(f"delta must lie strictly between 0 and 1, got {delta}")
@@ -100,7 +104,7 @@ def check_target_epsilon(target_epsilon: float, option: str = "target epsilon") 
 
 def make_accountant(accountant: str = "pld", neighboring: str = "add_remove") -> PrivacyAccountant:
     """A fresh dp-accounting accountant of the named kind (see the module docstring)."""
-    relation = _RELATIONS[check_neighboring(neighboring)]
+    relation = _RELATIONS[require_neighboring(neighboring)]
     return accountant_entry(accountant).load().make(relation)  # type: ignore[no-any-return]
 
 
@@ -307,8 +311,8 @@ def epsilon(
     the RDP bound exceeds `PLD_MAX_RDP_EPSILON`.
     """
     check_accountant(accountant)
-    check_neighboring(neighboring)
-    return epsilon_unchecked(event, check_delta(delta), accountant, neighboring)
+    require_neighboring(neighboring)
+    return epsilon_unchecked(event, require_delta(delta), accountant, neighboring)
 
 
 def delta_for_epsilon(
@@ -319,7 +323,7 @@ def delta_for_epsilon(
     if not (math.isfinite(e) and e >= 0.0):
         raise DpltmUserError(f"epsilon must be a finite number >= 0, got {eps}")
     check_accountant(accountant)
-    check_neighboring(neighboring)
+    require_neighboring(neighboring)
     acc = _composed(event, accountant, neighboring, _COST_REFERENCE_DELTA)
     try:
         with _quiet_rdp_warnings():
@@ -379,7 +383,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     as the default accountant or to calibrate σ without saying so.
     """
     m = float(mu)
-    d = check_delta(delta)
+    d = require_delta(delta)
     if math.isnan(m) or m < 0.0:
         raise DpltmUserError(f"mu must be >= 0, got {mu}")
     if m == math.inf:
@@ -435,8 +439,8 @@ def composition_bounds(
     Use `best_bound` to pick the smallest.
     """
     check_accountant(accountant)
-    check_neighboring(neighboring)
-    d = check_delta(delta)
+    require_neighboring(neighboring)
+    d = require_delta(delta)
     label = ACCOUNTANTS[accountant].label
     eps_train = epsilon_unchecked(training_event, d, accountant, neighboring)
     if selection_eps1 is None:

@@ -36,11 +36,11 @@ from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import (
     EpsilonOutOfRange,
     check_accountant,
-    check_delta,
-    check_neighboring,
     check_target_epsilon,
     epsilon_unchecked,
     make_accountant,
+    require_delta,
+    require_neighboring,
     require_support,
 )
 from dpltm.privacy.display import format_epsilon, round_up
@@ -78,8 +78,8 @@ def calibrate_parameter(
     meets the target. Arguments are validated here, once; the search trusts them.
     """
     check_accountant(accountant)
-    check_neighboring(neighboring)
-    d = check_delta(delta)
+    require_neighboring(neighboring)
+    d = require_delta(delta)
     t = check_target_epsilon(target_epsilon)
     if not (0.0 < rel_tol < 0.5):
         raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
@@ -225,9 +225,9 @@ def calibrate_noise_multiplier(
     MAX_EPSILON, or selection alone already costs at least the target).
     """
     t = check_target_epsilon(target_epsilon)
-    d = check_delta(delta)
+    d = require_delta(delta)
     check_accountant(accountant)
-    check_neighboring(neighboring)
+    require_neighboring(neighboring)
     if not (0.0 < rel_tol < 0.5):
         raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
@@ -349,5 +349,5 @@ def _calibrated_phases(phases: tuple[tuple[float, int], ...], t: float, d: float
 def _checked(target_epsilon: float, delta: float, accountant: str, neighboring: str) -> tuple[float, float]:
     """The validation every public calibration starts with: (target ε, δ), both checked."""
     check_accountant(accountant)
-    check_neighboring(neighboring)
-    return check_target_epsilon(target_epsilon), check_delta(delta)
+    require_neighboring(neighboring)
+    return check_target_epsilon(target_epsilon), require_delta(delta)

@@ -45,9 +45,9 @@ from dpltm.privacy.accounting import (
     Bound,
     best_bound,
     check_accountant,
-    check_delta,
-    check_neighboring,
     composition_bounds,
+    require_delta,
+    require_neighboring,
 )
 from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma, round_up
 from dpltm.privacy.events import (
@@ -166,8 +166,8 @@ class PrivacyLedger:
         if isinstance(self.selection_draws, bool) or not isinstance(self.selection_draws, int) \
                 or self.selection_draws < 1:
             raise DpltmUserError(f"selection_draws must be a positive integer, got {self.selection_draws!r}")
-        object.__setattr__(self, "delta", check_delta(self.delta))
-        check_neighboring(self.neighboring)
+        object.__setattr__(self, "delta", require_delta(self.delta))
+        require_neighboring(self.neighboring)
         check_accountant(self.accountant)
         if self.noise not in NOISES:
             raise DpltmUserError(f"noise must be one of {NOISES}, got {self.noise!r}")

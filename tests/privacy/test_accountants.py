@@ -9,11 +9,11 @@ import types
 import dp_accounting as dpa
 import pytest
 
-from dpltm.api_checks import check_accountant as api_check_accountant
 from dpltm.choices import Accountant
 from dpltm.errors import DpltmUserError
 from dpltm.privacy import accounting
 from dpltm.privacy.accountants import ACCOUNTANTS, AccountantEntry
+from dpltm.privacy.accounting import check_accountant as api_check_accountant
 from dpltm.privacy.events import dpsgd_event
 from dpltm.settings import TrainSettings
 
