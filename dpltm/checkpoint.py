@@ -15,12 +15,9 @@ from typing import Any
 
 import torch
 
-from dpltm.artefacts.format import FORMAT_VERSION, KINDS, is_readable, migrate, refusal
+from dpltm.artefacts.format import KINDS, header, is_readable, migrate, refusal
 from dpltm.errors import DpltmUserError
 from dpltm.outputs import write_atomic
-
-__all__ = ["FORMAT_VERSION", "holds_checkpoint_of_kind", "load_artefact", "load_checkpoint", "load_ticket_set",
-           "load_trained_model", "load_winner", "save_atomic"]
 
 SCHEMA: dict[str, dict[str, type]] = {
     "run": {"model": dict, "optimizer": dict, "masks": dict, "dataset_name": str, "dataset_size": int,
@@ -49,8 +46,7 @@ def save_atomic(payload: dict[str, Any], path: Path, kind: str) -> None:
     from dpltm.provenance import environment
 
     # the versions of *this* write: a resumed ticket file says what finished it
-    body = {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION, **payload,
-            "environment": environment()}
+    body = {**header(kind), **payload, "environment": environment()}
     write_atomic(path, lambda handle: torch.save(body, handle))
 
 

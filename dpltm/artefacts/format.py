@@ -9,7 +9,6 @@ Networks are built on PyTorch's `meta` device to check shapes: no memory, no ini
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,14 +26,18 @@ kinds did not change: their format-2 files are still read (`OLDEST_READABLE`).
 ticket sets and winners may hold a `rewind_point`. Older files of every kind are still read; an older ticket set
 is not resumed under today's settings (its hash differs: `generate --overwrite`)."""
 KINDS = ("tickets", "ticket", "model", "run")
-OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
-"""The oldest format each kind is read in: the last format that changed that kind's layout."""
 """tickets: a generated ticket set; ticket: one selected winner; model: a trained network; run: a library
 run of `make_private` (`PrivateTraining.save`), resumable, with the segments it spent."""
-
+OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
+"""The oldest format each kind is read in: the last format that changed that kind's layout."""
 
 MODEL_FORMAT_2 = 2
 """Model files of checkpoint format 2 stored the privacy facts twice (ledger and report)."""
+
+
+def header(kind: str) -> dict[str, Any]:
+    """What begins every checkpoint's body: the format's name, the file's kind and the format's version."""
+    return {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION}
 
 
 def refusal(path: Path | str, kind: Any, version: Any) -> str:
@@ -91,13 +94,6 @@ def migrate(body: dict[str, Any], path: Path | str) -> dict[str, Any]:
 
 HEADER_KEYS = ("format", "kind", "format_version", "environment")
 """What `checkpoint.save_atomic` adds to every body: the header, and the library versions that wrote it."""
-
-
-def json_number(value: float) -> float | str:
-    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
-    if math.isfinite(value):
-        return float(value)
-    return "inf" if value > 0 else "-inf"
 
 
 def damaged(path: Path | str, kind: str, what: str) -> DpltmUserError:

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.format import (
-    FORMAT_VERSION,
     HEADER_KEYS,
     architecture_of,
     check_header,
     check_tensors,
     check_unknown,
     damaged,
+    header,
     mapping_of,
     number_list,
     reference_masks,
@@ -237,7 +237,7 @@ class TicketSet:
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint body: header, then the fields in the order `dpltm generate` writes them."""
         body: dict[str, Any] = {
-            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            **header(KIND),
             "dpltm_version": self.dpltm_version, "config": self.config, "config_hash": self.config_hash,
             "architecture": self.architecture, "prune_rates": self.prune_rates, "seed": self.seed,
             "data": self.data, "theta0": self.theta0, "privacy": self.privacy,
@@ -255,8 +255,7 @@ class TicketSet:
     def from_payload(cls, payload: Mapping[str, Any]) -> TicketSet:
         """A ticket set from the dict `dpltm.tickets.imp` builds while it runs (with or without a header),
         checked as a file would be: a writer cannot save what a reader would refuse."""
-        header = {"format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION}
-        return cls.from_dict({**payload, **header}, "the ticket set being written")
+        return cls.from_dict({**payload, **header(KIND)}, "the ticket set being written")
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> TicketSet:

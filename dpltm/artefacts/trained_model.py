@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.format import (
-    FORMAT_VERSION,
     architecture_of,
     check_header,
     check_tensors,
+    check_unknown,
     damaged,
-    json_number,
+    header,
     reference_state,
     typed,
 )
@@ -44,6 +44,13 @@ MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "dat
               "ticket", "dpltm_version")
 """The keys of a model checkpoint's body (besides the header and `environment`); no ε among them."""
 PRIVACY_KEYS = ("ledger", "caveats", "adaptive_stop")
+
+
+def json_number(value: float) -> float | str:
+    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
+    if math.isfinite(value):
+        return float(value)
+    return "inf" if value > 0 else "-inf"
 
 
 def _damaged(path: Path | str, what: str) -> DpltmUserError:
@@ -202,9 +209,7 @@ class Outcome:
     def from_dict(cls, record: Any, path: Path | str) -> Outcome:
         if not isinstance(record, Mapping):
             raise _damaged(path, "'outcome' has the wrong type")
-        extra = sorted(set(record) - set(cls._TYPES))
-        if extra:
-            raise _damaged(path, f"'outcome' holds unknown {extra[:3]}")
+        check_unknown(record, tuple(cls._TYPES), "'outcome'", path, KIND)
         values = {key: _typed(record, key, types, "outcome.", path, optional=key in cls._OPTIONAL)
                   for key, types in cls._TYPES.items()}
         return cls(**values)
@@ -325,7 +330,7 @@ class TrainedModel:
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint body: header, the stored facts, one privacy record; no computed ε."""
         body: dict[str, Any] = {
-            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            **header(KIND),
             "dpltm_version": self.dpltm_version,
             "architecture": self.architecture,
             "state_dict": self.state_dict,

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.format import (
-    FORMAT_VERSION,
     HEADER_KEYS,
     architecture_of,
     check_header,
     check_tensors,
     check_unknown,
     damaged,
+    header,
     mapping_of,
     number_list,
     reference_masks,
@@ -187,7 +187,7 @@ class Winner:
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint body: header, then the fields in the order the writers write them."""
         body: dict[str, Any] = {
-            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            **header(KIND),
             "dpltm_version": self.dpltm_version, "architecture": self.architecture, "theta0": self.theta0,
             "masks": self.masks, "density": self.density, "layer_density": self.layer_density,
             "round": self.round, "val_accuracy": self.val_accuracy, "source": self.source,
@@ -206,8 +206,7 @@ class Winner:
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Winner:
         """A winner from the dict a writer builds (no header), checked as a file would be."""
-        header = {"format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION}
-        return cls.from_dict({**payload, **header}, "the ticket being written")
+        return cls.from_dict({**payload, **header(KIND)}, "the ticket being written")
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> Winner:

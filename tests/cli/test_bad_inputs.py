@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm.checkpoint import FORMAT_VERSION
+from dpltm.artefacts.format import FORMAT_VERSION
 from dpltm.cli import main
 from dpltm.errors import DpltmUserError
 from tests.datafiles import write_digits, write_mnist

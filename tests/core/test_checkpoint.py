@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dpltm import checkpoint, outputs
-from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
+from dpltm.artefacts.format import FORMAT_VERSION
+from dpltm.checkpoint import load_checkpoint, save_atomic
 from dpltm.errors import DpltmUserError
 from tests.core.bodies import ticket_set
 
