@@ -94,9 +94,10 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
     from safetensors.torch import save
 
     from dpltm.artefacts import TrainedModel
-    from dpltm.checkpoint import load_checkpoint, write_bytes_atomic
+    from dpltm.checkpoint import load_checkpoint
     from dpltm.data.loaders import INPUT_NORMALISATION
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING
+    from dpltm.outputs import write_bytes_atomic
 
     body = load_checkpoint(model_path, ("model", "run"))
     if body["kind"] == "run":
@@ -225,10 +226,35 @@ def read_metadata(path: Path) -> dict[str, str]:
         raise DpltmUserError(f"{path} is not a readable safetensors file ({str(exc).splitlines()[0][:120]})") from None
     if metadata.get("format") != FORMAT:
         raise DpltmUserError(f"{path} is a safetensors file but not a dpltm export (no format {FORMAT})")
-    from dpltm.artefacts.format import check_export_metadata
-
     check_export_metadata(metadata, path)
     return privacy_from_ledger(metadata, path)
+
+
+EXPORT_TEXT_KEYS = ("format", "privacy_statement", "source_checkpoint", "digest")
+"""Metadata of a safetensors export kept as plain text; every other value is JSON."""
+EXPORT_OBJECT_KEYS = ("architecture", "data", "privacy", "input_normalisation")
+
+
+def check_export_metadata(metadata: dict[str, str], path: Path) -> None:
+    """Refuse an export whose metadata is not what `dpltm export` writes: JSON that does not
+    parse, a record that is not an object, no privacy statement."""
+    def damaged(what: str) -> DpltmUserError:
+        return DpltmUserError(f"{path} is a damaged dpltm export: {what}")
+
+    for key, text in metadata.items():
+        if key in EXPORT_TEXT_KEYS:
+            continue
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            raise damaged(f"its metadata '{key}' is not JSON") from None
+    for key in EXPORT_OBJECT_KEYS:
+        if key not in metadata:
+            raise damaged(f"its metadata lacks '{key}'")
+        if not isinstance(json.loads(metadata[key]), dict):
+            raise damaged(f"its metadata '{key}' is not a JSON object")
+    if not metadata.get("privacy_statement", "").strip():
+        raise damaged("it has no privacy statement")
 
 
 def privacy_from_ledger(metadata: dict[str, str], path: Path) -> dict[str, str]:

@@ -110,7 +110,7 @@ def names_stdout(path: str | os.PathLike[str], option: str = "--out") -> str | N
 
 WRITE_NAME_EXTRA = len(".") + len(".XXXXXXXX.tmp")
 """Bytes the longest name written beside an output adds to its name: the temp file `.{name}.XXXXXXXX.tmp`
-(`dpltm.checkpoint.write_atomic`; the lock `.{name}.lock` is shorter)."""
+(`dpltm.outputs.write_atomic`; the lock `.{name}.lock` is shorter)."""
 
 
 def check_path_length(path: Path, what: str = "output", file: bool = True) -> None:

@@ -306,7 +306,7 @@ def plot_runs(paths: list[Path], out: Path | None = None, overwrite: bool = Fals
     """Read the runs, draw them, and write the image atomically; returns the path written.
     Default output: `plot.png` in the first run's folder (redrawn each time: it is derived); an
     explicit `out` that exists is replaced only with `overwrite`."""
-    from dpltm.checkpoint import check_writable, same_file, write_atomic
+    from dpltm.outputs import check_writable, same_file, write_atomic
     from dpltm.paths import check_path_length
 
     if not paths:

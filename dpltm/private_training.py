@@ -296,7 +296,8 @@ class PrivateTraining:
         """Write the run to `path` atomically (a dpltm 'run' checkpoint: `dpltm inspect` reads it); resume
         with `make_private(..., resume_from=path)`. An existing run file is replaced (saving each epoch to one
         path); any other existing file only with `overwrite=True`."""
-        from dpltm.checkpoint import check_checkpoint_name, holds_checkpoint_of_kind, save_atomic
+        from dpltm.checkpoint import holds_checkpoint_of_kind, save_atomic
+        from dpltm.outputs import check_checkpoint_name
 
         target = user_path(path, "path")
         check_checkpoint_name(target, "path")

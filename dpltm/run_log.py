@@ -61,7 +61,7 @@ def check_log_root(root: Path | None, command: str | None = None, dataset: str |
     """The log root, checked before any work (read-only: creates nothing): a directory, or a path
     whose nearest existing ancestor is a writable directory; and so is the run's own folder under it
     (`<command>/<dataset>`), so a file in its place is refused before any work, not when the run starts."""
-    from dpltm.checkpoint import check_writable
+    from dpltm.outputs import check_writable
     from dpltm.paths import check_path_length
 
     source = "--log-dir" if root is not None else f"${LOG_DIR_ENV}" if os.environ.get(LOG_DIR_ENV) else "the log root"
@@ -238,7 +238,7 @@ class RunLog:
             raise
 
     def _write(self) -> None:
-        from dpltm.checkpoint import write_text_atomic
+        from dpltm.outputs import write_text_atomic
 
         write_text_atomic(dumps(self.body) + "\n", self.folder / RUN_FILE)
 

@@ -55,11 +55,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpltm.checkpoint import load_checkpoint, load_trained_model, write_text_atomic
+from dpltm.checkpoint import load_checkpoint, load_trained_model
 from dpltm.config import config_hash, read_yaml
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
+from dpltm.outputs import write_text_atomic
 from dpltm.privacy.display import format_sigma
 from dpltm.selection.noise_aware import among_rounds
 from dpltm.selection.winner import Selection, choose, winner_payload

@@ -8,13 +8,14 @@ line naming the file and the field:
   privacy record.
 
 Privacy facts are stored once, as the DpEvents that ran plus their provenance; what reports and
-statements say is computed from them. The file layer (dpltm.checkpoint: atomic writes, version
-checks, `load_ticket_set`, `load_winner`, `load_trained_model`) sits above these modules.
+statements say is computed from them. The checks they share and the format's version are in
+dpltm.artefacts.format; the file layer (dpltm.checkpoint: `load_ticket_set`, `load_winner`,
+`load_trained_model`) sits above these modules.
 """
 
-from dpltm.artefacts.ticket_set import ImpRound, TicketSet
+from dpltm.artefacts.ticket_set import TicketRecord, TicketSet
 from dpltm.artefacts.trained_model import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
 from dpltm.artefacts.winner import Winner
 
-__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "ImpRound", "Outcome", "PrivacyRecord", "TicketSet", "TrainedModel",
+__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "Outcome", "PrivacyRecord", "TicketRecord", "TicketSet", "TrainedModel",
            "Winner"]

@@ -1,16 +1,14 @@
-"""The dpltm file format, in one place: its version and kinds, the refusal of formats this dpltm does not read,
-the migration of older files at read time, and the checks every typed artefact's `from_dict` makes of a body
-(a header of the right kind, each field present with its type, tensors that fit the network, an export's
-metadata), each refusing a damaged file in one line that names the file and the field.
+"""The dpltm checkpoint format: its version, the kinds of file, the one place older files are brought to
+today's layout, and the checks every typed artefact's `from_dict` makes (a header of the right kind and
+a readable format; each field present with its type; tensors that fit the architecture), refused in one
+line that names the file and the field. Below both the artefacts and the file layer (dpltm.checkpoint),
+so neither imports the other.
 
-The file layer (dpltm.checkpoint: atomic writes, locks, loading) and the typed artefacts (dpltm.artefacts) both
-read this module; it imports neither. A network is built on PyTorch's `meta` device to check tensors against it:
-shapes only, no memory, no initialisation.
+Networks are built on PyTorch's `meta` device to check shapes: no memory, no initialisation.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,14 +26,18 @@ kinds did not change: their format-2 files are still read (`OLDEST_READABLE`).
 ticket sets and winners may hold a `rewind_point`. Older files of every kind are still read; an older ticket set
 is not resumed under today's settings (its hash differs: `generate --overwrite`)."""
 KINDS = ("tickets", "ticket", "model", "run")
-OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
-"""The oldest format each kind is read in: the last format that changed that kind's layout."""
 """tickets: a generated ticket set; ticket: one selected winner; model: a trained network; run: a library
 run of `make_private` (`PrivateTraining.save`), resumable, with the segments it spent."""
-
+OLDEST_READABLE = {"tickets": 2, "ticket": 2, "run": 2, "model": 3}
+"""The oldest format each kind is read in: the last format that changed that kind's layout."""
 
 MODEL_FORMAT_2 = 2
 """Model files of checkpoint format 2 stored the privacy facts twice (ledger and report)."""
+
+
+def header(kind: str) -> dict[str, Any]:
+    """What begins every checkpoint's body: the format's name, the file's kind and the format's version."""
+    return {"format": "dpltm", "kind": kind, "format_version": FORMAT_VERSION}
 
 
 def refusal(path: Path | str, kind: Any, version: Any) -> str:
@@ -46,6 +48,14 @@ def refusal(path: Path | str, kind: Any, version: Any) -> str:
     return f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}"
 
 
+def is_readable(kind: Any, version: Any) -> bool:
+    """Whether this dpltm reads a file of `kind` written in format `version` (an unknown kind: today's only)."""
+    oldest = OLDEST_READABLE.get(kind, FORMAT_VERSION) if isinstance(kind, str) else FORMAT_VERSION
+    return isinstance(version, int) and not isinstance(version, bool) and oldest <= version <= FORMAT_VERSION
+
+
+# ---- older files, read in today's layout ----------------------------------------------------
+
 _OLD_PARAMETER_NAME = re.compile(r"^layers\.(?:(conv|hidden)_(\d+)|(project|output))\.(weight|bias)$")
 
 
@@ -55,8 +65,6 @@ def current_parameter_names(state: dict[str, Any], where: str = "the file") -> d
     `hidden.0.weight`, `layers.output.bias` is `output.bias`. Files written before keep loading: their
     θ0 and state_dict keys are renamed as they are read (values untouched; other keys kept as they are).
     A file holding one parameter under both names is refused in one line (which one would be trained?)."""
-    if not any(isinstance(key, str) and key.startswith("layers.") for key in state):  # today's names: nothing to do
-        return state
     renamed = {}
     for key, value in state.items():
         match = _OLD_PARAMETER_NAME.match(key) if isinstance(key, str) else None
@@ -71,15 +79,21 @@ def current_parameter_names(state: dict[str, Any], where: str = "the file") -> d
     return renamed
 
 
+def migrate(body: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """An old file's body in today's layout, as it is read: θ0 and state_dict keys of the old `layers` dict
+    renamed (`current_parameter_names`). A file in today's layout is returned as it is, untouched."""
+    for key in ("theta0", "state_dict"):
+        state = body.get(key)
+        if body.get("kind") != "run" and isinstance(state, dict) and any(
+                isinstance(name, str) and _OLD_PARAMETER_NAME.match(name) for name in state):
+            body[key] = current_parameter_names(state, f"{path}'s {key}")
+    return body
+
+
+# ---- fields ---------------------------------------------------------------------------------
+
 HEADER_KEYS = ("format", "kind", "format_version", "environment")
 """What `checkpoint.save_atomic` adds to every body: the header, and the library versions that wrote it."""
-
-
-def json_number(value: float) -> float | str:
-    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
-    if math.isfinite(value):
-        return float(value)
-    return "inf" if value > 0 else "-inf"
 
 
 def damaged(path: Path | str, kind: str, what: str) -> DpltmUserError:
@@ -111,8 +125,7 @@ def check_header(body: Any, kind: str, path: Path | str) -> Mapping[str, Any]:
     if body.get("kind") != kind:
         raise DpltmUserError(f"{path} holds a '{body.get('kind')}' checkpoint, expected {kind}")
     version = body.get("format_version")
-    readable = isinstance(version, int) and not isinstance(version, bool)
-    if not (readable and OLDEST_READABLE[kind] <= version <= FORMAT_VERSION):
+    if not is_readable(kind, version):
         raise DpltmUserError(refusal(path, kind, version))
     return body
 
@@ -149,6 +162,8 @@ def mapping_of(record: Mapping[str, Any], key: str, value_types: tuple[type, ...
         raise damaged(path, kind, f"'{where}{key}' must map names to {value_types[0].__name__}s")
     return values
 
+
+# ---- tensors --------------------------------------------------------------------------------
 
 def architecture_of(body: dict[str, Any], kind: str, path: Path) -> Any:
     """The checkpoint's `Architecture`, or a one-line error saying why its record builds none."""
@@ -189,30 +204,30 @@ def check_tensors(found: Any, expected: dict[str, Any], where: str, kind: str, p
                            "(a diverged run, or a damaged file)")
 
 
-EXPORT_TEXT_KEYS = ("format", "privacy_statement", "source_checkpoint", "digest")
-"""Metadata of a safetensors export kept as plain text; every other value is JSON."""
-EXPORT_OBJECT_KEYS = ("architecture", "data", "privacy", "input_normalisation")
+
+def reference_state(arch: Any) -> dict[str, Any]:
+    """A model file's state (`dpltm.masks.stored_state`): weights, biases and, beside them, the boolean
+    masks."""
+
+    from dpltm.masks import stored_mask_key
+
+    masks = {stored_mask_key(name): mask for name, mask in reference_masks(arch).items()}
+    return {**reference_theta0(arch), **masks}
 
 
-def check_export_metadata(metadata: dict[str, str], path: Path) -> None:
-    """Refuse an export whose metadata is not what `dpltm export` writes: JSON that does not
-    parse, a record that is not an object, no privacy statement."""
-    import json
+def reference_theta0(arch: Any) -> dict[str, Any]:
+    """θ0 as ticket files keep it: the network's parameters (the model holds no masks)."""
+    import torch
 
-    def damaged(what: str) -> DpltmUserError:
-        return DpltmUserError(f"{path} is a damaged dpltm export: {what}")
+    from dpltm.networks.lenet import build_network
 
-    for key, text in metadata.items():
-        if key in EXPORT_TEXT_KEYS:
-            continue
-        try:
-            json.loads(text)
-        except (ValueError, RecursionError):
-            raise damaged(f"its metadata '{key}' is not JSON") from None
-    for key in EXPORT_OBJECT_KEYS:
-        if key not in metadata:
-            raise damaged(f"its metadata lacks '{key}'")
-        if not isinstance(json.loads(metadata[key]), dict):
-            raise damaged(f"its metadata '{key}' is not a JSON object")
-    if not metadata.get("privacy_statement", "").strip():
-        raise damaged("it has no privacy statement")
+    with torch.device("meta"):
+        return build_network(arch).state_dict()
+
+
+def reference_masks(arch: Any) -> dict[str, Any]:
+    """A ticket's masks: one boolean tensor per prunable weight, keyed `<layer>.weight`."""
+    import torch
+
+    return {f"{name}.weight": torch.empty(shape, dtype=torch.bool, device="meta")
+            for name, shape in arch.layer_shapes().items()}

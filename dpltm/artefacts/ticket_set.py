@@ -5,8 +5,8 @@ with), the data they were made on, and a privacy
 record: the DpEvent of phase 1 (`NonPrivateDpEvent`: IMP saw its data without privacy) and where it
 ran. `TicketSet.to_dict()` is the checkpoint body, in the layout `dpltm.tickets.imp` has always
 written; `TicketSet.from_dict(body, path)` checks every field and refuses a damaged file in one line
-naming the file and the field. Readers ask the computed properties (C and A per ticket, the ε1 of
-earlier draws, the phase-1 DpEvent) rather than picking through the dict.
+naming the file and the field. Readers ask the computed properties (A per ticket, the ε1 of
+earlier draws) rather than picking through the dict.
 """
 
 from __future__ import annotations
@@ -17,13 +17,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.format import (
-    FORMAT_VERSION,
     HEADER_KEYS,
+    architecture_of,
     check_header,
+    check_tensors,
     check_unknown,
     damaged,
+    header,
     mapping_of,
     number_list,
+    reference_masks,
+    reference_theta0,
     typed,
 )
 
@@ -73,9 +77,9 @@ def parse_event(record: Any, where: str, path: Path | str, kind: str) -> DpEvent
 
 
 @dataclass(frozen=True)
-class ImpRound:
-    """One round of IMP as a ticket set stores it (a ticket: its mask, density C, validation accuracy A and training
-    loss curve); the API's `dpltm.Ticket` is the user's object, with θ0 and the public records' hashes."""
+class TicketRecord:
+    """One round of IMP as a ticket set file stores it: its mask, density C, validation accuracy A and training loss
+    curve (`dpltm.Ticket` is the library's in-memory ticket, made by `generate_tickets`)."""
 
     round: int
     masks: dict[str, torch.Tensor]
@@ -106,8 +110,8 @@ class ImpRound:
         return out
 
     @classmethod
-    def from_dict(cls, record: Any, index: int, path: Path | str) -> ImpRound:
-        """Round `index` of a ticket set, its fields' types checked (its tensors are checked by the set)."""
+    def from_dict(cls, record: Any, index: int, path: Path | str) -> TicketRecord:
+        """Ticket `index` of a set, its fields' types checked (its tensors are checked by the set)."""
         where = f"tickets[{index}]."
         if not isinstance(record, Mapping):
             raise _damaged(path, f"ticket {index} is not a record")
@@ -130,8 +134,6 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
                   path: Path | str) -> None:
     """Public-trained weights checked as θ0 is (its keys, shapes, floating dtypes), and zero where the mask
     prunes: a ticket's weights that act where its mask prunes would not be that ticket."""
-    from dpltm.artefacts.format import check_tensors
-    from dpltm.artefacts.networks import reference_theta0
     from dpltm.masks import pruned_but_not_zero
 
     check_tensors(weights, reference_theta0(arch), where, kind, path, check_dtype=True)
@@ -143,8 +145,6 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
 def check_rewind_point(point: Mapping[str, Any], reference: Mapping[str, Any], where: str, kind: str,
                        path: Path | str) -> int:
     """A late-rewinding point, {"step": K ≥ 1, "weights": θ_K with θ0's keys, shapes and floating dtypes}; its K."""
-    from dpltm.artefacts.format import check_tensors
-
     check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
     step = typed(point, "step", (int,), f"{where}.", path, kind)
     if step < 1:  # `typed` takes a bool only where one is asked for
@@ -182,7 +182,7 @@ class TicketSet:
 
     architecture: dict[str, Any]
     theta0: dict[str, torch.Tensor]
-    tickets: tuple[ImpRound, ...]
+    tickets: tuple[TicketRecord, ...]
     data: dict[str, Any]
     """The data the tickets were made on (`DatasetSplits.ticket_set_summary`), with its fingerprint."""
     config: dict[str, Any]
@@ -218,11 +218,6 @@ class TicketSet:
         return str(self.data["fingerprint"])
 
     @property
-    def densities(self) -> tuple[float, ...]:
-        """C per ticket: the fraction of weights each mask keeps."""
-        return tuple(float(t.density) for t in self.tickets)
-
-    @property
     def accuracies(self) -> tuple[float, ...]:
         """A per ticket: the validation accuracy of each round."""
         return tuple(float(t.val_accuracy) for t in self.tickets)
@@ -237,17 +232,12 @@ class TicketSet:
         """Phase 1's record as `inspect` shows it: the stored kind and DpEvent, where it ran, and the note."""
         return phase1_view(self.privacy, self.data)
 
-    @property
-    def phase1_event(self) -> DpEvent:
-        """What generation did to its data, as a DpEvent (`NonPrivateDpEvent`)."""
-        return parse_event(self.privacy["dp_event"], "privacy.dp_event", "ticket set", KIND)
-
     # ---- storage --------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint body: header, then the fields in the order `dpltm generate` writes them."""
         body: dict[str, Any] = {
-            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            **header(KIND),
             "dpltm_version": self.dpltm_version, "config": self.config, "config_hash": self.config_hash,
             "architecture": self.architecture, "prune_rates": self.prune_rates, "seed": self.seed,
             "data": self.data, "theta0": self.theta0, "privacy": self.privacy,
@@ -265,17 +255,13 @@ class TicketSet:
     def from_payload(cls, payload: Mapping[str, Any]) -> TicketSet:
         """A ticket set from the dict `dpltm.tickets.imp` builds while it runs (with or without a header),
         checked as a file would be: a writer cannot save what a reader would refuse."""
-        header = {"format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION}
-        return cls.from_dict({**payload, **header}, "the ticket set being written")
+        return cls.from_dict({**payload, **header(KIND)}, "the ticket set being written")
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> TicketSet:
         """A ticket set's body, checked: header and version, every field's type, an architecture that
         builds a network, θ0 and every mask fitting it, a phase-1 DpEvent that parses. One-line errors
         name the file and the field."""
-        from dpltm.artefacts.format import architecture_of, check_tensors
-        from dpltm.artefacts.networks import reference_masks, reference_theta0
-
         body = check_header(body, KIND, path)
         data = _typed(body, "data", (dict,), "", path)
         for key in ("dataset", "split", "fingerprint"):
@@ -289,7 +275,7 @@ class TicketSet:
         seed = _typed(body, "seed", (int,), "", path)
         if not records:  # generate writes the file after its first round, never before
             raise _damaged(path, "it holds no tickets")
-        tickets = tuple(ImpRound.from_dict(r, i, path) for i, r in enumerate(records))
+        tickets = tuple(TicketRecord.from_dict(r, i, path) for i, r in enumerate(records))
         check_unknown(body, (*HEADER_KEYS, *TICKET_SET_KEYS), "", path, KIND)
         optional = {key: _typed(body, key, types, "", path, optional=True)
                     for key, types in (("dpltm_version", (str,)), ("config_hash", (str,)),

@@ -8,7 +8,7 @@ facts the ledger cannot know: caveats and whether early stopping chose the stopp
 privacy fact a report, `inspect`, `predict` or `export` shows is computed from it, so a file cannot
 state an ε its ledger does not give.
 
-`TrainedModel.to_dict()` is the checkpoint body (format `checkpoint.FORMAT_VERSION`);
+`TrainedModel.to_dict()` is the checkpoint body (format `dpltm.artefacts.format.FORMAT_VERSION`);
 `TrainedModel.from_dict(body, path)` checks it and refuses a damaged file in one line naming the
 file and the bad field.
 """
@@ -22,7 +22,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import FORMAT_VERSION, check_header, damaged, json_number, typed
+from dpltm.artefacts.format import (
+    architecture_of,
+    check_header,
+    check_tensors,
+    check_unknown,
+    damaged,
+    header,
+    reference_state,
+    typed,
+)
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.ledger import PrivacyLedger
 
@@ -35,6 +44,13 @@ MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "dat
               "ticket", "dpltm_version")
 """The keys of a model checkpoint's body (besides the header and `environment`); no ε among them."""
 PRIVACY_KEYS = ("ledger", "caveats", "adaptive_stop")
+
+
+def json_number(value: float) -> float | str:
+    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
+    if math.isfinite(value):
+        return float(value)
+    return "inf" if value > 0 else "-inf"
 
 
 def _damaged(path: Path | str, what: str) -> DpltmUserError:
@@ -193,9 +209,7 @@ class Outcome:
     def from_dict(cls, record: Any, path: Path | str) -> Outcome:
         if not isinstance(record, Mapping):
             raise _damaged(path, "'outcome' has the wrong type")
-        extra = sorted(set(record) - set(cls._TYPES))
-        if extra:
-            raise _damaged(path, f"'outcome' holds unknown {extra[:3]}")
+        check_unknown(record, tuple(cls._TYPES), "'outcome'", path, KIND)
         values = {key: _typed(record, key, types, "outcome.", path, optional=key in cls._OPTIONAL)
                   for key, types in cls._TYPES.items()}
         return cls(**values)
@@ -316,7 +330,7 @@ class TrainedModel:
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint body: header, the stored facts, one privacy record; no computed ε."""
         body: dict[str, Any] = {
-            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            **header(KIND),
             "dpltm_version": self.dpltm_version,
             "architecture": self.architecture,
             "state_dict": self.state_dict,
@@ -337,8 +351,6 @@ class TrainedModel:
         """A model checkpoint's body, checked: header and version, every field's type, an architecture
         that builds a network, weights that fit it, a ledger that parses. One-line errors name the file
         and the field."""
-        from dpltm.artefacts.format import architecture_of, check_tensors
-
         body = check_header(body, KIND, path)
         extra = sorted(set(body) - {"format", "kind", "format_version", "environment", *MODEL_KEYS})
         if extra:
@@ -363,7 +375,7 @@ class TrainedModel:
         privacy = PrivacyRecord.from_dict(_typed(body, "privacy", (dict,), "", path), path)
         outcome = Outcome.from_dict(_typed(body, "outcome", (dict,), "", path), path)
         arch = architecture_of(body, KIND, path)
-        check_tensors(values["state_dict"], _reference_state(arch), "state_dict", KIND, path, check_dtype=True)
+        check_tensors(values["state_dict"], reference_state(arch), "state_dict", KIND, path, check_dtype=True)
         from dpltm.masks import pruned_but_not_zero, split_stored_state
 
         acting = pruned_but_not_zero(*split_stored_state(arch, values["state_dict"]))
@@ -372,10 +384,3 @@ class TrainedModel:
         return cls(architecture=values["architecture"], state_dict=values["state_dict"], privacy=privacy,
                    history=tuple(history), config=config, data=values["data"], outcome=outcome,
                    transfer=values["transfer"], ticket=ticket, dpltm_version=version_text, environment=environment)
-
-
-def _reference_state(arch: Any) -> dict[str, Any]:
-    """The state_dict the architecture builds, on PyTorch's meta device (shapes only, no memory)."""
-    from dpltm.artefacts.networks import reference_state
-
-    return reference_state(arch)

@@ -24,13 +24,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.format import (
-    FORMAT_VERSION,
     HEADER_KEYS,
+    architecture_of,
     check_header,
+    check_tensors,
     check_unknown,
     damaged,
+    header,
     mapping_of,
     number_list,
+    reference_masks,
+    reference_theta0,
     typed,
 )
 from dpltm.artefacts.ticket_set import check_phase1, check_rewind_point, check_trained, parse_event, phase1_view
@@ -183,7 +187,7 @@ class Winner:
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint body: header, then the fields in the order the writers write them."""
         body: dict[str, Any] = {
-            "format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION,
+            **header(KIND),
             "dpltm_version": self.dpltm_version, "architecture": self.architecture, "theta0": self.theta0,
             "masks": self.masks, "density": self.density, "layer_density": self.layer_density,
             "round": self.round, "val_accuracy": self.val_accuracy, "source": self.source,
@@ -202,17 +206,13 @@ class Winner:
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Winner:
         """A winner from the dict a writer builds (no header), checked as a file would be."""
-        header = {"format": "dpltm", "kind": KIND, "format_version": FORMAT_VERSION}
-        return cls.from_dict({**payload, **header}, "the ticket being written")
+        return cls.from_dict({**payload, **header(KIND)}, "the ticket being written")
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> Winner:
         """A winner's body, checked: header and version, every field's type, an architecture that builds
         a network, θ0 and the mask fitting it, its DpEvents parsing. One-line errors name the file and
         the field."""
-        from dpltm.artefacts.format import architecture_of, check_tensors
-        from dpltm.artefacts.networks import reference_masks, reference_theta0
-
         body = check_header(body, KIND, path)
         architecture = _typed(body, "architecture", (dict,), "", path)
         theta0 = _typed(body, "theta0", (dict,), "", path)

@@ -12,8 +12,8 @@ from dpltm.errors import DpltmUserError
 
 def stage_export(model: Path, out: Path | None, overwrite: bool, warn: Callable[[str], None]) -> dict[str, Any]:
     """Write the export (default: the model's path with .safetensors); returns what it holds."""
-    from dpltm.checkpoint import prepare_output
     from dpltm.export import SUFFIX, export_model
+    from dpltm.outputs import prepare_output
 
     target = out or model.with_suffix(SUFFIX)
     if target.suffix != SUFFIX:

@@ -19,10 +19,10 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     """IMP into a locked ticket file; with `logger` (csv, tensorboard, mlflow or none) the run also
     gets a versioned log folder (dpltm.run_log): each round's density, validation accuracy and
     training-loss curve at its global SGD step."""
-    from dpltm.checkpoint import check_checkpoint_name, check_writable, output_lock, same_file
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
     from dpltm.devices import require_cuda_for_graphs, resolve_device
+    from dpltm.outputs import check_checkpoint_name, check_writable, output_lock, same_file
     from dpltm.paths import default_checkpoint_dir
     from dpltm.tickets.imp import generate_tickets
 
@@ -134,10 +134,10 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
                            log_dir: Path | None = None, download: bool = False) -> tuple[dict[str, Any], Path]:
     """`generate --private`: a ticket made on the private data by DP warm-up (dpltm.tickets.private).
     `cli` is a training config tree: the warm-up uses the `train:` recipe, `private_ticket:` the rest."""
-    from dpltm.checkpoint import output_lock, prepare_output
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
+    from dpltm.outputs import output_lock, prepare_output
     from dpltm.paths import default_checkpoint_dir
     from dpltm.tickets.private import (
         layer_keep_fractions,

@@ -20,10 +20,17 @@ Show = Callable[[Any], None]
 def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any], Show]:
     """(the summary `--json` prints, the function that prints it as tables)."""
     from dpltm.artefacts import TicketSet, TrainedModel, Winner
-    from dpltm.artefacts.format import EXPORT_TEXT_KEYS
     from dpltm.checkpoint import load_artefact
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING, carries_private_fingerprint
-    from dpltm.export import SUFFIX, USER_MODEL, check_digest, load_exported, private_fingerprints, read_metadata
+    from dpltm.export import (
+        EXPORT_TEXT_KEYS,
+        SUFFIX,
+        USER_MODEL,
+        check_digest,
+        load_exported,
+        private_fingerprints,
+        read_metadata,
+    )
     from dpltm.ticket_views import (
         print_export,
         print_model,

@@ -54,12 +54,12 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     model's own dataset is refused unless `expose_training_records` (see `TRAINING_RECORDS_EXPOSED`)."""
     import torch
 
-    from dpltm.checkpoint import check_text_output_name, prepare_output, write_text_atomic
     from dpltm.data import load_dataset
     from dpltm.data.loaders import DATASETS, check_load_options
     from dpltm.data.release import mismatch
     from dpltm.devices import resolve_device
     from dpltm.export import load_any_model
+    from dpltm.outputs import check_text_output_name, prepare_output, write_text_atomic
 
     if part not in PARTS:
         raise DpltmUserError(f"--part must be one of {', '.join(PARTS)}, got {part!r}")

@@ -199,11 +199,11 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
 
 
 def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
-    from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.data.loaders import SPECS
     from dpltm.devices import require_cuda_for_graphs, resolve_device
+    from dpltm.outputs import prepare_output
     from dpltm.paths import default_checkpoint_dir
     from dpltm.settings import late_rewind_step
 
@@ -429,9 +429,9 @@ def check_planned_start(planned: TrainConfig, private_classes: int, public_class
 def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     """A private ticket on the private data, then its DP training; the warm-up is taken out of the
     recipe's epochs, and one σ makes the whole run meet --eps."""
-    from dpltm.checkpoint import prepare_output
     from dpltm.config import resolve_train_config
     from dpltm.data import load_dataset
+    from dpltm.outputs import prepare_output
     from dpltm.paths import default_checkpoint_dir
     from dpltm.tickets.private import layer_keep_fractions, plan_private_ticket, ticket_architecture
 

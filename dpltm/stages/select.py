@@ -152,8 +152,9 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
     """Choose the winner of a ticket set by the rule `rule` of dpltm.selection.rules (None: the one the
     CLI's flags `best`/`noise_aware` name); `noise_aware` is also the planned run a rule may need."""
     from dpltm.artefacts import Winner
-    from dpltm.checkpoint import check_writable, load_ticket_set, output_lock, prepare_output, save_atomic
+    from dpltm.checkpoint import load_ticket_set, save_atomic
     from dpltm.config import resolve_select_config
+    from dpltm.outputs import check_writable, output_lock, prepare_output
     from dpltm.paths import default_checkpoint_dir
     from dpltm.selection.winner import newest_ticket_set, winner_payload
 

@@ -32,11 +32,11 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                 overwrite: bool = False, distribution: Distribution | None = None,
                 cuda_graphs: bool = False, logger: str | None = None,
                 log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
-    from dpltm.checkpoint import prepare_output
     from dpltm.config import SEARCH_FIXED_BY, fixed_dimensions, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
+    from dpltm.outputs import prepare_output
     from dpltm.paths import check_not_input, default_checkpoint_dir
     from dpltm.selection.winner import chosen_training, describe_variant
     from dpltm.tickets.data import data_to_check

@@ -18,9 +18,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from dpltm.checkpoint import load_ticket_set, write_bytes_atomic
+from dpltm.checkpoint import load_ticket_set
 from dpltm.config import config_hash
 from dpltm.errors import DpltmUserError
+from dpltm.outputs import write_bytes_atomic
 from dpltm.paths import user_cache_dir
 from dpltm.settings import GenerateConfig
 

@@ -18,7 +18,7 @@ import torch
 
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel
-from dpltm.checkpoint import check_writable, load_winner, output_lock, save_atomic
+from dpltm.checkpoint import load_winner, save_atomic
 from dpltm.config import to_dict
 from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
@@ -30,6 +30,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
 from dpltm.masks import Masks, density, freeze_layers_, full_masks, stored_state
 from dpltm.networks.lenet import build_architecture, build_network
+from dpltm.outputs import check_writable, output_lock
 from dpltm.privacy.accounting import require_support
 from dpltm.privacy.display import format_epsilon, round_up
 from dpltm.privacy.events import DpEvent

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm.checkpoint import FORMAT_VERSION
+from dpltm.artefacts.format import FORMAT_VERSION
 from dpltm.cli import main
 from dpltm.errors import DpltmUserError
 from tests.datafiles import write_digits, write_mnist
@@ -861,7 +861,7 @@ def test_full_disk_is_one_line_and_leaves_no_file(command: str, tmp_path: Path, 
     """ENOSPC while the output is written: one line, the temp file removed, no run folder left."""
     import errno
 
-    import dpltm.checkpoint
+    import dpltm.outputs
 
     real_fsync = os.fsync
 
@@ -872,7 +872,7 @@ def test_full_disk_is_one_line_and_leaves_no_file(command: str, tmp_path: Path, 
 
     if not os.path.exists("/proc/self/fd"):
         pytest.skip("needs /proc to tell the output's writes from the others")
-    monkeypatch.setattr(dpltm.checkpoint.os, "fsync", full)
+    monkeypatch.setattr(dpltm.outputs.os, "fsync", full)
     args = {"train": [*TRAIN, "--eps2", "1", "--logger", "csv"], "generate": [*GEN, "--logger", "csv"],
             "predict": ["predict", "--model", str(model), "--device", "cpu"],
             "export": ["export", "--model", str(model)]}[command]
@@ -940,16 +940,16 @@ def test_a_ticket_file_that_cannot_record_a_draw_is_named_as_such(tmp_path: Path
     """select --eps1 records its draw in the ticket file: a ticket folder on a read-only file system is refused
     before the draw, naming the ticket file (it blamed "output directory … is not writable" for an --out that was
     elsewhere)."""
-    import dpltm.checkpoint
+    import dpltm.outputs
 
-    real = dpltm.checkpoint.check_storage
+    real = dpltm.outputs.check_storage
 
     def read_only_tickets(folder: Path) -> None:
         if folder.resolve() == tickets.parent.resolve():
             raise DpltmUserError(f"cannot write in {folder}: its file system is read-only")
         real(folder)
 
-    monkeypatch.setattr(dpltm.checkpoint, "check_storage", read_only_tickets)
+    monkeypatch.setattr(dpltm.outputs, "check_storage", read_only_tickets)
     before = tickets.read_bytes()
     code, _, stderr = _run_in_process(["select", "--eps1", "0.1", "--tickets", str(tickets), "--out",
                                        str(tmp_path / "w.pt")], tmp_path, data_dirs["good"])

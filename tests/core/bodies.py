@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from dp_accounting import ComposedDpEvent, NonPrivateDpEvent  # type: ignore[import-untyped]
 
-from dpltm.artefacts import ImpRound, TicketSet, Winner
+from dpltm.artefacts import TicketRecord, TicketSet, Winner
 from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.events import dpsgd_event, event_to_json, selection_event
 from dpltm.privacy.ledger import training_record
@@ -35,10 +35,10 @@ def trained(masks: dict[str, torch.Tensor], shift: float) -> dict[str, torch.Ten
     return {k: (v + shift) * masks[k] if k in masks else v + shift for k, v in theta0().items()}
 
 
-def ticket(round_: int, keep: float, accuracy: float) -> ImpRound:
+def ticket(round_: int, keep: float, accuracy: float) -> TicketRecord:
     masks = _masks(keep)
     kept = sum(int(m.sum()) for m in masks.values()) / sum(m.numel() for m in masks.values())
-    return ImpRound(round=round_, masks=masks, density=kept,
+    return TicketRecord(round=round_, masks=masks, density=kept,
                   layer_density={n: float(m.float().mean()) for n, m in masks.items()}, val_accuracy=accuracy,
                   loss_curve=(2.3, 1.1, 0.7), loss_every=10, next_density=kept * 0.8,
                   trained=trained(masks, 0.1 * (round_ + 1)))

@@ -24,7 +24,8 @@ from dp_accounting.pld import PLDAccountant  # type: ignore[import-untyped]
 from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
 
 from dpltm.artefacts import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
-from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, load_trained_model, save_atomic
+from dpltm.artefacts.format import FORMAT_VERSION
+from dpltm.checkpoint import load_checkpoint, load_trained_model, save_atomic
 from dpltm.errors import DpltmUserError
 from dpltm.masks import apply_masks_, stored_state
 from dpltm.networks.lenet import LeNet, build_architecture

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpltm import checkpoint
-from dpltm.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
+from dpltm import checkpoint, outputs
+from dpltm.artefacts.format import FORMAT_VERSION
+from dpltm.checkpoint import load_checkpoint, save_atomic
 from dpltm.errors import DpltmUserError
 from tests.core.bodies import ticket_set
 
@@ -121,24 +122,24 @@ def test_unwritable_output_fails_early(tmp_path: Path) -> None:
     locked.mkdir()
     locked.chmod(0o500)
     try:
-        if checkpoint.os.access(locked, checkpoint.os.W_OK):
+        if outputs.os.access(locked, outputs.os.W_OK):
             pytest.skip("running as a user who can write anywhere (root)")
         with pytest.raises(DpltmUserError, match="not writable"):
-            checkpoint.check_writable(locked / "x.pt")
+            outputs.check_writable(locked / "x.pt")
     finally:
         locked.chmod(0o700)
     with pytest.raises(DpltmUserError, match="is a directory"):
-        checkpoint.check_writable(tmp_path)
+        outputs.check_writable(tmp_path)
 
 
 def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
     """The write renames a temp file over the output: `--out /dev/null --overwrite` (run as root) once
     replaced /dev/null with a checkpoint. Devices and pipes are refused before any work."""
     fifo = tmp_path / "pipe"
-    checkpoint.os.mkfifo(fifo)
+    outputs.os.mkfifo(fifo)
     for target in (Path("/dev/null"), fifo):
         with pytest.raises(DpltmUserError, match="not a regular file"):
-            checkpoint.prepare_output(target, overwrite=True)
+            outputs.prepare_output(target, overwrite=True)
     assert Path("/dev/null").is_char_device()
 
 
@@ -173,11 +174,11 @@ def test_prepare_output_protects_inputs_and_existing_results(tmp_path: Path) -> 
     source = tmp_path / "t.pt"
     source.write_bytes(b"tickets")
     with pytest.raises(DpltmUserError, match="also this command's input"):
-        checkpoint.prepare_output(tmp_path / "." / "t.pt", overwrite=True, inputs=[source])
+        outputs.prepare_output(tmp_path / "." / "t.pt", overwrite=True, inputs=[source])
     with pytest.raises(DpltmUserError, match="already exists: pass --overwrite"):
-        checkpoint.prepare_output(source, overwrite=False)
-    checkpoint.prepare_output(source, overwrite=True)
-    checkpoint.prepare_output(tmp_path / "new.pt", overwrite=False, inputs=[source, None])
+        outputs.prepare_output(source, overwrite=False)
+    outputs.prepare_output(source, overwrite=True)
+    outputs.prepare_output(tmp_path / "new.pt", overwrite=False, inputs=[source, None])
     assert source.read_bytes() == b"tickets"
 
 
@@ -187,19 +188,19 @@ def test_output_lock_refuses_a_second_writer_and_clears_stale_temp_files(tmp_pat
     stale.write_bytes(b"left by a killed run")
     other = tmp_path / ".u.pt.abc123.tmp"
     other.write_bytes(b"another output's")
-    with checkpoint.output_lock(target):
+    with outputs.output_lock(target):
         assert not stale.exists() and other.exists()
         with pytest.raises(DpltmUserError, match="another dpltm process is writing"):
-            with checkpoint.output_lock(target):
+            with outputs.output_lock(target):
                 pass
     assert sorted(p.name for p in tmp_path.iterdir()) == [".u.pt.abc123.tmp"]  # the lock file is gone
-    with checkpoint.output_lock(target):  # free again
+    with outputs.output_lock(target):  # free again
         pass
 
 
 def test_write_text_atomic(tmp_path: Path) -> None:
     path = tmp_path / "logs" / "metrics.csv"
-    checkpoint.write_text_atomic("a,b\n1,2\n", path)
+    outputs.write_text_atomic("a,b\n1,2\n", path)
     assert path.read_text() == "a,b\n1,2\n"
     assert [p.name for p in path.parent.iterdir()] == ["metrics.csv"]
 
@@ -221,8 +222,8 @@ def test_a_long_message_keeps_its_reason() -> None:
     OSError(28, "No space left on device"),
 ])
 def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(tmp_path: Path, failure: Exception) -> None:
-    from dpltm.checkpoint import write_atomic
     from dpltm.errors import DpltmUserError
+    from dpltm.outputs import write_atomic
 
     def write(handle: object) -> None:
         raise failure
@@ -267,7 +268,7 @@ def test_a_file_the_user_may_not_replace_is_one_line_and_kept(code: str, tmp_pat
     import errno
     import os
 
-    from dpltm.checkpoint import write_atomic
+    from dpltm.outputs import write_atomic
 
     target = tmp_path / "kept.pt"
     target.write_bytes(b"old")
@@ -275,7 +276,7 @@ def test_a_file_the_user_may_not_replace_is_one_line_and_kept(code: str, tmp_pat
     def refused(src: str, dst: str) -> None:
         raise PermissionError(getattr(errno, code), os.strerror(getattr(errno, code)), src, None, dst)
 
-    monkeypatch.setattr(checkpoint.os, "replace", refused)
+    monkeypatch.setattr(outputs.os, "replace", refused)
     with pytest.raises(DpltmUserError, match=f"cannot write {re.escape(str(target))}: "):
         write_atomic(target, lambda handle: handle.write(b"new"))
     assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.pt"]
@@ -293,7 +294,7 @@ def test_an_output_name_leaves_room_for_its_temporary_file(tmp_path: Path) -> No
     with pytest.raises(DpltmUserError, match=f"use at most {name_max - WRITE_NAME_EXTRA}"):
         check_path_length(tmp_path / ("x" * (name_max - 5) + ".pt"))
     check_path_length(tmp_path / ("x" * (name_max - 5) + ".pt"), file=False)  # a folder's name: no temp beside it
-    checkpoint.write_atomic(longest, lambda handle: handle.write(b"x"))
+    outputs.write_atomic(longest, lambda handle: handle.write(b"x"))
     assert longest.read_bytes() == b"x"
 
 
@@ -304,9 +305,9 @@ def test_a_symbolic_link_output_is_written_through(tmp_path: Path) -> None:
 
     target, link = tmp_path / "real.pt", tmp_path / "link.pt"
     os.symlink(target, link)  # dangling: the write creates the target
-    checkpoint.write_atomic(link, lambda handle: handle.write(b"one"))
+    outputs.write_atomic(link, lambda handle: handle.write(b"one"))
     assert link.is_symlink() and target.read_bytes() == b"one"
-    checkpoint.write_atomic(link, lambda handle: handle.write(b"two"))
+    outputs.write_atomic(link, lambda handle: handle.write(b"two"))
     assert link.is_symlink() and target.read_bytes() == b"two"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.pt", "real.pt"]
 
@@ -316,7 +317,7 @@ def test_a_symbolic_link_output_is_checked_where_it_will_be_written(tmp_path: Pa
     files wherever it points), a link to an existing file needs --overwrite like the file itself."""
     import os
 
-    from dpltm.checkpoint import prepare_output
+    from dpltm.outputs import prepare_output
 
     dangling = tmp_path / "dangling.pt"
     os.symlink(tmp_path / "nowhere" / "x.pt", dangling)

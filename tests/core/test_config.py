@@ -373,7 +373,7 @@ def test_config_hashes_are_pinned() -> None:
     """The hash names what a run produced (a resumed `generate` checks it): pinned, so that an edit
     cannot orphan existing ticket sets unnoticed. Changing a setting's name or adding one changes
     these; for the generate settings (the hash a ticket set stores) that comes with a new checkpoint
-    format (dpltm.checkpoint.FORMAT_VERSION). No file stores the train settings' hash: it is pinned so a
+    format (dpltm.artefacts.format.FORMAT_VERSION). No file stores the train settings' hash: it is pinned so a
     change is seen (train.rewind, output_layer, freeze and ema_warmup were added with issue 21). Every setting counts,
     at its default too."""
     assert config_hash(GenerateConfig()) == "63c8efb2cd518678"

@@ -20,6 +20,7 @@ from dpltm.artefacts import TicketSet
 from dpltm.artefacts.ticket_set import TICKET_SET_KEYS
 from dpltm.checkpoint import load_checkpoint, load_ticket_set, save_atomic
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.events import event_from_json
 from tests.core.bodies import ticket_set, winner
 
 
@@ -71,10 +72,10 @@ def test_a_file_of_the_current_layout_without_optional_keys_still_loads() -> Non
 
 def test_computed_facts() -> None:
     tickets = ticket_set(selection_draws=(0.5, 0.25))
-    assert tickets.densities == tuple(t.density for t in tickets.tickets) and tickets.densities[0] == 1.0
+    assert tickets.tickets[0].density == 1.0
     assert tickets.accuracies == (0.9, 0.88, 0.8)
     assert tickets.draws == (0.5, 0.25) and tickets.dataset == "kmnist" and tickets.split == "test"
-    assert tickets.phase1_event == NonPrivateDpEvent()
+    assert event_from_json(tickets.privacy["dp_event"]) == NonPrivateDpEvent()
     with pytest.raises(dataclasses.FrozenInstanceError):
         tickets.complete = False  # type: ignore[misc]
 
