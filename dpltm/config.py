@@ -57,7 +57,7 @@ def to_dict(settings: Any) -> dict[str, Any]:
 
 def config_hash(settings: Any) -> str:
     """Every setting, under its own name: a setting added or renamed changes every hash, so it comes
-    with a new checkpoint format (dpltm.checkpoint.FORMAT_VERSION), which refuses older files in one
+    with a new checkpoint format (dpltm.artefacts.format.FORMAT_VERSION), which refuses older files in one
     line rather than calling their settings other ones. tests/core/test_config.py pins the defaults' hashes."""
     blob = json.dumps(to_dict(settings), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
