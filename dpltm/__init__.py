@@ -9,7 +9,11 @@ The Python API (imported on first use, so `import dpltm` and the CLI stay quick)
   Poisson sampling, per-sample clipping and Gaussian noise on the surviving weights; reports ε;
 * `DPCallback`: the same DP-SGD for an existing LightningModule;
 * `account(sample_rate=..., noise_multiplier=..., steps=...)`: ε of a DP-SGD run;
+* `get_epsilon(path, delta)`: ε of a saved run or model at any δ (a run's own: `run.get_epsilon(delta)`);
 * `load_model(path)`: the released model of a `dpltm train` checkpoint.
+
+Coming from Opacus: `make_private_with_epsilon` and Opacus's argument names work where dpltm does the same,
+and are refused in one line naming dpltm's way otherwise (dpltm.opacus_names; docs/api.md).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ __version__ = "0.1.0"
 _API = {
     "generate_tickets": "dpltm.api", "select_ticket": "dpltm.api", "make_private": "dpltm.api",
     "PrivateTraining": "dpltm.api", "Ticket": "dpltm.api", "account": "dpltm.api", "load_model": "dpltm.api",
+    "make_private_with_epsilon": "dpltm.api", "get_epsilon": "dpltm.api", "PrivacyEngine": "dpltm.opacus_names",
     "evaluate": "dpltm.api", "DPCallback": "dpltm.lightning", "PoissonBatchSampler": "dpltm.lightning",
     "poisson_loader": "dpltm.lightning",
     "DpltmUserError": "dpltm.errors",

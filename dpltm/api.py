@@ -37,6 +37,7 @@ from dpltm.api_checks import (
     check_clip,
     check_count,
     check_data_fits_model,
+    check_epochs,
     check_finite,
     check_flag,
     check_mask_values,
@@ -46,6 +47,7 @@ from dpltm.api_checks import (
     check_steps,
     check_token_ids,
     delta_or_target_delta,
+    expected_batch_size,
     first_parameter,
     user_path,
 )
@@ -57,10 +59,12 @@ from dpltm.dp.engine import (
 from dpltm.dp.independence import (
     check_gradients_reach_their_layers,
     check_loss_per_sample,
+    check_loss_shape,
     check_samples_independent,
     probe_rows,
 )
 from dpltm.errors import DpltmUserError
+from dpltm.opacus_names import resolve_inputs
 from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
@@ -339,7 +343,8 @@ def _same_masks(given: Mapping[str, Tensor], ticket: Mapping[str, Tensor]) -> bo
         torch.equal(torch.as_tensor(given[n]).bool().cpu(), torch.as_tensor(ticket[n]).bool().cpu()) for n in names)
 
 
-def _checked_records(model: nn.Module, train: Data, *, in_memory: bool, delta: float, loss: Loss, batch_size: int,
+def _checked_records(model: nn.Module, train: Data, *, in_memory: bool, delta: float, loss: Loss,
+                     batch_size: int | None,
                      epochs: int, resuming: bool) -> tuple[Records, int]:
     """The training records as the run reads them, with every check made before any step: finite values, the
     model's layers and classes, records independent under the model, a per-sample loss, and the batch size."""
@@ -347,6 +352,7 @@ def _checked_records(model: nn.Module, train: Data, *, in_memory: bool, delta: f
     dtype = parameter.dtype if parameter.is_floating_point() else None
     records = training_records(train, parameter.device, in_memory,
                                lambda data, device: model_tensors(model, data, device), dtype, takes_ids(model))
+    batch_size = expected_batch_size(train, batch_size)  # the loader's own, where it has one
     n = len(records)
     if isinstance(records, TensorRecords):
         check_finite(records.features, "the training features")
@@ -364,6 +370,7 @@ def _checked_records(model: nn.Module, train: Data, *, in_memory: bool, delta: f
     batch_size = check_batch_size(batch_size, n)
     rows = probe_rows(batch_size)
     check_samples_independent(model, first_x, rows=rows)  # parameter-free mixing layers and buffers updated in forward
+    check_loss_shape(model, first_x, first_y, loss)  # a batch-mean loss, named as such
     check_gradients_reach_their_layers(model, first_x, first_y, loss)  # weights used outside their layer
     if loss is not per_sample_cross_entropy:
         check_loss_per_sample(model, first_x, first_y, loss, rows)  # a loss reading other rows (batch means)
@@ -371,21 +378,27 @@ def _checked_records(model: nn.Module, train: Data, *, in_memory: bool, delta: f
     return records, batch_size
 
 
-def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data, *,
+def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 train: Data | None = None, *,
                  target_epsilon: float | None = None, noise_multiplier: float | None = None,
-                 delta: float | None = None, epochs: int = 1, batch_size: int = 256, max_grad_norm: float = 1.0,
+                 delta: float | None = None, epochs: int | None = None, batch_size: int | None = None,
+                 max_grad_norm: float = 1.0,
                  masks: Mapping[str, Tensor] | None = None, masks_from: Any = None,
                  loss: Loss = per_sample_cross_entropy, accountant: str = "pld", noise_seed: int | None = None,
                  dataset_name: str = "user data", masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
                  target_delta: float | None = None, resume_from: str | Path | None = None,
-                 in_memory: bool = True) -> PrivateTraining:
+                 in_memory: bool = True, **opacus_names: Any) -> PrivateTraining:
     """Masked DP-SGD for a user's model, in the spirit of Opacus's `make_private_with_epsilon`.
 
-    σ is calibrated so that `epochs` epochs of Poisson batches of expected size `batch_size` meet
+    σ is calibrated so that `epochs` epochs (required) of Poisson batches of expected size `batch_size` meet
     (`target_epsilon`, `delta`) (Opacus's name `target_delta` works too; default 1e-5), or
-    `noise_multiplier` is used and ε reported. `masks` (weight name → 0/1, e.g.
-    `select_ticket(...).masks`) restrict clipping norms, sums and noise to the surviving weights;
+    `noise_multiplier` is used and ε reported (`epochs` then only bounds the run's steps; default 1).
+    The expected batch size is `batch_size`, else a DataLoader's own batch size, else 256; a DataLoader whose
+    batch size differs from `batch_size` is refused (its batching is replaced by Poisson sampling, so
+    one of the two would be ignored). Opacus's keyword names (`module`, `data_loader`) and its arguments
+    work where dpltm does the same and are refused in one line otherwise (dpltm.opacus_names).
+    `masks` (weight name → 0/1, e.g. `select_ticket(...).masks`) restrict clipping norms, sums and noise to the surviving weights;
     `masks_from` must then say where they came from: a string (taken on your word), or the public
     data itself / the tickets of `generate_tickets`, and then no private record may be among the
     public ones (checked). `neighboring` is "add_remove" (N treated as public; the default, as in
@@ -401,8 +414,9 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     `train` is (features, labels), a map-style Dataset (read once into tensors; `in_memory=False`
     reads it per batch: larger-than-memory data, augmentation in `__getitem__`), or a DataLoader
     (its dataset read per batch with its collate_fn; its own batching is replaced by the run's
-    Poisson sampler at `batch_size`). dpltm.private_records says why an IterableDataset is refused.
+    Poisson sampler). dpltm.private_records says why an IterableDataset is refused.
     """
+    model, optimizer, train = resolve_inputs(model, optimizer, train, opacus_names)
     check_model_and_optimizer(model, optimizer)
     owner = _OWNERS.get(optimizer)
     if resume_from is None and owner is not None and owner() is not None:  # a resume takes the optimizer over
@@ -411,7 +425,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
     d = delta_or_target_delta(delta, target_delta)
     clip = check_clip(max_grad_norm)
-    epochs = check_count(epochs, "epochs")
+    epochs = check_epochs(epochs, target_epsilon)
     accountant = check_accountant(accountant)
     neighboring = check_neighboring(neighboring)
     masks = check_mask_values(masks)
@@ -461,6 +475,32 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     if run.steps_done:  # resumed: the weights loaded are the saved run's, with its steps
         note_private_step(model, run)
     return run
+
+
+def make_private_with_epsilon(model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                              train: Data | None = None, *, target_epsilon: float | None = None,
+                              epochs: int | None = None, **arguments: Any) -> PrivateTraining:
+    """Opacus's name: `make_private` with σ calibrated to `target_epsilon` over `epochs` (both required)."""
+    if target_epsilon is None or "noise_multiplier" in arguments:
+        raise DpltmUserError("make_private_with_epsilon calibrates σ: give target_epsilon and epochs, not "
+                             "noise_multiplier (for a given σ, call make_private)")
+    return make_private(model, optimizer, train, target_epsilon=target_epsilon, epochs=epochs, **arguments)
+
+
+def get_epsilon(path: str | Path, delta: float | None = None) -> float:
+    """ε of a saved run (`PrivateTraining.save`) or a `dpltm train` model at `delta` (None: the run's own δ), read
+    from the privacy record stored in the file: the events that ran, composed by the run's accountant. ∞ for a
+    run that is not DP end to end."""
+    from dpltm.artefacts.trained_model import TrainedModel
+    from dpltm.checkpoint import load_artefact
+    from dpltm.privacy.ledger import PrivacyLedger
+
+    target = user_path(path, "path")
+    artefact = load_artefact(target, ("run", "model"))
+    if isinstance(artefact, TrainedModel):
+        return artefact.privacy.get_epsilon(delta)
+    stored = artefact.get("ledger")
+    return 0.0 if stored is None else PrivacyLedger.from_json(stored).get_epsilon(delta)
 
 
 def load_model(path: str | Path) -> nn.Module:

@@ -151,6 +151,35 @@ def check_batch_size(batch_size: Any, dataset_size: int) -> int:
     return L_
 
 
+DEFAULT_BATCH_SIZE = 256
+
+
+def check_epochs(epochs: Any, target_epsilon: float | None) -> int:
+    """`epochs`, required with `target_epsilon`: σ is calibrated for the planned steps, so a silent default would
+    calibrate it for a run other than the one the user has in mind. With a noise multiplier, 1 by default."""
+    if epochs is None:
+        if target_epsilon is not None:
+            raise DpltmUserError("target_epsilon needs epochs=...: σ is calibrated so that exactly the planned epochs "
+                                 "spend the budget")
+        return 1
+    return check_count(epochs, "epochs")
+
+
+def expected_batch_size(train: Any, batch_size: Any) -> Any:
+    """The expected Poisson batch size L: `batch_size`, else a DataLoader's own batch size (as Opacus takes it),
+    else 256. A loader whose batch size disagrees with `batch_size` is refused, never silently overridden."""
+    from torch.utils.data import DataLoader
+
+    loader_size = train.batch_size if isinstance(train, DataLoader) else None
+    if batch_size is None:
+        return loader_size if loader_size is not None else DEFAULT_BATCH_SIZE
+    if loader_size is not None and batch_size != loader_size:
+        raise DpltmUserError(f"the DataLoader's batch_size is {loader_size} and batch_size={_shown(batch_size)}: dpltm "
+                             "replaces the loader's batching by Poisson batches of expected size batch_size, so give "
+                             "one of the two (or the same value)")
+    return batch_size
+
+
 def check_steps(epochs: int, batch_size: int, dataset_size: int) -> None:
     steps = epochs * math.ceil(dataset_size / batch_size)
     if steps > MAX_STEPS:

@@ -38,6 +38,7 @@ from dpltm.dp.independence import (
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import apply_gradients, check_steps_left, noisy_mean
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accounting import check_delta
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_records import DatasetRecords, Records, TensorRecords
@@ -257,6 +258,16 @@ class PrivateTraining:
         ∞ when the masks came from these private records (`masks_private`): not DP end to end."""
         ledger = self.ledger()
         return 0.0 if ledger is None else ledger.overall_epsilon
+
+    def get_epsilon(self, delta: float | None = None) -> float:
+        """ε so far at `delta` (None: the run's δ), as Opacus's `get_epsilon(delta)`: the same segments and
+        accountant, read at another point of their privacy curve. 0 before the first step."""
+        ledger = self.ledger()
+        if ledger is None:
+            if delta is not None:
+                check_delta(delta)
+            return 0.0
+        return ledger.get_epsilon(delta)
 
     @property
     def epsilon_dp_part(self) -> float:

@@ -101,6 +101,10 @@ class PrivacyRecord:
         """ε of the whole run: ∞ unless it is DP end to end."""
         return self.epsilon_dp_part if self.end_to_end_dp else math.inf
 
+    def get_epsilon(self, delta: float | None = None) -> float:
+        """ε of the whole run at `delta` (None: its own δ); ∞ unless it is DP end to end."""
+        return self.ledger.get_epsilon(delta) if not self.adaptive_stop else math.inf
+
     @property
     def epsilon_scope(self) -> str:
         return str(self.ledger_report["epsilon_scope"])

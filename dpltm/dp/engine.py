@@ -36,6 +36,12 @@ Loss = Callable[[Tensor, Tensor], Tensor]
 """(outputs, targets) -> per-sample losses, shape (B,)."""
 
 
+PER_RECORD_LOSS = ("pass a loss with reduction='none' (e.g. nn.CrossEntropyLoss(reduction='none'), or "
+                   "lambda out, y: F.cross_entropy(out, y, reduction='none')): each record's gradient is clipped "
+                   "on its own, so the loss of each record is needed, not the batch's mean or sum")
+"""What to do about a loss that reduces the batch, in every message that refuses one."""
+
+
 def per_sample_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(outputs, targets, reduction="none")
 
@@ -218,8 +224,8 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
                 call.input_terms = table.terms
     losses = loss(outputs, y)
     if losses.shape != (x.shape[0],):
-        raise DpltmUserError(f"the loss must give one value per sample, shape ({x.shape[0]},); "
-                             f"got {tuple(losses.shape)}")
+        raise DpltmUserError(f"the loss must give one value per record of the batch, shape ({x.shape[0]},) for "
+                             f"this batch of {x.shape[0]}; got shape {tuple(losses.shape)}: {PER_RECORD_LOSS}")
     loss_sum = losses.sum()
     for call in calls:
         if call.output is None:

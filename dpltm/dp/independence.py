@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dpltm.dp.engine import PER_RECORD_LOSS
 from dpltm.errors import DpltmUserError
 
 PROBE_ROWS = 6
@@ -245,6 +246,25 @@ def _probe_targets(example_label: Tensor, rows: int, classes: int, generator: to
     labels = torch.randn(shape, generator=generator) if example_label.is_floating_point() else \
         torch.randint(0, max(classes, 1), shape, generator=generator)
     return labels.to(example_label.device, example_label.dtype)
+
+
+def check_loss_shape(model: nn.Module, example: Tensor, example_label: Tensor,
+                     loss: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Refuse, before any other probe, a loss that reduces the batch (`F.cross_entropy`, `nn.CrossEntropyLoss()` with
+    their default reduction='mean'): per-sample clipping needs each record's loss. Asked of two copies of the first
+    record, so the message speaks of the batch, not of a probe's row count."""
+    rows, labels = example[:1].expand(2, *example.shape[1:]), example_label[:1].expand(2, *example_label.shape[1:])
+    try:
+        with torch.no_grad(), _buffers_kept(model), _same_randomness(rows.device):
+            losses = loss(model(rows), labels)
+    except DpltmUserError:
+        raise
+    except Exception:  # the model or the loss cannot run here: the later checks say why
+        return
+    if not isinstance(losses, Tensor) or tuple(losses.shape) != (2,):
+        got = f"shape {tuple(losses.shape)}" if isinstance(losses, Tensor) else type(losses).__name__
+        raise DpltmUserError(f"loss(outputs, targets) must give one loss per record of the batch, shape (batch,); got "
+                             f"{got}: {PER_RECORD_LOSS}")
 
 
 def check_loss_per_sample(model: nn.Module, example: Tensor, example_label: Tensor,

@@ -43,10 +43,20 @@ ACCOUNTANTS: dict[str, AccountantEntry] = {entry.name: entry for entry in (
 
 DEFAULT_ACCOUNTANT = next(iter(ACCOUNTANTS))
 
+OTHER_LIBRARIES_ACCOUNTANTS = {
+    "prv": "Opacus's PRV accountant numerically composes the privacy loss distribution, as dp-accounting's PLD "
+           "accountant does: use 'pld'",
+    "gdp": "the GDP accountant's central limit theorem is an approximation, not an upper bound on ε: use 'pld' or "
+           "'rdp' (`dpltm account` shows the GDP figure beside them, labelled as an approximation)",
+}
+"""Accountant names of other libraries (Opacus), each answered with the dpltm one to use."""
+
 
 def accountant_entry(name: object, option: str = "accountant") -> AccountantEntry:
     """The entry named `name`, or one line naming `option` and the accountants there are."""
     entry = ACCOUNTANTS.get(name) if isinstance(name, str) else None
+    if entry is None and isinstance(name, str) and name.lower() in OTHER_LIBRARIES_ACCOUNTANTS:
+        raise DpltmUserError(f"{option} {name!r}: {OTHER_LIBRARIES_ACCOUNTANTS[name.lower()]}")
     if entry is None:
         shown = repr(name) if isinstance(name, str) else type(name).__name__
         raise DpltmUserError(f"{option} must be one of {', '.join(ACCOUNTANTS)}, got {shown}")

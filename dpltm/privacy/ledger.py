@@ -293,6 +293,14 @@ class PrivacyLedger:
         """ε of the whole run: ∞ unless end-to-end DP (dp-accounting: NonPrivate ⇒ ε = ∞)."""
         return self.best_bound().epsilon if self.end_to_end_dp else math.inf
 
+    def get_epsilon(self, delta: float | None = None) -> float:
+        """ε of the whole run at `delta` (None: the run's own δ), as Opacus's accountants answer it: the same
+        events and accountant, only the δ at which their privacy curve is read changes (every (ε(δ), δ) on the
+        curve holds at once: Dwork & Roth 2014, Def. 2.4). ∞ unless end-to-end DP."""
+        if delta is None:
+            return self.overall_epsilon
+        return replace(self, delta=check_delta(delta)).overall_epsilon
+
     def warning(self) -> str | None:
         if self.non_private_updates:
             return (

@@ -61,9 +61,11 @@ def test_make_private_reports_the_epsilon_of_a_given_sigma_and_takes_a_dataset()
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"masks": {"0.weight": torch.ones(16, 10)}, "target_epsilon": 1.0}, "come from"),
-    ({"masks": {"9.weight": torch.ones(2, 2)}, "masks_from": "x", "target_epsilon": 1.0}, "not \\(or cannot mask\\)"),
-    ({"masks": {"0.weight": torch.ones(3, 3)}, "masks_from": "x", "target_epsilon": 1.0}, "shape"),
+    ({"masks": {"0.weight": torch.ones(16, 10)}, "target_epsilon": 1.0, "epochs": 1}, "come from"),
+    ({"masks": {"9.weight": torch.ones(2, 2)}, "masks_from": "x", "target_epsilon": 1.0, "epochs": 1},
+     "not \\(or cannot mask\\)"),
+    ({"masks": {"0.weight": torch.ones(3, 3)}, "masks_from": "x", "target_epsilon": 1.0, "epochs": 1}, "shape"),
+    ({"target_epsilon": 1.0}, "^target_epsilon needs epochs=...: σ is calibrated"),
     ({}, "target_epsilon"),
     ({"target_epsilon": 1.0, "noise_multiplier": 1.0}, "target_epsilon"),
 ])
@@ -97,7 +99,7 @@ def test_unsupported_layer_fails_before_any_step() -> None:
     model = nn.Sequential(nn.Linear(10, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
     with pytest.raises(DpltmUserError, match="1 \\(BatchNorm1d\\)"):
         dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), blobs(100, 0), target_epsilon=1.0,
-                           batch_size=10)
+                           epochs=1, batch_size=10)
 
 
 def test_tickets_for_a_users_cnn_and_their_selection() -> None:

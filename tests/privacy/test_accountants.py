@@ -50,10 +50,19 @@ def test_the_cli_the_config_and_the_api_offer_exactly_the_registry() -> None:
     assert [member.value for member in Accountant] == list(ACCOUNTANTS)
     for name in ACCOUNTANTS:
         assert api_check_accountant(name) == name and TrainSettings(accountant=name).accountant == name
-    with pytest.raises(DpltmUserError, match=r"^accountant must be one of pld, rdp, got 'prv'$"):
-        api_check_accountant("prv")
-    with pytest.raises(DpltmUserError, match=r"^--accountant must be one of pld, rdp, got 'gdp'$"):
-        TrainSettings(accountant="gdp")
+    with pytest.raises(DpltmUserError, match=r"^accountant must be one of pld, rdp, got 'moments'$"):
+        api_check_accountant("moments")
+    with pytest.raises(DpltmUserError, match=r"^--accountant must be one of pld, rdp, got 'zcdp'$"):
+        TrainSettings(accountant="zcdp")
+
+
+@pytest.mark.parametrize(("name", "instead"), [
+    ("prv", "use 'pld'$"), ("PRV", "use 'pld'$"), ("gdp", "an approximation, not an upper bound")])
+def test_an_opacus_accountant_name_says_which_one_to_use(name: str, instead: str) -> None:
+    in_settings = lambda a: TrainSettings(accountant=a)  # noqa: E731
+    for check, option in ((api_check_accountant, "accountant"), (in_settings, "--accountant")):
+        with pytest.raises(DpltmUserError, match=rf"^{option} '{name}': .*{instead}"):
+            check(name)
     with pytest.raises(DpltmUserError, match=r"^accountant must be one of pld, rdp, got list$"):
         api_check_accountant(["pld"])
 
