@@ -398,7 +398,8 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     batch size differs from `batch_size` is refused (its batching is replaced by Poisson sampling, so
     one of the two would be ignored). Opacus's keyword names (`module`, `data_loader`) and its arguments
     work where dpltm does the same and are refused in one line otherwise (dpltm.opacus_names).
-    `masks` (weight name → 0/1, e.g. `select_ticket(...).masks`) restrict clipping norms, sums and noise to the surviving weights;
+    `masks` (weight name → 0/1, e.g. `select_ticket(...).masks`) restrict clipping norms, sums and noise
+    to the surviving weights;
     `masks_from` must then say where they came from: a string (taken on your word), or the public
     data itself / the tickets of `generate_tickets`, and then no private record may be among the
     public ones (checked). `neighboring` is "add_remove" (N treated as public; the default, as in
