@@ -6,6 +6,8 @@
 #      and device time under torch.profiler;
 #   2b. benchmarks/bench_callback.py --device cuda: a Lightning fit with DPCallback against one without DP and against
 #      make_private's step (the callback's closure wrapping and per-step weight marks each sync the device once);
+#   2c. benchmarks/bench_models.py --device cuda: ResNet-18 (GroupNorm), a transformer encoder, a GroupNorm CNN and an
+#      embedding model, dpltm's DP step (dense, masked) against Opacus ghost clipping and hooks: time and peak memory;
 #   3. benchmarks/bench_generate.py --device cuda --graphs-only: IMP in graphs against a bare graph loop (≤ 1.1×);
 #   4. the README's `dpltm run --cuda-graphs`, twice (target on an H100 ≤ 20 s): run-cold with no tickets or features
 #      cached, as a user's first run after `pip install`; run-warm with both cached;
@@ -18,7 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export LC_NUMERIC=C  # the step timer's decimal point
-STEPS=" pytest-gpu bench-dp-step bench-callback bench-generate run-cold run-warm generate-rewind "
+STEPS=" pytest-gpu bench-dp-step bench-callback bench-models bench-generate run-cold run-warm generate-rewind "
 for name in "$@"; do
     [[ "$STEPS" == *" $name "* ]] || { echo "check.sh: no step named '$name' (steps:$STEPS)" >&2; exit 104; }
 done
@@ -70,6 +72,7 @@ python3 -m compileall -qq -j 0 $packages configs > /dev/null 2>&1  # a file some
 step pytest-gpu 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -o addopts=""
 step bench-dp-step 90 python3 benchmarks/bench_dp_step.py --device cuda --kernels-out "$OUT/kernels.txt"
 step bench-callback 90 python3 benchmarks/bench_callback.py --device cuda
+step bench-models 150 python3 benchmarks/bench_models.py --device cuda --steps 5 --warmup 2
 step bench-generate 60 python3 benchmarks/bench_generate.py --device cuda --graphs-only --steps 5000 --dataset kmnist --split test
 step run-cold 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt
 step run-warm 90 python3 -m dpltm.cli run --device cuda --cuda-graphs --overwrite --out /tmp/dpltm-run/model.pt

@@ -239,3 +239,28 @@ def test_a_weight_used_outside_its_layer_is_refused_and_row_wise_models_pass() -
                                  batch_size=30)
         run.fit()
         assert run.steps_done == 10
+
+
+class KeyBiasAttention(nn.Module):
+    """Self-attention from Linear layers: the key's bias has a zero gradient in exact arithmetic (softmax ignores a
+    shift of every logit), so both sides of the check hold float noise there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(1, 8)
+        self.query, self.key, self.value = (nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x.reshape(-1, 10, 1)))  # (B, 10, 8): each feature a token
+        attended = F.scaled_dot_product_attention(self.query(h), self.key(h), self.value(h))
+        return self.head(attended.mean(1))
+
+
+def test_a_gradient_that_is_zero_in_exact_arithmetic_is_not_taken_for_a_tied_weight() -> None:
+    x, y = data()
+    model = KeyBiasAttention()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                             batch_size=30)
+    run.step()
+    assert run.steps_done == 1

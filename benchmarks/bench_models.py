@@ -1,0 +1,246 @@
+"""dpltm's DP step against Opacus 1.6 on the models people train, side by side in one run: ms a step and peak memory.
+
+Models, on synthetic data of real shapes (speed and memory do not depend on the values):
+* `resnet18-gn`: torchvision's ResNet-18 with GroupNorm(32) for BatchNorm, 32×32×3 inputs, 10 classes;
+* `transformer`: a 4-layer pre-norm encoder (d = 256, 4 heads, FFN 1024, sequence 128, vocabulary 10k) whose
+  attention is built from nn.Linear layers, over token and position embeddings, mean-pooled to 2 classes;
+* `gn-cnn`: a small CNN with GroupNorm on 28×28×1 (two conv blocks, a linear head);
+* `embedding`: Embedding(10k, 64) → LayerNorm → Linear → mean over 64 tokens → Linear.
+Steps: the non-private step (mean loss, backward, SGD), dpltm's DP step (`make_private(...).step()`: a Poisson batch
+of the expected size, masked per-sample clipping, one noise draw, SGD), dense and with a random mask of density 0.3,
+Opacus ghost clipping and Opacus hooks (dense: Opacus cannot restrict clipping or noise to a mask) on a fixed batch of
+that size. Each (model, step) runs in a fresh process, so that its peak memory is its own: on the CPU the rise of
+the peak resident set over the process's size before the first step; on CUDA `torch.cuda.max_memory_allocated` over
+what was allocated before it. A step is timed after `--warmup` steps; reported: the median of `--steps`.
+
+    python benchmarks/bench_models.py [--device cuda] [--models resnet18-gn,transformer] [--batch-size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+VOCAB, SEQ, WIDTH, HEADS = 10_000, 128, 256, 4
+METHODS = ("non-private", "dpltm", "dpltm masked", "opacus ghost", "opacus hooks")
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention from nn.Linear layers (as transformer libraries write it)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value, self.out = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = (f(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for f in (self.query, self.key, self.value))
+        return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = Attention(width, heads)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Encoder(nn.Module):
+    def __init__(self, layers: int = 4, width: int = WIDTH, heads: int = HEADS, classes: int = 2) -> None:
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(VOCAB, width), nn.Embedding(SEQ, width)
+        self.blocks = nn.Sequential(*(Block(width, heads) for _ in range(layers)))
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, classes)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        x = self.blocks(self.tokens(ids) + self.positions(positions))
+        return self.head(self.norm(x).mean(1))
+
+
+class EmbeddingModel(nn.Module):
+    def __init__(self, width: int = 64, classes: int = 2) -> None:
+        super().__init__()
+        self.embed, self.norm = nn.Embedding(VOCAB, width), nn.LayerNorm(width)
+        self.mix, self.head = nn.Linear(width, width), nn.Linear(width, classes)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.mix(self.norm(self.embed(ids)))).mean(1))
+
+
+def gn_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.GroupNorm(8, 32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.GroupNorm(8, 64), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def resnet18_gn() -> nn.Module:
+    from torchvision.models import resnet18
+
+    return resnet18(num_classes=10, norm_layer=lambda channels: nn.GroupNorm(32, channels))
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int, torch.Generator], tuple[Tensor, Tensor]]]] = {
+    "resnet18-gn": (resnet18_gn, lambda n, g: (torch.randn(n, 3, 32, 32, generator=g),
+                                                torch.randint(0, 10, (n,), generator=g))),
+    "transformer": (Encoder, lambda n, g: (torch.randint(0, VOCAB, (n, SEQ), generator=g),
+                                           torch.randint(0, 2, (n,), generator=g))),
+    "gn-cnn": (gn_cnn, lambda n, g: (torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g))),
+    "embedding": (EmbeddingModel, lambda n, g: (torch.randint(0, VOCAB, (n, 64), generator=g),
+                                                torch.randint(0, 2, (n,), generator=g))),
+}
+
+
+def random_masks(model: nn.Module, density: float, generator: torch.Generator) -> dict[str, Tensor]:
+    from dpltm.dp.engine import prunable_weight_names
+
+    parameters = dict(model.named_parameters())
+    return {name: (torch.rand(parameters[name].shape, generator=generator) < density).to(parameters[name].device)
+            for name in prunable_weight_names(model)}
+
+
+def make_step(model_name: str, method: str, batch: int, device: torch.device) -> Callable[[], None]:
+    """One step of `method` on a fresh `model_name`, its data built and moved before any timing."""
+    build, data = MODELS[model_name]
+    g = torch.Generator().manual_seed(0)
+    model = build().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if method.startswith("dpltm"):
+        import dpltm
+
+        x, y = data(4 * batch, g)
+        masks = random_masks(model, 0.3, g) if method == "dpltm masked" else None
+        run = dpltm.make_private(model, optimizer, (x.to(device), y.to(device)), noise_multiplier=1.0, epochs=1000,
+                                 batch_size=batch, masks=masks, noise_seed=0,
+                                 masks_from="random masks (a benchmark)" if masks else None)
+        return run.step
+    x, y = (t.to(device) for t in data(batch, g))
+    if method == "non-private":
+        def plain() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        return plain
+    return opacus_step(model, optimizer, x, y, "ghost" if method == "opacus ghost" else "hooks")
+
+
+def opacus_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor,
+                mode: str) -> Callable[[], None]:
+    from opacus import PrivacyEngine
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x.cpu(), y.cpu()), batch_size=len(y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
+            poisson_sampling=False, grad_sample_mode=mode,
+            **({"criterion": nn.CrossEntropyLoss()} if mode == "ghost" else {}))
+    private_model, private_optimizer = made[0], made[1]
+    criterion = made[2] if mode == "ghost" else nn.CrossEntropyLoss()
+
+    def step() -> None:
+        private_optimizer.zero_grad(set_to_none=True)
+        criterion(private_model(x), y).backward()
+        private_optimizer.step()
+    return step
+
+
+def resident_bytes(field: str) -> int:
+    """The process's resident set now (VmRSS) or its peak since the last reset (VmHWM), from /proc/self/status."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def measure(model_name: str, method: str, batch: int, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+    """ms a step (median) and the peak memory the steps added, in MB."""
+    step = make_step(model_name, method, batch, device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:  # the peak resident set reset to the present one (Linux: clear_refs 5), so the build's peak is not counted
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        before = resident_bytes("VmRSS")
+    times = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(warmup + steps):
+            start = time.perf_counter()
+            step()
+            if cuda:
+                torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() if cuda else resident_bytes("VmHWM")
+    return {"ms": 1000 * statistics.median(times), "peak_mb": max(peak - before, 0) / 2**20}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--batch-size", type=int, default=None, help="default: 32 on the CPU, 128 on CUDA")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--one", nargs=2, metavar=("MODEL", "METHOD"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    batch = args.batch_size or (128 if device.type == "cuda" else 32)
+    if args.one:  # a child: one measurement, printed as JSON
+        print(json.dumps(measure(*args.one, batch, device, args.warmup, args.steps)))
+        return
+    print(f"device {device}, torch {torch.__version__}, batch {batch}, median of {args.steps} steps after "
+          f"{args.warmup}; peak memory: the steps' own, in a fresh process each")
+    print(f"{'model':<12} {'step':<13} {'ms/step':>9} {'peak MB':>9} {'vs non-private':>15} {'vs Opacus ghost':>16}")
+    for model_name in args.models.split(","):
+        results: dict[str, dict[str, Any]] = {}
+        for method in args.methods.split(","):
+            child = subprocess.run([sys.executable, __file__, "--one", model_name, method, "--device", args.device,
+                                    "--batch-size", str(batch), "--warmup", str(args.warmup),
+                                    "--steps", str(args.steps)], capture_output=True, text=True)
+            if child.returncode != 0:
+                last = (child.stderr.strip().splitlines() or ["?"])[-1]
+                print(f"{model_name:<12} {method:<13} failed: {last[:150]}")
+                continue
+            results[method] = json.loads(child.stdout.strip().splitlines()[-1])
+            r, plain, ghost = results[method], results.get("non-private"), results.get("opacus ghost")
+            versus_plain = f"{r['ms'] / plain['ms']:.2f}x" if plain else "-"
+            versus_ghost = (f"{r['ms'] / ghost['ms']:.2f}x t, {r['peak_mb'] / max(ghost['peak_mb'], 1e-9):.2f}x m"
+                            if ghost and method != "opacus ghost" else "-")
+            print(f"{model_name:<12} {method:<13} {r['ms']:>9.1f} {r['peak_mb']:>9.1f} {versus_plain:>15} "
+                  f"{versus_ghost:>16}", flush=True)
+        ghost = results.get("opacus ghost")
+        if ghost and "dpltm" in results:  # ghost is measured after dpltm: the ratios against it, once it ran
+            for method in ("dpltm", "dpltm masked"):
+                if method in results:
+                    r = results[method]
+                    print(f"{model_name:<12} {method + ' / ghost':<26} time {r['ms'] / ghost['ms']:.2f}x, "
+                          f"peak memory {r['peak_mb'] / max(ghost['peak_mb'], 1e-9):.2f}x (target <= 1 each)")
+
+
+if __name__ == "__main__":
+    main()
