@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from dpltm.api_checks import (
     check_batch_size,
     check_budget,
-    check_clip,
     check_count,
     check_data_fits_model,
     check_epochs,
@@ -49,6 +48,7 @@ from dpltm.api_checks import (
     delta_or_target_delta,
     expected_batch_size,
     first_parameter,
+    layer_clip_bounds,
     user_path,
 )
 from dpltm.dp.engine import (
@@ -382,7 +382,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
                  train: Data | None = None, *,
                  target_epsilon: float | None = None, noise_multiplier: float | None = None,
                  delta: float | None = None, epochs: int | None = None, batch_size: int | None = None,
-                 max_grad_norm: float = 1.0,
+                 max_grad_norm: float | Mapping[str, float] = 1.0, clipping: str = "flat",
                  masks: Mapping[str, Tensor] | None = None, masks_from: Any = None,
                  loss: Loss = per_sample_cross_entropy, accountant: str = "pld", noise_seed: int | None = None,
                  dataset_name: str = "user data", masks_private: bool = False,
@@ -403,9 +403,10 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     `masks_from` must then say where they came from: a string (taken on your word), or the public
     data itself / the tickets of `generate_tickets`, and then no private record may be among the
     public ones (checked). `neighboring` is "add_remove" (N treated as public; the default, as in
-    Opacus) or "replace_one". `loss(outputs, targets)` must return one loss per sample. The noise
-    seed comes from the OS CSPRNG unless `noise_seed` is given (then DP holds only while it stays
-    secret; it is never stored).
+    Opacus) or "replace_one". `clipping="per_layer"` clips each layer's part of a record's gradient to its
+    own bound (`max_grad_norm` a dict by layer name, or one float split evenly), the noise scaled to
+    √(Σ C_l²). `loss(outputs, targets)` must return one loss per sample. The noise seed comes from the OS
+    CSPRNG unless `noise_seed` is given (then DP holds only while it stays secret; it is never stored).
 
     `resume_from` (a file `PrivateTraining.save` wrote) continues that run: model, optimiser and what
     was spent are restored, and the resumed run takes the steps left of `epochs` (steps saved mid-epoch
@@ -425,7 +426,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
                              "run (two runs stepping one optimizer would each count only their own steps)")
     target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
     d = delta_or_target_delta(delta, target_delta)
-    clip = check_clip(max_grad_norm)
+    clip, layer_clips = layer_clip_bounds(model, max_grad_norm, clipping)
     epochs = check_epochs(epochs, target_epsilon)
     accountant = check_accountant(accountant)
     neighboring = check_neighboring(neighboring)
@@ -472,7 +473,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     run = PrivateTraining(model, optimizer, records, plan, settings, checked,
                           provenance if checked else None, loss, seed, dataset_name,
                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
-                          segments=segments, epochs_done=epochs_done, history=history)
+                          segments=segments, epochs_done=epochs_done, history=history, layer_clips=layer_clips)
     if run.steps_done:  # resumed: the weights loaded are the saved run's, with its steps
         note_private_step(model, run)
     return run

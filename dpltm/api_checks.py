@@ -93,6 +93,42 @@ def check_clip(value: Any, name: str = "max_grad_norm") -> float:
     return clip
 
 
+CLIPPINGS = ("flat", "per_layer")
+
+
+def layer_clip_bounds(model: nn.Module, max_grad_norm: Any, clipping: Any) -> tuple[float, dict[str, float] | None]:
+    """The bound on a record's whole gradient, and per-layer bounds C_l by layer name (None: one flat bound).
+
+    `clipping="per_layer"` clips each trainable layer's part of a record's gradient to its own C_l: given as a dict
+    {layer name: C_l} covering every trainable layer, or one float C split evenly (C_l = C/√L over L layers). The
+    record's whole gradient then has norm ≤ √(Σ C_l²), the sensitivity the noise is scaled to (McMahan et al. 2018,
+    §3): the same Gaussian mechanism at the same noise multiplier, so the same accounting."""
+    from dpltm.dp.engine import trainable_layers
+
+    if clipping not in CLIPPINGS:
+        raise DpltmUserError(f"clipping must be one of {', '.join(CLIPPINGS)}, got {_shown(clipping)}")
+    if clipping == "flat":
+        if isinstance(max_grad_norm, Mapping):
+            raise DpltmUserError("max_grad_norm per layer (a dict) needs clipping='per_layer'")
+        return check_clip(max_grad_norm), None
+    layers = [name for name, _ in trainable_layers(model)]
+    if isinstance(max_grad_norm, Mapping):
+        unknown, missing = sorted(set(max_grad_norm) - set(layers)), [n for n in layers if n not in max_grad_norm]
+        if unknown or missing:
+            raise DpltmUserError(f"max_grad_norm per layer must name each trainable layer once: {layers}"
+                                 + (f"; unknown {unknown}" if unknown else "")
+                                 + (f"; missing {missing}" if missing else ""))
+        bounds = {name: check_clip(max_grad_norm[name], f"max_grad_norm[{name!r}]") for name in layers}
+    elif isinstance(max_grad_norm, (list, tuple)):
+        raise DpltmUserError("max_grad_norm per layer is a dict {layer name: bound} (Opacus's list is one bound per "
+                             f"parameter; dpltm clips per layer): the trainable layers are {layers}")
+    else:
+        share = check_clip(max_grad_norm) / math.sqrt(len(layers))
+        bounds = {name: share for name in layers}
+    total = math.nextafter(math.sqrt(math.fsum(c * c for c in bounds.values())), math.inf)  # rounded the safe way
+    return check_clip(total, "the per-layer bounds' √(Σ C_l²)"), bounds
+
+
 FINITE_CHECK_ROWS = 1 << 14
 """Rows checked for NaN/∞ at a time: the check's temporary stays small for data of any size."""
 

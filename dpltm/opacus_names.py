@@ -2,7 +2,7 @@
 
 An Opacus script ported to dpltm should never meet a bare TypeError. `make_private` takes Opacus's keyword
 names for its three inputs (`module`, `optimizer`, `data_loader`), accepts Opacus's arguments whose value
-means what dpltm does anyway (Poisson sampling, flat clipping), and refuses the rest naming dpltm's way;
+means what dpltm does anyway (Poisson sampling, batch-first inputs), and refuses the rest naming dpltm's way;
 `make_private_with_epsilon` is `make_private` with the budget required. docs/api.md has the table.
 """
 
@@ -16,13 +16,11 @@ from dpltm.errors import DpltmUserError
 INPUT_NAMES = {"module": "model", "data_loader": "train"}
 """Opacus's keyword names of make_private's inputs → dpltm's."""
 
-ACCEPTED = {"poisson_sampling": True, "clipping": "flat", "batch_first": True, "secure_mode": False}
+ACCEPTED = {"poisson_sampling": True, "batch_first": True, "secure_mode": False}
 """Opacus arguments taken when their value is what dpltm does anyway."""
 
 INSTEAD = {
     "poisson_sampling": "dpltm always samples Poisson batches (the subsampled Gaussian's accounting assumes them)",
-    "clipping": "dpltm clips each record's whole gradient (over the surviving weights) to max_grad_norm "
-                "(clipping='flat'); per-layer clipping is not offered",
     "batch_first": "dpltm takes the record dimension first: permute the inputs in the model",
     "secure_mode": "dpltm seeds its noise from the OS CSPRNG (secrets) but draws it with torch's generator, which "
                    "is not cryptographically secure and not hardened against floating-point attacks (Mironov 2012); "

@@ -74,9 +74,13 @@ class PrivateTraining:
                  settings: TrainSettings, masks: Masks, masks_from: str | None, loss: Loss,
                  seed: int, dataset_name: str, masks_private: bool = False,
                  selection_eps1: float | None = None, segments: SpentSegments | None = None,
-                 epochs_done: int = 0, history: list[dict[str, Any]] | None = None) -> None:
+                 epochs_done: int = 0, history: list[dict[str, Any]] | None = None,
+                 layer_clips: dict[str, float] | None = None) -> None:
+        """`layer_clips`: per-layer bounds C_l (`api_checks.layer_clip_bounds`), `settings.clip` then being
+        √(Σ C_l²), the sensitivity the noise and the ledger use; None: one flat bound, `settings.clip`."""
         self.model, self.optimizer, self.records = model, optimizer, records
         self._plan, self._settings = plan, settings  # read-only: the ledger's segment is what steps run at
+        self._clip = dict(layer_clips) if layer_clips is not None else settings.clip
         self.masks, self.masks_from, self.loss = masks, masks_from, loss
         self._training_keys: np.ndarray | None = None  # content hashes of the training records, made when first needed
         self.dataset_name = dataset_name
@@ -147,7 +151,7 @@ class PrivateTraining:
         x, y = self.records.batch(index)
         if isinstance(self.records, DatasetRecords):  # records held in memory were checked whole by make_private
             check_token_ids(self.model, x, "a batch of the training dataset (the step was not taken)")
-        batch = clipped_gradient_sum_of(self.model, x, y, self._settings.clip, self._pruning, self.loss,
+        batch = clipped_gradient_sum_of(self.model, x, y, self._clip, self._pruning, self.loss,
                                         input_terms=self._batch_tables(index))
         grads = noisy_mean(batch.grad_sums, noise=self._noise, surviving=self.surviving, clip=self._settings.clip,
                            expected_batch_size=plan.expected_batch_size, generator=self._noise_generator)

@@ -17,7 +17,7 @@ the samples. Biases are never masked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +34,8 @@ from dpltm.masks import prunable_weights
 
 Loss = Callable[[Tensor, Tensor], Tensor]
 """(outputs, targets) -> per-sample losses, shape (B,)."""
+Clip = float | Mapping[str, float]
+"""One bound C on each record's whole gradient, or per-layer bounds C_l by layer name (`layer_clip_bounds`)."""
 
 
 PER_RECORD_LOSS = ("pass a loss with reduction='none' (e.g. nn.CrossEntropyLoss(reduction='none'), or "
@@ -197,7 +199,7 @@ def record_norm_tables(model: nn.Module, masks: dict[str, Tensor], records: Tens
 
 
 @ieee_float32()
-def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
+def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: Clip,
                             masks: dict[str, Tensor] | None = None, loss: Loss = per_sample_cross_entropy,
                             weights: Tensor | None = None,
                             input_terms: dict[str, RecordTable] | None = None) -> ClippedBatch:
@@ -241,10 +243,14 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: float,
 
 
 @torch.no_grad()
-def clip_and_sum(calls: list[LayerCall], out_grads: list[Tensor], masks: dict[str, Tensor], clip: float,
+def clip_and_sum(calls: list[LayerCall], out_grads: list[Tensor], masks: dict[str, Tensor], clip: Clip,
                  weights: Tensor | None = None, batch_size: int | None = None) -> tuple[dict[str, Tensor], Tensor]:
     """Per-sample norms over the surviving weights, clip factors, and the masked clipped sums, from
-    each layer's recorded inputs and per-sample output gradient (keyed by parameter name)."""
+    each layer's recorded inputs and per-sample output gradient (keyed by parameter name).
+
+    Per-layer bounds (`clip` a mapping): each layer's part of a record's gradient is clipped to its own C_l, so the
+    record's whole gradient has norm ≤ √(Σ_l C_l²), the sensitivity the noise is scaled to (McMahan et al. 2018,
+    §3, per-layer clipping). The returned norms are the whole gradients' either way."""
     batch = out_grads[0].shape[0] if batch_size is None else batch_size
     for call, g in zip(calls, out_grads):  # dimension 0 must be the sample everywhere
         if call.input is None or call.input.shape[0] != batch or g.shape[0] != batch:
@@ -258,22 +264,28 @@ def clip_and_sum(calls: list[LayerCall], out_grads: list[Tensor], masks: dict[st
         rule, local = rule_for(call.module), _local_masks(call, masks, g)
         norms_here, state = rule.sq_norms(call, g, local)
         sq_norms += norms_here.to(dtype)
-        states.append((rule, local, state))
+        states.append((rule, local, state, norms_here))
     norms = sq_norms.sqrt()
     finite: Tensor | None = torch.isfinite(norms)
     if bool(finite.all()):  # the one host synchronisation: the rules then skip zeroing rows
         finite = None
-    factors = clip_factors(norms, clip)
-    if weights is not None:
-        factors = factors * weights
-    # factors stay float32 or wider: rounding them to bf16 could push a clipped norm past C
-    factors = factors.to(dtype)
+    whole = None if isinstance(clip, Mapping) else _weighted(clip_factors(norms, clip), weights, dtype)
     sums: dict[str, Tensor] = {}
-    for call, g, (rule, local, state) in zip(calls, out_grads, states):
+    for call, g, (rule, local, state, norms_here) in zip(calls, out_grads, states):
+        factors = whole
+        if factors is None:  # per-layer bounds; a record not finite in any layer is dropped from every layer
+            factors = clip_factors(norms_here.to(dtype).sqrt(), clip[call.name])  # type: ignore[index]
+            factors = _weighted(factors if finite is None else factors * finite, weights, dtype)
         prefix = f"{call.name}." if call.name else ""
         for local_name, total in rule.clipped_sums(call, g, factors, finite, local, state).items():
             sums[prefix + local_name] = total
     return sums, norms
+
+
+def _weighted(factors: Tensor, weights: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """Clip factors times the rows' weights (0 for a padding row), kept in float32 or wider: rounding them to bf16
+    could push a clipped norm past C."""
+    return (factors if weights is None else factors * weights).to(dtype)
 
 
 def _local_masks(call: LayerCall, masks: dict[str, Tensor], like: Tensor) -> dict[str, Tensor]:

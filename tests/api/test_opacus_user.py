@@ -118,7 +118,6 @@ def test_make_private_with_epsilon_calibrates_as_make_private_does() -> None:
 
 @pytest.mark.parametrize(("argument", "instead"), [
     ({"poisson_sampling": False}, "always samples Poisson batches"),
-    ({"clipping": "per_layer"}, "clips each record's whole gradient"),
     ({"secure_mode": True}, "not cryptographically secure"),
     ({"noise_generator": torch.Generator()}, "noise_seed=<int>"),
     ({"grad_sample_mode": "ghost"}, "chooses each layer's per-sample rule itself"),
@@ -152,3 +151,63 @@ def test_privacy_engine_and_opacus_accountants_say_what_to_use() -> None:
     model, optimizer = fresh()
     with pytest.raises(DpltmUserError, match=r"^accountant 'prv': .*use 'pld'$"):
         dpltm.make_private(model, optimizer, blobs(300, 0), noise_multiplier=1.0, batch_size=30, accountant="prv")
+
+
+def per_sample_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The reference: torch.func's per-sample gradients of the per-record loss."""
+    parameters = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss_of(params: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        out = torch.func.functional_call(model, params, (xi.unsqueeze(0),))
+        return F.cross_entropy(out, yi.unsqueeze(0))
+
+    return torch.func.vmap(torch.func.grad(loss_of), in_dims=(None, 0, 0))(parameters, x, y)
+
+
+def test_per_layer_clipping_bounds_each_layer_and_matches_the_reference() -> None:
+    torch.manual_seed(1)
+    model = mlp().double()
+    x, y = blobs(40, 0)
+    x = x.double() * 5  # large gradients: every layer's bound binds
+    bounds = {"0": 0.3, "2": 0.05}
+    batch = clipped_gradient_sum_of(model, x, y, bounds, {})
+    grads = per_sample_gradients(model, x, y)
+    for layer, bound in bounds.items():
+        names = [n for n in grads if n.startswith(layer + ".")]
+        norms = torch.sqrt(sum(grads[n].flatten(1).pow(2).sum(1) for n in names))
+        factors = torch.clamp(bound / norms, max=1.0)
+        assert bool((norms > bound).any())
+        for n in names:
+            expected = (grads[n] * factors.view(-1, *[1] * (grads[n].dim() - 1))).sum(0)
+            torch.testing.assert_close(batch.grad_sums[n], expected, rtol=1e-10, atol=1e-12)
+    one = clipped_gradient_sum_of(model, x[:1], y[:1], bounds, {})  # one record's contribution, layer by layer
+    for layer, bound in bounds.items():
+        norm = torch.sqrt(sum(one.grad_sums[n].pow(2).sum() for n in one.grad_sums if n.startswith(layer + ".")))
+        assert float(norm) <= bound * (1 + 1e-12)
+
+
+def test_per_layer_clipping_scales_the_noise_to_the_bounds_norm_and_accounts_the_same() -> None:
+    model, optimizer = fresh()
+    run = dpltm.make_private(model, optimizer, blobs(300, 0), noise_multiplier=1.1, batch_size=30, epochs=1,
+                             clipping="per_layer", max_grad_norm={"0": 0.6, "2": 0.8})
+    assert run.settings.clip == pytest.approx(1.0, rel=1e-12) and run.settings.clip >= 1.0  # √(0.36 + 0.64), up
+    run.fit()
+    assert run.epsilon == pytest.approx(composed_epsilon([(0.1, 1.1, 10)]), rel=1e-9)
+    model, optimizer = fresh()
+    even = dpltm.make_private(model, optimizer, blobs(300, 0), noise_multiplier=1.1, batch_size=30,
+                              clipping="per_layer", max_grad_norm=2.0)
+    assert even._clip == pytest.approx({"0": 2 / 2**0.5, "2": 2 / 2**0.5}) and even.settings.clip >= 2.0
+
+
+@pytest.mark.parametrize(("arguments", "match"), [
+    ({"clipping": "per_layer", "max_grad_norm": [1.0, 1.0]}, r"is a dict \{layer name: bound\}"),
+    ({"clipping": "per_layer", "max_grad_norm": {"0": 1.0}}, r"must name each trainable layer once: .*missing \['2'\]"),
+    ({"clipping": "per_layer", "max_grad_norm": {"0": 1.0, "2": 1.0, "9": 1.0}}, r"unknown \['9'\]"),
+    ({"clipping": "per_layer", "max_grad_norm": {"0": 1.0, "2": -1.0}}, r"^max_grad_norm\['2'\]"),
+    ({"clipping": "flat", "max_grad_norm": {"0": 1.0, "2": 1.0}}, "needs clipping='per_layer'"),
+    ({"clipping": "per_parameter"}, "^clipping must be one of flat, per_layer"),
+])
+def test_per_layer_bounds_that_do_not_fit_the_model_are_one_line(arguments: dict[str, Any], match: str) -> None:
+    model, optimizer = fresh()
+    with pytest.raises(DpltmUserError, match=match):
+        dpltm.make_private(model, optimizer, blobs(300, 0), noise_multiplier=1.0, batch_size=30, **arguments)
