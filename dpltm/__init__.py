@@ -4,7 +4,9 @@ The Python API (imported on first use, so `import dpltm` and the CLI stay quick)
 
 * `generate_tickets(model, data, ...)`: iterative magnitude pruning of any model's weight matrices
   and kernels (not private: use public data);
-* `select_ticket(tickets, eps1=None)`: the best score, or the exponential mechanism with ε1;
+* `select_ticket(tickets, model=, public=, val=, planned=PlannedPrivateRun(...))`: the noise-aware choice (each
+  ticket trained under the planned DP noise on public data, as `dpltm run` chooses); `rule="best"` the paper's
+  score, `eps1=...` the exponential mechanism over it;
 * `make_private(model, optimizer, data, target_epsilon=..., masks=...)`: masked DP-SGD with
   Poisson sampling, per-sample clipping and Gaussian noise on the surviving weights; reports ε;
 * `DPCallback`: the same DP-SGD for an existing LightningModule;
@@ -23,7 +25,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = {
-    "generate_tickets": "dpltm.api", "select_ticket": "dpltm.api", "make_private": "dpltm.api",
+    "generate_tickets": "dpltm.api", "make_private": "dpltm.api",
+    "select_ticket": "dpltm.ticket_choice", "PlannedPrivateRun": "dpltm.ticket_choice",
     "PrivateTraining": "dpltm.api", "Ticket": "dpltm.api", "account": "dpltm.api", "load_model": "dpltm.api",
     "make_private_with_epsilon": "dpltm.api", "get_epsilon": "dpltm.api", "PrivacyEngine": "dpltm.opacus_names",
     "evaluate": "dpltm.api", "DPCallback": "dpltm.lightning", "PoissonBatchSampler": "dpltm.lightning",

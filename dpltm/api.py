@@ -9,7 +9,7 @@ sum and noise are zero, and the mask is applied again after every optimiser step
 
     import dpltm
     tickets = dpltm.generate_tickets(model, public_train, val=public_val, rounds=5)
-    ticket = dpltm.select_ticket(tickets)                 # public tickets: no ε spent
+    ticket = dpltm.select_ticket(tickets, rule="best")    # public tickets: no ε spent
     private = dpltm.make_private(model, optimizer, (x, y), target_epsilon=1.0, epochs=10,
                                  batch_size=256, masks=ticket.masks, masks_from="public data")
     private.fit()
@@ -68,7 +68,6 @@ from dpltm.opacus_names import resolve_inputs
 from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
-from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
 from dpltm.private_records import DatasetRecords, Records, TensorRecords, training_records
 from dpltm.private_training import _OWNERS, RECORDS_COPY_MAX_BYTES, PrivateTraining
 from dpltm.pruning import paper_prune_rates, prune_layerwise, pruned_count
@@ -101,7 +100,7 @@ from dpltm.weight_guard import (
 __all__ = ["Data", "Masks", "PrivateTraining", "RECORDS_COPY_MAX_BYTES", "Ticket", "account", "apply_masks",
            "as_tensors", "check_not_trained_elsewhere", "check_user_masks", "density_of", "evaluate",
            "generate_tickets", "load_model", "make_private", "model_tensors", "note_fit_end", "note_private_step",
-           "privately_stepped", "prunable_weights", "public_provenance", "select_ticket", "surviving_coordinates",
+           "privately_stepped", "prunable_weights", "public_provenance", "surviving_coordinates",
            "takes_ids", "user_run_ledger", "weights_digest"]
 
 
@@ -251,36 +250,6 @@ def check_rounds_leave_weights(weights: Mapping[str, Tensor], rounds: int, rates
             if survivors == 0:
                 raise DpltmUserError(f"rounds={rounds}: round {k} would prune every weight of {name} (at a rate of "
                                      f"{rate:g} a round): use at most {k - 1} rounds, or a lower rate")
-
-
-def select_ticket(tickets: list[Ticket], *, eps1: float | None = None, nu: float = 50.0,
-                  accuracy_sensitivity: float = 1.0, seed: int | None = None) -> Ticket:
-    """The ticket with the best score S = A·(1 − ν·C) (`eps1=None`: tickets made on public data, no ε
-    spent), or one drawn by the exponential mechanism with ε1 (McSherry & Talwar 2007; sensitivity
-    `score_sensitivity`, docs/privacy.md §2) when the accuracies come from private data."""
-    if not isinstance(tickets, (list, tuple)) or not tickets or not all(isinstance(t, Ticket) for t in tickets):
-        raise DpltmUserError("tickets must be a non-empty list of the Tickets generate_tickets returns")
-    if eps1 is not None:
-        eps1 = check_positive(eps1, "eps1")
-    if seed is not None:
-        seed = check_seed(seed, "seed")
-    if any(t.accuracy is None for t in tickets):
-        raise DpltmUserError("every ticket needs an accuracy: generate them with val=…")
-    shapes = [{n: tuple(m.shape) for n, m in t.masks.items()} for t in tickets]
-    if any(s != shapes[0] for s in shapes):
-        odd = next(i for i, s in enumerate(shapes) if s != shapes[0])
-        raise DpltmUserError(f"tickets[{odd}] masks other weights than tickets[0] (names or shapes differ), so the "
-                             "tickets come from different models: select among the tickets of one model")
-    nu = check_positive(nu, "nu", inclusive=True)
-    accuracy_sensitivity = check_positive(accuracy_sensitivity, "accuracy_sensitivity")
-    scores = ticket_scores([t.accuracy for t in tickets], [t.density for t in tickets], nu)  # type: ignore[misc]
-    if eps1 is None:
-        return tickets[int(scores.argmax())]
-    sensitivity = score_sensitivity([t.density for t in tickets], nu, accuracy_sensitivity)
-    import numpy as np
-
-    rng = None if seed is None else np.random.default_rng(seed)
-    return tickets[sample_exponential(scores, eps1, sensitivity, rng)]
 
 
 def account(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float = 1e-5,

@@ -37,7 +37,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 4))
     # 1. tickets by iterative magnitude pruning on PUBLIC data (not private: it sees that data directly)
     tickets = dpltm.generate_tickets(model, public, val=clusters(500, 4), rounds=3, iterations=200, batch_size=64)
-    ticket = dpltm.select_ticket(tickets, nu=0.5)  # public tickets: the best score, no ε spent
+    ticket = dpltm.select_ticket(tickets, rule="best", nu=0.5)  # public tickets: the best score, no ε spent
     model.load_state_dict(ticket.rewind_weights)  # rewind (to θ0: no late rewinding); make_private applies the mask
 
     # 2. masked DP-SGD on the PRIVATE data, σ calibrated to the target ε

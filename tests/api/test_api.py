@@ -113,7 +113,7 @@ def test_tickets_for_a_users_cnn_and_their_selection() -> None:
     assert tickets[0].density == 1.0 and tickets[0].density > tickets[1].density > tickets[2].density
     assert set(tickets[1].masks) == {"0.weight", "3.weight"}
     assert abs(float(tickets[1].masks["0.weight"].float().mean()) - 0.7) < 0.03  # 30 % of the conv pruned
-    best = dpltm.select_ticket(tickets, nu=0.0)
+    best = dpltm.select_ticket(tickets, rule="best", nu=0.0)
     assert best.accuracy == max(t.accuracy for t in tickets)  # type: ignore[type-var]
     drawn = dpltm.select_ticket(tickets, eps1=0.5, seed=1)
     assert drawn in tickets

@@ -390,7 +390,7 @@ def _tickets() -> list[Any]:
 def test_select_ticket_refuses_nu_as_text() -> None:
     """select_ticket(nu="50") is refused in one line, not scored with a string."""
     with pytest.raises(DpltmUserError):
-        dpltm.select_ticket(_tickets(), nu="50")  # type: ignore[arg-type]
+        dpltm.select_ticket(_tickets(), rule="best", nu="50")  # type: ignore[arg-type]
 
 
 def test_select_ticket_refuses_a_negative_accuracy_sensitivity() -> None:
@@ -688,7 +688,7 @@ def test_select_ticket_refuses_tickets_of_different_models() -> None:
     for eps1 in (None, 0.5):
         with pytest.raises(DpltmUserError, match=r"tickets\[1\] masks other weights .*different models"):
             dpltm.select_ticket([small[0], wide[1]], eps1=eps1)
-    assert dpltm.select_ticket([small[0], small[1]]) in small
+    assert dpltm.select_ticket([small[0], small[1]], rule="best") in small
 
 
 class Weighted(torch.utils.data.Dataset):  # type: ignore[type-arg]
