@@ -1,7 +1,7 @@
 """dpltm's DP step against Opacus 1.6 on the models people train, side by side in one run: ms a step and peak memory.
 
 Models, on synthetic data of real shapes (speed and memory do not depend on the values):
-* `resnet18-gn`: torchvision's ResNet-18 with GroupNorm(32) for BatchNorm, 32×32×3 inputs, 10 classes;
+* `resnet18-gn`: ResNet-18 (torchvision's layout) with GroupNorm(32) for BatchNorm, 32×32×3 inputs, 10 classes;
 * `transformer`: a 4-layer pre-norm encoder (d = 256, 4 heads, FFN 1024, sequence 128, vocabulary 10k) whose
   attention is built from nn.Linear layers, over token and position embeddings, mean-pooled to 2 classes;
 * `gn-cnn`: a small CNN with GroupNorm on 28×28×1 (two conv blocks, a linear head);
@@ -46,7 +46,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
-        q, k, v = (f(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        q, k, v = (f(x).reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
                    for f in (self.query, self.key, self.value))
         return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
 
@@ -71,7 +71,7 @@ class Encoder(nn.Module):
         self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, classes)
 
     def forward(self, ids: Tensor) -> Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        positions = torch.arange(ids.shape[1], device=ids.device).repeat(ids.shape[0], 1)  # contiguous: Opacus views it
         x = self.blocks(self.tokens(ids) + self.positions(positions))
         return self.head(self.norm(x).mean(1))
 
@@ -92,10 +92,34 @@ def gn_cnn() -> nn.Module:
                          nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def resnet18_gn() -> nn.Module:
-    from torchvision.models import resnet18
+class BasicBlock(nn.Module):
+    """ResNet's basic block with GroupNorm (torchvision's, but its residual added out of place: Opacus's hooks
+    cannot take torchvision's in-place `out += identity` on a hooked layer's output)."""
 
-    return resnet18(num_classes=10, norm_layer=lambda channels: nn.GroupNorm(32, channels))
+    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.norm1 = nn.GroupNorm(32, outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.norm2 = nn.GroupNorm(32, outputs)
+        self.shortcut = (nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.GroupNorm(32, outputs))
+                         if stride != 1 or inputs != outputs else nn.Identity())
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.norm1(self.conv1(x)))
+        return F.relu(self.norm2(self.conv2(out)) + self.shortcut(x))
+
+
+def resnet18_gn(classes: int = 10) -> nn.Module:
+    """ResNet-18 (He et al. 2016; torchvision's layout: a 7×7/2 stem, max pooling, 2-2-2-2 basic blocks of 64 to
+    512 channels) with GroupNorm(32) in place of batch normalisation, as DP training needs (De et al. 2022)."""
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.GroupNorm(32, 64), nn.ReLU(),
+                               nn.MaxPool2d(3, 2, 1)]
+    inputs = 64
+    for outputs, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [BasicBlock(inputs, outputs, stride), BasicBlock(outputs, outputs, 1)]
+        inputs = outputs
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
 
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int, torch.Generator], tuple[Tensor, Tensor]]]] = {

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpltm.dp.conv_ghost import clipped_bias_sum, clipped_weight_sum, conv_operands, weight_sq_norms
 from dpltm.errors import DpltmUserError
 
 LocalMasks = dict[str, Tensor]
@@ -253,13 +254,39 @@ def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
 
 @register_rule(nn.Conv2d)
 class Conv2dRule(WeightAndBiasRule):
-    """nn.Conv2d: unfolded patches, one einsum per layer."""
+    """nn.Conv2d: unmasked, the cheaper of the ghost norm and formed gradients per layer, and the clipped sum
+    as one contraction (dpltm.dp.conv_ghost); masked, the formed gradients G_i U_iᵀ ⊙ M."""
 
     weight_grads = staticmethod(conv2d_weight_grads)
 
     @staticmethod
     def bias_grads(g: Tensor) -> Tensor:
         return g.flatten(2).sum(dim=2)
+
+    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        if masks:
+            return super().sq_norms(call, g, masks)
+        assert call.input is not None
+        patches, grads = conv_operands(call.module, call.input, g)  # type: ignore[arg-type]
+        total = g.new_zeros(g.shape[0], dtype=torch.promote_types(g.dtype, torch.float32))
+        if call.module.weight.requires_grad:
+            total = total + weight_sq_norms(patches, grads)
+        if call.module.bias is not None and call.module.bias.requires_grad:
+            total = total + grads.sum(dim=3).pow(2).sum(dim=(1, 2))
+        return total, None  # the clipped sum unfolds again: no layer's patches held while the others run
+
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
+                     masks: LocalMasks, state: Any) -> dict[str, Tensor]:
+        if state is not None:
+            return super().clipped_sums(call, g, factors, finite, masks, state)
+        assert call.input is not None
+        patches, grads = conv_operands(call.module, _zero_rows(call.input, finite), _zero_rows(g, finite))  # type: ignore[arg-type]
+        sums = {}
+        if call.module.weight.requires_grad:
+            sums["weight"] = clipped_weight_sum(patches, grads, factors, call.module.weight.shape).to(g.dtype)
+        if call.module.bias is not None and call.module.bias.requires_grad:
+            sums["bias"] = clipped_bias_sum(grads, factors).to(g.dtype)
+        return sums
 
 
 KNOWN_PER_SAMPLE: tuple[type[nn.Module], ...] = (

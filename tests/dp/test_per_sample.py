@@ -96,7 +96,15 @@ def exotic_cnn() -> nn.Module:
                          nn.Linear(6 * 3 * 3, 8), Scale(8), nn.ReLU(), nn.Linear(8, 5))
 
 
+def wide_cnn() -> nn.Module:
+    """A layer whose formed gradients cost less than its Grams (few channels, many positions), then one whose Grams
+    cost less (many channels, 2×2 positions, two groups): the unmasked rule takes each way once."""
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Tanh(), nn.Conv2d(16, 24, 3, stride=2, groups=2),
+                         nn.Flatten(), nn.Linear(24 * 2 * 2, 5))
+
+
 CASES = {
+    "wide-cnn": (wide_cnn, lambda g: torch.randn(9, 3, 5, 5, generator=g, dtype=torch.float64)),
     "exotic-cnn": (exotic_cnn, lambda g: torch.randn(9, 1, 7, 8, generator=g, dtype=torch.float64)),
     "tokens": (Tokens, lambda g: torch.randint(0, 20, (9, 7), generator=g)),
     "cnn": (cnn, lambda g: torch.randn(9, 1, 7, 7, generator=g, dtype=torch.float64)),
@@ -272,3 +280,14 @@ def test_samples_folded_into_rows_are_refused() -> None:
 
     with pytest.raises(DpltmUserError, match="one row per sample"):
         clipped_gradient_sum_of(Folding(), torch.randn(4, 6, 3), torch.randint(0, 5, (4,)), 1.0)
+
+
+def test_the_wide_cnn_takes_both_ways_of_the_unmasked_convolution() -> None:
+    from dpltm.dp.conv_ghost import conv_operands, ghost_pays
+
+    model = wide_cnn()
+    x = torch.randn(2, 3, 5, 5)
+    first, second = model[0], model[2]
+    h = model[1](first(x))
+    assert not ghost_pays(*conv_operands(first, x, first(x)))
+    assert ghost_pays(*conv_operands(second, h, second(h)))

@@ -1,0 +1,72 @@
+"""Per-sample norms and clipped sums of an unmasked convolution without keeping per-sample gradients.
+
+Sample i's weight gradient, per group, is G_i U_iᵀ: G_i (out, T) the output gradient and U_i (K, T) the unfolded
+input patches over the T output positions. Its squared norm is either formed directly (B·out·K numbers, one
+sample chunk at a time) or, when T² < out·K, read off two T×T Gram matrices,
+
+    ‖G_i U_iᵀ‖² = Σ_{t,t'} (U_iᵀU_i)_{tt'} (G_iᵀG_i)_{tt'},
+
+the ghost norm for sequences and convolutions (Li et al. 2022, "Large language models can be strong
+differentially private learners", §4; Bu et al. 2022, "Scalable and efficient training of large convolutional
+neural networks with differential privacy": "mixed ghost clipping" takes the cheaper of the two per layer). The
+clipped sum Σ_i c_i G_i U_iᵀ is one contraction over samples and positions, the product a plain backward pass
+computes with the output gradient scaled by c. A masked weight has no Gram identity: its rule forms the gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+CHUNK_ELEMENTS = 1 << 24
+"""Formed per-sample gradients are made this many numbers at a time at most (64 MB in float32)."""
+
+
+def conv_operands(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """(U, G): the unfolded input patches (B, groups, K, T) and the output gradient (B, groups, out/groups, T) of a
+    1-D or 2-D convolution. Padding other than numeric zeros ('same', reflect, replicate, circular) is applied
+    first, exactly as the layer does; a 1-D convolution is a 2-D one of height 1."""
+    kernel, dilation, stride, padding = (tuple(v) if isinstance(v, tuple) else v for v in (
+        module.kernel_size, module.dilation, module.stride, module.padding))
+    if isinstance(padding, str) or module.padding_mode != "zeros":
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        a = F.pad(a, module._reversed_padding_repeated_twice, mode=mode)
+        padding = (0,) * len(kernel)
+    if isinstance(module, nn.Conv1d):
+        a = a.unsqueeze(2)
+        kernel, dilation, stride, padding = ((1, *kernel), (1, *dilation), (1, *stride),  # type: ignore[misc]
+                                             (0, *padding))  # type: ignore[misc]
+    patches = F.unfold(a, kernel, dilation=dilation, padding=padding, stride=stride)  # type: ignore[arg-type]
+    rows, groups = a.shape[0], module.groups
+    return (patches.reshape(rows, groups, patches.shape[1] // groups, -1),
+            g.reshape(rows, groups, module.out_channels // groups, -1))
+
+
+def ghost_pays(patches: Tensor, grads: Tensor) -> bool:
+    """Whether two T×T Grams cost less than the formed gradients (out·K numbers a sample and group)."""
+    positions = patches.shape[-1]
+    return positions * positions < grads.shape[2] * patches.shape[2]
+
+
+def weight_sq_norms(patches: Tensor, grads: Tensor) -> Tensor:
+    """‖G_i U_iᵀ‖² per sample (summed over groups), by the Grams or by forming the gradients, whichever is cheaper."""
+    if ghost_pays(patches, grads):
+        return (patches.transpose(2, 3) @ patches).mul_(grads.transpose(2, 3) @ grads).sum(dim=(1, 2, 3))
+    per_sample = grads.shape[1] * grads.shape[2] * patches.shape[2]
+    step = max(1, CHUNK_ELEMENTS // max(per_sample, 1))
+    return torch.cat([torch.einsum("bgot,bgkt->bgok", grads[i:i + step], patches[i:i + step]).pow(2).sum(dim=(1, 2, 3))
+                      for i in range(0, grads.shape[0], step)])
+
+
+def clipped_weight_sum(patches: Tensor, grads: Tensor, factors: Tensor, shape: Any) -> Tensor:
+    """Σ_i c_i G_i U_iᵀ, reshaped to the weight's shape: one contraction, no per-sample gradient."""
+    scaled = grads.to(factors.dtype) * factors.view(-1, 1, 1, 1)
+    return torch.einsum("bgot,bgkt->gok", scaled, patches.to(factors.dtype)).reshape(shape)
+
+
+def clipped_bias_sum(grads: Tensor, factors: Tensor) -> Tensor:
+    """Σ_i c_i Σ_t G_i[:, t], in the layer's channel order (group-major)."""
+    return torch.einsum("bgot,b->go", grads.to(factors.dtype), factors).reshape(-1)
