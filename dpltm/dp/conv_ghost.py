@@ -10,7 +10,8 @@ the ghost norm for sequences and convolutions (Li et al. 2022, "Large language m
 differentially private learners", §4; Bu et al. 2022, "Scalable and efficient training of large convolutional
 neural networks with differential privacy": "mixed ghost clipping" takes the cheaper of the two per layer). The
 clipped sum Σ_i c_i G_i U_iᵀ is one contraction over samples and positions, the product a plain backward pass
-computes with the output gradient scaled by c. A masked weight has no Gram identity: its rule forms the gradients.
+computes with the output gradient scaled by c. A masked weight has no Gram identity: its norms are formed (a chunk
+of samples at a time), its clipped sum is the contraction times the mask, (Σ_i c_i G_i U_iᵀ) ⊙ M.
 """
 
 from __future__ import annotations
@@ -51,14 +52,18 @@ def ghost_pays(patches: Tensor, grads: Tensor) -> bool:
     return positions * positions < grads.shape[2] * patches.shape[2]
 
 
-def weight_sq_norms(patches: Tensor, grads: Tensor) -> Tensor:
-    """‖G_i U_iᵀ‖² per sample (summed over groups), by the Grams or by forming the gradients, whichever is cheaper."""
-    if ghost_pays(patches, grads):
+def weight_sq_norms(patches: Tensor, grads: Tensor, mask: Tensor | None = None) -> Tensor:
+    """‖(G_i U_iᵀ) ⊙ M‖² per sample (summed over groups): without a mask by the Grams or by forming the gradients,
+    whichever is cheaper; with one (groups, out/groups, K) by forming them, a chunk of samples at a time."""
+    if mask is None and ghost_pays(patches, grads):
         return (patches.transpose(2, 3) @ patches).mul_(grads.transpose(2, 3) @ grads).sum(dim=(1, 2, 3))
     per_sample = grads.shape[1] * grads.shape[2] * patches.shape[2]
     step = max(1, CHUNK_ELEMENTS // max(per_sample, 1))
-    return torch.cat([torch.einsum("bgot,bgkt->bgok", grads[i:i + step], patches[i:i + step]).pow(2).sum(dim=(1, 2, 3))
-                      for i in range(0, grads.shape[0], step)])
+    norms = []
+    for i in range(0, grads.shape[0], step):
+        formed = torch.einsum("bgot,bgkt->bgok", grads[i:i + step], patches[i:i + step])
+        norms.append((formed if mask is None else formed.mul_(mask)).pow_(2).sum(dim=(1, 2, 3)))
+    return torch.cat(norms)
 
 
 def clipped_weight_sum(patches: Tensor, grads: Tensor, factors: Tensor, shape: Any) -> Tensor:

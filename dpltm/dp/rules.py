@@ -254,8 +254,9 @@ def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
 
 @register_rule(nn.Conv2d)
 class Conv2dRule(WeightAndBiasRule):
-    """nn.Conv2d: unmasked, the cheaper of the ghost norm and formed gradients per layer, and the clipped sum
-    as one contraction (dpltm.dp.conv_ghost); masked, the formed gradients G_i U_iᵀ ⊙ M."""
+    """nn.Conv2d: unmasked, the cheaper of the ghost norm and formed gradients per layer; masked, the formed
+    gradients G_i U_iᵀ ⊙ M, a chunk of samples at a time; the clipped sum one contraction either way
+    (dpltm.dp.conv_ghost), no per-sample gradient held."""
 
     weight_grads = staticmethod(conv2d_weight_grads)
 
@@ -264,13 +265,15 @@ class Conv2dRule(WeightAndBiasRule):
         return g.flatten(2).sum(dim=2)
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
-        if masks:
+        if set(masks) - {"weight"}:
             return super().sq_norms(call, g, masks)
         assert call.input is not None
         patches, grads = conv_operands(call.module, call.input, g)  # type: ignore[arg-type]
         total = g.new_zeros(g.shape[0], dtype=torch.promote_types(g.dtype, torch.float32))
         if call.module.weight.requires_grad:
-            total = total + weight_sq_norms(patches, grads)
+            mask = masks.get("weight")
+            total = total + weight_sq_norms(patches, grads, None if mask is None else mask.reshape(grads.shape[1],
+                                                                                                    grads.shape[2], -1))
         if call.module.bias is not None and call.module.bias.requires_grad:
             total = total + grads.sum(dim=3).pow(2).sum(dim=(1, 2))
         return total, None  # the clipped sum unfolds again: no layer's patches held while the others run
@@ -283,7 +286,8 @@ class Conv2dRule(WeightAndBiasRule):
         patches, grads = conv_operands(call.module, _zero_rows(call.input, finite), _zero_rows(g, finite))  # type: ignore[arg-type]
         sums = {}
         if call.module.weight.requires_grad:
-            sums["weight"] = clipped_weight_sum(patches, grads, factors, call.module.weight.shape).to(g.dtype)
+            total = clipped_weight_sum(patches, grads, factors, call.module.weight.shape).to(g.dtype)
+            sums["weight"] = total if "weight" not in masks else total * masks["weight"]
         if call.module.bias is not None and call.module.bias.requires_grad:
             sums["bias"] = clipped_bias_sum(grads, factors).to(g.dtype)
         return sums
