@@ -11,7 +11,8 @@ of the expected size, masked per-sample clipping, one noise draw, SGD), dense an
 Opacus ghost clipping and Opacus hooks (dense: Opacus cannot restrict clipping or noise to a mask) on a fixed batch of
 that size. Each (model, step) runs in a fresh process, so that its peak memory is its own: on the CPU the rise of
 the peak resident set over the process's size before the first step; on CUDA `torch.cuda.max_memory_allocated` over
-what was allocated before it. A step is timed after `--warmup` steps; reported: the median of `--steps`.
+what was allocated before it. A step is timed after `--warmup` steps; each method runs `--rounds` times in turn, and
+the fastest round's median of `--steps` is reported (other work on a shared machine only slows a step).
 
     python benchmarks/bench_models.py [--device cuda] [--models resnet18-gn,transformer] [--batch-size 32]
 """
@@ -230,40 +231,53 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="default: 32 on the CPU, 128 on CUDA")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each method, interleaved")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    batch = args.batch_size or (128 if device.type == "cuda" else 32)
+    args.batch = batch = args.batch_size or (128 if device.type == "cuda" else 32)
     if args.one:  # a child: one measurement, printed as JSON
         print(json.dumps(measure(*args.one, batch, device, args.warmup, args.steps)))
         return
-    print(f"device {device}, torch {torch.__version__}, batch {batch}, median of {args.steps} steps after "
-          f"{args.warmup}; peak memory: the steps' own, in a fresh process each")
-    print(f"{'model':<12} {'step':<13} {'ms/step':>9} {'peak MB':>9} {'vs non-private':>15} {'vs Opacus ghost':>16}")
+    print(f"device {device}, torch {torch.__version__}, batch {batch}; ms a step: the fastest of {args.rounds} "
+          f"interleaved runs' medians of {args.steps} steps after {args.warmup}; peak memory: the steps' own, in a "
+          "fresh process each")
+    print(f"{'model':<12} {'step':<13} {'ms/step':>9} {'peak MB':>9} {'vs non-private':>15}")
     for model_name in args.models.split(","):
-        results: dict[str, dict[str, Any]] = {}
-        for method in args.methods.split(","):
+        results = interleaved(model_name, args.methods.split(","), args)
+        for method, r in results.items():
+            if "failed" in r:
+                print(f"{model_name:<12} {method:<13} failed: {r['failed'][:150]}")
+                continue
+            plain, ghost = results.get("non-private", {}), results.get("opacus ghost", {})
+            versus_plain = f"{r['ms'] / plain['ms']:.2f}x" if "ms" in plain else "-"
+            print(f"{model_name:<12} {method:<13} {r['ms']:>9.1f} {r['peak_mb']:>9.1f} {versus_plain:>15}", flush=True)
+        ghost = results.get("opacus ghost", {})
+        for method in ("dpltm", "dpltm masked"):
+            r = results.get(method, {})
+            if "ms" in r and "ms" in ghost:
+                print(f"{model_name:<12} {method + ' / ghost':<26} time {r['ms'] / ghost['ms']:.2f}x, "
+                      f"peak memory {r['peak_mb'] / max(ghost['peak_mb'], 1e-9):.2f}x (target <= 1 each)")
+
+
+def interleaved(model_name: str, methods: list[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each method `--rounds` times, in turn (a slower spell of the machine falls on all alike): per method the
+    fastest round's median step (other work on the machine only ever slows a step) and the largest peak memory."""
+    rounds: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}
+    for _ in range(args.rounds):
+        for method in methods:
+            if rounds[method] and "failed" in rounds[method][-1]:
+                continue
             child = subprocess.run([sys.executable, __file__, "--one", model_name, method, "--device", args.device,
-                                    "--batch-size", str(batch), "--warmup", str(args.warmup),
+                                    "--batch-size", str(args.batch), "--warmup", str(args.warmup),
                                     "--steps", str(args.steps)], capture_output=True, text=True)
             if child.returncode != 0:
-                last = (child.stderr.strip().splitlines() or ["?"])[-1]
-                print(f"{model_name:<12} {method:<13} failed: {last[:150]}")
-                continue
-            results[method] = json.loads(child.stdout.strip().splitlines()[-1])
-            r, plain, ghost = results[method], results.get("non-private"), results.get("opacus ghost")
-            versus_plain = f"{r['ms'] / plain['ms']:.2f}x" if plain else "-"
-            versus_ghost = (f"{r['ms'] / ghost['ms']:.2f}x t, {r['peak_mb'] / max(ghost['peak_mb'], 1e-9):.2f}x m"
-                            if ghost and method != "opacus ghost" else "-")
-            print(f"{model_name:<12} {method:<13} {r['ms']:>9.1f} {r['peak_mb']:>9.1f} {versus_plain:>15} "
-                  f"{versus_ghost:>16}", flush=True)
-        ghost = results.get("opacus ghost")
-        if ghost and "dpltm" in results:  # ghost is measured after dpltm: the ratios against it, once it ran
-            for method in ("dpltm", "dpltm masked"):
-                if method in results:
-                    r = results[method]
-                    print(f"{model_name:<12} {method + ' / ghost':<26} time {r['ms'] / ghost['ms']:.2f}x, "
-                          f"peak memory {r['peak_mb'] / max(ghost['peak_mb'], 1e-9):.2f}x (target <= 1 each)")
+                rounds[method].append({"failed": (child.stderr.strip().splitlines() or ["?"])[-1]})
+            else:
+                rounds[method].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    return {method: (runs[-1] if "failed" in runs[-1] else
+                     {"ms": min(r["ms"] for r in runs), "peak_mb": max(r["peak_mb"] for r in runs)})
+            for method, runs in rounds.items()}
 
 
 if __name__ == "__main__":

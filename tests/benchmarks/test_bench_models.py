@@ -24,7 +24,7 @@ def test_random_masks_keep_about_the_density_of_every_prunable_weight() -> None:
 
 def test_the_table_sets_dpltm_beside_opacus_ghost(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--models", "embedding", "--methods", "non-private,dpltm,opacus ghost", "--batch-size", "4", "--steps", "1",
-          "--warmup", "0"])
+          "--warmup", "0", "--rounds", "1"])
     out = capsys.readouterr().out
     rows = re.findall(r"^embedding\s+(non-private|dpltm|opacus ghost)\s+([0-9.]+)\s+([0-9.]+)", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["non-private", "dpltm", "opacus ghost"], out
