@@ -379,7 +379,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
                  dataset_name: str = "user data", masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
                  target_delta: float | None = None, resume_from: str | Path | None = None,
-                 in_memory: bool = True) -> PrivateTraining:
+                 in_memory: bool = True, max_physical_batch_size: int | None = None) -> PrivateTraining:
     """Masked DP-SGD for a user's model, in the spirit of Opacus's `make_private_with_epsilon`.
 
     σ is calibrated so that `epochs` epochs of Poisson batches of expected size `batch_size` meet
@@ -402,6 +402,9 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     reads it per batch: larger-than-memory data, augmentation in `__getitem__`), or a DataLoader
     (its dataset read per batch with its collate_fn; its own batching is replaced by the run's
     Poisson sampler at `batch_size`). dpltm.private_records says why an IterableDataset is refused.
+
+    `max_physical_batch_size` bounds the rows whose per-sample gradients are computed at once (memory): a larger
+    Poisson batch runs in chunks whose clipped sums are added before the one noise draw, the same mechanism and ε.
     """
     check_model_and_optimizer(model, optimizer)
     owner = _OWNERS.get(optimizer)
@@ -412,6 +415,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     d = delta_or_target_delta(delta, target_delta)
     clip = check_clip(max_grad_norm)
     epochs = check_count(epochs, "epochs")
+    if max_physical_batch_size is not None:
+        max_physical_batch_size = check_count(max_physical_batch_size, "max_physical_batch_size")
     accountant = check_accountant(accountant)
     neighboring = check_neighboring(neighboring)
     masks = check_mask_values(masks)
@@ -457,7 +462,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, train: Data
     run = PrivateTraining(model, optimizer, records, plan, settings, checked,
                           provenance if checked else None, loss, seed, dataset_name,
                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
-                          segments=segments, epochs_done=epochs_done, history=history)
+                          segments=segments, epochs_done=epochs_done, history=history,
+                          max_physical_batch_size=max_physical_batch_size)
     if run.steps_done:  # resumed: the weights loaded are the saved run's, with its steps
         note_private_step(model, run)
     return run

@@ -49,7 +49,7 @@ from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.sampling import poisson_sample
-from dpltm.dp.step import check_steps_left, install_gradients, noisy_mean
+from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.ledger import PrivacyLedger
@@ -244,6 +244,7 @@ class DPCallback(L.Callback):
         self.masks_private, self.selection_eps1 = masks_private, selection_eps1
         self._noise_seed = noise_seed  # used once, by the first fit of a fresh callback; never stored
         self._noise_generator: torch.Generator | None = None
+        self._dp: DpSgdStep | None = None  # the fit's step from the clipped sums on, built when it starts
         self._fresh_noise = False
         self._probed_modes: set[tuple[bool, ...]] = set()  # the module modes the probe has seen this fit
         self.segments = SpentSegments()
@@ -355,13 +356,15 @@ class DPCallback(L.Callback):
                           "allows releasing a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)
         self.masks = check_user_masks(pl_module, self.masks_in)
         apply_masks(pl_module, self.masks)
-        self.noise = GaussianNoise(self.plan.noise_multiplier)
-        self.surviving = surviving_coordinates(pl_module, self.masks)
         if self._noise_generator is None or self._fresh_noise:
             first_use = self._noise_seed is not None and not self._fresh_noise
             seed = self._noise_seed if first_use else secrets.randbits(63)
             self._noise_generator = torch.Generator(device=pl_module.device).manual_seed(seed)
             self._noise_seed, self._fresh_noise = None, False
+        # the step from the clipped sums on (the sums come from Lightning's own backward)
+        self._dp = DpSgdStep(pl_module, EngineLayout(self.masks, surviving_coordinates(pl_module, self.masks)),
+                             self.clip, GaussianNoise(self.plan.noise_multiplier), self.plan.expected_batch_size,
+                             self._noise_generator)
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
         self._modules = list(pl_module.modules())
         self._trainable = trainable_names(pl_module)
@@ -614,10 +617,9 @@ class DPCallback(L.Callback):
                 sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
             finally:
                 self._clipping = False
-        assert self._noise_generator is not None
-        grads = noisy_mean(sums, noise=self.noise, surviving=self.surviving, clip=self.clip,
-                           expected_batch_size=self.plan.expected_batch_size, generator=self._noise_generator)
-        install_gradients(pl_module, grads)
+        assert self._dp is not None
+        grads = self._dp.noisy_gradients(sums)
+        self._dp.apply(grads)  # installed: Lightning steps the optimiser
         for name, parameter in parameters.items():
             if parameter.requires_grad:
                 self._written[name] = (parameter, grads[name], grads[name]._version)

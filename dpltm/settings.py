@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpltm.api_checks import check_count
 from dpltm.choices import Optimizer, OutputLayer, Rewind
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import ACTIVATIONS, ARCHS
@@ -307,9 +308,14 @@ class TrainSettings:
     """Layers (e.g. hidden.0) held at their start weights — public-trained with rewind public, else θ0 —
     and not trained: no clipped gradient, no noise, no update (dpltm.masks.freeze_layers_). Public
     knowledge: nothing is added to the privacy ledger."""
+    physical_batch: int | None = None
+    """The most rows whose per-sample gradients are computed at once (memory); a larger Poisson batch runs in
+    chunks whose clipped sums are added before the one noise draw: the same mechanism and ε. None: no limit."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
+        if self.physical_batch is not None:
+            check_count(self.physical_batch, "--physical-batch")
         _require_positive("--epochs", self.epochs)
         _require_positive("--batch-size", self.batch_size)
         _require_positive("--clip", self.clip)
