@@ -14,29 +14,27 @@ torch.func for the rest), the layer's inputs and the gradient reaching its outpu
 optimiser step it replaces the parameters' gradients with dpltm's masked clipped sum plus Gaussian
 noise on the surviving weights, over the expected batch size (dpltm.dp.engine: the same code as
 `make_private`). The loader must be Poisson (`poisson_loader`): the accountant assumes it.
+
+The sampler and loader live in dpltm.poisson_batches, the checks of the user's module in
+dpltm.module_checks; both are importable from here, where users import them.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import secrets
 import warnings
-from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
-from torch.utils.data._utils.collate import default_collate
 
 from dpltm.api_checks import (
     check_budget,
     check_budget_left,
     check_clip,
-    check_count,
     check_flag,
     check_mask_values,
     check_model_and_optimizer,
@@ -46,11 +44,12 @@ from dpltm.api_checks import (
 )
 from dpltm.dp.engine import clip_and_sum, trainable_layers
 from dpltm.dp.gaussian import GaussianNoise
-from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
+from dpltm.dp.independence import probe_rows
 from dpltm.dp.rules import LayerCall
-from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
+from dpltm.module_checks import first_written, probe_first_batch, state_marks, trainable_names, written_message
+from dpltm.poisson_batches import PoissonBatchSampler, batch_rows, poisson_loader
 from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
@@ -60,138 +59,10 @@ from dpltm.training.plan import TrainPlan, plan_training
 from dpltm.user_inputs import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
 from dpltm.weight_guard import check_not_trained_elsewhere, note_fit_end, note_private_step
 
+__all__ = ["DPCallback", "PoissonBatchSampler", "poisson_loader", "probe_first_batch", "trainable_names"]
+
 STATE_VERSION = 2
 """The callback's checkpoint state: 2 = spent segments, no seed or generator (1 held both)."""
-
-
-class PoissonBatchSampler(Sampler[list[int]]):
-    """`steps` Poisson batches per epoch: each of `n` records in each batch with probability q.
-
-    It remembers the size of every batch it has handed out and not yet seen trained on, so that
-    `DPCallback` can check that each step consumes one of its batches, in order."""
-
-    def __init__(self, n: int, batch_size: int, steps: int | None = None, seed: int | None = None) -> None:
-        n = check_count(n, "n", minimum=2)
-        batch_size = check_count(batch_size, "batch_size")
-        if not batch_size < n:
-            raise DpltmUserError(f"batch_size must lie in (0, {n}), got {batch_size}")
-        if steps is not None:
-            steps = check_count(steps, "steps")
-        if seed is not None:
-            seed = check_seed(seed, "seed")
-        self.n, self.batch_size = n, batch_size
-        self.sample_rate = batch_size / n
-        self.steps = steps if steps is not None else math.ceil(n / batch_size)
-        self.seed = seed  # a user's seed (reproducible batches) or None (OS CSPRNG, not kept)
-        self.generator = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
-        self._issued: deque[int] = deque()
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._issued.clear()  # a new pass: batches drawn ahead for an abandoned pass are never trained on
-        for _ in range(self.steps):
-            index = poisson_sample(self.n, self.sample_rate, self.generator).tolist()
-            self._issued.append(len(index))
-            yield index
-
-    def next_issued(self) -> int | None:
-        """The size of the oldest batch handed out and not yet trained on (None: none is pending)."""
-        return self._issued.popleft() if self._issued else None
-
-
-def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, **kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
-    """A DataLoader of Poisson batches (expected size `batch_size`); an empty batch is a batch of zero
-    rows (it still takes a noisy step), shaped like the dataset's first item. Map-style datasets of
-    any size work (items are read per batch), with per-epoch augmentation in `__getitem__`; sampling
-    stays exact Poisson because the sampler, not the dataset, chooses the records."""
-    if isinstance(dataset, (tuple, list)) and len(dataset) == 2 and all(isinstance(t, Tensor) for t in dataset):
-        raise DpltmUserError("poisson_loader takes a Dataset, not a (features, labels) pair: wrap it as "
-                             "torch.utils.data.TensorDataset(features, labels)")
-    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise DpltmUserError("poisson_loader needs a map-style dataset (with __len__ and __getitem__): Poisson "
-                             "sampling chooses each record independently, which an iterable stream cannot do")
-    n = len(dataset)  # type: ignore[arg-type]
-    if n < 2:
-        raise DpltmUserError(f"the dataset has {n} record(s): Poisson sampling needs at least 2")
-    chosen = [k for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last") if k in kwargs]
-    if chosen:
-        raise DpltmUserError(f"poisson_loader chooses the batches itself: drop {'/'.join(chosen)} from its keyword "
-                             "arguments")
-    user_collate = kwargs.pop("collate_fn", None) or default_collate
-    example = user_collate([dataset[0]])
-
-    def collate(items: list[Any]) -> Any:
-        if items:
-            return user_collate(items)
-        return _empty_like(example)
-
-    return DataLoader(dataset, batch_sampler=PoissonBatchSampler(n, batch_size, seed=seed), collate_fn=collate,
-                      **kwargs)
-
-
-def probe_first_batch(module: torch.nn.Module, batch: Any, rows: int = PROBE_ROWS) -> None:
-    """The sample-independence probe (dpltm.dp.independence) on the module's forward and on each of its child
-    modules, for each input of the batch they take: the batch itself, the first tensor of an (x, y, …) batch,
-    or every tensor of a {"x": …, "y": …} batch. The children too, since training_step may route through
-    one the module's own (inference) forward does not use. A network that takes something else cannot be
-    probed; its layers that own parameters are still checked by the engine (dpltm.dp.rules.check_adds_up)."""
-    if isinstance(batch, Tensor):
-        inputs = [batch]
-    elif isinstance(batch, (tuple, list)):
-        inputs = batch[:1]
-    elif isinstance(batch, Mapping):
-        inputs = list(batch.values())
-    else:
-        inputs = []
-    for x in inputs:
-        if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[0] == 0:
-            continue
-        for name, candidate in (("", module), *module.named_children()):
-            if _is_metric(candidate):  # aggregates over the batch by design, and is no part of the gradient's path
-                continue
-            try:
-                check_samples_independent(candidate, x[:1], prefix=name, rows=rows)
-            except DpltmUserError:
-                raise
-            except Exception:  # this forward takes something else (a dict, several tensors): not probed on x
-                continue
-
-
-def _is_metric(module: torch.nn.Module) -> bool:
-    """A torchmetrics Metric (told by its classes' module, so torchmetrics is never imported here)."""
-    return any(cls.__module__.split(".")[0] == "torchmetrics" for cls in type(module).__mro__)
-
-
-def trainable_names(module: torch.nn.Module) -> frozenset[str]:
-    """The names of the parameters that take gradients now."""
-    return frozenset(name for name, parameter in module.named_parameters() if parameter.requires_grad)
-
-
-def _empty_like(example: Any) -> Any:
-    """A batch of zero rows shaped like `example` (tensors, or lists/tuples/dicts of them)."""
-    if isinstance(example, Tensor):
-        return example[:0]
-    if isinstance(example, Mapping):
-        return {k: _empty_like(v) for k, v in example.items()}
-    if isinstance(example, (list, tuple)):
-        return type(example)(_empty_like(v) for v in example) if isinstance(example, list) else \
-            tuple(_empty_like(v) for v in example)
-    return example
-
-
-def _rows(batch: Any) -> int:
-    """The number of records in a batch: the first dimension of its first tensor."""
-    if isinstance(batch, Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        try:
-            return _rows(value)
-        except DpltmUserError:
-            continue
-    raise DpltmUserError("the training batch holds no tensor: DPCallback cannot tell its size")
 
 
 class DPCallback(L.Callback):
@@ -399,10 +270,10 @@ class DPCallback(L.Callback):
         then dropped, so the update itself is never mistaken for a write)."""
         if not self._marks or self._module is None:
             return
-        moved = self._first_written(self._marks, self._state_marks(self._module))
+        moved = first_written(self._marks, state_marks(self._module))
         self._marks = {}
         if moved is not None:
-            self._not_private(self._written_message(moved, when))
+            self._not_private(written_message(moved, when))
 
     def _checked_closure(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -512,7 +383,7 @@ class DPCallback(L.Callback):
     # ---- the step -----------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
+        self._batch_size = batch_rows(batch)  # the samples: every layer must see this many rows
         check_not_trained_elsewhere(pl_module, self)  # two runs on the same weights cannot interleave
         # the first batch, and again whenever the modules are in modes not probed yet (a layer may mix records
         # only in training mode); the modes the step's forward ran in are checked again before its noise
@@ -526,7 +397,7 @@ class DPCallback(L.Callback):
         self._grads.clear()
         self._step_modes.clear()
         self._batch = batch
-        self._marks = self._state_marks(pl_module)  # after the probe, which puts buffers back
+        self._marks = state_marks(pl_module)  # after the probe, which puts buffers back
         self._in_batch = True
 
     def _probe_modes(self, pl_module: L.LightningModule, batch: Any, modes: tuple[bool, ...]) -> None:
@@ -543,35 +414,6 @@ class DPCallback(L.Callback):
             for module, mode in zip(self._modules, now):
                 module.training = mode
         self._probed_modes.add(modes)
-
-    @staticmethod
-    def _state_marks(pl_module: L.LightningModule) -> dict[str, tuple[int, float]]:
-        """Each parameter's and buffer's version counter (every in-place write moves it) and norm (a write through
-        `.data`, which leaves the counter alone, moves that): compared across a step, they show a write."""
-        tensors = list(itertools.chain(pl_module.named_parameters(), pl_module.named_buffers()))
-        floats = [(name, t.detach()) for name, t in tensors if t.is_floating_point() and t.numel()]
-        norms = torch._foreach_norm([t for _, t in floats]) if floats else []
-        values = torch.stack([n.to(torch.float64) for n in norms]).tolist() if floats else []
-        norm_of = {name: value for (name, _), value in zip(floats, values)}
-        return {name: (t._version, norm_of.get(name, 0.0)) for name, t in tensors}
-
-    @staticmethod
-    def _written_message(name: str, when: str) -> str:
-        return (f"{name} was written during the training step, {when} (an update on the raw gradient, a perturbation, "
-                "a running statistic of the batch): the model is no longer differentially private. dpltm cannot tell "
-                "a write that does not depend on the batch (a step counter, a clamp of the weights) from one that "
-                "does: do such writes after the step, in on_train_batch_end")
-
-    @staticmethod
-    def _first_written(before: Mapping[str, tuple[int, float]], now: Mapping[str, tuple[int, float]]) -> str | None:
-        for name, (version, norm) in now.items():
-            was = before.get(name)
-            if was is None:
-                continue
-            same_norm = was[1] == norm or (math.isnan(was[1]) and math.isnan(norm))
-            if was[0] != version or not same_norm:
-                return name
-        return None
 
     def _modes(self) -> tuple[bool, ...]:
         """Each module's training flag (dpltm.dp.independence.module_modes), read from the fit's list of modules:
