@@ -1,0 +1,91 @@
+"""A physical batch limit: the Poisson batch in chunks of at most that many rows, their clipped sums added before
+the one noise draw. The mechanism and ε are the unchunked step's; only the order of additions moves, so the
+released weights are bit-equal wherever the sums are exact (integer records, power-of-two clip factors), in
+float32 and float64 alike, and equal to rounding elsewhere (float64: the summation order changes the last bit)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import dpltm
+from dpltm.dp.gaussian import GaussianNoise
+from dpltm.dp.step import DpSgdStep, record_terms, step_layout
+from dpltm.errors import DpltmUserError
+from dpltm.networks.lenet import build_architecture, build_network
+from dpltm.settings import TrainSettings
+
+ROWS = torch.tensor([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [-1, 1, 0, 1, 0], [3, 2, 1, 1, 0], [1, -3, 1, 2, 0]])
+"""Records whose per-sample gradient norms are powers of two under `picked_output` (‖x‖² + 1 = 1, 4, 4, 16, 16):
+with C = 2 their clip factors are 1 or 1/2, and every clipped sum is exact. The last feature is 0 (pruned)."""
+
+
+def picked_output(outputs: Tensor, targets: Tensor) -> Tensor:
+    """A per-sample loss linear in the outputs: the output gradient is one-hot, whatever the weights."""
+    return outputs.gather(1, targets[:, None]).squeeze(1)
+
+
+def exact_run(limit: int | None, dtype: torch.dtype) -> tuple[list[Tensor], float]:
+    g = torch.Generator().manual_seed(0)
+    x = ROWS[torch.randint(0, len(ROWS), (400,), generator=g)].to(dtype)
+    y = torch.randint(0, 3, (400,), generator=g)
+    model = nn.Linear(5, 3).to(dtype)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=g))
+    masks = {"weight": torch.ones(3, 5, dtype=torch.bool)}
+    masks["weight"][:, 4] = False
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    private = dpltm.make_private(model, optimizer, (x, y), noise_multiplier=1.0, epochs=2, batch_size=60,
+                                 max_grad_norm=2.0, masks=masks, masks_from="a test", loss=picked_output,
+                                 noise_seed=3, max_physical_batch_size=limit)
+    private.fit()
+    return [p.detach().clone() for p in model.parameters()], private.epsilon
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("limit", [1, 7, 1000])
+def test_make_private_in_chunks_releases_the_unchunked_weights_bit_for_bit(limit: int, dtype: torch.dtype) -> None:
+    whole, eps = exact_run(None, dtype)
+    chunked, chunked_eps = exact_run(limit, dtype)
+    assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
+    assert chunked_eps == eps  # the same mechanism: the same ε
+
+
+def fused_run(limit: int | None) -> tuple[list[Tensor], torch.Generator]:
+    """Five steps of the fused (LeNet MLP, cross-entropy) step in float64, with its per-record norm tables."""
+    model = build_network(build_architecture(20, 4, (12, 8), None, "relu", "mlp"),
+                          torch.Generator().manual_seed(0)).double()
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(200, 20, generator=g, dtype=torch.float64), torch.randint(0, 4, (200,), generator=g)
+    layout = step_layout(model, None, torch.float64)
+    noise = torch.Generator().manual_seed(2)
+    step = DpSgdStep(model, layout, 1.0, GaussianNoise(1.0), 50.0, noise, torch.optim.SGD(model.parameters(), lr=0.1),
+                     terms=record_terms(model, layout, x), max_physical_batch_size=limit)
+    sampling = torch.Generator().manual_seed(9)
+    for _ in range(5):
+        index = (torch.rand(200, generator=sampling) < 0.25).nonzero().squeeze(1)
+        step.step(x[index], y[index], index)
+    return [p.detach().clone() for p in model.parameters()], noise
+
+
+def test_the_fused_step_in_chunks_takes_the_same_draws_and_the_same_sums_to_rounding() -> None:
+    """Cross-entropy's softmax makes the sums inexact: the chunks' order of addition moves the last bit in float64."""
+    whole, whole_noise = fused_run(None)
+    chunked, chunked_noise = fused_run(7)
+    assert torch.equal(whole_noise.get_state(), chunked_noise.get_state())  # one draw per step, the same draws
+    for a, b in zip(whole, chunked):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("value, message", [(0, "must be at least 1, got 0"), (-3, "must be at least 1, got -3"),
+                                            (2.5, "must be an integer, got 2.5"), (True, "must be an integer")])
+def test_a_bad_physical_batch_is_one_line(value: object, message: str) -> None:
+    model = nn.Linear(5, 3)
+    data = (torch.randn(100, 5), torch.randint(0, 3, (100,)))
+    with pytest.raises(DpltmUserError, match=f"^max_physical_batch_size {message}"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0,
+                           batch_size=10, max_physical_batch_size=value)  # type: ignore[arg-type]
+    with pytest.raises(DpltmUserError, match=f"^--physical-batch {message}"):
+        TrainSettings(physical_batch=value)  # type: ignore[arg-type]
