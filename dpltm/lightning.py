@@ -35,6 +35,7 @@ from dpltm.api_checks import (
     check_budget,
     check_budget_left,
     check_clip,
+    check_count,
     check_flag,
     check_mask_values,
     check_model_and_optimizer,
@@ -42,7 +43,7 @@ from dpltm.api_checks import (
     check_seed,
     delta_or_target_delta,
 )
-from dpltm.dp.engine import clip_and_sum, trainable_layers
+from dpltm.dp.engine import clip_and_sum_in_chunks, trainable_layers
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import probe_rows
 from dpltm.dp.rules import LayerCall
@@ -74,6 +75,10 @@ class DPCallback(L.Callback):
     budget given the segments already spent, or refuses when nothing is left. No seed or generator
     state is ever written to a checkpoint: a resumed fit draws fresh OS randomness.
 
+    `max_physical_batch_size` bounds the rows whose per-sample norms and clipped sums are formed at once from
+    the recorded layers (the module's own forward and backward see the whole Poisson batch): the chunks'
+    clipped sums are added before the one noise draw, the same mechanism and ε.
+
     Checked at every step: the batch has the size of the sampler's next batch, the optimiser steps once
     per batch and only on the privatised gradient, and no other private run stepped these weights since.
     Checked at each fit's start: the optimiser updates exactly the module's trainable parameters, the
@@ -89,7 +94,7 @@ class DPCallback(L.Callback):
                  masks_from: str | None = None, loss_reduction: str = "mean", accountant: str = "pld",
                  noise_seed: int | None = None, masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
-                 target_delta: float | None = None) -> None:
+                 target_delta: float | None = None, max_physical_batch_size: int | None = None) -> None:
         self.target_epsilon, self.noise_multiplier = check_budget(target_epsilon, noise_multiplier)
         self.delta = delta_or_target_delta(delta, target_delta)
         if loss_reduction not in ("mean", "sum"):
@@ -109,6 +114,8 @@ class DPCallback(L.Callback):
             noise_seed = check_seed(noise_seed, "noise_seed")
         check_flag(masks_private, "masks_private")
         self.clip = check_clip(max_grad_norm)
+        self.max_physical_batch_size = (None if max_physical_batch_size is None
+                                        else check_count(max_physical_batch_size, "max_physical_batch_size"))
         self.masks_in, self.masks_from = dict(masks), masks_from
         self.loss_reduction, self.accountant = loss_reduction, check_accountant(accountant)
         self.neighboring = check_neighboring(neighboring)
@@ -235,7 +242,7 @@ class DPCallback(L.Callback):
         # the step from the clipped sums on (the sums come from Lightning's own backward)
         self._dp = DpSgdStep(pl_module, EngineLayout(self.masks, surviving_coordinates(pl_module, self.masks)),
                              self.clip, GaussianNoise(self.plan.noise_multiplier), self.plan.expected_batch_size,
-                             self._noise_generator)
+                             self._noise_generator, max_physical_batch_size=self.max_physical_batch_size)
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
         self._modules = list(pl_module.modules())
         self._trainable = trainable_names(pl_module)
@@ -456,7 +463,8 @@ class DPCallback(L.Callback):
                 tap.batch_grads = {n: p.grad * scale for n, p in tap.trainable().items() if p.grad is not None}
             self._clipping = True
             try:
-                sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
+                sums = clip_and_sum_in_chunks(self._taps, grads, self.masks, self.clip, batch,
+                                              self.max_physical_batch_size)
             finally:
                 self._clipping = False
         assert self._dp is not None

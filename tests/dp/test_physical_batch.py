@@ -89,3 +89,73 @@ def test_a_bad_physical_batch_is_one_line(value: object, message: str) -> None:
                            batch_size=10, max_physical_batch_size=value)  # type: ignore[arg-type]
     with pytest.raises(DpltmUserError, match=f"^--physical-batch {message}"):
         TrainSettings(physical_batch=value)  # type: ignore[arg-type]
+
+
+def callback_run(limit: int | None) -> list[Tensor]:
+    import lightning as L
+
+    from dpltm.lightning import poisson_loader
+
+    class Picked(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(5, 3))
+
+        def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+            x, y = batch
+            return picked_output(self.net(x), y).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    g = torch.Generator().manual_seed(0)
+    x, y = ROWS[torch.randint(0, len(ROWS), (300,), generator=g)].float(), torch.randint(0, 3, (300,), generator=g)
+    module = Picked()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=g))
+    callback = dpltm.DPCallback(noise_multiplier=1.0, max_grad_norm=2.0, loss_reduction="sum", noise_seed=4,
+                                max_physical_batch_size=limit)
+    loader = poisson_loader(torch.utils.data.TensorDataset(x, y), batch_size=40, seed=6)
+    L.Trainer(max_epochs=2, callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, accelerator="cpu").fit(module, loader)
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def test_the_callback_in_chunks_releases_the_unchunked_weights_bit_for_bit() -> None:
+    whole = callback_run(None)
+    assert all(torch.equal(a, b) for a, b in zip(whole, callback_run(6)))
+    with pytest.raises(DpltmUserError, match="^max_physical_batch_size must be at least 1, got 0$"):
+        dpltm.DPCallback(noise_multiplier=1.0, max_physical_batch_size=0)
+
+
+class Scaled(nn.Module):
+    """A user's layer (the torch.func rule, checked against its batch gradient): per-sample, or with `centred`
+    the batch's mean subtracted first, which mixes the records."""
+
+    def __init__(self, centred: bool) -> None:
+        super().__init__()
+        self.gain, self.centred = nn.Parameter(torch.linspace(0.5, 1.5, 4)), centred
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ((x - x.mean(dim=0, keepdim=True)) if self.centred else x) * self.gain
+
+
+@pytest.mark.parametrize("centred", [False, True])
+def test_chunks_check_a_layer_not_known_per_sample_on_the_batch_total(centred: bool) -> None:
+    from dpltm.dp.engine import clip_and_sum, clip_and_sum_in_chunks
+    from dpltm.dp.rules import LayerCall
+
+    g = torch.Generator().manual_seed(1)
+    layer, x, out_grad = Scaled(centred), torch.randn(12, 4, generator=g), torch.randn(12, 4, generator=g)
+    call = LayerCall("scaled", layer)
+    output = layer(x)
+    call.record(layer, (x,), {}, output, keep_output=False)
+    call.batch_grads = {"gain": torch.autograd.grad(output, layer.gain, out_grad)[0]}
+    if centred:
+        with pytest.raises(DpltmUserError, match="do not add up to the batch gradient"):
+            clip_and_sum_in_chunks([call], [out_grad], {}, 1.0, 12, 5)
+        return
+    whole, _ = clip_and_sum([call], [out_grad], {}, 1.0, batch_size=12)
+    chunked = clip_and_sum_in_chunks([call], [out_grad], {}, 1.0, 12, 5)
+    torch.testing.assert_close(chunked["scaled.gain"], whole["scaled.gain"])
