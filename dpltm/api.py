@@ -357,7 +357,8 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
                  dataset_name: str = "user data", masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
                  target_delta: float | None = None, resume_from: str | Path | None = None,
-                 in_memory: bool = True, **opacus_names: Any) -> PrivateTraining:
+                 in_memory: bool = True, max_physical_batch_size: int | None = None,
+                 **opacus_names: Any) -> PrivateTraining:
     """Masked DP-SGD for a user's model, in the spirit of Opacus's `make_private_with_epsilon`.
 
     σ is calibrated so that `epochs` epochs (required) of Poisson batches of expected size `batch_size` meet
@@ -386,6 +387,9 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     reads it per batch: larger-than-memory data, augmentation in `__getitem__`), or a DataLoader
     (its dataset read per batch with its collate_fn; its own batching is replaced by the run's
     Poisson sampler). dpltm.private_records says why an IterableDataset is refused.
+
+    `max_physical_batch_size` bounds the rows whose per-sample gradients are computed at once (memory): a larger
+    Poisson batch runs in chunks whose clipped sums are added before the one noise draw, the same mechanism and ε.
     """
     model, optimizer, train = resolve_inputs(model, optimizer, train, opacus_names)
     check_model_and_optimizer(model, optimizer)
@@ -397,6 +401,8 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     d = delta_or_target_delta(delta, target_delta)
     clip, layer_clips = layer_clip_bounds(model, max_grad_norm, clipping)
     epochs = check_epochs(epochs, target_epsilon)
+    if max_physical_batch_size is not None:
+        max_physical_batch_size = check_count(max_physical_batch_size, "max_physical_batch_size")
     accountant = check_accountant(accountant)
     neighboring = check_neighboring(neighboring)
     masks = check_mask_values(masks)
@@ -442,7 +448,8 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     run = PrivateTraining(model, optimizer, records, plan, settings, checked,
                           provenance if checked else None, loss, seed, dataset_name,
                           masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
-                          segments=segments, epochs_done=epochs_done, history=history, layer_clips=layer_clips)
+                          segments=segments, epochs_done=epochs_done, history=history, layer_clips=layer_clips,
+                          max_physical_batch_size=max_physical_batch_size)
     if run.steps_done:  # resumed: the weights loaded are the saved run's, with its steps
         note_private_step(model, run)
     return run

@@ -14,23 +14,22 @@ torch.func for the rest), the layer's inputs and the gradient reaching its outpu
 optimiser step it replaces the parameters' gradients with dpltm's masked clipped sum plus Gaussian
 noise on the surviving weights, over the expected batch size (dpltm.dp.engine: the same code as
 `make_private`). The loader must be Poisson (`poisson_loader`): the accountant assumes it.
+
+The sampler and loader live in dpltm.poisson_batches, the checks of the user's module in
+dpltm.module_checks; both are importable from here, where users import them.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import secrets
 import warnings
-from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
-from torch.utils.data._utils.collate import default_collate
 
 from dpltm.api_checks import (
     check_budget,
@@ -44,13 +43,14 @@ from dpltm.api_checks import (
     check_seed,
     delta_or_target_delta,
 )
-from dpltm.dp.engine import clip_and_sum, trainable_layers
+from dpltm.dp.engine import clip_and_sum_in_chunks, trainable_layers
 from dpltm.dp.gaussian import GaussianNoise
-from dpltm.dp.independence import PROBE_ROWS, check_samples_independent, probe_rows
+from dpltm.dp.independence import probe_rows
 from dpltm.dp.rules import LayerCall
-from dpltm.dp.sampling import poisson_sample
-from dpltm.dp.step import check_steps_left, install_gradients, noisy_mean
+from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
+from dpltm.module_checks import first_written, probe_first_batch, state_marks, trainable_names, written_message
+from dpltm.poisson_batches import PoissonBatchSampler, batch_rows, poisson_loader
 from dpltm.privacy.accounting import check_accountant, check_neighboring
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
@@ -60,138 +60,10 @@ from dpltm.training.plan import TrainPlan, plan_training
 from dpltm.user_inputs import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
 from dpltm.weight_guard import check_not_trained_elsewhere, note_fit_end, note_private_step
 
+__all__ = ["DPCallback", "PoissonBatchSampler", "poisson_loader", "probe_first_batch", "trainable_names"]
+
 STATE_VERSION = 2
 """The callback's checkpoint state: 2 = spent segments, no seed or generator (1 held both)."""
-
-
-class PoissonBatchSampler(Sampler[list[int]]):
-    """`steps` Poisson batches per epoch: each of `n` records in each batch with probability q.
-
-    It remembers the size of every batch it has handed out and not yet seen trained on, so that
-    `DPCallback` can check that each step consumes one of its batches, in order."""
-
-    def __init__(self, n: int, batch_size: int, steps: int | None = None, seed: int | None = None) -> None:
-        n = check_count(n, "n", minimum=2)
-        batch_size = check_count(batch_size, "batch_size")
-        if not batch_size < n:
-            raise DpltmUserError(f"batch_size must lie in (0, {n}), got {batch_size}")
-        if steps is not None:
-            steps = check_count(steps, "steps")
-        if seed is not None:
-            seed = check_seed(seed, "seed")
-        self.n, self.batch_size = n, batch_size
-        self.sample_rate = batch_size / n
-        self.steps = steps if steps is not None else math.ceil(n / batch_size)
-        self.seed = seed  # a user's seed (reproducible batches) or None (OS CSPRNG, not kept)
-        self.generator = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
-        self._issued: deque[int] = deque()
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._issued.clear()  # a new pass: batches drawn ahead for an abandoned pass are never trained on
-        for _ in range(self.steps):
-            index = poisson_sample(self.n, self.sample_rate, self.generator).tolist()
-            self._issued.append(len(index))
-            yield index
-
-    def next_issued(self) -> int | None:
-        """The size of the oldest batch handed out and not yet trained on (None: none is pending)."""
-        return self._issued.popleft() if self._issued else None
-
-
-def poisson_loader(dataset: Dataset, batch_size: int, seed: int | None = None, **kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
-    """A DataLoader of Poisson batches (expected size `batch_size`); an empty batch is a batch of zero
-    rows (it still takes a noisy step), shaped like the dataset's first item. Map-style datasets of
-    any size work (items are read per batch), with per-epoch augmentation in `__getitem__`; sampling
-    stays exact Poisson because the sampler, not the dataset, chooses the records."""
-    if isinstance(dataset, (tuple, list)) and len(dataset) == 2 and all(isinstance(t, Tensor) for t in dataset):
-        raise DpltmUserError("poisson_loader takes a Dataset, not a (features, labels) pair: wrap it as "
-                             "torch.utils.data.TensorDataset(features, labels)")
-    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise DpltmUserError("poisson_loader needs a map-style dataset (with __len__ and __getitem__): Poisson "
-                             "sampling chooses each record independently, which an iterable stream cannot do")
-    n = len(dataset)  # type: ignore[arg-type]
-    if n < 2:
-        raise DpltmUserError(f"the dataset has {n} record(s): Poisson sampling needs at least 2")
-    chosen = [k for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last") if k in kwargs]
-    if chosen:
-        raise DpltmUserError(f"poisson_loader chooses the batches itself: drop {'/'.join(chosen)} from its keyword "
-                             "arguments")
-    user_collate = kwargs.pop("collate_fn", None) or default_collate
-    example = user_collate([dataset[0]])
-
-    def collate(items: list[Any]) -> Any:
-        if items:
-            return user_collate(items)
-        return _empty_like(example)
-
-    return DataLoader(dataset, batch_sampler=PoissonBatchSampler(n, batch_size, seed=seed), collate_fn=collate,
-                      **kwargs)
-
-
-def probe_first_batch(module: torch.nn.Module, batch: Any, rows: int = PROBE_ROWS) -> None:
-    """The sample-independence probe (dpltm.dp.independence) on the module's forward and on each of its child
-    modules, for each input of the batch they take: the batch itself, the first tensor of an (x, y, …) batch,
-    or every tensor of a {"x": …, "y": …} batch. The children too, since training_step may route through
-    one the module's own (inference) forward does not use. A network that takes something else cannot be
-    probed; its layers that own parameters are still checked by the engine (dpltm.dp.rules.check_adds_up)."""
-    if isinstance(batch, Tensor):
-        inputs = [batch]
-    elif isinstance(batch, (tuple, list)):
-        inputs = batch[:1]
-    elif isinstance(batch, Mapping):
-        inputs = list(batch.values())
-    else:
-        inputs = []
-    for x in inputs:
-        if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[0] == 0:
-            continue
-        for name, candidate in (("", module), *module.named_children()):
-            if _is_metric(candidate):  # aggregates over the batch by design, and is no part of the gradient's path
-                continue
-            try:
-                check_samples_independent(candidate, x[:1], prefix=name, rows=rows)
-            except DpltmUserError:
-                raise
-            except Exception:  # this forward takes something else (a dict, several tensors): not probed on x
-                continue
-
-
-def _is_metric(module: torch.nn.Module) -> bool:
-    """A torchmetrics Metric (told by its classes' module, so torchmetrics is never imported here)."""
-    return any(cls.__module__.split(".")[0] == "torchmetrics" for cls in type(module).__mro__)
-
-
-def trainable_names(module: torch.nn.Module) -> frozenset[str]:
-    """The names of the parameters that take gradients now."""
-    return frozenset(name for name, parameter in module.named_parameters() if parameter.requires_grad)
-
-
-def _empty_like(example: Any) -> Any:
-    """A batch of zero rows shaped like `example` (tensors, or lists/tuples/dicts of them)."""
-    if isinstance(example, Tensor):
-        return example[:0]
-    if isinstance(example, Mapping):
-        return {k: _empty_like(v) for k, v in example.items()}
-    if isinstance(example, (list, tuple)):
-        return type(example)(_empty_like(v) for v in example) if isinstance(example, list) else \
-            tuple(_empty_like(v) for v in example)
-    return example
-
-
-def _rows(batch: Any) -> int:
-    """The number of records in a batch: the first dimension of its first tensor."""
-    if isinstance(batch, Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        try:
-            return _rows(value)
-        except DpltmUserError:
-            continue
-    raise DpltmUserError("the training batch holds no tensor: DPCallback cannot tell its size")
 
 
 class DPCallback(L.Callback):
@@ -202,6 +74,10 @@ class DPCallback(L.Callback):
     segment (docs/privacy.md §8). With `target_epsilon`, each fit calibrates σ for what is left of the
     budget given the segments already spent, or refuses when nothing is left. No seed or generator
     state is ever written to a checkpoint: a resumed fit draws fresh OS randomness.
+
+    `max_physical_batch_size` bounds the rows whose per-sample norms and clipped sums are formed at once from
+    the recorded layers (the module's own forward and backward see the whole Poisson batch): the chunks'
+    clipped sums are added before the one noise draw, the same mechanism and ε.
 
     Checked at every step: the batch has the size of the sampler's next batch, the optimiser steps once
     per batch and only on the privatised gradient, and no other private run stepped these weights since.
@@ -218,7 +94,7 @@ class DPCallback(L.Callback):
                  masks_from: str | None = None, loss_reduction: str = "mean", accountant: str = "pld",
                  noise_seed: int | None = None, masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
-                 target_delta: float | None = None) -> None:
+                 target_delta: float | None = None, max_physical_batch_size: int | None = None) -> None:
         self.target_epsilon, self.noise_multiplier = check_budget(target_epsilon, noise_multiplier)
         self.delta = delta_or_target_delta(delta, target_delta)
         if loss_reduction not in ("mean", "sum"):
@@ -238,12 +114,15 @@ class DPCallback(L.Callback):
             noise_seed = check_seed(noise_seed, "noise_seed")
         check_flag(masks_private, "masks_private")
         self.clip = check_clip(max_grad_norm)
+        self.max_physical_batch_size = (None if max_physical_batch_size is None
+                                        else check_count(max_physical_batch_size, "max_physical_batch_size"))
         self.masks_in, self.masks_from = dict(masks), masks_from
         self.loss_reduction, self.accountant = loss_reduction, check_accountant(accountant)
         self.neighboring = check_neighboring(neighboring)
         self.masks_private, self.selection_eps1 = masks_private, selection_eps1
         self._noise_seed = noise_seed  # used once, by the first fit of a fresh callback; never stored
         self._noise_generator: torch.Generator | None = None
+        self._dp: DpSgdStep | None = None  # the fit's step from the clipped sums on, built when it starts
         self._fresh_noise = False
         self._probed_modes: set[tuple[bool, ...]] = set()  # the module modes the probe has seen this fit
         self.segments = SpentSegments()
@@ -355,13 +234,15 @@ class DPCallback(L.Callback):
                           "allows releasing a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)
         self.masks = check_user_masks(pl_module, self.masks_in)
         apply_masks(pl_module, self.masks)
-        self.noise = GaussianNoise(self.plan.noise_multiplier)
-        self.surviving = surviving_coordinates(pl_module, self.masks)
         if self._noise_generator is None or self._fresh_noise:
             first_use = self._noise_seed is not None and not self._fresh_noise
             seed = self._noise_seed if first_use else secrets.randbits(63)
             self._noise_generator = torch.Generator(device=pl_module.device).manual_seed(seed)
             self._noise_seed, self._fresh_noise = None, False
+        # the step from the clipped sums on (the sums come from Lightning's own backward)
+        self._dp = DpSgdStep(pl_module, EngineLayout(self.masks, surviving_coordinates(pl_module, self.masks)),
+                             self.clip, GaussianNoise(self.plan.noise_multiplier), self.plan.expected_batch_size,
+                             self._noise_generator, max_physical_batch_size=self.max_physical_batch_size)
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
         self._modules = list(pl_module.modules())
         self._trainable = trainable_names(pl_module)
@@ -396,10 +277,10 @@ class DPCallback(L.Callback):
         then dropped, so the update itself is never mistaken for a write)."""
         if not self._marks or self._module is None:
             return
-        moved = self._first_written(self._marks, self._state_marks(self._module))
+        moved = first_written(self._marks, state_marks(self._module))
         self._marks = {}
         if moved is not None:
-            self._not_private(self._written_message(moved, when))
+            self._not_private(written_message(moved, when))
 
     def _checked_closure(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -509,7 +390,7 @@ class DPCallback(L.Callback):
     # ---- the step -----------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        self._batch_size = _rows(batch)  # the samples: every layer must see this many rows
+        self._batch_size = batch_rows(batch)  # the samples: every layer must see this many rows
         check_not_trained_elsewhere(pl_module, self)  # two runs on the same weights cannot interleave
         # the first batch, and again whenever the modules are in modes not probed yet (a layer may mix records
         # only in training mode); the modes the step's forward ran in are checked again before its noise
@@ -523,7 +404,7 @@ class DPCallback(L.Callback):
         self._grads.clear()
         self._step_modes.clear()
         self._batch = batch
-        self._marks = self._state_marks(pl_module)  # after the probe, which puts buffers back
+        self._marks = state_marks(pl_module)  # after the probe, which puts buffers back
         self._in_batch = True
 
     def _probe_modes(self, pl_module: L.LightningModule, batch: Any, modes: tuple[bool, ...]) -> None:
@@ -540,35 +421,6 @@ class DPCallback(L.Callback):
             for module, mode in zip(self._modules, now):
                 module.training = mode
         self._probed_modes.add(modes)
-
-    @staticmethod
-    def _state_marks(pl_module: L.LightningModule) -> dict[str, tuple[int, float]]:
-        """Each parameter's and buffer's version counter (every in-place write moves it) and norm (a write through
-        `.data`, which leaves the counter alone, moves that): compared across a step, they show a write."""
-        tensors = list(itertools.chain(pl_module.named_parameters(), pl_module.named_buffers()))
-        floats = [(name, t.detach()) for name, t in tensors if t.is_floating_point() and t.numel()]
-        norms = torch._foreach_norm([t for _, t in floats]) if floats else []
-        values = torch.stack([n.to(torch.float64) for n in norms]).tolist() if floats else []
-        norm_of = {name: value for (name, _), value in zip(floats, values)}
-        return {name: (t._version, norm_of.get(name, 0.0)) for name, t in tensors}
-
-    @staticmethod
-    def _written_message(name: str, when: str) -> str:
-        return (f"{name} was written during the training step, {when} (an update on the raw gradient, a perturbation, "
-                "a running statistic of the batch): the model is no longer differentially private. dpltm cannot tell "
-                "a write that does not depend on the batch (a step counter, a clamp of the weights) from one that "
-                "does: do such writes after the step, in on_train_batch_end")
-
-    @staticmethod
-    def _first_written(before: Mapping[str, tuple[int, float]], now: Mapping[str, tuple[int, float]]) -> str | None:
-        for name, (version, norm) in now.items():
-            was = before.get(name)
-            if was is None:
-                continue
-            same_norm = was[1] == norm or (math.isnan(was[1]) and math.isnan(norm))
-            if was[0] != version or not same_norm:
-                return name
-        return None
 
     def _modes(self) -> tuple[bool, ...]:
         """Each module's training flag (dpltm.dp.independence.module_modes), read from the fit's list of modules:
@@ -611,13 +463,13 @@ class DPCallback(L.Callback):
                 tap.batch_grads = {n: p.grad * scale for n, p in tap.trainable().items() if p.grad is not None}
             self._clipping = True
             try:
-                sums, _ = clip_and_sum(self._taps, grads, self.masks, self.clip, batch_size=batch)
+                sums = clip_and_sum_in_chunks(self._taps, grads, self.masks, self.clip, batch,
+                                              self.max_physical_batch_size)
             finally:
                 self._clipping = False
-        assert self._noise_generator is not None
-        grads = noisy_mean(sums, noise=self.noise, surviving=self.surviving, clip=self.clip,
-                           expected_batch_size=self.plan.expected_batch_size, generator=self._noise_generator)
-        install_gradients(pl_module, grads)
+        assert self._dp is not None
+        grads = self._dp.noisy_gradients(sums)
+        self._dp.apply(grads)  # installed: Lightning steps the optimiser
         for name, parameter in parameters.items():
             if parameter.requires_grad:
                 self._written[name] = (parameter, grads[name], grads[name]._version)

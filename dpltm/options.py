@@ -112,6 +112,9 @@ ARCH = flag("--arch", shown="mlp", choices=Arch,
           ' no privacy; features cached per record) with a head: scatter-linear (one linear layer), '
           "scatter-mlp (--hidden, default 100) or scatter-cnn (Tramèr & Boneh's small CNN)."))
 BATCH_SIZE = flag(config="train.batch_size", help='Expected batch size L (Poisson sampling, q = L/N).')
+PHYSICAL_BATCH = flag("--physical-batch", config="train.physical_batch", shown="none",
+    help=('The most rows whose per-sample gradients are computed at once (memory): a larger Poisson batch runs '
+          'in chunks whose clipped sums are added before the one noise draw (the same mechanism and ε).'))
 CLIP = flag(config="train.clip", help='Per-sample clipping norm C (paper: 1).')
 CONFIG_FILE = flag("--config", help='YAML file overriding configs/defaults.yaml.')
 CUDA_GRAPHS = flag("--cuda-graphs",

@@ -22,13 +22,7 @@ from dpltm.api_checks import (
     user_path,
 )
 from dpltm.dp.distributed import rank_sampling_seed
-from dpltm.dp.engine import (
-    Loss,
-    RecordTable,
-    clipped_gradient_sum_of,
-    record_norm_tables,
-    table_rows,
-)
+from dpltm.dp.engine import Loss, RecordTable, record_norm_tables
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import (
     check_samples_independent,
@@ -36,7 +30,7 @@ from dpltm.dp.independence import (
     probe_rows,
 )
 from dpltm.dp.sampling import poisson_sample
-from dpltm.dp.step import apply_gradients, check_steps_left, noisy_mean
+from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import check_delta
 from dpltm.privacy.ledger import PrivacyLedger
@@ -58,7 +52,7 @@ from dpltm.user_inputs import (
 from dpltm.weight_guard import check_not_trained_elsewhere, note_private_step
 
 RECORDS_COPY_MAX_BYTES = 4 << 30
-"""Tensor records up to this size get per-record norm tables (`PrivateTraining._batch_tables`, which
+"""Tensor records up to this size get per-record norm tables (`PrivateTraining._record_tables`, which
 keeps its own copy of them); larger ones compute every norm per batch."""
 
 
@@ -75,21 +69,23 @@ class PrivateTraining:
                  seed: int, dataset_name: str, masks_private: bool = False,
                  selection_eps1: float | None = None, segments: SpentSegments | None = None,
                  epochs_done: int = 0, history: list[dict[str, Any]] | None = None,
-                 layer_clips: dict[str, float] | None = None) -> None:
+                 layer_clips: dict[str, float] | None = None, max_physical_batch_size: int | None = None) -> None:
         """`layer_clips`: per-layer bounds C_l (`api_checks.layer_clip_bounds`), `settings.clip` then being
         √(Σ C_l²), the sensitivity the noise and the ledger use; None: one flat bound, `settings.clip`."""
         self.model, self.optimizer, self.records = model, optimizer, records
         self._plan, self._settings = plan, settings  # read-only: the ledger's segment is what steps run at
-        self._clip = dict(layer_clips) if layer_clips is not None else settings.clip
         self.masks, self.masks_from, self.loss = masks, masks_from, loss
         self._training_keys: np.ndarray | None = None  # content hashes of the training records, made when first needed
         self.dataset_name = dataset_name
         self._masks_private, self._selection_eps1 = masks_private, selection_eps1
-        self._noise = GaussianNoise(plan.noise_multiplier)
         self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
         # the masks that prune something: a weight kept whole takes the plain ghost norm, not the masked one
         self._pruning = {n: m for n, m in masks.items() if self.surviving.get(n) is not None}
-        self._noise_generator = torch.Generator(device=records.device).manual_seed(seed)
+        self._dp = DpSgdStep(model, EngineLayout(self._pruning, self.surviving), settings.clip,
+                             GaussianNoise(plan.noise_multiplier), plan.expected_batch_size,
+                             torch.Generator(device=records.device).manual_seed(seed), optimizer, loss,
+                             max_physical_batch_size=max_physical_batch_size, before_update=self._book_step,
+                             after_update=self._after_update, layer_clips=layer_clips)
         # one sampling stream for the whole run, apart from the noise's: every step draws a fresh batch
         self._sampling_generator = torch.Generator(device=records.device).manual_seed(rank_sampling_seed(seed, 0))
         self.segments = segments if segments is not None else SpentSegments()
@@ -98,7 +94,7 @@ class PrivateTraining:
         self.epochs_done = epochs_done  # the epochs fit() finished and recorded (the length of `history`)
         self.history: list[dict[str, Any]] = list(history or [])
         self._in_step = False
-        self._tables: dict[str, RecordTable] | None = None  # made at the first step (`_batch_tables`)
+        self._tables: dict[str, RecordTable] | None = None  # made at the first step (`_record_tables`)
         self._tables_version = -1
         self._probed_modes = {module_modes(model)}  # make_private probed the model as it is now
         _guard_optimizer(optimizer, self)
@@ -151,12 +147,7 @@ class PrivateTraining:
         x, y = self.records.batch(index)
         if isinstance(self.records, DatasetRecords):  # records held in memory were checked whole by make_private
             check_token_ids(self.model, x, "a batch of the training dataset (the step was not taken)")
-        batch = clipped_gradient_sum_of(self.model, x, y, self._clip, self._pruning, self.loss,
-                                        input_terms=self._batch_tables(index))
-        grads = noisy_mean(batch.grad_sums, noise=self._noise, surviving=self.surviving, clip=self._settings.clip,
-                           expected_batch_size=plan.expected_batch_size, generator=self._noise_generator)
-        apply_gradients(self.model, grads, self.optimizer, before_update=self._book_step,
-                        after_update=self._after_update)
+        self._dp.step(x, y, index, terms=self._record_tables())
 
     def _book_step(self) -> None:
         """The ledger counts the step, and the optimiser's guard lets this one update through."""
@@ -179,9 +170,9 @@ class PrivateTraining:
         check_samples_independent(self.model, first_x, rows=probe_rows(self._plan.expected_batch_size))
         self._probed_modes.add(modes)
 
-    def _batch_tables(self, index: Tensor) -> dict[str, RecordTable] | None:
-        """The batch's rows of the per-record norm tables (dpltm.dp.engine.record_norm_tables) of records
-        held as one tensor. The tables must describe exactly the rows sampled: they are made from a
+    def _record_tables(self) -> dict[str, RecordTable] | None:
+        """The per-record norm tables (dpltm.dp.engine.record_norm_tables) of records held as one tensor,
+        whose rows the step takes for its batch. The tables must describe exactly the rows sampled: they are made from a
         private copy of the records, which then replaces them (the caller's tensor, or a NumPy array
         under it, could be written to without this object knowing); remade if its version counter moves."""
         features = getattr(self.records, "features", None)
@@ -193,7 +184,7 @@ class PrivateTraining:
             if self._tables:  # kept only where a table reads it
                 self.records.features = features = copy  # type: ignore[union-attr]
             self._tables_version = features._version
-        return table_rows(self._tables, index) if self._tables else None
+        return self._tables or None
 
     def fit(self, epochs: int | None = None, val: Data | None = None,
             on_epoch: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:

@@ -59,6 +59,16 @@ def _require_positive(option: str, value: float | None) -> None:
         raise DpltmUserError(f"{option} must be positive, got {value}")
 
 
+def _require_count(option: str, value: object) -> None:
+    """One-line user error unless `value` (when given) is a whole number ≥ 1 (a bool is no count)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DpltmUserError(f"{option} must be an integer, got {value!r}")
+    if value < 1:
+        raise DpltmUserError(f"{option} must be at least 1, got {value}")
+
+
 #: Settings whose CLI option is not their field name with dashes.
 OPTION_OF_FIELD = {"eps2": "--eps"}
 
@@ -307,9 +317,13 @@ class TrainSettings:
     """Layers (e.g. hidden.0) held at their start weights — public-trained with rewind public, else θ0 —
     and not trained: no clipped gradient, no noise, no update (dpltm.masks.freeze_layers_). Public
     knowledge: nothing is added to the privacy ledger."""
+    physical_batch: int | None = None
+    """The most rows whose per-sample gradients are computed at once (memory); a larger Poisson batch runs in
+    chunks whose clipped sums are added before the one noise draw: the same mechanism and ε. None: no limit."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
+        _require_count("--physical-batch", self.physical_batch)
         _require_positive("--epochs", self.epochs)
         _require_positive("--batch-size", self.batch_size)
         _require_positive("--clip", self.clip)

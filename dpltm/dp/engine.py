@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from dpltm.dp.ghost import ClippedBatch, clip_factors, squares_times
 from dpltm.dp.precision import ieee_float32
-from dpltm.dp.rules import FuncRule, LayerCall, rule_for
+from dpltm.dp.rules import FuncRule, LayerCall, check_adds_up, rule_for
 from dpltm.errors import DpltmUserError
 from dpltm.masks import prunable_weights
 
@@ -286,6 +286,39 @@ def _weighted(factors: Tensor, weights: Tensor | None, dtype: torch.dtype) -> Te
     """Clip factors times the rows' weights (0 for a padding row), kept in float32 or wider: rounding them to bf16
     could push a clipped norm past C."""
     return (factors if weights is None else factors * weights).to(dtype)
+
+
+def clip_and_sum_in_chunks(calls: list[LayerCall], out_grads: list[Tensor], masks: dict[str, Tensor], clip: Clip,
+                           batch_size: int, rows: int | None) -> dict[str, Tensor]:
+    """`clip_and_sum`'s masked clipped sums, formed at most `rows` rows at a time (None: all at once) from
+    layers recorded on the whole batch: each chunk's sums are added up, and a layer not known to be per-sample
+    is checked once, on the batch's total against its batch gradient (`batch_grads`, which must be set)."""
+    if rows is None or batch_size <= rows:
+        return clip_and_sum(calls, out_grads, masks, clip, batch_size=batch_size)[0]
+    totals: list[dict[str, Tensor]] = [{} for _ in calls]
+    sums: dict[str, Tensor] = {}
+    for start in range(0, batch_size, rows):
+        part = slice(start, start + rows)
+        chunk = [replace(call, inputs=_rows_of(call.inputs or (), part, batch_size),
+                         kwargs=dict(zip(call.kwargs, _rows_of(tuple(call.kwargs.values()), part, batch_size))),
+                         input_terms=None if call.input_terms is None else call.input_terms[part], totals=total)
+                 for call, total in zip(calls, totals)]
+        chunk_sums, _ = clip_and_sum(chunk, [g[part] for g in out_grads], masks, clip,
+                                     batch_size=min(rows, batch_size - start))
+        for name, total in chunk_sums.items():
+            if name in sums:
+                sums[name].add_(total)
+            else:
+                sums[name] = total
+    for call, g, total in zip(calls, out_grads, totals):
+        if total:
+            check_adds_up(call, g, total, _local_masks(call, masks, g))
+    return sums
+
+
+def _rows_of(values: tuple[Any, ...], part: slice, batch_size: int) -> tuple[Any, ...]:
+    """The rows `part` of every tensor with one row per sample; anything else as it is."""
+    return tuple(v[part] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == batch_size else v for v in values)
 
 
 def _local_masks(call: LayerCall, masks: dict[str, Tensor], like: Tensor) -> dict[str, Tensor]:

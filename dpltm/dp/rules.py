@@ -59,6 +59,9 @@ class LayerCall:
     input_terms: Tensor | None = None
     """This batch's rows of the layer's `record_norm_tables` (dpltm.dp.engine), set only when the layer
     was fed the records themselves: its masked norm is then Σ_j g_ij² R_ij, no product with the batch."""
+    totals: dict[str, Tensor] | None = None
+    """A chunk of a batch (dpltm.dp.engine.clip_and_sum_in_chunks): its per-sample gradients' sums are added
+    here, and the batch's total is checked against `batch_grads` once every chunk has run."""
 
     @property
     def input(self) -> Tensor | None:
@@ -349,27 +352,33 @@ class FuncRule(MaterialisedRule):
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
         total, grads = super().sq_norms(call, g, masks)
         if self.checks(call.module):
-            check_adds_up(call, g, grads, masks)
+            sums = {name: per_sample.sum(dim=0) for name, per_sample in grads.items()}
+            if call.totals is None:
+                check_adds_up(call, g, sums, masks)
+            else:  # a chunk: the whole batch's total is checked when its chunks are done
+                for name, part in sums.items():
+                    call.totals[name] = call.totals[name] + part if name in call.totals else part
         return total, grads
 
 
 FUNC_RULE = FuncRule()
 
 
-def check_adds_up(call: LayerCall, g: Tensor, grads: dict[str, Tensor], masks: LocalMasks) -> None:
+def check_adds_up(call: LayerCall, g: Tensor | None, sums: dict[str, Tensor], masks: LocalMasks) -> None:
     """The per-sample gradients of a layer not known to be per-sample must add up to its batch gradient;
     if they do not, the layer's output for one sample depends on other samples, and clipping each
-    sample's gradient bounds nothing (docs/privacy.md §3). Refused in one line naming the layer."""
+    sample's gradient bounds nothing (docs/privacy.md §3). Refused in one line naming the layer. `sums`: the
+    per-sample gradients' sums by local name; `g` (the output gradient) is needed only without `batch_grads`."""
     parameters = call.trainable()
     if call.batch_grads is not None:
         batch: tuple[Tensor | None, ...] = tuple(call.batch_grads.get(n) for n in parameters)
     else:
-        assert call.output is not None
+        assert call.output is not None and g is not None
         with torch.enable_grad():
             batch = torch.autograd.grad(call.output, list(parameters.values()), g, retain_graph=True,
                                         allow_unused=True)
     for (name, _), total in zip(parameters.items(), batch):
-        mine = grads[name].sum(dim=0)
+        mine = sums[name]
         expected = torch.zeros_like(mine) if total is None else (total * masks[name] if name in masks else total)
         scale = float(expected.abs().max()) if expected.numel() else 0.0
         if not torch.allclose(mine, expected, rtol=1e-3, atol=1e-5 * max(scale, 1e-12)):

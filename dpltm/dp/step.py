@@ -16,14 +16,24 @@ masked per-sample norms and the masked clipped sum; the noise and the division b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel
 
-from dpltm.dp.engine import RecordTable, clipped_gradient_sum_of, record_norm_tables, table_rows
-from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum, first_layer_input_terms
+from dpltm.dp.averaging import Ema, update_average
+from dpltm.dp.engine import (
+    Clip,
+    Loss,
+    RecordTable,
+    clipped_gradient_sum_of,
+    per_sample_cross_entropy,
+    record_norm_tables,
+    table_rows,
+)
+from dpltm.dp.ghost import ClippedBatch, MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.mechanism import NoiseMechanism
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, full_masks
@@ -95,36 +105,141 @@ def terms_of_batch(terms: RecordTerms | None, index: Tensor) -> RecordTerms | No
     return table_rows(terms, index) if isinstance(terms, dict) else terms.index_select(0, index)
 
 
+Reduce = Callable[[dict[str, Tensor]], dict[str, Tensor]]
+"""Sums the ranks' noisy sums in a multi-device run (dpltm.dp.distributed.all_reduce_sum)."""
+
+
+def clipped_batch(model: nn.Module, layout: MaskLayout | EngineLayout, x: Tensor, y: Tensor, clip: Clip,
+                  input_terms: RecordTerms | None = None, loss: Loss = per_sample_cross_entropy) -> ClippedBatch:
+    """The masked clipped sum of the batch (x, y), its per-sample norms and summed loss, by the layout's step:
+    the fused ghost-norm step (`MaskLayout`, cross-entropy) or the DP engine's rules (`EngineLayout`, `loss`).
+    `input_terms`: the batch's rows of the run's per-record norm tables (`record_terms`)."""
+    if isinstance(layout, EngineLayout):
+        tables = input_terms if isinstance(input_terms, dict) else None
+        return clipped_gradient_sum_of(model, x, y, clip, layout.masks, loss, input_terms=tables)
+    if not isinstance(clip, (int, float)):
+        raise DpltmUserError("per-layer clipping runs on the engine's layers (make_private), not the fused step")
+    terms = input_terms if isinstance(input_terms, Tensor) else None
+    return clipped_gradient_sum(model, x, y, clip, layout, input_terms=terms)
+
+
 def private_gradients(model: nn.Module, x: Tensor, y: Tensor, *, clip: float,
                       noise: NoiseMechanism, expected_batch_size: float,
                       generator: torch.Generator,
                       layout: MaskLayout | EngineLayout,
-                      reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
-                      input_terms: Tensor | dict[str, RecordTable] | None = None, add_noise: bool = True,
+                      reduce: Reduce | None = None,
+                      input_terms: RecordTerms | None = None, add_noise: bool = True,
                       extra_sums: dict[str, Tensor] | None = None,
                       ) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
-    """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only).
-
-    `layout` is the ticket's `step_layout(model, masks)`, computed once per run (masks are fixed).
-    `reduce` sums the ranks' sums in a multi-device run (dpltm.dp.distributed.all_reduce_sum), after
-    rank 0 alone (`add_noise`) has added the noise: the reduced sum carries exactly one draw.
-    `input_terms`: the batch's rows of the per-record norm tables (computed once per run,
-    `record_terms`): `first_layer_input_terms` for the fused layout, `record_norm_tables` for the engine's.
-    `extra_sums`: clipped gradients of records that are not rows of `x` (an audit's gradient
-    canaries, dpltm.audit.canaries), added to the clipped sum before the noise.
-    """
-    if isinstance(layout, EngineLayout):
-        tables = input_terms if isinstance(input_terms, dict) else None
-        batch = clipped_gradient_sum_of(model, x, y, clip, layout.masks, input_terms=tables)
-    else:
-        terms = input_terms if isinstance(input_terms, Tensor) else None
-        batch = clipped_gradient_sum(model, x, y, clip, layout, input_terms=terms)
+    """ĝ per parameter, plus the per-sample norms and the summed loss (for logging only): `DpSgdStep`'s
+    sums and noisy mean on one batch, for a caller that wants the norms too (tests, benchmarks)."""
+    batch = clipped_batch(model, layout, x, y, clip, input_terms)
     for name, extra in (extra_sums or {}).items():
         batch.grad_sums[name].add_(extra)
     grads = noisy_mean(batch.grad_sums, noise=noise, surviving=layout.surviving, clip=clip,
                        expected_batch_size=expected_batch_size, generator=generator, reduce=reduce,
                        add_noise=add_noise)
     return grads, batch.norms, batch.loss_sum
+
+
+@dataclass(frozen=True)
+class DpSgdStep:
+    """One DP-SGD step on a masked network, the one every front end runs (Abadi et al. 2016, Alg. 1):
+
+        ĝ = (Σ_i clip_C(∇ℓ_i) ⊙ M + noise ⊙ M) / L,  then the optimiser, then the hooks.
+
+    A front end supplies its batch (rows x, y and, for the per-record norm tables `terms`, their record
+    indices), its hooks and its bookkeeping; a front end whose sums come from elsewhere (Lightning's own
+    backward: `DPCallback`) enters at `noisy_gradients`.
+
+    `max_physical_batch_size` bounds the rows whose per-sample work runs at once: the Poisson batch is
+    processed in chunks of at most that many rows and their clipped sums added before the one noise draw.
+    The sum over the batch is the same sum (only its order of addition moves), so the mechanism, and ε, are
+    the same: sensitivity and sampling do not depend on how the sum is computed (Abadi et al. 2016, §3.1).
+
+    `optimizer` None: ĝ is installed and the caller steps (one optimiser over many candidates).
+    `before_update` runs before the optimiser may move a weight (the ledger counts the step there), and
+    `after_update` after it, even when it raised (re-masking pruned weights to exactly zero). `averager`
+    with `ema`: the moving average of the released iterates, post-processing (docs/privacy.md §7).
+    `reduce` and `add_noise`: under DDP rank 0 alone adds the draw and the ranks' sums are all-reduced."""
+
+    model: nn.Module
+    layout: MaskLayout | EngineLayout
+    clip: float
+    noise: NoiseMechanism
+    expected_batch_size: float
+    generator: torch.Generator
+    optimizer: torch.optim.Optimizer | None = None
+    loss: Loss = per_sample_cross_entropy
+    terms: RecordTerms | None = None
+    reduce: Reduce | None = None
+    add_noise: bool = True
+    max_physical_batch_size: int | None = None
+    before_update: Callable[[], None] | None = None
+    after_update: Callable[[], None] | None = None
+    averager: AveragedModel | None = None
+    ema: Ema | None = None
+    layer_clips: Mapping[str, float] | None = None
+    """Per-layer bounds C_l (the engine's layouts only): each layer's part of a record's gradient clipped to its own,
+    `clip` being √(Σ C_l²), the sensitivity the noise is scaled to (dpltm.dp.engine.clip_and_sum)."""
+
+    @property
+    def sum_clip(self) -> Clip:
+        """The bound the clipped sums use: per layer where given, else `clip`."""
+        return self.clip if self.layer_clips is None else self.layer_clips
+
+    def clipped_sums(self, x: Tensor, y: Tensor, index: Tensor | None = None,
+                     terms: RecordTerms | None = None) -> dict[str, Tensor]:
+        """Σ_i clip_C(∇ℓ_i) ⊙ M over the batch (x, y), in chunks of at most `max_physical_batch_size` rows.
+        `index`: the rows' record indices, for the rows of the norm tables (`terms`, else the step's own)."""
+        terms = self.terms if terms is None else terms
+        rows, limit = x.shape[0], self.max_physical_batch_size
+        if limit is None or rows <= limit:
+            batch_terms = None if index is None else terms_of_batch(terms, index)
+            return clipped_batch(self.model, self.layout, x, y, self.sum_clip, batch_terms, self.loss).grad_sums
+        sums: dict[str, Tensor] = {}
+        for start in range(0, rows, limit):
+            part = slice(start, start + limit)
+            part_terms = None if index is None else terms_of_batch(terms, index[part])
+            chunk = clipped_batch(self.model, self.layout, x[part], y[part], self.sum_clip, part_terms, self.loss)
+            for name, total in chunk.grad_sums.items():
+                if name in sums:
+                    sums[name].add_(total)
+                else:
+                    sums[name] = total
+        return sums
+
+    def noisy_gradients(self, sums: dict[str, Tensor]) -> dict[str, Tensor]:
+        """ĝ from the masked clipped sums (modified in place): one noise draw, over L (`noisy_mean`)."""
+        return noisy_mean(sums, noise=self.noise, surviving=self.layout.surviving, clip=self.clip,
+                          expected_batch_size=self.expected_batch_size, generator=self.generator,
+                          reduce=self.reduce, add_noise=self.add_noise)
+
+    def gradients(self, x: Tensor, y: Tensor, index: Tensor | None = None, *, terms: RecordTerms | None = None,
+                  extra_sums: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """ĝ for the batch (x, y). `extra_sums`: clipped gradients of records that are not rows of `x` (an
+        audit's gradient canaries, dpltm.audit.canaries), added to the clipped sum before the noise."""
+        sums = self.clipped_sums(x, y, index, terms)
+        for name, extra in (extra_sums or {}).items():
+            sums[name].add_(extra)
+        return self.noisy_gradients(sums)
+
+    def apply(self, grads: dict[str, Tensor]) -> None:
+        """Install ĝ and, with an optimiser, step it between the hooks (`apply_gradients`); then the average."""
+        if self.optimizer is None:
+            install_gradients(self.model, grads)
+            return
+        apply_gradients(self.model, grads, self.optimizer, before_update=self.before_update,
+                        after_update=self.after_update)
+        if self.averager is not None and self.ema is not None:  # from the released iterate only
+            update_average(self.averager, self.model, self.ema)
+
+    def step(self, x: Tensor, y: Tensor, index: Tensor | None = None, *,
+             terms: RecordTerms | None = None) -> dict[str, Tensor]:
+        """One DP-SGD step on the Poisson batch (x, y) (record indices `index`); returns ĝ."""
+        grads = self.gradients(x, y, index, terms=terms)
+        self.apply(grads)
+        return grads
 
 
 def noisy_mean(sums: dict[str, Tensor], *, noise: NoiseMechanism, surviving: dict[str, Tensor | None], clip: float,

@@ -38,15 +38,7 @@ from dpltm.dp.averaging import Ema, average_into
 from dpltm.dp.batched import StackedMLP, correct_predictions, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import MAX_DRAWS_AT_ONCE, BatchGather, poisson_batches_at_once
-from dpltm.dp.step import (
-    RecordTerms,
-    install_gradients,
-    private_gradients,
-    record_terms,
-    step_layout,
-    takes_fused_step,
-    terms_of_batch,
-)
+from dpltm.dp.step import DpSgdStep, record_terms, step_layout, takes_fused_step
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
 from dpltm.masks import Masks, freeze_layers_, rewind, ticket_masks
@@ -342,13 +334,13 @@ class EachCandidate:
     def __init__(self, models: list[torch.nn.Module], masks: list[Masks], plan: PlannedRun,
                  dtype: torch.dtype) -> None:
         self.models, self.plan = models, plan
-        self.layouts = [step_layout(model, ms, dtype) for model, ms in zip(models, masks)]
-        self.noise = GaussianNoise(plan.noise_multiplier)
-        self.terms: list[RecordTerms | None] = [None] * len(models)
+        noise = GaussianNoise(plan.noise_multiplier)
+        self.steps = [DpSgdStep(model, step_layout(model, ms, dtype), plan.clip, noise, plan.expected_batch_size,
+                                torch.Generator()) for model, ms in zip(models, masks)]
 
     def use_records(self, records: torch.Tensor) -> None:
         """Each candidate's per-record norm tables over the records its batches are drawn from."""
-        self.terms = [record_terms(model, layout, records) for model, layout in zip(self.models, self.layouts)]
+        self.steps = [replace(s, terms=record_terms(s.model, s.layout, records)) for s in self.steps]
 
     @property
     def size(self) -> int:
@@ -357,8 +349,7 @@ class EachCandidate:
     def keep(self, positions: list[int]) -> None:
         """Only the candidates at `positions` go on (successive halving)."""
         self.models = [self.models[k] for k in positions]
-        self.layouts = [self.layouts[k] for k in positions]
-        self.terms = [self.terms[k] for k in positions]
+        self.steps = [self.steps[k] for k in positions]
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for model in self.models for p in model.parameters()]
@@ -366,13 +357,9 @@ class EachCandidate:
     def step(self, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
              generator: torch.Generator, index: torch.Tensor | None = None) -> None:
         """One DP step of every candidate on the batch (x, y): rows `index` of the records given to
-        `use_records` (None: no tables)."""
-        for model, layout, terms in zip(self.models, self.layouts, self.terms):
-            grads, _, _ = private_gradients(model, x, y, clip=self.plan.clip, noise=self.noise,
-                                            expected_batch_size=self.plan.expected_batch_size, generator=generator,
-                                            layout=layout,
-                                            input_terms=None if index is None else terms_of_batch(terms, index))
-            install_gradients(model, grads)  # a frozen parameter gets none: not updated
+        `use_records` (None: no tables), each candidate's ĝ installed, then one optimiser step for all."""
+        for dp in self.steps:
+            dp.apply(replace(dp, generator=generator).gradients(x, y, index))  # a frozen parameter: no ĝ, no update
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -142,6 +142,7 @@ class RunRequest(CommandRequest):
     seed: int | None = option(config="seed", shown=True, help='Seed.')
     device: str = opt.DEVICE("auto")
     cuda_graphs: bool = opt.CUDA_GRAPHS(False)
+    physical_batch: int | None = opt.PHYSICAL_BATCH()
     config: Path | None = opt.CONFIG_FILE()
     data_dir: Path | None = opt.DATA_DIR()
     download: bool = opt.DOWNLOAD(False)

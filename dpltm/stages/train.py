@@ -301,6 +301,7 @@ class TrainRequest(CommandRequest, TrainingChecks):
     strategy: str = option(choices=Strategy, default='auto',
         help='auto, or ddp (what auto picks for more than one process).')
     cuda_graphs: bool = opt.CUDA_GRAPHS(False)
+    physical_batch: int | None = opt.PHYSICAL_BATCH()
     config: Path | None = opt.CONFIG_FILE()
     data_dir: Path | None = opt.DATA_DIR()
     download: bool = opt.DOWNLOAD(False)

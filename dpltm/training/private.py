@@ -38,7 +38,7 @@ from dpltm.dp.mechanism import NoiseContext, NoiseMechanism
 from dpltm.dp.noise import make_noise
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
-from dpltm.dp.step import RecordTerms, apply_gradients, private_gradients, record_terms, step_layout, terms_of_batch
+from dpltm.dp.step import DpSgdStep, record_terms, step_layout
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, PrunedWeights, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
@@ -215,7 +215,7 @@ class DPTrainingModule(L.LightningModule):
             raise DpltmUserError("--cuda-graphs (and the static-shape step) run the networks of the fused DP step "
                                  "(--arch mlp, lenet5, scatter-linear, scatter-mlp, with every layer trained); this "
                                  "network trains in the eager step: drop --cuda-graphs")
-        self.input_terms: RecordTerms | None = None
+        self.dp_step: DpSgdStep | None = None  # built when training starts, with the optimiser and the tables
         self.gather = BatchGather()
         self.ema = averaging_of(settings)
         self.averager = make_averager(model, self.ema)
@@ -234,16 +234,21 @@ class DPTrainingModule(L.LightningModule):
     def on_train_start(self) -> None:
         if self.canaries is not None:
             self.canaries.start(self.model, self.data.train.labels.device)
+        optimizer = self.optimizers().optimizer  # type: ignore[union-attr]
         if self.step_mode == "eager":
-            self.input_terms = record_terms(self.model, self.layout, self.data.train.features)
+            self.dp_step = DpSgdStep(
+                self.model, self.layout, self.settings.clip, self.noise, self.plan.expected_batch_size,
+                self.noise_generator, optimizer, terms=record_terms(self.model, self.layout, self.data.train.features),
+                reduce=self.reduce, add_noise=self.add_noise, max_physical_batch_size=self.settings.physical_batch,
+                averager=self.averager, ema=self.ema)
             return
         train = self.data.train
         shard_size = -(-len(train) // self.trainer.world_size)  # this rank samples from its shard only
         self.static_step = StaticShapeDpStep(
             self.model, self.masks, train, clip=self.settings.clip, noise=self.noise,
             expected_batch_size=self.plan.expected_batch_size,
-            capacity=batch_capacity(shard_size, self.plan.sample_rate),
-            generator=self.noise_generator, optimizer=self.optimizers().optimizer,  # type: ignore[union-attr]
+            capacity=min(batch_capacity(shard_size, self.plan.sample_rate), self.settings.physical_batch or shard_size),
+            generator=self.noise_generator, optimizer=optimizer,
             averager=self.averager, ema=self.ema, reduce=self.reduce,
             add_noise=self.add_noise, graphs=self.step_mode == "graphs")
 
@@ -275,27 +280,15 @@ class DPTrainingModule(L.LightningModule):
             for index in batch:
                 self.static_step.step(index)
             return
-        assert isinstance(batch, Tensor)
-        index = batch
-        train = self.data.train
-        extra = None
+        assert isinstance(batch, Tensor) and self.dp_step is not None
+        index, train, extra = batch, self.data.train, None
         if self.canaries is not None:  # an audit: excluded canaries' slots drop out; gradient canaries add theirs
             index, extra = self.canaries.split(index, len(train), dict(self.model.named_parameters()))
         x = self.gather(train.features, index)  # a view of a kept buffer (dpltm.dp.sampling.BatchGather)
-        y = train.labels.index_select(0, index)
-        terms = terms_of_batch(self.input_terms, index)
-        grads, _, _ = private_gradients(
-            self.model, x, y, clip=self.settings.clip, noise=self.noise,
-            expected_batch_size=self.plan.expected_batch_size, generator=self.noise_generator,
-            layout=self.layout, reduce=self.reduce, input_terms=terms, add_noise=self.add_noise,
-            extra_sums=extra,
-        )
+        grads = self.dp_step.gradients(x, train.labels.index_select(0, index), index, extra_sums=extra)
         if self.canaries is not None:  # what the released iterates reveal at the canaries' coordinates
             self.canaries.record({k: v * self.plan.expected_batch_size for k, v in grads.items()})
-        optimizer = self.optimizers()
-        apply_gradients(self.model, grads, optimizer.optimizer)  # type: ignore[union-attr]
-        if self.averager is not None:  # from the released iterate only: post-processing
-            update_average(self.averager, self.model, self.ema)  # type: ignore[arg-type]
+        self.dp_step.apply(grads)
 
     def on_train_epoch_end(self) -> None:
         if self.trainer.world_size > 1:  # before anything about this epoch is reported

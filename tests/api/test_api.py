@@ -273,17 +273,19 @@ class NormClassifier(Classifier):
         self.model = nn.Sequential(nn.Linear(10, 16), middle, nn.Tanh(), nn.Linear(16, 3))
 
 
+@pytest.mark.parametrize("limit", [None, 7])
 @pytest.mark.parametrize("middle", [nn.LayerNorm, Mixer])
-def test_the_api_and_the_callback_train_other_layers_with_the_same_engine(middle: type[nn.Module]) -> None:
-    """LayerNorm and a user's own layer (the torch.func rule) train through make_private and the callback:
-    masked weights stay zero and the callback's first gradient is the engine's; a layer that mixes the
-    batch is refused."""
+def test_the_api_and_the_callback_train_other_layers_with_the_same_engine(middle: type[nn.Module],
+                                                                          limit: int | None) -> None:
+    """LayerNorm and a user's own layer (the torch.func rule) train through make_private and the callback, whole or
+    in physical batches of `limit` rows: masked weights stay zero and the callback's first gradient is the engine's;
+    a layer that mixes the batch is refused."""
     x, y = blobs(400, 0)
     masks = {"model.0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(1)) < 0.5}
     module = NormClassifier(middle(16) if middle is nn.LayerNorm else middle())
     theta0 = {n: p.detach().clone() for n, p in module.model.named_parameters()}
     callback = dpltm.DPCallback(target_epsilon=2.0, max_grad_norm=0.5, masks=masks, masks_from="public",
-                                noise_seed=4)
+                                noise_seed=4, max_physical_batch_size=limit)
     spy = GradientSpy()
     trainer = L.Trainer(max_epochs=1, callbacks=[callback, spy], logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
@@ -307,12 +309,13 @@ def test_the_api_and_the_callback_train_other_layers_with_the_same_engine(middle
     model = NormClassifier(middle(16) if middle is nn.LayerNorm else middle()).model
     private = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), target_epsilon=1.0,
                                  epochs=1, batch_size=40, masks={"0.weight": masks["model.0.weight"]},
-                                 masks_from="public")
+                                 masks_from="public", max_physical_batch_size=limit)
     private.fit()
     assert private.steps_done == 10 and bool((model[0].weight[~masks["model.0.weight"]] == 0).all())
 
     mixing = NormClassifier(Centring())
-    trainer = L.Trainer(max_epochs=1, callbacks=[dpltm.DPCallback(target_epsilon=2.0)], logger=False,
+    trainer = L.Trainer(max_epochs=1, callbacks=[dpltm.DPCallback(target_epsilon=2.0, max_physical_batch_size=limit)],
+                        logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         accelerator="cpu")
     with pytest.raises(DpltmUserError, match="model.1 \\(Centring\\).*depends on other (samples|records)"):

@@ -196,7 +196,7 @@ def test_per_layer_clipping_scales_the_noise_to_the_bounds_norm_and_accounts_the
     model, optimizer = fresh()
     even = dpltm.make_private(model, optimizer, blobs(300, 0), noise_multiplier=1.1, batch_size=30,
                               clipping="per_layer", max_grad_norm=2.0)
-    assert even._clip == pytest.approx({"0": 2 / 2**0.5, "2": 2 / 2**0.5}) and even.settings.clip >= 2.0
+    assert even._dp.layer_clips == pytest.approx({"0": 2 / 2**0.5, "2": 2 / 2**0.5}) and even.settings.clip >= 2.0
 
 
 @pytest.mark.parametrize(("arguments", "match"), [

@@ -144,11 +144,11 @@ def test_a_cnn_search_steps_each_rates_network_by_its_own_rate(monkeypatch: pyte
                 final.extend([(n, p.detach().clone()) for n, p in m.named_parameters()] for m in self.models)
             return super().correct(*args, **kwargs)
 
-    def ones(model, *args, **kwargs):  # type: ignore[no-untyped-def]
-        return {name: torch.ones_like(p) for name, p in model.named_parameters()}, None, None
+    def ones(step, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return {name: torch.ones_like(p) for name, p in step.model.named_parameters()}
 
     monkeypatch.setattr(recipe_search, "EachCandidate", Recorded)
-    monkeypatch.setattr(noise_aware, "private_gradients", ones)
+    monkeypatch.setattr(noise_aware.DpSgdStep, "gradients", ones)
     rates = [0.5, 0.01]
     rows = recipe_search.search_recipe(public, 1000, 1.0, 1e-5, "tanh", 50, 1, rates, hidden=(12, 8),
                                        proxy="same-rate", arch="lenet5")

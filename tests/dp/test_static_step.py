@@ -312,9 +312,10 @@ def _masks_in_parameter_order(model: LeNet, masks: Masks) -> list[torch.Tensor |
     return ordered
 
 
-def _run_mode(data: DatasetSplits, mode: str,
-              ema: float | None = None) -> tuple[TrainOutcome, LeNet, Masks]:
-    settings = TrainSettings(epochs=3, batch_size=64, eps2=None, sigma=0.8, lr=0.3, momentum=0.5, ema=ema)
+def _run_mode(data: DatasetSplits, mode: str, ema: float | None = None,
+              physical_batch: int | None = None) -> tuple[TrainOutcome, LeNet, Masks]:
+    settings = TrainSettings(epochs=3, batch_size=64, eps2=None, sigma=0.8, lr=0.3, momentum=0.5, ema=ema,
+                             physical_batch=physical_batch)
     plan = plan_training(settings, len(data.train))
     model = LeNet(build_architecture(20, 4, (16, 8), None), torch.Generator().manual_seed(0))
     masks = apply_masks_(model, prune_layerwise(model.weights(), model.full_masks(),
@@ -335,6 +336,19 @@ def test_static_mode_runs_the_lightning_stage_with_the_same_accounting(tiny_spli
     assert_pruned_weights_are_zero(model, masks)
     assert static.released is not model  # the EMA
     assert_pruned_weights_are_zero(static.released, masks)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_the_lightning_stage_in_physical_batches_trains_as_on_whole_batches(tiny_splits: DatasetSplits,
+                                                                            mode: str) -> None:
+    """`--physical-batch`: each Poisson batch in chunks of at most 10 rows (the static step's capacity, or the eager
+    step's chunks), their sums added before the one draw: the same draws and ε, the same weights to float32's
+    rounding (the order of the additions moves)."""
+    whole, model, _ = _run_mode(tiny_splits, "eager")
+    chunked, chunked_model, _ = _run_mode(tiny_splits, mode, physical_batch=10)
+    assert [r["epsilon"] for r in chunked.history] == [r["epsilon"] for r in whole.history]
+    for a, b in zip(model.parameters(), chunked_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_cuda_graphs_need_cuda(tiny_splits: DatasetSplits) -> None:
