@@ -51,7 +51,7 @@ from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
 from dpltm.module_checks import first_written, probe_first_batch, state_marks, trainable_names, written_message
 from dpltm.poisson_batches import PoissonBatchSampler, batch_rows, poisson_loader
-from dpltm.privacy.accounting import check_accountant, check_neighboring
+from dpltm.privacy.accounting import check_accountant, check_delta, check_neighboring
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.run_log import float32_at_least
@@ -533,3 +533,13 @@ class DPCallback(L.Callback):
             return math.inf  # a non-private update ran (see _after_optimizer_step)
         ledger = self.ledger()
         return 0.0 if ledger is None else ledger.overall_epsilon
+
+    def get_epsilon(self, delta: float | None = None) -> float:
+        """ε so far at `delta` (None: the run's δ), as Opacus's `get_epsilon(delta)`: the same segments and
+        accountant, read at another point of their privacy curve."""
+        if delta is not None:
+            delta = check_delta(delta)
+        if self._raw_steps:
+            return math.inf
+        ledger = self.ledger()
+        return 0.0 if ledger is None else ledger.get_epsilon(delta)

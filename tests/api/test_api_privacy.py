@@ -105,6 +105,10 @@ def test_a_second_fit_with_the_same_callback_composes_both() -> None:
     trainer(1, callback).fit(module, loader(40, seed=6))
     assert callback.steps_done == 20
     assert callback.epsilon == pytest.approx(composed_epsilon([(0.1, 1.2, 20)]), rel=1e-9) and callback.epsilon > one
+    assert callback.get_epsilon() == callback.epsilon  # Opacus's name, at the run's δ and at another
+    assert callback.get_epsilon(1e-3) == pytest.approx(composed_epsilon([(0.1, 1.2, 20)], 1e-3), rel=1e-9)
+    with pytest.raises(DpltmUserError, match="^delta must lie in"):
+        callback.get_epsilon(1.5)
     # with a target: the first fit spends it all, so a second fit is refused in one line
     spent = dpltm.DPCallback(target_epsilon=1.0)
     trainer(1, spent).fit(Classifier(), loader(40))
