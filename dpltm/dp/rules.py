@@ -11,9 +11,9 @@ clipped sum Σ_i c_i ∇_θ ℓ_i ⊙ M (Abadi et al. 2016, Alg. 1; masked: docs
   no per-sample gradient is ever formed (Goodfellow 2015; Li et al. 2022) — and the clipped sum
   (c ⊙ G)ᵀ A ⊙ M, the matmul a plain backward pass does. On (B, …, in) sequences the per-sample
   gradient Σ_t g_it a_itᵀ is formed (no ghost identity survives the sum over t).
-* `nn.Conv2d` (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode):
+* `nn.Conv1d`, `nn.Conv2d` (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode):
   per-sample weight gradients G_i U_iᵀ from the unfolded input patches U_i.
-* Anything else with trainable parameters (GroupNorm, LayerNorm, Conv1d/3d, Embedding, a user's own
+* Anything else with trainable parameters (GroupNorm, LayerNorm, Conv3d, Embedding, a user's own
   layer): `torch.func` — vmap over samples of the vector-Jacobian product ⟨z(θ, a_i), g_i⟩ — which is
   exact for any layer whose output for one sample depends only on that sample's input. A layer type
   not known to be per-sample is *checked* at every step: the per-sample gradients must add up to the
@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.dp.conv_ghost import clipped_bias_sum, clipped_weight_sum, conv_operands, weight_sq_norms
@@ -236,29 +235,17 @@ class LinearRule(WeightAndBiasRule):
         return sums
 
 
-def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
-    """Per-sample weight gradients (B, out, in/groups, kh, kw) of a 2-D convolution with input `a` and
-    output gradient `g`: per group, G_i U_iᵀ with U_i sample i's unfolded input patches (no ghost
-    identity survives the sum over positions once the weight is masked). Padding other than numeric
-    zeros ('same', reflect, replicate, circular) is applied first, exactly as nn.Conv2d does."""
-    padding: Any = module.padding
-    if isinstance(padding, str) or module.padding_mode != "zeros":
-        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-        a = F.pad(a, module._reversed_padding_repeated_twice, mode=mode)
-        padding = 0
-    patches = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=padding,  # type: ignore[arg-type]
-                       stride=module.stride)
-    groups, rows = module.groups, a.shape[0]
-    out_per_group = module.out_channels // groups
-    grads = torch.einsum("bgol,bgcl->bgoc", g.reshape(rows, groups, out_per_group, -1),
-                         patches.reshape(rows, groups, patches.shape[1] // groups, -1))
-    return grads.reshape(rows, *module.weight.shape)
+def conv2d_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
+    """Per-sample weight gradients (B, *weight.shape) of a 1-D or 2-D convolution with input `a` and output
+    gradient `g`: per group, G_i U_iᵀ with U_i sample i's unfolded input patches (dpltm.dp.conv_ghost)."""
+    patches, grads = conv_operands(module, a, g)
+    return torch.einsum("bgot,bgkt->bgok", grads, patches).reshape(a.shape[0], *module.weight.shape)
 
 
-@register_rule(nn.Conv2d)
-class Conv2dRule(WeightAndBiasRule):
-    """nn.Conv2d: unmasked, the cheaper of the ghost norm and formed gradients per layer; masked, the formed
-    gradients G_i U_iᵀ ⊙ M, a chunk of samples at a time; the clipped sum one contraction either way
+@register_rule(nn.Conv1d, nn.Conv2d)
+class ConvRule(WeightAndBiasRule):
+    """nn.Conv1d and nn.Conv2d: unmasked, the cheaper of the ghost norm and formed gradients per layer;
+    masked, the formed gradients G_i U_iᵀ ⊙ M, a chunk of samples at a time; the clipped sum one contraction either way
     (dpltm.dp.conv_ghost), no per-sample gradient held."""
 
     weight_grads = staticmethod(conv2d_weight_grads)

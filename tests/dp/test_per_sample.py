@@ -103,7 +103,14 @@ def wide_cnn() -> nn.Module:
                          nn.Flatten(), nn.Linear(24 * 2 * 2, 5))
 
 
+def conv1d_net() -> nn.Module:
+    """1-D convolutions with dilation, reflect padding, stride, groups and 'valid' padding."""
+    return nn.Sequential(nn.Conv1d(3, 8, 3, padding=2, dilation=2, padding_mode="reflect"), nn.Tanh(),
+                         nn.Conv1d(8, 8, 3, stride=2, groups=4, padding="valid"), nn.Flatten(), nn.Linear(8 * 5, 5))
+
+
 CASES = {
+    "conv1d": (conv1d_net, lambda g: torch.randn(9, 3, 12, generator=g, dtype=torch.float64)),
     "wide-cnn": (wide_cnn, lambda g: torch.randn(9, 3, 5, 5, generator=g, dtype=torch.float64)),
     "exotic-cnn": (exotic_cnn, lambda g: torch.randn(9, 1, 7, 8, generator=g, dtype=torch.float64)),
     "tokens": (Tokens, lambda g: torch.randint(0, 20, (9, 7), generator=g)),
