@@ -9,11 +9,13 @@ clipped sum Σ_i c_i ∇_θ ℓ_i ⊙ M (Abadi et al. 2016, Alg. 1; masked: docs
 
 * `nn.Linear` on (B, in): the masked ghost norm ‖(g_i a_iᵀ) ⊙ M‖² = (g_i²)ᵀ M (a_i²) — one matmul,
   no per-sample gradient is ever formed (Goodfellow 2015; Li et al. 2022) — and the clipped sum
-  (c ⊙ G)ᵀ A ⊙ M, the matmul a plain backward pass does. On (B, …, in) sequences the per-sample
-  gradient Σ_t g_it a_itᵀ is formed (no ghost identity survives the sum over t).
+  (c ⊙ G)ᵀ A ⊙ M, the matmul a plain backward pass does. On (B, …, in) sequences the norm of Σ_t g_it a_itᵀ by
+  two T×T Grams (Li et al. 2022's ghost clipping for sequences) or by forming it, whichever is cheaper (with a
+  mask: formed, a chunk at a time), and the clipped sum as one contraction (dpltm.dp.conv_ghost).
 * `nn.Conv1d`, `nn.Conv2d` (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode):
   per-sample weight gradients G_i U_iᵀ from the unfolded input patches U_i.
-* Anything else with trainable parameters (GroupNorm, LayerNorm, Conv3d, Embedding, a user's own
+* GroupNorm, LayerNorm, Embedding: dpltm.dp.norm_embedding_rules.
+* Anything else with trainable parameters (Conv3d, transposed convolutions, PReLU, a user's own
   layer): `torch.func` — vmap over samples of the vector-Jacobian product ⟨z(θ, a_i), g_i⟩ — which is
   exact for any layer whose output for one sample depends only on that sample's input. A layer type
   not known to be per-sample is *checked* at every step: the per-sample gradients must add up to the
@@ -184,7 +186,8 @@ class WeightAndBiasRule(MaterialisedRule):
 
 @register_rule(nn.Linear)
 class LinearRule(WeightAndBiasRule):
-    """nn.Linear: the masked ghost norm on (B, in) inputs, formed gradients on (B, …, in) sequences."""
+    """nn.Linear: the masked ghost norm on (B, in) inputs; on (B, …, in) sequences the ghost norm for sequences or
+    formed gradients, the cheaper, and one contraction for the clipped sum."""
 
     @staticmethod
     def weight_grads(module: Any, a: Tensor, g: Tensor) -> Tensor:
@@ -195,11 +198,28 @@ class LinearRule(WeightAndBiasRule):
     def bias_grads(g: Tensor) -> Tensor:
         return g.reshape(g.shape[0], -1, g.shape[-1]).sum(dim=1)
 
+    @staticmethod
+    def sequence_operands(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, …, in) inputs and (B, …, out) output gradients as a convolution's operands (dpltm.dp.conv_ghost):
+        one group, the positions t = the flattened middle dimensions."""
+        rows = a.shape[0]
+        return (a.reshape(rows, -1, a.shape[-1]).transpose(1, 2).unsqueeze(1),
+                g.reshape(rows, -1, g.shape[-1]).transpose(1, 2).unsqueeze(1))
+
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
         a = call.input
         assert a is not None
-        if a.dim() > 2:
-            return super().sq_norms(call, g, masks)
+        if a.dim() > 2:  # a sequence: the ghost norm for sequences or formed gradients, the cheaper (Li et al. 2022)
+            if set(masks) - {"weight"}:
+                return super().sq_norms(call, g, masks)
+            patches, grads = self.sequence_operands(a, g)
+            total = g.new_zeros(g.shape[0], dtype=torch.promote_types(g.dtype, torch.float32))
+            if call.module.weight.requires_grad:
+                mask = masks.get("weight")
+                total = total + weight_sq_norms(patches, grads, None if mask is None else mask.unsqueeze(0))
+            if call.module.bias is not None and call.module.bias.requires_grad:
+                total = total + grads.sum(dim=3).pow(2).sum(dim=(1, 2))
+            return total, "sequence"
         total = g.new_zeros(g.shape[0])
         g2 = g * g
         if call.module.weight.requires_grad:
@@ -220,6 +240,10 @@ class LinearRule(WeightAndBiasRule):
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
                      masks: LocalMasks, state: Any) -> dict[str, Tensor]:
+        if state == "sequence":
+            assert call.input is not None
+            patches, grads = self.sequence_operands(_zero_rows(call.input, finite), _zero_rows(g, finite))
+            return contracted_sums(call.module, patches, grads, factors, masks, g.dtype)
         if state is not None:
             return super().clipped_sums(call, g, factors, finite, masks, state)
         a = call.input
@@ -233,6 +257,19 @@ class LinearRule(WeightAndBiasRule):
         if call.module.bias is not None and call.module.bias.requires_grad:
             sums["bias"] = scaled.sum(dim=0).to(g.dtype)
         return sums
+
+
+def contracted_sums(module: nn.Module, patches: Tensor, grads: Tensor, factors: Tensor, masks: LocalMasks,
+                    dtype: torch.dtype) -> dict[str, Tensor]:
+    """The clipped sums of a convolution or a sequence Linear from its operands (dpltm.dp.conv_ghost): one
+    contraction over samples and positions, then the mask."""
+    sums = {}
+    if module.weight.requires_grad:
+        total = clipped_weight_sum(patches, grads, factors, module.weight.shape).to(dtype)
+        sums["weight"] = total if "weight" not in masks else total * masks["weight"]
+    if module.bias is not None and module.bias.requires_grad:
+        sums["bias"] = clipped_bias_sum(grads, factors).to(dtype)
+    return sums
 
 
 def conv2d_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
@@ -274,13 +311,7 @@ class ConvRule(WeightAndBiasRule):
             return super().clipped_sums(call, g, factors, finite, masks, state)
         assert call.input is not None
         patches, grads = conv_operands(call.module, _zero_rows(call.input, finite), _zero_rows(g, finite))  # type: ignore[arg-type]
-        sums = {}
-        if call.module.weight.requires_grad:
-            total = clipped_weight_sum(patches, grads, factors, call.module.weight.shape).to(g.dtype)
-            sums["weight"] = total if "weight" not in masks else total * masks["weight"]
-        if call.module.bias is not None and call.module.bias.requires_grad:
-            sums["bias"] = clipped_bias_sum(grads, factors).to(g.dtype)
-        return sums
+        return contracted_sums(call.module, patches, grads, factors, masks, g.dtype)
 
 
 KNOWN_PER_SAMPLE: tuple[type[nn.Module], ...] = (

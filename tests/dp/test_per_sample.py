@@ -109,7 +109,21 @@ def conv1d_net() -> nn.Module:
                          nn.Conv1d(8, 8, 3, stride=2, groups=4, padding="valid"), nn.Flatten(), nn.Linear(8 * 5, 5))
 
 
+class SequenceLinears(nn.Module):
+    """A sequence Linear whose formed gradients cost less than its Grams (20 positions, 2 → 8), then one whose Grams
+    cost less (4 positions, 40 → 40)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.narrow, self.wide, self.head = nn.Linear(2, 8), nn.Linear(40, 40), nn.Linear(40, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.narrow(x)).reshape(x.shape[0], 4, 40)
+        return self.head(torch.tanh(self.wide(h)).mean(dim=1))
+
+
 CASES = {
+    "sequence-linears": (SequenceLinears, lambda g: torch.randn(9, 20, 2, generator=g, dtype=torch.float64)),
     "conv1d": (conv1d_net, lambda g: torch.randn(9, 3, 12, generator=g, dtype=torch.float64)),
     "wide-cnn": (wide_cnn, lambda g: torch.randn(9, 3, 5, 5, generator=g, dtype=torch.float64)),
     "exotic-cnn": (exotic_cnn, lambda g: torch.randn(9, 1, 7, 8, generator=g, dtype=torch.float64)),
@@ -298,3 +312,56 @@ def test_the_wide_cnn_takes_both_ways_of_the_unmasked_convolution() -> None:
     h = model[1](first(x))
     assert not ghost_pays(*conv_operands(first, x, first(x)))
     assert ghost_pays(*conv_operands(second, h, second(h)))
+
+
+class SequenceModel(nn.Module):
+    """Embedding (a padding row, repeated ids) → LayerNorm → Linear on (B, T, d) → GroupNorm over channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(12, 6, padding_idx=0)
+        self.norm = nn.LayerNorm(6)
+        self.mix = nn.Linear(6, 8)
+        self.group = nn.GroupNorm(2, 8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mix(self.norm(self.embed(ids))))  # (B, T, 8)
+        return self.head(self.group(h.transpose(1, 2)).mean(dim=2))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_embedding_layernorm_and_groupnorm_rules_equal_torch_func_and_skip_the_fallback(
+        masked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpltm.dp import rules
+
+    def no_fallback(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the torch.func fallback ran")
+
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = SequenceModel().double()
+    ids = torch.randint(0, 4, (9, 7), generator=g)  # few ids: repeats within a record, and the padding id 0
+    y = torch.randint(0, 5, (9,), generator=g)
+    masks = random_masks(model, g) if masked else {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in masks:
+                p.mul_(masks[name])
+    norms, _ = reference(model, ids, y, masks, clip=0.0)
+    clip = float(norms.median())
+    norms, expected = reference(model, ids, y, masks, clip)
+    monkeypatch.setattr(rules.FuncRule, "per_sample_grads", no_fallback)
+    got = clipped_gradient_sum_of(model, ids, y, clip, masks)
+    torch.testing.assert_close(got.norms, norms)
+    for name, value in expected.items():
+        torch.testing.assert_close(got.grad_sums[name], value, msg=name)
+    assert bool((got.grad_sums["embed.weight"][0] == 0).all())  # the padding row takes no gradient
+
+
+def test_an_embedding_that_rewrites_or_rescales_is_refused() -> None:
+    tokens, y = torch.randint(0, 10, (5, 3)), torch.randint(0, 3, (5,))
+    for layer, match in ((nn.Embedding(10, 4, max_norm=1.0), "has max_norm"),
+                         (nn.Embedding(10, 4, scale_grad_by_freq=True), "has scale_grad_by_freq")):
+        with pytest.raises(DpltmUserError, match=f"layer 0 \\(Embedding\\) {match}"):
+            clipped_gradient_sum_of(nn.Sequential(layer, nn.Flatten(), nn.Linear(12, 3)), tokens, y, 1.0)
