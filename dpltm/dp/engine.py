@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpltm.dp import norm_embedding_rules  # noqa: F401  (registers the GroupNorm, LayerNorm and Embedding rules)
 from dpltm.dp.ghost import ClippedBatch, clip_factors, squares_times
 from dpltm.dp.precision import ieee_float32
 from dpltm.dp.rules import FuncRule, LayerCall, check_adds_up, rule_for

@@ -358,10 +358,3 @@ def test_embedding_layernorm_and_groupnorm_rules_equal_torch_func_and_skip_the_f
         torch.testing.assert_close(got.grad_sums[name], value, msg=name)
     assert bool((got.grad_sums["embed.weight"][0] == 0).all())  # the padding row takes no gradient
 
-
-def test_an_embedding_that_rewrites_or_rescales_is_refused() -> None:
-    tokens, y = torch.randint(0, 10, (5, 3)), torch.randint(0, 3, (5,))
-    for layer, match in ((nn.Embedding(10, 4, max_norm=1.0), "has max_norm"),
-                         (nn.Embedding(10, 4, scale_grad_by_freq=True), "has scale_grad_by_freq")):
-        with pytest.raises(DpltmUserError, match=f"layer 0 \\(Embedding\\) {match}"):
-            clipped_gradient_sum_of(nn.Sequential(layer, nn.Flatten(), nn.Linear(12, 3)), tokens, y, 1.0)
