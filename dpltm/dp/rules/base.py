@@ -153,7 +153,8 @@ class WeightAndBiasRule(MaterialisedRule):
         grads = {}
         if module.weight.requires_grad:
             grads["weight"] = self.weight_grads(module, call.input, g)
-        if module.bias is not None and module.bias.requires_grad:
+        bias = getattr(module, "bias", None)  # RMSNorm has none
+        if bias is not None and bias.requires_grad:
             grads["bias"] = self.bias_grads(module, g)
         return grads
 
