@@ -94,8 +94,8 @@ def test_every_registered_rule_has_a_case_here() -> None:
 
 
 @EXAMPLES
-@given(seed=st.integers(0, 2**16), batch=st.integers(1, 4), lead=st.lists(st.integers(1, 12), min_size=0, max_size=2),
-       width_in=st.integers(1, 6), width_out=st.integers(1, 6), bias=st.booleans(),
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 4), lead=st.lists(st.integers(1, 9), min_size=0, max_size=2),
+       width_in=st.integers(1, 10), width_out=st.integers(1, 10), bias=st.booleans(),
        masked=st.sampled_from([(), ("weight",), ("weight", "bias")]))
 def test_linear(seed: int, batch: int, lead: list[int], width_in: int, width_out: int, bias: bool,
                 masked: tuple[str, ...]) -> None:
