@@ -1,12 +1,12 @@
-"""GroupNorm's, LayerNorm's and RMSNorm's rule: per-sample affine gradients from the recomputed normalised input.
+"""GroupNorm's, LayerNorm's and RMSNorm's rule: per-sample affine gradients from the recomputed x̂.
 
-Both layers compute z = x̂ ⊙ γ + β, broadcasting γ and β (one value per channel for GroupNorm, one per
-entry of `normalized_shape` for LayerNorm) over the other non-batch dimensions, where x̂ normalises each
-sample by statistics of that sample alone. So sample i's gradients are sums over the broadcast
-dimensions: ∇γ ℓ_i = Σ g_i ⊙ x̂_i and ∇β ℓ_i = Σ g_i — as small as the parameters, formed outright. x̂
-is not recorded; it is recomputed from the recorded input with the layer's own groups, shape and eps
-(the forward pass's arithmetic, so it matches to rounding). A layer without affine parameters owns
-nothing to clip and never reaches its rule.
+Each computes z = x̂ ⊙ γ + β (RMSNorm: no β), broadcasting γ and β (one value per channel for GroupNorm,
+one per entry of `normalized_shape` for LayerNorm and RMSNorm) over the other non-batch dimensions,
+where x̂ normalises each sample by statistics of that sample alone. So sample i's gradients are sums
+over the broadcast dimensions: ∇γ ℓ_i = Σ g_i ⊙ x̂_i and ∇β ℓ_i = Σ g_i — as small as the parameters,
+formed outright. x̂ is not recorded; it is recomputed from the recorded input with the layer's own
+groups, shape and eps (the forward pass's arithmetic, so it matches to rounding). A layer without
+affine parameters owns nothing to clip and never reaches its rule.
 """
 
 from __future__ import annotations
