@@ -48,14 +48,14 @@ from dpltm.dp.rules.base import (
     rule_for,
     zero_rows,
 )
-from dpltm.dp.rules.conv import ConvRule, conv2d_weight_grads, conv_weight_grads
+from dpltm.dp.rules.conv import Conv1dRule, Conv2dRule, ConvRule, conv2d_weight_grads, conv_weight_grads
 from dpltm.dp.rules.embedding import EmbeddingRule
 from dpltm.dp.rules.linear import LinearRule
 from dpltm.dp.rules.norm import GroupNormRule, LayerNormRule
 
 __all__ = [
-    "FUNC_RULE", "KNOWN_PER_SAMPLE", "RULES", "ConvRule", "EmbeddingRule", "FuncRule", "GroupNormRule",
-    "LayerCall", "LayerNormRule", "LayerRule", "LinearRule", "LocalMasks", "MaterialisedRule", "WeightAndBiasRule",
-    "check_adds_up", "conv", "conv2d_weight_grads", "conv_weight_grads", "embedding", "linear", "masked_sq_norms",
-    "norm", "register_rule", "rule_for", "zero_rows",
+    "FUNC_RULE", "KNOWN_PER_SAMPLE", "RULES", "Conv1dRule", "Conv2dRule", "ConvRule", "EmbeddingRule", "FuncRule",
+    "GroupNormRule", "LayerCall", "LayerNormRule", "LayerRule", "LinearRule", "LocalMasks", "MaterialisedRule",
+    "WeightAndBiasRule", "check_adds_up", "conv", "conv2d_weight_grads", "conv_weight_grads", "embedding", "linear",
+    "masked_sq_norms", "norm", "register_rule", "rule_for", "zero_rows",
 ]

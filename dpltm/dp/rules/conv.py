@@ -45,13 +45,22 @@ def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
     return conv_weight_grads(module, a, g)
 
 
-@register_rule(nn.Conv1d, nn.Conv2d)
 class ConvRule(WeightAndBiasRule):
-    """nn.Conv1d and nn.Conv2d (any stride, dilation, groups, numeric or 'same'/'valid' padding, any
-    padding mode): unfolded patches, one einsum per layer."""
+    """A convolution (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode):
+    unfolded patches, one einsum per layer."""
 
     weight_grads = staticmethod(conv_weight_grads)
 
     @staticmethod
     def bias_grads(module: Any, g: Tensor) -> Tensor:
         return g.flatten(2).sum(dim=2)
+
+
+@register_rule(nn.Conv1d)
+class Conv1dRule(ConvRule):
+    """nn.Conv1d: the 2-D patches of an input of height 1."""
+
+
+@register_rule(nn.Conv2d)
+class Conv2dRule(ConvRule):
+    """nn.Conv2d."""
