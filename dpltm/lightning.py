@@ -9,8 +9,8 @@
 The module keeps its `training_step` (returning the batch loss, reduction "mean" over the batch
 dimension or "sum": say which; each sample's loss must depend on its own record only) and its
 optimiser (automatic optimisation, full precision, one device). During the backward pass the callback records,
-for every layer owning trainable parameters (dpltm.dp.rules: exact rules for nn.Linear and nn.Conv2d,
-torch.func for the rest), the layer's inputs and the gradient reaching its output; before the
+for every layer owning trainable parameters (dpltm.dp.rules: exact rules for Linear, Conv1d/2d, the norms
+and Embedding, torch.func for the rest), the layer's inputs and the gradient reaching its output; before the
 optimiser step it replaces the parameters' gradients with dpltm's masked clipped sum plus Gaussian
 noise on the surviving weights, over the expected batch size (dpltm.dp.engine: the same code as
 `make_private`). The loader must be Poisson (`poisson_loader`): the accountant assumes it.

@@ -46,10 +46,14 @@ def conv_operands(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> tuple[
             g.reshape(rows, groups, module.out_channels // groups, -1))
 
 
+def use_grams(positions: int, inputs: int, outputs: int) -> bool:
+    """Whether two (T, T) Grams a sample take less memory than one (out, K) gradient (Li et al. 2022, §4)."""
+    return 2 * positions * positions < inputs * outputs
+
+
 def ghost_pays(patches: Tensor, grads: Tensor) -> bool:
-    """Whether two T×T Grams cost less than the formed gradients (out·K numbers a sample and group)."""
-    positions = patches.shape[-1]
-    return positions * positions < grads.shape[2] * patches.shape[2]
+    """`use_grams` for these operands: T positions, K inputs and out outputs a group."""
+    return use_grams(patches.shape[-1], patches.shape[2], grads.shape[2])
 
 
 def weight_sq_norms(patches: Tensor, grads: Tensor, mask: Tensor | None = None) -> Tensor:

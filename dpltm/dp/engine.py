@@ -3,8 +3,9 @@
 
 A forward pass with hooks records every layer that owns trainable parameters (its inputs and its
 output z); one autograd call on Σ_i ℓ_i gives g_i = ∂ℓ_i/∂z_i for every sample, because z_i influences
-only ℓ_i. Each layer's rule (dpltm.dp.rules: the registry — exact ghost norms for nn.Linear,
-unfolded patches for nn.Conv2d, torch.func for any other layer) turns (a_i, g_i, mask) into the
+only ℓ_i. Each layer's rule (dpltm.dp.rules: the registry — exact ghost norms for nn.Linear and
+nn.Embedding, unfolded patches for convolutions, recomputed normalised inputs for GroupNorm and
+LayerNorm, torch.func for any other layer) turns (a_i, g_i, mask) into the
 per-sample squared norms over the surviving weights and, given the clip factors
 c_i = min(1, C/‖∇ℓ_i ⊙ M‖), the clipped sum Σ_i c_i ∇ℓ_i ⊙ M (Abadi et al. 2016, Alg. 1;
 docs/privacy.md §3).

@@ -1,7 +1,8 @@
-"""The DP engine's per-sample core on users' own models: every registered rule (nn.Linear anywhere, on
-flat or sequence inputs; nn.Conv2d with any padding, groups and padding mode) and the torch.func rule
-for every other layer (GroupNorm, LayerNorm, Conv1d, Embedding, a user's own layer) against torch.func
-per-sample gradients of the whole model; layers that mix samples are a one-line error naming them."""
+"""The DP engine's per-sample core on users' own models: the registered rules (nn.Linear anywhere, on
+flat or sequence inputs; nn.Conv1d/2d with any padding, groups and padding mode; GroupNorm, LayerNorm,
+Embedding; each rule alone in tests/dp/test_layer_rules.py) and the torch.func rule for every other
+layer (a user's own layer) against torch.func per-sample gradients of the whole model; layers that mix
+samples are a one-line error naming them."""
 
 from __future__ import annotations
 

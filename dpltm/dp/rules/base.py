@@ -1,31 +1,7 @@
-"""The per-layer registry of DP-SGD's two per-sample operations: the masked squared gradient norm, and
-the clipped gradient sum.
-
-A layer's rule receives what one forward pass recorded for it (its inputs a_i) and the per-sample
-gradient of the loss with respect to its output, g_i = ∂ℓ_i/∂z_i (one autograd call on Σ_i ℓ_i gives
-every g_i, because z_i influences only ℓ_i). From those two it returns, per sample i, the squared
-norm of ∇_θ ℓ_i ⊙ M over the layer's *surviving* coordinates, and, given clip factors c_i, the
-clipped sum Σ_i c_i ∇_θ ℓ_i ⊙ M (Abadi et al. 2016, Alg. 1; masked: docs/privacy.md §3).
-
-* `nn.Linear` on (B, in): the masked ghost norm ‖(g_i a_iᵀ) ⊙ M‖² = (g_i²)ᵀ M (a_i²) — one matmul,
-  no per-sample gradient is ever formed (Goodfellow 2015; Li et al. 2022) — and the clipped sum
-  (c ⊙ G)ᵀ A ⊙ M, the matmul a plain backward pass does. On (B, …, in) sequences the norm of Σ_t g_it a_itᵀ by
-  two T×T Grams (Li et al. 2022's ghost clipping for sequences) or by forming it, whichever is cheaper (with a
-  mask: formed, a chunk at a time), and the clipped sum as one contraction (dpltm.dp.conv_ghost).
-* `nn.Conv1d`, `nn.Conv2d` (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode):
-  per-sample weight gradients G_i U_iᵀ from the unfolded input patches U_i.
-* GroupNorm, LayerNorm, Embedding: dpltm.dp.norm_embedding_rules.
-* Anything else with trainable parameters (Conv3d, transposed convolutions, PReLU, a user's own
-  layer): `torch.func` — vmap over samples of the vector-Jacobian product ⟨z(θ, a_i), g_i⟩ — which is
-  exact for any layer whose output for one sample depends only on that sample's input. A layer type
-  not known to be per-sample is *checked* at every step: the per-sample gradients must add up to the
-  batch gradient, or the step is refused (a layer that mixes the samples of a batch, like batch
-  normalisation, makes one record's gradient depend on the others and clipping bounds nothing).
-
-Adding a rule for a layer type: a class with `sq_norms` and `clipped_sums` (see `LayerRule`) and one
-`register_rule(LayerType)` line; tests/dp/test_per_sample.py checks every registered rule against
-torch.func.
-"""
+"""The registry's machinery: what a forward hook records for a layer (`LayerCall`), the protocol a layer
+type's rule follows (`LayerRule`), `register_rule` / `rule_for`, the shared base of rules that form each
+sample's gradient (`MaterialisedRule`, `WeightAndBiasRule`), and the torch.func rule every layer type
+without its own rule falls back to, with the check that such a layer does not mix samples."""
 
 from __future__ import annotations
 
@@ -37,7 +13,6 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from dpltm.dp.conv_ghost import clipped_bias_sum, clipped_weight_sum, conv_operands, weight_sq_norms
 from dpltm.errors import DpltmUserError
 
 LocalMasks = dict[str, Tensor]
@@ -123,7 +98,7 @@ def rule_for(module: nn.Module) -> LayerRule:
     return FUNC_RULE
 
 
-def _zero_rows(values: Tensor, finite: Tensor | None) -> Tensor:
+def zero_rows(values: Tensor, finite: Tensor | None) -> Tensor:
     """`values` with the rows of non-finite records set to exactly zero (0·inf would be NaN); `finite`
     None: every record is finite (the engine asks the device once per step, not once per layer)."""
     if finite is None:
@@ -159,7 +134,7 @@ class MaterialisedRule:
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
                      masks: LocalMasks, state: Any) -> dict[str, Tensor]:
-        return {n: torch.einsum("b,b...->...", factors, _zero_rows(v, finite).to(factors.dtype)).to(v.dtype)
+        return {n: torch.einsum("b,b...->...", factors, zero_rows(v, finite).to(factors.dtype)).to(v.dtype)
                 for n, v in state.items()}
 
 
@@ -171,7 +146,9 @@ class WeightAndBiasRule(MaterialisedRule):
             raise DpltmUserError(f"layer {label} ({type(module).__name__}) has parameters besides weight and bias")
 
     weight_grads: Callable[[Any, Tensor, Tensor], Tensor]
-    bias_grads: Callable[[Tensor], Tensor]
+    """(module, input a, output gradient g) -> (B, *weight.shape) per-sample gradients."""
+    bias_grads: Callable[[Any, Tensor], Tensor]
+    """(module, output gradient g) -> (B, *bias.shape) per-sample gradients."""
 
     def per_sample_grads(self, call: LayerCall, g: Tensor) -> dict[str, Tensor]:
         module = call.module
@@ -179,139 +156,10 @@ class WeightAndBiasRule(MaterialisedRule):
         grads = {}
         if module.weight.requires_grad:
             grads["weight"] = self.weight_grads(module, call.input, g)
-        if module.bias is not None and module.bias.requires_grad:
-            grads["bias"] = self.bias_grads(g)
+        bias = getattr(module, "bias", None)  # RMSNorm has none
+        if bias is not None and bias.requires_grad:
+            grads["bias"] = self.bias_grads(module, g)
         return grads
-
-
-@register_rule(nn.Linear)
-class LinearRule(WeightAndBiasRule):
-    """nn.Linear: the masked ghost norm on (B, in) inputs; on (B, …, in) sequences the ghost norm for sequences or
-    formed gradients, the cheaper, and one contraction for the clipped sum."""
-
-    @staticmethod
-    def weight_grads(module: Any, a: Tensor, g: Tensor) -> Tensor:
-        rows = g.shape[0]
-        return torch.einsum("bto,bti->boi", g.reshape(rows, -1, g.shape[-1]), a.reshape(rows, -1, a.shape[-1]))
-
-    @staticmethod
-    def bias_grads(g: Tensor) -> Tensor:
-        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(dim=1)
-
-    @staticmethod
-    def sequence_operands(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, …, in) inputs and (B, …, out) output gradients as a convolution's operands (dpltm.dp.conv_ghost):
-        one group, the positions t = the flattened middle dimensions."""
-        rows = a.shape[0]
-        return (a.reshape(rows, -1, a.shape[-1]).transpose(1, 2).unsqueeze(1),
-                g.reshape(rows, -1, g.shape[-1]).transpose(1, 2).unsqueeze(1))
-
-    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
-        a = call.input
-        assert a is not None
-        if a.dim() > 2:  # a sequence: the ghost norm for sequences or formed gradients, the cheaper (Li et al. 2022)
-            if set(masks) - {"weight"}:
-                return super().sq_norms(call, g, masks)
-            patches, grads = self.sequence_operands(a, g)
-            total = g.new_zeros(g.shape[0], dtype=torch.promote_types(g.dtype, torch.float32))
-            if call.module.weight.requires_grad:
-                mask = masks.get("weight")
-                total = total + weight_sq_norms(patches, grads, None if mask is None else mask.unsqueeze(0))
-            if call.module.bias is not None and call.module.bias.requires_grad:
-                total = total + grads.sum(dim=3).pow(2).sum(dim=(1, 2))
-            return total, "sequence"
-        total = g.new_zeros(g.shape[0])
-        g2 = g * g
-        if call.module.weight.requires_grad:
-            mask = masks.get("weight")
-            # ‖a_i‖² by a norm kernel: (a * a).sum(1) would write a (B, in) square first (15× slower on CPU
-            # for the 4096 × 3969 scattering features of bench_masked_head.py)
-            terms = call.input_terms
-            if terms is not None and terms.shape[1] != (1 if mask is None else g2.shape[1]):
-                terms = None  # not this layer's table: compute the norm
-            if terms is not None:  # M a_i² (or ‖a_i‖²) looked up: the records' fixed share (engine tables)
-                total = total + (g2.sum(dim=1) * terms[:, 0] if mask is None else (g2 * terms).sum(dim=1))
-            else:
-                total = total + (g2.sum(dim=1) * torch.linalg.vector_norm(a, dim=1).square() if mask is None
-                                 else masked_sq_norms(a, g2, mask.T.contiguous()))
-        if call.module.bias is not None and call.module.bias.requires_grad:
-            total = total + g2.sum(dim=1)
-        return total, None
-
-    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
-                     masks: LocalMasks, state: Any) -> dict[str, Tensor]:
-        if state == "sequence":
-            assert call.input is not None
-            patches, grads = self.sequence_operands(_zero_rows(call.input, finite), _zero_rows(g, finite))
-            return contracted_sums(call.module, patches, grads, factors, masks, g.dtype)
-        if state is not None:
-            return super().clipped_sums(call, g, factors, finite, masks, state)
-        a = call.input
-        assert a is not None
-        scaled = _zero_rows(g, finite).to(factors.dtype) * factors[:, None]
-        sums = {}
-        if call.module.weight.requires_grad:
-            total = (scaled.T @ _zero_rows(a, finite).to(scaled.dtype)).to(g.dtype)
-            mask = masks.get("weight")
-            sums["weight"] = total if mask is None else total * mask
-        if call.module.bias is not None and call.module.bias.requires_grad:
-            sums["bias"] = scaled.sum(dim=0).to(g.dtype)
-        return sums
-
-
-def contracted_sums(module: nn.Module, patches: Tensor, grads: Tensor, factors: Tensor, masks: LocalMasks,
-                    dtype: torch.dtype) -> dict[str, Tensor]:
-    """The clipped sums of a convolution or a sequence Linear from its operands (dpltm.dp.conv_ghost): one
-    contraction over samples and positions, then the mask."""
-    sums = {}
-    if module.weight.requires_grad:
-        total = clipped_weight_sum(patches, grads, factors, module.weight.shape).to(dtype)
-        sums["weight"] = total if "weight" not in masks else total * masks["weight"]
-    if module.bias is not None and module.bias.requires_grad:
-        sums["bias"] = clipped_bias_sum(grads, factors).to(dtype)
-    return sums
-
-
-def conv2d_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
-    """Per-sample weight gradients (B, *weight.shape) of a 1-D or 2-D convolution with input `a` and output
-    gradient `g`: per group, G_i U_iᵀ with U_i sample i's unfolded input patches (dpltm.dp.conv_ghost)."""
-    patches, grads = conv_operands(module, a, g)
-    return torch.einsum("bgot,bgkt->bgok", grads, patches).reshape(a.shape[0], *module.weight.shape)
-
-
-@register_rule(nn.Conv1d, nn.Conv2d)
-class ConvRule(WeightAndBiasRule):
-    """nn.Conv1d and nn.Conv2d: unmasked, the cheaper of the ghost norm and formed gradients per layer;
-    masked, the formed gradients G_i U_iᵀ ⊙ M, a chunk of samples at a time; the clipped sum one contraction either way
-    (dpltm.dp.conv_ghost), no per-sample gradient held."""
-
-    weight_grads = staticmethod(conv2d_weight_grads)
-
-    @staticmethod
-    def bias_grads(g: Tensor) -> Tensor:
-        return g.flatten(2).sum(dim=2)
-
-    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
-        if set(masks) - {"weight"}:
-            return super().sq_norms(call, g, masks)
-        assert call.input is not None
-        patches, grads = conv_operands(call.module, call.input, g)  # type: ignore[arg-type]
-        total = g.new_zeros(g.shape[0], dtype=torch.promote_types(g.dtype, torch.float32))
-        if call.module.weight.requires_grad:
-            mask = masks.get("weight")
-            total = total + weight_sq_norms(patches, grads, None if mask is None else mask.reshape(grads.shape[1],
-                                                                                                    grads.shape[2], -1))
-        if call.module.bias is not None and call.module.bias.requires_grad:
-            total = total + grads.sum(dim=3).pow(2).sum(dim=(1, 2))
-        return total, None  # the clipped sum unfolds again: no layer's patches held while the others run
-
-    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
-                     masks: LocalMasks, state: Any) -> dict[str, Tensor]:
-        if state is not None:
-            return super().clipped_sums(call, g, factors, finite, masks, state)
-        assert call.input is not None
-        patches, grads = conv_operands(call.module, _zero_rows(call.input, finite), _zero_rows(g, finite))  # type: ignore[arg-type]
-        return contracted_sums(call.module, patches, grads, factors, masks, g.dtype)
 
 
 KNOWN_PER_SAMPLE: tuple[type[nn.Module], ...] = (

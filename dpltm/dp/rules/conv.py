@@ -1,0 +1,92 @@
+"""nn.Conv1d and nn.Conv2d's rule: norms and clipped sums from unfolded input patches, no per-sample gradient held.
+
+A convolution is a matmul per output position: z_i[:, l] = W u_il with u_il the input patch that position
+reads, so sample i's weight gradient is Σ_l g_il u_ilᵀ = G_i U_iᵀ (per group). Its norm is taken by the cheaper
+of two T × T Grams (the ghost norm, Li et al. 2022 §4; Bu et al. 2022's mixed ghost clipping) and the formed
+gradient, formed a chunk of samples at a time under a mask, which no Gram identity survives; the clipped sum is
+one contraction over samples and positions (dpltm.dp.conv_ghost). A 1-D convolution is the 2-D one on an input
+of height 1 with a 1 × k kernel, which lets one `F.unfold` serve both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpltm.dp.conv_ghost import clipped_bias_sum, clipped_weight_sum, conv_operands, weight_sq_norms
+from dpltm.dp.rules.base import LayerCall, LocalMasks, WeightAndBiasRule, register_rule, zero_rows
+
+
+def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
+    """Per-sample weight gradients (B, out, in/groups, *kernel) of a 1-D or 2-D convolution with input `a` and
+    output gradient `g`: per group, G_i U_iᵀ with U_i sample i's unfolded input patches (`conv_operands`)."""
+    patches, grads = conv_operands(module, a, g)
+    return torch.einsum("bgot,bgkt->bgok", grads, patches).reshape(a.shape[0], *module.weight.shape)
+
+
+def contracted_sums(module: nn.Module, patches: Tensor, grads: Tensor, factors: Tensor, masks: LocalMasks,
+                    dtype: torch.dtype) -> dict[str, Tensor]:
+    """The clipped sums of a convolution or a sequence Linear from its operands (dpltm.dp.conv_ghost): one
+    contraction over samples and positions, then the mask."""
+    sums = {}
+    if module.weight.requires_grad:
+        total = clipped_weight_sum(patches, grads, factors, module.weight.shape).to(dtype)
+        sums["weight"] = total if "weight" not in masks else total * masks["weight"]
+    if module.bias is not None and module.bias.requires_grad:
+        total = clipped_bias_sum(grads, factors).to(dtype)
+        sums["bias"] = total if "bias" not in masks else total * masks["bias"]
+    return sums
+
+
+def operand_sq_norms(module: nn.Module, patches: Tensor, grads: Tensor, masks: LocalMasks,
+                     dtype: torch.dtype) -> Tensor:
+    """(B,) squared norms over the surviving coordinates from a convolution's or sequence Linear's operands."""
+    total = grads.new_zeros(grads.shape[0], dtype=torch.promote_types(dtype, torch.float32))
+    if module.weight.requires_grad:
+        mask = masks.get("weight")
+        total = total + weight_sq_norms(patches, grads, None if mask is None else mask.reshape(grads.shape[1],
+                                                                                                grads.shape[2], -1))
+    if module.bias is not None and module.bias.requires_grad:
+        bias = grads.sum(dim=3).reshape(grads.shape[0], -1)
+        total = total + (bias if "bias" not in masks else bias * masks["bias"]).pow(2).sum(dim=1)
+    return total
+
+
+def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
+    """Per-sample weight gradients (B, out, in/groups, kh, kw) of a 2-D convolution (`conv_weight_grads`)."""
+    return conv_weight_grads(module, a, g)
+
+
+class ConvRule(WeightAndBiasRule):
+    """A convolution (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode): the norm
+    by the cheaper of the ghost norm and formed gradients (formed, a chunk of samples at a time, under a mask), the
+    clipped sum as one contraction: no per-sample gradient held from one step of the engine to the next."""
+
+    weight_grads = staticmethod(conv_weight_grads)
+
+    @staticmethod
+    def bias_grads(module: Any, g: Tensor) -> Tensor:
+        return g.flatten(2).sum(dim=2)
+
+    def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        assert call.input is not None
+        patches, grads = conv_operands(call.module, call.input, g)  # type: ignore[arg-type]
+        return operand_sq_norms(call.module, patches, grads, masks, g.dtype), None  # the sum unfolds again
+
+    def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
+                     masks: LocalMasks, state: Any) -> dict[str, Tensor]:
+        assert call.input is not None
+        patches, grads = conv_operands(call.module, zero_rows(call.input, finite), zero_rows(g, finite))  # type: ignore[arg-type]
+        return contracted_sums(call.module, patches, grads, factors, masks, g.dtype)
+
+
+@register_rule(nn.Conv1d)
+class Conv1dRule(ConvRule):
+    """nn.Conv1d: the 2-D patches of an input of height 1."""
+
+
+@register_rule(nn.Conv2d)
+class Conv2dRule(ConvRule):
+    """nn.Conv2d."""
