@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpltm.api_checks import check_count
 from dpltm.choices import Optimizer, OutputLayer, Rewind
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import ACTIVATIONS, ARCHS
@@ -314,8 +313,11 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         _require_finite(self)
-        if self.physical_batch is not None:
-            check_count(self.physical_batch, "--physical-batch")
+        if self.physical_batch is not None and (isinstance(self.physical_batch, bool)
+                                                or not isinstance(self.physical_batch, int)):
+            raise DpltmUserError(f"--physical-batch must be an integer, got {self.physical_batch!r}")
+        if self.physical_batch is not None and self.physical_batch < 1:
+            raise DpltmUserError(f"--physical-batch must be at least 1, got {self.physical_batch}")
         _require_positive("--epochs", self.epochs)
         _require_positive("--batch-size", self.batch_size)
         _require_positive("--clip", self.clip)
