@@ -1,4 +1,4 @@
-"""One DP-SGD step on a masked network, as a pure-ish function of (model, batch, generator).
+"""One DP-SGD step on a masked network, in one place: `DpSgdStep`.
 
     ĝ = (Σ_i clip_C(∇ℓ_i) ⊙ M + noise ⊙ M) / L
 
@@ -6,12 +6,15 @@ with L the *expected* batch size q·N (what the Poisson accountant assumes; divi
 realised batch size would leak it). The optimiser then applies ĝ; pruned coordinates get a
 zero gradient and no noise, so they stay exactly zero (element-wise optimisers: SGD, momentum, Adam).
 
+Every front end runs `DpSgdStep`: the CLI's Lightning stage (dpltm.training.private), `make_private`
+(dpltm.private_training), the noise-aware choice's candidates one by one (dpltm.selection.noise_aware)
+and, from the clipped sums on, `DPCallback` (dpltm.lightning), whose sums come from Lightning's backward.
+The static-shape and CUDA-graph step (dpltm.dp.graphed) shares `noisy_mean`.
+
 The per-sample part runs one of two ways, chosen by the layout: the LeNet family's fused step
 (`MaskLayout`, dpltm.dp.ghost), or the DP engine's per-layer rules for any other `nn.Module`
 (`EngineLayout`, dpltm.dp.engine); each with a per-record norm table for the layers fed the records
-themselves (`record_terms`, computed once per run). Both give the
-masked per-sample norms and the masked clipped sum; the noise and the division by L are one function
-(`noisy_mean`) for every front end.
+themselves (`record_terms`, computed once per run).
 """
 
 from __future__ import annotations
@@ -154,8 +157,8 @@ class DpSgdStep:
 
     `max_physical_batch_size` bounds the rows whose per-sample work runs at once: the Poisson batch is
     processed in chunks of at most that many rows and their clipped sums added before the one noise draw.
-    The sum over the batch is the same sum (only its order of addition moves), so the mechanism, and ε, are
-    the same: sensitivity and sampling do not depend on how the sum is computed (Abadi et al. 2016, §3.1).
+    ĝ is the same function of the batch (the Gaussian mechanism on a sum of sensitivity C, Abadi et al. 2016,
+    Alg. 1 and Thm. 1), computed in another order of additions, so the mechanism and ε are the same.
 
     `optimizer` None: ĝ is installed and the caller steps (one optimiser over many candidates).
     `before_update` runs before the optimiser may move a weight (the ledger counts the step there), and

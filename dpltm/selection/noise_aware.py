@@ -358,8 +358,9 @@ class EachCandidate:
              generator: torch.Generator, index: torch.Tensor | None = None) -> None:
         """One DP step of every candidate on the batch (x, y): rows `index` of the records given to
         `use_records` (None: no tables), each candidate's ĝ installed, then one optimiser step for all."""
+        self.steps = [dp if dp.generator is generator else replace(dp, generator=generator) for dp in self.steps]
         for dp in self.steps:
-            dp.apply(replace(dp, generator=generator).gradients(x, y, index))  # a frozen parameter: no ĝ, no update
+            dp.apply(dp.gradients(x, y, index))  # a frozen parameter gets no ĝ and no update
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

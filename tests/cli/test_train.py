@@ -248,19 +248,19 @@ def test_released_ema_is_recomputed_from_the_dp_iterates(data_root: Path, tmp_pa
                                                          monkeypatch: pytest.MonkeyPatch, invoke) -> None:
     """EMA weights are a function of the DP iterates only (issue 9): record every iterate of a run
     with a fixed noise seed, recompute the EMA by hand, and compare with the checkpoint."""
-    import dpltm.training.private as private_training
+    import dpltm.dp.step as dp_step
 
     invoke("generate", "--dataset", "mnist", "--data-dir", str(data_root), *FAST_GEN, "--out", str(tmp_path / "t.pt"))
     invoke("select", "--tickets", str(tmp_path / "t.pt"), "--best", "--out", str(tmp_path / "w.pt"))  # sparsest
 
     iterates: list[dict[str, torch.Tensor]] = []
-    apply = private_training.apply_gradients
+    apply = dp_step.apply_gradients
 
-    def recording(model, grads, optimizer):  # type: ignore[no-untyped-def]
-        apply(model, grads, optimizer)
+    def recording(model, grads, optimizer, **hooks):  # type: ignore[no-untyped-def]
+        apply(model, grads, optimizer, **hooks)
         iterates.append({k: v.detach().double().clone() for k, v in model.named_parameters()})
 
-    monkeypatch.setattr(private_training, "apply_gradients", recording)
+    monkeypatch.setattr(dp_step, "apply_gradients", recording)
     out = tmp_path / "m.pt"
     report = invoke("train", "--ticket", str(tmp_path / "w.pt"), "--dataset", "fashion-mnist", "--data-dir",
                     str(data_root), "--sigma", "1.0", "--ema", "0.9", "--ema-warmup", "--momentum", "0.5",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-import dpltm.training.private as private_training
+import dpltm.dp.step as dp_step
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.mechanism import NoiseContext
 from dpltm.errors import DpltmUserError
@@ -49,14 +49,14 @@ def dp_run(data: DatasetSplits, monkeypatch: pytest.MonkeyPatch, **recipe: Any
     theta0 = params_of(model)
     iterates: list[Params] = []
     grads: list[Params] = []
-    apply = private_training.apply_gradients
+    apply = dp_step.apply_gradients
 
-    def recording(model_: LeNet, grads_: Params, optimizer: torch.optim.Optimizer) -> None:
+    def recording(model_: LeNet, grads_: Params, optimizer: torch.optim.Optimizer, **hooks: Any) -> None:
         grads.append({k: v.detach().clone() for k, v in grads_.items()})
-        apply(model_, grads_, optimizer)
+        apply(model_, grads_, optimizer, **hooks)
         iterates.append(params_of(model_))
 
-    monkeypatch.setattr(private_training, "apply_gradients", recording)
+    monkeypatch.setattr(dp_step, "apply_gradients", recording)
     outcome = run_private(model, data, plan, settings, seed=7, epsilon_after=lambda steps: 0.0, progress=False,
                           noise_context=NoiseContext(model=model, masks=masks, clip=settings.clip,
                                                      private_dataset=data.name))
