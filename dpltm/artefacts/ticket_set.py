@@ -218,6 +218,16 @@ class TicketSet:
         return str(self.data["fingerprint"])
 
     @property
+    def rewind_step(self) -> int:
+        """K of late rewinding (`generate --rewind-step K`); 0: the rounds rewound to θ0."""
+        return 0 if self.rewind_point is None else int(self.rewind_point["step"])
+
+    @property
+    def rewind_weights(self) -> dict[str, torch.Tensor]:
+        """Where the rounds after the first start: θ_K once round 0 has kept it (late rewinding), else θ0."""
+        return self.theta0 if self.rewind_point is None else self.rewind_point["weights"]  # type: ignore[no-any-return]
+
+    @property
     def accuracies(self) -> tuple[float, ...]:
         """A per ticket: the validation accuracy of each round."""
         return tuple(float(t.val_accuracy) for t in self.tickets)

@@ -126,6 +126,11 @@ class Winner:
         return str(self.source_data["dataset"])
 
     @property
+    def rewind_step(self) -> int | None:
+        """K of the iterate of public training the ticket holds (`rewind_point`), or None."""
+        return None if self.rewind_point is None else int(self.rewind_point["step"])
+
+    @property
     def selection_event(self) -> DpEvent | None:
         """The selection rule's DpEvent (None for a private ticket: it was not selected)."""
         record = self.selection.get("dp_event")
