@@ -9,7 +9,7 @@ weights are the released network as it is, and the forward pass carries no mask 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn

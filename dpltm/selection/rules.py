@@ -22,8 +22,6 @@ from dpltm.errors import DpltmUserError
 if TYPE_CHECKING:
     from dp_accounting import DpEvent  # type: ignore[import-untyped]
 
-    from dpltm.artefacts import TicketSet
-
 
 @dataclass(frozen=True)
 class RuleSettings:
@@ -95,8 +93,9 @@ class SelectionRule:
             return events.selection_event(eps1)  # check_eps1 refuses None
         return NonPrivateDpEvent() if self.touches_ticket_data else NoOpDpEvent()
 
-    def select(self, tickets: TicketSet, settings: RuleSettings) -> Chosen:
-        """The winner of the ticket set `tickets` and its DpEvent."""
+    def select(self, tickets: Any, settings: RuleSettings) -> Chosen:
+        """The winner of the ticket set `tickets` (a `dpltm.artefacts.TicketSet`: named, not imported, since the
+        catalogue stays torch- and numpy-free) and its DpEvent."""
         if self.spends_eps1 != (settings.eps1 is not None):
             raise DpltmUserError(f"the {self.name} selection " + ("spends ε1: give --eps1" if self.spends_eps1 else
                                                                   "spends no ε1: drop --eps1"))

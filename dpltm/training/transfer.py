@@ -105,9 +105,9 @@ def model_from_ticket(ticket: Winner, num_features: int, num_classes: int,
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
     if num_features != first_in:
         if ticket.is_private_ticket:
-            raise DpltmUserError(f"this private ticket was made on {ticket.dataset} ({first_in} features) and this data has "
-                                 f"{num_features}: train it on the data it was made on, or make one on this data "
-                                 "with `dpltm generate --private --dataset …`")
+            raise DpltmUserError(f"this private ticket was made on {ticket.dataset} ({first_in} features) and this "
+                                 f"data has {num_features}: train it on the data it was made on, or make one on this "
+                                 "data with `dpltm generate --private --dataset …`")
         hint = (f"generate tickets with --project-to {num_features}" if arch.project_to is None
                 else f"its projection width is {arch.project_to}")
         raise DpltmUserError(
