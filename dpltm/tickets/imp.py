@@ -95,10 +95,10 @@ def resumable_set(cfg: GenerateConfig, data: DatasetSplits, out: Path) -> Ticket
     return tickets
 
 
-def _saved(tickets: TicketSet, out: Path, **changes: Any) -> TicketSet:
-    """`tickets` with `changes`, checked as a reader would check the file (a writer cannot save what a reader
+def _saved(ticket_set: TicketSet, out: Path, **changes: Any) -> TicketSet:
+    """`ticket_set` with `changes`, checked as a reader would check the file (a writer cannot save what a reader
     would refuse), and written to `out`."""
-    checked = TicketSet.from_payload(replace(tickets, **changes).to_dict())
+    checked = TicketSet.from_payload(replace(ticket_set, **changes).to_dict())
     save_atomic(checked.to_dict(), out, "tickets")
     return checked
 
