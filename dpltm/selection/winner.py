@@ -10,6 +10,7 @@ where the ticket set kept them, the chosen round's trained weights (`public_weig
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,14 +182,14 @@ CHOSEN_KEYS = {**SEARCH_FIXED_BY, "freeze": (*SEARCH_FIXED_BY["freeze"], *SEARCH
 `freeze` the start too (a frozen variant is defined at the public start)."""
 
 
-def chosen_training(winner: Winner | None) -> dict[str, Any] | None:
-    """The `train:` settings of the variant a winner's noise-aware choice chose, for the dimensions it searched
-    only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the --config file and
-    flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged record is
-    refused in one line."""
+def chosen_training(selection: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The `train:` settings of the variant the noise-aware choice of a winner (its `selection` record) chose, for
+    the dimensions it searched only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the
+    --config file and flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged
+    record is refused in one line."""
     from dpltm.settings import OUTPUT_LAYERS, SEARCHABLE
 
-    choice = None if winner is None else winner.selection.get("noise_aware")
+    choice = None if selection is None else selection.get("noise_aware")
     chosen = choice.get("chosen") if isinstance(choice, dict) else None
     if chosen is None:
         return None

@@ -50,7 +50,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     # layers and release a noise-aware choice chose for its winner (`select --search`).
     private_ticket = winner is not None and winner.is_private_ticket
     check_recipe_suits_ticket(cli.get("recipe"), winner)
-    chose = None if private_ticket or non_private else chosen_training(winner)
+    chose = None if winner is None or private_ticket or non_private else chosen_training(winner.selection)
     chosen = chose
     if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
         dropped = {key for dimension in fixed_dimensions(cli, config) for key in SEARCH_FIXED_BY[dimension]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,13 +111,13 @@ def test_the_choice_searches_theta_k_as_a_start(late: TicketSet, tiny_splits: Da
     choice = noise_aware_choice(late, tiny_splits, plan, seed=0, search=("start",))
     assert [(c.round, c.start) for c in choice.candidates] == [
         (t.round, s) for t in late.tickets for s in ("init", str(K), "public")]
-    record = SimpleNamespace(selection={"noise_aware": {**choice.to_json(), "chosen": {
-        "start": str(K), "freeze": [], "ema": None, "ema_warmup": False, "output_layer": "reinit"}}})
-    assert chosen_training(record) == {"train": {"rewind": str(K), "output_layer": "reinit"}}  # type: ignore[arg-type]
+    selection = {"noise_aware": {**choice.to_json(), "chosen": {
+        "start": str(K), "freeze": [], "ema": None, "ema_warmup": False, "output_layer": "reinit"}}}
+    assert chosen_training(selection) == {"train": {"rewind": str(K), "output_layer": "reinit"}}
     for written in (f"0{K}", K, "0"):  # a start as no writer stores it: the record is damaged
-        record.selection["noise_aware"]["chosen"]["start"] = written
+        selection["noise_aware"]["chosen"]["start"] = written
         with pytest.raises(DpltmUserError, match="damaged"):
-            chosen_training(record)  # type: ignore[arg-type]
+            chosen_training(selection)
     planned_k = noise_aware_choice(late, tiny_splits, replace(plan, start=str(K)), seed=0)
     assert {c.start for c in planned_k.candidates} == {str(K)}
 
