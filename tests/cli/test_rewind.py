@@ -69,8 +69,8 @@ def test_the_winner_carries_its_rounds_trained_weights(public_winner: Path, cli)
 
 
 def test_the_start_weights_by_output_layer(public_winner: Path) -> None:
-    ticket = load_winner(public_winner).to_dict()
-    public, theta0, masks = ticket["public_weights"], ticket["theta0"], ticket["masks"]
+    ticket = load_winner(public_winner)
+    public, theta0, masks = ticket.public_weights or {}, ticket.theta0, ticket.masks
     model, installed, record = model_from_ticket(ticket, 784, 10, seed=0, start="public")
     assert record["rewind"] == "public" and record["output_layer"] == "reinit"
     for key, value in model.state_dict().items():

@@ -96,8 +96,8 @@ def test_a_variant_that_clearly_beats_the_plan_wins_and_is_what_train_runs(ticke
     best = max(choice.candidates, key=lambda c: c.public_val_accuracy)
     assert best.start == "public" and best.gain_over_dense > 2 * best.gain_standard_error
     assert choice.candidates[choice.index * 2].round == tickets.tickets[choice.index].round
-    body = {"selection": {"noise_aware": json.loads(json.dumps(choice.to_json()))}}  # as the winner file holds it
-    assert chosen_training(body["selection"]) == {"train": {"rewind": "public", "output_layer": "keep"}}  # what it searched only
+    selection = {"noise_aware": json.loads(json.dumps(choice.to_json()))}  # as the winner file holds it
+    assert chosen_training(selection) == {"train": {"rewind": "public", "output_layer": "keep"}}  # searched only
     assert noise_aware_choice(tickets, tiny_splits, plan, seed=1).chosen is None
 
 
