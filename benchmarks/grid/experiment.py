@@ -225,7 +225,7 @@ class Experiment:
             body["public_weights"] = masked_weights(dense.trained or {}, masks)
             point = ticket_set.rewind_point
             if point is not None:
-                body["rewind_point"] = {"step": point["step"], "weights": masked_weights(point["weights"], masks)}
+                body["rewind_point"] = {"step": point.step, "weights": masked_weights(point.weights, masks)}
         body["selection"] = {**body["selection"], "method": "random"}
         path = self.model_dir / f"random-mask-{run.dataset}-{run.epsilon:g}-{run.seed}.pt"
         save_atomic(body, path, "ticket")

@@ -287,5 +287,5 @@ def make_winner(tickets: TicketSet, source: Path, selection: Selection, *,
         "source": {"tickets": str(source), "data": tickets.data, "config": tickets.config},
         "privacy": tickets.privacy, "selection": {**chosen, **record},
         "public_weights": ticket.trained,  # the round's trained weights (older ticket sets kept none)
-        "rewind_point": None if point is None else {"step": point["step"],
-                                                    "weights": masked_weights(point["weights"], ticket.masks)}})
+        "rewind_point": None if point is None else {"step": point.step,
+                                                    "weights": masked_weights(point.weights, ticket.masks)}})

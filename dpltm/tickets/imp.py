@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from dpltm import __version__
-from dpltm.artefacts import TicketRecord, TicketSet
+from dpltm.artefacts import RewindPoint, TicketRecord, TicketSet
 from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import config_hash, to_dict
 from dpltm.data.types import DatasetSplits
@@ -138,7 +138,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
             break
         record, snapshot = _run_round(model, tickets.rewind_weights, masks, data, cfg, k, progress, cuda_graphs)
         if snapshot is not None:  # round 0 of late rewinding: θ_K, where every later round starts
-            tickets = replace(tickets, rewind_point={"step": g.rewind_step, "weights": snapshot})
+            tickets = replace(tickets, rewind_point=RewindPoint(g.rewind_step, snapshot))
         controls = (_run_controls(arch, tickets.rewind_weights, masks, data, cfg, k, device, cuda_graphs, progress)
                     if g.controls and k > 0 else None)
         new_masks = prune_layerwise(prunable_weights(model), masks, rates)

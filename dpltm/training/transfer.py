@@ -35,11 +35,11 @@ from dpltm.networks.lenet import Architecture, LeNet, build_network
 from dpltm.settings import OUTPUT_LAYERS, late_rewind_step
 
 if TYPE_CHECKING:
-    from dpltm.artefacts import Winner
+    from dpltm.artefacts import RewindPoint, Winner
 
 
 def start_weights(theta0: dict[str, torch.Tensor], public: dict[str, torch.Tensor] | None,
-                  point: dict[str, Any] | None, arch: Architecture, start: str, output_layer: str,
+                  point: RewindPoint | None, arch: Architecture, start: str, output_layer: str,
                   num_classes: int) -> dict[str, torch.Tensor]:
     """The weights training starts from: θ0 (`init`), or a ticket's public-trained weights (`public`) or the
     iterate K of public training its `point` holds (`K`), each with θ0's output layer (`reinit`) or their own
@@ -64,17 +64,17 @@ def start_weights(theta0: dict[str, torch.Tensor], public: dict[str, torch.Tenso
     return {k: theta0[k] if k.startswith(output) else v for k, v in public.items()}
 
 
-def rewound_weights(point: dict[str, Any] | None, step: int) -> dict[str, torch.Tensor]:
+def rewound_weights(point: RewindPoint | None, step: int) -> dict[str, torch.Tensor]:
     """θ_K, a ticket's iterate `step` of public training (late rewinding: its `point`), or a one-line refusal
     naming what the ticket holds."""
     if point is None:
         raise DpltmUserError(f"--rewind {step}: this ticket holds no iterate of public training (its tickets "
                              "rewound to θ0); make them with generate --rewind-step K, or train with --rewind init "
                              "or public")
-    if int(point["step"]) != step:
-        raise DpltmUserError(f"--rewind {step}: this ticket holds iterate {point['step']} of public training "
-                             f"(generate --rewind-step {point['step']}); use --rewind {point['step']}, init or public")
-    return point["weights"]  # type: ignore[no-any-return]
+    if point.step != step:
+        raise DpltmUserError(f"--rewind {step}: this ticket holds iterate {point.step} of public training "
+                             f"(generate --rewind-step {point.step}); use --rewind {point.step}, init or public")
+    return point.weights
 
 
 def model_from_ticket(ticket: Winner, num_features: int, num_classes: int,

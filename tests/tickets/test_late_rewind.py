@@ -52,16 +52,16 @@ def _replayed(tickets: TicketSet, start: dict[str, torch.Tensor], ticket: Ticket
 def test_round_zero_keeps_its_iterate_k_and_later_rounds_start_there(late: TicketSet,
                                                                      tiny_splits: DatasetSplits) -> None:
     point = late.rewind_point
-    assert point is not None and late.rewind_step == K and set(point["weights"]) == set(late.theta0)
-    assert late.rewind_weights is point["weights"]
+    assert point is not None and late.rewind_step == K and set(point.weights) == set(late.theta0)
+    assert late.rewind_weights is point.weights
     dense, first = late.tickets[0], late.tickets[1]
     # θ_K is round 0's own iterate: K steps from θ0 on round 0's batches
     by_hand = _replayed(late, late.theta0, dense, K, tiny_splits)
-    for key, value in point["weights"].items():
+    for key, value in point.weights.items():
         torch.testing.assert_close(value, by_hand[key], rtol=1e-5, atol=1e-6)
-    assert not torch.equal(point["weights"]["hidden.0.weight"], late.theta0["hidden.0.weight"])
+    assert not torch.equal(point.weights["hidden.0.weight"], late.theta0["hidden.0.weight"])
     # round 1 starts from θ_K under its mask and trains I − K steps (not from θ0, not I steps)
-    again = _replayed(late, point["weights"], first, 30 - K, tiny_splits)
+    again = _replayed(late, point.weights, first, 30 - K, tiny_splits)
     for key, value in (first.trained or {}).items():
         torch.testing.assert_close(value, again[key], rtol=1e-5, atol=1e-6)
     assert len(first.loss_curve) == len(range(0, 30 - K, 5)) and len(dense.loss_curve) == 6
@@ -70,7 +70,7 @@ def test_round_zero_keeps_its_iterate_k_and_later_rounds_start_there(late: Ticke
 def test_the_set_stores_the_point_and_resumes_with_it(late: TicketSet, tiny_splits: DatasetSplits,
                                                       tmp_path: Path) -> None:
     stored = load_ticket_set(tmp_path / "late.pt")
-    assert stored.rewind_point is not None and stored.rewind_point["step"] == K
+    assert stored.rewind_point is not None and stored.rewind_point.step == K
     part = tmp_path / "part.pt"
     generate_tickets(late_config(), tiny_splits, part, progress=False, stop_after=1)
     resumed = generate_tickets(late_config(), tiny_splits, part, progress=False)
