@@ -48,17 +48,17 @@ def main(argv: list[str] | None = None) -> None:
     cfg = GenerateConfig(data=DataSettings(dataset="kmnist"), model=ModelSettings(activation="tanh"),
                          generate=GenerateSettings(rounds=args.rounds, iterations=20, batch_size=64))
     with tempfile.TemporaryDirectory() as folder:
-        payload = generate_tickets(cfg, public, Path(folder) / "t.pt", progress=False)
+        tickets = generate_tickets(cfg, public, Path(folder) / "t.pt", progress=False)
     plan = PlannedRun(noise_multiplier=4.65, expected_batch_size=1600, steps=args.steps, clip=1.0, lr=1.29,
                       activation="tanh", ema=0.999, ema_warmup=True, private_size=54000)
-    k = len(payload["tickets"])
+    k = len(tickets.tickets)
     modes = {0: "every candidate all T steps", **{h: f"halving, {h} rung(s) at steps {rung_steps(args.steps, h)}"
                                                   for h in args.halving}}
     times: dict[int, list[float]] = {h: [] for h in modes}
     for repeat in range(args.repeats):
         for halving in modes:
             start = time.perf_counter()
-            choice = noise_aware_choice(payload, public, plan, seed=repeat, halving=halving)
+            choice = noise_aware_choice(tickets, public, plan, seed=repeat, halving=halving)
             times[halving].append(time.perf_counter() - start)
             if repeat == 0:
                 work = sum(c.steps for c in choice.candidates) / (k * args.steps)

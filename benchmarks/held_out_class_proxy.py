@@ -107,14 +107,14 @@ def main() -> None:
                          seed=0)
     args.tickets.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    payload = among_rounds(generate_tickets(cfg, seen, args.tickets, progress=False), args.rounds)
+    tickets = among_rounds(generate_tickets(cfg, seen, args.tickets, progress=False), args.rounds)
     print(f"tickets on classes A: {time.perf_counter() - started:.0f} s; densities "
-          f"{[round(t['density'], 3) for t in payload['tickets']]}; public val accuracy on A "
-          f"{[round(t['val_accuracy'], 3) for t in payload['tickets']]}", flush=True)
+          f"{[round(t.density, 3) for t in tickets.tickets]}; public val accuracy on A "
+          f"{[round(t.val_accuracy, 3) for t in tickets.tickets]}", flush=True)
     known = parse_known(args.known)
     # The choice refuses data other than the tickets' own (its guard against a private proxy); classes B are the
     # same public split's other records, public too, and the point here is that the tickets never saw them.
-    payload = {**payload, "data": {**payload["data"], "fingerprint": unseen.fingerprint}}
+    tickets = dataclasses.replace(tickets, data={**tickets.data, "fingerprint": unseen.fingerprint})
     for eps in args.eps:
         settings, model = recipe_settings(args.recipe, eps, None)
         settings = dataclasses.replace(settings, rewind="public", output_layer="reinit")
@@ -126,7 +126,7 @@ def main() -> None:
         picks = []
         for seed in args.seeds:
             started = time.perf_counter()
-            choice = noise_aware_choice(payload, unseen, planned, seed=seed)
+            choice = noise_aware_choice(tickets, unseen, planned, seed=seed)
             scores.append([c.public_val_accuracy for c in choice.candidates])
             picks.append(choice.index)
             rows = ", ".join(f"C={c.density:.3f}:{c.public_val_accuracy:.3f} "
@@ -136,7 +136,7 @@ def main() -> None:
         mean = [statistics.mean(column) for column in zip(*scores)]
         print(f"ε={eps:g}: held-out-class proxy, mean over {len(args.seeds)} seed(s): "
               + " / ".join(f"{m:.3f}" for m in mean)
-              + f"; picks {[round(payload['tickets'][i]['density'], 3) for i in picks]}", flush=True)
+              + f"; picks {[round(tickets.tickets[i].density, 3) for i in picks]}", flush=True)
         for (dataset, at), private in sorted(known.items()):
             if at != eps or len(private) != len(mean):
                 continue

@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpltm.checkpoint import load_checkpoint
+from dpltm.checkpoint import load_ticket_set
 from dpltm.config import recipe_tree
 from dpltm.data import load_dataset
 from dpltm.devices import resolve_device
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.display import format_sigma
 from dpltm.selection.noise_aware import NoiseAwareChoice, PlannedRun, among_rounds, noise_aware_choice
-from dpltm.selection.winner import choose, noise_aware_selection, winner_payload
+from dpltm.selection.winner import choose, make_winner, noise_aware_selection
 from dpltm.settings import OUTPUT_LAYERS, TICKET_STARTS, DataSettings, ModelSettings, TrainConfig, TrainSettings
 from dpltm.tickets.data import reload_ticket_data
 from dpltm.training.pipeline import train
@@ -99,15 +99,15 @@ def main() -> None:
     args = parser.parse_args()
     try:  # a missing or foreign file, a bad device: one line, as the CLI says it
         device = resolve_device(args.device)
-        payload = load_checkpoint(args.tickets, "tickets")
+        tickets = load_ticket_set(args.tickets)
     except DpltmUserError as error:
         parser.error(str(error))
     if args.rounds is not None:  # as the grid's `noise_aware: {rounds: …}`
-        payload = among_rounds(payload, args.rounds)
-    public = reload_ticket_data(payload, args.data_dir).to(device)
+        tickets = among_rounds(tickets, args.rounds)
+    public = reload_ticket_data(tickets, args.data_dir).to(device)
     if args.score_on_train:  # the generalisation gap of the small public set left out of the proxy's score
         public = dataclasses.replace(public, val=public.train)
-    print(f"tickets {args.tickets}: densities {[round(t['density'], 3) for t in payload['tickets']]}", flush=True)
+    print(f"tickets {args.tickets}: densities {[round(t.density, 3) for t in tickets.tickets]}", flush=True)
     print("eps | method | seed | C | test acc | seconds", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         for eps in args.eps:
@@ -125,7 +125,7 @@ def main() -> None:
                 planned = PlannedRun.of(settings, plan, model.activation, len(data.train))
                 started = time.perf_counter()
                 if choice is None or not args.every_candidate:  # every candidate: one proxy ranking per ε
-                    choice = noise_aware_choice(payload, public, planned, seed=seed)
+                    choice = noise_aware_choice(tickets, public, planned, seed=seed)
                 choice_seconds = time.perf_counter() - started
                 print(f"# ε={eps:g} σ={format_sigma(plan.noise_multiplier)}: public accuracy under the planned noise "
                       + ", ".join(f"C={c.density:.3f}:{c.public_val_accuracy:.3f}" for c in choice.candidates)
@@ -133,19 +133,18 @@ def main() -> None:
                       flush=True)
                 if args.proxy_only:
                     continue
-                best_score = choose(payload, eps1=None, nu=50.0, seed=None)
+                best_score = choose(tickets, eps1=None, nu=50.0, seed=None)
                 winners: dict[str, Any]
                 if args.every_candidate:
-                    winners = {f"round {c.round}": winner_payload(
-                        payload, args.tickets, noise_aware_selection(dataclasses.replace(choice, index=k)), eps1=None,
+                    winners = {f"round {c.round}": make_winner(
+                        tickets, args.tickets, noise_aware_selection(dataclasses.replace(choice, index=k)), eps1=None,
                         nu=50.0, seeded=True, noise_aware=dataclasses.replace(choice, index=k))
                         for k, c in enumerate(choice.candidates)}
                 else:
                     winners = {
-                        "noise-aware": winner_payload(payload, args.tickets, noise_aware_selection(choice), eps1=None,
-                                                      nu=50.0, seeded=True, noise_aware=choice),
-                        "best-score": winner_payload(payload, args.tickets, best_score, eps1=None, nu=50.0,
-                                                     seeded=True),
+                        "noise-aware": make_winner(tickets, args.tickets, noise_aware_selection(choice), eps1=None,
+                                                   nu=50.0, seeded=True, noise_aware=choice),
+                        "best-score": make_winner(tickets, args.tickets, best_score, eps1=None, nu=50.0, seeded=True),
                         "dense": None,
                     }
                 for k, (method, winner) in enumerate(winners.items()):

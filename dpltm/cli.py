@@ -15,9 +15,8 @@ from dpltm.cli_runtime import emit_json, run_app, user_errors
 from dpltm.cli_views import (
     show_audit,
     show_export,
+    show_generated,
     show_predictions,
-    show_private_ticket,
-    show_tickets,
     show_training,
     show_winner,
 )
@@ -69,8 +68,7 @@ def _warn(line: str) -> None:
 def generate(request: GenerateRequest) -> None:
     """Phase 1: lottery tickets by iterative magnitude pruning (non-private), or with --private one
     ticket made on the private data by DP warm-up (end-to-end DP with the training that follows)."""
-    body, target = request.run()
-    (show_private_ticket if request.private else show_tickets)(body, target, request.json_out)
+    show_generated(*request.run(), request.json_out)
 
 
 @app.command()

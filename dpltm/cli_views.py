@@ -12,7 +12,7 @@ from dpltm.console import err_console, out_console
 from dpltm.privacy.display import format_epsilon
 
 if TYPE_CHECKING:
-    from dpltm.artefacts import Winner
+    from dpltm.artefacts import TicketSet, Winner
 
 
 def known_accuracy(value: float | None) -> float | None:
@@ -29,36 +29,31 @@ def _say(text: str) -> None:
     err_console.print(text, markup=False, highlight=False)
 
 
-def show_tickets(payload: dict[str, Any], target: Path, json_out: bool) -> None:
-    """`generate`: the ticket set's table, or its JSON view (phase 1's record with where it ran)."""
-    from dpltm.artefacts.ticket_set import phase1_view
+def show_generated(made: TicketSet | Winner, target: Path, json_out: bool) -> None:
+    """`generate`: the ticket set's table, or its JSON view (phase 1's record with where it ran); with
+    `--private` the ticket, what it spent (computed from its DpEvent), and how to train it."""
+    from dpltm.artefacts import Winner
     from dpltm.ticket_views import print_tickets, tickets_json
 
-    payload = {**payload, "privacy": phase1_view(payload["privacy"], payload["data"])}
-    if json_out:
-        emit_json({**tickets_json(payload), "output": str(target)})
+    if not isinstance(made, Winner):
+        if json_out:
+            emit_json({**tickets_json(made), "output": str(target)})
+            return
+        print_tickets(made, err_console)
+        err_console.print(f"ticket file: {target}")
         return
-    print_tickets(payload, err_console)
-    err_console.print(f"ticket file: {target}")
-
-
-def show_private_ticket(ticket: dict[str, Any], target: Path, json_out: bool) -> None:
-    """`generate --private`: the ticket, what it spent (computed from its DpEvent), and how to train it."""
-    from dpltm.artefacts import Winner
-
-    privacy = Winner.from_payload(ticket).privacy_view
-    summary = {"output": str(target), "density": ticket["density"], "layer_density": ticket["layer_density"],
-               "val_accuracy": known_accuracy(ticket["val_accuracy"]), "privacy": privacy,
-               "private_ticket": {k: v for k, v in ticket["private_ticket"].items() if k != "dp_event"}}
+    record = made.private_ticket or {}
+    privacy = made.privacy_view
     if json_out:
-        emit_json(summary)
+        emit_json({"output": str(target), "density": made.density, "layer_density": made.layer_density,
+                   "val_accuracy": known_accuracy(made.val_accuracy), "privacy": privacy,
+                   "private_ticket": {k: v for k, v in record.items() if k != "dp_event"}})
         return
-    out_console.print(f"private ticket: C={ticket['density']:.4f}, {accuracy_text(ticket['val_accuracy'])}",
+    out_console.print(f"private ticket: C={made.density:.4f}, {accuracy_text(made.val_accuracy)}",
                       markup=False, highlight=False)
     out_console.print(privacy["statement"], markup=False, highlight=False)
-    err_console.print(f"train it with: dpltm train --ticket {target} --dataset {ticket['source']['data']['dataset']} "
-                      f"(σ is calibrated so the whole run meets ε = "
-                      f"{format_epsilon(ticket['private_ticket']['epsilon_total'])})")
+    err_console.print(f"train it with: dpltm train --ticket {target} --dataset {made.dataset} (σ is calibrated so "
+                      f"the whole run meets ε = {format_epsilon(record['epsilon_total'])})")
 
 
 def show_winner(winner: Winner, target: Path, json_out: bool) -> None:

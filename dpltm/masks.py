@@ -8,8 +8,8 @@ weights are the released network as it is, and the forward pass carries no mask 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -55,9 +55,9 @@ def full_masks(model: nn.Module) -> Masks:
     return {n: torch.ones(w.shape, dtype=torch.bool) for n, w in prunable_weights(model).items()}
 
 
-def ticket_masks(record: dict[str, Any]) -> Masks:
-    """A ticket record's masks as bool tensors."""
-    return {k: v.to(torch.bool) for k, v in record["masks"].items()}
+def ticket_masks(masks: Mapping[str, Tensor]) -> Masks:
+    """Stored masks (a ticket record's, a ticket set's next ones) as bool tensors."""
+    return {k: v.to(torch.bool) for k, v in masks.items()}
 
 
 def rewind(model: nn.Module, theta0: dict[str, Tensor], masks: Masks) -> Masks:

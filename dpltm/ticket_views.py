@@ -3,35 +3,36 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+if TYPE_CHECKING:
+    from dpltm.artefacts import TicketSet
 
-def ticket_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+
+def ticket_rows(tickets: TicketSet) -> list[dict[str, Any]]:
     rows = []
-    for t in payload["tickets"]:
-        row = {
-            "round": t["round"],
-            "density": t["density"],
-            "layer_density": t["layer_density"],
-            "val_accuracy": t["val_accuracy"],
-            "final_loss": t["loss_curve"][-1] if t["loss_curve"] else None,
-        }
-        if "controls" in t:
-            row["controls"] = t["controls"]
+    for t in tickets.tickets:
+        row = {"round": t.round, "density": t.density, "layer_density": t.layer_density,
+               "val_accuracy": t.val_accuracy, "final_loss": t.loss_curve[-1] if t.loss_curve else None}
+        if t.controls is not None:
+            row["controls"] = t.controls
         rows.append(row)
     return rows
 
 
-def tickets_json(payload: dict[str, Any]) -> dict[str, Any]:
-    """Everything in a ticket file except tensors."""
-    skip = {"theta0", "tickets", "next_masks", "rewind_point"}
-    meta = {k: v for k, v in payload.items() if k not in skip}
-    point = payload.get("rewind_point")
-    return {**meta, "rewind_step": None if point is None else point["step"], "tickets": ticket_rows(payload)}
+def tickets_json(tickets: TicketSet, file_header: bool = False) -> dict[str, Any]:
+    """Everything in a ticket file except tensors (and, unless `file_header`, the format's header), phase 1's
+    record with where it ran."""
+    from dpltm.artefacts.format import HEADER_KEYS
+
+    skip = {"theta0", "tickets", "next_masks", "rewind_point", *(() if file_header else HEADER_KEYS)}
+    meta = {k: v for k, v in tickets.to_dict().items() if k not in skip}
+    return {**meta, "privacy": tickets.privacy_view, "rewind_step": tickets.rewind_step or None,
+            "tickets": ticket_rows(tickets)}
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -53,42 +54,38 @@ def _widths(arch: dict[str, Any]) -> str:
             + f"{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}")
 
 
-def print_tickets(payload: dict[str, Any], console: Console) -> None:
-    data = payload["data"]
-    arch = payload["architecture"]
-    layers = list(payload["tickets"][0]["layer_density"]) if payload["tickets"] else []
-    table = Table(title=f"tickets: {data['dataset']} ({data['split']} split), " + _widths(arch)
+def print_tickets(tickets: TicketSet, console: Console) -> None:
+    data, arch, rounds = tickets.data, tickets.architecture, tickets.tickets
+    layers = list(rounds[0].layer_density) if rounds else []
+    table = Table(title=f"tickets: {tickets.dataset} ({tickets.split} split), " + _widths(arch)
                         + (f", projection {arch['project_to']}" if arch.get("project_to") else ""))
     table.add_column("round", justify="right")
     table.add_column("C", justify="right")
     for name in layers:
         table.add_column(f"C {name.removesuffix('.weight')}", justify="right")
     table.add_column("val acc (A)", justify="right")
-    has_controls = any("controls" in t for t in payload["tickets"])
+    has_controls = any(t.controls is not None for t in rounds)
     if has_controls:
         table.add_column("reinit val", justify="right")
         table.add_column("random-mask val", justify="right")
-    for t in payload["tickets"]:
-        cells = [str(t["round"]), _fmt(t["density"])]
-        cells += [_fmt(t["layer_density"][n]) for n in layers]
-        cells += [_fmt(t["val_accuracy"])]
+    for t in rounds:
+        cells = [str(t.round), _fmt(t.density), *(_fmt(t.layer_density[n]) for n in layers), _fmt(t.val_accuracy)]
         if has_controls:
-            c = t.get("controls", {})
+            c = t.controls or {}
             cells += [_fmt(c.get("reinit", {}).get("val_accuracy")),
                       _fmt(c.get("random_mask", {}).get("val_accuracy"))]
         table.add_row(*cells)
     console.print(table)
-    status = "complete" if payload["complete"] else "INCOMPLETE (rerun generate to resume)"
-    console.print(f"status: {status}; {payload.get('stop_reason') or ''}")
-    point = payload.get("rewind_point")
-    if point is not None:
-        console.print(f"late rewinding: the rounds after the first rewound to θ_{point['step']}, the dense network "
-                      f"after {point['step']} steps (kept: train --rewind {point['step']} starts there)")
+    status = "complete" if tickets.complete else "INCOMPLETE (rerun generate to resume)"
+    console.print(f"status: {status}; {tickets.stop_reason or ''}")
+    k = tickets.rewind_step
+    if k:
+        console.print(f"late rewinding: the rounds after the first rewound to θ_{k}, the dense network "
+                      f"after {k} steps (kept: train --rewind {k} starts there)")
     sizes = " / ".join(f"{data.get(f'n_{part}', '?')} {part}" for part in ("train", "val", "test"))  # '?': not kept
-    console.print(f"data: {sizes}, "
-                  f"fingerprint {data['fingerprint']}; seed {payload['seed']}; "
-                  f"generation time {payload.get('wall_seconds', 0):.0f} s")
-    console.print(f"privacy: phase 1 ran WITHOUT privacy on {data['dataset']} ({data['split']}). "
+    console.print(f"data: {sizes}, fingerprint {tickets.fingerprint}; seed {tickets.seed}; "
+                  f"generation time {tickets.wall_seconds or 0:.0f} s")
+    console.print(f"privacy: phase 1 ran WITHOUT privacy on {tickets.dataset} ({tickets.split}). "
                   "DP training on this same data would not be end-to-end DP; on other data these "
                   "tickets are public.")
 

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpltm.checkpoint import load_checkpoint, load_trained_model
+from dpltm.checkpoint import load_checkpoint, load_ticket_set, load_trained_model, load_winner
 from dpltm.config import config_hash, read_yaml
 from dpltm.data import load_dataset
 from dpltm.data.types import DatasetSplits
@@ -63,7 +63,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.outputs import write_text_atomic
 from dpltm.privacy.display import format_sigma
 from dpltm.selection.noise_aware import among_rounds
-from dpltm.selection.winner import Selection, choose, winner_payload
+from dpltm.selection.winner import Selection, choose, make_winner
 from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings, TrainConfig, TrainSettings
 from dpltm.tickets.data import data_to_check
 from dpltm.tickets.imp import generate_tickets
@@ -178,29 +178,29 @@ class Experiment:
         return path
 
     def winner(self, tickets: Path, run: Run, how: str, dense_only: bool = False) -> Path:
-        payload = load_checkpoint(tickets, "tickets")
+        ticket_set = load_ticket_set(tickets)
         if dense_only:  # the dense network IMP trained on the public data (round 0): fine-tuning's start
-            payload = among_rounds(payload, ())
+            ticket_set = among_rounds(ticket_set, ())
         nu = float(self.spec["nu"])
         eps1 = None
         if how == "exponential":
             eps1 = self.spec["selection_fraction"] * run.epsilon
-            selection = choose(payload, eps1=eps1, nu=nu, seed=None)  # fresh CSPRNG coins
+            selection = choose(ticket_set, eps1=eps1, nu=nu, seed=None)  # fresh CSPRNG coins
         elif how == "best":
-            selection = choose(payload, eps1=None, nu=nu, seed=None)
+            selection = choose(ticket_set, eps1=None, nu=nu, seed=None)
         else:  # uniformly random ticket (Table 2's control)
             rng = np.random.default_rng(run.seed)
-            index = int(rng.integers(len(payload["tickets"])))
-            base = choose(payload, eps1=None, nu=nu, seed=None)
-            selection = Selection(index, base.scores, np.full(len(payload["tickets"]), 1 / len(payload["tickets"])),
-                                  base.sensitivity, True, math.nan)
-        winner = winner_payload(payload, tickets, selection, eps1=eps1, nu=nu, seeded=how != "exponential")
+            k = len(ticket_set.tickets)
+            base = choose(ticket_set, eps1=None, nu=nu, seed=None)
+            selection = Selection(int(rng.integers(k)), base.scores, np.full(k, 1 / k), base.sensitivity, True,
+                                  math.nan)
+        winner = make_winner(ticket_set, tickets, selection, eps1=eps1, nu=nu, seeded=how != "exponential")
         if how == "random":
-            winner["selection"]["method"] = "random"
+            winner = dataclasses.replace(winner, selection={**winner.selection, "method": "random"})
         path = self.model_dir / f"winner-{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
         from dpltm.checkpoint import save_atomic
 
-        save_atomic(winner, path, "ticket")
+        save_atomic(winner.to_dict(), path, "ticket")
         return path
 
     def random_mask(self, winner_path: Path, run: Run, public_tickets: Path | None = None) -> Path:
@@ -220,12 +220,12 @@ class Experiment:
         if public_tickets is not None:
             from dpltm.masks import masked_weights
 
-            ticket_set = load_checkpoint(public_tickets, "tickets")
-            dense = among_rounds(ticket_set, ())["tickets"][0]
-            body["public_weights"] = masked_weights(dense["trained"], masks)
-            if ticket_set.get("rewind_point") is not None:
-                point = ticket_set["rewind_point"]
-                body["rewind_point"] = {"step": point["step"], "weights": masked_weights(point["weights"], masks)}
+            ticket_set = load_ticket_set(public_tickets)
+            dense = ticket_set.tickets[0]  # round 0
+            body["public_weights"] = masked_weights(dense.trained or {}, masks)
+            point = ticket_set.rewind_point
+            if point is not None:
+                body["rewind_point"] = {"step": point.step, "weights": masked_weights(point.weights, masks)}
         body["selection"] = {**body["selection"], "method": "random"}
         path = self.model_dir / f"random-mask-{run.dataset}-{run.epsilon:g}-{run.seed}.pt"
         save_atomic(body, path, "ticket")
@@ -245,10 +245,10 @@ class Experiment:
         from dpltm.selection.winner import noise_aware_selection
         from dpltm.training.plan import plan_training
 
-        payload = load_checkpoint(tickets, "tickets")
+        ticket_set = load_ticket_set(tickets)
         rounds = self.spec.get("noise_aware", {}).get("rounds")
         if rounds is not None:  # a subset of candidates (the dense round 0 always among them)
-            payload = among_rounds(payload, rounds)
+            ticket_set = among_rounds(ticket_set, rounds)
         # The per-record split makes N differ by a few dozen records between seeds (and MNIST vs
         # Fashion-MNIST), which moves σ by about 0.1 %: the grid plans the choice for N rounded to
         # two significant digits, so runs that differ only by that share one choice (the CLI plans
@@ -258,18 +258,17 @@ class Experiment:
         planned = PlannedRun.of(settings, plan, self.model_settings(run.dataset).activation, nominal)
         halving = int(self.spec.get("noise_aware", {}).get("halving", 0))
         search = check_search(self.spec.get("noise_aware", {}).get("search", ()))
-        key = json.dumps({"tickets": tickets.name, "rounds": [t["round"] for t in payload["tickets"]],
+        key = json.dumps({"tickets": tickets.name, "rounds": [t.round for t in ticket_set.tickets],
                           "plan": dataclasses.asdict(planned), **({"halving": halving} if halving else {}),
                           **({"search": list(search)} if search else {})},
                          sort_keys=True)
         cache = self.out_dir / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
         if not cache.exists():
-            source = payload["data"]
-            public = self.data(source["dataset"], source["split"], int(payload["config"].get("seed", 0)))
+            public = self.data(ticket_set.dataset, ticket_set.split, int(ticket_set.config.get("seed", 0)))
             print(f"noise-aware choice for σ={format_sigma(plan.noise_multiplier)}, T={plan.steps} on "
                   f"{tickets.name}", flush=True)
             started = time.perf_counter()
-            choice = noise_aware_choice(payload, public, planned, seed=None, halving=halving, search=search)
+            choice = noise_aware_choice(ticket_set, public, planned, seed=None, halving=halving, search=search)
             cache.parent.mkdir(exist_ok=True)
             write_text_atomic(json.dumps({**choice.to_json(), "key": json.loads(key),
                                           "seconds": round(time.perf_counter() - started, 1)}, indent=1), cache)
@@ -281,12 +280,12 @@ class Experiment:
         choice = NoiseAwareChoice(stored["index"], [Candidate(**c) for c in stored["candidates"]], planned,
                                   stored["public_data"], tuple(stored.get("halving_rungs", ())),
                                   tuple(stored.get("searched", ())), variant)
-        winner = winner_payload(payload, tickets, noise_aware_selection(choice), eps1=None,
-                                nu=float(self.spec["nu"]), seeded=True, noise_aware=choice)
+        winner = make_winner(ticket_set, tickets, noise_aware_selection(choice), eps1=None,
+                             nu=float(self.spec["nu"]), seeded=True, noise_aware=choice)
         path = self.model_dir / f"winner-{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
         from dpltm.checkpoint import save_atomic
 
-        save_atomic(winner, path, "ticket")
+        save_atomic(winner.to_dict(), path, "ticket")
         if variant is not None:
             settings = dataclasses.replace(settings, rewind=variant.start, freeze=variant.freeze, ema=variant.ema,
                                            ema_warmup=variant.ema_warmup, output_layer=variant.output_layer)
@@ -387,7 +386,7 @@ class Experiment:
         cfg = TrainConfig(data=DataSettings(dataset=run.dataset, split=run.split), train=settings,
                           model=self.model_settings(run.dataset), seed=run.seed)
         out = self.model_dir / f"{run.dataset}-{run.method}-{run.epsilon:g}-{run.seed}.pt"
-        ticket = load_checkpoint(ticket_path, "ticket") if ticket_path else None
+        ticket = load_winner(ticket_path) if ticket_path else None
         started = time.perf_counter()
         prep_seconds = started - prepared  # tickets, choice or DP warm-up (cached parts: only the first run)
         # noise_seed=None: a fresh OS-CSPRNG seed per run, never stored (module docstring)
@@ -397,7 +396,7 @@ class Experiment:
                        ticket_data_unchecked=unchecked)
         report["seconds"] = time.perf_counter() - started
         history = list(load_trained_model(out).history)
-        ticket_round = ticket["round"] if ticket else None
+        ticket_round = ticket.round if ticket else None
         row = {
             "dataset": run.dataset, "method": run.method, "epsilon_target": f"{run.epsilon:g}", "seed": run.seed,
             "test_accuracy": report["test_accuracy"], "val_accuracy": report["val_accuracy"],

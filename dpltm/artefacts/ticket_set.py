@@ -142,16 +142,28 @@ def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: An
         raise damaged(path, kind, f"'{where}.{acting}' is non-zero where the mask prunes it")
 
 
-def check_rewind_point(point: Mapping[str, Any], reference: Mapping[str, Any], where: str, kind: str,
-                       path: Path | str) -> int:
-    """A late-rewinding point, {"step": K ≥ 1, "weights": θ_K with θ0's keys, shapes and floating dtypes}; its K."""
-    check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
-    step = typed(point, "step", (int,), f"{where}.", path, kind)
-    if step < 1:  # `typed` takes a bool only where one is asked for
-        raise damaged(path, kind, f"'{where}.step' must be a step ≥ 1 of public training, got {step!r}")
-    weights = typed(point, "weights", (dict,), f"{where}.", path, kind)
-    check_tensors(weights, reference, f"{where}.weights", kind, path, check_dtype=True)
-    return int(step)
+@dataclass(frozen=True)
+class RewindPoint:
+    """Late rewinding (`generate --rewind-step K`, Frankle et al. 2020): θ_K, the dense network's weights after
+    K ≥ 1 steps of public training, where the rounds after the first started (a winner holds it under its mask)."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "weights": self.weights}
+
+    @classmethod
+    def from_dict(cls, point: Mapping[str, Any], reference: Mapping[str, Any], where: str, kind: str,
+                  path: Path | str) -> RewindPoint:
+        """{"step": K ≥ 1, "weights": θ_K}, checked: θ_K with θ0's keys, shapes and floating dtypes."""
+        check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
+        step = typed(point, "step", (int,), f"{where}.", path, kind)
+        if step < 1:  # `typed` takes a bool only where one is asked for
+            raise damaged(path, kind, f"'{where}.step' must be a step ≥ 1 of public training, got {step!r}")
+        weights = typed(point, "weights", (dict,), f"{where}.", path, kind)
+        check_tensors(weights, reference, f"{where}.weights", kind, path, check_dtype=True)
+        return cls(int(step), weights)
 
 
 def check_phase1(privacy: Mapping[str, Any], path: Path | str, kind: str) -> dict[str, Any]:
@@ -199,9 +211,8 @@ class TicketSet:
     selection_draws: tuple[float, ...] | None = None
     environment: dict[str, Any] | None = None
     """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
-    rewind_point: dict[str, Any] | None = None
-    """Late rewinding (`generate --rewind-step K`): {"step": K, "weights": θ_K}, the dense network's weights
-    after K steps of public training, where every round after the first started; None: rounds rewound to θ0."""
+    rewind_point: RewindPoint | None = None
+    """Late rewinding's θ_K, where every round after the first started; None: rounds rewound to θ0."""
 
     # ---- computed facts -------------------------------------------------------------------
 
@@ -216,6 +227,16 @@ class TicketSet:
     @property
     def fingerprint(self) -> str:
         return str(self.data["fingerprint"])
+
+    @property
+    def rewind_step(self) -> int:
+        """K of late rewinding (`generate --rewind-step K`); 0: the rounds rewound to θ0."""
+        return 0 if self.rewind_point is None else self.rewind_point.step
+
+    @property
+    def rewind_weights(self) -> dict[str, torch.Tensor]:
+        """Where the rounds after the first start: θ_K once round 0 has kept it (late rewinding), else θ0."""
+        return self.theta0 if self.rewind_point is None else self.rewind_point.weights
 
     @property
     def accuracies(self) -> tuple[float, ...]:
@@ -241,7 +262,8 @@ class TicketSet:
             "dpltm_version": self.dpltm_version, "config": self.config, "config_hash": self.config_hash,
             "architecture": self.architecture, "prune_rates": self.prune_rates, "seed": self.seed,
             "data": self.data, "theta0": self.theta0, "privacy": self.privacy,
-            "tickets": [t.to_dict() for t in self.tickets], "rewind_point": self.rewind_point,
+            "tickets": [t.to_dict() for t in self.tickets],
+            "rewind_point": None if self.rewind_point is None else self.rewind_point.to_dict(),
             "next_masks": self.next_masks,
             "complete": self.complete, "stop_reason": self.stop_reason, "wall_seconds": self.wall_seconds,
         }
@@ -295,9 +317,10 @@ class TicketSet:
                 check_trained(ticket.trained, ticket.masks, arch, f"tickets[{i}].trained", KIND, path)
         if optional["next_masks"] is not None:
             check_tensors(optional["next_masks"], masks, "next_masks", KIND, path, check_dtype=False)
-        rewind_point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
-        step = (None if rewind_point is None
-                else check_rewind_point(rewind_point, reference_theta0(arch), "rewind_point", KIND, path))
+        point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
+        rewind_point = (None if point is None
+                        else RewindPoint.from_dict(point, reference_theta0(arch), "rewind_point", KIND, path))
+        step = None if rewind_point is None else rewind_point.step
         generate = config.get("generate")
         configured = generate.get("rewind_step", 0) if isinstance(generate, dict) else 0
         if (step or 0) != configured:  # round 0, the first record, keeps θ_K: the two agree in every written file

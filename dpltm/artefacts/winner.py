@@ -37,7 +37,7 @@ from dpltm.artefacts.format import (
     reference_theta0,
     typed,
 )
-from dpltm.artefacts.ticket_set import check_phase1, check_rewind_point, check_trained, parse_event, phase1_view
+from dpltm.artefacts.ticket_set import RewindPoint, check_phase1, check_trained, parse_event, phase1_view
 
 if TYPE_CHECKING:
     import torch
@@ -101,9 +101,9 @@ class Winner:
     public_weights: dict[str, torch.Tensor] | None = None
     """The chosen ticket's weights at the end of its public training round (θ0's keys, zero where the mask
     prunes): `train --rewind public` starts from them. None for a private ticket and in older files."""
-    rewind_point: dict[str, Any] | None = None
-    """{"step": K, "weights": θ_K under the mask}: the dense network's weights K steps into public training, where
-    the set's rounds rewound to (late rewinding) and `train --rewind K` starts. None: rounds rewound to θ0."""
+    rewind_point: RewindPoint | None = None
+    """θ_K under the mask, where the set's rounds rewound to (late rewinding) and `train --rewind K` starts. None:
+    rounds rewound to θ0."""
 
     # ---- computed facts -------------------------------------------------------------------
 
@@ -124,6 +124,11 @@ class Winner:
     @property
     def dataset(self) -> str:
         return str(self.source_data["dataset"])
+
+    @property
+    def rewind_step(self) -> int | None:
+        """K of the iterate of public training the ticket holds (`rewind_point`), or None."""
+        return None if self.rewind_point is None else self.rewind_point.step
 
     @property
     def selection_event(self) -> DpEvent | None:
@@ -198,7 +203,7 @@ class Winner:
         if self.public_weights is not None:
             body["public_weights"] = self.public_weights
         if self.rewind_point is not None:
-            body["rewind_point"] = self.rewind_point
+            body["rewind_point"] = self.rewind_point.to_dict()
         if self.environment is not None:
             body["environment"] = self.environment
         return body
@@ -241,8 +246,8 @@ class Winner:
             parse_event(selection["dp_event"], "selection.dp_event", path, KIND)
         private_ticket = _typed(body, "private_ticket", (dict,), "", path, optional=method != PRIVATE_METHOD)
         public_weights = _typed(body, "public_weights", (dict,), "", path, optional=True)
-        rewind_point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
-        for key, held in (("public_weights", public_weights), ("rewind_point", rewind_point)):
+        point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
+        for key, held in (("public_weights", public_weights), ("rewind_point", point)):
             if method == PRIVATE_METHOD and held is not None:
                 raise _damaged(path, f"a private ticket holds '{key}' (it was made on private data)")
         if method == PRIVATE_METHOD:
@@ -258,9 +263,10 @@ class Winner:
         _check_copies(density, layer_density, masks, selection, path)
         if public_weights is not None:
             check_trained(public_weights, masks, arch, "public_weights", KIND, path)
+        rewind_point = (None if point is None
+                        else RewindPoint.from_dict(point, reference_theta0(arch), "rewind_point", KIND, path))
         if rewind_point is not None:
-            check_rewind_point(rewind_point, reference_theta0(arch), "rewind_point", KIND, path)
-            check_trained(rewind_point["weights"], masks, arch, "rewind_point.weights", KIND, path)
+            check_trained(rewind_point.weights, masks, arch, "rewind_point.weights", KIND, path)
         return cls(architecture=architecture, theta0=theta0, masks=masks, density=density,
                    layer_density=layer_density, round=round_, val_accuracy=val_accuracy,  # type: ignore[arg-type]
                    source=source, privacy=privacy, selection=selection, private_ticket=private_ticket,

@@ -47,6 +47,7 @@ from dpltm.settings import check_search
 from dpltm.training.transfer import start_weights
 
 if TYPE_CHECKING:
+    from dpltm.artefacts import TicketRecord, TicketSet
     from dpltm.settings import TrainSettings
     from dpltm.training.plan import TrainPlan
 
@@ -63,10 +64,10 @@ def tan_proxy(batch: int, sigma: float, private_size: int, public_size: int,
     return scaled, sigma * scaled / batch
 
 
-def among_rounds(payload: dict[str, Any], rounds: Any) -> dict[str, Any]:
+def among_rounds(tickets: TicketSet, rounds: Any) -> TicketSet:
     """The ticket set with only the tickets of `rounds` as candidates; the dense round 0 always among them."""
     keep = set(rounds) | {0}
-    return {**payload, "tickets": [t for t in payload["tickets"] if t["round"] in keep]}
+    return replace(tickets, tickets=tuple(t for t in tickets.tickets if t.round in keep))
 
 
 @dataclass(frozen=True)
@@ -258,49 +259,47 @@ class NoiseAwareChoice:
         return list(best.values())
 
 
-def candidate_models(payload: dict[str, Any], device: torch.device, activation: str | None = None,
+def candidate_models(tickets: TicketSet, device: torch.device, activation: str | None = None,
                      start: str = "init", output_layer: str = "reinit",
                      freeze: tuple[str, ...] = ()) -> tuple[list[torch.nn.Module], list[Masks]]:
     """Every ticket of a ticket set as a network at its planned start and its mask (round 0 is the dense
     one): θ0, (`start="public"`) the weights its public IMP round ended with, or (a step K) the set's θ_K, as
     `train --rewind` would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
     differs from the tickets' own."""
-    built = [candidate_model(payload, ticket, device, activation, start, output_layer, freeze)
-             for ticket in payload["tickets"]]
+    built = [candidate_model(tickets, ticket, device, activation, start, output_layer, freeze)
+             for ticket in tickets.tickets]
     return [model for model, _, _ in built], [ms for _, ms, _ in built]
 
 
-def candidate_model(payload: dict[str, Any], ticket: dict[str, Any], device: torch.device, activation: str | None,
+def candidate_model(tickets: TicketSet, ticket: TicketRecord, device: torch.device, activation: str | None,
                     start: str, output_layer: str, freeze: tuple[str, ...],
                     ) -> tuple[torch.nn.Module, Masks, dict[str, torch.Tensor]]:
     """One ticket as a network at `start` with `freeze` held, its masks, and the start weights."""
-    arch = Architecture.from_dict(payload["architecture"])
+    arch = Architecture.from_dict(tickets.architecture)
     if activation is not None:
         arch = replace(arch, activation=activation)
-    as_winner = {"theta0": payload["theta0"], "public_weights": ticket.get("trained"),
-                 "rewind_point": payload.get("rewind_point"), "architecture": payload["architecture"]}
-    weights = start_weights(as_winner, start, output_layer, arch.num_classes)
+    weights = start_weights(tickets.theta0, ticket.trained, tickets.rewind_point, arch, start, output_layer,
+                            arch.num_classes)
     model = build_network(arch).to(device)
-    masks = rewind(model, weights, ticket_masks(ticket))
+    masks = rewind(model, weights, ticket_masks(ticket.masks))
     freeze_layers_(model, freeze)
     return model, masks, weights
 
 
-def _searched_models(payload: dict[str, Any], plan: PlannedRun, search: tuple[str, ...], device: torch.device,
+def _searched_models(tickets: TicketSet, plan: PlannedRun, search: tuple[str, ...], device: torch.device,
                      ) -> tuple[list[torch.nn.Module], list[Masks], list[tuple[int, str, tuple[str, ...]]]]:
     """Every (ticket, start, frozen layers) the choice trains, the plan's own first for each ticket; a
     variant is left out where the ticket has no public weights (an older ticket set) and where it would
     train exactly as one before it (e.g. a public start whose only trained layer is re-initialised)."""
-    arch = Architecture.from_dict(payload["architecture"])
-    point = payload.get("rewind_point")
-    trainings = searched_trainings(plan, search, freezable_first_layer(arch), point and int(point["step"]))
+    arch = Architecture.from_dict(tickets.architecture)
+    trainings = searched_trainings(plan, search, freezable_first_layer(arch), tickets.rewind_step or None)
     models, masks, rows = [], [], []
-    for k, ticket in enumerate(payload["tickets"]):
+    for k, ticket in enumerate(tickets.tickets):
         seen: list[tuple[dict[str, torch.Tensor], tuple[str, ...]]] = []
         for j, (start, freeze) in enumerate(trainings):
-            if j and start == "public" and ticket.get("trained") is None:
+            if j and start == "public" and ticket.trained is None:
                 continue
-            model, ms, weights = candidate_model(payload, ticket, device, plan.activation, start,
+            model, ms, weights = candidate_model(tickets, ticket, device, plan.activation, start,
                                                  plan.output_layer if start != "init" else "reinit", freeze)
             if any(frozen == freeze and weights.keys() == w.keys() and all(torch.equal(weights[n], w[n]) for n in w)
                    for w, frozen in seen):
@@ -393,10 +392,10 @@ def halving_keep(correct: torch.Tensor) -> list[int]:
     return [0, *sorted(tickets[:math.ceil(len(tickets) / 2)])]
 
 
-def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: PlannedRun, *,
+def noise_aware_choice(tickets: TicketSet, public: DatasetSplits, plan: PlannedRun, *,
                        seed: int | None = None, halving: int = 0, search: tuple[str, ...] = (),
                        on_progress: Callable[[int, int], None] | None = None) -> NoiseAwareChoice:
-    """Train every ticket of `payload` under `plan` on `public` (its own data) and pick the best.
+    """Train every ticket of `tickets` under `plan` on `public` (its own data) and pick the best.
 
     `search` (SEARCHABLE): the choice also tries each ticket from the other start, with the first layer
     frozen at its public weights, and scores both the final iterate and an EMA of the same run; every
@@ -409,10 +408,10 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
     as planned and the better half of the others train on; a dropped candidate reports
     its score at the step it stopped (`Candidate.steps`). Five candidates with R = 2 cost 3 full runs
     instead of 5. The winner is chosen among those that trained all T steps, by the same rule."""
-    if public.fingerprint != payload["data"]["fingerprint"]:
+    if public.fingerprint != tickets.fingerprint:
         raise DpltmUserError("the noise-aware choice runs on the tickets' own (public) data: the data given "
                              f"({public.name}, {public.source_split}) is not the data that made them")
-    if not payload["tickets"] or payload["tickets"][0]["density"] != 1.0:
+    if not tickets.tickets or tickets.tickets[0].density != 1.0:
         raise DpltmUserError("the ticket set has no dense round 0: the dense network must be a candidate")
     search = check_search(search)
     rungs = rung_steps(plan.steps, halving)
@@ -425,7 +424,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         raise DpltmUserError("the tickets' data has no validation records to compare the candidates on")
     proxy = replace(plan, expected_batch_size=batch, noise_multiplier=sigma)  # what the candidates train under
     device = public.train.labels.device
-    models, masks, trainings = _searched_models(payload, plan, search, device)
+    models, masks, trainings = _searched_models(tickets, plan, search, device)
     releases = searched_releases(plan, search)
     public = network_inputs(models[0], public)  # a fixed front end's cached features (dpltm.feature_cache)
     stack: StackedMLP | EachCandidate = (
@@ -466,7 +465,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         if step + 1 in rungs and len(alive) > 2:
             correct = _released_correct(stack, averaged, public, releases)  # (networks, releases, n)
             keep = halving_keep(_best_release(correct))
-            scored.update({key: c for key, c in _scored(payload, trainings, releases, alive, correct, step + 1).items()
+            scored.update({key: c for key, c in _scored(tickets, trainings, releases, alive, correct, step + 1).items()
                            if alive.index(key[0]) not in keep})
             alive = [alive[k] for k in keep]
             halved.append(step + 1)
@@ -474,7 +473,7 @@ def noise_aware_choice(payload: dict[str, Any], public: DatasetSplits, plan: Pla
         if on_progress is not None:
             on_progress(step + 1, plan.steps)
     correct = _released_correct(stack, averaged, public, releases)
-    finished = _scored(payload, trainings, releases, alive, correct, plan.steps)
+    finished = _scored(tickets, trainings, releases, alive, correct, plan.steps)
     scored.update(finished)
     keys = list(finished)  # the reference (network 0 as planned, the plan's release) first
     accuracy, gains, se = (torch.tensor([[c.public_val_accuracy, c.gain_over_dense, c.gain_standard_error]
@@ -497,7 +496,7 @@ def poisson_steps(n: int, sample_rate: float, steps: int, generator: torch.Gener
         yield from poisson_batches_at_once(n, sample_rate, min(block, steps - start), generator, device)
 
 
-def _scored(payload: dict[str, Any], trainings: list[tuple[int, str, tuple[str, ...]]],
+def _scored(tickets: TicketSet, trainings: list[tuple[int, str, tuple[str, ...]]],
             releases: list[tuple[float | None, bool]], alive: list[int], correct: torch.Tensor,
             steps: int) -> dict[tuple[int, int], Candidate]:
     """The candidates of the networks `alive` (rows of `correct`, (networks, releases, n), the reference
@@ -510,9 +509,9 @@ def _scored(payload: dict[str, Any], trainings: list[tuple[int, str, tuple[str, 
     for row, (s, g, e) in enumerate(zip(scores.tolist(), gains.tolist(), se.tolist())):
         network, release = alive[row // len(releases)], row % len(releases)
         ticket, start, freeze = trainings[network]
-        t = payload["tickets"][ticket]
+        t = tickets.tickets[ticket]
         decay, warmup = releases[release]
-        out[(network, release)] = Candidate(t["round"], float(t["density"]), float(s), float(g), float(e), steps,
+        out[(network, release)] = Candidate(t.round, float(t.density), float(s), float(g), float(e), steps,
                                             start, freeze, decay, warmup)
     return out
 

@@ -1,6 +1,6 @@
 """The selection rules of phase 2 and what each can do: the one list `dpltm select` reads.
 
-Adding a selection rule: one function `(payload, RuleSettings) -> Selection` (like those in
+Adding a selection rule: one function `(TicketSet, RuleSettings) -> Selection` (like those in
 dpltm/selection/winner.py) and one `SelectionRule` line below. `stage_select` picks a rule by name, the
 winner file records its name as `selection.method`, its privacy event is derived from the capabilities it
 declares (`SelectionRule.event`), and the training ledger reads the same capabilities back from that name
@@ -58,7 +58,7 @@ class SelectionRule:
     name: str
     """Also the winner file's `selection.method`: renaming a rule orphans the winners written under it."""
     target: str
-    """`module:function`, `(payload, RuleSettings) -> Selection`, imported on first use."""
+    """`module:function`, `(TicketSet, RuleSettings) -> Selection`, imported on first use."""
     spends_eps1: bool = False
     """Its pick is ε1-DP and ε1-bounded-range on the ticket data, like the exponential mechanism (McSherry &
     Talwar 2007, Thm 6; Durfee & Rogers 2019): the ledger records it as ε1²/8-zCDP (Cesar & Rogers 2021) and
@@ -93,14 +93,15 @@ class SelectionRule:
             return events.selection_event(eps1)  # check_eps1 refuses None
         return NonPrivateDpEvent() if self.touches_ticket_data else NoOpDpEvent()
 
-    def select(self, payload: dict[str, Any], settings: RuleSettings) -> Chosen:
-        """The winner of the ticket set `payload` and its DpEvent."""
+    def select(self, tickets: Any, settings: RuleSettings) -> Chosen:
+        """The winner of the ticket set `tickets` (a `dpltm.artefacts.TicketSet`: named, not imported, since the
+        catalogue stays torch- and numpy-free) and its DpEvent."""
         if self.spends_eps1 != (settings.eps1 is not None):
             raise DpltmUserError(f"the {self.name} selection " + ("spends ε1: give --eps1" if self.spends_eps1 else
                                                                   "spends no ε1: drop --eps1"))
         if self.needs_planned_run and settings.planned_run is None:
             raise DpltmUserError(f"the {self.name} selection needs the planned private run (--private-size …)")
-        return Chosen(self.load()(payload, settings), self.event(settings.eps1))
+        return Chosen(self.load()(tickets, settings), self.event(settings.eps1))
 
 
 _SAME_DATA = "(if the ticket data is your private data, this selection is non-private)"

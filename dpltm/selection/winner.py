@@ -1,6 +1,6 @@
 """Phase 2: choose the winning ticket, by one of the rules of dpltm.selection.rules.
 
-The rules' functions live here (`select_*`, `(payload, RuleSettings) -> Selection`). The winner is
+The rules' functions live here (`select_*`, `(TicketSet, RuleSettings) -> Selection`). The winner is
 written as a 'ticket' file: θ0, its mask and C, where it came from, and how it was chosen (the rule,
 ε1, ν, Δ, the probability table, the rule's DpEvent) so that training can state the guarantee; and,
 where the ticket set kept them, the chosen round's trained weights (`public_weights`, for `train
@@ -10,6 +10,7 @@ where the ticket set kept them, the chosen round's trained weights (`public_weig
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from dpltm.selection.rules import RuleSettings, selection_rule
 from dpltm.settings import canonical_start, describe_start
 
 if TYPE_CHECKING:
+    from dpltm.artefacts import TicketSet, Winner
     from dpltm.privacy.events import DpEvent
 
 
@@ -71,15 +73,14 @@ class Selection:
     """What the rule adds to the winner file's `selection` record (noise-aware: its candidates and plan)."""
 
 
-def _scored(payload: dict[str, Any], nu: float) -> tuple[np.ndarray, float]:
+def _scored(tickets: TicketSet, nu: float) -> tuple[np.ndarray, float]:
     """S = A·(1 − ν·C) per ticket and its sensitivity Δ (dpltm.privacy.exponential), of a complete set."""
-    tickets = payload["tickets"]
-    if not tickets:
+    if not tickets.tickets:
         raise DpltmUserError("the ticket set holds no tickets")
-    if not payload.get("complete", False):
+    if not tickets.complete:
         raise DpltmUserError("the ticket set is incomplete: rerun `dpltm generate` to finish it")
-    accuracies = np.array([t["val_accuracy"] for t in tickets], dtype=np.float64)
-    densities = np.array([t["density"] for t in tickets], dtype=np.float64)
+    accuracies = np.array(tickets.accuracies, dtype=np.float64)
+    densities = np.array([t.density for t in tickets.tickets], dtype=np.float64)
     return ticket_scores(accuracies, densities, nu), score_sensitivity(densities, nu)
 
 
@@ -89,31 +90,31 @@ def _certain(scores: np.ndarray, index: int, sensitivity: float) -> Selection:
     return Selection(index, scores, probabilities, sensitivity, False, float("nan"))
 
 
-def select_exponential(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+def select_exponential(tickets: TicketSet, settings: RuleSettings) -> Selection:
     """The exponential mechanism over S (ε1-DP, McSherry & Talwar 2007, Thm 6; DPLTM eq. 2)."""
-    scores, sensitivity = _scored(payload, settings.nu)
+    scores, sensitivity = _scored(tickets, settings.nu)
     eps1 = float(settings.eps1)  # type: ignore[arg-type]  # the rule refuses None
     probs = selection_probabilities(scores, eps1, sensitivity)
     index = sample_exponential(scores, eps1, sensitivity, make_selection_rng(settings.seed))
     return Selection(index, scores, probs, sensitivity, near_uniform(probs), decisive_eps1(scores, sensitivity))
 
 
-def select_best(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+def select_best(tickets: TicketSet, settings: RuleSettings) -> Selection:
     """The highest score (the paper's pick for public tickets): no privacy on the ticket data."""
-    scores, sensitivity = _scored(payload, settings.nu)
+    scores, sensitivity = _scored(tickets, settings.nu)
     return _certain(scores, int(np.argmax(scores)), sensitivity)
 
 
-def select_random(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+def select_random(tickets: TicketSet, settings: RuleSettings) -> Selection:
     """A uniformly random ticket (the paper's Table 2 control): it never looks at the ticket data, so it
     spends nothing even on same-data tickets. The scores are shown, not used."""
-    scores, sensitivity = _scored(payload, settings.nu)
+    scores, sensitivity = _scored(tickets, settings.nu)
     k = len(scores)
     index = int(np.random.default_rng(settings.seed).integers(k))
     return Selection(index, scores, np.full(k, 1 / k), sensitivity, True, math.nan)
 
 
-def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+def select_noise_aware(tickets: TicketSet, settings: RuleSettings) -> Selection:
     """Train every candidate under the planned noise on the tickets' public data (dpltm.selection.noise_aware)
     and take the best public validation accuracy; spends no ε."""
     from dpltm.config import fixed_dimensions, resolve_train_config
@@ -134,17 +135,17 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
         raise DpltmUserError(f"--noise-aware simulates Gaussian-type noise; with --noise {s.noise} use --best")
     plan = plan_training(s, request.private_size)
     planned = PlannedRun.of(s, plan, cfg.model.activation, request.private_size)
-    public = reload_ticket_data(payload, request.data_dir, resolve_device(request.device))
+    public = reload_ticket_data(tickets, request.data_dir, resolve_device(request.device))
     batch, sigma = planned.on_public(len(public.train))
-    rungs = rung_steps(plan.steps, settings.halving) if len(payload["tickets"]) > 2 else []
+    rungs = rung_steps(plan.steps, settings.halving) if len(tickets.tickets) > 2 else []
     if settings.halving and len(rungs) < settings.halving:
         err_console.print(f"note: --halving {settings.halving}: " + (
-            f"{len(rungs)} rung(s) fit {plan.steps} steps" if len(payload["tickets"]) > 2
+            f"{len(rungs)} rung(s) fit {plan.steps} steps" if len(tickets.tickets) > 2
             else "with under 3 candidates there is nothing to halve"), markup=False, highlight=False)
     trained = (f"each trained {plan.steps} steps" if not rungs else
                f"trained up to {plan.steps} steps, halved after steps {', '.join(map(str, rungs))} while over two "
                "remain (successive halving: the dense network and the better half of the tickets go on)")
-    err_console.print(f"noise-aware choice: {len(payload['tickets'])} candidates (dense included), {trained}"
+    err_console.print(f"noise-aware choice: {len(tickets.tickets)} candidates (dense included), {trained}"
                       f" under σ = {format_sigma(sigma)}, L = {batch} on {public.name} ({public.source_split} "
                       f"split, the tickets' public data): the private run's {plan.epochs} epochs and noise per step "
                       f"σ/L = {format_sigma(plan.noise_multiplier / plan.expected_batch_size, 3)}; spends no ε")
@@ -156,7 +157,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
         from dpltm.networks.lenet import Architecture
         from dpltm.selection.noise_aware import freezable_first_layer
 
-        if freezable_first_layer(Architecture.from_dict(payload["architecture"])) is None:
+        if freezable_first_layer(Architecture.from_dict(tickets.architecture)) is None:
             err_console.print("note: --search freeze: the network has one trained layer, nothing to freeze",
                               markup=False, highlight=False)
         elif "start" not in search and s.rewind == "init":
@@ -171,7 +172,7 @@ def select_noise_aware(payload: dict[str, Any], settings: RuleSettings) -> Selec
                           "only if it beats the dense network as planned by two standard errors)",
                           markup=False, highlight=False)
     with step_bar("noise-aware choice", plan.steps, enabled=request.progress) as bar:
-        choice = noise_aware_choice(payload, public, planned, seed=settings.seed, halving=settings.halving,
+        choice = noise_aware_choice(tickets, public, planned, seed=settings.seed, halving=settings.halving,
                                     search=search, on_progress=lambda done, _: bar.update(done - bar.n))
     return noise_aware_selection(choice)
 
@@ -181,15 +182,14 @@ CHOSEN_KEYS = {**SEARCH_FIXED_BY, "freeze": (*SEARCH_FIXED_BY["freeze"], *SEARCH
 `freeze` the start too (a frozen variant is defined at the public start)."""
 
 
-def chosen_training(winner: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The `train:` settings of the variant a winner's noise-aware choice chose, for the dimensions it searched
-    only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the --config file and
-    flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged record is
-    refused in one line."""
+def chosen_training(selection: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The `train:` settings of the variant the noise-aware choice of a winner (its `selection` record) chose, for
+    the dimensions it searched only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the
+    --config file and flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged
+    record is refused in one line."""
     from dpltm.settings import OUTPUT_LAYERS, SEARCHABLE
 
-    selection = (winner or {}).get("selection")
-    choice = selection.get("noise_aware") if isinstance(selection, dict) else None
+    choice = None if selection is None else selection.get("noise_aware")
     chosen = choice.get("chosen") if isinstance(choice, dict) else None
     if chosen is None:
         return None
@@ -233,18 +233,10 @@ def describe_variant(train: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def choose(payload: dict[str, Any], *, eps1: float | None, nu: float, seed: int | None) -> Selection:
+def choose(tickets: TicketSet, *, eps1: float | None, nu: float, seed: int | None) -> Selection:
     """Score S = A·(1 − ν·C) per ticket; sample with the exponential mechanism, or argmax (`eps1` None)."""
     rule = selection_rule("best" if eps1 is None else "exponential")
-    return rule.select(payload, RuleSettings(nu=nu, seed=seed, eps1=eps1)).selection
-
-
-def previous_draws(payload: dict[str, Any]) -> list[float]:
-    """ε1 of every exponential-mechanism draw already made from this ticket set (recorded in it)."""
-    draws = payload.get("selection_draws", [])
-    if not isinstance(draws, list) or not all(isinstance(e, (int, float)) and e > 0 for e in draws):
-        raise DpltmUserError("the ticket set's record of earlier selections is damaged")
-    return [float(e) for e in draws]
+    return rule.select(tickets, RuleSettings(nu=nu, seed=seed, eps1=eps1)).selection
 
 
 def noise_aware_selection(choice: NoiseAwareChoice) -> Selection:
@@ -253,55 +245,47 @@ def noise_aware_selection(choice: NoiseAwareChoice) -> Selection:
     return replace(_certain(scores, choice.index, float("nan")), record={"noise_aware": choice.to_json()})
 
 
-def winner_payload(payload: dict[str, Any], source: Path, selection: Selection, *,
-                   eps1: float | None, nu: float, seeded: bool,
-                   noise_aware: NoiseAwareChoice | None = None, method: str | None = None,
-                   event: DpEvent | None = None) -> dict[str, Any]:
-    """The winner file's body (`dpltm.artefacts.Winner.from_payload` checks it before it is written). An
-    exponential draw composes with every earlier draw from the same ticket set (`draws`, `eps1_total`):
-    each released winner is a function of all of them. `method` and
-    `event` are the rule's name and DpEvent (`SelectionRule.select`); without them they are inferred
-    as before the rules (exponential when `eps1` is given, noise-aware with `noise_aware`, else best)."""
-    ticket = payload["tickets"][selection.index]
+def make_winner(tickets: TicketSet, source: Path, selection: Selection, *,
+                eps1: float | None, nu: float, seeded: bool,
+                noise_aware: NoiseAwareChoice | None = None, method: str | None = None,
+                event: DpEvent | None = None) -> Winner:
+    """The winner of `tickets`, checked as its file will be read. An exponential draw composes with every
+    earlier draw from the same ticket set (`draws`, `eps1_total`): each released winner is a function of all
+    of them. `method` and `event` are the rule's name and DpEvent (`SelectionRule.select`); without them
+    they are inferred (exponential when `eps1` is given, noise-aware with `noise_aware`, else best)."""
+    from dpltm.artefacts import Winner
+
+    ticket = tickets.tickets[selection.index]
     if method is None:
         method = "exponential" if eps1 is not None else ("noise-aware" if noise_aware is not None else "best")
     if event is None:
         event = selection_rule(method).event(eps1)
     record = selection.record or ({} if noise_aware is None else {"noise_aware": noise_aware.to_json()})
-    earlier = previous_draws(payload) if eps1 is not None else []
-    body: dict[str, Any] = {
-        "dpltm_version": __version__,
-        "architecture": payload["architecture"],
-        "theta0": payload["theta0"],
-        "masks": ticket["masks"],
-        "density": ticket["density"],
-        "layer_density": ticket["layer_density"],
-        "round": ticket["round"],
-        "val_accuracy": ticket["val_accuracy"],
-        "source": {"tickets": str(source), "data": payload["data"], "config": payload["config"]},
-        "privacy": payload["privacy"],
-        "selection": {
-            "method": method,
-            "eps1": eps1,
-            "draws": len(earlier) + 1 if eps1 is not None else 0,
-            "eps1_total": sum(earlier) + eps1 if eps1 is not None else None,
-            "nu": nu,
-            "sensitivity": selection.sensitivity,
-            "scores": selection.scores.tolist(),
-            "probabilities": selection.probabilities.tolist(),
-            "near_uniform": selection.near_uniform,
-            "randomness": "seeded (reproducible; not secret)" if seeded else "OS CSPRNG",
-            "dp_event": event_to_json(event),
-            "noise_aware": None,
-        },
+    earlier = tickets.draws if eps1 is not None else ()
+    chosen = {
+        "method": method,
+        "eps1": eps1,
+        "draws": len(earlier) + 1 if eps1 is not None else 0,
+        "eps1_total": sum(earlier) + eps1 if eps1 is not None else None,
+        "nu": nu,
+        "sensitivity": selection.sensitivity,
+        "scores": selection.scores.tolist(),
+        "probabilities": selection.probabilities.tolist(),
+        "near_uniform": selection.near_uniform,
+        "randomness": "seeded (reproducible; not secret)" if seeded else "OS CSPRNG",
+        "dp_event": event_to_json(event),
+        "noise_aware": None,
     }
-    if ticket.get("trained") is not None:  # the round's trained weights (older ticket sets kept none)
-        body["public_weights"] = ticket["trained"]
-    point = payload.get("rewind_point")
-    if point is not None:  # late rewinding: θ_K under this ticket's mask, where `train --rewind K` starts
-        body["rewind_point"] = {"step": point["step"], "weights": masked_weights(point["weights"], ticket["masks"])}
-    clash = sorted(set(record) & set(body["selection"]) - {"noise_aware"})
+    clash = sorted(set(record) & set(chosen) - {"noise_aware"})
     if clash:  # a rule's record must never overwrite what the ledger and the statement read
         raise ValueError(f"the {method} rule's record would overwrite the winner file's {clash}")
-    body["selection"].update(record)
-    return body
+    point = tickets.rewind_point  # late rewinding: θ_K under this ticket's mask, where `train --rewind K` starts
+    return Winner.from_payload({
+        "dpltm_version": __version__, "architecture": tickets.architecture, "theta0": tickets.theta0,
+        "masks": ticket.masks, "density": ticket.density, "layer_density": ticket.layer_density,
+        "round": ticket.round, "val_accuracy": ticket.val_accuracy,
+        "source": {"tickets": str(source), "data": tickets.data, "config": tickets.config},
+        "privacy": tickets.privacy, "selection": {**chosen, **record},
+        "public_weights": ticket.trained,  # the round's trained weights (older ticket sets kept none)
+        "rewind_point": None if point is None else {"step": point.step,
+                                                    "weights": masked_weights(point.weights, ticket.masks)}})

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpltm.console import err_console, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 from dpltm.paths import check_not_input
 from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma
 
+if TYPE_CHECKING:
+    from dpltm.artefacts import TicketRecord, TicketSet, Winner
+
 
 def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
                    out: Path | None, overwrite: bool, progress: bool,
                    cuda_graphs: bool = False, logger: str | None = None,
-                   log_dir: Path | None = None, download: bool = False) -> tuple[dict[str, Any], Path]:
+                   log_dir: Path | None = None, download: bool = False) -> tuple[TicketSet, Path]:
     """IMP into a locked ticket file; with `logger` (csv, tensorboard, mlflow or none) the run also
     gets a versioned log folder (dpltm.run_log): each round's density, validation accuracy and
     training-loss curve at its global SGD step."""
@@ -53,9 +56,9 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         check_log_root(log_dir, "generate", cfg.data.dataset)
     resuming = target.exists() and not overwrite  # generate_tickets resumes it
     if resuming:
-        from dpltm.tickets.imp import resumable_body
+        from dpltm.tickets.imp import resumable_set
 
-        resumable_body(cfg, data, target)  # another kind, damaged, or other settings: refused before the banner
+        resumable_set(cfg, data, target)  # another kind, damaged, or other settings: refused before the banner
     err_console.print(
         (f"continuing the tickets in {target} (its finished rounds are kept)" if resuming else "generating tickets")
         + f" on {data.name} ({data.source_split} split: {len(data.train)} train, "
@@ -73,19 +76,16 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     run_log: RunLog | None = None  # claimed once the output is locked: a refused run leaves no folder
     iterations = cfg.generate.iterations
 
-    def on_round(record: dict[str, Any]) -> None:
+    def on_round(record: TicketRecord) -> None:
         on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
-        err_console.print(
-            f"round {record['round']}: C={record['density']:.4f} "
-            f"val acc={record['val_accuracy']:.4f}"
-        )
+        err_console.print(f"round {record.round}: C={record.density:.4f} val acc={record.val_accuracy:.4f}")
         if run_log is not None:  # rounds after the first train iterations − K steps with late rewinding
-            k, later = record["round"], iterations - cfg.generate.rewind_step
+            k, later = record.round, iterations - cfg.generate.rewind_step
             first, steps = (0, iterations) if k == 0 else (iterations + (k - 1) * later, later)
-            for i, loss in enumerate(record["loss_curve"]):
-                run_log.log_metrics({"train_loss": loss}, step=first + i * record["loss_every"])
-            run_log.log_metrics({"round": k, "density": record["density"],
-                                 "val_accuracy": record["val_accuracy"]}, step=first + steps)
+            for i, loss in enumerate(record.loss_curve):
+                run_log.log_metrics({"train_loss": loss}, step=first + i * (record.loss_every or 0))
+            run_log.log_metrics({"round": k, "density": record.density, "val_accuracy": record.val_accuracy},
+                                step=first + steps)
 
     with output_lock(target):
         if logger is not None:
@@ -93,12 +93,12 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
         with run_log.closed_on_error() if run_log else contextlib.nullcontext():
             on_interrupt_kept(f"no round finished in this run; {target} is as it was" if target.exists() else
                                f"no round had finished: nothing was written to {target}")
-            payload = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress,
+            tickets = generate_tickets(cfg, data, target, overwrite=overwrite, progress=progress,
                                        on_round=on_round, cuda_graphs=cuda_graphs)
     if run_log is not None:
-        run_log.finish(output=str(target), tickets=run_tickets(payload), stop_reason=payload.get("stop_reason"))
+        run_log.finish(output=str(target), tickets=run_tickets(tickets), stop_reason=tickets.stop_reason)
         err_console.print(f"log: {run_log.folder}")
-    return payload, target
+    return tickets, target
 
 
 def check_prune_rates(cfg: Any) -> None:
@@ -115,23 +115,23 @@ def check_prune_rates(cfg: Any) -> None:
                             cfg.generate.prune_rates)
 
 
-def run_tickets(payload: dict[str, Any]) -> list[dict[str, Any]]:
+def run_tickets(tickets: TicketSet) -> list[dict[str, Any]]:
     """The tickets as run.json records (`dpltm plot`): IMP tickets and, when trained, the controls."""
     rows = []
-    for t in payload["tickets"]:
-        rows.append({"round": t["round"], "density": t["density"], "val_accuracy": t["val_accuracy"],
+    for t in tickets.tickets:
+        rows.append({"round": t.round, "density": t.density, "val_accuracy": t.val_accuracy,
                      "test_accuracy": None, "kind": "imp"})
         for key, kind in (("reinit", "random-reinit"), ("random_mask", "random-mask")):
-            if key in t.get("controls", {}):
-                rows.append({"round": t["round"], "density": t["density"], "kind": kind, "test_accuracy": None,
-                             "val_accuracy": t["controls"][key]["val_accuracy"]})
+            if key in (t.controls or {}):
+                rows.append({"round": t.round, "density": t.density, "kind": kind, "test_accuracy": None,
+                             "val_accuracy": t.controls[key]["val_accuracy"]})  # type: ignore[index]
     return rows
 
 
 def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
                            out: Path | None, overwrite: bool, progress: bool,
                            noise_seed: int | None = None, logger: str | None = None,
-                           log_dir: Path | None = None, download: bool = False) -> tuple[dict[str, Any], Path]:
+                           log_dir: Path | None = None, download: bool = False) -> tuple[Winner, Path]:
     """`generate --private`: a ticket made on the private data by DP warm-up (dpltm.tickets.private).
     `cli` is a training config tree: the warm-up uses the `train:` recipe, `private_ticket:` the rest."""
     from dpltm.config import resolve_train_config
@@ -198,9 +198,9 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
         with run_log.closed_on_error() if run_log else contextlib.nullcontext():
             on_interrupt_kept("no ticket was written" + (f" (the file at {target} is unchanged)"
                                                          if target.exists() else ""))
-            payload = make_private_ticket(cfg, data, target, progress=progress, noise_seed=noise_seed,
-                                          on_round=on_round)
+            ticket = make_private_ticket(cfg, data, target, progress=progress, noise_seed=noise_seed,
+                                         on_round=on_round)
     if run_log is not None:
         run_log.finish(output=str(target), tickets=rounds)
         err_console.print(f"log: {run_log.folder}")
-    return payload, target
+    return ticket, target

@@ -57,8 +57,7 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
         return exported, functools.partial(print_export, exported)
     artefact = load_artefact(path, ("tickets", "ticket", "model", "run"))
     if isinstance(artefact, TicketSet):
-        body = {**artefact.to_dict(), "privacy": artefact.privacy_view}
-        return tickets_json(body), functools.partial(print_tickets, body)
+        return tickets_json(artefact, file_header=True), functools.partial(print_tickets, artefact)
     if isinstance(artefact, Winner):
         winner = artefact
         private_data = winner.is_private_ticket and carries_private_fingerprint(winner.source_data)
@@ -69,7 +68,7 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
                    "architecture": winner.architecture, "dpltm_version": winner.dpltm_version,
                    "environment": winner.environment,
                    "public_weights": winner.public_weights is not None,  # can `train --rewind public` start here
-                   "rewind_step": None if winner.rewind_point is None else winner.rewind_point["step"]}  # --rewind K
+                   "rewind_step": winner.rewind_step}  # --rewind K
     elif not isinstance(artefact, TrainedModel):  # a library run's checked body
         summary = run_summary(artefact)
     else:

@@ -22,7 +22,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.options import flag_of, option
 
 if TYPE_CHECKING:
-    from dpltm.artefacts import Winner
+    from dpltm.artefacts import TicketSet, Winner
 
 R = TypeVar("R", bound="CommandRequest")
 
@@ -196,7 +196,7 @@ class GenerateRequest(CommandRequest):
         tree["generate"]["prune_rates"] = floats_option(self.prune_rates, "--prune-rates")
         return tree
 
-    def run(self) -> tuple[dict[str, Any], Path]:
+    def run(self) -> tuple[TicketSet | Winner, Path]:
         """The ticket set (or with `private` the one private ticket) and the file it was written to."""
         from dpltm.run_log import check_logger
         from dpltm.stages.generate import stage_generate, stage_generate_private

@@ -263,9 +263,9 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
         err_console.print(f"tickets: {tickets_path}, from the cache of public tickets ({cached}: made before with "
                           "these settings on this public data)")
     else:
-        payload, _ = stage_generate(gen_cli, r.config, r.data_dir, r.device, tickets_path, r.overwrite, r.progress,
+        tickets, _ = stage_generate(gen_cli, r.config, r.data_dir, r.device, tickets_path, r.overwrite, r.progress,
                                     r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
-        if payload.get("complete"):
+        if tickets.complete:
             keep_tickets(gen_cfg, public.fingerprint, tickets_path)
     kept_by_earlier_stage(f"the public tickets are kept in {tickets_path}")
     on_interrupt_kept("no model was written")

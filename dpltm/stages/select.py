@@ -151,12 +151,11 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
                  rule: str | None = None) -> tuple[Winner, Path]:
     """Choose the winner of a ticket set by the rule `rule` of dpltm.selection.rules (None: the one the
     CLI's flags `best`/`noise_aware` name); `noise_aware` is also the planned run a rule may need."""
-    from dpltm.artefacts import Winner
     from dpltm.checkpoint import load_ticket_set, save_atomic
     from dpltm.config import resolve_select_config
     from dpltm.outputs import check_writable, output_lock, prepare_output
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.selection.winner import newest_ticket_set, winner_payload
+    from dpltm.selection.winner import make_winner, newest_ticket_set
 
     chosen_rule = selection_rule(rule or rule_for_flags(best, noise_aware is not None))
     settings = resolve_select_config(cli, config)
@@ -169,7 +168,6 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
         raise DpltmUserError(f"{source} holds tickets without a validation accuracy (generated with no validation "
                              "records), and every rule scores them by it: generate them again with a larger "
                              "--val-fraction")
-    payload = ticket_set.to_dict()  # what the rules read
     target = out or default_checkpoint_dir() / f"{ticket_set.dataset}-winner.pt"
     prepare_output(target, overwrite=overwrite, inputs=[source, config], checkpoint=True)
     chosen_eps1 = settings.eps1 if chosen_rule.spends_eps1 else None
@@ -185,12 +183,11 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
                                  halving=settings.halving, search=settings.search)
     # A pick that spends no ε1 has no draw to record: it may take as long as it needs (noise-aware trains
     # candidates) before any lock is held. One that spends ε1 draws under the ticket set's lock, below.
-    chosen = None if chosen_rule.spends_eps1 else chosen_rule.select(payload, rule_settings)
+    chosen = None if chosen_rule.spends_eps1 else chosen_rule.select(ticket_set, rule_settings)
     with contextlib.ExitStack() as stack:
         if chosen_rule.spends_eps1:  # the draw is recorded in the ticket file: lock it, re-read it
             stack.enter_context(output_lock(source))
             ticket_set = load_ticket_set(source)
-            payload = ticket_set.to_dict()
             draws = ticket_set.draws
             if draws and not reselect:
                 raise DpltmUserError(
@@ -200,11 +197,10 @@ def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None,
                     f"(the winner's ledger then composes every draw)")
         stack.enter_context(output_lock(target))
         if chosen is None:
-            chosen = chosen_rule.select(payload, rule_settings)
+            chosen = chosen_rule.select(ticket_set, rule_settings)
         selection = chosen.selection
-        winner = Winner.from_payload(winner_payload(payload, source, selection, eps1=chosen_eps1, nu=settings.nu,
-                                                    seeded=seed is not None, method=chosen_rule.name,
-                                                    event=chosen.event))
+        winner = make_winner(ticket_set, source, selection, eps1=chosen_eps1, nu=settings.nu,
+                             seeded=seed is not None, method=chosen_rule.name, event=chosen.event)
         if chosen_eps1 is not None:  # recorded before the winner is released, so no draw goes uncounted
             ticket_set = replace(ticket_set, selection_draws=(*ticket_set.draws, chosen_eps1))
             save_atomic(ticket_set.to_dict(), source, "tickets")

@@ -20,6 +20,7 @@ from dpltm.stages.requests import CommandRequest
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from dpltm.artefacts import Winner
     from dpltm.audit.run import AuditPlan
     from dpltm.data.types import DatasetSplits, LabeledTensors
     from dpltm.dp.distributed import Distribution
@@ -40,23 +41,23 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.paths import check_not_input, default_checkpoint_dir
     from dpltm.selection.winner import chosen_training, describe_variant
     from dpltm.tickets.data import data_to_check
-    from dpltm.tickets.private import is_private_ticket, private_ticket_plan
+    from dpltm.tickets.private import private_ticket_plan
     from dpltm.training import pipeline
 
-    ticket_body = pipeline.load_ticket(ticket) if ticket is not None else None
+    winner = pipeline.load_ticket(ticket) if ticket is not None else None
     # A private ticket was made with a training plan (recipe, epochs, data settings, and the whole
     # run's ε): that plan is the default, under the --config file and flags. So is the start, frozen
     # layers and release a noise-aware choice chose for its winner (`select --search`).
-    private_ticket = is_private_ticket(ticket_body)
-    check_recipe_suits_ticket(cli.get("recipe"), ticket_body)
-    chose = None if private_ticket or non_private else chosen_training(ticket_body)
+    private_ticket = winner is not None and winner.is_private_ticket
+    check_recipe_suits_ticket(cli.get("recipe"), winner)
+    chose = None if winner is None or private_ticket or non_private else chosen_training(winner.selection)
     chosen = chose
     if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
         dropped = {key for dimension in fixed_dimensions(cli, config) for key in SEARCH_FIXED_BY[dimension]}
         chosen = {"train": {k: v for k, v in chose["train"].items() if k not in dropped}}
-    base = private_ticket_plan(ticket_body) if private_ticket else chosen
-    if private_ticket and not cli.get("data", {}).get("dataset"):  # the data it was made on
-        cli = {**cli, "data": {**cli.get("data", {}), "dataset": ticket_body["source"]["data"]["dataset"]}}  # type: ignore[index]
+    base = private_ticket_plan(winner) if winner is not None and private_ticket else chosen
+    if winner is not None and private_ticket and not cli.get("data", {}).get("dataset"):  # the data it was made on
+        cli = {**cli, "data": {**cli.get("data", {}), "dataset": winner.dataset}}
     cfg = resolve_train_config(cli, config, base=base)
     if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and not pipeline.freezing_can_run(
             "graphs" if cuda_graphs else "eager", audited=audit is not None, noise=cfg.train.noise):
@@ -93,7 +94,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     public = None if public_name is None else load_dataset(
         public_name, split=public_split, data_dir=data_dir, device=torch_device).train
     check_not_input(target)  # a data file just read
-    ticket_data, unchecked = data_to_check(ticket_body, data.name, public_tickets, data_dir)
+    ticket_data, unchecked = data_to_check(winner, data.name, public_tickets, data_dir)
     if main:
         on_interrupt_kept("no model was written" + (f" (the model already at {target} is unchanged)"
                                                     if target.exists() else ""))
@@ -114,7 +115,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
             err_console.print(f"warning: δ = {cfg.train.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "
                               "guarantee with δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
 
-    report = pipeline.train(cfg, data, target, ticket=ticket_body, ticket_path=ticket, private=not non_private,
+    report = pipeline.train(cfg, data, target, ticket=winner, ticket_path=ticket, private=not non_private,
                             assert_public=public_tickets, progress=progress, public_data=public,
                             public_dataset=public_name, noise_seed=noise_seed, ticket_data=ticket_data,
                             ticket_data_unchecked=unchecked,
@@ -146,11 +147,11 @@ RECIPE_ARCHITECTURES = {"scatter": ("scatter-linear", "scatter-mlp", "scatter-cn
 """The networks a network-specific recipe was chosen for (as `--dense --arch` checks them in resolve_train_config)."""
 
 
-def check_recipe_suits_ticket(recipe: Any, ticket_body: dict[str, Any] | None) -> None:
+def check_recipe_suits_ticket(recipe: Any, ticket: Winner | None) -> None:
     """A ticket brings its own network: a recipe chosen for another kind would train it with that kind's rates."""
-    if ticket_body is None or recipe not in RECIPE_ARCHITECTURES:
+    if ticket is None or recipe not in RECIPE_ARCHITECTURES:
         return
-    record = ticket_body.get("architecture", {})
+    record = ticket.architecture
     arch = str(record.get("name") or ("lenet5" if record.get("conv") else "mlp"))  # the LeNet family has no name
     if arch not in RECIPE_ARCHITECTURES[recipe]:
         raise DpltmUserError(f"--recipe {recipe} is for {', '.join(RECIPE_ARCHITECTURES[recipe])}; this ticket's "

@@ -44,12 +44,11 @@ def restore_tickets(cfg: GenerateConfig, fingerprint: str, target: Path) -> Path
     if not cached.is_file():
         return None
     try:
-        body = load_ticket_set(cached).to_dict()
+        tickets = load_ticket_set(cached)
     except DpltmUserError as exc:
         print(f"ticket cache {cached} is not usable ({exc}): generating the tickets", file=sys.stderr)
         return None
-    if not body.get("complete") or body.get("config_hash") != config_hash(cfg) \
-            or body["data"].get("fingerprint") != fingerprint:
+    if not tickets.complete or tickets.config_hash != config_hash(cfg) or tickets.fingerprint != fingerprint:
         return None
     write_bytes_atomic(cached.read_bytes(), target)
     return cached

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dpltm import __version__
-from dpltm.artefacts import TicketSet
+from dpltm.artefacts import RewindPoint, TicketRecord, TicketSet
 from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import config_hash, to_dict
 from dpltm.data.types import DatasetSplits
@@ -71,68 +71,43 @@ def resolve_prune_rates(arch: Architecture, rates: tuple[float, ...] | None) -> 
     return dict(zip(names, rates))
 
 
-@dataclass
-class GenerationState:
-    """What the ticket file holds while generation runs (and after)."""
-
-    payload: dict[str, Any]
-
-    @property
-    def tickets(self) -> list[dict[str, Any]]:
-        return self.payload["tickets"]  # type: ignore[no-any-return]
-
-
-def _new_payload(cfg: GenerateConfig, data: DatasetSplits, arch: Architecture,
-                 theta0: dict[str, torch.Tensor], rates: dict[str, float]) -> dict[str, Any]:
-    return {
-        "dpltm_version": __version__,
-        "config": to_dict(cfg),
-        "config_hash": config_hash(cfg),
-        "architecture": arch.to_dict(),
-        "prune_rates": rates,
-        "seed": cfg.seed,
-        "data": data.ticket_set_summary(),
-        "theta0": theta0,
-        "privacy": {
-            "phase1": "non-private",
-            "dp_event": {"type": "NonPrivateDpEvent"},  # where it ran is `data`; TicketSet.privacy_view
-        },
-        "tickets": [],
-        "rewind_point": None,
-        "next_masks": None,
-        "complete": False,
-        "stop_reason": None,
-        "wall_seconds": 0.0,
-    }
+def _new_set(cfg: GenerateConfig, data: DatasetSplits, arch: Architecture, theta0: dict[str, torch.Tensor],
+             rates: dict[str, float]) -> TicketSet:
+    return TicketSet(architecture=arch.to_dict(), theta0=theta0, tickets=(), data=data.ticket_set_summary(),
+                     config=to_dict(cfg),
+                     privacy={"phase1": "non-private",  # where it ran is `data`; TicketSet.privacy_view
+                              "dp_event": {"type": "NonPrivateDpEvent"}},
+                     seed=cfg.seed, complete=False, dpltm_version=__version__, config_hash=config_hash(cfg),
+                     prune_rates=rates, wall_seconds=0.0)
 
 
-def _resume_or_start(cfg: GenerateConfig, data: DatasetSplits, out: Path, overwrite: bool,
-                     arch: Architecture, theta0: dict[str, torch.Tensor],
-                     rates: dict[str, float]) -> GenerationState:
-    if out.exists() and not overwrite:
-        return GenerationState(resumable_body(cfg, data, out))
-    return GenerationState(_new_payload(cfg, data, arch, theta0, rates))
-
-
-def resumable_body(cfg: GenerateConfig, data: DatasetSplits, out: Path) -> dict[str, Any]:
+def resumable_set(cfg: GenerateConfig, data: DatasetSplits, out: Path) -> TicketSet:
     """The ticket set in `out`, if a run with `cfg` on `data` may continue it (else a one-line refusal): what the
     stage checks before it says it is continuing."""
     try:
-        body: dict[str, Any] = load_ticket_set(out).to_dict()
+        tickets = load_ticket_set(out)
     except DpltmUserError as error:  # the output exists but cannot be continued: say it is the output, and the way on
         raise DpltmUserError(f"--out {out} exists and is no ticket file this command can continue ({error}): pass "
                              "--overwrite to replace it, or --out to write elsewhere") from None
-    if body.get("config_hash") != config_hash(cfg) or body["data"]["fingerprint"] != data.fingerprint:
+    if tickets.config_hash != config_hash(cfg) or tickets.fingerprint != data.fingerprint:
         raise DpltmUserError(f"{out} holds tickets from other settings or data; pass --overwrite to replace it or "
                              "--out to write elsewhere")
-    return body
+    return tickets
+
+
+def _saved(ticket_set: TicketSet, out: Path, **changes: Any) -> TicketSet:
+    """`ticket_set` with `changes`, checked as a reader would check the file (a writer cannot save what a reader
+    would refuse), and written to `out`."""
+    checked = TicketSet.from_payload(replace(ticket_set, **changes).to_dict())
+    save_atomic(checked.to_dict(), out, "tickets")
+    return checked
 
 
 def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
                      overwrite: bool = False, progress: bool = True,
-                     on_round: Callable[[dict[str, Any]], None] | None = None,
-                     stop_after: int | None = None, cuda_graphs: bool = False) -> dict[str, Any]:
-    """Run IMP, writing `out` after each round; returns the final ticket-file payload.
+                     on_round: Callable[[TicketRecord], None] | None = None,
+                     stop_after: int | None = None, cuda_graphs: bool = False) -> TicketSet:
+    """Run IMP, writing `out` after each round; returns the ticket set as written.
 
     `stop_after` ends the run after that many *new* rounds (used to test resuming). `cuda_graphs`
     replays each SGD step from a CUDA graph (same batches, same updates; CUDA only).
@@ -144,52 +119,40 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
     init_gen = torch.Generator(device="cpu").manual_seed(round_seed(cfg.seed, 0, stream=1))
     model = build_network(arch, init_gen)
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    state = _resume_or_start(cfg, data, out, overwrite, arch, theta0, rates)
-    payload = state.payload
-    if payload["complete"]:
-        return payload
-    theta0 = payload["theta0"]
+    tickets = (resumable_set(cfg, data, out) if out.exists() and not overwrite
+               else _new_set(cfg, data, arch, theta0, rates))
+    if tickets.complete:
+        return tickets
     model.to(device)
     data = network_inputs(model, data, progress=progress)  # a fixed front end's cached features
     g = cfg.generate
     started = time.perf_counter()
-    wall_before = float(payload.get("wall_seconds", 0.0))
-    new_rounds = 0
-    for k in range(len(state.tickets), g.rounds + 1):
-        masks = ticket_masks({"masks": payload["next_masks"]}) if payload["next_masks"] else {
+    wall_before = float(tickets.wall_seconds or 0.0)
+    stop_reason, new_rounds = tickets.stop_reason, 0
+    for k in range(len(tickets.tickets), g.rounds + 1):
+        masks = ticket_masks(tickets.next_masks) if tickets.next_masks else {
             n: torch.ones(s, dtype=torch.bool) for n, s in _weight_shapes(arch).items()
         }
         if k > 0 and density(masks) < g.min_density:
-            payload["stop_reason"] = f"density {density(masks):.4f} below --min-density {g.min_density}"
+            stop_reason = f"density {density(masks):.4f} below --min-density {g.min_density}"
             break
-        record, snapshot = _run_round(model, rewind_weights(payload), masks, data, cfg, k, progress, cuda_graphs)
+        record, snapshot = _run_round(model, tickets.rewind_weights, masks, data, cfg, k, progress, cuda_graphs)
         if snapshot is not None:  # round 0 of late rewinding: θ_K, where every later round starts
-            payload["rewind_point"] = {"step": g.rewind_step, "weights": snapshot}
-        if g.controls and k > 0:
-            record["controls"] = _run_controls(arch, rewind_weights(payload), masks, data, cfg, k, device,
-                                               cuda_graphs, progress)
+            tickets = replace(tickets, rewind_point=RewindPoint(g.rewind_step, snapshot))
+        controls = (_run_controls(arch, tickets.rewind_weights, masks, data, cfg, k, device, cuda_graphs, progress)
+                    if g.controls and k > 0 else None)
         new_masks = prune_layerwise(prunable_weights(model), masks, rates)
-        record["next_density"] = density(new_masks)
-        state.tickets.append(record)
-        payload["next_masks"] = {n: m.cpu() for n, m in new_masks.items()}
-        payload["wall_seconds"] = wall_before + time.perf_counter() - started
-        save_atomic(TicketSet.from_payload(payload).to_dict(), out, "tickets")
+        record = replace(record, next_density=density(new_masks), controls=controls)
+        tickets = _saved(tickets, out, tickets=(*tickets.tickets, record),
+                         next_masks={n: m.cpu() for n, m in new_masks.items()},
+                         wall_seconds=wall_before + time.perf_counter() - started)
         new_rounds += 1
         if on_round is not None:
             on_round(record)
         if stop_after is not None and new_rounds >= stop_after and k < g.rounds:
-            return payload
-    payload["complete"] = True
-    payload["stop_reason"] = payload["stop_reason"] or f"finished {g.rounds} pruning rounds"
-    payload["wall_seconds"] = wall_before + time.perf_counter() - started
-    save_atomic(TicketSet.from_payload(payload).to_dict(), out, "tickets")
-    return payload
-
-
-def rewind_weights(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Where a round starts: θ_K once round 0 has kept it (late rewinding), else θ0."""
-    point = payload.get("rewind_point")
-    return payload["theta0"] if point is None else point["weights"]  # type: ignore[no-any-return]
+            return tickets
+    return _saved(tickets, out, complete=True, stop_reason=stop_reason or f"finished {g.rounds} pruning rounds",
+                  wall_seconds=wall_before + time.perf_counter() - started)
 
 
 def round_steps(g: Any, k: int) -> int:
@@ -204,7 +167,7 @@ def _weight_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
 
 def _run_round(model: torch.nn.Module, start: dict[str, torch.Tensor], masks: Masks,
                data: DatasetSplits, cfg: GenerateConfig, k: int, progress: bool,
-               cuda_graphs: bool = False) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+               cuda_graphs: bool = False) -> tuple[TicketRecord, dict[str, torch.Tensor] | None]:
     """One round from `start` (θ0, or θ_K after round 0 of late rewinding): its ticket record, and for round 0
     of late rewinding the weights after K steps (else None)."""
     from dpltm.training.plain import accuracy, train_classifier  # Lightning: only where tickets are made
@@ -218,16 +181,10 @@ def _run_round(model: torch.nn.Module, start: dict[str, torch.Tensor], masks: Ma
         progress_label=label if progress else None, cuda_graphs=cuda_graphs,
         snapshot_at=g.rewind_step if k == 0 and g.rewind_step else None,
     )
-    return {
-        "round": k,
-        "masks": {n: m.cpu() for n, m in masks.items()},
-        "density": density(masks),
-        "layer_density": layer_densities(masks),
-        "val_accuracy": accuracy(model, data.val),
-        "loss_curve": result.losses,
-        "loss_every": g.log_every,
-        "trained": trained_weights(model),
-    }, result.snapshot
+    return TicketRecord(round=k, masks={n: m.cpu() for n, m in masks.items()}, density=density(masks),
+                        layer_density=layer_densities(masks), val_accuracy=accuracy(model, data.val),
+                        loss_curve=tuple(result.losses), loss_every=g.log_every,
+                        trained=trained_weights(model)), result.snapshot
 
 
 def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Masks,

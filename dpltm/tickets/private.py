@@ -143,7 +143,7 @@ def plan_private_ticket(cfg: TrainConfig, dataset_size: int) -> PrivateTicketPla
 
 def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, progress: bool = True,
                         noise_seed: int | None = None,
-                        on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                        on_round: Callable[[dict[str, Any]], None] | None = None) -> Winner:
     """Run the DP warm-up round(s) on `data.train`, prune by magnitude, and write the ticket file
     (kind "ticket": it goes to `dpltm train --ticket` directly, no selection)."""
     p = cfg.private_ticket
@@ -220,8 +220,9 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
             "randomness": randomness,
         },
     }
-    save_atomic(Winner.from_payload(payload).to_dict(), out, "ticket")
-    return payload
+    ticket = Winner.from_payload(payload)
+    save_atomic(ticket.to_dict(), out, "ticket")
+    return ticket
 
 
 def ticket_architecture(cfg: TrainConfig, data: DatasetSplits) -> Architecture:
@@ -242,17 +243,13 @@ def phase_seed(seed: int, phase: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def is_private_ticket(ticket: dict[str, Any] | None) -> bool:
-    return ticket is not None and ticket.get("selection", {}).get("method") == SELECTION_METHOD
-
-
-def private_ticket_plan(ticket: dict[str, Any]) -> dict[str, Any]:
+def private_ticket_plan(ticket: Winner) -> dict[str, Any]:
     """The training settings a private ticket was planned with, as a config tree: its data settings
     and seed (so the data it trains on matches the ticket's record: dpltm.data.release), its recipe
     and model, and the whole run's ε as the training target (`train.eps2` with a private ticket
     means the whole run's ε)."""
-    record = ticket.get("private_ticket")
-    config = ticket.get("source", {}).get("config")
+    record = ticket.private_ticket
+    config = ticket.source.get("config")
     if not isinstance(record, dict) or not isinstance(config, dict) or "epsilon_total" not in record:
         raise DpltmUserError("the private ticket lacks its plan (a damaged or foreign ticket file)")
     dropped = ("sigma", "max_eps", "patience")

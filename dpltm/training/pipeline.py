@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dpltm import __version__
-from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel
+from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel, Winner
 from dpltm.checkpoint import load_winner, save_atomic
 from dpltm.config import to_dict
 from dpltm.data.release import mismatch, scrub_ticket
@@ -37,7 +37,6 @@ from dpltm.privacy.events import DpEvent
 from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, training_record
 from dpltm.selection.rules import SELECTION_RULES
 from dpltm.settings import TrainConfig, TrainSettings, describe_start
-from dpltm.tickets.private import is_private_ticket
 from dpltm.training.plan import TrainPlan, plan_training
 from dpltm.training.private import TrainOutcome, epochs_within_budget, mechanism_seed, run_non_private, run_private
 from dpltm.training.transfer import model_from_ticket
@@ -73,7 +72,7 @@ def shared_records(seen_by_tickets: list[LabeledTensors], private: LabeledTensor
                for part in seen_by_tickets)
 
 
-def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_public: bool,
+def ticket_origin(ticket: Winner | None, private: DatasetSplits, assert_public: bool,
                   ticket_data: DatasetSplits | None = None, unchecked: str | None = None) -> TicketOrigin:
     """Same dataset name, or the private data's fingerprint ⇒ same data (conservative), unless the user
     asserts the tickets are public.
@@ -87,11 +86,11 @@ def ticket_origin(ticket: dict[str, Any] | None, private: DatasetSplits, assert_
     """
     if ticket is None:
         return TicketOrigin("none", None, None, "dense network: no ticket")
-    source = ticket["source"]["data"]
+    source = ticket.source_data
     generated_on = f"{source['dataset']} ({source['split']} split)"
-    if is_private_ticket(ticket):
+    if ticket.is_private_ticket:
         return _private_ticket_origin(ticket, private, generated_on)
-    selection = ticket["selection"]
+    selection = ticket.selection
     private_dataset = private.name
     # The name decides, and the data's fingerprint backs it: tickets that name another dataset but hold
     # the private data's fingerprint (a renamed file, or one set of files under two names) are same-data.
@@ -138,13 +137,13 @@ def _refuse_shared_records(refused: str, ticket_data: DatasetSplits, private: Da
                              "private records are not public; make them on data that shares no record with it")
 
 
-def _private_ticket_origin(ticket: dict[str, Any], private: DatasetSplits, generated_on: str) -> TicketOrigin:
+def _private_ticket_origin(ticket: Winner, private: DatasetSplits, generated_on: str) -> TicketOrigin:
     """A ticket made with privacy (`generate --private`): its warm-up is composed into this run's ledger, on
     the data it was made on and on any other (whose records may be the same people's)."""
-    warmup = ticket.get("private_ticket", {}).get("warmup")
+    warmup = (ticket.private_ticket or {}).get("warmup")
     if not isinstance(warmup, list) or not warmup:
         raise DpltmUserError("the private ticket lacks the record of its DP warm-up (a damaged or foreign file)")
-    source = ticket["source"]["data"]
+    source = ticket.source_data
     if source["dataset"] != private.name:
         return TicketOrigin("private", generated_on, None,
                             f"ticket made with privacy on {generated_on}, another dataset whose records may be among "
@@ -159,7 +158,7 @@ def _private_ticket_origin(ticket: dict[str, Any], private: DatasetSplits, gener
                         phase1_training=tuple(warmup))
 
 
-def check_start(start: str, output_layer: str, ticket: dict[str, Any] | None, origin: TicketOrigin) -> None:
+def check_start(start: str, output_layer: str, ticket: Winner | None, origin: TicketOrigin) -> None:
     """`--rewind public` (and `--rewind K`, iterate K of public training) starts from weights trained without
     privacy on the tickets' data. Trained on other, public data they are public knowledge and add nothing to the
     ledger; trained on the private data itself (same-data tickets) they would make the run not DP at all, beyond
@@ -183,7 +182,7 @@ def check_start(start: str, output_layer: str, ticket: dict[str, Any] | None, or
                              "DP; use tickets from other (public) data, or --rewind init")
 
 
-def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tuple[int, ...],
+def build_model(ticket: Winner | None, data: DatasetSplits, hidden: tuple[int, ...],
                 seed: int, activation: str = "relu",
                 arch: str = "mlp", start: str = "init",
                 output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
@@ -198,12 +197,12 @@ def build_model(ticket: dict[str, Any] | None, data: DatasetSplits, hidden: tupl
     return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation, start, output_layer)
 
 
-def load_ticket(path: Path) -> dict[str, Any]:
-    """A winner's body, checked as a `dpltm.artefacts.Winner` (a ticket set is refused in one line)."""
-    return load_winner(path).to_dict()
+def load_ticket(path: Path) -> Winner:
+    """A winner, checked (a ticket set is refused in one line)."""
+    return load_winner(path)
 
 
-def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: dict[str, Any] | None,
+def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | None,
           ticket_path: Path | None, private: bool, assert_public: bool = False,
           progress: bool = True,
           public_data: LabeledTensors | None = None, public_dataset: str | None = None,
@@ -335,7 +334,7 @@ class EpochLog:
             self.run_log.update(history=self.logged)  # readable (and plottable) while the run goes on
 
 
-def _prepared_model(cfg: TrainConfig, data: DatasetSplits, ticket: dict[str, Any] | None, step_mode: str,
+def _prepared_model(cfg: TrainConfig, data: DatasetSplits, ticket: Winner | None, step_mode: str,
                     audit: AuditPlan | None, private: bool, distribution: Distribution, progress: bool,
                     warn: bool) -> tuple[Any, Masks, dict[str, Any], DatasetSplits]:
     """The network to train (from the ticket or dense, frozen layers held), on its device, and the data it
@@ -410,7 +409,7 @@ class RunAccounting:
 
 
 def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger, outcome: TrainOutcome,
-                  cfg: TrainConfig, ticket: dict[str, Any] | None, ticket_path: Path | None, transfer: dict[str, Any],
+                  cfg: TrainConfig, ticket: Winner | None, ticket_path: Path | None, transfer: dict[str, Any],
                   data: DatasetSplits, origin: TicketOrigin, plan: TrainPlan | None, out: Path, adaptive_stop: bool,
                   *, network_density: float, randomness: str | None, processes: int, log_dir: str | None,
                   audit: dict[str, Any] | None) -> TrainedModel:
@@ -441,8 +440,8 @@ def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger
         transfer=transfer,
         # a released file: no fingerprint of the private data, nor of tickets made on it (data.release)
         ticket=None if ticket is None else scrub_ticket({
-            "path": str(ticket_path), "round": ticket["round"], "density": ticket["density"],
-            "source": ticket["source"]["data"], "selection": ticket["selection"],
+            "path": str(ticket_path), "round": ticket.round, "density": ticket.density,
+            "source": ticket.source_data, "selection": ticket.selection,
         }, ticket_data_public=ledger.phase1 == "public"),
         dpltm_version=__version__,
     )

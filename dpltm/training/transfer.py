@@ -25,7 +25,7 @@ weights are exactly zero whichever start. The transfer record says which start w
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,23 +34,27 @@ from dpltm.masks import Masks, apply_masks_
 from dpltm.networks.lenet import Architecture, LeNet, build_network
 from dpltm.settings import OUTPUT_LAYERS, late_rewind_step
 
+if TYPE_CHECKING:
+    from dpltm.artefacts import RewindPoint, Winner
 
-def start_weights(ticket: dict[str, Any], start: str, output_layer: str, num_classes: int) -> dict[str, torch.Tensor]:
-    """The weights training starts from: θ0 (`init`), or the ticket's public-trained weights (`public`) or its
-    iterate K of public training (`K`), each with θ0's output layer (`reinit`) or their own (`keep`, only for
-    as many classes as the ticket's)."""
+
+def start_weights(theta0: dict[str, torch.Tensor], public: dict[str, torch.Tensor] | None,
+                  point: RewindPoint | None, arch: Architecture, start: str, output_layer: str,
+                  num_classes: int) -> dict[str, torch.Tensor]:
+    """The weights training starts from: θ0 (`init`), or a ticket's public-trained weights (`public`) or the
+    iterate K of public training its `point` holds (`K`), each with θ0's output layer (`reinit`) or their own
+    (`keep`, only for as many classes as the ticket's `arch`)."""
     step = late_rewind_step(start)
     if output_layer not in OUTPUT_LAYERS:
         raise DpltmUserError(f"--output-layer must be one of {', '.join(OUTPUT_LAYERS)}, got {output_layer!r}")
-    theta0: dict[str, torch.Tensor] = ticket["theta0"]
     if start == "init":  # every layer θ0's (`pipeline.check_start` refuses `keep` here for a run)
         return theta0
-    public = ticket.get("public_weights") if step is None else rewound_weights(ticket, step)
+    if step is not None:
+        public = rewound_weights(point, step)
     if public is None:
         raise DpltmUserError("--rewind public: this ticket holds no public-trained weights (a winner selected from "
                              "a ticket set written before they were kept): generate and select again, or train "
                              "with --rewind init")
-    arch = Architecture.from_dict(ticket["architecture"])
     if output_layer == "keep":
         if arch.num_classes != num_classes:
             raise DpltmUserError(f"--output-layer keep: the ticket's output layer was trained for {arch.num_classes} "
@@ -60,31 +64,31 @@ def start_weights(ticket: dict[str, Any], start: str, output_layer: str, num_cla
     return {k: theta0[k] if k.startswith(output) else v for k, v in public.items()}
 
 
-def rewound_weights(ticket: dict[str, Any], step: int) -> dict[str, torch.Tensor]:
-    """θ_K, the ticket's iterate `step` of public training (late rewinding), or a one-line refusal naming what
-    the ticket holds."""
-    point = ticket.get("rewind_point")
+def rewound_weights(point: RewindPoint | None, step: int) -> dict[str, torch.Tensor]:
+    """θ_K, a ticket's iterate `step` of public training (late rewinding: its `point`), or a one-line refusal
+    naming what the ticket holds."""
     if point is None:
         raise DpltmUserError(f"--rewind {step}: this ticket holds no iterate of public training (its tickets "
                              "rewound to θ0); make them with generate --rewind-step K, or train with --rewind init "
                              "or public")
-    if int(point["step"]) != step:
-        raise DpltmUserError(f"--rewind {step}: this ticket holds iterate {point['step']} of public training "
-                             f"(generate --rewind-step {point['step']}); use --rewind {point['step']}, init or public")
-    return point["weights"]  # type: ignore[no-any-return]
+    if point.step != step:
+        raise DpltmUserError(f"--rewind {step}: this ticket holds iterate {point.step} of public training "
+                             f"(generate --rewind-step {point.step}); use --rewind {point.step}, init or public")
+    return point.weights
 
 
-def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: int,
+def model_from_ticket(ticket: Winner, num_features: int, num_classes: int,
                       seed: int, activation: str | None = None, start: str = "init",
                       output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
     """The network to train at the ticket's start, its masks (installed), and how it relates to the
     ticket. `activation` (None: the ticket's own) replaces the activation the ticket was generated with;
     `start` and `output_layer` choose the weights (`start_weights`)."""
-    ticket_arch = Architecture.from_dict(ticket["architecture"])
+    ticket_arch = Architecture.from_dict(ticket.architecture)
     arch = ticket_arch if activation is None else replace(ticket_arch, activation=activation)
     record = {**_activation_record(ticket_arch.activation, arch.activation), **_start_record(start, output_layer)}
-    masks = {k: v.to(torch.bool) for k, v in ticket["masks"].items()}
-    weights = start_weights(ticket, start, output_layer, num_classes)
+    masks = {k: v.to(torch.bool) for k, v in ticket.masks.items()}
+    weights = start_weights(ticket.theta0, ticket.public_weights, ticket.rewind_point, ticket_arch, start,
+                            output_layer, num_classes)
     if arch.in_features == num_features and arch.num_classes == num_classes:
         model = build_network(arch, torch.Generator().manual_seed(seed))
         missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -100,11 +104,10 @@ def model_from_ticket(ticket: dict[str, Any], num_features: int, num_classes: in
                              "input size differs from the ticket's); use --output-layer reinit")
     first_in = arch.project_to if arch.project_to is not None else arch.in_features
     if num_features != first_in:
-        if (ticket.get("selection") or {}).get("method") == "private":  # artefacts.winner.PRIVATE_METHOD
-            made_on = ((ticket.get("source") or {}).get("data") or {}).get("dataset", "its own data")
-            raise DpltmUserError(f"this private ticket was made on {made_on} ({first_in} features) and this data has "
-                                 f"{num_features}: train it on the data it was made on, or make one on this data "
-                                 "with `dpltm generate --private --dataset …`")
+        if ticket.is_private_ticket:
+            raise DpltmUserError(f"this private ticket was made on {ticket.dataset} ({first_in} features) and this "
+                                 f"data has {num_features}: train it on the data it was made on, or make one on this "
+                                 "data with `dpltm generate --private --dataset …`")
         hint = (f"generate tickets with --project-to {num_features}" if arch.project_to is None
                 else f"its projection width is {arch.project_to}")
         raise DpltmUserError(

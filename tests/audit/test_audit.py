@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
+from dpltm.artefacts import Winner
 from dpltm.audit.bounds import bound_from_scores, epsilon_lower_bound, p_value
 from dpltm.audit.canaries import GradientCanaries, InputCanaries, inclusion_bits
 from dpltm.audit.run import AuditPlan
@@ -158,7 +159,7 @@ def _splits(seed: int = 0) -> DatasetSplits:
                          num_features=30, num_classes=4, fingerprint="audit-blobs")
 
 
-def _audit(tmp_path: Path, threat_model: str = "white-box", ticket: dict | None = None,  # type: ignore[type-arg]
+def _audit(tmp_path: Path, threat_model: str = "white-box", ticket: Winner | None = None,
            eps: float = 1.0, seed: int = 0) -> dict:  # type: ignore[type-arg]
     cfg = TrainConfig(train=TrainSettings(eps2=eps, epochs=4, batch_size=50, lr=0.1))
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden=(32,)))
@@ -198,11 +199,10 @@ def test_noise_on_the_wrong_coordinates_is_refuted(tmp_path: Path) -> None:
     model = LeNet(build_architecture(30, 4, (32,), None, "relu", "mlp"), torch.Generator().manual_seed(0))
     masks = {name: torch.rand(mask.shape, generator=torch.Generator().manual_seed(5)) < 0.6
              for name, mask in model.full_masks().items()}
-    ticket = {"architecture": model.arch.to_dict(), "round": 1, "density": 0.6,
-              "theta0": {k: v.clone() for k, v in model.state_dict().items()},
-              "masks": {k: v for k, v in masks.items()},
-              "source": {"data": {"dataset": "public-blobs", "split": "train"}},
-              "selection": {"method": "best"}, "privacy": {}}
+    ticket = Winner(architecture=model.arch.to_dict(), round=1, density=0.6, layer_density={}, val_accuracy=0.0,
+                    theta0={k: v.clone() for k, v in model.state_dict().items()}, masks=dict(masks),
+                    source={"data": {"dataset": "public-blobs", "split": "train"}},
+                    selection={"method": "best"}, privacy={})
     honest = _audit(tmp_path, ticket=ticket)
     assert not honest["refuted"]
     with fault("noise-on-pruned"):

@@ -69,8 +69,8 @@ def test_the_winner_carries_its_rounds_trained_weights(public_winner: Path, cli)
 
 
 def test_the_start_weights_by_output_layer(public_winner: Path) -> None:
-    ticket = load_winner(public_winner).to_dict()
-    public, theta0, masks = ticket["public_weights"], ticket["theta0"], ticket["masks"]
+    ticket = load_winner(public_winner)
+    public, theta0, masks = ticket.public_weights or {}, ticket.theta0, ticket.masks
     model, installed, record = model_from_ticket(ticket, 784, 10, seed=0, start="public")
     assert record["rewind"] == "public" and record["output_layer"] == "reinit"
     for key, value in model.state_dict().items():
@@ -191,7 +191,7 @@ def test_run_passes_the_start_on(start: str, data_root: Path, tmp_path: Path, cl
     assert winner.public_weights is not None
     late = start != "public"
     assert load_ticket_set(tmp_path / "m-tickets.pt").config["generate"]["rewind_step"] == (4 if late else 0)
-    assert (winner.rewind_point or {}).get("step") == (4 if late else None)
+    assert winner.rewind_step == (4 if late else None)
 
 
 def test_a_public_start_in_another_activation_is_said_on_screen(  # type: ignore[no-untyped-def]
@@ -224,10 +224,10 @@ def test_the_winner_carries_theta_k_under_its_mask(late_winner: Path, cli) -> No
     winner = load_winner(late_winner)
     tickets = load_ticket_set(Path(winner.source["tickets"]))
     assert tickets.rewind_point is not None and winner.rewind_point is not None
-    assert winner.rewind_point["step"] == tickets.rewind_point["step"] == K
-    for key, value in tickets.rewind_point["weights"].items():
+    assert winner.rewind_point.step == tickets.rewind_point.step == K
+    for key, value in tickets.rewind_point.weights.items():
         mask = winner.masks.get(key)
-        assert torch.equal(winner.rewind_point["weights"][key], value if mask is None else value * mask), key
+        assert torch.equal(winner.rewind_point.weights[key], value if mask is None else value * mask), key
     assert json.loads(cli("inspect", str(late_winner), "--json").stdout)["rewind_step"] == K
     assert json.loads(cli("inspect", winner.source["tickets"], "--json").stdout)["rewind_step"] == K
 
@@ -238,7 +238,7 @@ def test_start_k_trains_from_theta_k_and_costs_nothing(  # type: ignore[no-untyp
     init = json.loads(_train(cli, data_root, late_winner, tmp_path / "i.pt").stdout)
     winner = load_winner(late_winner)
     assert winner.rewind_point is not None and len(starts) == 2
-    theta_k, masks = winner.rewind_point["weights"], winner.masks
+    theta_k, masks = winner.rewind_point.weights, winner.masks
     for key, value in starts[0].items():  # before the first step: θ_K under the mask, θ0's output layer
         expected = winner.theta0[key] if key.startswith("output.") else theta_k[key]
         expected = expected * masks[key] if key in masks else expected

@@ -181,5 +181,5 @@ def test_inspect_prints_a_ticket_set_whose_data_record_lacks_its_sizes() -> None
     from dpltm.ticket_views import print_tickets
 
     out = io.StringIO()
-    print_tickets(ticket_set().to_dict(), Console(file=out, width=200))
+    print_tickets(ticket_set(), Console(file=out, width=200))
     assert "data: 900 train / ? val / ? test" in out.getvalue()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpltm.artefacts import TicketSet
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
 from dpltm.selection.noise_aware import (
@@ -27,14 +28,14 @@ from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, Model
 from dpltm.tickets.imp import generate_tickets
 
 
-def _tickets(splits: DatasetSplits, path: Path, hidden: tuple[int, ...]) -> dict:  # type: ignore[type-arg]
+def _tickets(splits: DatasetSplits, path: Path, hidden: tuple[int, ...]) -> TicketSet:
     cfg = GenerateConfig(data=DataSettings(dataset="blobs"), model=ModelSettings(hidden=hidden),
                          generate=GenerateSettings(rounds=2, iterations=40, batch_size=32, prune_rates=(0.6,)))
     return generate_tickets(cfg, splits, path, progress=False)
 
 
 @pytest.fixture
-def tickets(tiny_splits: DatasetSplits, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+def tickets(tiny_splits: DatasetSplits, tmp_path: Path) -> TicketSet:
     return _tickets(tiny_splits, tmp_path / "t.pt", (16,))
 
 
@@ -65,14 +66,14 @@ def test_an_unknown_search_is_one_line(bad: object) -> None:
     assert check_search(["release", "start", "start"]) == ("start", "release")
 
 
-def test_every_ticket_is_a_candidate_under_each_start_and_release(tickets: dict,  # type: ignore[type-arg]
+def test_every_ticket_is_a_candidate_under_each_start_and_release(tickets: TicketSet,
                                                                   tiny_splits: DatasetSplits) -> None:
     plain = noise_aware_choice(tickets, tiny_splits, PLAN, seed=0)
-    assert len(plain.candidates) == len(tickets["tickets"]) == 3 and plain.chosen is None and plain.searched == ()
+    assert len(plain.candidates) == len(tickets.tickets) == 3 and plain.chosen is None and plain.searched == ()
     choice = noise_aware_choice(tickets, tiny_splits, PLAN, seed=0, search=("release", "start"))
     assert choice.searched == ("start", "release")
     rows = [(c.round, c.start, c.ema) for c in choice.candidates]
-    assert rows == [(t["round"], start, ema) for t in tickets["tickets"] for start in ("init", "public")
+    assert rows == [(t.round, start, ema) for t in tickets.tickets for start in ("init", "public")
                     for ema in (None, SEARCHED_EMA)]
     assert all(c.ema_warmup == (c.ema is not None) and c.steps == PLAN.steps for c in choice.candidates)
     reference = choice.candidates[0]
@@ -80,11 +81,11 @@ def test_every_ticket_is_a_candidate_under_each_start_and_release(tickets: dict,
     assert isinstance(choice.chosen, Variant)  # recorded even when the plan itself wins
     # the winner file's per-ticket scores: each ticket's best variant
     scores = noise_aware_selection(choice).scores
-    assert scores.tolist() == [max(c.public_val_accuracy for c in choice.candidates if c.round == t["round"])
-                               for t in tickets["tickets"]]
+    assert scores.tolist() == [max(c.public_val_accuracy for c in choice.candidates if c.round == t.round)
+                               for t in tickets.tickets]
 
 
-def test_a_variant_that_clearly_beats_the_plan_wins_and_is_what_train_runs(tickets: dict,  # type: ignore[type-arg]
+def test_a_variant_that_clearly_beats_the_plan_wins_and_is_what_train_runs(tickets: TicketSet,
                                                                           tiny_splits: DatasetSplits) -> None:
     """One tiny step from θ0 leaves a network near chance; the public-trained weights (their own output layer:
     the same four classes) are already accurate. Searching the start must take them, and say so; without the
@@ -94,9 +95,9 @@ def test_a_variant_that_clearly_beats_the_plan_wins_and_is_what_train_runs(ticke
     assert choice.chosen is not None and choice.chosen.start == "public"
     best = max(choice.candidates, key=lambda c: c.public_val_accuracy)
     assert best.start == "public" and best.gain_over_dense > 2 * best.gain_standard_error
-    assert choice.candidates[choice.index * 2].round == tickets["tickets"][choice.index]["round"]
-    body = {"selection": {"noise_aware": json.loads(json.dumps(choice.to_json()))}}  # as the winner file holds it
-    assert chosen_training(body) == {"train": {"rewind": "public", "output_layer": "keep"}}  # what it searched only
+    assert choice.candidates[choice.index * 2].round == tickets.tickets[choice.index].round
+    selection = {"noise_aware": json.loads(json.dumps(choice.to_json()))}  # as the winner file holds it
+    assert chosen_training(selection) == {"train": {"rewind": "public", "output_layer": "keep"}}  # searched only
     assert noise_aware_choice(tickets, tiny_splits, plan, seed=1).chosen is None
 
 
@@ -106,10 +107,10 @@ def test_a_public_start_identical_to_theta0_is_not_trained_twice(tiny_splits: Da
     linear = _tickets(tiny_splits, tmp_path / "linear.pt", ())
     choice = noise_aware_choice(linear, tiny_splits, PLAN, seed=0, search=("start", "release", "freeze"))
     assert {c.start for c in choice.candidates} == {"init"} and {c.freeze for c in choice.candidates} == {()}
-    assert len(choice.candidates) == 2 * len(linear["tickets"])  # both releases of each ticket
+    assert len(choice.candidates) == 2 * len(linear.tickets)  # both releases of each ticket
 
 
-def test_the_frozen_variant_holds_the_first_layer_at_its_public_weights(tickets: dict,  # type: ignore[type-arg]
+def test_the_frozen_variant_holds_the_first_layer_at_its_public_weights(tickets: TicketSet,
                                                                         tiny_splits: DatasetSplits,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[EachCandidate] = []
@@ -125,14 +126,14 @@ def test_the_frozen_variant_holds_the_first_layer_at_its_public_weights(tickets:
     frozen = [k for k, c in enumerate(choice.candidates) if c.freeze]
     assert frozen and all(choice.candidates[k].start == "public" for k in frozen)
     for k in frozen:
-        ticket = next(t for t in tickets["tickets"] if t["round"] == choice.candidates[k].round)
-        mask = ticket["masks"]["hidden.0.weight"]
+        ticket = next(t for t in tickets.tickets if t.round == choice.candidates[k].round)
+        mask = ticket.masks["hidden.0.weight"]
         state = made[0].models[k].state_dict()
-        assert torch.equal(state["hidden.0.weight"], ticket["trained"]["hidden.0.weight"] * mask)
-        assert not torch.equal(state["output.weight"], tickets["theta0"]["output.weight"])  # the rest trained
+        assert torch.equal(state["hidden.0.weight"], (ticket.trained or {})["hidden.0.weight"] * mask)
+        assert not torch.equal(state["output.weight"], tickets.theta0["output.weight"])  # the rest trained
 
 
-def test_halving_over_variants_drops_whole_networks_and_keeps_the_reference(tickets: dict,  # type: ignore[type-arg]
+def test_halving_over_variants_drops_whole_networks_and_keeps_the_reference(tickets: TicketSet,
                                                                             tiny_splits: DatasetSplits) -> None:
     choice = noise_aware_choice(tickets, tiny_splits, replace(PLAN, steps=8), seed=2, halving=1,
                                 search=("start", "release"))
@@ -145,7 +146,7 @@ def test_halving_over_variants_drops_whole_networks_and_keeps_the_reference(tick
     assert sorted(min(steps) for steps in by_network.values()) == [4, 4, 8, 8, 8, 8]
     chosen = choice.chosen
     assert chosen is not None
-    winner = next(c for c in choice.candidates if c.round == tickets["tickets"][choice.index]["round"]
+    winner = next(c for c in choice.candidates if c.round == tickets.tickets[choice.index].round
                   and c.start == chosen.start and c.ema == chosen.ema)
     assert winner.steps == 8
 
@@ -155,13 +156,13 @@ GOOD = {"start": "public", "freeze": ["hidden.0"], "ema": 0.999, "ema_warmup": T
 
 def test_train_takes_only_the_dimensions_the_choice_searched() -> None:
     def body(searched: list[str], chosen: object = GOOD) -> dict:  # type: ignore[type-arg]
-        return {"selection": {"noise_aware": {"searched": searched, "chosen": chosen}}}
+        return {"noise_aware": {"searched": searched, "chosen": chosen}}  # a winner's selection record
 
     assert chosen_training(body(["release"])) == {"train": {"ema": 0.999, "ema_warmup": True}}
     assert chosen_training(body(["freeze"])) == {"train": {"rewind": "public", "output_layer": "reinit",
                                                            "freeze": ["hidden.0"]}}
     assert chosen_training(body([], None)) is None and chosen_training(None) is None
-    assert chosen_training({"selection": {"noise_aware": None}}) is None
+    assert chosen_training({"noise_aware": None}) is None
 
 
 @pytest.mark.parametrize("damage", [
@@ -170,7 +171,7 @@ def test_train_takes_only_the_dimensions_the_choice_searched() -> None:
     {"output_layer": "new"}, {"extra": 1}])
 def test_a_damaged_chosen_variant_is_one_line(damage: dict) -> None:  # type: ignore[type-arg]
     with pytest.raises(DpltmUserError, match="chosen variant"):
-        chosen_training({"selection": {"noise_aware": {"searched": ["start"], "chosen": {**GOOD, **damage}}}})
+        chosen_training({"noise_aware": {"searched": ["start"], "chosen": {**GOOD, **damage}}})
     for searched in ([], ["everything"], "start"):
         with pytest.raises(DpltmUserError, match="chosen variant"):
-            chosen_training({"selection": {"noise_aware": {"searched": searched, "chosen": GOOD}}})
+            chosen_training({"noise_aware": {"searched": searched, "chosen": GOOD}})

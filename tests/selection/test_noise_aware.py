@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpltm.artefacts import TicketSet
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, clipped_sums, noisy_step
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
@@ -27,15 +28,15 @@ from dpltm.tickets.imp import generate_tickets
 
 
 @pytest.fixture
-def tickets(tiny_splits: DatasetSplits, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+def tickets(tiny_splits: DatasetSplits, tmp_path: Path) -> TicketSet:
     cfg = GenerateConfig(data=DataSettings(dataset="blobs"), model=ModelSettings(hidden=(16,)),
                          generate=GenerateSettings(rounds=3, iterations=40, batch_size=32, prune_rates=(0.6,)))
     return generate_tickets(cfg, tiny_splits, tmp_path / "t.pt", progress=False)
 
 
-def test_batched_clipped_sums_equal_the_single_model_dp_step(tickets: dict, tiny_splits: DatasetSplits) -> None:
+def test_batched_clipped_sums_equal_the_single_model_dp_step(tickets: TicketSet, tiny_splits: DatasetSplits) -> None:
     models, masks = candidate_models(tickets, torch.device("cpu"))
-    assert len(models) == len(masks) == len(tickets["tickets"])
+    assert len(models) == len(masks) == len(tickets.tickets)
     assert any(not bool(m.all()) for ms in masks for m in ms.values())  # real tickets among the candidates
     stack = StackedMLP(models, masks)
     x, y = tiny_splits.train.features[:50], tiny_splits.train.labels[:50]
@@ -49,7 +50,7 @@ def test_batched_clipped_sums_equal_the_single_model_dp_step(tickets: dict, tiny
             torch.testing.assert_close(bias_sums[layer][k], single.grad_sums[f"{prefix}.bias"], rtol=1e-4, atol=1e-5)
 
 
-def test_pruned_weights_stay_exactly_zero_under_noise(tickets: dict, tiny_splits: DatasetSplits) -> None:
+def test_pruned_weights_stay_exactly_zero_under_noise(tickets: TicketSet, tiny_splits: DatasetSplits) -> None:
     stack = StackedMLP(*candidate_models(tickets, torch.device("cpu")))
     assert any(bool((mask == 0).any()) for mask in stack.masks)  # the check below bites
     optimizer = torch.optim.SGD(stack.parameters(), lr=0.5, momentum=0.9)
@@ -61,13 +62,15 @@ def test_pruned_weights_stay_exactly_zero_under_noise(tickets: dict, tiny_splits
         assert torch.count_nonzero(weight[mask == 0]) == 0
 
 
-def test_picks_the_dense_network_when_every_ticket_is_worse(tickets: dict, tiny_splits: DatasetSplits) -> None:
+def test_picks_the_dense_network_when_every_ticket_is_worse(tickets: TicketSet, tiny_splits: DatasetSplits) -> None:
     # cripple every pruned ticket: keep one input weight of the first layer, so it cannot learn
-    for ticket in tickets["tickets"][1:]:
-        first = ticket["masks"]["hidden.0.weight"]
+    crippled = []
+    for ticket in tickets.tickets[1:]:
+        first = ticket.masks["hidden.0.weight"]
         first.zero_()
         first[0, 0] = True
-        ticket["density"] = 0.05
+        crippled.append(replace(ticket, density=0.05))
+    tickets = replace(tickets, tickets=(tickets.tickets[0], *crippled))
     plan = PlannedRun(noise_multiplier=0.5, expected_batch_size=64, steps=60, clip=1.0, lr=0.5)
     choice = noise_aware_choice(tickets, tiny_splits, plan, seed=0)
     assert choice.index == 0 and choice.candidates[0].density == 1.0
@@ -75,7 +78,7 @@ def test_picks_the_dense_network_when_every_ticket_is_worse(tickets: dict, tiny_
     assert choice.public_data["fingerprint"] == tiny_splits.fingerprint
 
 
-def test_reads_only_the_tickets_own_public_data(tickets: dict, tiny_splits: DatasetSplits) -> None:
+def test_reads_only_the_tickets_own_public_data(tickets: TicketSet, tiny_splits: DatasetSplits) -> None:
     private = replace(tiny_splits, name="private", fingerprint="private-v1")
     plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=64, steps=2, clip=1.0, lr=0.1)
     with pytest.raises(DpltmUserError, match="not the data that made them"):
@@ -84,7 +87,7 @@ def test_reads_only_the_tickets_own_public_data(tickets: dict, tiny_splits: Data
 
 @pytest.mark.parametrize("warmup", [False, True])
 def test_with_ema_the_candidates_are_compared_by_their_averaged_weights(
-        tickets: dict, tiny_splits: DatasetSplits, monkeypatch: pytest.MonkeyPatch,  # type: ignore[type-arg]
+        tickets: TicketSet, tiny_splits: DatasetSplits, monkeypatch: pytest.MonkeyPatch,  # type: ignore[type-arg]
         warmup: bool) -> None:
     import dpltm.selection.noise_aware as module
 
@@ -148,15 +151,15 @@ def test_convolutional_tickets_are_chosen_by_the_private_step_itself(tmp_path: P
         noise_aware_choice(tickets, replace(images, fingerprint="private-v1"), plan, seed=0)
 
 
-def test_candidates_start_where_the_planned_run_starts(tickets: dict) -> None:  # type: ignore[type-arg]
+def test_candidates_start_where_the_planned_run_starts(tickets: TicketSet) -> None:
     """With `--rewind public` every candidate is simulated from its round's public-trained weights (θ0's
     output layer under `reinit`, its own under `keep`), pruned weights exactly zero; by default from θ0."""
-    theta0 = tickets["theta0"]
+    theta0 = tickets.theta0
     at_init, _ = candidate_models(tickets, torch.device("cpu"))
     public, masks = candidate_models(tickets, torch.device("cpu"), start="public")
     kept, _ = candidate_models(tickets, torch.device("cpu"), start="public", output_layer="keep")
-    for k, ticket in enumerate(tickets["tickets"]):
-        trained = ticket["trained"]
+    for k, ticket in enumerate(tickets.tickets):
+        trained = ticket.trained or {}
         for name, value in public[k].state_dict().items():
             mask = masks[k].get(name)
             expected = theta0[name] if name.startswith("output.") else trained[name]
@@ -168,17 +171,17 @@ def test_candidates_start_where_the_planned_run_starts(tickets: dict) -> None:  
             assert torch.equal(value, theta0[name] if mask is None else theta0[name] * mask)
 
 
-def test_a_public_start_changes_what_the_choice_trains_not_what_it_reads(tickets: dict,  # type: ignore[type-arg]
+def test_a_public_start_changes_what_the_choice_trains_not_what_it_reads(tickets: TicketSet,
                                                                          tiny_splits: DatasetSplits) -> None:
     plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=64, steps=5, clip=1.0, lr=0.1, start="public")
     choice = noise_aware_choice(tickets, tiny_splits, plan, seed=0)
-    assert len(choice.candidates) == len(tickets["tickets"]) and choice.plan.start == "public"
-    old = {**tickets, "tickets": [{k: v for k, v in t.items() if k != "trained"} for t in tickets["tickets"]]}
+    assert len(choice.candidates) == len(tickets.tickets) and choice.plan.start == "public"
+    old = replace(tickets, tickets=tuple(replace(t, trained=None) for t in tickets.tickets))
     with pytest.raises(DpltmUserError, match="no public-trained weights"):
         noise_aware_choice(old, tiny_splits, plan, seed=0)
 
 
-def test_the_public_proxy_is_epoch_matched(tickets: dict, tiny_splits: DatasetSplits,  # type: ignore[type-arg]
+def test_the_public_proxy_is_epoch_matched(tickets: TicketSet, tiny_splits: DatasetSplits,  # type: ignore[type-arg]
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Given the private set's size N, candidates make as many passes over the public set as the private
     run makes over N (L_pub = L·n/N) with the same noise per step σ/L; without it, the private L and σ."""
@@ -319,7 +322,7 @@ def test_halving_keeps_the_dense_network_and_the_better_half_of_the_tickets() ->
 
 
 @pytest.mark.parametrize("ema", [None, 0.8])
-def test_halving_scores_a_dropped_candidate_where_it_stopped(tickets: dict,  # type: ignore[type-arg]
+def test_halving_scores_a_dropped_candidate_where_it_stopped(tickets: TicketSet,
                                                             tiny_splits: DatasetSplits, ema: float | None) -> None:
     """Up to the first rung the halving run is the full run (same seed, same candidates): a candidate dropped
     there reports exactly what a run of that many steps scores it (by its EMA when the plan averages); the
@@ -329,7 +332,7 @@ def test_halving_scores_a_dropped_candidate_where_it_stopped(tickets: dict,  # t
     halved = noise_aware_choice(tickets, tiny_splits, plan, seed=4, halving=2)
     short = noise_aware_choice(tickets, tiny_splits, replace(plan, steps=2), seed=4)
     steps = [c.steps for c in halved.candidates]
-    assert len(steps) == len(tickets["tickets"]) == 4 and steps[0] == 8
+    assert len(steps) == len(tickets.tickets) == 4 and steps[0] == 8
     assert sorted(steps) == [2, 4, 8, 8]  # 1 dropped at T/4 (3 tickets → 2), 1 at T/2 (2 → 1)
     assert halved.rungs == (2, 4) and halved.to_json()["halving_rungs"] == [2, 4] and short.rungs == ()
     first_out = steps.index(2)
@@ -339,7 +342,7 @@ def test_halving_scores_a_dropped_candidate_where_it_stopped(tickets: dict,  # t
     assert survivors[0] == 0 and halved.index in survivors
 
 
-def test_halving_carries_each_kept_candidates_optimiser_state(tickets: dict,  # type: ignore[type-arg]
+def test_halving_carries_each_kept_candidates_optimiser_state(tickets: TicketSet,
                                                                tiny_splits: DatasetSplits) -> None:
     import dpltm.selection.noise_aware as module
 
@@ -359,7 +362,7 @@ def test_halving_carries_each_kept_candidates_optimiser_state(tickets: dict,  # 
         torch.testing.assert_close(kept, mean[[0, 2]])
 
 
-def test_halving_steps_unstacked_candidates_too(tickets: dict, tiny_splits: DatasetSplits,  # type: ignore[type-arg]
+def test_halving_steps_unstacked_candidates_too(tickets: TicketSet, tiny_splits: DatasetSplits,  # type: ignore[type-arg]
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Candidates with a frozen layer train one by one (`EachCandidate`): halving drops them from that
     loop, and the survivors are the networks that trained all T steps."""

@@ -17,6 +17,7 @@ import torch
 from dp_accounting import NonPrivateDpEvent, NoOpDpEvent, ZCDpEvent  # type: ignore[import-untyped]
 from scipy.stats import chisquare
 
+from dpltm.artefacts import TicketSet, Winner
 from dpltm.checkpoint import load_checkpoint
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
@@ -24,9 +25,10 @@ from dpltm.privacy.events import event_from_json
 from dpltm.privacy.exponential import selection_probabilities
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.selection.rules import SELECTION_RULES, RuleSettings, SelectionRule, selection_rule
-from dpltm.selection.winner import Selection, select_best, winner_payload
+from dpltm.selection.winner import Selection, make_winner, select_best
 from dpltm.stages.select import stage_select
 from dpltm.training.pipeline import ticket_origin
+from tests.core import bodies
 from tests.datafiles import write_digits
 
 ACCURACIES = [0.9, 0.8, 0.6, 0.3]
@@ -34,17 +36,27 @@ DENSITIES = [1.0, 0.5, 0.25, 0.125]
 NU, EPS1 = 0.5, 10.0  # Δ = 0.9375: P ≈ (0.20, 0.44, 0.29, 0.08), neither uniform nor argmax
 
 
-def ticket_set(dataset: str = "blobs") -> dict[str, Any]:
-    """The fields of a ticket set that selection and the winner file read."""
-    tickets = [{"round": r, "val_accuracy": a, "density": c, "masks": {}, "layer_density": {}}
-               for r, (a, c) in enumerate(zip(ACCURACIES, DENSITIES))]
-    return {"tickets": tickets, "complete": True, "architecture": {}, "theta0": {}, "config": {}, "privacy": {},
-            "data": {"dataset": dataset, "split": "train"}}
+def _kept(keep: float) -> dict[str, torch.Tensor]:
+    """Masks keeping exactly the first `keep` of each layer's weights (so C is exactly `keep`)."""
+    masks = {}
+    for name, mask in bodies.ticket(0, 1.01, 0.0).masks.items():
+        flat = torch.zeros(mask.numel(), dtype=torch.bool)
+        flat[:round(mask.numel() * keep)] = True
+        masks[name] = flat.reshape(mask.shape)
+    return masks
 
 
-def stub_planned_run(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+def ticket_set(dataset: str = "blobs") -> TicketSet:
+    """A ticket set whose rounds have the accuracies A and densities C above."""
+    records = tuple(dataclasses.replace(bodies.ticket(r, 1.01, a), masks=_kept(c), density=c, trained=None,
+                                        layer_density={n: c for n in _kept(c)})
+                    for r, (a, c) in enumerate(zip(ACCURACIES, DENSITIES)))
+    return bodies.ticket_set(tickets=records, data={**bodies.DATA, "dataset": dataset, "split": "train"})
+
+
+def stub_planned_run(tickets: TicketSet, settings: RuleSettings) -> Selection:
     """Stands in for the noise-aware training (tests/test_noise_aware.py runs the real one)."""
-    return select_best(payload, settings)
+    return select_best(tickets, settings)
 
 
 def settings_for(rule: SelectionRule, seed: int | None = 0) -> RuleSettings:
@@ -57,7 +69,7 @@ def runnable(rule: SelectionRule) -> SelectionRule:
     return dataclasses.replace(rule, target=f"{__name__}:stub_planned_run") if rule.needs_planned_run else rule
 
 
-def ledger_of(winner: dict[str, Any], private_name: str) -> PrivacyLedger:
+def ledger_of(winner: Winner, private_name: str) -> PrivacyLedger:
     """The ledger `dpltm train` builds for `winner` on the private dataset `private_name`."""
     private = DatasetSplits(name=private_name, source_split="train", train=None, val=None,  # type: ignore[arg-type]
                             test=None, num_features=1, num_classes=2, fingerprint="")  # type: ignore[arg-type]
@@ -71,14 +83,14 @@ def ledger_of(winner: dict[str, Any], private_name: str) -> PrivacyLedger:
 @pytest.mark.parametrize("name", list(SELECTION_RULES))
 def test_every_rule_states_the_event_the_ledger_records(name: str) -> None:
     rule = SELECTION_RULES[name]
-    payload = ticket_set()
-    chosen = runnable(rule).select(payload, settings_for(rule))
-    assert 0 <= chosen.selection.index < len(payload["tickets"])
+    tickets = ticket_set()
+    chosen = runnable(rule).select(tickets, settings_for(rule))
+    assert 0 <= chosen.selection.index < len(tickets.tickets)
     assert math.isclose(float(np.sum(chosen.selection.probabilities)), 1.0)
-    winner = winner_payload(payload, Path("t.pt"), chosen.selection, eps1=settings_for(rule).eps1, nu=NU,
-                            seeded=True, method=rule.name, event=chosen.event)
-    assert event_from_json(winner["selection"]["dp_event"]) == chosen.event
-    assert winner["selection"]["method"] == name
+    winner = make_winner(tickets, Path("t.pt"), chosen.selection, eps1=settings_for(rule).eps1, nu=NU,
+                         seeded=True, method=rule.name, event=chosen.event)
+    assert winner.selection_event == chosen.event
+    assert winner.selection_method == name
     # tickets made on the private data itself: the ledger records exactly the rule's event
     assert ledger_of(winner, "blobs").selection_event() == chosen.event
     # tickets from other (public) data: no private record was looked at, whatever the rule
@@ -94,8 +106,8 @@ def test_the_three_rules_of_the_cli_keep_their_events() -> None:
 
 
 def test_exponential_draws_follow_the_stated_probabilities() -> None:
-    rule, payload = selection_rule("exponential"), ticket_set()
-    draws = [rule.select(payload, RuleSettings(nu=NU, seed=seed, eps1=EPS1)).selection for seed in range(4000)]
+    rule, tickets = selection_rule("exponential"), ticket_set()
+    draws = [rule.select(tickets, RuleSettings(nu=NU, seed=seed, eps1=EPS1)).selection for seed in range(4000)]
     stated = draws[0].probabilities
     scores = np.array(ACCURACIES) * (1 - NU * np.array(DENSITIES))
     assert np.allclose(stated, selection_probabilities(scores, EPS1, 1 - NU * min(DENSITIES)))
@@ -115,17 +127,17 @@ def test_a_rule_needs_what_it_declares() -> None:
         selection_rule("noise-aware").select(ticket_set(), RuleSettings(nu=NU))
     forged = dataclasses.replace(select_best(ticket_set(), RuleSettings(nu=NU)), record={"dp_event": {}})
     with pytest.raises(ValueError, match="overwrite.*dp_event"):  # a rule's record cannot rewrite its privacy
-        winner_payload(ticket_set(), Path("t.pt"), forged, eps1=None, nu=NU, seeded=True)
+        make_winner(ticket_set(), Path("t.pt"), forged, eps1=None, nu=NU, seeded=True)
 
 
 # ---- a rule added by this file alone ---------------------------------------------------------
 
 
-def gumbel_max(payload: dict[str, Any], settings: RuleSettings) -> Selection:
+def gumbel_max(tickets: TicketSet, settings: RuleSettings) -> Selection:
     """Report-noisy-max with Gumbel(2Δ/ε1) noise: the exponential mechanism by another algorithm
     (McSherry & Talwar 2007; Durfee & Rogers 2019), so ε1-DP and ε1-bounded-range like it."""
-    scores = np.array([t["val_accuracy"] * (1 - settings.nu * t["density"]) for t in payload["tickets"]])
-    sensitivity = float(np.max(np.abs(1 - settings.nu * np.array([t["density"] for t in payload["tickets"]]))))
+    scores = np.array([t.val_accuracy * (1 - settings.nu * t.density) for t in tickets.tickets])
+    sensitivity = float(np.max(np.abs(1 - settings.nu * np.array([t.density for t in tickets.tickets]))))
     eps1 = float(settings.eps1)  # type: ignore[arg-type]
     noisy = scores + np.random.default_rng(settings.seed).gumbel(scale=2 * sensitivity / eps1, size=len(scores))
     probabilities = selection_probabilities(scores, eps1, sensitivity)
@@ -148,7 +160,7 @@ def test_a_rule_registered_here_runs_end_to_end(tmp_path: Path, monkeypatch: pyt
     assert event_from_json(selection["dp_event"]) == ZCDpEvent(0.5 * 0.5 / 8.0)
     assert selection["eps1"] == 0.5 and selection["draws"] == 1
     assert load_checkpoint(tmp_path / "t.pt", "tickets")["selection_draws"] == [0.5]  # the draw is counted
-    ledger = ledger_of(stored, "digits")
+    ledger = ledger_of(winner, "digits")
     assert ledger.selection_eps1 == 0.5 and ledger.selection_event() == ZCDpEvent(0.5 * 0.5 / 8.0)
     assert winner.round == stored["round"]  # stage_select returns the typed Winner
 
@@ -174,16 +186,16 @@ def test_select_rule_picks_a_registered_rule_by_name_and_checks_its_needs(tmp_pa
         assert len(lines) <= 1 or "Usage" in refused.stderr, (args, lines)
 
 
-def _best_winner_named(dataset: str, fingerprint: str) -> dict[str, Any]:
+def _best_winner_named(dataset: str, fingerprint: str) -> Winner:
     """The best-score winner of `ticket_set()`, its source data renamed (by hand, or one set of files under two
     names)."""
     rule = SELECTION_RULES["best"]
-    payload = ticket_set()
-    chosen = runnable(rule).select(payload, settings_for(rule))
-    winner = winner_payload(payload, Path("t.pt"), chosen.selection, eps1=None, nu=NU, seeded=True, method=rule.name,
-                            event=chosen.event)
-    winner["source"]["data"] = {**winner["source"]["data"], "dataset": dataset, "fingerprint": fingerprint}
-    return winner
+    tickets = ticket_set()
+    chosen = runnable(rule).select(tickets, settings_for(rule))
+    winner = make_winner(tickets, Path("t.pt"), chosen.selection, eps1=None, nu=NU, seeded=True, method=rule.name,
+                         event=chosen.event)
+    return dataclasses.replace(winner, source={**winner.source, "data": {**winner.source_data, "dataset": dataset,
+                                                                          "fingerprint": fingerprint}})
 
 
 def test_tickets_that_name_another_dataset_but_hold_the_private_fingerprint_are_same_data() -> None:

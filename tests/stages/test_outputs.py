@@ -390,12 +390,16 @@ def test_a_refused_run_leaves_no_log_folder(data_root: Path, tmp_path: Path, cli
 def test_a_private_ticket_plan_with_the_0_1_0_key_is_refused_in_one_line() -> None:
     """The 0.1.0 alias train.target_eps is gone (checkpoint format 2): a plan carrying it is a
     one-line error naming the key, not a silent default."""
+    import dataclasses
+
     from dpltm.config import resolve_train_config
     from dpltm.errors import DpltmUserError
     from dpltm.tickets.private import private_ticket_plan
+    from tests.core.bodies import private_ticket
 
-    ticket = {"private_ticket": {"epsilon_total": 1.0},
-              "source": {"config": {"train": {"target_eps": None, "epochs": 5}, "data": {"dataset": "digits"}}}}
+    made = private_ticket()
+    ticket = dataclasses.replace(made, source={**made.source, "config": {
+        "train": {"target_eps": None, "epochs": 5}, "data": {"dataset": "digits"}}})
     with pytest.raises(DpltmUserError, match="unknown config key.*target_eps"):
         resolve_train_config({"data": {"dataset": "digits"}}, None, base=private_ticket_plan(ticket))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpltm.artefacts import TicketRecord, TicketSet
 from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
@@ -33,55 +34,58 @@ def late_config(step: int = K, **generate: object) -> GenerateConfig:
 
 
 @pytest.fixture
-def late(tiny_splits: DatasetSplits, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+def late(tiny_splits: DatasetSplits, tmp_path: Path) -> TicketSet:
     return generate_tickets(late_config(), tiny_splits, tmp_path / "late.pt", progress=False)
 
 
-def _replayed(payload: dict, start: dict[str, torch.Tensor], ticket: dict, steps: int,  # type: ignore[type-arg]
+def _replayed(tickets: TicketSet, start: dict[str, torch.Tensor], ticket: TicketRecord, steps: int,
               splits: DatasetSplits) -> dict[str, torch.Tensor]:
     """The round trained again by hand: from `start` under the ticket's mask, `steps` steps of its own seed."""
     cfg = late_config()
-    model = build_network(Architecture.from_dict(payload["architecture"]))
-    masks = rewind(model, start, ticket_masks(ticket))
+    model = build_network(Architecture.from_dict(tickets.architecture))
+    masks = rewind(model, start, ticket_masks(ticket.masks))
     train_classifier(model, splits.train, masks=masks, steps=steps, batch_size=cfg.generate.batch_size,
-                     lr=cfg.generate.lr, seed=round_seed(cfg.seed, ticket["round"]))
+                     lr=cfg.generate.lr, seed=round_seed(cfg.seed, ticket.round))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def test_round_zero_keeps_its_iterate_k_and_later_rounds_start_there(late: dict,  # type: ignore[type-arg]
+def test_round_zero_keeps_its_iterate_k_and_later_rounds_start_there(late: TicketSet,
                                                                      tiny_splits: DatasetSplits) -> None:
-    point = late["rewind_point"]
-    assert point["step"] == K and set(point["weights"]) == set(late["theta0"])
-    dense, first = late["tickets"][0], late["tickets"][1]
+    point = late.rewind_point
+    assert point is not None and late.rewind_step == K and set(point.weights) == set(late.theta0)
+    assert late.rewind_weights is point.weights
+    dense, first = late.tickets[0], late.tickets[1]
     # θ_K is round 0's own iterate: K steps from θ0 on round 0's batches
-    by_hand = _replayed(late, late["theta0"], dense, K, tiny_splits)
-    for key, value in point["weights"].items():
+    by_hand = _replayed(late, late.theta0, dense, K, tiny_splits)
+    for key, value in point.weights.items():
         torch.testing.assert_close(value, by_hand[key], rtol=1e-5, atol=1e-6)
-    assert not torch.equal(point["weights"]["hidden.0.weight"], late["theta0"]["hidden.0.weight"])
+    assert not torch.equal(point.weights["hidden.0.weight"], late.theta0["hidden.0.weight"])
     # round 1 starts from θ_K under its mask and trains I − K steps (not from θ0, not I steps)
-    again = _replayed(late, point["weights"], first, 30 - K, tiny_splits)
-    for key, value in first["trained"].items():
+    again = _replayed(late, point.weights, first, 30 - K, tiny_splits)
+    for key, value in (first.trained or {}).items():
         torch.testing.assert_close(value, again[key], rtol=1e-5, atol=1e-6)
-    assert len(first["loss_curve"]) == len(range(0, 30 - K, 5)) and len(dense["loss_curve"]) == 6
+    assert len(first.loss_curve) == len(range(0, 30 - K, 5)) and len(dense.loss_curve) == 6
 
 
-def test_the_set_stores_the_point_and_resumes_with_it(late: dict, tiny_splits: DatasetSplits,  # type: ignore[type-arg]
+def test_the_set_stores_the_point_and_resumes_with_it(late: TicketSet, tiny_splits: DatasetSplits,
                                                       tmp_path: Path) -> None:
     stored = load_ticket_set(tmp_path / "late.pt")
-    assert stored.rewind_point is not None and stored.rewind_point["step"] == K
+    assert stored.rewind_point is not None and stored.rewind_point.step == K
     part = tmp_path / "part.pt"
     generate_tickets(late_config(), tiny_splits, part, progress=False, stop_after=1)
     resumed = generate_tickets(late_config(), tiny_splits, part, progress=False)
-    for a, b in zip(late["tickets"], resumed["tickets"], strict=True):
-        for name in a["masks"]:
-            assert torch.equal(a["masks"][name], b["masks"][name])
-        torch.testing.assert_close(a["trained"]["hidden.0.weight"], b["trained"]["hidden.0.weight"])
+    for a, b in zip(late.tickets, resumed.tickets, strict=True):
+        for name in a.masks:
+            assert torch.equal(a.masks[name], b.masks[name])
+        assert a.trained is not None and b.trained is not None
+        torch.testing.assert_close(a.trained["hidden.0.weight"], b.trained["hidden.0.weight"])
     plain = generate_tickets(late_config(step=0), tiny_splits, tmp_path / "plain.pt", progress=False)
-    assert plain["rewind_point"] is None and load_ticket_set(tmp_path / "plain.pt").rewind_point is None
-    assert plain["config_hash"] != late["config_hash"]  # a resumed run never mixes the two
+    assert plain.rewind_point is None and plain.rewind_step == 0 and plain.rewind_weights is plain.theta0
+    assert load_ticket_set(tmp_path / "plain.pt").rewind_point is None
+    assert plain.config_hash != late.config_hash  # a resumed run never mixes the two
 
 
-def test_a_point_that_disagrees_with_its_settings_is_refused(late: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
+def test_a_point_that_disagrees_with_its_settings_is_refused(late: TicketSet, tmp_path: Path) -> None:
     body = load_ticket_set(tmp_path / "late.pt").to_dict()
     body["rewind_point"] = {**body["rewind_point"], "step": K + 1}
     save_atomic(body, tmp_path / "bad.pt", "tickets")
@@ -99,21 +103,21 @@ def test_a_step_outside_the_round_is_refused(step: int) -> None:
         late_config(step=step)
 
 
-def test_the_choice_searches_theta_k_as_a_start(late: dict, tiny_splits: DatasetSplits) -> None:  # type: ignore[type-arg]
+def test_the_choice_searches_theta_k_as_a_start(late: TicketSet, tiny_splits: DatasetSplits) -> None:
     plan = PlannedRun(noise_multiplier=1.0, expected_batch_size=64, steps=3, clip=1.0, lr=0.3)
     assert searched_trainings(plan, ("start",), "hidden.0", K) == [("init", ()), (str(K), ()), ("public", ())]
     assert searched_trainings(replace(plan, start=str(K)), ("start",), "hidden.0", K) == [
         (str(K), ()), ("init", ()), ("public", ())]
     choice = noise_aware_choice(late, tiny_splits, plan, seed=0, search=("start",))
     assert [(c.round, c.start) for c in choice.candidates] == [
-        (t["round"], s) for t in late["tickets"] for s in ("init", str(K), "public")]
-    record = {"selection": {"noise_aware": {**choice.to_json(), "chosen": {
-        "start": str(K), "freeze": [], "ema": None, "ema_warmup": False, "output_layer": "reinit"}}}}
-    assert chosen_training(record) == {"train": {"rewind": str(K), "output_layer": "reinit"}}
+        (t.round, s) for t in late.tickets for s in ("init", str(K), "public")]
+    selection = {"noise_aware": {**choice.to_json(), "chosen": {
+        "start": str(K), "freeze": [], "ema": None, "ema_warmup": False, "output_layer": "reinit"}}}
+    assert chosen_training(selection) == {"train": {"rewind": str(K), "output_layer": "reinit"}}
     for written in (f"0{K}", K, "0"):  # a start as no writer stores it: the record is damaged
-        record["selection"]["noise_aware"]["chosen"]["start"] = written
+        selection["noise_aware"]["chosen"]["start"] = written
         with pytest.raises(DpltmUserError, match="damaged"):
-            chosen_training(record)
+            chosen_training(selection)
     planned_k = noise_aware_choice(late, tiny_splits, replace(plan, start=str(K)), seed=0)
     assert {c.start for c in planned_k.candidates} == {str(K)}
 

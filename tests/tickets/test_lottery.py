@@ -22,7 +22,7 @@ def small_config(**generate: object) -> GenerateConfig:
 
 def test_schedule_records_and_phase1_label(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "t.pt"
-    payload = generate_tickets(small_config(), tiny_splits, out, progress=False)
+    payload = generate_tickets(small_config(), tiny_splits, out, progress=False).to_dict()
     tickets = payload["tickets"]
     assert [t["round"] for t in tickets] == [0, 1, 2, 3]
     assert tickets[0]["density"] == 1.0
@@ -48,14 +48,14 @@ def test_resume_after_interruption_gives_identical_tickets(tiny_splits, tmp_path
     whole = generate_tickets(cfg, tiny_splits, tmp_path / "whole.pt", progress=False)
     part = tmp_path / "part.pt"
     first = generate_tickets(cfg, tiny_splits, part, progress=False, stop_after=2)
-    assert not first["complete"] and len(first["tickets"]) == 2
+    assert not first.complete and len(first.tickets) == 2
     resumed = generate_tickets(cfg, tiny_splits, part, progress=False)
-    assert resumed["complete"]
-    assert len(resumed["tickets"]) == len(whole["tickets"])
-    for a, b in zip(whole["tickets"], resumed["tickets"]):
-        assert a["val_accuracy"] == b["val_accuracy"]
-        for name in a["masks"]:
-            assert torch.equal(a["masks"][name], b["masks"][name])
+    assert resumed.complete
+    assert len(resumed.tickets) == len(whole.tickets)
+    for a, b in zip(whole.tickets, resumed.tickets):
+        assert a.val_accuracy == b.val_accuracy
+        for name in a.masks:
+            assert torch.equal(a.masks[name], b.masks[name])
 
 
 def test_other_settings_do_not_silently_resume(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -65,17 +65,17 @@ def test_other_settings_do_not_silently_resume(tiny_splits, tmp_path: Path) -> N
         generate_tickets(small_config(rounds=1, lr=0.3), tiny_splits, out, progress=False)
     again = generate_tickets(small_config(rounds=1, lr=0.3), tiny_splits, out, progress=False,
                              overwrite=True)
-    assert again["config"]["generate"]["lr"] == 0.3
+    assert again.config["generate"]["lr"] == 0.3
 
 
 def test_min_density_floor_and_controls(tiny_splits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    payload = generate_tickets(small_config(rounds=10, min_density=0.45, controls=True),
+    tickets = generate_tickets(small_config(rounds=10, min_density=0.45, controls=True),
                                tiny_splits, tmp_path / "t.pt", progress=False)
-    densities = [t["density"] for t in payload["tickets"]]
+    densities = [t.density for t in tickets.tickets]
     assert min(densities) >= 0.45 and len(densities) < 11
-    assert "below --min-density" in payload["stop_reason"]
-    assert "controls" not in payload["tickets"][0]
-    controls = payload["tickets"][1]["controls"]
+    assert "below --min-density" in (tickets.stop_reason or "")
+    assert tickets.tickets[0].controls is None
+    controls = tickets.tickets[1].controls or {}
     assert set(controls) == {"reinit", "random_mask"}
 
 

@@ -68,14 +68,14 @@ def test_private_ticket_then_training_meets_the_requested_epsilon(tiny_splits: D
                                                                   tmp_path: Path) -> None:
     cfg = _config(eps=2.0, warmup=2, epochs=3, density_=0.3)
     ticket_path = tmp_path / "ticket.pt"
-    payload = make_private_ticket(cfg, tiny_splits, ticket_path, progress=False, noise_seed=1)
+    payload = make_private_ticket(cfg, tiny_splits, ticket_path, progress=False, noise_seed=1).to_dict()
     assert payload["density"] == pytest.approx(0.3, abs=0.01)
     # the start weights are zero wherever the mask prunes (masked DP warm-up weights)
     for name, mask in payload["masks"].items():
         key = name
         assert torch.all(payload["theta0"][key][~mask] == 0)
     ticket = load_ticket(ticket_path)
-    assert ticket["selection"]["method"] == "private"
+    assert ticket.selection_method == "private" and ticket.is_private_ticket
     report = train(cfg, tiny_splits, tmp_path / "model.pt", ticket=ticket, ticket_path=ticket_path,
                    private=True, progress=False, noise_seed=2)
     assert report["end_to_end_dp"] is True
@@ -119,7 +119,7 @@ def test_a_private_ticket_under_another_dataset_name_composes_its_warm_up(tiny_s
 
 def test_more_warmup_rounds_are_each_accounted(tiny_splits: DatasetSplits, tmp_path: Path) -> None:
     cfg = _config(eps=3.0, warmup=1, epochs=2, rounds=3, density_=0.2, rewind="init", ema=0.9)
-    payload = make_private_ticket(cfg, tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=3)
+    payload = make_private_ticket(cfg, tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=3).to_dict()
     assert len(payload["private_ticket"]["warmup"]) == 3
     densities = [r["density"] for r in payload["private_ticket"]["rounds"]]
     assert densities == sorted(densities, reverse=True) and densities[-1] == pytest.approx(0.2, abs=0.01)
@@ -139,7 +139,7 @@ def test_a_private_ticket_is_refused_on_other_data_of_the_same_name(tiny_splits:
     cfg = _config()
     made_on = dataclasses.replace(tiny_splits, seed=1, val_fraction=0.1)
     make_private_ticket(cfg, made_on, tmp_path / "t.pt", progress=False, noise_seed=1)
-    assert load_ticket(tmp_path / "t.pt")["source"]["data"]["fingerprint"] is None  # user data: not recorded
+    assert load_ticket(tmp_path / "t.pt").source_data["fingerprint"] is None  # user data: not recorded
     # so the data settings and counts tell other data apart
     fewer = LabeledTensors(made_on.train.features[:-1], made_on.train.labels[:-1])
     for other, says in ((dataclasses.replace(made_on, source_split="all"), "split train in the file, all in the data"),
@@ -289,7 +289,7 @@ def test_a_cnn_private_ticket_prunes_its_convolutions_and_trains_end_to_end_dp(t
     cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, arch="lenet5", hidden=(16,)),
                               train=dataclasses.replace(base.train, batch_size=32))
     ticket_path = tmp_path / "ticket.pt"
-    payload = make_private_ticket(cfg, data, ticket_path, progress=False, noise_seed=1)
+    payload = make_private_ticket(cfg, data, ticket_path, progress=False, noise_seed=1).to_dict()
     assert payload["architecture"]["conv"] and payload["density"] == pytest.approx(0.4, abs=0.02)
     assert {"conv.0.weight", "conv.1.weight"} <= set(payload["masks"])
     assert all(0.0 < float(payload["masks"][n].float().mean()) < 1.0 for n in ("conv.0.weight", "conv.1.weight"))

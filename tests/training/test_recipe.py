@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import dpltm.dp.step as dp_step
+from dpltm.artefacts import Winner
 from dpltm.data.types import DatasetSplits
 from dpltm.dp.mechanism import NoiseContext
 from dpltm.errors import DpltmUserError
@@ -151,8 +152,11 @@ def test_non_private_baseline_takes_the_same_recipe(tiny_splits: DatasetSplits) 
     assert outcome.history[-1]["val_accuracy"] > 0.5  # it learned
 
 
-def ticket_of(model: LeNet, masks: Masks) -> dict[str, Any]:
-    return {"architecture": model.arch.to_dict(), "masks": masks, "theta0": dict(model.state_dict())}
+def ticket_of(model: LeNet, masks: Masks, method: str = "best") -> Winner:
+    """The fields of a winner that building its network reads."""
+    return Winner(architecture=model.arch.to_dict(), theta0=dict(model.state_dict()), masks=masks, density=1.0,
+                  layer_density={}, round=0, val_accuracy=0.0, privacy={}, selection={"method": method},
+                  source={"tickets": None, "data": {"dataset": "digits", "split": "train"}})
 
 
 def test_a_tickets_activation_can_be_overridden(tiny_splits: DatasetSplits) -> None:
@@ -260,7 +264,7 @@ def test_a_private_ticket_on_data_of_another_size_is_told_where_it_belongs() -> 
     public = ticket_of(source, masks)
     with pytest.raises(DpltmUserError, match="--project-to 30"):
         model_from_ticket(public, 30, 4, seed=0)
-    private = {**public, "selection": {"method": "private"}, "source": {"tickets": None, "data": {"dataset": "digits"}}}
+    private = ticket_of(source, masks, method="private")
     with pytest.raises(DpltmUserError, match=r"made on digits \(20 features\).*generate --private") as error:
         model_from_ticket(private, 30, 4, seed=0)
     assert "--project-to" not in str(error.value)
