@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-CHUNK_ELEMENTS = 1 << 24
-"""Formed per-sample gradients are made this many numbers at a time at most (64 MB in float32)."""
+CHUNK_ELEMENTS = 1 << 22
+"""Formed per-sample gradients are made this many numbers at a time at most (16 MB in float32)."""
 
 
 def conv_operands(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:

@@ -3,7 +3,9 @@
 
 A forward pass with hooks records every layer that owns trainable parameters (its inputs and its
 output z); one autograd call on Σ_i ℓ_i gives g_i = ∂ℓ_i/∂z_i for every sample, because z_i influences
-only ℓ_i. Each layer's rule (dpltm.dp.rules: the registry — exact ghost norms for nn.Linear and
+only ℓ_i. Where holding every layer's g at once would take more than HELD_GRADIENTS_MAX_BYTES, two backward
+passes take each layer's g as it goes by instead, the norms on the first, the sums on the second.
+Each layer's rule (dpltm.dp.rules: the registry — exact ghost norms for nn.Linear and
 nn.Embedding, unfolded patches for convolutions, recomputed normalised inputs for GroupNorm and
 LayerNorm, torch.func for any other layer) turns (a_i, g_i, mask) into the
 per-sample squared norms over the surviving weights and, given the clip factors
@@ -99,24 +101,77 @@ def prunable_weight_names(model: nn.Module) -> list[str]:
     return list(prunable_weights(model))
 
 
+HELD_GRADIENTS_MAX_BYTES = 1 << 26
+"""Above this many bytes of layer-output gradients (the batch's g for every trainable layer at once),
+`clipped_gradient_sum_of` holds none of them: it takes two backward passes, the first for the norms, the second,
+after the clip factors, for the sums (each layer's g used as it goes by, then freed). Opacus's ghost clipping makes
+the same trade of a second backward pass for memory (Li et al. 2022, §4)."""
+
+
+class _Tap:
+    """Where a layer's output gradient goes as a backward pass reaches it (nowhere: g is asked of autograd)."""
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+        self.take: Callable[[Tensor], None] | None = None
+
+
+class _Observed(torch.autograd.Function):
+    """z ↦ a copy of z whose backward hands g = ∂Σℓ/∂z to the layer's tap and passes it on unchanged. Its second
+    input, one anchor leaf shared by every layer, puts each layer on a path to that leaf: a backward pass to the
+    anchor visits every layer and computes no weight gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, anchor: Tensor, tap: _Tap) -> Tensor:
+        ctx.tap, ctx.anchor_dtype = tap, anchor.dtype
+        return z.clone()  # later in-place ops (ReLU(inplace=True)) act on the copy, not on z
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, None]:
+        if ctx.tap.take is not None:
+            ctx.tap.take(g)
+        return g, g.new_zeros((), dtype=ctx.anchor_dtype), None
+
+
 @contextmanager
-def _recording(layers: list[tuple[str, nn.Module]]) -> Iterator[list[LayerCall]]:
+def _recording(layers: list[tuple[str, nn.Module]],
+               anchor: Tensor | None = None) -> Iterator[tuple[list[LayerCall], list[_Tap]]]:
     calls = [LayerCall(name, module) for name, module in layers]
+    taps = [_Tap() for _ in calls]
     handles = []
-    for call in calls:
+    for call, tap in zip(calls, taps):
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any,
-                 call: LayerCall = call) -> Tensor:
+                 call: LayerCall = call, tap: _Tap = tap) -> Tensor:
             if call.output is not None:
                 raise DpltmUserError(f"layer {call.name} runs twice in one forward pass: weight sharing is not "
                                      "supported by dpltm's per-sample clipping")
             call.record(module, args, kwargs, output)
-            return output.clone()  # later in-place ops (ReLU(inplace=True)) act on the copy, not on z
+            tap.nbytes = output.numel() * output.element_size()
+            copy = output.clone() if anchor is None else _Observed.apply(output, anchor, tap)
+            _drop_values(module, output)
+            return copy
         handles.append(call.module.register_forward_hook(hook, with_kwargs=True))
     try:
-        yield calls
+        yield calls, taps
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _drop_values(module: nn.Module, z: Tensor) -> None:
+    """Let go of a layer's output values once the forward pass has its copy: z stays only as the graph's node that
+    g = ∂Σℓ/∂z is asked of, and an exact rule never reads its values (torch.func's fallback does). Only for
+    torch's own layers, which keep no reference to their output, and for a view only of a base made with it (a
+    Linear on a sequence): a tensor anyone else holds is never touched. One copy of every layer's output less at
+    the peak; what the graph saved stays saved."""
+    if isinstance(rule_for(module), FuncRule) or not type(module).__module__.startswith("torch.nn."):
+        return
+    base = z._base
+    if base is not None and (base._base is not None or base.grad_fn is None):
+        return
+    z.data = z.new_empty(0)
+    if base is not None:
+        base.data = base.new_empty(0)
 
 
 def _needs_graph(calls: list[LayerCall]) -> bool:
@@ -179,7 +234,7 @@ def record_norm_tables(model: nn.Module, masks: dict[str, Tensor], records: Tens
     if records.shape[0] == 0 or not records.is_contiguous():
         return {}
     probe = records[:2]
-    with _recording(trainable_layers(model)) as calls:
+    with _recording(trainable_layers(model)) as (calls, _):
         before = probe._version
         model(probe)
     if probe._version != before:  # the network writes into its input: no layer sees the records as given
@@ -215,7 +270,8 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: Clip,
     if x.shape[0] == 0:  # an empty Poisson batch: a zero sum (the step still adds noise)
         return ClippedBatch({n: torch.zeros_like(p) for n, p in parameters.items() if p.requires_grad},
                             x.new_zeros(0), x.new_zeros(()))
-    with _recording(layers) as calls:
+    anchor = torch.zeros((), device=x.device, requires_grad=True)
+    with _recording(layers, anchor) as (calls, taps):
         before = x._version
         outputs = model(x)
     if input_terms and x._version == before:  # written in place: the tables no longer describe x
@@ -233,14 +289,67 @@ def clipped_gradient_sum_of(model: nn.Module, x: Tensor, y: Tensor, clip: Clip,
     for call in calls:
         if call.output is None:
             raise DpltmUserError(f"layer {call.name} has trainable parameters but took no part in the forward pass")
-    out_grads = torch.autograd.grad(loss_sum, [call.output for call in calls], allow_unused=True,  # type: ignore[misc]
-                                    retain_graph=_needs_graph(calls))
-    unused = [call.name for call, g in zip(calls, out_grads) if g is None]
-    if unused:
-        raise DpltmUserError(f"the loss does not depend on layer(s) {unused}: every trainable layer must take part")
-    sums, norms = clip_and_sum(calls, list(out_grads), masks, clip, weights, batch_size=x.shape[0])
+    if _holding_costs_too_much(calls, taps):
+        sums, norms = _clip_and_sum_in_two_passes(calls, taps, loss_sum, anchor, masks, clip, weights, x.shape[0])
+    else:
+        out_grads = torch.autograd.grad(loss_sum, [call.output for call in calls], allow_unused=True,  # type: ignore[misc]
+                                        retain_graph=_needs_graph(calls))
+        _check_used(calls, out_grads)
+        sums, norms = clip_and_sum(calls, list(out_grads), masks, clip, weights, batch_size=x.shape[0])
     order = [name for name, p in parameters.items() if p.requires_grad]
     return ClippedBatch({name: sums[name] for name in order}, norms, loss_sum.detach())
+
+
+def _check_used(calls: list[LayerCall], grads: list[Any]) -> None:
+    unused = [call.name for call, g in zip(calls, grads) if g is None]
+    if unused:
+        raise DpltmUserError(f"the loss does not depend on layer(s) {unused}: every trainable layer must take part")
+
+
+def _holding_costs_too_much(calls: list[LayerCall], taps: list[_Tap]) -> bool:
+    """Whether to take two backward passes: the layers' output gradients together exceed
+    HELD_GRADIENTS_MAX_BYTES, and every layer has an exact rule (torch.func's fallback asks the graph for more)."""
+    return (sum(tap.nbytes for tap in taps) > HELD_GRADIENTS_MAX_BYTES
+            and not any(isinstance(rule_for(call.module), FuncRule) for call in calls))
+
+
+def _clip_and_sum_in_two_passes(calls: list[LayerCall], taps: list[_Tap], loss_sum: Tensor, anchor: Tensor,
+                                masks: dict[str, Tensor], clip: Clip, weights: Tensor | None,
+                                batch: int) -> tuple[dict[str, Tensor], Tensor]:
+    """`clip_and_sum` holding no layer's output gradient: the first backward pass takes each layer's norms as its
+    g goes by, the second its clipped sums, with the clip factors the first pass's norms gave. The same code on the
+    same g (recomputed by the same kernels) as the one pass: the same norms, factors and sums."""
+    layers: list[_LayerNorms | None] = [None] * len(calls)
+
+    def norms_of(index: int) -> Callable[[Tensor], None]:
+        def take(g: Tensor) -> None:
+            _check_rows(calls[index], g, batch)
+            layers[index] = _LayerNorms.of(calls[index], g, masks)
+        return take
+
+    try:
+        for index, tap in enumerate(taps):
+            tap.take = norms_of(index)
+        torch.autograd.grad(loss_sum, anchor, retain_graph=True, allow_unused=True)
+        _check_used(calls, layers)
+        found = [layer for layer in layers if layer is not None]
+        dtype = torch.float64 if any(call.output is not None and call.output.dtype == torch.float64
+                                     for call in calls) else torch.float32
+        clipping = _Clipping.of(found, clip, weights, dtype)
+        sums: dict[str, Tensor] = {}
+
+        def sums_of(index: int) -> Callable[[Tensor], None]:
+            def take(g: Tensor) -> None:
+                sums.update(clipping.layer_sums(calls[index], g, found[index]))
+            return take
+
+        for index, tap in enumerate(taps):
+            tap.take = sums_of(index)
+        torch.autograd.grad(loss_sum, anchor)
+        return sums, clipping.norms
+    finally:  # a tap's closure reaches the graph that reaches the tap: a cycle through autograd's nodes, which
+        for tap in taps:  # Python's collector cannot see, would keep the graph and its activations alive
+            tap.take = None
 
 
 @torch.no_grad()
@@ -254,33 +363,71 @@ def clip_and_sum(calls: list[LayerCall], out_grads: list[Tensor], masks: dict[st
     §3, per-layer clipping). The returned norms are the whole gradients' either way."""
     batch = out_grads[0].shape[0] if batch_size is None else batch_size
     for call, g in zip(calls, out_grads):  # dimension 0 must be the sample everywhere
-        if call.input is None or call.input.shape[0] != batch or g.shape[0] != batch:
-            raise DpltmUserError(f"layer {call.name} does not see one row per sample in dimension 0 (batch {batch}): "
-                                 "dpltm's per-sample clipping needs batch-first layers, without reshaping samples "
-                                 "into rows")
+        _check_rows(call, g, batch)
     dtype = torch.float64 if any(g.dtype == torch.float64 for g in out_grads) else torch.float32
-    sq_norms = out_grads[0].new_zeros(batch, dtype=dtype)
-    states = []
-    for call, g in zip(calls, out_grads):
-        rule, local = rule_for(call.module), _local_masks(call, masks, g)
-        norms_here, state = rule.sq_norms(call, g, local)
-        sq_norms += norms_here.to(dtype)
-        states.append((rule, local, state, norms_here))
-    norms = sq_norms.sqrt()
-    finite: Tensor | None = torch.isfinite(norms)
-    if bool(finite.all()):  # the one host synchronisation: the rules then skip zeroing rows
-        finite = None
-    whole = None if isinstance(clip, Mapping) else _weighted(clip_factors(norms, clip), weights, dtype)
+    layers = [_LayerNorms.of(call, g, masks) for call, g in zip(calls, out_grads)]
+    clipping = _Clipping.of(layers, clip, weights, dtype)
     sums: dict[str, Tensor] = {}
-    for call, g, (rule, local, state, norms_here) in zip(calls, out_grads, states):
-        factors = whole
+    for call, g, layer in zip(calls, out_grads, layers):
+        sums.update(clipping.layer_sums(call, g, layer))
+    return sums, clipping.norms
+
+
+def _check_rows(call: LayerCall, g: Tensor, batch: int) -> None:
+    if call.input is None or call.input.shape[0] != batch or g.shape[0] != batch:
+        raise DpltmUserError(f"layer {call.name} does not see one row per sample in dimension 0 (batch {batch}): "
+                             "dpltm's per-sample clipping needs batch-first layers, without reshaping samples "
+                             "into rows")
+
+
+@dataclass(frozen=True)
+class _LayerNorms:
+    """One layer's per-sample squared norms over its surviving weights, and what its rule keeps for the sum."""
+
+    rule: Any
+    masks: dict[str, Tensor]
+    state: Any
+    sq_norms: Tensor
+
+    @classmethod
+    def of(cls, call: LayerCall, g: Tensor, masks: dict[str, Tensor]) -> _LayerNorms:
+        rule, local = rule_for(call.module), _local_masks(call, masks, g)
+        sq_norms, state = rule.sq_norms(call, g, local)
+        return cls(rule, local, state, sq_norms)
+
+
+@dataclass(frozen=True)
+class _Clipping:
+    """The batch's norms and clip factors, from every layer's squared norms (added in the layers' order)."""
+
+    norms: Tensor
+    finite: Tensor | None
+    whole: Tensor | None
+    clip: Clip
+    weights: Tensor | None
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, layers: list[_LayerNorms], clip: Clip, weights: Tensor | None, dtype: torch.dtype) -> _Clipping:
+        sq_norms = layers[0].sq_norms.new_zeros(layers[0].sq_norms.shape[0], dtype=dtype)
+        for layer in layers:
+            sq_norms += layer.sq_norms.to(dtype)
+        norms = sq_norms.sqrt()
+        finite: Tensor | None = torch.isfinite(norms)
+        if bool(finite.all()):  # the one host synchronisation: the rules then skip zeroing rows
+            finite = None
+        whole = None if isinstance(clip, Mapping) else _weighted(clip_factors(norms, clip), weights, dtype)
+        return cls(norms, finite, whole, clip, weights, dtype)
+
+    def layer_sums(self, call: LayerCall, g: Tensor, layer: _LayerNorms) -> dict[str, Tensor]:
+        """The layer's masked clipped sums, by parameter name."""
+        factors = self.whole
         if factors is None:  # per-layer bounds; a record not finite in any layer is dropped from every layer
-            factors = clip_factors(norms_here.to(dtype).sqrt(), clip[call.name])  # type: ignore[index]
-            factors = _weighted(factors if finite is None else factors * finite, weights, dtype)
+            factors = clip_factors(layer.sq_norms.to(self.dtype).sqrt(), self.clip[call.name])  # type: ignore[index]
+            factors = _weighted(factors if self.finite is None else factors * self.finite, self.weights, self.dtype)
         prefix = f"{call.name}." if call.name else ""
-        for local_name, total in rule.clipped_sums(call, g, factors, finite, local, state).items():
-            sums[prefix + local_name] = total
-    return sums, norms
+        return {prefix + local_name: total for local_name, total in
+                layer.rule.clipped_sums(call, g, factors, self.finite, layer.masks, layer.state).items()}
 
 
 def _weighted(factors: Tensor, weights: Tensor | None, dtype: torch.dtype) -> Tensor:

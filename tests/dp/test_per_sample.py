@@ -359,3 +359,67 @@ def test_embedding_layernorm_and_groupnorm_rules_equal_torch_func_and_skip_the_f
         torch.testing.assert_close(got.grad_sums[name], value, msg=name)
     assert bool((got.grad_sums["embed.weight"][0] == 0).all())  # the padding row takes no gradient
 
+
+
+EXACT_CASES = [case for case in CASES if case not in ("exotic-cnn", "nested")]  # no torch.func layer in these
+
+
+@pytest.mark.parametrize("case", EXACT_CASES)
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_two_backward_passes_give_the_one_pass_bits(case: str, masked: bool, per_layer: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above HELD_GRADIENTS_MAX_BYTES no layer's output gradient is held: norms on a first backward pass, sums on a
+    second. The same rules on the same g: every norm and sum equal to the last bit, for whole and per-layer bounds."""
+    import dpltm.dp.engine as engine
+
+    g = torch.Generator().manual_seed(1)
+    build, data = CASES[case]
+    torch.manual_seed(0)
+    model = build().double()
+    x, y = data(g), torch.randint(0, 5, (9,), generator=g)
+    masks = random_masks(model, g) if masked else {}
+    clip = ({name: 0.3 + 0.1 * i for i, (name, m) in enumerate(model.named_modules())
+             if any(p.requires_grad for p in m.parameters(recurse=False))} if per_layer else 0.5)
+    passes, calls = [], []
+    monkeypatch.setattr(engine, "_clip_and_sum_in_two_passes",
+                        lambda *a, _f=engine._clip_and_sum_in_two_passes: calls.append(1) or _f(*a))
+    for limit in (1 << 62, -1):
+        monkeypatch.setattr(engine, "HELD_GRADIENTS_MAX_BYTES", limit)
+        passes.append(clipped_gradient_sum_of(model, x, y, clip, masks))
+    assert len(calls) == 1
+    one, two = passes
+    assert torch.equal(one.norms, two.norms) and torch.equal(one.loss_sum, two.loss_sum)
+    assert list(one.grad_sums) == list(two.grad_sums)
+    for name in one.grad_sums:
+        assert torch.equal(one.grad_sums[name], two.grad_sums[name]), name
+
+
+def test_two_passes_refuse_what_one_pass_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Samples folded into rows, and a layer the loss does not use, are the same one-line errors."""
+    import dpltm.dp.engine as engine
+
+    monkeypatch.setattr(engine, "HELD_GRADIENTS_MAX_BYTES", -1)
+
+    class Folding(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.token = nn.Linear(3, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.token(x.reshape(-1, 3)).reshape(x.shape[0], -1, 5).mean(dim=1)
+
+    with pytest.raises(DpltmUserError, match="one row per sample"):
+        clipped_gradient_sum_of(Folding(), torch.randn(4, 6, 3), torch.randint(0, 5, (4,)), 1.0)
+
+    class Unused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.idle = nn.Linear(3, 5), nn.Linear(3, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.idle(x)
+            return self.used(x)
+
+    with pytest.raises(DpltmUserError, match=r"does not depend on layer\(s\) \['idle'\]"):
+        clipped_gradient_sum_of(Unused(), torch.randn(4, 3), torch.randint(0, 5, (4,)), 1.0)
