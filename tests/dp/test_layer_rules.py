@@ -211,3 +211,21 @@ def test_embedding_takes_either_norm_form(tokens: int, width: int, masked: tuple
     ids = torch.randint(0, 5, (4, tokens), generator=g)
     ids[0, :2] = 1  # a repeat and the padding id, whichever form
     check_rule(nn.Embedding(6, width, padding_idx=1), ids, g, masked)
+
+
+@EXAMPLES
+@given(batch=st.integers(1, 4), groups=st.integers(1, 3), outputs=st.integers(1, 5), inputs=st.integers(1, 6),
+       positions=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_masked_norms_from_position_pairs_equal_the_formed_gradients(batch: int, groups: int, outputs: int,
+                                                                     inputs: int, positions: int, seed: int) -> None:
+    """The position-pair expansion a masked layer with few positions takes equals ‖(G_i U_iᵀ) ⊙ M‖² of the
+    formed gradients, at any number of positions (the rule takes it up to PAIRS_MAX_POSITIONS)."""
+    from dpltm.dp.conv_ghost import masked_pair_norms
+
+    g = torch.Generator().manual_seed(seed)
+    patches = torch.randn(batch, groups, inputs, positions, generator=g, dtype=torch.float64)
+    grads = torch.randn(batch, groups, outputs, positions, generator=g, dtype=torch.float64)
+    mask = (torch.rand(groups, outputs, inputs, generator=g) < 0.5).double()
+    formed = torch.einsum("bgot,bgkt->bgok", grads, patches) * mask
+    torch.testing.assert_close(masked_pair_norms(patches, grads, mask), formed.pow(2).sum(dim=(1, 2, 3)),
+                               rtol=1e-9, atol=1e-12)
