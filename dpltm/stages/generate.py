@@ -13,9 +13,10 @@ from dpltm.privacy.display import format_delta, format_epsilon, format_rate, for
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TicketRecord, TicketSet, Winner
+    from dpltm.options import Overrides
 
 
-def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
+def stage_generate(cli: Overrides, config: Path | None, data_dir: Path | None, device: str,
                    out: Path | None, overwrite: bool, progress: bool,
                    cuda_graphs: bool = False, logger: str | None = None,
                    log_dir: Path | None = None, download: bool = False) -> tuple[TicketSet, Path]:
@@ -128,7 +129,7 @@ def run_tickets(tickets: TicketSet) -> list[dict[str, Any]]:
     return rows
 
 
-def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
+def stage_generate_private(cli: Overrides, config: Path | None, data_dir: Path | None, device: str,
                            out: Path | None, overwrite: bool, progress: bool,
                            noise_seed: int | None = None, logger: str | None = None,
                            log_dir: Path | None = None, download: bool = False) -> tuple[Winner, Path]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan
     from dpltm.data.types import DatasetSplits, LabeledTensors
     from dpltm.dp.distributed import Distribution
+    from dpltm.options import Overrides
     from dpltm.settings import TrainConfig
 
 
-def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
+def stage_train(cli: Overrides, config: Path | None, ticket: Path | None, non_private: bool,
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
                 overwrite: bool = False, distribution: Distribution | None = None,
@@ -49,15 +50,15 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     # run's ε): that plan is the default, under the --config file and flags. So is the start, frozen
     # layers and release a noise-aware choice chose for its winner (`select --search`).
     private_ticket = winner is not None and winner.is_private_ticket
-    check_recipe_suits_ticket(cli.get("recipe"), winner)
+    check_recipe_suits_ticket(cli.recipe, winner)
     chose = None if winner is None or private_ticket or non_private else chosen_training(winner.selection)
     chosen = chose
     if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
         dropped = {key for dimension in fixed_dimensions(cli, config) for key in SEARCH_FIXED_BY[dimension]}
         chosen = {"train": {k: v for k, v in chose["train"].items() if k not in dropped}}
     base = private_ticket_plan(winner) if winner is not None and private_ticket else chosen
-    if winner is not None and private_ticket and not cli.get("data", {}).get("dataset"):  # the data it was made on
-        cli = {**cli, "data": {**cli.get("data", {}), "dataset": winner.dataset}}
+    if winner is not None and private_ticket and not cli.get("data.dataset"):  # the data it was made on
+        cli = cli.updated({"data.dataset": winner.dataset})
     cfg = resolve_train_config(cli, config, base=base)
     if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and not pipeline.freezing_can_run(
             "graphs" if cuda_graphs else "eager", audited=audit is not None, noise=cfg.train.noise):
@@ -65,12 +66,11 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                              "weights, and freezing trains in the eager step with --noise gaussian and no audit: "
                              "train it unfrozen with `train: {freeze: []}` in a --config file, or select again "
                              "without freeze in --search")
-    given = cli.get("train", {})
-    if non_private and given.get("lr_sigma") is not None:
+    if non_private and cli.get("train.lr_sigma") is not None:
         raise DpltmUserError("--lr-sigma sets a DP run's learning rate from its σ; a --non-private run has no σ: "
                              "give --lr")
-    if not non_private and given.get("lr") is not None and given.get("lr_sigma") is None:
-        check_lr_given(given["lr"], cfg, str(cli.get("recipe", "the config's")))  # --lr would be ignored
+    if not non_private and cli.get("train.lr") is not None and cli.get("train.lr_sigma") is None:
+        check_lr_given(cli.get("train.lr"), cfg, cli.recipe or "the config's")  # --lr would be ignored
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     distribution = distribution or Distribution()
@@ -207,11 +207,14 @@ def print_training_report(report: dict[str, Any], console: Console = err_console
     console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))
 
 
-class TrainingChecks:
-    """What `dpltm train` and `dpltm audit` share: the checks of the ticket or dense network and of the budget."""
+class TrainingRequest(CommandRequest):
+    """What `dpltm train` and `dpltm audit` share: the checks of the ticket or dense network and of the budget, and
+    the settings they train with."""
 
     ticket: Path | None
     arch: str | None
+    activation: str | None
+    recipe: str
     sigma: float | None
     eps: float | None
 
@@ -223,9 +226,14 @@ class TrainingChecks:
         if self.sigma is not None and self.eps is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
 
+    def settings(self) -> Overrides:
+        """The settings the stage resolves against the config (dpltm.config.resolve_train_config)."""
+        network = model_cli(self.arch, None, activation=self.activation)
+        return replace(self.overrides("data", "train", "seed").updated(network, "model"), recipe=self.recipe)
+
 
 @dataclass(frozen=True)
-class TrainRequest(CommandRequest, TrainingChecks):
+class TrainRequest(TrainingRequest):
     """`dpltm train`: DP-SGD on a ticket, or the dense and non-private baselines."""
 
     ticket: Path | None = option(help='Winning ticket from `dpltm select`.')
@@ -347,11 +355,6 @@ class TrainRequest(CommandRequest, TrainingChecks):
             raise DpltmUserError(f"--rewind {self.rewind or 'public'} and --output-layer choose a ticket's start: drop "
                                  "them with --dense")
         self._check_network()
-
-    def settings(self) -> dict[str, Any]:
-        """The settings tree the stage resolves against the config (dpltm.config.resolve_train_config)."""
-        return {**self.overrides("data", "train", "seed"),
-                "model": model_cli(self.arch, None, activation=self.activation), "recipe": self.recipe}
 
     def run(self) -> dict[str, Any]:
         """The training report (dpltm.training.pipeline.final_report)."""
