@@ -28,6 +28,7 @@ import yaml
 from dpltm.choices import Recipe
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import check_network_size
+from dpltm.options import Overrides
 from dpltm.settings import (
     DataSettings,
     GenerateConfig,
@@ -48,6 +49,24 @@ installed wheel reads the same settings as a checkout."""
 MAX_CONFIG_BYTES = 1 << 20
 
 T = TypeVar("T")
+
+
+def _tree(cli: Overrides | Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides as a settings tree, the shape of a config file (a tree is taken as it is)."""
+    if not isinstance(cli, Overrides):
+        return {k: v for k, v in cli.items() if k != "recipe"}
+    tree: dict[str, Any] = {}
+    for dotted, value in cli.values.items():
+        *path, key = dotted.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        node[key] = value
+    return tree
+
+
+def _recipe_of(cli: Overrides | Mapping[str, Any]) -> str | None:
+    return cli.recipe if isinstance(cli, Overrides) else cli.get("recipe")
 
 
 def to_dict(settings: Any) -> dict[str, Any]:
@@ -273,14 +292,13 @@ def drop_none(tree: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def layered_config(cli: Mapping[str, Any], config_file: Path | None,
+def layered_config(cli: Overrides | Mapping[str, Any], config_file: Path | None,
                    sections: tuple[str, ...]) -> dict[str, Any]:
     """Merge the layers; keeps only `sections` (plus top-level scalars) of each YAML file.
 
     Every file is checked whole first (`check_config_tree`), so what is not kept here was
     still validated."""
-    user = read_config_file(config_file) if config_file is not None else {}
-    return _merge_layers(cli, user, sections)
+    return _merge_layers(_tree(cli), _config_file(config_file), sections)
 
 
 def _is_plain_name(name: Any) -> bool:
@@ -326,7 +344,7 @@ def _merge_budgets(layers: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def resolve_generate_config(cli: Mapping[str, Any], config_file: Path | None) -> GenerateConfig:
+def resolve_generate_config(cli: Overrides | Mapping[str, Any], config_file: Path | None) -> GenerateConfig:
     """The generation settings; the network's size is checked here against the dataset's input
     width, before any data is read."""
     tree = layered_config(cli, config_file, ("data", "model", "generate"))
@@ -352,18 +370,24 @@ SEARCH_FIXED_BY = {"start": ("rewind", "output_layer"), "release": ("ema", "ema_
 """The `train:` settings that fix a searchable dimension when the user gives them (flag or --config file)."""
 
 
-def fixed_dimensions(cli: Mapping[str, Any], config_file: Path | None) -> dict[str, str]:
+def fixed_dimensions(cli: Overrides, config_file: Path | None) -> dict[str, str]:
     """Which searchable dimensions the user fixed, each with the setting that fixed it: a `train:` key given
     as a flag (`cli`, None: not given) or in the --config file. A recipe's settings fix nothing (they are
     defaults the choice may change)."""
-    given = {k for k, v in cli.get("train", {}).items() if v is not None}
-    if config_file is not None:
-        given |= set(read_config_file(config_file).get("train", {}) or {})
+    given = cli.given("train") | config_file_keys(config_file, "train")
     return {dimension: key for dimension, keys in SEARCH_FIXED_BY.items() for key in keys if key in given}
 
 
+def _config_file(config_file: Path | None) -> dict[str, Any]:
+    return read_config_file(config_file) if config_file is not None else {}
 
-def resolve_select_config(cli: Mapping[str, Any], config_file: Path | None) -> SelectSettings:
+
+def config_file_keys(config_file: Path | None, section: str) -> set[str]:
+    """The keys the --config file (if any) sets in `section`."""
+    return set(_config_file(config_file).get(section) or {})
+
+
+def resolve_select_config(cli: Overrides | Mapping[str, Any], config_file: Path | None) -> SelectSettings:
     tree = layered_config(cli, config_file, ("select",))
     return from_dict(SelectSettings, tree.get("select", {}), "select")
 
@@ -384,24 +408,29 @@ def recipe_tree(recipe: str | None) -> dict[str, Any]:
     return read_config_file(CONFIG_DIR / "recipes" / f"{recipe}.yaml")
 
 
+def recipe_settings(recipe: str | None) -> Overrides:
+    """What a recipe sets, by dotted key (`model.arch`)."""
+    return Overrides.from_tree(recipe_tree(recipe))
+
+
 RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all")), "scatter": ("kmnist", ("test", "all")),
                    "cnn": ("kmnist", ("test", "all"))}
 """The public data each recipe was chosen on: a run that protects those very records cannot use it."""
 
 
-def resolve_train_config(cli: Mapping[str, Any], config_file: Path | None, recipe: str | None = None,
+def resolve_train_config(cli: Overrides | Mapping[str, Any], config_file: Path | None, recipe: str | None = None,
                          base: Mapping[str, Any] | None = None) -> TrainConfig:
     """Training reads `data:`, `train:` and `model:` (the dense baselines' shape). Its dataset is the
     private one: --dataset, else the --config file's `data.dataset`, else MNIST (defaults.yaml's
     dataset is for generation). A `recipe` (or the CLI tree's `recipe` key) and then `base` (e.g. the
     settings a private ticket was planned with) sit between the defaults and the --config file."""
-    recipe = recipe or cli.get("recipe")
-    cli = {k: v for k, v in cli.items() if k != "recipe"}
+    recipe = recipe or _recipe_of(cli)
+    flags = _tree(cli)
     user = _merge_budgets([recipe_tree(recipe), dict(base or {}),  # eps2/sigma: the later layer's choice
-                           read_config_file(config_file) if config_file is not None else {}])
-    dataset = cli.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
-    cli = {**cli, "data": {**cli.get("data", {}), "dataset": dataset}}
-    tree = _merge_layers(cli, user, ("data", "train", "model", "private_ticket"))
+                           _config_file(config_file)])
+    dataset = flags.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
+    flags = {**flags, "data": {**flags.get("data", {}), "dataset": dataset}}
+    tree = _merge_layers(flags, user, ("data", "train", "model", "private_ticket"))
     cfg = from_dict(TrainConfig, {k: tree[k] for k in ("data", "train", "model", "private_ticket", "seed")
                                   if k in tree})
     if recipe == "scatter" and not cfg.model.arch.startswith("scatter-") and not cfg.model.hidden:

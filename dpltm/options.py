@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -95,6 +96,40 @@ def option(*decls: str, help: str, default: Any = None, required: bool = False, 
 
 def flag_of(field: dataclasses.Field[Any]) -> Flag | None:
     return field.metadata.get(FLAG)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Settings given by flags or a library caller, each under its dotted config key (`train.eps2`, `seed`; None:
+    not given, the config's), and the recipe they train with: what a request hands its stage. dpltm.config layers
+    them over the YAML files, the one place a settings tree is built."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    recipe: str | None = None
+
+    @classmethod
+    def from_tree(cls, tree: Mapping[str, Any]) -> Overrides:
+        """A tree shaped as a config file (`{"train": {"eps2": 1.0}}`, a `recipe` key beside the sections)."""
+        values: dict[str, Any] = {}
+        for key, value in tree.items():
+            if isinstance(value, Mapping):
+                values.update({f"{key}.{inner}": v for inner, v in value.items()})
+            elif key != "recipe":
+                values[key] = value
+        return cls(values, tree.get("recipe"))
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def given(self, section: str) -> set[str]:
+        """The keys of `section` that are given (not None)."""
+        return {key.split(".", 1)[1] for key, value in self.values.items()
+                if key.startswith(f"{section}.") and value is not None}
+
+    def updated(self, values: Mapping[str, Any], section: str | None = None) -> Overrides:
+        """These with `values` over them (their keys under `section` when it is named)."""
+        prefix = f"{section}." if section is not None else ""
+        return replace(self, values={**self.values, **{prefix + key: v for key, v in values.items()}})
 
 
 # The options several commands share, declared once here.

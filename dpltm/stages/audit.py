@@ -8,18 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm import options as opt
-from dpltm.architectures import model_cli
 from dpltm.choices import Recipe, ThreatModel
 from dpltm.errors import DpltmUserError
 from dpltm.options import option
-from dpltm.stages.requests import CommandRequest
-from dpltm.stages.train import TrainingChecks, stage_train
+from dpltm.stages.train import TrainingRequest, stage_train
 
 if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan
+    from dpltm.options import Overrides
 
 
-def stage_audit(cli: dict[str, Any], config: Path | None, ticket: Path | None, data_dir: Path | None, device: str,
+def stage_audit(cli: Overrides, config: Path | None, ticket: Path | None, data_dir: Path | None, device: str,
                 plan: AuditPlan, progress: bool, noise_seed: int | None = None,
                 public_data: str | None = None) -> dict[str, Any]:
     """`dpltm train`'s stage with canaries: the same settings, ticket, data and checks; the model
@@ -41,7 +40,7 @@ def unaccounted_note(dataset: str) -> str:
 
 
 @dataclass(frozen=True)
-class AuditRequest(CommandRequest, TrainingChecks):
+class AuditRequest(TrainingRequest):
     """`dpltm audit`: `dpltm train`'s run with canaries, and the lower bound on ε they give."""
 
     ticket: Path | None = option(help='Winning ticket from `dpltm select` (as for `dpltm train`).')
@@ -90,7 +89,5 @@ class AuditRequest(CommandRequest, TrainingChecks):
         self._check_network()
         self._check_budget()
         plan = AuditPlan(self.threat_model, self.canaries, self.confidence, self.canary_seed)
-        settings = {**self.overrides("data", "train", "seed"),
-                    "model": model_cli(self.arch, None, activation=self.activation), "recipe": self.recipe}
-        return stage_audit(settings, self.config, self.ticket, self.data_dir, self.device, plan, self.progress,
+        return stage_audit(self.settings(), self.config, self.ticket, self.data_dir, self.device, plan, self.progress,
                            noise_seed=self.noise_seed)

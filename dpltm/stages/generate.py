@@ -13,9 +13,12 @@ from dpltm.privacy.display import format_delta, format_epsilon, format_rate, for
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TicketRecord, TicketSet, Winner
+    from dpltm.options import Overrides
+    from dpltm.run_log import RunLog
+    from dpltm.settings import GenerateConfig, GenerateSettings
 
 
-def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
+def stage_generate(cli: Overrides, config: Path | None, data_dir: Path | None, device: str,
                    out: Path | None, overwrite: bool, progress: bool,
                    cuda_graphs: bool = False, logger: str | None = None,
                    log_dir: Path | None = None, download: bool = False) -> tuple[TicketSet, Path]:
@@ -25,17 +28,11 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     from dpltm.config import resolve_generate_config
     from dpltm.data import load_dataset
     from dpltm.devices import require_cuda_for_graphs, resolve_device
-    from dpltm.outputs import check_checkpoint_name, check_writable, output_lock, same_file
-    from dpltm.paths import default_checkpoint_dir
+    from dpltm.outputs import output_lock
     from dpltm.tickets.imp import generate_tickets
 
     cfg = resolve_generate_config(cli, config)
-    target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-tickets.pt"
-    if config is not None and same_file(target, config):
-        raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
-    check_checkpoint_name(target)
-    check_writable(target)
-    check_prune_rates(cfg)
+    target = tickets_target(cfg, out, config)
     torch_device = resolve_device(device)
     if cuda_graphs:
         require_cuda_for_graphs(torch_device)
@@ -74,18 +71,12 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     from dpltm.run_log import RunLog
 
     run_log: RunLog | None = None  # claimed once the output is locked: a refused run leaves no folder
-    iterations = cfg.generate.iterations
 
     def on_round(record: TicketRecord) -> None:
         on_interrupt_kept(f"finished rounds are kept in {target}; rerun the same command to resume")
         err_console.print(f"round {record.round}: C={record.density:.4f} val acc={record.val_accuracy:.4f}")
-        if run_log is not None:  # rounds after the first train iterations − K steps with late rewinding
-            k, later = record.round, iterations - cfg.generate.rewind_step
-            first, steps = (0, iterations) if k == 0 else (iterations + (k - 1) * later, later)
-            for i, loss in enumerate(record.loss_curve):
-                run_log.log_metrics({"train_loss": loss}, step=first + i * (record.loss_every or 0))
-            run_log.log_metrics({"round": k, "density": record.density, "val_accuracy": record.val_accuracy},
-                                step=first + steps)
+        if run_log is not None:
+            log_round(run_log, record, cfg.generate)
 
     with output_lock(target):
         if logger is not None:
@@ -101,7 +92,32 @@ def stage_generate(cli: dict[str, Any], config: Path | None, data_dir: Path | No
     return tickets, target
 
 
-def check_prune_rates(cfg: Any) -> None:
+def tickets_target(cfg: GenerateConfig, out: Path | None, config: Path | None) -> Path:
+    """The ticket file, checked before any data is read (and --prune-rates against the network with it)."""
+    from dpltm.outputs import check_checkpoint_name, check_writable, same_file
+    from dpltm.paths import default_checkpoint_dir
+
+    target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-tickets.pt"
+    if config is not None and same_file(target, config):
+        raise DpltmUserError(f"--out {target} is this command's --config file: write the tickets elsewhere")
+    check_checkpoint_name(target)
+    check_writable(target)
+    check_prune_rates(cfg)
+    return target
+
+
+def log_round(run_log: RunLog, record: TicketRecord, imp: GenerateSettings) -> None:
+    """A round's loss curve and result at their global SGD steps: rounds after the first train iterations − K
+    steps with late rewinding."""
+    k, iterations, later = record.round, imp.iterations, imp.iterations - imp.rewind_step
+    first, steps = (0, iterations) if k == 0 else (iterations + (k - 1) * later, later)
+    for i, loss in enumerate(record.loss_curve):
+        run_log.log_metrics({"train_loss": loss}, step=first + i * (record.loss_every or 0))
+    run_log.log_metrics({"round": k, "density": record.density, "val_accuracy": record.val_accuracy},
+                        step=first + steps)
+
+
+def check_prune_rates(cfg: GenerateConfig) -> None:
     """--prune-rates against the network's layers, before any data is read (a known dataset's shape is
     fixed: dpltm.data.loaders.SPECS)."""
     from dpltm.data.loaders import SPECS
@@ -128,7 +144,7 @@ def run_tickets(tickets: TicketSet) -> list[dict[str, Any]]:
     return rows
 
 
-def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: Path | None, device: str,
+def stage_generate_private(cli: Overrides, config: Path | None, data_dir: Path | None, device: str,
                            out: Path | None, overwrite: bool, progress: bool,
                            noise_seed: int | None = None, logger: str | None = None,
                            log_dir: Path | None = None, download: bool = False) -> tuple[Winner, Path]:
@@ -139,6 +155,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
     from dpltm.devices import resolve_device
     from dpltm.outputs import output_lock, prepare_output
     from dpltm.paths import default_checkpoint_dir
+    from dpltm.stages.train import warn_large_delta
     from dpltm.tickets.private import (
         layer_keep_fractions,
         make_private_ticket,
@@ -169,9 +186,7 @@ def stage_generate_private(cli: dict[str, Any], config: Path | None, data_dir: P
         f"calibrates its own σ after "
         "the warm-up that ran: never less noise than planned)"
     )
-    if plan.delta > 1.0 / len(data.train):  # as train and make_private warn
-        err_console.print(f"warning: δ = {plan.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "
-                          "guarantee with δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
+    warn_large_delta(plan.delta, len(data.train))  # as train and make_private warn
 
     from dpltm.config import to_dict
     from dpltm.run_log import RunLog

@@ -9,6 +9,7 @@ spend no privacy budget.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,48 @@ def predictions_csv(labels: Any, probabilities: Any) -> str:
     return buffer.getvalue()
 
 
+def exposes_training_records(name: str, same: bool, part: str, split: str | None, model_split: str,
+                             consent: bool) -> bool:
+    """Whether the records predicted on can hold the model's training records (`same`: its own dataset); refused
+    without the user's `consent` (--expose-training-records), and a consent that consents to nothing is refused."""
+    exposes = part == "train" and same
+    if exposes and not consent:
+        raise DpltmUserError(f"--part train on {name}, the model's training data: the output holds "
+                             f"{TRAINING_RECORDS_EXPOSED}; pass --expose-training-records to write it anyway")
+    if same and split is not None and split != model_split and not pools_apart(model_split, split, part):
+        exposes = True  # another division of the model's own data: any part can hold its training records
+        if not consent:
+            raise DpltmUserError(f"--split {split} divides {name} otherwise than the model's training did "
+                                 f"(--split {model_split}), so its {part} part can hold {TRAINING_RECORDS_EXPOSED}; "
+                                 f"leave --split out to use the model's own {part} set, or pass "
+                                 "--expose-training-records to write it anyway")
+    if consent and not exposes:  # a consent that consents to nothing would suggest it did
+        raise DpltmUserError(f"--expose-training-records: this {part} part of {name} holds none of the model's "
+                             "training records: drop the flag")
+    return exposes
+
+
+def data_settings(model_path: Path, name: str, trained_on: Mapping[str, Any] | None,
+                  split: str | None) -> dict[str, Any]:
+    """`load_dataset`'s settings: the model file's own (`trained_on`: its training data's, on that dataset), under
+    --split; a bad one from the file is the file's fault, not a flag's."""
+    from dpltm.data.loaders import check_load_options
+
+    settings: dict[str, Any] = {}
+    if trained_on is not None:
+        settings = {"split": trained_on.get("split") or "train", "val_fraction": trained_on.get("val_fraction", 0.1),
+                    "seed": trained_on.get("seed") or 0}
+        try:
+            check_load_options(name, settings["split"], settings["val_fraction"], settings["seed"])
+        except DpltmUserError as exc:
+            raise DpltmUserError(f"{model_path} records settings of its data that dpltm cannot use (a damaged or "
+                                 f"edited file?): {exc}") from None
+    if split is not None:
+        check_load_options(name, split, 0.1, 0)  # --split, the user's own
+        settings["split"] = split
+    return settings
+
+
 def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Path | None, device: str,
                   out: Path | None, overwrite: bool, download: bool = False,
                   split: str | None = None, expose_training_records: bool = False) -> dict[str, Any]:
@@ -55,7 +98,7 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     import torch
 
     from dpltm.data import load_dataset
-    from dpltm.data.loaders import DATASETS, check_load_options
+    from dpltm.data.loaders import DATASETS
     from dpltm.data.release import mismatch
     from dpltm.devices import resolve_device
     from dpltm.export import load_any_model
@@ -70,39 +113,15 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
                              "knows (a damaged or edited file?): pass --dataset")
     name = dataset or trained_on["dataset"]
     same = name == trained_on["dataset"]
-    exposes = part == "train" and same
-    if exposes and not expose_training_records:
-        raise DpltmUserError(f"--part train on {name}, the model's training data: the output holds "
-                             f"{TRAINING_RECORDS_EXPOSED}; pass --expose-training-records to write it anyway")
-    model_split = str(trained_on.get("split") or "train")
-    if same and split is not None and split != model_split and not pools_apart(model_split, split, part):
-        exposes = True  # another division of the model's own data: any part can hold its training records
-        if not expose_training_records:
-            raise DpltmUserError(f"--split {split} divides {name} otherwise than the model's training did "
-                                 f"(--split {model_split}), so its {part} part can hold {TRAINING_RECORDS_EXPOSED}; "
-                                 f"leave --split out to use the model's own {part} set, or pass "
-                                 "--expose-training-records to write it anyway")
-    if expose_training_records and not exposes:  # a consent that consents to nothing would suggest it did
-        raise DpltmUserError(f"--expose-training-records: this {part} part of {name} holds none of the model's "
-                             "training records: drop the flag")
+    exposes = exposes_training_records(name, same, part, split, str(trained_on.get("split") or "train"),
+                                       expose_training_records)
     if overwrite and out is None:
         raise DpltmUserError("--overwrite replaces the file --out names, and no --out was given: drop --overwrite, "
                              "or give --out")
     if out is not None:
         check_text_output_name(out, "CSV")
         prepare_output(out, overwrite=overwrite, inputs=[model_path])
-    settings: dict[str, Any] = ({"split": trained_on.get("split") or "train",
-                                 "val_fraction": trained_on.get("val_fraction", 0.1),
-                                 "seed": trained_on.get("seed") or 0} if same else {})
-    if same:  # these settings come from the model file: a bad one is the file's fault, not a flag's
-        try:
-            check_load_options(name, settings["split"], settings["val_fraction"], settings["seed"])
-        except DpltmUserError as exc:
-            raise DpltmUserError(f"{model_path} records settings of its data that dpltm cannot use (a damaged or "
-                                 f"edited file?): {exc}") from None
-    if split is not None:
-        check_load_options(name, split, 0.1, 0)  # --split, the user's own
-        settings["split"] = split
+    settings = data_settings(model_path, name, trained_on if same else None, split)
     torch_device = resolve_device(device)
     if download:
         from dpltm.data.download import fetch_for_run

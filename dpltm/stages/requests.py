@@ -19,7 +19,7 @@ from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Dataset, Rewind, SelectionRuleName
 from dpltm.errors import DpltmUserError
-from dpltm.options import flag_of, option
+from dpltm.options import Overrides, flag_of, option
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TicketSet, Winner
@@ -87,20 +87,11 @@ class CommandRequest:
         names = {f.name for f in fields(cls)}
         return cls(**{name: _plain(v) for name, v in options.items() if name in names}, given=given)
 
-    def overrides(self, *sections: str) -> dict[str, Any]:
-        """The options whose config key lies in `sections`, as the settings tree the config layers them over
-        (dpltm.config): each option overrides the key its `Flag` names (None: not given, the config's)."""
-        tree: dict[str, Any] = {}
-        for f in fields(self):
-            flag = flag_of(f)
-            if flag is None or flag.config is None or flag.config.split(".")[0] not in sections:
-                continue
-            *path, key = flag.config.split(".")
-            node = tree
-            for part in path:
-                node = node.setdefault(part, {})
-            node[key] = getattr(self, f.name)
-        return tree
+    def overrides(self, *sections: str) -> Overrides:
+        """The options whose config key lies in `sections`, under that key (None: not given, the config's)."""
+        return Overrides({flag.config: getattr(self, f.name) for f in fields(self)
+                          if (flag := flag_of(f)) is not None and flag.config is not None
+                          and flag.config.split(".")[0] in sections})
 
 
 @dataclass(frozen=True)
@@ -163,38 +154,31 @@ class GenerateRequest(CommandRequest):
     log_dir: Path | None = opt.LOG_DIR()
     json_out: bool = opt.JSON(False)
 
-    def _model(self) -> dict[str, Any]:
+    def _model(self) -> dict[str, object]:
         return model_cli(self.arch, ints_option(self.hidden, "--hidden"), project_to=self.project_to,
                          activation=self.activation)
 
-    def _private_settings(self) -> dict[str, Any]:
+    def _private_settings(self) -> Overrides:
+        """A training config's settings: the warm-up trains as the ticket will (`train:`), `private_ticket:` the
+        rest; --rounds, --batch-size and --lr name the warm-up's."""
         imp_only = {"--iterations": self.iterations, "--prune-rates": self.prune_rates,
                     "--min-density": self.min_density, "--controls": self.controls,
                     "--rewind-step": self.rewind_step, "--cuda-graphs": self.cuda_graphs or None}
-        if _given(imp_only):
-            given = _given(imp_only)
+        if given := _given(imp_only):
             raise DpltmUserError(f"{', '.join(given)} {'belongs' if len(given) == 1 else 'belong'} to non-private IMP: "
                                  f"drop {'it' if len(given) == 1 else 'them'} with --private")
-        return {
-            "data": {"dataset": self.dataset, "split": self.split, "val_fraction": self.val_fraction},
-            "model": self._model(),
-            "train": {"eps2": self.eps, "delta": self.delta, "epochs": self.epochs, "batch_size": self.batch_size,
-                      "lr": self.lr},
-            "private_ticket": {"warmup_epochs": self.warmup_epochs, "rounds": self.rounds, "density": self.density,
-                               "rewind": self.rewind},
-            "seed": self.seed,
-        }
+        warmup = {"train.batch_size": self.batch_size, "train.lr": self.lr, "private_ticket.rounds": self.rounds}
+        return self.overrides("data", "train", "private_ticket", "seed").updated(warmup).updated(self._model(), "model")
 
-    def _imp_settings(self) -> dict[str, Any]:
+    def _imp_settings(self) -> Overrides:
         private_only = {"--eps": self.eps, "--delta": self.delta, "--warmup-epochs": self.warmup_epochs,
                         "--density": self.density, "--rewind": self.rewind, "--epochs": self.epochs,
                         "--noise-seed": self.noise_seed}
-        if _given(private_only):
-            given = _given(private_only)
+        if given := _given(private_only):
             raise DpltmUserError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} with --private")
-        tree = {**self.overrides("data", "generate", "seed"), "model": self._model()}
-        tree["generate"]["prune_rates"] = floats_option(self.prune_rates, "--prune-rates")
-        return tree
+        rates = floats_option(self.prune_rates, "--prune-rates")
+        return self.overrides("data", "generate", "seed").updated({"generate.prune_rates": rates}).updated(
+            self._model(), "model")
 
     def run(self) -> tuple[TicketSet | Winner, Path]:
         """The ticket set (or with `private` the one private ticket) and the file it was written to."""
@@ -334,7 +318,6 @@ class SelectRequest(CommandRequest):
         planned = None if not selection_rule(name).needs_planned_run else NoiseAwareRequest(
             int(self.private_size),  # type: ignore[arg-type]
             self.overrides("train"), self.data_dir, self.device or "auto", self.progress)
-        select = self.overrides("select")
-        select["select"]["search"] = search_option(self.search)
+        select = self.overrides("select").updated({"select.search": search_option(self.search)})
         return stage_select(select, self.config, self.tickets, self.best, self.seed, self.out,
                             overwrite=self.overwrite, reselect=self.reselect, noise_aware=planned, rule=name)

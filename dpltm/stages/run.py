@@ -13,7 +13,7 @@ report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ from dpltm.architectures import model_cli
 from dpltm.choices import Activation, Dataset, OutputLayer, RunRecipe, Split
 from dpltm.console import err_console, kept_by_earlier_stage, on_interrupt_kept
 from dpltm.errors import DpltmUserError
-from dpltm.options import option
+from dpltm.options import Overrides, option
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
 from dpltm.stages.select import (
@@ -36,7 +36,7 @@ from dpltm.stages.select import (
 from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
 
 if TYPE_CHECKING:
-    from dpltm.settings import TrainConfig
+    from dpltm.settings import GenerateConfig, TrainConfig
 
 TUNED_RECIPE_MIN_RECORDS = 20000
 """`run --recipe auto` takes the tuned recipe from this many private training records up: it was
@@ -214,15 +214,15 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     model_out = r.out or default_checkpoint_dir() / f"{r.dataset}-dpltm.pt"
     tickets_path = model_out.with_name(f"{model_out.stem}-tickets.pt")
     winner_path = model_out.with_name(f"{model_out.stem}-winner.pt")
-    train_cli = {**r.overrides("data", "train", "seed"), "model": {"activation": r.activation}}
+    train_cli = r.overrides("data", "train", "seed").updated({"model.activation": r.activation})
     train_cfg = resolve_train_config(train_cli, r.config)
     # the given generation options checked before any data is read (the recipe's own come once it is chosen)
     given_recipe = "paper" if r.recipe == "auto" else r.recipe
     given_generation = generation_settings(r, given_recipe, project_to, late_rewind_step(train_cfg.train.rewind))
     check_recipe_carries(r, given_recipe, given_generation, project_to)
     generation_config(given_generation, r.config)
-    select_cli = {"halving": r.halving, "search": run_search(r)}
-    select_settings = resolve_select_config({"select": select_cli}, r.config)
+    select_cli = Overrides({"select.halving": r.halving, "select.search": run_search(r)})
+    select_settings = resolve_select_config(select_cli, r.config)
     check_halving(select_settings.halving, noise_aware=r.choice == TicketChoice.noise_aware,
                   name=TicketChoice(r.choice).value)
     check_search(select_settings.search, noise_aware=r.choice == TicketChoice.noise_aware,
@@ -238,23 +238,24 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     private = load_dataset(r.dataset, split=train_cfg.data.split, data_dir=r.data_dir,
                            val_fraction=train_cfg.data.val_fraction, seed=train_cfg.seed, device=torch_device)
     scatter = scatter_applies(r.arch, private_spec.num_features, public_spec.num_features)
-    train_cli["recipe"] = chosen_recipe(r.recipe, len(private.train), scatter, r.arch)
+    recipe = chosen_recipe(r.recipe, len(private.train), scatter, r.arch)
+    train_cli = replace(train_cli, recipe=recipe)
     planned = resolve_train_config(train_cli, r.config)  # the recipe's settings under the given ones
-    gen_cli = generation_settings(r, train_cli["recipe"], project_to, late_rewind_step(planned.train.rewind))
-    check_recipe_carries(r, train_cli["recipe"], gen_cli, project_to)
-    check_graphs_take(r.cuda_graphs, gen_cli["model"].get("arch"))
+    gen_cli = generation_settings(r, recipe, project_to, late_rewind_step(planned.train.rewind))
+    check_recipe_carries(r, recipe, gen_cli, project_to)
+    check_graphs_take(r.cuda_graphs, gen_cli.get("model.arch"))
     gen_cfg = generation_config(gen_cli, r.config)
     noise_aware = r.choice == TicketChoice.noise_aware
     public = load_dataset(r.public_dataset, split=gen_cfg.data.split, data_dir=r.data_dir,
                           val_fraction=gen_cfg.data.val_fraction, seed=gen_cfg.seed, device=torch_device)
     # the recipe's settings against both datasets (L < N, σ, lr), before any ticket
-    check_lr_given(r.lr, planned, train_cli["recipe"])
+    check_lr_given(r.lr, planned, recipe)
     check_planned_start(planned, private_spec.num_classes, public_spec.num_classes, project_to)
     check_planned_freeze(planned, gen_cfg, public_spec)
-    check_planned_training(planned, private, train_cli["recipe"], public.train if noise_aware else None)
+    check_planned_training(planned, private, recipe, public.train if noise_aware else None)
     err_console.print(f"[bold]1/3[/bold] tickets from public data: {r.public_dataset} ({r.public_split} split)"
                       + (f", input projection to {project_to}" if project_to is not None else "")
-                      + f"; training recipe: {train_cli['recipe']}" + auto_recipe_note(r.recipe, len(private.train)))
+                      + f"; training recipe: {recipe}" + auto_recipe_note(r.recipe, len(private.train)))
     from dpltm.tickets.cache import keep_tickets, restore_tickets
 
     cached = restore_tickets(gen_cfg, public.fingerprint, tickets_path) if (
@@ -273,7 +274,7 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
                       "on private data)")
     request = (NoiseAwareRequest(len(private.train), train_cli, r.data_dir, r.device, r.progress) if noise_aware
                else None)
-    stage_select({"select": select_cli}, r.config, tickets_path, not noise_aware, r.seed, winner_path,
+    stage_select(select_cli, r.config, tickets_path, not noise_aware, r.seed, winner_path,
                  overwrite=r.overwrite, noise_aware=request)
     kept_by_earlier_stage(f"the winner in {winner_path}")
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
@@ -322,12 +323,12 @@ For the default ScatterNet linear head both cost no extra training: its public s
 def run_search(r: RunRequest) -> str | list[str] | None:
     """The search `run` hands the choice: --search as given, else RUN_SEARCH with the noise-aware choice and
     no config file that sets `select.search`, else the config's."""
-    from dpltm.config import read_config_file
+    from dpltm.config import config_file_keys
     from dpltm.stages.requests import search_option
 
     if r.search is not None:
         return search_option(r.search)
-    configured = r.config is not None and "search" in (read_config_file(r.config).get("select") or {})
+    configured = "search" in config_file_keys(r.config, "select")
     return RUN_SEARCH if r.choice == TicketChoice.noise_aware and not configured else None
 
 
@@ -342,20 +343,20 @@ def check_graphs_take(cuda_graphs: bool, arch: str | None) -> None:
         raise DpltmUserError(f"--cuda-graphs trains {able}; --arch {arch} trains in the eager step: drop --cuda-graphs")
 
 
-def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: dict[str, Any], project_to: int | None) -> None:
+def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: Overrides, project_to: int | None) -> None:
     """A recipe whose network is not the MLP (scatter: a ScatterNet head) makes tickets of the public images'
     shape; only the MLP's input projection carries tickets to data of another width."""
-    from dpltm.config import recipe_tree
+    from dpltm.config import recipe_settings
     from dpltm.data.loaders import SPECS
 
-    own = recipe_tree(recipe).get("model", {}).get("arch")  # the network a recipe was chosen for, if it names one
+    own = recipe_settings(recipe).get("model.arch")  # the network a recipe was chosen for, if it names one
     if r.arch is not None and own is not None and r.arch.split("-")[0] != own.split("-")[0]:
         raise DpltmUserError(f"--recipe {recipe} was chosen for --arch {own}" + (
             " (or another ScatterNet head)" if own.startswith("scatter-") else "") +
             f"; --arch {r.arch} trains with " + (
                 "--recipe cnn, tuned or paper" if r.arch == "lenet5" else "--recipe scatter" if r.arch.startswith(
                     "scatter-") else "--recipe tuned or paper"))
-    recipe_arch = gen_cli["model"].get("arch")
+    recipe_arch = gen_cli.get("model.arch")
     if r.arch is None and recipe_arch not in (None, "mlp") and project_to is not None:
         raise DpltmUserError(f"--recipe {recipe} trains {recipe_arch} tickets, made on {r.public_dataset}'s "
                              f"{SPECS[r.public_dataset].num_features} values, which cannot carry to {r.dataset}'s "
@@ -364,34 +365,32 @@ def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: dict[str, Any], pr
 
 
 def generation_settings(r: RunRequest, recipe: str, project_to: int | None,
-                        rewind_step: int | None = None) -> dict[str, Any]:
+                        rewind_step: int | None = None) -> Overrides:
     """The public tickets' settings tree: the given options, else the recipe's network (`model.arch`,
     `model.activation`) and IMP length (`generate.rounds`, `generate.iterations`; configs/recipes/), else the
     config's. `rewind_step` (the planned start `--rewind K`) makes them with late rewinding to step K, so the
     winner holds the iterate training starts from."""
-    from dpltm.config import recipe_tree
+    from dpltm.config import recipe_settings
 
-    tree = recipe_tree(recipe)
-    network, imp = tree.get("model", {}), tree.get("generate", {})
-    arch = r.arch if r.arch is not None else network.get("arch")
-    activation = r.activation if r.activation is not None else network.get("activation")
-    return {"data": {"dataset": r.public_dataset, "split": r.public_split},
-            "model": model_cli(arch, None, project_to=project_to, activation=activation),
-            "generate": {"rounds": r.rounds if r.rounds is not None else imp.get("rounds"),
-                         "iterations": r.iterations if r.iterations is not None else imp.get("iterations"),
-                         **({"rewind_step": rewind_step} if rewind_step is not None else {})},
-            "seed": r.seed}
+    own = recipe_settings(recipe)
+    given = {"model.arch": r.arch, "model.activation": r.activation, "generate.rounds": r.rounds,
+             "generate.iterations": r.iterations}
+    chosen = Overrides({key: value if value is not None else own.get(key) for key, value in given.items()})
+    network = model_cli(chosen.get("model.arch"), None, project_to=project_to,
+                        activation=chosen.get("model.activation"))
+    return chosen.updated(network, "model").updated({"data.dataset": r.public_dataset, "data.split": r.public_split,
+                                                     "generate.rewind_step": rewind_step, "seed": r.seed})
 
 
-def generation_config(gen_cli: dict[str, Any], config: Path | None) -> Any:
+def generation_config(gen_cli: Overrides, config: Path | None) -> GenerateConfig:
     """The public tickets' GenerateConfig; a late-rewinding step past the round, which `--rewind K` set, is refused
     naming the flag the user gave."""
     from dpltm.config import resolve_generate_config
 
-    step = gen_cli.get("generate", {}).get("rewind_step")
+    step = gen_cli.get("generate.rewind_step")
     if step is not None:  # the round's length comes from flags, the recipe or the config: resolved without K first
-        imp = {k: v for k, v in gen_cli["generate"].items() if k != "rewind_step"}
-        iterations = resolve_generate_config({**gen_cli, "generate": imp}, config).generate.iterations
+        iterations = resolve_generate_config(gen_cli.updated({"generate.rewind_step": None}),
+                                             config).generate.iterations
         if step >= iterations:
             raise DpltmUserError(f"--rewind {step} makes the public tickets with late rewinding to step {step}, which "
                                  f"must come before the end of a round: --rewind-step must lie in [0, --iterations) "
@@ -399,7 +398,7 @@ def generation_config(gen_cli: dict[str, Any], config: Path | None) -> Any:
     return resolve_generate_config(gen_cli, config)
 
 
-def check_planned_freeze(planned: TrainConfig, gen_cfg: Any, public_spec: Any) -> None:
+def check_planned_freeze(planned: TrainConfig, gen_cfg: GenerateConfig, public_spec: Any) -> None:
     """--freeze's layer names checked against the tickets' network before they are made (a wrong name would
     otherwise surface only at training, after generation and the choice)."""
     if not planned.train.freeze:
@@ -436,12 +435,12 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.paths import default_checkpoint_dir
     from dpltm.tickets.private import layer_keep_fractions, plan_private_ticket, ticket_architecture
 
-    base = resolve_train_config({"data": {"dataset": r.dataset}, "seed": r.seed}, r.config)
+    base = resolve_train_config(Overrides({"data.dataset": r.dataset, "seed": r.seed}), r.config)
     pool = load_dataset(r.dataset, split=base.data.split, data_dir=r.data_dir, val_fraction=base.data.val_fraction,
                         seed=base.seed)
     chosen = chosen_recipe(r.recipe, len(pool.train), arch=r.arch)
-    settings = resolve_train_config({"data": {"dataset": r.dataset}, "train": {"epochs": r.epochs},
-                                     "recipe": chosen}, r.config)
+    settings = resolve_train_config(Overrides({"data.dataset": r.dataset, "train.epochs": r.epochs}, chosen),
+                                    r.config)
     check_lr_given(r.lr, settings, chosen)
     warmup = r.warmup_epochs if r.warmup_epochs is not None else settings.private_ticket.warmup_epochs
     rounds = settings.private_ticket.rounds
@@ -452,10 +451,10 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     ticket_path = model_out.with_name(f"{model_out.stem}-ticket.pt")
     for path in (model_out, ticket_path):
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
-    train_cli = r.overrides("data", "train", "seed")  # the public-only ones (--rewind, ...) were refused: None
-    train_cli["train"]["epochs"] = settings.train.epochs - warmup * rounds
-    train_cli.update(model=model_cli(r.arch, None, activation=r.activation), recipe=chosen,
-                     private_ticket={"warmup_epochs": warmup, "density": r.density})
+    train_cli = replace(r.overrides("data", "train", "seed").updated({  # the public-only ones were refused: None
+        "train.epochs": settings.train.epochs - warmup * rounds, "private_ticket.warmup_epochs": warmup,
+        "private_ticket.density": r.density}).updated(model_cli(r.arch, None, activation=r.activation), "model"),
+        recipe=chosen)
     # the whole plan checked against the data before the first line of work (σ, L < N, the density)
     planned = resolve_train_config(train_cli, r.config)
     if planned.train.rewind != "init":  # e.g. from a --config file

@@ -18,6 +18,7 @@ from dpltm.selection.rules import RuleSettings, SelectionRule, selection_rule
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TicketSet, Winner
+    from dpltm.options import Overrides
 
 
 def _print_selection(ticket_set: TicketSet, selection: Any, rule: SelectionRule, eps1: float | None,
@@ -119,7 +120,7 @@ class NoiseAwareRequest:
     """What the noise-aware choice needs besides the tickets: the planned private run."""
 
     private_size: int
-    train_cli: dict[str, Any]
+    train_cli: Overrides
     data_dir: Path | None
     device: str
     progress: bool = True
@@ -145,7 +146,7 @@ def rule_for_flags(best: bool, noise_aware: bool) -> str:
     return "noise-aware" if noise_aware else "best" if best else "exponential"
 
 
-def stage_select(cli: dict[str, Any], config: Path | None, tickets: Path | None, best: bool,
+def stage_select(cli: Overrides, config: Path | None, tickets: Path | None, best: bool,
                  seed: int | None, out: Path | None, *, overwrite: bool = False,
                  reselect: bool = False, noise_aware: NoiseAwareRequest | None = None,
                  rule: str | None = None) -> tuple[Winner, Path]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,53 +25,26 @@ if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan
     from dpltm.data.types import DatasetSplits, LabeledTensors
     from dpltm.dp.distributed import Distribution
+    from dpltm.options import Overrides
     from dpltm.settings import TrainConfig
 
 
-def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, non_private: bool,
+def stage_train(cli: Overrides, config: Path | None, ticket: Path | None, non_private: bool,
                 public_tickets: bool, data_dir: Path | None, device: str, out: Path | None,
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
                 overwrite: bool = False, distribution: Distribution | None = None,
                 cuda_graphs: bool = False, logger: str | None = None,
                 log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
-    from dpltm.config import SEARCH_FIXED_BY, fixed_dimensions, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
     from dpltm.outputs import prepare_output
     from dpltm.paths import check_not_input, default_checkpoint_dir
-    from dpltm.selection.winner import chosen_training, describe_variant
     from dpltm.tickets.data import data_to_check
-    from dpltm.tickets.private import private_ticket_plan
     from dpltm.training import pipeline
 
     winner = pipeline.load_ticket(ticket) if ticket is not None else None
-    # A private ticket was made with a training plan (recipe, epochs, data settings, and the whole
-    # run's ε): that plan is the default, under the --config file and flags. So is the start, frozen
-    # layers and release a noise-aware choice chose for its winner (`select --search`).
-    private_ticket = winner is not None and winner.is_private_ticket
-    check_recipe_suits_ticket(cli.get("recipe"), winner)
-    chose = None if winner is None or private_ticket or non_private else chosen_training(winner.selection)
-    chosen = chose
-    if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
-        dropped = {key for dimension in fixed_dimensions(cli, config) for key in SEARCH_FIXED_BY[dimension]}
-        chosen = {"train": {k: v for k, v in chose["train"].items() if k not in dropped}}
-    base = private_ticket_plan(winner) if winner is not None and private_ticket else chosen
-    if winner is not None and private_ticket and not cli.get("data", {}).get("dataset"):  # the data it was made on
-        cli = {**cli, "data": {**cli.get("data", {}), "dataset": winner.dataset}}
-    cfg = resolve_train_config(cli, config, base=base)
-    if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and not pipeline.freezing_can_run(
-            "graphs" if cuda_graphs else "eager", audited=audit is not None, noise=cfg.train.noise):
-        raise DpltmUserError(f"the winner's noise-aware choice holds {', '.join(cfg.train.freeze)} at its public "
-                             "weights, and freezing trains in the eager step with --noise gaussian and no audit: "
-                             "train it unfrozen with `train: {freeze: []}` in a --config file, or select again "
-                             "without freeze in --search")
-    given = cli.get("train", {})
-    if non_private and given.get("lr_sigma") is not None:
-        raise DpltmUserError("--lr-sigma sets a DP run's learning rate from its σ; a --non-private run has no σ: "
-                             "give --lr")
-    if not non_private and given.get("lr") is not None and given.get("lr_sigma") is None:
-        check_lr_given(given["lr"], cfg, str(cli.get("recipe", "the config's")))  # --lr would be ignored
+    cfg, chose = resolve_training(cli, config, winner, non_private, cuda_graphs=cuda_graphs, audited=audit is not None)
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"
     distribution = distribution or Distribution()
@@ -104,16 +78,10 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
         err_console.print(f"training on {data.name} ({len(data.train)} records) on {where}: "
                           f"{'NON-PRIVATE baseline' if non_private else 'DP-SGD'}"
                           f"{' on the dense network' if ticket is None else f' on ticket {ticket}'}")
-        if chose is not None and chose["train"]:
-            ran = {"rewind": cfg.train.rewind, "output_layer": cfg.train.output_layer,
-                   "freeze": list(cfg.train.freeze), "ema": cfg.train.ema, "ema_warmup": cfg.train.ema_warmup}
-            ran = {k: v for k, v in ran.items() if k in chose["train"]}
-            err_console.print(f"the noise-aware choice chose: {describe_variant(chose['train'])}" + (
-                "" if ran == chose["train"] else f"; the --config file or flags override it: {describe_variant(ran)}"),
-                markup=False, highlight=False)
-        if not non_private and cfg.train.delta > 1.0 / len(data.train):  # as make_private warns
-            err_console.print(f"warning: δ = {cfg.train.delta:g} is above 1/N = {1.0 / len(data.train):.3g}: an (ε, δ) "
-                              "guarantee with δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
+        if chose:
+            announce_variant(chose, cfg)
+        if not non_private:
+            warn_large_delta(cfg.train.delta, len(data.train))  # as make_private warns
 
     report = pipeline.train(cfg, data, target, ticket=winner, ticket_path=ticket, private=not non_private,
                             assert_public=public_tickets, progress=progress, public_data=public,
@@ -125,6 +93,61 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     if main:  # said if printing the report fails now (a full or closed stdout) or the run is stopped
         on_interrupt_kept(f"the model is written to {target}")
     return report
+
+
+def resolve_training(cli: Overrides, config: Path | None, winner: Winner | None, non_private: bool, *,
+                     cuda_graphs: bool, audited: bool) -> tuple[TrainConfig, Mapping[str, Any] | None]:
+    """The training settings, and the `train:` variant a noise-aware choice chose for the winner (None: none).
+
+    A private ticket was made with a training plan (recipe, epochs, data settings, and the whole run's ε): that
+    plan is the default, under the --config file and flags. So is the start, frozen layers and release a
+    noise-aware choice chose for its winner (`select --search`)."""
+    from dpltm.config import SEARCH_FIXED_BY, fixed_dimensions, resolve_train_config
+    from dpltm.selection.winner import chosen_training
+    from dpltm.tickets.private import private_ticket_plan
+    from dpltm.training.pipeline import freezing_can_run
+
+    private_ticket = winner is not None and winner.is_private_ticket
+    check_recipe_suits_ticket(cli.recipe, winner)
+    chose = None if winner is None or private_ticket or non_private else chosen_training(winner.selection)
+    chosen = chose
+    if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
+        dropped = {key for dimension in fixed_dimensions(cli, config) for key in SEARCH_FIXED_BY[dimension]}
+        chosen = {"train": {k: v for k, v in chose["train"].items() if k not in dropped}}
+    base = private_ticket_plan(winner) if winner is not None and private_ticket else chosen
+    if winner is not None and private_ticket and not cli.get("data.dataset"):  # the data it was made on
+        cli = cli.updated({"data.dataset": winner.dataset})
+    cfg = resolve_train_config(cli, config, base=base)
+    if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and not freezing_can_run(
+            "graphs" if cuda_graphs else "eager", audited=audited, noise=cfg.train.noise):
+        raise DpltmUserError(f"the winner's noise-aware choice holds {', '.join(cfg.train.freeze)} at its public "
+                             "weights, and freezing trains in the eager step with --noise gaussian and no audit: "
+                             "train it unfrozen with `train: {freeze: []}` in a --config file, or select again "
+                             "without freeze in --search")
+    if non_private and cli.get("train.lr_sigma") is not None:
+        raise DpltmUserError("--lr-sigma sets a DP run's learning rate from its σ; a --non-private run has no σ: "
+                             "give --lr")
+    if not non_private and cli.get("train.lr") is not None and cli.get("train.lr_sigma") is None:
+        check_lr_given(cli.get("train.lr"), cfg, cli.recipe or "the config's")  # --lr would be ignored
+    return cfg, None if chose is None else chose["train"]
+
+
+def announce_variant(chose: Mapping[str, Any], cfg: TrainConfig) -> None:
+    """The variant the noise-aware choice chose, and what the --config file or flags changed of it."""
+    from dpltm.selection.winner import describe_variant
+
+    ran = {"rewind": cfg.train.rewind, "output_layer": cfg.train.output_layer,
+           "freeze": list(cfg.train.freeze), "ema": cfg.train.ema, "ema_warmup": cfg.train.ema_warmup}
+    ran = {k: v for k, v in ran.items() if k in chose}
+    err_console.print(f"the noise-aware choice chose: {describe_variant(chose)}" + (
+        "" if ran == chose else f"; the --config file or flags override it: {describe_variant(ran)}"),
+        markup=False, highlight=False)
+
+
+def warn_large_delta(delta: float, records: int) -> None:
+    if delta > 1.0 / records:
+        err_console.print(f"warning: δ = {delta:g} is above 1/N = {1.0 / records:.3g}: an (ε, δ) guarantee with "
+                          "δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
 
 
 def public_data_for_noise(public_data: str | None, cfg: TrainConfig,
@@ -207,11 +230,14 @@ def print_training_report(report: dict[str, Any], console: Console = err_console
     console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))
 
 
-class TrainingChecks:
-    """What `dpltm train` and `dpltm audit` share: the checks of the ticket or dense network and of the budget."""
+class TrainingRequest(CommandRequest):
+    """What `dpltm train` and `dpltm audit` share: the checks of the ticket or dense network and of the budget, and
+    the settings they train with."""
 
     ticket: Path | None
     arch: str | None
+    activation: str | None
+    recipe: str
     sigma: float | None
     eps: float | None
 
@@ -223,9 +249,14 @@ class TrainingChecks:
         if self.sigma is not None and self.eps is not None:
             raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma (ε is reported), not both")
 
+    def settings(self) -> Overrides:
+        """The settings the stage resolves against the config (dpltm.config.resolve_train_config)."""
+        network = model_cli(self.arch, None, activation=self.activation)
+        return replace(self.overrides("data", "train", "seed").updated(network, "model"), recipe=self.recipe)
+
 
 @dataclass(frozen=True)
-class TrainRequest(CommandRequest, TrainingChecks):
+class TrainRequest(TrainingRequest):
     """`dpltm train`: DP-SGD on a ticket, or the dense and non-private baselines."""
 
     ticket: Path | None = option(help='Winning ticket from `dpltm select`.')
@@ -347,11 +378,6 @@ class TrainRequest(CommandRequest, TrainingChecks):
             raise DpltmUserError(f"--rewind {self.rewind or 'public'} and --output-layer choose a ticket's start: drop "
                                  "them with --dense")
         self._check_network()
-
-    def settings(self) -> dict[str, Any]:
-        """The settings tree the stage resolves against the config (dpltm.config.resolve_train_config)."""
-        return {**self.overrides("data", "train", "seed"),
-                "model": model_cli(self.arch, None, activation=self.activation), "recipe": self.recipe}
 
     def run(self) -> dict[str, Any]:
         """The training report (dpltm.training.pipeline.final_report)."""

@@ -67,12 +67,13 @@ def test_every_config_key_an_option_names_is_a_setting_and_a_shown_default_is_in
 
 def test_a_requests_overrides_are_its_options_under_their_config_keys() -> None:
     request = TrainRequest(dataset="digits", eps=0.5, sigma=None, lr_sigma=3.0, neighboring="replace_one", seed=4)
-    tree = request.overrides("data", "train", "seed")
-    assert tree["data"]["dataset"] == "digits" and tree["seed"] == 4
-    assert tree["train"]["eps2"] == 0.5 and tree["train"]["lr_sigma"] == 3.0
-    assert tree["train"]["neighboring"] == "replace_one" and tree["train"]["sigma"] is None
-    assert "model" not in tree and "activation" not in tree["train"]
-    assert set(SelectRequest(eps1=0.2).overrides("select")["select"]) == {"eps1", "nu", "halving", "search"}
+    given = request.overrides("data", "train", "seed")
+    assert given.get("data.dataset") == "digits" and given.get("seed") == 4
+    assert given.get("train.eps2") == 0.5 and given.get("train.lr_sigma") == 3.0
+    assert given.get("train.neighboring") == "replace_one" and given.get("train.sigma") is None
+    assert not any(key.startswith("model.") for key in given.values) and "train.activation" not in given.values
+    assert set(SelectRequest(eps1=0.2).overrides("select").values) == {f"select.{k}" for k in ("eps1", "nu", "halving",
+                                                                                                 "search")}
 
 
 def test_help_shows_the_defaults_files_value(monkeypatch: pytest.MonkeyPatch) -> None:
