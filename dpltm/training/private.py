@@ -40,12 +40,12 @@ from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import DpSgdStep, record_terms, step_layout
 from dpltm.errors import DpltmUserError
-from dpltm.masks import Masks, PrunedWeights, full_masks
+from dpltm.masks import Masks, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.display import format_epsilon
 from dpltm.settings import TrainSettings
-from dpltm.training.plain import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
-from dpltm.training.plan import TrainPlan
+from dpltm.training.plain import MaskedModule, RoundProgressBar, accuracy, fit_on_device, lightning_trainer
+from dpltm.training.plan import EpochRecord, TrainPlan
 
 if TYPE_CHECKING:
     from dpltm.audit.canaries import GradientCanaries, InputCanaries
@@ -178,7 +178,7 @@ class DPTrainingModule(L.LightningModule):
 
     def __init__(self, model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float] | None,
-                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                 on_epoch: Callable[[EpochRecord], None] | None = None,
                  distribution: Distribution | None = None, step_mode: str = "eager",
                  canaries: AuditCanaries | None = None, masks: Masks | None = None) -> None:
         """`masks`: the ticket beside `model` (installed: its pruned weights are zero); None: dense."""
@@ -219,7 +219,7 @@ class DPTrainingModule(L.LightningModule):
         self.gather = BatchGather()
         self.ema = averaging_of(settings)
         self.averager = make_averager(model, self.ema)
-        self.history: list[dict[str, Any]] = []
+        self.history: list[EpochRecord] = []
         self.stop_reason: str | None = None
         self._best_val = -1.0
         self._epochs_without_gain = 0
@@ -310,7 +310,7 @@ class DPTrainingModule(L.LightningModule):
         if self.on_epoch is not None:
             self.on_epoch(record)
 
-    def _maybe_stop(self, record: dict[str, Any]) -> None:
+    def _maybe_stop(self, record: EpochRecord) -> None:
         s = self.settings
         if s.patience is not None and not math.isnan(record["val_accuracy"]):
             if record["val_accuracy"] > self._best_val:
@@ -324,7 +324,7 @@ class DPTrainingModule(L.LightningModule):
 
 @dataclass
 class TrainOutcome:
-    history: list[dict[str, Any]]
+    history: list[EpochRecord]
     steps: int
     stop_reason: str
     released: nn.Module | None = None
@@ -335,7 +335,7 @@ class TrainOutcome:
 def run_private(model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
                 seed: int, epsilon_after: Callable[[int], float] | None,
                 progress: bool, noise_context: NoiseContext,
-                on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                on_epoch: Callable[[EpochRecord], None] | None = None,
                 distribution: Distribution | None = None, step_mode: str = "eager",
                 canaries: AuditCanaries | None = None, progress_label: str = "DP training") -> TrainOutcome:
     """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
@@ -392,24 +392,20 @@ class _EpochBatches(torch.utils.data.IterableDataset[tuple[Tensor, Tensor]]):
                                        self.seed * 100_003 + epoch)
 
 
-class NonPrivateModule(L.LightningModule):
+class NonPrivateModule(MaskedModule):
     """The non-private baseline with the same recipe (optimiser, momentum, EMA) as the DP run:
     mean cross-entropy on shuffled batches, evaluated after every epoch."""
 
     def __init__(self, model: nn.Module, data: DatasetSplits, settings: TrainSettings,
-                 steps_per_epoch: int, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                 steps_per_epoch: int, on_epoch: Callable[[EpochRecord], None] | None = None,
                  masks: Masks | None = None) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.model = model
-        self.masks = masks or {}
-        self.keep_pruned: PrunedWeights | None = None  # built when training starts, on the trainer's device
+        super().__init__(model, masks)
         self.data = data
         self.settings = settings
         self.steps_per_epoch = steps_per_epoch
         self.ema = averaging_of(settings)
         self.averager = make_averager(model, self.ema)
-        self.history: list[dict[str, Any]] = []
+        self.history: list[EpochRecord] = []
         self.on_epoch = on_epoch
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -418,13 +414,6 @@ class NonPrivateModule(L.LightningModule):
     @property
     def released(self) -> nn.Module:
         return released_model(self.model, self.averager)
-
-    def on_train_start(self) -> None:
-        self.keep_pruned = PrunedWeights(self.model, self.masks)  # on the device the trainer chose
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Batches are slices of tensors that already live on the device: nothing to move."""
-        return batch
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -446,7 +435,7 @@ class NonPrivateModule(L.LightningModule):
 
 
 def run_non_private(model: nn.Module, data: DatasetSplits, settings: TrainSettings, *, seed: int,
-                    progress: bool, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                    progress: bool, on_epoch: Callable[[EpochRecord], None] | None = None,
                     masks: Masks | None = None) -> TrainOutcome:
     """The non-private baseline: the same network (and ticket: `masks`), epochs and recipe, without
     clipping or noise."""
