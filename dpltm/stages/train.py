@@ -33,6 +33,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
                 overwrite: bool = False, distribution: Distribution | None = None,
                 cuda_graphs: bool = False, logger: str | None = None,
                 log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
+    from dpltm.checkpoint import load_winner
     from dpltm.config import SEARCH_FIXED_BY, fixed_dimensions, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
@@ -44,7 +45,7 @@ def stage_train(cli: dict[str, Any], config: Path | None, ticket: Path | None, n
     from dpltm.tickets.private import private_ticket_plan
     from dpltm.training import pipeline
 
-    winner = pipeline.load_ticket(ticket) if ticket is not None else None
+    winner = load_winner(ticket) if ticket is not None else None
     # A private ticket was made with a training plan (recipe, epochs, data settings, and the whole
     # run's ε): that plan is the default, under the --config file and flags. So is the start, frozen
     # layers and release a noise-aware choice chose for its winner (`select --search`).

@@ -18,7 +18,7 @@ import torch
 
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel, Winner
-from dpltm.checkpoint import load_winner, save_atomic
+from dpltm.checkpoint import save_atomic
 from dpltm.config import to_dict
 from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
@@ -196,11 +196,6 @@ def build_model(ticket: Winner | None, data: DatasetSplits, hidden: tuple[int, .
         model = build_network(architecture, torch.Generator().manual_seed(seed))
         return model, full_masks(model), record
     return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation, start, output_layer)
-
-
-def load_ticket(path: Path) -> Winner:
-    """A winner, checked (a ticket set is refused in one line)."""
-    return load_winner(path)
 
 
 def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | None,
