@@ -417,15 +417,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=options.target_epsilon,
                              sigma=options.noise_multiplier, delta=options.delta, accountant=options.accountant,
                              neighboring=options.neighboring)
-    resumed = ResumedRun()
-    if resume_from is not None:
-        resumed = ResumedRun(*resume_run(
-            resume_from, model, optimizer, checked, noise_seed=options.noise_seed, dataset_size=len(records),
-            batch_size=batch_size, epochs=epochs, provenance={"masks_private": masks_private, "selection_eps1":
-                                                              options.selection_eps1,
-                                                              "neighboring": options.neighboring},
-            target_epsilon=options.target_epsilon, delta=options.delta, accountant=options.accountant,
-            neighboring=options.neighboring))
+    resumed = _resumed(resume_from, model, optimizer, checked, options, settings, len(records), masks_private)
     apply_masks(model, checked)
     plan = plan_training(settings, len(records), spent=resumed.segments.events(), steps_before=resumed.steps_before)
     if not math.isfinite(plan.noise_multiplier):
@@ -438,6 +430,21 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     if run.steps_done:  # resumed: the weights loaded are the saved run's, with its steps
         note_private_step(model, run)
     return run
+
+
+def _resumed(resume_from: str | Path | None, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,
+             options: PrivacyOptions, settings: TrainSettings, n: int, masks_private: bool) -> ResumedRun:
+    """The saved run `resume_from` continues (its model and optimiser loaded), checked against this call's
+    settings; a fresh run's is empty."""
+    if resume_from is None:
+        return ResumedRun()
+    return ResumedRun(*resume_run(
+        resume_from, model, optimizer, masks, noise_seed=options.noise_seed, dataset_size=n,
+        batch_size=settings.batch_size, epochs=settings.epochs,
+        provenance={"masks_private": masks_private, "selection_eps1": options.selection_eps1,
+                    "neighboring": options.neighboring},
+        target_epsilon=options.target_epsilon, delta=options.delta, accountant=options.accountant,
+        neighboring=options.neighboring))
 
 
 def _mask_provenance(masks_from: Any, records: Records, masks: Masks, masks_private: bool) -> str | None:

@@ -115,7 +115,6 @@ class DPCallback(L.Callback, LedgerReadout):
         self._seeds_used: set[int] = set()
         self._pending_seed: int | None = None
         self._stored_provenance: dict[str, Any] | None = None
-        self._optimizer_hook: Any = None
         self._batch_size = 0
         self._stepped = False
         self._privatised = False

@@ -258,12 +258,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | 
     run_log = None
     with output_lock(out) if main else contextlib.nullcontext():
         if logger is not None and main:  # claimed once the output is ours: a refused run leaves no folder
-            from dpltm.run_log import RunLog
-
-            run_log = on_epoch.run_log = RunLog("train", data.name, logger, log_dir,
-                                                {**to_dict(cfg), "ticket": str(ticket_path)},
-                                                mode="dp-sgd" if plan is not None else "non-private")
-            run_log.update(end_to_end_dp=on_epoch.end_to_end, epsilon_scope=planned.epsilon_scope)
+            run_log = on_epoch.open_log(logger, log_dir, data.name, {**to_dict(cfg), "ticket": str(ticket_path)},
+                                        private=plan is not None, epsilon_scope=planned.epsilon_scope)
         with run_log.closed_on_error() if run_log is not None else contextlib.nullcontext():
             seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
             if plan is not None:
@@ -312,6 +308,15 @@ class EpochLog:
     show: bool
     run_log: RunLog | None = None
     logged: list[EpochRecord] = field(default_factory=list)
+
+    def open_log(self, logger: str, log_dir: Path | None, dataset: str, config: dict[str, object], *, private: bool,
+                 epsilon_scope: str) -> RunLog:
+        """The run's log (dpltm.run_log), which every epoch's record joins from now on."""
+        from dpltm.run_log import RunLog
+
+        self.run_log = RunLog("train", dataset, logger, log_dir, config, mode="dp-sgd" if private else "non-private")
+        self.run_log.update(end_to_end_dp=self.end_to_end, epsilon_scope=epsilon_scope)
+        return self.run_log
 
     def loggable(self, record: EpochRecord) -> EpochRecord:
         if self.end_to_end:
