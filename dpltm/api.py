@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import secrets
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,14 +31,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpltm.api_checks import (
+    PrivacyOptions,
     check_batch_size,
-    check_budget,
     check_count,
     check_data_fits_model,
     check_epochs,
     check_finite,
     check_flag,
-    check_mask_values,
     check_model_and_optimizer,
     check_positive,
     check_seed,
@@ -50,6 +48,7 @@ from dpltm.api_checks import (
     first_parameter,
     layer_clip_bounds,
     user_path,
+    warn_if_delta_above_one_over_n,
 )
 from dpltm.dp.engine import (
     Loss,
@@ -65,11 +64,11 @@ from dpltm.dp.independence import (
 )
 from dpltm.errors import DpltmUserError
 from dpltm.opacus_names import resolve_inputs
-from dpltm.privacy.accounting import check_accountant, check_neighboring
+from dpltm.privacy.accounting import check_accountant
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
 from dpltm.private_records import DatasetRecords, Records, TensorRecords, training_records
-from dpltm.private_training import _OWNERS, RECORDS_COPY_MAX_BYTES, PrivateTraining
+from dpltm.private_training import _OWNERS, RECORDS_COPY_MAX_BYTES, PrivateTraining, ResumedRun
 from dpltm.pruning import paper_prune_rates, prune_layerwise, pruned_count
 from dpltm.run_resume import resume_run
 from dpltm.settings import MAX_LR, MAX_ROUNDS, TrainSettings
@@ -327,9 +326,7 @@ def _checked_records(model: nn.Module, train: Data, *, in_memory: bool, delta: f
         check_finite(records.features, "the training features")
         check_finite(records.labels, "the training labels")
         check_token_ids(model, records.features, "the training data")
-    if delta > 1.0 / n:
-        warnings.warn(f"delta={delta:g} is above 1/N = {1.0 / n:.3g}: a (ε, δ) guarantee with δ > 1/N allows releasing "
-                      "a record outright; the usual choice is δ ≪ 1/N", stacklevel=3)
+    warn_if_delta_above_one_over_n(delta, n, stacklevel=3)
     trainable_layers(model)  # unsupported layers fail here, before any step
     if not resuming:
         check_not_trained_elsewhere(model)
@@ -397,62 +394,68 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     if resume_from is None and owner is not None and owner() is not None:  # a resume takes the optimizer over
         raise DpltmUserError("this optimizer already belongs to another private run: build a new optimizer for a new "
                              "run (two runs stepping one optimizer would each count only their own steps)")
-    target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
-    d = delta_or_target_delta(delta, target_delta)
+    options = PrivacyOptions.checked(
+        target_epsilon=target_epsilon, noise_multiplier=noise_multiplier, delta=delta, target_delta=target_delta,
+        accountant=accountant, neighboring=neighboring, masks=masks, masks_from=masks_from,
+        masks_private=masks_private, selection_eps1=selection_eps1, noise_seed=noise_seed,
+        max_physical_batch_size=max_physical_batch_size,
+        where_from="masks_from='public data …', or the public data or tickets themselves")
     clip, layer_clips = layer_clip_bounds(model, max_grad_norm, clipping)
-    epochs = check_epochs(epochs, target_epsilon)
-    if max_physical_batch_size is not None:
-        max_physical_batch_size = check_count(max_physical_batch_size, "max_physical_batch_size")
-    accountant = check_accountant(accountant)
-    neighboring = check_neighboring(neighboring)
-    masks = check_mask_values(masks)
+    epochs = check_epochs(epochs, options.target_epsilon)
     if not isinstance(dataset_name, str) or not dataset_name:
         raise DpltmUserError("dataset_name must be a non-empty string")
     if not callable(loss):
         raise DpltmUserError("loss must be callable: loss(outputs, targets) -> one loss per sample")
-    if noise_seed is not None:
-        noise_seed = check_seed(noise_seed, "noise_seed")
-    check_flag(masks_private, "masks_private")
     check_flag(in_memory, "in_memory")
-    if selection_eps1 is not None and not masks:
-        raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
-    if selection_eps1 is not None:
-        check_positive(selection_eps1, "selection_eps1")
-    if masks and (masks_from is None or (isinstance(masks_from, str) and not masks_from.strip())):
-        raise DpltmUserError("say where the masks come from (masks_from='public data …', or the public data or "
-                             "tickets themselves): tickets made on the private records are not differentially private")
     if not list(model.parameters()):
         raise DpltmUserError("the model has no parameters")
-    records, batch_size = _checked_records(model, train, in_memory=in_memory, delta=d, loss=loss,
+    records, batch_size = _checked_records(model, train, in_memory=in_memory, delta=options.delta, loss=loss,
                                            batch_size=batch_size, epochs=epochs, resuming=resume_from is not None)
-    n = len(records)
-    checked = check_user_masks(model, masks)
-    provenance = public_provenance(masks_from, records, checked) if checked and not masks_private else masks_from
-    if provenance is not None and not isinstance(provenance, str):
-        provenance = "the private training records themselves"
-    segments, epochs_done, history, steps_before = None, 0, None, 0
-    if resume_from is not None:
-        segments, epochs_done, history, steps_before = resume_run(
-            resume_from, model, optimizer, checked, noise_seed=noise_seed, dataset_size=n, batch_size=batch_size,
-            epochs=epochs, provenance={"masks_private": masks_private and bool(checked),
-                                       "selection_eps1": selection_eps1, "neighboring": neighboring},
-            target_epsilon=target_epsilon, delta=d, accountant=accountant, neighboring=neighboring)
+    checked = check_user_masks(model, options.masks)
+    provenance = _mask_provenance(masks_from, records, checked, options.masks_private)
+    masks_private = options.masks_private and bool(checked)
+    settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=options.target_epsilon,
+                             sigma=options.noise_multiplier, delta=options.delta, accountant=options.accountant,
+                             neighboring=options.neighboring)
+    resumed = _resumed(resume_from, model, optimizer, checked, options, settings, len(records), masks_private)
     apply_masks(model, checked)
-    settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=target_epsilon,
-                             sigma=noise_multiplier, delta=d, accountant=accountant, neighboring=neighboring)
-    plan = plan_training(settings, n, spent=segments.events() if segments is not None else None,
-                         steps_before=steps_before)
+    plan = plan_training(settings, len(records), spent=resumed.segments.events(), steps_before=resumed.steps_before)
     if not math.isfinite(plan.noise_multiplier):
         raise DpltmUserError("no finite noise multiplier meets this budget")
-    seed = secrets.randbits(63) if noise_seed is None else int(noise_seed)
-    run = PrivateTraining(model, optimizer, records, plan, settings, checked,
-                          provenance if checked else None, loss, seed, dataset_name,
-                          masks_private=masks_private and bool(checked), selection_eps1=selection_eps1,
-                          segments=segments, epochs_done=epochs_done, history=history, layer_clips=layer_clips,
-                          max_physical_batch_size=max_physical_batch_size)
+    seed = secrets.randbits(63) if options.noise_seed is None else int(options.noise_seed)
+    run = PrivateTraining(model, optimizer, records, plan, settings, checked, provenance, loss, seed, dataset_name,
+                          masks_private=masks_private, selection_eps1=options.selection_eps1, resumed=resumed,
+                          layer_clips=layer_clips,
+                          max_physical_batch_size=options.max_physical_batch_size)
     if run.steps_done:  # resumed: the weights loaded are the saved run's, with its steps
         note_private_step(model, run)
     return run
+
+
+def _resumed(resume_from: str | Path | None, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,
+             options: PrivacyOptions, settings: TrainSettings, n: int, masks_private: bool) -> ResumedRun:
+    """The saved run `resume_from` continues (its model and optimiser loaded), checked against this call's
+    settings; a fresh run's is empty."""
+    if resume_from is None:
+        return ResumedRun()
+    return ResumedRun(*resume_run(
+        resume_from, model, optimizer, masks, noise_seed=options.noise_seed, dataset_size=n,
+        batch_size=settings.batch_size, epochs=settings.epochs,
+        provenance={"masks_private": masks_private, "selection_eps1": options.selection_eps1,
+                    "neighboring": options.neighboring},
+        target_epsilon=options.target_epsilon, delta=options.delta, accountant=options.accountant,
+        neighboring=options.neighboring))
+
+
+def _mask_provenance(masks_from: Any, records: Records, masks: Masks, masks_private: bool) -> str | None:
+    """Where the masks came from, as the ledger states it (None: no masks), checked where it can be
+    (`public_provenance`) unless they are declared to come from the private records."""
+    if not masks:
+        return None
+    provenance = masks_from if masks_private else public_provenance(masks_from, records, masks)
+    if provenance is None or isinstance(provenance, str):
+        return provenance
+    return "the private training records themselves"
 
 
 def make_private_with_epsilon(model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,

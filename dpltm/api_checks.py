@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.accounting import check_delta
+from dpltm.privacy.accounting import check_accountant, check_delta, check_neighboring
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MAX_STEPS, MIN_NOISE_MULTIPLIER
 
@@ -352,6 +354,56 @@ def check_mask_values(masks: Any) -> Mapping[str, Any]:
     if not isinstance(masks, Mapping):
         raise DpltmUserError(f"masks must be a mapping of weight names to 0/1 tensors, got {type(masks).__name__}")
     return masks
+
+
+@dataclass(frozen=True)
+class PrivacyOptions:
+    """The arguments `make_private` and `DPCallback` share, checked: the budget (exactly one of ε and σ), δ, the
+    accountant and neighbouring relation, the ticket's masks and what is known of them, the noise seed (never
+    stored) and the physical batch bound."""
+
+    target_epsilon: float | None
+    noise_multiplier: float | None
+    delta: float
+    accountant: str
+    neighboring: str
+    masks: Mapping[str, Any]
+    masks_private: bool
+    selection_eps1: float | None
+    noise_seed: int | None
+    max_physical_batch_size: int | None
+
+    @classmethod
+    def checked(cls, *, target_epsilon: Any, noise_multiplier: Any, delta: Any, target_delta: Any, accountant: Any,
+                neighboring: Any, masks: Any, masks_from: Any, masks_private: Any, selection_eps1: Any,
+                noise_seed: Any, max_physical_batch_size: Any, where_from: str) -> PrivacyOptions:
+        """Each argument checked before any record is read. `where_from`: how the refusal of masks without a
+        `masks_from` tells the caller to say where they came from."""
+        target_epsilon, noise_multiplier = check_budget(target_epsilon, noise_multiplier)
+        delta = delta_or_target_delta(delta, target_delta)
+        if max_physical_batch_size is not None:
+            max_physical_batch_size = check_count(max_physical_batch_size, "max_physical_batch_size")
+        accountant, neighboring = check_accountant(accountant), check_neighboring(neighboring)
+        masks = check_mask_values(masks)
+        if noise_seed is not None:
+            noise_seed = check_seed(noise_seed, "noise_seed")
+        check_flag(masks_private, "masks_private")
+        if selection_eps1 is not None and not masks:
+            raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
+        if selection_eps1 is not None:
+            check_positive(selection_eps1, "selection_eps1")
+        if masks and (masks_from is None or (isinstance(masks_from, str) and not masks_from.strip())):
+            raise DpltmUserError(f"say where the masks come from ({where_from}): tickets made on the private records "
+                                 "are not differentially private")
+        return cls(target_epsilon, noise_multiplier, delta, accountant, neighboring, masks, bool(masks_private),
+                   selection_eps1, noise_seed, max_physical_batch_size)
+
+
+def warn_if_delta_above_one_over_n(delta: float, n: int, stacklevel: int) -> None:
+    """δ > 1/N allows releasing a record outright: allowed, and warned (`stacklevel` from the caller's caller)."""
+    if delta > 1.0 / n:
+        warnings.warn(f"delta={delta:g} is above 1/N = {1.0 / n:.3g}: a (ε, δ) guarantee with δ > 1/N allows "
+                      "releasing a record outright; the usual choice is δ ≪ 1/N", stacklevel=stacklevel + 1)
 
 
 

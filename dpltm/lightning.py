@@ -21,9 +21,7 @@ dpltm.module_checks; both are importable from here, where users import them.
 
 from __future__ import annotations
 
-import math
 import secrets
-import warnings
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -32,16 +30,11 @@ import torch
 from torch import Tensor
 
 from dpltm.api_checks import (
-    check_budget,
+    PrivacyOptions,
     check_budget_left,
     check_clip,
-    check_count,
-    check_flag,
-    check_mask_values,
     check_model_and_optimizer,
-    check_positive,
-    check_seed,
-    delta_or_target_delta,
+    warn_if_delta_above_one_over_n,
 )
 from dpltm.dp.engine import clip_and_sum_in_chunks, trainable_layers
 from dpltm.dp.gaussian import GaussianNoise
@@ -51,12 +44,12 @@ from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
 from dpltm.module_checks import first_written, probe_first_batch, state_marks, trainable_names, written_message
 from dpltm.poisson_batches import PoissonBatchSampler, batch_rows, poisson_loader
-from dpltm.privacy.accounting import check_accountant, check_delta, check_neighboring
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
+from dpltm.private_training import LedgerReadout
 from dpltm.run_log import float32_at_least
 from dpltm.settings import TrainSettings
-from dpltm.training.plan import TrainPlan, plan_training
+from dpltm.training.plan import EpochRecord, TrainPlan, plan_training
 from dpltm.user_inputs import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
 from dpltm.weight_guard import check_not_trained_elsewhere, note_fit_end, note_private_step
 
@@ -66,7 +59,7 @@ STATE_VERSION = 2
 """The callback's checkpoint state: 2 = spent segments, no seed or generator (1 held both)."""
 
 
-class DPCallback(L.Callback):
+class DPCallback(L.Callback, LedgerReadout):
     """Masked DP-SGD for a LightningModule with automatic optimisation (one optimiser, one device).
 
     What was spent is recorded segment by segment, as it ran: a second `fit`, or a resume from a
@@ -95,38 +88,26 @@ class DPCallback(L.Callback):
                  noise_seed: int | None = None, masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
                  target_delta: float | None = None, max_physical_batch_size: int | None = None) -> None:
-        self.target_epsilon, self.noise_multiplier = check_budget(target_epsilon, noise_multiplier)
-        self.delta = delta_or_target_delta(delta, target_delta)
         if loss_reduction not in ("mean", "sum"):
             raise DpltmUserError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        masks = check_mask_values(masks)
         if masks_from is not None and not isinstance(masks_from, str):
             raise DpltmUserError("DPCallback's masks_from is a string (where the masks came from); to have the "
                                  "overlap with public data checked, use make_private")
-        if masks and not (masks_from or "").strip():
-            raise DpltmUserError("say where the masks come from (masks_from=…): tickets made on the private "
-                                 "records are not differentially private")
-        if selection_eps1 is not None and not masks:
-            raise DpltmUserError("selection_eps1 is the ε1 of choosing a ticket: pass the ticket's masks too")
-        if selection_eps1 is not None:
-            check_positive(selection_eps1, "selection_eps1")
-        if noise_seed is not None:
-            noise_seed = check_seed(noise_seed, "noise_seed")
-        check_flag(masks_private, "masks_private")
+        self.options = PrivacyOptions.checked(
+            target_epsilon=target_epsilon, noise_multiplier=noise_multiplier, delta=delta, target_delta=target_delta,
+            accountant=accountant, neighboring=neighboring, masks=masks, masks_from=masks_from,
+            masks_private=masks_private, selection_eps1=selection_eps1, noise_seed=noise_seed,
+            max_physical_batch_size=max_physical_batch_size, where_from="masks_from=…")
         self.clip = check_clip(max_grad_norm)
-        self.max_physical_batch_size = (None if max_physical_batch_size is None
-                                        else check_count(max_physical_batch_size, "max_physical_batch_size"))
-        self.masks_in, self.masks_from = dict(masks), masks_from
-        self.loss_reduction, self.accountant = loss_reduction, check_accountant(accountant)
-        self.neighboring = check_neighboring(neighboring)
-        self.masks_private, self.selection_eps1 = masks_private, selection_eps1
-        self._noise_seed = noise_seed  # used once, by the first fit of a fresh callback; never stored
+        self.masks_in, self.masks_from = dict(self.options.masks), masks_from
+        self.loss_reduction = loss_reduction
+        self._noise_seed = self.options.noise_seed  # used once, by the first fit of a fresh callback; never stored
         self._noise_generator: torch.Generator | None = None
         self._dp: DpSgdStep | None = None  # the fit's step from the clipped sums on, built when it starts
         self._fresh_noise = False
         self._probed_modes: set[tuple[bool, ...]] = set()  # the module modes the probe has seen this fit
         self.segments = SpentSegments()
-        self.history: list[dict[str, Any]] = []
+        self.history: list[EpochRecord] = []
         self.plan: TrainPlan | None = None
         self.masks: dict[str, Tensor] = {}
         self.dataset_size = 0
@@ -134,8 +115,6 @@ class DPCallback(L.Callback):
         self._seeds_used: set[int] = set()
         self._pending_seed: int | None = None
         self._stored_provenance: dict[str, Any] | None = None
-        self._raw_steps = 0  # optimiser steps on gradients this callback did not privatise: any, and it is not DP
-        self._optimizer_hook: Any = None
         self._batch_size = 0
         self._stepped = False
         self._privatised = False
@@ -154,11 +133,6 @@ class DPCallback(L.Callback):
         self._marks: dict[str, tuple[int, float]] = {}  # parameters' and buffers' versions and norms at batch start,
         # until the step's one check of them (`_check_no_writes`)
         self._written: dict[str, tuple[torch.nn.Parameter, Tensor, int]] = {}  # each noisy gradient as written
-
-    @property
-    def steps_done(self) -> int:
-        """Every DP step taken under this callback, all fits and resumes included."""
-        return self.segments.steps
 
     # ---- set-up -------------------------------------------------------------------------------
     def _poisson_sampler(self, trainer: L.Trainer) -> PoissonBatchSampler:
@@ -184,20 +158,7 @@ class DPCallback(L.Callback):
         self._probed_modes = set()  # each fit probes its first batch (dpltm.dp.independence)
         if self._stored_provenance is None:  # not restored from a checkpoint of this run
             check_not_trained_elsewhere(pl_module, self)
-        if not pl_module.automatic_optimization or trainer.accumulate_grad_batches != 1:
-            raise DpltmUserError("DPCallback needs automatic optimisation without gradient accumulation")
-        if len(trainer.optimizers) != 1:
-            raise DpltmUserError(f"DPCallback needs exactly one optimiser, the module has {len(trainer.optimizers)}")
-        # the optimiser must update exactly the module's trainable parameters: one it holds from elsewhere would
-        # step on its raw gradient, which no rule clips or noises
-        check_model_and_optimizer(pl_module, trainer.optimizers[0])
-        if trainer.gradient_clip_val:  # it would clip the noisy mean in place, which the step check reads as a write
-            raise DpltmUserError("Trainer(gradient_clip_val=…) clips the batch's noisy mean gradient, not each "
-                                 "sample's: DPCallback's max_grad_norm is the per-sample clipping; drop "
-                                 "gradient_clip_val")
-        if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
-            raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
-                                 "skips steps from the non-private gradients and rounds the clipping")
+        _check_optimisation(trainer, pl_module)
         sampler = self._poisson_sampler(trainer)
         if sampler.seed is not None:
             # a seeded sampler replays its batches: a resumed or repeated fit would redraw the same ones
@@ -206,32 +167,12 @@ class DPCallback(L.Callback):
                                      "of the run it resumes: drop seed (fresh OS randomness) or use a new one")
         self._pending_seed = sampler.seed  # used once this fit takes a step (a fit refused before one did not use it)
         self._check_provenance()
-        if trainer.max_epochs is None or trainer.max_epochs < 1:
-            raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole fit")
-        epochs_left = max(1, trainer.max_epochs - trainer.current_epoch)
-        settings = TrainSettings(epochs=epochs_left, batch_size=sampler.batch_size, clip=self.clip,
-                                 eps2=self.target_epsilon, sigma=self.noise_multiplier, delta=self.delta,
-                                 accountant=self.accountant, neighboring=self.neighboring)
-        spent = self.segments.events()
-        check_budget_left(spent, self.target_epsilon, self.delta, self.accountant, self.neighboring)
-        # with target_epsilon: σ for what is left of the budget given every segment spent (or a refusal)
-        dataset = getattr(trainer.train_dataloader, "dataset", None)
-        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != sampler.n:
-            raise DpltmUserError(f"the Poisson sampler draws from {sampler.n} records but the training dataset holds "
-                                 f"{len(dataset)}: build the loader with poisson_loader(dataset, batch_size)")
-        self.plan = plan_training(settings, sampler.n, spent=spent or None)
-        if sampler.steps > self.plan.steps_per_epoch:  # fewer only spend less than planned
-            raise DpltmUserError(f"the Poisson sampler draws {sampler.steps} batches an epoch, but the fit is planned "
-                                 f"for {self.plan.steps_per_epoch} (N/L) and would stop when they are done: build the "
-                                 "loader with poisson_loader(dataset, batch_size)")
+        self.plan = self._fit_plan(trainer, sampler)
         self.segments.begin(self.plan.sample_rate, self.plan.noise_multiplier, self.clip,
                             self.plan.expected_batch_size, sampler.n)
         self._sampler = sampler
-        self.plan_steps_per_epoch = sampler.steps
         self.dataset_size = sampler.n
-        if self.delta > 1.0 / sampler.n:
-            warnings.warn(f"delta={self.delta:g} is above 1/N = {1.0 / sampler.n:.3g}: a (ε, δ) guarantee with δ > 1/N "
-                          "allows releasing a record outright; the usual choice is δ ≪ 1/N", stacklevel=2)
+        warn_if_delta_above_one_over_n(self.options.delta, sampler.n, stacklevel=2)
         self.masks = check_user_masks(pl_module, self.masks_in)
         apply_masks(pl_module, self.masks)
         if self._noise_generator is None or self._fresh_noise:
@@ -242,7 +183,7 @@ class DPCallback(L.Callback):
         # the step from the clipped sums on (the sums come from Lightning's own backward)
         self._dp = DpSgdStep(pl_module, EngineLayout(self.masks, surviving_coordinates(pl_module, self.masks)),
                              self.clip, GaussianNoise(self.plan.noise_multiplier), self.plan.expected_batch_size,
-                             self._noise_generator, max_physical_batch_size=self.max_physical_batch_size)
+                             self._noise_generator, max_physical_batch_size=self.options.max_physical_batch_size)
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
         self._modules = list(pl_module.modules())
         self._trainable = trainable_names(pl_module)
@@ -252,6 +193,29 @@ class DPCallback(L.Callback):
         self._optimizer, self._module = trainer.optimizers[0], pl_module
         self._handles.append(trainer.optimizers[0].register_step_pre_hook(self._checked_closure))
         self._handles.append(trainer.optimizers[0].register_step_post_hook(self._after_optimizer_step))
+
+    def _fit_plan(self, trainer: L.Trainer, sampler: PoissonBatchSampler) -> TrainPlan:
+        """The fit's (q, σ, steps): with target_epsilon, σ for what is left of the budget given every segment
+        spent (or a refusal)."""
+        if trainer.max_epochs is None or trainer.max_epochs < 1:
+            raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole fit")
+        o = self.options
+        settings = TrainSettings(epochs=max(1, trainer.max_epochs - trainer.current_epoch),
+                                 batch_size=sampler.batch_size, clip=self.clip, eps2=o.target_epsilon,
+                                 sigma=o.noise_multiplier, delta=o.delta, accountant=o.accountant,
+                                 neighboring=o.neighboring)
+        spent = self.segments.events()
+        check_budget_left(spent, o.target_epsilon, o.delta, o.accountant, o.neighboring)
+        dataset = getattr(trainer.train_dataloader, "dataset", None)
+        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != sampler.n:
+            raise DpltmUserError(f"the Poisson sampler draws from {sampler.n} records but the training dataset holds "
+                                 f"{len(dataset)}: build the loader with poisson_loader(dataset, batch_size)")
+        plan = plan_training(settings, sampler.n, spent=spent or None)
+        if sampler.steps > plan.steps_per_epoch:  # fewer only spend less than planned
+            raise DpltmUserError(f"the Poisson sampler draws {sampler.steps} batches an epoch, but the fit is planned "
+                                 f"for {plan.steps_per_epoch} (N/L) and would stop when they are done: build the "
+                                 "loader with poisson_loader(dataset, batch_size)")
+        return plan
 
     def _changed_gradient(self) -> str | None:
         """The first parameter whose gradient is not the noisy one `on_before_optimizer_step` wrote, as written."""
@@ -328,8 +292,8 @@ class DPCallback(L.Callback):
             note_private_step(self._module, self)
 
     def _provenance(self) -> dict[str, Any]:
-        return {"masks_private": bool(self.masks_private and (self.masks_in or self.masks)),
-                "selection_eps1": self.selection_eps1, "neighboring": self.neighboring,
+        return {"masks_private": bool(self.options.masks_private and (self.masks_in or self.masks)),
+                "selection_eps1": self.options.selection_eps1, "neighboring": self.options.neighboring,
                 "masked_weights": sorted(self.masks_in)}
 
     def _check_provenance(self) -> None:
@@ -464,7 +428,7 @@ class DPCallback(L.Callback):
             self._clipping = True
             try:
                 sums = clip_and_sum_in_chunks(self._taps, grads, self.masks, self.clip, batch,
-                                              self.max_physical_batch_size)
+                                              self.options.max_physical_batch_size)
             finally:
                 self._clipping = False
         assert self._dp is not None
@@ -522,24 +486,26 @@ class DPCallback(L.Callback):
     # ---- what was spent -----------------------------------------------------------------------
     def ledger(self) -> PrivacyLedger | None:
         """Every segment spent so far, composed; None before the first step."""
-        return user_run_ledger(self.segments, self.delta, self.accountant, self.neighboring, self.masks or
-                               self.masks_in, self.masks_from, self.masks_private, self.selection_eps1,
-                               "the training loader's dataset", non_private_updates=self._raw_steps)
+        o = self.options
+        return user_run_ledger(self.segments, o.delta, o.accountant, o.neighboring, self.masks or self.masks_in,
+                               self.masks_from, o.masks_private, o.selection_eps1, "the training loader's dataset",
+                               non_private_updates=self._raw_steps)
 
-    @property
-    def epsilon(self) -> float:
-        """The run's ε so far; ∞ when the masks came from the private records (`masks_private`)."""
-        if self._raw_steps:
-            return math.inf  # a non-private update ran (see _after_optimizer_step)
-        ledger = self.ledger()
-        return 0.0 if ledger is None else ledger.overall_epsilon
 
-    def get_epsilon(self, delta: float | None = None) -> float:
-        """ε so far at `delta` (None: the run's δ), as Opacus's `get_epsilon(delta)`: the same segments and
-        accountant, read at another point of their privacy curve."""
-        if delta is not None:
-            delta = check_delta(delta)
-        if self._raw_steps:
-            return math.inf
-        ledger = self.ledger()
-        return 0.0 if ledger is None else ledger.get_epsilon(delta)
+def _check_optimisation(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    """What DPCallback's step assumes of the fit: automatic optimisation, one optimiser over exactly the module's
+    trainable parameters, no gradient clipping of its own, full precision."""
+    if not pl_module.automatic_optimization or trainer.accumulate_grad_batches != 1:
+        raise DpltmUserError("DPCallback needs automatic optimisation without gradient accumulation")
+    if len(trainer.optimizers) != 1:
+        raise DpltmUserError(f"DPCallback needs exactly one optimiser, the module has {len(trainer.optimizers)}")
+    # the optimiser must update exactly the module's trainable parameters: one it holds from elsewhere would
+    # step on its raw gradient, which no rule clips or noises
+    check_model_and_optimizer(pl_module, trainer.optimizers[0])
+    if trainer.gradient_clip_val:  # it would clip the noisy mean in place, which the step check reads as a write
+        raise DpltmUserError("Trainer(gradient_clip_val=…) clips the batch's noisy mean gradient, not each "
+                             "sample's: DPCallback's max_grad_norm is the per-sample clipping; drop "
+                             "gradient_clip_val")
+    if str(trainer.precision) not in ("32-true", "64-true", "32", "64"):
+        raise DpltmUserError(f"DPCallback needs full precision (got {trainer.precision}): mixed precision "
+                             "skips steps from the non-private gradients and rounds the clipping")

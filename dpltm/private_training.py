@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_records import DatasetRecords, Records, TensorRecords
 from dpltm.settings import TrainSettings
-from dpltm.training.plan import TrainPlan
+from dpltm.training.plan import EpochRecord, TrainPlan
 from dpltm.user_inputs import (
     Data,
     Masks,
@@ -56,7 +58,53 @@ RECORDS_COPY_MAX_BYTES = 4 << 30
 keeps its own copy of them); larger ones compute every norm per batch."""
 
 
-class PrivateTraining:
+@dataclass(frozen=True)
+class ResumedRun:
+    """What a resumed run brings from its file (dpltm.run_resume.resume_run): the segments spent, the epochs `fit`
+    finished and their records, and the steps of the run's schedule taken. A fresh run's is empty."""
+
+    segments: SpentSegments = field(default_factory=SpentSegments)
+    epochs_done: int = 0
+    history: list[EpochRecord] = field(default_factory=list)
+    steps_before: int = 0
+
+
+class LedgerReadout:
+    """ε read from a run's ledger, as Opacus's `get_epsilon(delta)`: what `PrivateTraining` and `DPCallback` share.
+    `_raw_steps` counts optimiser steps on gradients the run did not privatise: any, and the run is not DP."""
+
+    segments: SpentSegments
+    _raw_steps = 0
+
+    def ledger(self) -> PrivacyLedger | None:
+        raise NotImplementedError
+
+    @property
+    def steps_done(self) -> int:
+        """Every DP step this run has taken, earlier segments (before a resume) included."""
+        return self.segments.steps
+
+    @property
+    def epsilon(self) -> float:
+        """The run's ε so far (0 before the first step), by the accountant the plan was calibrated with;
+        ∞ when the masks came from these private records (`masks_private`): not DP end to end."""
+        if self._raw_steps:
+            return math.inf
+        ledger = self.ledger()
+        return 0.0 if ledger is None else ledger.overall_epsilon
+
+    def get_epsilon(self, delta: float | None = None) -> float:
+        """ε so far at `delta` (None: the run's δ): the same segments and accountant, read at another point of
+        their privacy curve. 0 before the first step."""
+        if delta is not None:
+            delta = check_delta(delta)
+        if self._raw_steps:
+            return math.inf
+        ledger = self.ledger()
+        return 0.0 if ledger is None else ledger.get_epsilon(delta)
+
+
+class PrivateTraining(LedgerReadout):
     """A user's model under dpltm's masked DP-SGD. Build it with `make_private` (or resume one with
     `make_private(..., resume_from=path)`).
 
@@ -67,8 +115,7 @@ class PrivateTraining:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, records: Records, plan: TrainPlan,
                  settings: TrainSettings, masks: Masks, masks_from: str | None, loss: Loss,
                  seed: int, dataset_name: str, masks_private: bool = False,
-                 selection_eps1: float | None = None, segments: SpentSegments | None = None,
-                 epochs_done: int = 0, history: list[dict[str, Any]] | None = None,
+                 selection_eps1: float | None = None, resumed: ResumedRun | None = None,
                  layer_clips: dict[str, float] | None = None, max_physical_batch_size: int | None = None) -> None:
         """`layer_clips`: per-layer bounds C_l (`api_checks.layer_clip_bounds`), `settings.clip` then being
         √(Σ C_l²), the sensitivity the noise and the ledger use; None: one flat bound, `settings.clip`."""
@@ -88,11 +135,12 @@ class PrivateTraining:
                              after_update=self._after_update, layer_clips=layer_clips)
         # one sampling stream for the whole run, apart from the noise's: every step draws a fresh batch
         self._sampling_generator = torch.Generator(device=records.device).manual_seed(rank_sampling_seed(seed, 0))
-        self.segments = segments if segments is not None else SpentSegments()
+        resumed = resumed if resumed is not None else ResumedRun()
+        self.segments = resumed.segments
         self.segments.begin(plan.sample_rate, plan.noise_multiplier, settings.clip, plan.expected_batch_size,
                             plan.dataset_size)
-        self.epochs_done = epochs_done  # the epochs fit() finished and recorded (the length of `history`)
-        self.history: list[dict[str, Any]] = list(history or [])
+        self.epochs_done = resumed.epochs_done  # the epochs fit() finished and recorded (the length of `history`)
+        self.history: list[EpochRecord] = list(resumed.history)
         self._in_step = False
         self._tables: dict[str, RecordTable] | None = None  # made at the first step (`_record_tables`)
         self._tables_version = -1
@@ -118,11 +166,6 @@ class PrivateTraining:
     def selection_eps1(self) -> float | None:
         """ε1 spent choosing the ticket, composed into every ε (read-only)."""
         return self._selection_eps1
-
-    @property
-    def steps_done(self) -> int:
-        """Every DP step this run has taken, earlier segments (before a resume) included."""
-        return self.segments.steps
 
     def batches(self, *args: Any, **kwargs: Any) -> None:
         raise DpltmUserError("PrivateTraining.batches() is gone: step() draws its own Poisson batch (a batch "
@@ -187,7 +230,7 @@ class PrivateTraining:
         return self._tables or None
 
     def fit(self, epochs: int | None = None, val: Data | None = None,
-            on_epoch: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            on_epoch: Callable[[EpochRecord], None] | None = None) -> list[EpochRecord]:
         """Run the planned epochs (or `epochs` of them); returns one record per epoch with ε so far."""
         check_callable(on_epoch, "on_epoch")
         per_epoch = self.plan.steps_per_epoch
@@ -206,7 +249,7 @@ class PrivateTraining:
             for _ in range(per_epoch - self._schedule_position() % per_epoch):  # to the end of the current epoch
                 self.step()
             self.epochs_done += 1
-            record = {"epoch": self._schedule_position() // per_epoch, "steps": self.steps_done,
+            record: EpochRecord = {"epoch": self._schedule_position() // per_epoch, "steps": self.steps_done,
                       "epsilon": self.epsilon}
             if val is not None:
                 record["val_accuracy"] = evaluate(self.model, val)
@@ -246,23 +289,6 @@ class PrivateTraining:
         return user_run_ledger(self.segments, self.settings.delta, self.settings.accountant,
                                self.settings.neighboring, self.masks if self.masks_from else {}, self.masks_from,
                                self.masks_private, self.selection_eps1, self.dataset_name)
-
-    @property
-    def epsilon(self) -> float:
-        """The run's ε so far (0 before the first step), by the accountant the plan was calibrated with;
-        ∞ when the masks came from these private records (`masks_private`): not DP end to end."""
-        ledger = self.ledger()
-        return 0.0 if ledger is None else ledger.overall_epsilon
-
-    def get_epsilon(self, delta: float | None = None) -> float:
-        """ε so far at `delta` (None: the run's δ), as Opacus's `get_epsilon(delta)`: the same segments and
-        accountant, read at another point of their privacy curve. 0 before the first step."""
-        ledger = self.ledger()
-        if ledger is None:
-            if delta is not None:
-                check_delta(delta)
-            return 0.0
-        return ledger.get_epsilon(delta)
 
     @property
     def epsilon_dp_part(self) -> float:
@@ -318,8 +344,6 @@ class PrivateTraining:
 _OWNERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[PrivateTraining]] = weakref.WeakKeyDictionary()
 """Each guarded optimiser's run, by weak reference: the run holds the optimiser, so a strong value would keep both
 (and the run's copy of the records) alive for the life of the process (a sweep of make_private calls grew to 22 GB)."""
-
-
 
 
 def _guard_optimizer(optimizer: torch.optim.Optimizer, run: PrivateTraining) -> None:

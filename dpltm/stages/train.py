@@ -35,6 +35,7 @@ def stage_train(cli: Overrides, config: Path | None, ticket: Path | None, non_pr
                 overwrite: bool = False, distribution: Distribution | None = None,
                 cuda_graphs: bool = False, logger: str | None = None,
                 log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
+    from dpltm.checkpoint import load_winner
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
     from dpltm.dp.distributed import Distribution, check_launch, is_main_process, local_device
@@ -43,7 +44,7 @@ def stage_train(cli: Overrides, config: Path | None, ticket: Path | None, non_pr
     from dpltm.tickets.data import data_to_check
     from dpltm.training import pipeline
 
-    winner = pipeline.load_ticket(ticket) if ticket is not None else None
+    winner = load_winner(ticket) if ticket is not None else None
     cfg, chose = resolve_training(cli, config, winner, non_private, cuda_graphs=cuda_graphs, audited=audit is not None)
     mode = ("dpltm" if ticket is not None else "dense") + ("-nonprivate" if non_private else "")
     target = out or default_checkpoint_dir() / f"{cfg.data.dataset}-{mode}.pt"

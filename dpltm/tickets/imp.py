@@ -49,7 +49,7 @@ from dpltm.masks import (
 )
 from dpltm.networks.lenet import Architecture, build_architecture, build_network
 from dpltm.pruning import paper_prune_rates, prune_layerwise, random_masks_like
-from dpltm.settings import GenerateConfig
+from dpltm.settings import GenerateConfig, GenerateSettings
 
 
 def round_seed(seed: int, round_index: int, stream: int = 0) -> int:
@@ -155,7 +155,7 @@ def generate_tickets(cfg: GenerateConfig, data: DatasetSplits, out: Path, *,
                   wall_seconds=wall_before + time.perf_counter() - started)
 
 
-def round_steps(g: Any, k: int) -> int:
+def round_steps(g: GenerateSettings, k: int) -> int:
     """SGD steps of round k: I for round 0, which starts at θ0; the I − K that remain after θ_K for a later
     round of late rewinding (Frankle et al. 2020 train the rewound network for the rest of training)."""
     return g.iterations if k == 0 else g.iterations - g.rewind_step
@@ -189,7 +189,8 @@ def _run_round(model: torch.nn.Module, start: dict[str, torch.Tensor], masks: Ma
 
 def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Masks,
                   data: DatasetSplits, cfg: GenerateConfig, k: int,
-                  device: torch.device, cuda_graphs: bool = False, progress: bool = False) -> dict[str, Any]:
+                  device: torch.device, cuda_graphs: bool = False,
+                  progress: bool = False) -> dict[str, dict[str, float]]:
     """The lottery-ticket controls: same mask, fresh init; and a random mask of equal density at the rounds'
     start (`theta0`: θ0, or θ_K with late rewinding), each trained as long as the round (with late rewinding the
     I − K steps after θ_K: the fresh init then has K steps fewer than the ticket's whole path from θ0, a control
@@ -197,7 +198,7 @@ def _run_controls(arch: Architecture, theta0: dict[str, torch.Tensor], masks: Ma
     from dpltm.training.plain import accuracy, train_classifier
 
     g = cfg.generate
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, float]] = {}
     reinit = build_network(arch, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=2))).to(device)
     reinit_masks = apply_masks_(reinit, masks)
     random_mask = random_masks_like(masks, torch.Generator().manual_seed(round_seed(cfg.seed, k, stream=3)))

@@ -49,7 +49,7 @@ from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
 from dpltm.privacy.ledger import training_record
 from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
 from dpltm.settings import TrainConfig
-from dpltm.training.plan import TrainPlan, learning_rate
+from dpltm.training.plan import EpochRecord, TrainPlan, learning_rate
 from dpltm.training.private import mechanism_seed, run_private
 
 SELECTION_METHOD = PRIVATE_METHOD
@@ -143,7 +143,7 @@ def plan_private_ticket(cfg: TrainConfig, dataset_size: int) -> PrivateTicketPla
 
 def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, progress: bool = True,
                         noise_seed: int | None = None,
-                        on_round: Callable[[dict[str, Any]], None] | None = None) -> Winner:
+                        on_round: Callable[[EpochRecord], None] | None = None) -> Winner:
     """Run the DP warm-up round(s) on `data.train`, prune by magnitude, and write the ticket file
     (kind "ticket": it goes to `dpltm train --ticket` directly, no selection)."""
     p = cfg.private_ticket
@@ -155,7 +155,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rates = round_prune_rates(arch, p.density, p.rounds)
     seed, randomness = mechanism_seed(noise_seed)
-    rounds: list[dict[str, Any]] = []
+    rounds: list[EpochRecord] = []
     masks: Masks = apply_masks_(model, full_masks(model))
     for r in range(p.rounds):
         spent = plan.warmup_events(r)

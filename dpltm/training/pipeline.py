@@ -18,7 +18,7 @@ import torch
 
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel, Winner
-from dpltm.checkpoint import load_winner, save_atomic
+from dpltm.checkpoint import save_atomic
 from dpltm.config import to_dict
 from dpltm.data.release import mismatch, scrub_ticket
 from dpltm.data.splits import record_hashes
@@ -37,12 +37,13 @@ from dpltm.privacy.events import DpEvent
 from dpltm.privacy.ledger import PrivacyLedger, dpsgd_events, training_record
 from dpltm.selection.rules import SELECTION_RULES
 from dpltm.settings import TrainConfig, TrainSettings, describe_start
-from dpltm.training.plan import TrainPlan, plan_training
+from dpltm.training.plan import EpochRecord, TrainPlan, plan_training
 from dpltm.training.private import TrainOutcome, epochs_within_budget, mechanism_seed, run_non_private, run_private
-from dpltm.training.transfer import model_from_ticket
+from dpltm.training.transfer import TransferRecord, model_from_ticket
 
 if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan
+    from dpltm.run_log import RunLog
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class TicketOrigin:
     data_independent_selection: bool = False
     caveat: str | None = None
     selection_draws: int = 1
-    phase1_training: tuple[dict[str, Any], ...] | None = None
+    phase1_training: tuple[dict[str, float | int], ...] | None = None
     """A private ticket's DP warm-up rounds on this very data (ledger records)."""
 
     def spent_events(self) -> list[DpEvent]:
@@ -185,21 +186,16 @@ def check_start(start: str, output_layer: str, ticket: Winner | None, origin: Ti
 def build_model(ticket: Winner | None, data: DatasetSplits, hidden: tuple[int, ...],
                 seed: int, activation: str = "relu",
                 arch: str = "mlp", start: str = "init",
-                output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
+                output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, TransferRecord]:
     """The network to train and its masks: the dense one (`hidden`, `arch`; every weight kept), or the
     ticket's, from θ0 or its public-trained weights (`start`, `output_layer`: transfer.start_weights). Both
     get `activation`, so a ticket and the dense baseline of one config train the same network family."""
     if ticket is None:
         architecture = build_architecture(data.num_features, data.num_classes, hidden, None, activation, arch)
-        record = {"mode": "dense", "activation": activation, **({"arch": arch} if arch != "mlp" else {})}
+        record = TransferRecord("dense", activation=activation, arch=arch if arch != "mlp" else None)
         model = build_network(architecture, torch.Generator().manual_seed(seed))
         return model, full_masks(model), record
     return model_from_ticket(ticket, data.num_features, data.num_classes, seed, activation, start, output_layer)
-
-
-def load_ticket(path: Path) -> Winner:
-    """A winner, checked (a ticket set is refused in one line)."""
-    return load_winner(path)
 
 
 def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | None,
@@ -262,12 +258,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | 
     run_log = None
     with output_lock(out) if main else contextlib.nullcontext():
         if logger is not None and main:  # claimed once the output is ours: a refused run leaves no folder
-            from dpltm.run_log import RunLog
-
-            run_log = on_epoch.run_log = RunLog("train", data.name, logger, log_dir,
-                                                {**to_dict(cfg), "ticket": str(ticket_path)},
-                                                mode="dp-sgd" if plan is not None else "non-private")
-            run_log.update(end_to_end_dp=on_epoch.end_to_end, epsilon_scope=planned.epsilon_scope)
+            run_log = on_epoch.open_log(logger, log_dir, data.name, {**to_dict(cfg), "ticket": str(ticket_path)},
+                                        private=plan is not None, epsilon_scope=planned.epsilon_scope)
         with run_log.closed_on_error() if run_log is not None else contextlib.nullcontext():
             seed, randomness = mechanism_seed(noise_seed)  # under DDP, rank 0's is broadcast
             if plan is not None:
@@ -314,10 +306,19 @@ class EpochLog:
     end_to_end: bool
     planned_epsilon: float | None
     show: bool
-    run_log: Any = None
-    logged: list[dict[str, Any]] = field(default_factory=list)
+    run_log: RunLog | None = None
+    logged: list[EpochRecord] = field(default_factory=list)
 
-    def loggable(self, record: dict[str, Any]) -> dict[str, Any]:
+    def open_log(self, logger: str, log_dir: Path | None, dataset: str, config: dict[str, object], *, private: bool,
+                 epsilon_scope: str) -> RunLog:
+        """The run's log (dpltm.run_log), which every epoch's record joins from now on."""
+        from dpltm.run_log import RunLog
+
+        self.run_log = RunLog("train", dataset, logger, log_dir, config, mode="dp-sgd" if private else "non-private")
+        self.run_log.update(end_to_end_dp=self.end_to_end, epsilon_scope=epsilon_scope)
+        return self.run_log
+
+    def loggable(self, record: EpochRecord) -> EpochRecord:
         if self.end_to_end:
             return record
         shown = {("epsilon_dp_part" if k == "epsilon" else k): v for k, v in record.items()}
@@ -325,7 +326,7 @@ class EpochLog:
             shown["epsilon_dp_part"] = self.planned_epsilon
         return shown
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: EpochRecord) -> None:
         if self.show:
             _print_epoch(record, self.end_to_end)
         if self.run_log is not None:
@@ -336,13 +337,13 @@ class EpochLog:
 
 def _prepared_model(cfg: TrainConfig, data: DatasetSplits, ticket: Winner | None, step_mode: str,
                     audit: AuditPlan | None, private: bool, distribution: Distribution, progress: bool,
-                    warn: bool) -> tuple[Any, Masks, dict[str, Any], DatasetSplits]:
+                    warn: bool) -> tuple[Any, Masks, TransferRecord, DatasetSplits]:
     """The network to train (from the ticket or dense, frozen layers held), on its device, and the data it
     trains on: a fixed front end's features, and an audit's canaries."""
     s = cfg.train
     model, masks, transfer = build_model(ticket, data, cfg.model.hidden, cfg.seed, cfg.model.activation, cfg.model.arch,
                                          s.rewind, s.output_layer)
-    override = transfer.get("activation_override")
+    override = transfer.activation_override
     if override and s.rewind != "init" and warn:  # recorded in the checkpoint too (transfer)
         from dpltm.console import err_console
 
@@ -354,9 +355,9 @@ def _prepared_model(cfg: TrainConfig, data: DatasetSplits, ticket: Winner | None
             raise DpltmUserError("--freeze trains in the eager DP step with --noise gaussian, without an audit "
                                  "(drop --cuda-graphs, the audit or the noise plug-in, or --freeze)")
         frozen = freeze_layers_(model, s.freeze)
-        transfer = {**transfer, "frozen_layers": list(dict.fromkeys(s.freeze)),
-                    "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                    "frozen_parameters": sum(p.numel() for n, p in model.named_parameters() if n in frozen)}
+        transfer = replace(transfer, frozen_layers=list(dict.fromkeys(s.freeze)),
+                           trained_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+                           frozen_parameters=sum(p.numel() for n, p in model.named_parameters() if n in frozen))
     check_noise_for_network(s.noise, model.arch.is_mlp)
     model.to(data.train.labels.device)
     data = network_inputs(model, data, progress=progress)  # a fixed front end's cached features
@@ -409,7 +410,7 @@ class RunAccounting:
 
 
 def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger, outcome: TrainOutcome,
-                  cfg: TrainConfig, ticket: Winner | None, ticket_path: Path | None, transfer: dict[str, Any],
+                  cfg: TrainConfig, ticket: Winner | None, ticket_path: Path | None, transfer: TransferRecord,
                   data: DatasetSplits, origin: TicketOrigin, plan: TrainPlan | None, out: Path, adaptive_stop: bool,
                   *, network_density: float, randomness: str | None, processes: int, log_dir: str | None,
                   audit: dict[str, Any] | None) -> TrainedModel:
@@ -437,7 +438,7 @@ def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger
             noise_parameter=plan.noise_parameter if plan is not None else None,
             sigma_calibrated=plan.calibrated if plan is not None else None,
             output=str(out), processes=processes, randomness=randomness, log_dir=log_dir, audit=audit),
-        transfer=transfer,
+        transfer=transfer.to_dict(),
         # a released file: no fingerprint of the private data, nor of tickets made on it (data.release)
         ticket=None if ticket is None else scrub_ticket({
             "path": str(ticket_path), "round": ticket.round, "density": ticket.density,
@@ -447,7 +448,7 @@ def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger
     )
 
 
-def _print_epoch(record: dict[str, Any], end_to_end: bool) -> None:
+def _print_epoch(record: EpochRecord, end_to_end: bool) -> None:
     """One progress line per epoch; "(DP part)" only where the run is not DP end to end."""
     eps = record["epsilon"]
     scope = "" if end_to_end else " (DP part)"

@@ -42,20 +42,33 @@ from dpltm.masks import Masks, PrunedWeights, trained_weights
 from dpltm.progress import step_bar
 
 
-class ClassifierModule(L.LightningModule):
-    """Cross-entropy classifier around a network and its ticket's masks, trained with plain SGD.
+class MaskedModule(L.LightningModule):
+    """A network and its ticket's masks under manual optimisation (the step is the textbook
+    zero_grad/backward/step, without the closure machinery automatic optimisation wraps around it): the
+    pruned weights are re-zeroed after every update by `keep_pruned`, built on the trainer's device."""
 
-    Manual optimisation: the step is the textbook zero_grad/backward/step, without the closure
-    machinery automatic optimisation wraps around it (a measurable share of a 4 ms step).
-    """
-
-    def __init__(self, model: torch.nn.Module, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
-                 batch_size: int = 0, masks: Masks | None = None, snapshot_at: int | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, masks: Masks | None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model = model
         self.masks = masks or {}
-        self.keep_pruned: PrunedWeights | None = None  # built when training starts, on the trainer's device
+        self.keep_pruned: PrunedWeights | None = None
+
+    def on_train_start(self) -> None:
+        self.keep_pruned = PrunedWeights(self.model, self.masks)  # on the device the trainer chose
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Batches are slices of tensors (or record indices) that already live on the device: nothing to move."""
+        return batch
+
+
+class ClassifierModule(MaskedModule):
+    """Cross-entropy classifier around a network and its ticket's masks, trained with plain SGD (manual
+    optimisation: automatic optimisation's closure is a measurable share of a 4 ms step)."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, steps: int, graphed_on: LabeledTensors | None = None,
+                 batch_size: int = 0, masks: Masks | None = None, snapshot_at: int | None = None) -> None:
+        super().__init__(model, masks)
         self.lr = lr
         self.register_buffer("step_losses", torch.zeros(steps), persistent=False)
         self.steps_done = 0
@@ -93,16 +106,12 @@ class ClassifierModule(L.LightningModule):
         self.snapshot = trained_weights(self.model)
 
     def on_train_start(self) -> None:
+        super().on_train_start()
         optimizer = self.optimizers()
         self._optimizer = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer  # type: ignore[union-attr]
-        self.keep_pruned = PrunedWeights(self.model, self.masks)  # on the device the trainer chose
         if self.graphed_on is not None:
             self.graphed = GraphedSgdStep(self.model, self.graphed_on, self.batch_size, self._optimizer,
                                           self.keep_pruned, losses=self.step_losses)
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Batches are slices of tensors that already live on the device: nothing to move."""
-        return batch
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=self.lr)

@@ -16,6 +16,11 @@ from dpltm.privacy.display import format_sigma
 from dpltm.privacy.events import MAX_STEPS, DpEvent
 from dpltm.settings import MAX_LR, TrainSettings
 
+EpochRecord = dict[str, float]
+"""One row of a run's history (JSON as it is), an epoch's or a private ticket's warm-up round's: the epoch (round)
+and steps (whole numbers), the released model's accuracies and the ε spent so far, and a noise plug-in's own
+figures; nothing measured on the private batches."""
+
 
 @dataclass(frozen=True)
 class TrainPlan:

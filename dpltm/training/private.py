@@ -22,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -40,22 +39,17 @@ from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import DpSgdStep, record_terms, step_layout
 from dpltm.errors import DpltmUserError
-from dpltm.masks import Masks, PrunedWeights, full_masks
+from dpltm.masks import Masks, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.display import format_epsilon
 from dpltm.settings import TrainSettings
-from dpltm.training.plain import RoundProgressBar, accuracy, fit_on_device, lightning_trainer
-from dpltm.training.plan import TrainPlan
+from dpltm.training.plain import MaskedModule, RoundProgressBar, accuracy, fit_on_device, lightning_trainer
+from dpltm.training.plan import EpochRecord, TrainPlan
 
 if TYPE_CHECKING:
     from dpltm.audit.canaries import GradientCanaries, InputCanaries
 
     AuditCanaries = GradientCanaries | InputCanaries
-
-
-def averaging_of(settings: TrainSettings) -> Ema | None:
-    """The moving average of the iterates a run's settings ask for (None: the final iterate)."""
-    return Ema.of(settings.ema, settings.ema_warmup)
 
 
 def mechanism_seed(noise_seed: int | None) -> tuple[int, str]:
@@ -173,36 +167,54 @@ class _OneEpochAtATime(torch.utils.data.IterableDataset[list[Tensor]]):
         yield list(self.batches)
 
 
-class DPTrainingModule(L.LightningModule):
+class RecipeModule(MaskedModule):
+    """A network trained with the run's recipe, DP or not: the optimiser (`make_optimizer`), and the moving average
+    of the iterates the settings ask for, whose weights are `released` (else the final iterate's)."""
+
+    capturable = False
+    """Adam keeps its step count on the device (a step replayed from a CUDA graph)."""
+
+    def __init__(self, model: nn.Module, data: DatasetSplits, settings: TrainSettings, masks: Masks | None,
+                 on_epoch: Callable[[EpochRecord], None] | None) -> None:
+        super().__init__(model, masks)
+        self.data, self.settings, self.on_epoch = data, settings, on_epoch
+        self.ema = Ema.of(settings.ema, settings.ema_warmup)
+        self.averager = make_averager(model, self.ema)
+        self.history: list[EpochRecord] = []
+
+    @property
+    def released(self) -> nn.Module:
+        return released_model(self.model, self.averager)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.settings, self.model.parameters(), capturable=self.capturable)
+
+
+class DPTrainingModule(RecipeModule):
     """One DP-SGD step per Poisson batch; per-epoch evaluation, ε bookkeeping and stopping."""
 
     def __init__(self, model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings,
                  noise: NoiseMechanism, seed: int, epsilon_after: Callable[[int], float] | None,
-                 on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                 on_epoch: Callable[[EpochRecord], None] | None = None,
                  distribution: Distribution | None = None, step_mode: str = "eager",
                  canaries: AuditCanaries | None = None, masks: Masks | None = None) -> None:
         """`masks`: the ticket beside `model` (installed: its pruned weights are zero); None: dense."""
-        super().__init__()
         if canaries is not None and (step_mode != "eager" or (distribution or Distribution()).multi_process):
             raise DpltmUserError("an audit's canaries run in the eager step on one device")
-        self.canaries = canaries
         if step_mode not in STEP_MODES:
             raise DpltmUserError(f"step mode must be one of {', '.join(STEP_MODES)}, got {step_mode!r}")
         if step_mode == "graphs":
             require_cuda_for_graphs(data.train.labels.device)
         if step_mode == "graphs" and (distribution or Distribution()).multi_process:
             raise DpltmUserError("--cuda-graphs runs on one device; drop it with --devices/--num-nodes")
+        super().__init__(model, data, settings, masks if masks is not None else full_masks(model), on_epoch)
+        self.canaries = canaries
         self.step_mode = step_mode
+        self.capturable = step_mode == "graphs"
         self.static_step: StaticShapeDpStep | None = None
-        self.automatic_optimization = False
-        self.model = model
-        self.masks = masks if masks is not None else full_masks(model)
-        self.data = data
         self.plan = plan
-        self.settings = settings
         self.noise = noise
         self.epsilon_after = epsilon_after
-        self.on_epoch = on_epoch
         self.seed = seed
         self.distribution = distribution or Distribution()
         self.noise_generator = torch.Generator(device=data.train.labels.device).manual_seed(seed)
@@ -217,19 +229,9 @@ class DPTrainingModule(L.LightningModule):
                                  "network trains in the eager step: drop --cuda-graphs")
         self.dp_step: DpSgdStep | None = None  # built when training starts, with the optimiser and the tables
         self.gather = BatchGather()
-        self.ema = averaging_of(settings)
-        self.averager = make_averager(model, self.ema)
-        self.history: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self._best_val = -1.0
         self._epochs_without_gain = 0
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return make_optimizer(self.settings, self.model.parameters(), capturable=self.step_mode == "graphs")
-
-    @property
-    def released(self) -> nn.Module:
-        return released_model(self.model, self.averager)
 
     def on_train_start(self) -> None:
         if self.canaries is not None:
@@ -271,10 +273,6 @@ class DPTrainingModule(L.LightningModule):
         dataset = batches if self.step_mode == "eager" else _OneEpochAtATime(batches)
         return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0)
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Record indices already live where the data do."""
-        return batch
-
     def training_step(self, batch: Tensor | list[Tensor], batch_idx: int) -> None:
         if self.static_step is not None:  # a whole epoch of batches
             for index in batch:
@@ -310,7 +308,7 @@ class DPTrainingModule(L.LightningModule):
         if self.on_epoch is not None:
             self.on_epoch(record)
 
-    def _maybe_stop(self, record: dict[str, Any]) -> None:
+    def _maybe_stop(self, record: EpochRecord) -> None:
         s = self.settings
         if s.patience is not None and not math.isnan(record["val_accuracy"]):
             if record["val_accuracy"] > self._best_val:
@@ -324,7 +322,7 @@ class DPTrainingModule(L.LightningModule):
 
 @dataclass
 class TrainOutcome:
-    history: list[dict[str, Any]]
+    history: list[EpochRecord]
     steps: int
     stop_reason: str
     released: nn.Module | None = None
@@ -335,7 +333,7 @@ class TrainOutcome:
 def run_private(model: nn.Module, data: DatasetSplits, plan: TrainPlan, settings: TrainSettings, *,
                 seed: int, epsilon_after: Callable[[int], float] | None,
                 progress: bool, noise_context: NoiseContext,
-                on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                on_epoch: Callable[[EpochRecord], None] | None = None,
                 distribution: Distribution | None = None, step_mode: str = "eager",
                 canaries: AuditCanaries | None = None, progress_label: str = "DP training") -> TrainOutcome:
     """DP-SGD under `plan`, on one device or, with `distribution`, over several processes (DDP);
@@ -392,39 +390,15 @@ class _EpochBatches(torch.utils.data.IterableDataset[tuple[Tensor, Tensor]]):
                                        self.seed * 100_003 + epoch)
 
 
-class NonPrivateModule(L.LightningModule):
+class NonPrivateModule(RecipeModule):
     """The non-private baseline with the same recipe (optimiser, momentum, EMA) as the DP run:
     mean cross-entropy on shuffled batches, evaluated after every epoch."""
 
     def __init__(self, model: nn.Module, data: DatasetSplits, settings: TrainSettings,
-                 steps_per_epoch: int, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                 steps_per_epoch: int, on_epoch: Callable[[EpochRecord], None] | None = None,
                  masks: Masks | None = None) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        self.model = model
-        self.masks = masks or {}
-        self.keep_pruned: PrunedWeights | None = None  # built when training starts, on the trainer's device
-        self.data = data
-        self.settings = settings
+        super().__init__(model, data, settings, masks, on_epoch)
         self.steps_per_epoch = steps_per_epoch
-        self.ema = averaging_of(settings)
-        self.averager = make_averager(model, self.ema)
-        self.history: list[dict[str, Any]] = []
-        self.on_epoch = on_epoch
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return make_optimizer(self.settings, self.model.parameters())
-
-    @property
-    def released(self) -> nn.Module:
-        return released_model(self.model, self.averager)
-
-    def on_train_start(self) -> None:
-        self.keep_pruned = PrunedWeights(self.model, self.masks)  # on the device the trainer chose
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Batches are slices of tensors that already live on the device: nothing to move."""
-        return batch
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -446,7 +420,7 @@ class NonPrivateModule(L.LightningModule):
 
 
 def run_non_private(model: nn.Module, data: DatasetSplits, settings: TrainSettings, *, seed: int,
-                    progress: bool, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+                    progress: bool, on_epoch: Callable[[EpochRecord], None] | None = None,
                     masks: Masks | None = None) -> TrainOutcome:
     """The non-private baseline: the same network (and ticket: `masks`), epochs and recipe, without
     clipping or noise."""

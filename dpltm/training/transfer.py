@@ -24,8 +24,8 @@ weights are exactly zero whichever start. The transfer record says which start w
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +36,30 @@ from dpltm.settings import OUTPUT_LAYERS, late_rewind_step
 
 if TYPE_CHECKING:
     from dpltm.artefacts import RewindPoint, Winner
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """How the trained network relates to its ticket: the checkpoint's "transfer" (`to_dict`, in this order).
+    `mode` is "dense" (no ticket), "direct" (θ0 and masks as they are) or "cross-architecture" (a new output
+    layer); `activation_override` holds the ticket's own activation where the run used another; `rewind` and
+    `output_layer` the start; the frozen fields what `--freeze` held."""
+
+    mode: str
+    kept_layers: list[str] | None = None
+    dropped_layers: list[str] | None = None
+    new_output_classes: int | None = None
+    activation: str | None = None
+    activation_override: dict[str, str] | None = None
+    arch: str | None = None
+    rewind: str | None = None
+    output_layer: str | None = None
+    frozen_layers: list[str] | None = None
+    trained_parameters: int | None = None
+    frozen_parameters: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 def start_weights(theta0: dict[str, torch.Tensor], public: dict[str, torch.Tensor] | None,
@@ -79,13 +103,16 @@ def rewound_weights(point: RewindPoint | None, step: int) -> dict[str, torch.Ten
 
 def model_from_ticket(ticket: Winner, num_features: int, num_classes: int,
                       seed: int, activation: str | None = None, start: str = "init",
-                      output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, dict[str, Any]]:
+                      output_layer: str = "reinit") -> tuple[torch.nn.Module, Masks, TransferRecord]:
     """The network to train at the ticket's start, its masks (installed), and how it relates to the
     ticket. `activation` (None: the ticket's own) replaces the activation the ticket was generated with;
     `start` and `output_layer` choose the weights (`start_weights`)."""
     ticket_arch = Architecture.from_dict(ticket.architecture)
     arch = ticket_arch if activation is None else replace(ticket_arch, activation=activation)
-    record = {**_activation_record(ticket_arch.activation, arch.activation), **_start_record(start, output_layer)}
+    override = (None if arch.activation == ticket_arch.activation
+                else {"ticket": ticket_arch.activation, "used": arch.activation})
+    record = TransferRecord("direct", activation=arch.activation, activation_override=override, rewind=start,
+                            output_layer=None if start == "init" else output_layer)
     masks = {k: v.to(torch.bool) for k, v in ticket.masks.items()}
     weights = start_weights(ticket.theta0, ticket.public_weights, ticket.rewind_point, ticket_arch, start,
                             output_layer, num_classes)
@@ -94,7 +121,7 @@ def model_from_ticket(ticket: Winner, num_features: int, num_classes: int,
         missing, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected or missing:
             raise DpltmUserError("the ticket's start weights do not fit its architecture (damaged or foreign ticket)")
-        return model, apply_masks_(model, masks), {"mode": "direct", "kept_layers": arch.layer_names(), **record}
+        return model, apply_masks_(model, masks), replace(record, kept_layers=arch.layer_names())
     if not arch.is_mlp:
         raise DpltmUserError(f"a ticket of this network transfers only to data of its own shape ({arch.in_features} "
                              f"pixels, {arch.num_classes} classes); this data has {num_features} features and "
@@ -131,17 +158,5 @@ def model_from_ticket(ticket: Winner, num_features: int, num_classes: int,
         new_masks[f"{name}.weight"] = masks[f"{name}.weight"]
     installed = apply_masks_(model, new_masks)
     dropped = ["output"] + (["project"] if arch.project_to is not None else [])
-    return model, installed, {"mode": "cross-architecture", "kept_layers": kept, "dropped_layers": dropped,
-                   "new_output_classes": num_classes, **record}
-
-
-def _start_record(start: str, output_layer: str) -> dict[str, Any]:
-    """Which weights training started from; for the public ones, whose output layer."""
-    return {"rewind": start} if start == "init" else {"rewind": start, "output_layer": output_layer}
-
-
-def _activation_record(ticket_activation: str, used: str) -> dict[str, Any]:
-    """The activation trained with, and the ticket's own when it was overridden."""
-    if used == ticket_activation:
-        return {"activation": used}
-    return {"activation": used, "activation_override": {"ticket": ticket_activation, "used": used}}
+    return model, installed, replace(record, mode="cross-architecture", kept_layers=kept, dropped_layers=dropped,
+                                     new_output_classes=num_classes)

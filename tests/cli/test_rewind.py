@@ -72,16 +72,16 @@ def test_the_start_weights_by_output_layer(public_winner: Path) -> None:
     ticket = load_winner(public_winner)
     public, theta0, masks = ticket.public_weights or {}, ticket.theta0, ticket.masks
     model, installed, record = model_from_ticket(ticket, 784, 10, seed=0, start="public")
-    assert record["rewind"] == "public" and record["output_layer"] == "reinit"
+    assert record.rewind == "public" and record.output_layer == "reinit"
     for key, value in model.state_dict().items():
         expected = theta0[key] if key.startswith("output.") else public[key]
         expected = expected * masks[key] if key in masks else expected
         assert torch.equal(value, expected), key
     kept, _, record = model_from_ticket(ticket, 784, 10, seed=0, start="public", output_layer="keep")
-    assert record["output_layer"] == "keep"
+    assert record.output_layer == "keep"
     assert all(torch.equal(v, public[k]) for k, v in kept.state_dict().items())
     from_theta0, _, record = model_from_ticket(ticket, 784, 10, seed=0)
-    assert record["rewind"] == "init" and "output_layer" not in record
+    assert record.rewind == "init" and record.output_layer is None
     assert all(torch.equal(v, theta0[k] * masks[k] if k in masks else theta0[k])
                for k, v in from_theta0.state_dict().items())
     with pytest.raises(DpltmUserError, match="trained for 10 classes, this data has 6"):

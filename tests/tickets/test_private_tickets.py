@@ -12,7 +12,7 @@ import dp_accounting
 import pytest
 import torch
 
-from dpltm.checkpoint import load_checkpoint
+from dpltm.checkpoint import load_checkpoint, load_winner
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import LeNet, build_architecture
@@ -20,7 +20,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.pld_accountant import PLD_VALUE_DISCRETIZATION_INTERVAL
 from dpltm.settings import PrivateTicketSettings, TrainConfig, TrainSettings
 from dpltm.tickets.private import layer_keep_fractions, make_private_ticket, plan_private_ticket, round_prune_rates
-from dpltm.training.pipeline import load_ticket, train
+from dpltm.training.pipeline import train
 
 
 def _config(eps: float = 2.0, warmup: int = 2, epochs: int = 3, rounds: int = 1, density_: float = 0.3,
@@ -74,7 +74,7 @@ def test_private_ticket_then_training_meets_the_requested_epsilon(tiny_splits: D
     for name, mask in payload["masks"].items():
         key = name
         assert torch.all(payload["theta0"][key][~mask] == 0)
-    ticket = load_ticket(ticket_path)
+    ticket = load_winner(ticket_path)
     assert ticket.selection_method == "private" and ticket.is_private_ticket
     report = train(cfg, tiny_splits, tmp_path / "model.pt", ticket=ticket, ticket_path=ticket_path,
                    private=True, progress=False, noise_seed=2)
@@ -105,7 +105,7 @@ def test_a_private_ticket_under_another_dataset_name_composes_its_warm_up(tiny_s
     ticket_path = tmp_path / "ticket.pt"
     make_private_ticket(cfg, tiny_splits, ticket_path, progress=False, noise_seed=1)
     renamed = dataclasses.replace(tiny_splits, name="blobs-copy")
-    report = train(cfg, renamed, tmp_path / "model.pt", ticket=load_ticket(ticket_path), ticket_path=ticket_path,
+    report = train(cfg, renamed, tmp_path / "model.pt", ticket=load_winner(ticket_path), ticket_path=ticket_path,
                    private=True, progress=False, noise_seed=2)
     ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "model.pt", ("model",))["privacy"]["ledger"])
     assert ledger.phase1 == "private" and ledger.phase1_training
@@ -139,14 +139,14 @@ def test_a_private_ticket_is_refused_on_other_data_of_the_same_name(tiny_splits:
     cfg = _config()
     made_on = dataclasses.replace(tiny_splits, seed=1, val_fraction=0.1)
     make_private_ticket(cfg, made_on, tmp_path / "t.pt", progress=False, noise_seed=1)
-    assert load_ticket(tmp_path / "t.pt").source_data["fingerprint"] is None  # user data: not recorded
+    assert load_winner(tmp_path / "t.pt").source_data["fingerprint"] is None  # user data: not recorded
     # so the data settings and counts tell other data apart
     fewer = LabeledTensors(made_on.train.features[:-1], made_on.train.labels[:-1])
     for other, says in ((dataclasses.replace(made_on, source_split="all"), "split train in the file, all in the data"),
                         (dataclasses.replace(made_on, train=fewer), "n_train 512 in the file, 511 in the data"),
                         (dataclasses.replace(made_on, seed=2), "seed 1 in the file, 2 in the data")):
         with pytest.raises(DpltmUserError, match="same dataset, split, seed") as refused:
-            train(cfg, other, tmp_path / "m.pt", ticket=load_ticket(tmp_path / "t.pt"), ticket_path=tmp_path / "t.pt",
+            train(cfg, other, tmp_path / "m.pt", ticket=load_winner(tmp_path / "t.pt"), ticket_path=tmp_path / "t.pt",
                   private=True, progress=False)
         assert says in str(refused.value)
 
@@ -249,7 +249,7 @@ def test_training_a_private_ticket_defaults_to_its_plan_under_config_and_flags(t
     cfg = dataclasses.replace(_config(eps=1.5, epochs=4), model=dataclasses.replace(_config().model,
                                                                                    activation="tanh"))
     make_private_ticket(cfg, tiny_splits, tmp_path / "t.pt", progress=False, noise_seed=1)
-    plan = private_ticket_plan(load_ticket(tmp_path / "t.pt"))
+    plan = private_ticket_plan(load_winner(tmp_path / "t.pt"))
     resolved = resolve_train_config({"data": {"dataset": "blobs"}}, None, base=plan)
     assert (resolved.train.eps2, resolved.train.epochs, resolved.train.batch_size, resolved.model.activation) == (
         1.5, 4, 64, "tanh")
@@ -295,7 +295,7 @@ def test_a_cnn_private_ticket_prunes_its_convolutions_and_trains_end_to_end_dp(t
     assert all(0.0 < float(payload["masks"][n].float().mean()) < 1.0 for n in ("conv.0.weight", "conv.1.weight"))
     for name, mask in payload["masks"].items():
         assert torch.all(payload["theta0"][name][~mask] == 0)
-    report = train(cfg, data, tmp_path / "model.pt", ticket=load_ticket(ticket_path), ticket_path=ticket_path,
+    report = train(cfg, data, tmp_path / "model.pt", ticket=load_winner(ticket_path), ticket_path=ticket_path,
                    private=True, progress=False, noise_seed=2)
     assert report["end_to_end_dp"] is True and report["epsilon"] <= 2.0
     state = load_checkpoint(tmp_path / "model.pt", ("model",))["state_dict"]

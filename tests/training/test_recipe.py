@@ -163,11 +163,12 @@ def test_a_tickets_activation_can_be_overridden(tiny_splits: DatasetSplits) -> N
     source, source_masks = pruned_model("relu")
     ticket = ticket_of(source, source_masks)
     same, same_masks, record = model_from_ticket(ticket, 20, 4, seed=0)
-    assert same.arch.activation == "relu" and record == {"mode": "direct", "kept_layers": same.arch.layer_names(),
-                                                         "activation": "relu", "rewind": "init"}
+    assert same.arch.activation == "relu"
+    assert record.to_dict() == {"mode": "direct", "kept_layers": same.arch.layer_names(), "activation": "relu",
+                                "rewind": "init"}
     model, masks, record = model_from_ticket(ticket, 20, 4, seed=0, activation="tanh")
     assert model.arch.activation == "tanh"
-    assert record["activation_override"] == {"ticket": "relu", "used": "tanh"}
+    assert record.activation_override == {"ticket": "relu", "used": "tanh"}
     for name, value in source.state_dict().items():  # masks and θ0 carry over unchanged
         assert torch.equal(model.state_dict()[name], value), name
     assert masks.keys() == source_masks.keys() == same_masks.keys()
@@ -177,8 +178,8 @@ def test_a_tickets_activation_can_be_overridden(tiny_splits: DatasetSplits) -> N
     assert not torch.allclose(model(x), same(x))  # it is another network
     # cross-architecture transfer (other classes): hidden masks and θ0 kept, activation as asked
     cross, cross_masks, record = model_from_ticket(ticket, 20, 3, seed=0, activation="tanh")
-    assert record["mode"] == "cross-architecture" and cross.arch.activation == "tanh"
-    assert record["activation_override"] == {"ticket": "relu", "used": "tanh"}
+    assert record.mode == "cross-architecture" and cross.arch.activation == "tanh"
+    assert record.activation_override == {"ticket": "relu", "used": "tanh"}
     assert torch.equal(cross_masks["hidden.0.weight"], source_masks["hidden.0.weight"])
     assert torch.count_nonzero(cross.weights()["hidden.0.weight"][~source_masks["hidden.0.weight"]]) == 0
 
