@@ -10,7 +10,7 @@ Networks are built on PyTorch's `meta` device to check shapes: no memory, no ini
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -219,6 +219,25 @@ class Reader:
             raise self.damaged(f"'{where}.{acting}' is non-zero where the mask prunes it")
 
 
+def body_of(record: Any, keys: Iterable[str], omitted_when_none: Container[str] = ()) -> dict[str, Any]:
+    """A typed record as the plain dict its file stores, the one place records become file bodies: its fields
+    in `keys` order, nested records by their own `to_dict`, tuples as lists; a field of `omitted_when_none`
+    is left out while it is None (a reader takes it as absent)."""
+    body = {}
+    for key in keys:
+        value = getattr(record, key)
+        if value is None and key in omitted_when_none:
+            continue
+        body[key] = _plain(value)
+    return body
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
 @dataclass(frozen=True, kw_only=True)
 class Artefact:
     """What every artefact's body holds beside its own fields: the network's record and the versions that
@@ -227,6 +246,9 @@ class Artefact:
     KIND: ClassVar[str]
     WHAT: ClassVar[str]
     """What the artefact is called in a writer's refusal ("the ticket set being written")."""
+    BODY: ClassVar[tuple[str, ...]]
+    """The body's keys after the header, in the order the writers write them."""
+    OMITTED_WHEN_NONE: ClassVar[tuple[str, ...]] = ("environment",)
     architecture: dict[str, Any]
     dpltm_version: str | None = None
     environment: dict[str, Any] | None = None
@@ -237,6 +259,10 @@ class Artefact:
         from dpltm.networks.lenet import Architecture
 
         return Architecture.from_dict(self.architecture)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint body: the header, then the fields (`BODY`)."""
+        return {**header(self.KIND), **body_of(self, self.BODY, self.OMITTED_WHEN_NONE)}
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Self:

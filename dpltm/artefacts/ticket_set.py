@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, header, reference_masks, reference_theta0
+from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_masks, reference_theta0
 
 if TYPE_CHECKING:
     import torch
@@ -65,13 +65,7 @@ class TicketRecord:
              "next_density", "controls", "trained")
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"round": self.round, "masks": self.masks, "density": self.density,
-                               "layer_density": self.layer_density, "val_accuracy": self.val_accuracy,
-                               "loss_curve": list(self.loss_curve)}
-        for key in ("loss_every", "next_density", "controls", "trained"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
+        return body_of(self, self._KEYS, ("loss_every", "next_density", "controls", "trained"))
 
     @classmethod
     def from_dict(cls, record: Any, index: int, path: Path | str) -> TicketRecord:
@@ -100,7 +94,7 @@ class RewindPoint:
     weights: dict[str, torch.Tensor]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "weights": self.weights}
+        return body_of(self, ("step", "weights"))
 
     @classmethod
     def from_dict(cls, point: Mapping[str, Any], reference: Mapping[str, Any], read: Reader) -> RewindPoint:
@@ -142,6 +136,8 @@ class TicketSet(Artefact):
 
     KIND = KIND
     WHAT = "ticket set"
+    BODY = (*TICKET_SET_KEYS[:-1], "environment", "selection_draws")  # a rewrite keeps `environment` where it was
+    OMITTED_WHEN_NONE = ("environment", "selection_draws")
     theta0: dict[str, torch.Tensor]
     tickets: tuple[TicketRecord, ...]
     data: dict[str, Any]
@@ -200,24 +196,6 @@ class TicketSet(Artefact):
         return phase1_view(self.privacy, self.data)
 
     # ---- storage --------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """The checkpoint body: header, then the fields in the order `dpltm generate` writes them."""
-        body: dict[str, Any] = {
-            **header(KIND),
-            "dpltm_version": self.dpltm_version, "config": self.config, "config_hash": self.config_hash,
-            "architecture": self.architecture, "prune_rates": self.prune_rates, "seed": self.seed,
-            "data": self.data, "theta0": self.theta0, "privacy": self.privacy,
-            "tickets": [t.to_dict() for t in self.tickets],
-            "rewind_point": None if self.rewind_point is None else self.rewind_point.to_dict(),
-            "next_masks": self.next_masks,
-            "complete": self.complete, "stop_reason": self.stop_reason, "wall_seconds": self.wall_seconds,
-        }
-        if self.environment is not None:  # where a rewrite keeps it: before the draws select appends
-            body["environment"] = self.environment
-        if self.selection_draws is not None:
-            body["selection_draws"] = list(self.selection_draws)
-        return body
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> TicketSet:

@@ -15,30 +15,24 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, header, reference_state
+from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_state
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.privacy.ledger import PrivacyLedger, _json_float  # ±∞ as strict JSON writes it
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
 KIND = "model"
-MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "data", "outcome", "transfer",
-              "ticket", "dpltm_version")
-"""The keys of a model checkpoint's body (besides the header and `environment`); no ε among them."""
+MODEL_KEYS = ("dpltm_version", "architecture", "state_dict", "privacy", "history", "config", "data", "outcome",
+              "transfer", "ticket")
+"""The keys of a model checkpoint's body besides the header and `environment`, in the order `dpltm train` writes
+them; no ε among them."""
 PRIVACY_KEYS = ("ledger", "caveats", "adaptive_stop")
-
-
-def json_number(value: float) -> float | str:
-    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
-    if math.isfinite(value):
-        return float(value)
-    return "inf" if value > 0 else "-inf"
 
 
 @dataclass(frozen=True)
@@ -115,8 +109,8 @@ class PrivacyRecord:
     def summary(self) -> dict[str, Any]:
         """The privacy facts a trained model's report shows, in the report's order (JSON-able)."""
         return {
-            "epsilon": json_number(self.epsilon),
-            "epsilon_dp_part": json_number(self.epsilon_dp_part),
+            "epsilon": _json_float(self.epsilon),
+            "epsilon_dp_part": _json_float(self.epsilon_dp_part),
             "epsilon_scope": self.epsilon_scope,
             "warning": self.warning,
             "delta": self.delta,
@@ -183,10 +177,7 @@ class Outcome:
     _OPTIONAL = ("noise_parameter", "sigma_calibrated", "randomness", "log_dir", "audit")
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["audit"] is None:
-            del out["audit"]
-        return out
+        return body_of(self, self._TYPES, ("audit",))
 
     @classmethod
     def from_dict(cls, record: Any, path: Path | str) -> Outcome:
@@ -210,6 +201,7 @@ class TrainedModel(Artefact):
 
     KIND = KIND
     WHAT = "model"
+    BODY = (*MODEL_KEYS, "environment")
     state_dict: dict[str, torch.Tensor]
     privacy: PrivacyRecord
     history: tuple[dict[str, Any], ...]
@@ -306,25 +298,6 @@ class TrainedModel(Artefact):
         return split_stored_state(self.arch, self.state_dict)[1]
 
     # ---- storage --------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """The checkpoint body: header, the stored facts, one privacy record; no computed ε."""
-        body: dict[str, Any] = {
-            **header(KIND),
-            "dpltm_version": self.dpltm_version,
-            "architecture": self.architecture,
-            "state_dict": self.state_dict,
-            "privacy": self.privacy.to_dict(),
-            "history": list(self.history),
-            "config": self.config,
-            "data": self.data,
-            "outcome": self.outcome.to_dict(),
-            "transfer": self.transfer,
-            "ticket": self.ticket,
-        }
-        if self.environment is not None:
-            body["environment"] = self.environment
-        return body
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> TrainedModel:

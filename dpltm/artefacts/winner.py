@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, header, reference_masks, reference_theta0
+from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, reference_masks, reference_theta0
 from dpltm.artefacts.ticket_set import RewindPoint, check_phase1, phase1_view
 
 if TYPE_CHECKING:
@@ -64,6 +64,8 @@ class Winner(Artefact):
 
     KIND = KIND
     WHAT = "ticket"
+    BODY = (*WINNER_KEYS, "environment")
+    OMITTED_WHEN_NONE = ("private_ticket", "public_weights", "rewind_point", "environment")
     theta0: dict[str, torch.Tensor]
     masks: dict[str, torch.Tensor]
     density: float
@@ -167,25 +169,6 @@ class Winner(Artefact):
                 "statement": self.statement}
 
     # ---- storage --------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """The checkpoint body: header, then the fields in the order the writers write them."""
-        body: dict[str, Any] = {
-            **header(KIND),
-            "dpltm_version": self.dpltm_version, "architecture": self.architecture, "theta0": self.theta0,
-            "masks": self.masks, "density": self.density, "layer_density": self.layer_density,
-            "round": self.round, "val_accuracy": self.val_accuracy, "source": self.source,
-            "privacy": self.privacy, "selection": self.selection,
-        }
-        if self.private_ticket is not None:
-            body["private_ticket"] = self.private_ticket
-        if self.public_weights is not None:
-            body["public_weights"] = self.public_weights
-        if self.rewind_point is not None:
-            body["rewind_point"] = self.rewind_point.to_dict()
-        if self.environment is not None:
-            body["environment"] = self.environment
-        return body
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> Winner:
