@@ -61,6 +61,8 @@ def is_readable(kind: Any, version: Any) -> bool:
 
 # ---- older files, read in today's layout ----------------------------------------------------
 
+PARAMETER_NAMES_SINCE = 4
+"""The format from which every file names a built-in network's parameters as the network does (`hidden.0.weight`)."""
 _OLD_PARAMETER_NAME = re.compile(r"^layers\.(?:(conv|hidden)_(\d+)|(project|output))\.(weight|bias)$")
 
 
@@ -84,13 +86,14 @@ def current_parameter_names(state: dict[str, Any], where: str = "the file") -> d
 
 
 def migrate(body: dict[str, Any], path: Path | str) -> dict[str, Any]:
-    """An old file's body in today's layout, as it is read: θ0 and state_dict keys of the old `layers` dict
-    renamed (`current_parameter_names`). A file in today's layout is returned as it is, untouched."""
+    """A body of an older format in today's layout, as it is read; a body of today's format is returned untouched.
+    Files before format 4 may name a built-in network's parameters as the old `layers` dict did: their θ0 and
+    state_dict keys are renamed (`current_parameter_names`). A library run holds the user's own network."""
+    if body["format_version"] >= PARAMETER_NAMES_SINCE or body["kind"] == "run":
+        return body
     for key in ("theta0", "state_dict"):
-        state = body.get(key)
-        if body.get("kind") != "run" and isinstance(state, dict) and any(
-                isinstance(name, str) and _OLD_PARAMETER_NAME.match(name) for name in state):
-            body[key] = current_parameter_names(state, f"{path}'s {key}")
+        if isinstance(body.get(key), dict):
+            body[key] = current_parameter_names(body[key], f"{path}'s {key}")
     return body
 
 
