@@ -53,6 +53,18 @@ def refusal(path: Path | str, kind: Any, version: Any) -> str:
     return f"{path} has checkpoint format {version}, this dpltm reads format {FORMAT_VERSION}"
 
 
+def check_header(body: Any, kinds: tuple[str, ...], path: Path | str) -> Any:
+    """The body, once its header says it is a dpltm file of one of `kinds` in a format this dpltm reads."""
+    if not isinstance(body, Mapping) or body.get("format") != "dpltm":
+        raise DpltmUserError(f"{path} is not a dpltm checkpoint")
+    version, found = body.get("format_version"), body.get("kind")
+    if not is_readable(found, version):
+        raise DpltmUserError(refusal(path, found, version))
+    if found not in kinds:
+        raise DpltmUserError(f"{path} holds a '{found}' checkpoint, expected {' or '.join(kinds)}")
+    return body
+
+
 def is_readable(kind: Any, version: Any) -> bool:
     """Whether this dpltm reads a file of `kind` written in format `version` (an unknown kind: today's only)."""
     oldest = OLDEST_READABLE.get(kind, FORMAT_VERSION) if isinstance(kind, str) else FORMAT_VERSION
@@ -132,15 +144,7 @@ class Reader:
         return value
 
     def header(self, body: Any) -> Mapping[str, Any]:
-        """The body, once its header says it is a dpltm file of this kind in a format this dpltm reads."""
-        if not isinstance(body, Mapping) or body.get("format") != "dpltm":
-            raise DpltmUserError(f"{self.path} is not a dpltm checkpoint")
-        if body.get("kind") != self.kind:
-            raise DpltmUserError(f"{self.path} holds a '{body.get('kind')}' checkpoint, expected {self.kind}")
-        version = body.get("format_version")
-        if not is_readable(self.kind, version):
-            raise DpltmUserError(refusal(self.path, self.kind, version))
-        return body
+        return check_header(body, (self.kind,), self.path)
 
     def unknown(self, record: Mapping[str, Any], known: Iterable[str], where: str = "") -> None:
         """Refuse keys no writer puts there: a stored copy of a computed fact, or a foreign field."""
