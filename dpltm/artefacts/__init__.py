@@ -15,7 +15,7 @@ dpltm.artefacts.format; the file layer (dpltm.checkpoint: `load_ticket_set`, `lo
 
 from dpltm.artefacts.ticket_set import RewindPoint, TicketRecord, TicketSet
 from dpltm.artefacts.trained_model import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
-from dpltm.artefacts.winner import Winner
+from dpltm.artefacts.winner import PrivateTicketRecord, Winner
 
-__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "Outcome", "PrivacyRecord", "RewindPoint", "TicketRecord", "TicketSet",
-           "TrainedModel", "Winner"]
+__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "Outcome", "PrivacyRecord", "PrivateTicketRecord", "RewindPoint",
+           "TicketRecord", "TicketSet", "TrainedModel", "Winner"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, reference_masks, reference_theta0
+from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_masks, reference_theta0
 from dpltm.artefacts.ticket_set import RewindPoint, check_phase1, phase1_view
 
 if TYPE_CHECKING:
@@ -59,6 +59,30 @@ _READ = Reader("winner", KIND)
 
 
 @dataclass(frozen=True)
+class PrivateTicketRecord:
+    """How a private ticket was made (`tickets.private.make_private_ticket`): its DP warm-up rounds (`warmup`: the
+    q, σ and steps of each; `rounds`: what each did), their composed DpEvent, and the plan of the whole run whose
+    δ, accountant and neighbouring relation its ε is stated under."""
+
+    warmup: tuple[dict[str, Any], ...]
+    rounds: tuple[dict[str, Any], ...]
+    rewind: str
+    target_density: float
+    noise: str
+    noise_multiplier: float
+    planned_training_steps: int
+    epsilon_total: float
+    delta: float
+    accountant: str
+    neighboring: str
+    dp_event: dict[str, Any]
+    randomness: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return body_of(self, PRIVATE_TICKET_TYPES)
+
+
+@dataclass(frozen=True)
 class Winner(Artefact):
     """A ticket ready to train: θ0, its mask, where it came from, and what touched data to make it."""
 
@@ -77,7 +101,7 @@ class Winner(Artefact):
     privacy: dict[str, Any]
     """Phase 1's record: the ticket set's (non-private IMP), or a private ticket's (DP warm-up)."""
     selection: dict[str, Any]
-    private_ticket: dict[str, Any] | None = None
+    private_ticket: PrivateTicketRecord | None = None
     """A private ticket's warm-up rounds, their DpEvent and the whole run's plan; None for a winner."""
     public_weights: dict[str, torch.Tensor] | None = None
     """The chosen ticket's weights at the end of its public training round (θ0's keys, zero where the mask
@@ -124,7 +148,7 @@ class Winner(Artefact):
         from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
 
         if self.private_ticket is not None:
-            return _READ.event(self.private_ticket["dp_event"], "private_ticket.dp_event")
+            return _READ.event(self.private_ticket.dp_event, "private_ticket.dp_event")
         phase1 = _READ.event(self.privacy["dp_event"], "privacy.dp_event")
         selection = self.selection_event
         return phase1 if selection is None else ComposedDpEvent([phase1, selection])
@@ -138,7 +162,7 @@ class Winner(Artefact):
         from dpltm.privacy.accounting import epsilon
 
         record = self.private_ticket
-        return epsilon(self.dp_event, float(record["delta"]), str(record["accountant"]), str(record["neighboring"]))
+        return epsilon(self.dp_event, float(record.delta), record.accountant, record.neighboring)
 
     @property
     def statement(self) -> str | None:
@@ -149,13 +173,13 @@ class Winner(Artefact):
         from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma
 
         record = self.private_ticket
-        first = record["warmup"][0]
+        first = record.warmup[0]
         records = f"{int(first['dataset_size'])} " if "dataset_size" in first else ""
-        return (f"made with privacy on {self.dataset}: {len(record['rounds'])} DP-SGD warm-up round(s) of "
+        return (f"made with privacy on {self.dataset}: {len(record.rounds)} DP-SGD warm-up round(s) of "
                 f"{int(first['steps'])} steps, q = {format_rate(float(first['q']))}, σ = "
                 f"{format_sigma(float(first['sigma']))}; "
                 f"its weights and mask are (ε = {format_epsilon(self.epsilon_spent)}, "
-                f"δ = {format_delta(float(record['delta']))})-DP for the {records}training records (its validation "
+                f"δ = {format_delta(float(record.delta))})-DP for the {records}training records (its validation "
                 "accuracy is not private)")
 
     @property
@@ -211,6 +235,8 @@ class Winner(Artefact):
         if method == PRIVATE_METHOD:
             _check_private(privacy, private_ticket, read)
             privacy = {k: v for k, v in privacy.items() if k not in STORED_COPIES}
+            private_ticket = PrivateTicketRecord(**{k: tuple(v) if k in ("warmup", "rounds") else v
+                                                    for k, v in private_ticket.items()})
         else:
             if private_ticket is not None:
                 raise read.damaged(f"a winner selected by '{method}' holds a 'private_ticket' record")

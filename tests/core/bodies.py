@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from dp_accounting import ComposedDpEvent, NonPrivateDpEvent  # type: ignore[import-untyped]
 
-from dpltm.artefacts import TicketRecord, TicketSet, Winner
+from dpltm.artefacts import PrivateTicketRecord, TicketRecord, TicketSet, Winner
 from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.events import dpsgd_event, event_to_json, selection_event
 from dpltm.privacy.ledger import training_record
@@ -84,9 +84,9 @@ def private_ticket() -> Winner:
                 "config": {"seed": 0, "train": {}, "data": {}}},
         privacy={"phase1": "private"},
         selection={"method": "private", "eps1": None, "draws": 0, "eps1_total": None, "noise_aware": None},
-        private_ticket={"warmup": [round_record, round_record], "rounds": [{"round": 1}, {"round": 2}],
-                        "rewind": "init", "target_density": 0.3, "noise": "gaussian", "noise_multiplier": 1.2,
-                        "planned_training_steps": 1000, "epsilon_total": 1.0, "delta": 1e-5, "accountant": "pld",
-                        "neighboring": "add_remove", "dp_event": event_to_json(warmup),
-                        "randomness": "OS CSPRNG"},
+        private_ticket=PrivateTicketRecord(
+            warmup=(round_record, round_record), rounds=({"round": 1}, {"round": 2}), rewind="init",
+            target_density=0.3, noise="gaussian", noise_multiplier=1.2, planned_training_steps=1000, epsilon_total=1.0,
+            delta=1e-5, accountant="pld", neighboring="add_remove", dp_event=event_to_json(warmup),
+            randomness="OS CSPRNG"),
         dpltm_version="test")
