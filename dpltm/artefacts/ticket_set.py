@@ -108,19 +108,32 @@ class RewindPoint:
         return cls(int(step), weights)
 
 
-def check_phase1(privacy: Mapping[str, Any], read: Reader) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Phase1Record:
+    """Phase 1 as a ticket file stores it: its kind (`phase1`: "non-private" IMP; "private" for a private ticket)
+    and, for a ticket set and the winners drawn from it, its DpEvent. Where it ran is the file's data record
+    (`phase1_view`)."""
+
+    phase1: str
+    dp_event: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return body_of(self, PHASE1_KEYS, ("dp_event",))
+
+
+def check_phase1(privacy: Mapping[str, Any], read: Reader) -> Phase1Record:
     """Phase 1's record checked, without the copies older files kept (`PHASE1_COPIES`)."""
     read.unknown(privacy, (*PHASE1_KEYS, *PHASE1_COPIES), "'privacy'")
     read.field(privacy, "phase1", (str,), "privacy.")
     read.event(read.field(privacy, "dp_event", (dict,), "privacy."), "privacy.dp_event")
     for key in PHASE1_COPIES:
         read.field(privacy, key, (str,), "privacy.", optional=True)
-    return {k: v for k, v in privacy.items() if k in PHASE1_KEYS}
+    return Phase1Record(privacy["phase1"], privacy["dp_event"])
 
 
-def phase1_view(privacy: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+def phase1_view(privacy: Phase1Record, data: Mapping[str, Any]) -> dict[str, Any]:
     """Phase 1's stored record with where it ran (`data`) and what that means (`PHASE1_NOTE`)."""
-    return {**privacy, "dataset": data.get("dataset"), "split": data.get("split"),
+    return {**privacy.to_dict(), "dataset": data.get("dataset"), "split": data.get("split"),
             "fingerprint": data.get("fingerprint"), "note": PHASE1_NOTE}
 
 
@@ -143,7 +156,7 @@ class TicketSet(Artefact):
     data: dict[str, Any]
     """The data the tickets were made on (`DatasetSplits.ticket_set_summary`), with its fingerprint."""
     config: dict[str, Any]
-    privacy: dict[str, Any]
+    privacy: Phase1Record
     seed: int
     complete: bool
     config_hash: str | None = None

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_masks, reference_theta0
-from dpltm.artefacts.ticket_set import RewindPoint, check_phase1, phase1_view
+from dpltm.artefacts.ticket_set import Phase1Record, RewindPoint, check_phase1, phase1_view
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +98,7 @@ class Winner(Artefact):
     val_accuracy: float
     source: dict[str, Any]
     """The ticket set's path (None for a private ticket), its data record and its config."""
-    privacy: dict[str, Any]
+    privacy: Phase1Record
     """Phase 1's record: the ticket set's (non-private IMP), or a private ticket's (DP warm-up)."""
     selection: dict[str, Any]
     private_ticket: PrivateTicketRecord | None = None
@@ -149,7 +149,7 @@ class Winner(Artefact):
 
         if self.private_ticket is not None:
             return _READ.event(self.private_ticket.dp_event, "private_ticket.dp_event")
-        phase1 = _READ.event(self.privacy["dp_event"], "privacy.dp_event")
+        phase1 = _READ.event(self.privacy.dp_event, "privacy.dp_event")
         selection = self.selection_event
         return phase1 if selection is None else ComposedDpEvent([phase1, selection])
 
@@ -189,7 +189,7 @@ class Winner(Artefact):
         with where it ran."""
         if self.private_ticket is None:
             return phase1_view(self.privacy, self.source_data)
-        return {"phase1": self.privacy["phase1"], "end_to_end_dp": True, "epsilon_spent": self.epsilon_spent,
+        return {"phase1": self.privacy.phase1, "end_to_end_dp": True, "epsilon_spent": self.epsilon_spent,
                 "statement": self.statement}
 
     # ---- storage --------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class Winner(Artefact):
                 raise read.damaged(f"a private ticket holds '{key}' (it was made on private data)")
         if method == PRIVATE_METHOD:
             _check_private(privacy, private_ticket, read)
-            privacy = {k: v for k, v in privacy.items() if k not in STORED_COPIES}
+            privacy = Phase1Record(privacy["phase1"])  # the copies of computed facts older files kept: dropped
             private_ticket = PrivateTicketRecord(**{k: tuple(v) if k in ("warmup", "rounds") else v
                                                     for k, v in private_ticket.items()})
         else:
