@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dpltm.artefacts.format import KINDS, header, is_readable, migrate, refusal
+from dpltm.artefacts.format import KINDS, check_header, header, migrate
 from dpltm.errors import DpltmUserError
 from dpltm.outputs import write_atomic
 
@@ -146,14 +146,7 @@ def _read(path: Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
             body = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign or damaged files
         raise DpltmUserError(f"{path} is not a readable dpltm checkpoint ({_why_unreadable(path, exc)})") from None
-    if not isinstance(body, dict) or body.get("format") != "dpltm":
-        raise DpltmUserError(f"{path} is not a dpltm checkpoint")
-    version, found = body.get("format_version"), body.get("kind")
-    if not is_readable(found, version):
-        raise DpltmUserError(refusal(path, found, version))
-    if found not in kinds:
-        raise DpltmUserError(f"{path} holds a '{found}' checkpoint, expected {' or '.join(kinds)}")
-    return migrate(body, path)
+    return migrate(check_header(body, kinds, path), path)
 
 
 def load_ticket_set(path: Path) -> Any:

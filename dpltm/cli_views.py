@@ -42,18 +42,19 @@ def show_generated(made: TicketSet | Winner, target: Path, json_out: bool) -> No
         print_tickets(made, err_console)
         err_console.print(f"ticket file: {target}")
         return
-    record = made.private_ticket or {}
+    record = made.private_ticket
+    assert record is not None  # `generate --private` makes a private ticket
     privacy = made.privacy_view
     if json_out:
         emit_json({"output": str(target), "density": made.density, "layer_density": made.layer_density,
                    "val_accuracy": known_accuracy(made.val_accuracy), "privacy": privacy,
-                   "private_ticket": {k: v for k, v in record.items() if k != "dp_event"}})
+                   "private_ticket": {k: v for k, v in record.to_dict().items() if k != "dp_event"}})
         return
     out_console.print(f"private ticket: C={made.density:.4f}, {accuracy_text(made.val_accuracy)}",
                       markup=False, highlight=False)
     out_console.print(privacy["statement"], markup=False, highlight=False)
     err_console.print(f"train it with: dpltm train --ticket {target} --dataset {made.dataset} (σ is calibrated so "
-                      f"the whole run meets ε = {format_epsilon(record['epsilon_total'])})")
+                      f"the whole run meets ε = {format_epsilon(record.epsilon_total)})")
 
 
 def show_winner(winner: Winner, target: Path, json_out: bool) -> None:

@@ -93,19 +93,17 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
     `warn` hears about fingerprints of user data an older model file carried (not exported)."""
     from safetensors.torch import save
 
-    from dpltm.artefacts import TrainedModel
-    from dpltm.checkpoint import load_checkpoint
+    from dpltm.checkpoint import load_artefact
     from dpltm.data.loaders import INPUT_NORMALISATION
     from dpltm.data.release import PRIVATE_FINGERPRINT_WARNING
     from dpltm.outputs import write_bytes_atomic
 
-    body = load_checkpoint(model_path, ("model", "run"))
-    if body["kind"] == "run":
-        metadata, tensors = _run_export(body, model_path)
+    trained = load_artefact(model_path, ("model", "run"))
+    if isinstance(trained, dict):  # a library run: its checked body, not an artefact
+        metadata, tensors = _run_export(trained, model_path)
         metadata[DIGEST_KEY] = content_digest(metadata, tensors)
         write_bytes_atomic(save(tensors, metadata=metadata), out)
         return metadata
-    trained = TrainedModel.from_dict(body, model_path)
     dropped = private_fingerprints(trained)
     if dropped and warn is not None:
         warn(f"warning: {model_path} {PRIVATE_FINGERPRINT_WARNING} ({', '.join(dropped)}); not copied to the export")

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from dpltm.artefacts import TicketSet
+    from dpltm.artefacts import TicketSet, TrainedModel, Winner
 
 
 def ticket_rows(tickets: TicketSet) -> list[dict[str, Any]]:
@@ -156,8 +156,7 @@ def _print_statement(console: Console, statement: str) -> None:
     console.print(statement, markup=False, highlight=False)
 
 
-def _environment(summary: dict[str, Any], console: Console) -> None:
-    env = summary.get("environment") or {}
+def _environment(env: dict[str, str] | None, console: Console) -> None:
     if env:
         console.print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()), markup=False,
                       highlight=False)
@@ -170,33 +169,33 @@ def print_ledger(ledger: dict[str, Any], console: Console) -> None:
         console.print(records_table("bounds (the best one is the ledger's ε)", ledger["bounds"]))
 
 
-def print_model(summary: dict[str, Any], console: Console) -> None:
-    head = {"dataset": summary["dataset"], "network": arch_text(summary["architecture"]),
-            "test_accuracy": summary["test_accuracy"], "val_accuracy": summary["val_accuracy"],
-            "epochs_run": summary["epochs_run"], "steps": summary["steps"],
-            "released_weights": summary["released_weights"], "dpltm_version": summary["dpltm_version"]}
+def print_model(trained: TrainedModel, console: Console) -> None:
+    head = {"dataset": trained.dataset, "network": arch_text(trained.architecture),
+            "test_accuracy": trained.test_accuracy, "val_accuracy": trained.val_accuracy,
+            "epochs_run": trained.epochs_run, "steps": trained.outcome.steps,
+            "released_weights": trained.outcome.released_weights, "dpltm_version": trained.dpltm_version}
     console.print(fields_table("model", field_rows(head)))
-    if summary.get("ticket"):
-        console.print(fields_table("ticket it was trained from", field_rows(summary["ticket"])))
-    print_ledger(summary["ledger"], console)
-    _environment(summary, console)
-    _print_statement(console, summary["statement"])
+    if trained.ticket:
+        console.print(fields_table("ticket it was trained from", field_rows(trained.ticket)))
+    print_ledger(trained.privacy.ledger_report, console)
+    _environment(trained.environment, console)
+    _print_statement(console, trained.privacy.ledger.statement())
 
 
-def print_winner(summary: dict[str, Any], console: Console) -> None:
-    head = {"round": summary["round"], "density": summary["density"], "val_accuracy": summary["val_accuracy"],
-            "network": arch_text(summary["architecture"]), "dpltm_version": summary["dpltm_version"],
-            "public_weights": "kept (train --rewind public)" if summary.get("public_weights") else "none",
-            "iterate K of public training": (f"θ_{summary['rewind_step']} kept (train --rewind "
-                                             f"{summary['rewind_step']})" if summary.get("rewind_step") else "none")}
+def print_winner(winner: Winner, console: Console) -> None:
+    k = winner.rewind_step
+    head = {"round": winner.round, "density": winner.density, "val_accuracy": winner.val_accuracy,
+            "network": arch_text(winner.architecture), "dpltm_version": winner.dpltm_version,
+            "public_weights": "kept (train --rewind public)" if winner.public_weights is not None else "none",
+            "iterate K of public training": f"θ_{k} kept (train --rewind {k})" if k else "none"}
     console.print(fields_table("ticket (winner)", field_rows(head)))
     layers = Table(title="surviving fraction per layer", title_justify="left")
     layers.add_column("layer")
     layers.add_column("C", justify="right")
-    for name, value in summary["layer_density"].items():
+    for name, value in winner.layer_density.items():
         layers.add_row(Text(name), _fmt(value))
     console.print(layers)
-    selection = dict(summary["selection"])
+    selection = dict(winner.selection)
     noise_aware = selection.pop("noise_aware", None)
     console.print(fields_table("selection", field_rows(selection)))
     if noise_aware:
@@ -204,11 +203,11 @@ def print_winner(summary: dict[str, Any], console: Console) -> None:
                                     noise_aware.get("candidates", [])))
         rest = {k: v for k, v in noise_aware.items() if k != "candidates"}
         console.print(fields_table("noise-aware plan", field_rows(rest)))
-    console.print(fields_table("ticket data", field_rows(summary["source"])))
-    privacy = dict(summary["privacy"])
+    console.print(fields_table("ticket data", field_rows(winner.source_data)))
+    privacy = dict(winner.privacy_view)
     statement = privacy.pop("statement", None)
     console.print(fields_table("privacy", field_rows(privacy)))
-    _environment(summary, console)
+    _environment(winner.environment, console)
     if statement:
         _print_statement(console, statement)
 
@@ -247,5 +246,5 @@ def print_export(exported: dict[str, Any], console: Console) -> None:
     shown = {k: exported.get(k) for k in ("format", "source_checkpoint", "test_accuracy", "data",
                                           "input_normalisation")}
     console.print(fields_table("export", field_rows(shown)))
-    _environment(exported, console)
+    _environment(exported.get("environment"), console)
     _print_statement(console, exported["privacy_statement"])

@@ -13,9 +13,9 @@ dpltm.artefacts.format; the file layer (dpltm.checkpoint: `load_ticket_set`, `lo
 `load_trained_model`) sits above these modules.
 """
 
-from dpltm.artefacts.ticket_set import RewindPoint, TicketRecord, TicketSet
+from dpltm.artefacts.ticket_set import Phase1Record, RewindPoint, TicketRecord, TicketSet
 from dpltm.artefacts.trained_model import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
-from dpltm.artefacts.winner import Winner
+from dpltm.artefacts.winner import PrivateTicketRecord, Winner
 
-__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "Outcome", "PrivacyRecord", "RewindPoint", "TicketRecord", "TicketSet",
-           "TrainedModel", "Winner"]
+__all__ = ["MODEL_KEYS", "PRIVACY_KEYS", "Outcome", "Phase1Record", "PrivacyRecord", "PrivateTicketRecord",
+           "RewindPoint", "TicketRecord", "TicketSet", "TrainedModel", "Winner"]

@@ -16,25 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import (
-    HEADER_KEYS,
-    architecture_of,
-    check_header,
-    check_tensors,
-    check_unknown,
-    damaged,
-    header,
-    mapping_of,
-    number_list,
-    reference_masks,
-    reference_theta0,
-    typed,
-)
+from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_masks, reference_theta0
 
 if TYPE_CHECKING:
     import torch
-
-    from dpltm.privacy.events import DpEvent
 
 KIND = "tickets"
 TICKET_SET_KEYS = ("dpltm_version", "config", "config_hash", "architecture", "prune_rates", "seed", "data",
@@ -53,27 +38,6 @@ PHASE1_NOTE = (
 )
 
 
-
-def _damaged(path: Path | str, what: str) -> Any:
-    return damaged(path, KIND, what)
-
-
-def _typed(record: Mapping[str, Any], key: str, types: tuple[type, ...], where: str, path: Path | str,
-           optional: bool = False) -> Any:
-    return typed(record, key, types, where, path, KIND, optional)
-
-
-def parse_event(record: Any, where: str, path: Path | str, kind: str) -> DpEvent:
-    """A stored DpEvent (`privacy.events.event_to_json`), or a one-line refusal naming `where`."""
-    from dpltm.errors import DpltmUserError
-    from dpltm.privacy.events import event_from_json
-
-    try:
-        return event_from_json(record)
-    except DpltmUserError as exc:
-        raise damaged(path, kind, f"'{where}' is not a DpEvent ({exc})") from None
-    except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
-        raise damaged(path, kind, f"'{where}' is not a DpEvent ({type(exc).__name__})") from None
 
 
 @dataclass(frozen=True)
@@ -101,45 +65,24 @@ class TicketRecord:
              "next_density", "controls", "trained")
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"round": self.round, "masks": self.masks, "density": self.density,
-                               "layer_density": self.layer_density, "val_accuracy": self.val_accuracy,
-                               "loss_curve": list(self.loss_curve)}
-        for key in ("loss_every", "next_density", "controls", "trained"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
+        return body_of(self, self._KEYS, ("loss_every", "next_density", "controls", "trained"))
 
     @classmethod
     def from_dict(cls, record: Any, index: int, path: Path | str) -> TicketRecord:
         """Ticket `index` of a set, its fields' types checked (its tensors are checked by the set)."""
-        where = f"tickets[{index}]."
+        where, read = f"tickets[{index}].", Reader(path, KIND)
         if not isinstance(record, Mapping):
-            raise _damaged(path, f"ticket {index} is not a record")
-        check_unknown(record, cls._KEYS, f"'{where.rstrip('.')}'", path, KIND)
-        round_ = _typed(record, "round", (int,), where, path)
-        masks = _typed(record, "masks", (dict,), where, path)
-        density = _typed(record, "density", (float,), where, path)
-        layer_density = mapping_of(record, "layer_density", (float,), where, path, KIND)
-        val_accuracy = _typed(record, "val_accuracy", (float,), where, path)
-        loss_curve = number_list(record, "loss_curve", where, path, KIND)
-        loss_every = _typed(record, "loss_every", (int,), where, path, optional=True)
-        next_density = _typed(record, "next_density", (float,), where, path, optional=True)
-        controls = _typed(record, "controls", (dict,), where, path, optional=True)
-        trained = _typed(record, "trained", (dict,), where, path, optional=True)
-        return cls(round_, masks, density, layer_density, val_accuracy,  # type: ignore[arg-type]
-                   tuple(loss_curve), loss_every, next_density, controls, trained)  # type: ignore[arg-type]
-
-
-def check_trained(weights: Mapping[str, Any], masks: Mapping[str, Any], arch: Any, where: str, kind: str,
-                  path: Path | str) -> None:
-    """Public-trained weights checked as θ0 is (its keys, shapes, floating dtypes), and zero where the mask
-    prunes: a ticket's weights that act where its mask prunes would not be that ticket."""
-    from dpltm.masks import pruned_but_not_zero
-
-    check_tensors(weights, reference_theta0(arch), where, kind, path, check_dtype=True)
-    acting = pruned_but_not_zero(dict(weights), dict(masks))
-    if acting is not None:
-        raise damaged(path, kind, f"'{where}.{acting}' is non-zero where the mask prunes it")
+            raise read.damaged(f"ticket {index} is not a record")
+        read.unknown(record, cls._KEYS, f"'{where.rstrip('.')}'")
+        return cls(read.field(record, "round", (int,), where), read.field(record, "masks", (dict,), where),
+                   read.field(record, "density", (float,), where),
+                   read.floats_by_name(record, "layer_density", where),  # type: ignore[arg-type]
+                   read.field(record, "val_accuracy", (float,), where),
+                   tuple(read.numbers(record, "loss_curve", where)),  # type: ignore[arg-type]
+                   read.field(record, "loss_every", (int,), where, optional=True),
+                   read.field(record, "next_density", (float,), where, optional=True),
+                   read.field(record, "controls", (dict,), where, optional=True),
+                   read.field(record, "trained", (dict,), where, optional=True))
 
 
 @dataclass(frozen=True)
@@ -151,39 +94,51 @@ class RewindPoint:
     weights: dict[str, torch.Tensor]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "weights": self.weights}
+        return body_of(self, ("step", "weights"))
 
     @classmethod
-    def from_dict(cls, point: Mapping[str, Any], reference: Mapping[str, Any], where: str, kind: str,
-                  path: Path | str) -> RewindPoint:
+    def from_dict(cls, point: Mapping[str, Any], reference: Mapping[str, Any], read: Reader) -> RewindPoint:
         """{"step": K ≥ 1, "weights": θ_K}, checked: θ_K with θ0's keys, shapes and floating dtypes."""
-        check_unknown(point, ("step", "weights"), f"'{where}'", path, kind)
-        step = typed(point, "step", (int,), f"{where}.", path, kind)
-        if step < 1:  # `typed` takes a bool only where one is asked for
-            raise damaged(path, kind, f"'{where}.step' must be a step ≥ 1 of public training, got {step!r}")
-        weights = typed(point, "weights", (dict,), f"{where}.", path, kind)
-        check_tensors(weights, reference, f"{where}.weights", kind, path, check_dtype=True)
+        read.unknown(point, ("step", "weights"), "'rewind_point'")
+        step = read.field(point, "step", (int,), "rewind_point.")
+        if step < 1:  # `field` takes a bool only where one is asked for
+            raise read.damaged(f"'rewind_point.step' must be a step ≥ 1 of public training, got {step!r}")
+        weights = read.field(point, "weights", (dict,), "rewind_point.")
+        read.tensors(weights, reference, "rewind_point.weights", check_dtype=True)
         return cls(int(step), weights)
 
 
-def check_phase1(privacy: Mapping[str, Any], path: Path | str, kind: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Phase1Record:
+    """Phase 1 as a ticket file stores it: its kind (`phase1`: "non-private" IMP; "private" for a private ticket)
+    and, for a ticket set and the winners drawn from it, its DpEvent. Where it ran is the file's data record
+    (`phase1_view`)."""
+
+    phase1: str
+    dp_event: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return body_of(self, PHASE1_KEYS, ("dp_event",))
+
+
+def check_phase1(privacy: Mapping[str, Any], read: Reader) -> Phase1Record:
     """Phase 1's record checked, without the copies older files kept (`PHASE1_COPIES`)."""
-    check_unknown(privacy, (*PHASE1_KEYS, *PHASE1_COPIES), "'privacy'", path, kind)
-    typed(privacy, "phase1", (str,), "privacy.", path, kind)
-    parse_event(typed(privacy, "dp_event", (dict,), "privacy.", path, kind), "privacy.dp_event", path, kind)
+    read.unknown(privacy, (*PHASE1_KEYS, *PHASE1_COPIES), "'privacy'")
+    read.field(privacy, "phase1", (str,), "privacy.")
+    read.event(read.field(privacy, "dp_event", (dict,), "privacy."), "privacy.dp_event")
     for key in PHASE1_COPIES:
-        typed(privacy, key, (str,), "privacy.", path, kind, optional=True)
-    return {k: v for k, v in privacy.items() if k in PHASE1_KEYS}
+        read.field(privacy, key, (str,), "privacy.", optional=True)
+    return Phase1Record(privacy["phase1"], privacy["dp_event"])
 
 
-def phase1_view(privacy: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+def phase1_view(privacy: Phase1Record, data: Mapping[str, Any]) -> dict[str, Any]:
     """Phase 1's stored record with where it ran (`data`) and what that means (`PHASE1_NOTE`)."""
-    return {**privacy, "dataset": data.get("dataset"), "split": data.get("split"),
+    return {**privacy.to_dict(), "dataset": data.get("dataset"), "split": data.get("split"),
             "fingerprint": data.get("fingerprint"), "note": PHASE1_NOTE}
 
 
 @dataclass(frozen=True)
-class TicketSet:
+class TicketSet(Artefact):
     """A ticket set as `dpltm generate` writes it (and rewrites after every round, until `complete`).
 
     `privacy` is phase 1's record: its kind and `dp_event` (what ran, as data); `privacy_view` adds
@@ -192,16 +147,18 @@ class TicketSet:
     by `dpltm select`, so that each new winner's ledger composes them all).
     """
 
-    architecture: dict[str, Any]
+    KIND = KIND
+    WHAT = "ticket set"
+    BODY = (*TICKET_SET_KEYS[:-1], "environment", "selection_draws")  # a rewrite keeps `environment` where it was
+    OMITTED_WHEN_NONE = ("environment", "selection_draws")
     theta0: dict[str, torch.Tensor]
     tickets: tuple[TicketRecord, ...]
     data: dict[str, Any]
     """The data the tickets were made on (`DatasetSplits.ticket_set_summary`), with its fingerprint."""
     config: dict[str, Any]
-    privacy: dict[str, Any]
+    privacy: Phase1Record
     seed: int
     complete: bool
-    dpltm_version: str | None = None
     config_hash: str | None = None
     prune_rates: dict[str, float] | None = None
     next_masks: dict[str, torch.Tensor] | None = None
@@ -209,8 +166,6 @@ class TicketSet:
     stop_reason: str | None = None
     wall_seconds: float | None = None
     selection_draws: tuple[float, ...] | None = None
-    environment: dict[str, Any] | None = None
-    """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
     rewind_point: RewindPoint | None = None
     """Late rewinding's θ_K, where every round after the first started; None: rounds rewound to θ0."""
 
@@ -255,77 +210,52 @@ class TicketSet:
 
     # ---- storage --------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        """The checkpoint body: header, then the fields in the order `dpltm generate` writes them."""
-        body: dict[str, Any] = {
-            **header(KIND),
-            "dpltm_version": self.dpltm_version, "config": self.config, "config_hash": self.config_hash,
-            "architecture": self.architecture, "prune_rates": self.prune_rates, "seed": self.seed,
-            "data": self.data, "theta0": self.theta0, "privacy": self.privacy,
-            "tickets": [t.to_dict() for t in self.tickets],
-            "rewind_point": None if self.rewind_point is None else self.rewind_point.to_dict(),
-            "next_masks": self.next_masks,
-            "complete": self.complete, "stop_reason": self.stop_reason, "wall_seconds": self.wall_seconds,
-        }
-        if self.environment is not None:  # where a rewrite keeps it: before the draws select appends
-            body["environment"] = self.environment
-        if self.selection_draws is not None:
-            body["selection_draws"] = list(self.selection_draws)
-        return body
-
-    @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> TicketSet:
-        """A ticket set from the dict `dpltm.tickets.imp` builds while it runs (with or without a header),
-        checked as a file would be: a writer cannot save what a reader would refuse."""
-        return cls.from_dict({**payload, **header(KIND)}, "the ticket set being written")
-
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> TicketSet:
         """A ticket set's body, checked: header and version, every field's type, an architecture that
         builds a network, θ0 and every mask fitting it, a phase-1 DpEvent that parses. One-line errors
         name the file and the field."""
-        body = check_header(body, KIND, path)
-        data = _typed(body, "data", (dict,), "", path)
+        read = Reader(path, KIND)
+        body = read.header(body)
+        data = read.field(body, "data", (dict,))
         for key in ("dataset", "split", "fingerprint"):
-            _typed(data, key, (str,), "data.", path)
-        architecture = _typed(body, "architecture", (dict,), "", path)
-        theta0 = _typed(body, "theta0", (dict,), "", path)
-        config = _typed(body, "config", (dict,), "", path)
-        privacy = _typed(body, "privacy", (dict,), "", path)
-        records = _typed(body, "tickets", (list,), "", path)
-        complete = _typed(body, "complete", (bool,), "", path)
-        seed = _typed(body, "seed", (int,), "", path)
+            read.field(data, key, (str,), "data.")
+        architecture = read.field(body, "architecture", (dict,))
+        theta0 = read.field(body, "theta0", (dict,))
+        config = read.field(body, "config", (dict,))
+        privacy = read.field(body, "privacy", (dict,))
+        records = read.field(body, "tickets", (list,))
+        complete = read.field(body, "complete", (bool,))
+        seed = read.field(body, "seed", (int,))
         if not records:  # generate writes the file after its first round, never before
-            raise _damaged(path, "it holds no tickets")
+            raise read.damaged("it holds no tickets")
         tickets = tuple(TicketRecord.from_dict(r, i, path) for i, r in enumerate(records))
-        check_unknown(body, (*HEADER_KEYS, *TICKET_SET_KEYS), "", path, KIND)
-        optional = {key: _typed(body, key, types, "", path, optional=True)
+        read.unknown(body, (*HEADER_KEYS, *TICKET_SET_KEYS))
+        optional = {key: read.field(body, key, types, optional=True)
                     for key, types in (("dpltm_version", (str,)), ("config_hash", (str,)),
                                        ("next_masks", (dict,)), ("stop_reason", (str,)),
                                        ("wall_seconds", (float,)), ("environment", (dict,)))}
-        prune_rates = mapping_of(body, "prune_rates", (float,), "", path, KIND, optional=True)
-        draws = number_list(body, "selection_draws", "", path, KIND, optional=True)
+        prune_rates = read.floats_by_name(body, "prune_rates", optional=True)
+        draws = read.numbers(body, "selection_draws", optional=True)
         if draws is not None and not all(e > 0 for e in draws):
-            raise _damaged(path, "'selection_draws' (ε1 of earlier draws) must be positive numbers")
-        privacy = check_phase1(privacy, path, KIND)
-        arch = architecture_of(body, KIND, path)
-        check_tensors(theta0, reference_theta0(arch), "theta0", KIND, path, check_dtype=True)
+            raise read.damaged("'selection_draws' (ε1 of earlier draws) must be positive numbers")
+        privacy = check_phase1(privacy, read)
+        arch = read.architecture(architecture)
+        read.tensors(theta0, reference_theta0(arch), "theta0", check_dtype=True)
         masks = reference_masks(arch)
         for i, ticket in enumerate(tickets):
-            check_tensors(ticket.masks, masks, f"tickets[{i}].masks", KIND, path, check_dtype=False)
+            read.tensors(ticket.masks, masks, f"tickets[{i}].masks", check_dtype=False)
             if ticket.trained is not None:
-                check_trained(ticket.trained, ticket.masks, arch, f"tickets[{i}].trained", KIND, path)
+                read.trained(ticket.trained, ticket.masks, arch, f"tickets[{i}].trained")
         if optional["next_masks"] is not None:
-            check_tensors(optional["next_masks"], masks, "next_masks", KIND, path, check_dtype=False)
-        point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
-        rewind_point = (None if point is None
-                        else RewindPoint.from_dict(point, reference_theta0(arch), "rewind_point", KIND, path))
+            read.tensors(optional["next_masks"], masks, "next_masks", check_dtype=False)
+        point = read.field(body, "rewind_point", (dict,), optional=True)
+        rewind_point = None if point is None else RewindPoint.from_dict(point, reference_theta0(arch), read)
         step = None if rewind_point is None else rewind_point.step
         generate = config.get("generate")
         configured = generate.get("rewind_step", 0) if isinstance(generate, dict) else 0
         if (step or 0) != configured:  # round 0, the first record, keeps θ_K: the two agree in every written file
-            raise _damaged(path, f"'rewind_point' holds step {step or 0}, its config rewinds to step {configured!r}")
+            raise read.damaged(f"'rewind_point' holds step {step or 0}, its config rewinds to step {configured!r}")
         return cls(architecture=architecture, theta0=theta0, tickets=tickets, data=data, config=config,
                    privacy=privacy, seed=seed, complete=complete, prune_rates=prune_rates,
                    selection_draws=None if draws is None else tuple(draws), rewind_point=rewind_point, **optional)
-

@@ -1,9 +1,6 @@
-"""Typed artefacts of a run: `TrainedModel`, what a "model" checkpoint holds, with one privacy record.
+"""`TrainedModel`: what a "model" checkpoint holds, the network `dpltm train` writes, with one privacy record.
 
-Checkpoint format 2 stored a model's privacy facts several times over: the ledger, and a report
-that copied ε, its scope, δ, the accountant, the statement and the ledger's own report beside it.
-Every reader picked from one copy or the other, and nothing kept the copies in agreement. Here the
-privacy record is stored once (`PrivacyRecord`: the ledger, which holds the DpEvent tree, plus the
+The privacy record is stored once (`PrivacyRecord`: the ledger, which holds the DpEvent tree, plus the
 facts the ledger cannot know: caveats and whether early stopping chose the stopping epoch); every
 privacy fact a report, `inspect`, `predict` or `export` shows is computed from it, so a file cannot
 state an ε its ledger does not give.
@@ -18,49 +15,24 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import (
-    architecture_of,
-    check_header,
-    check_tensors,
-    check_unknown,
-    damaged,
-    header,
-    reference_state,
-    typed,
-)
+from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_state
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.privacy.ledger import PrivacyLedger, _json_float  # ±∞ as strict JSON writes it
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
 KIND = "model"
-MODEL_KEYS = ("architecture", "state_dict", "privacy", "history", "config", "data", "outcome", "transfer",
-              "ticket", "dpltm_version")
-"""The keys of a model checkpoint's body (besides the header and `environment`); no ε among them."""
+MODEL_KEYS = ("dpltm_version", "architecture", "state_dict", "privacy", "history", "config", "data", "outcome",
+              "transfer", "ticket")
+"""The keys of a model checkpoint's body besides the header and `environment`, in the order `dpltm train` writes
+them; no ε among them."""
 PRIVACY_KEYS = ("ledger", "caveats", "adaptive_stop")
-
-
-def json_number(value: float) -> float | str:
-    """A float as a strict-JSON report writes it: ±∞ as "inf"/"-inf" (as `PrivacyLedger.report`)."""
-    if math.isfinite(value):
-        return float(value)
-    return "inf" if value > 0 else "-inf"
-
-
-def _damaged(path: Path | str, what: str) -> DpltmUserError:
-    return damaged(path, KIND, what)
-
-
-def _typed(record: Mapping[str, Any], key: str, types: tuple[type, ...], where: str, path: Path | str,
-           optional: bool = False) -> Any:
-    """record[key], refused in one line when it is absent (and not `optional`) or of another type."""
-    return typed(record, key, types, where, path, KIND, optional)
 
 
 @dataclass(frozen=True)
@@ -137,8 +109,8 @@ class PrivacyRecord:
     def summary(self) -> dict[str, Any]:
         """The privacy facts a trained model's report shows, in the report's order (JSON-able)."""
         return {
-            "epsilon": json_number(self.epsilon),
-            "epsilon_dp_part": json_number(self.epsilon_dp_part),
+            "epsilon": _json_float(self.epsilon),
+            "epsilon_dp_part": _json_float(self.epsilon_dp_part),
             "epsilon_scope": self.epsilon_scope,
             "warning": self.warning,
             "delta": self.delta,
@@ -158,22 +130,23 @@ class PrivacyRecord:
     def from_dict(cls, record: Any, path: Path | str) -> PrivacyRecord:
         """The record `to_dict` wrote; a stored ε, statement or any other extra key is refused:
         those are computed from the ledger, and a stored copy could disagree with it."""
+        read = Reader(path, KIND)
         if not isinstance(record, Mapping):
-            raise _damaged(path, "'privacy' has the wrong type")
+            raise read.damaged("'privacy' has the wrong type")
         extra = sorted(set(record) - set(PRIVACY_KEYS))
         if extra:
-            raise _damaged(path, f"'privacy' holds {extra[:3]}, which are computed from its ledger, not stored")
-        caveats = _typed(record, "caveats", (list,), "privacy.", path)
+            raise read.damaged(f"'privacy' holds {extra[:3]}, which are computed from its ledger, not stored")
+        caveats = read.field(record, "caveats", (list,), "privacy.")
         if not all(isinstance(c, str) for c in caveats):
-            raise _damaged(path, "'privacy.caveats' must be a list of strings")
-        adaptive_stop = _typed(record, "adaptive_stop", (bool,), "privacy.", path)
-        _typed(record, "ledger", (dict,), "privacy.", path)
+            raise read.damaged("'privacy.caveats' must be a list of strings")
+        adaptive_stop = read.field(record, "adaptive_stop", (bool,), "privacy.")
+        read.field(record, "ledger", (dict,), "privacy.")
         try:
             ledger = PrivacyLedger.from_json(record["ledger"])
         except DpltmUserError as exc:
-            raise _damaged(path, f"'privacy.ledger' is invalid ({exc})") from None
+            raise read.damaged(f"'privacy.ledger' is invalid ({exc})") from None
         except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
-            raise _damaged(path, f"'privacy.ledger' is invalid ({type(exc).__name__})") from None
+            raise read.damaged(f"'privacy.ledger' is invalid ({type(exc).__name__})") from None
         return cls(ledger, tuple(caveats), adaptive_stop)
 
 
@@ -204,23 +177,21 @@ class Outcome:
     _OPTIONAL = ("noise_parameter", "sigma_calibrated", "randomness", "log_dir", "audit")
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["audit"] is None:
-            del out["audit"]
-        return out
+        return body_of(self, self._TYPES, ("audit",))
 
     @classmethod
     def from_dict(cls, record: Any, path: Path | str) -> Outcome:
+        read = Reader(path, KIND)
         if not isinstance(record, Mapping):
-            raise _damaged(path, "'outcome' has the wrong type")
-        check_unknown(record, tuple(cls._TYPES), "'outcome'", path, KIND)
-        values = {key: _typed(record, key, types, "outcome.", path, optional=key in cls._OPTIONAL)
+            raise read.damaged("'outcome' has the wrong type")
+        read.unknown(record, cls._TYPES, "'outcome'")
+        values = {key: read.field(record, key, types, "outcome.", optional=key in cls._OPTIONAL)
                   for key, types in cls._TYPES.items()}
         return cls(**values)
 
 
 @dataclass(frozen=True)
-class TrainedModel:
+class TrainedModel(Artefact):
     """A trained network as `dpltm train` writes it: weights, one privacy record, how it was made.
 
     `state_dict` holds the weights (pruned ones exactly 0) and the masks beside them
@@ -228,7 +199,9 @@ class TrainedModel:
     returns and `train --json` prints, built from the stored facts and the privacy record.
     """
 
-    architecture: dict[str, Any]
+    KIND = KIND
+    WHAT = "model"
+    BODY = (*MODEL_KEYS, "environment")
     state_dict: dict[str, torch.Tensor]
     privacy: PrivacyRecord
     history: tuple[dict[str, Any], ...]
@@ -239,9 +212,6 @@ class TrainedModel:
     transfer: dict[str, Any] = field(default_factory=dict)
     ticket: dict[str, Any] | None = None
     """The ticket it was trained from (scrubbed of fingerprints of private data), or None (dense)."""
-    dpltm_version: str | None = None
-    environment: dict[str, Any] | None = None
-    """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
 
     # ---- computed facts -------------------------------------------------------------------
 
@@ -314,77 +284,57 @@ class TrainedModel:
     def network(self) -> nn.Module:
         """The released network, in eval mode, on the CPU (its pruned weights are 0)."""
         from dpltm.masks import split_stored_state
-        from dpltm.networks.lenet import Architecture, build_network
+        from dpltm.networks.lenet import build_network
 
-        arch = Architecture.from_dict(self.architecture)
-        model = build_network(arch)
-        model.load_state_dict(split_stored_state(arch, self.state_dict)[0])
+        model = build_network(self.arch)
+        model.load_state_dict(split_stored_state(self.arch, self.state_dict)[0])
         return model.eval()
 
     @property
     def masks(self) -> dict[str, torch.Tensor]:
         """The ticket's masks, keyed by mask name (all True for a dense network)."""
         from dpltm.masks import split_stored_state
-        from dpltm.networks.lenet import Architecture
 
-        return split_stored_state(Architecture.from_dict(self.architecture), self.state_dict)[1]
+        return split_stored_state(self.arch, self.state_dict)[1]
 
     # ---- storage --------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """The checkpoint body: header, the stored facts, one privacy record; no computed ε."""
-        body: dict[str, Any] = {
-            **header(KIND),
-            "dpltm_version": self.dpltm_version,
-            "architecture": self.architecture,
-            "state_dict": self.state_dict,
-            "privacy": self.privacy.to_dict(),
-            "history": list(self.history),
-            "config": self.config,
-            "data": self.data,
-            "outcome": self.outcome.to_dict(),
-            "transfer": self.transfer,
-            "ticket": self.ticket,
-        }
-        if self.environment is not None:
-            body["environment"] = self.environment
-        return body
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> TrainedModel:
         """A model checkpoint's body, checked: header and version, every field's type, an architecture
         that builds a network, weights that fit it, a ledger that parses. One-line errors name the file
         and the field."""
-        body = check_header(body, KIND, path)
-        extra = sorted(set(body) - {"format", "kind", "format_version", "environment", *MODEL_KEYS})
+        read = Reader(path, KIND)
+        body = read.header(body)
+        extra = sorted(set(body) - {*HEADER_KEYS, *MODEL_KEYS})
         if extra:
-            raise _damaged(path, f"it holds unknown {extra[:3]} (privacy facts are computed from 'privacy.ledger')")
-        values = {key: _typed(body, key, (dict,), "", path)
-                  for key in ("architecture", "state_dict", "config", "data", "transfer")}
-        history = _typed(body, "history", (list,), "", path)
+            raise read.damaged(f"it holds unknown {extra[:3]} (privacy facts are computed from 'privacy.ledger')")
+        values = {key: read.field(body, key, (dict,)) for key in ("architecture", "state_dict", "config", "data",
+                                                                    "transfer")}
+        history = read.field(body, "history", (list,))
         if not all(isinstance(r, dict) for r in history):
-            raise _damaged(path, "'history' must be a list of records")
-        ticket = _typed(body, "ticket", (dict,), "", path, optional=True)
-        version_text = _typed(body, "dpltm_version", (str,), "", path, optional=True)
-        environment = _typed(body, "environment", (dict,), "", path, optional=True)
+            raise read.damaged("'history' must be a list of records")
+        ticket = read.field(body, "ticket", (dict,), optional=True)
+        version_text = read.field(body, "dpltm_version", (str,), optional=True)
+        environment = read.field(body, "environment", (dict,), optional=True)
         if not isinstance(values["data"].get("dataset"), str):
-            raise _damaged(path, "'data.dataset' is not a dataset name")
+            raise read.damaged("'data.dataset' is not a dataset name")
         config = values["config"]
         for section in ("data", "train", "model"):
             if not isinstance(config.get(section, {}), dict):
-                raise _damaged(path, f"'config.{section}' is not a mapping")
+                raise read.damaged(f"'config.{section}' is not a mapping")
         seed = config.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise _damaged(path, "'config.seed' is not an integer")
-        privacy = PrivacyRecord.from_dict(_typed(body, "privacy", (dict,), "", path), path)
-        outcome = Outcome.from_dict(_typed(body, "outcome", (dict,), "", path), path)
-        arch = architecture_of(body, KIND, path)
-        check_tensors(values["state_dict"], reference_state(arch), "state_dict", KIND, path, check_dtype=True)
+            raise read.damaged("'config.seed' is not an integer")
+        privacy = PrivacyRecord.from_dict(read.field(body, "privacy", (dict,)), path)
+        outcome = Outcome.from_dict(read.field(body, "outcome", (dict,)), path)
+        arch = read.architecture(values["architecture"])
+        read.tensors(values["state_dict"], reference_state(arch), "state_dict", check_dtype=True)
         from dpltm.masks import pruned_but_not_zero, split_stored_state
 
         acting = pruned_but_not_zero(*split_stored_state(arch, values["state_dict"]))
         if acting is not None:
-            raise _damaged(path, f"'state_dict.{acting}' is non-zero where its mask prunes it")
+            raise read.damaged(f"'state_dict.{acting}' is non-zero where its mask prunes it")
         return cls(architecture=values["architecture"], state_dict=values["state_dict"], privacy=privacy,
                    history=tuple(history), config=config, data=values["data"], outcome=outcome,
                    transfer=values["transfer"], ticket=ticket, dpltm_version=version_text, environment=environment)

@@ -23,21 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpltm.artefacts.format import (
-    HEADER_KEYS,
-    architecture_of,
-    check_header,
-    check_tensors,
-    check_unknown,
-    damaged,
-    header,
-    mapping_of,
-    number_list,
-    reference_masks,
-    reference_theta0,
-    typed,
-)
-from dpltm.artefacts.ticket_set import RewindPoint, check_phase1, check_trained, parse_event, phase1_view
+from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_masks, reference_theta0
+from dpltm.artefacts.ticket_set import Phase1Record, RewindPoint, check_phase1, phase1_view
 
 if TYPE_CHECKING:
     import torch
@@ -66,22 +53,43 @@ PRIVATE_TICKET_TYPES: dict[str, tuple[type, ...]] = {
     "warmup": (list,), "rounds": (list,), "rewind": (str,), "target_density": (float,), "noise": (str,),
     "noise_multiplier": (float,), "planned_training_steps": (int,), "epsilon_total": (float,),
     "delta": (float,), "accountant": (str,), "neighboring": (str,), "dp_event": (dict,), "randomness": (str,)}
+_READ = Reader("winner", KIND)
+"""Reads the DpEvents of a checked winner (its file was checked when it was read)."""
 
-
-def _damaged(path: Path | str, what: str) -> Any:
-    return damaged(path, KIND, what)
-
-
-def _typed(record: Mapping[str, Any], key: str, types: tuple[type, ...], where: str, path: Path | str,
-           optional: bool = False) -> Any:
-    return typed(record, key, types, where, path, KIND, optional)
 
 
 @dataclass(frozen=True)
-class Winner:
+class PrivateTicketRecord:
+    """How a private ticket was made (`tickets.private.make_private_ticket`): its DP warm-up rounds (`warmup`: the
+    q, σ and steps of each; `rounds`: what each did), their composed DpEvent, and the plan of the whole run whose
+    δ, accountant and neighbouring relation its ε is stated under."""
+
+    warmup: tuple[dict[str, Any], ...]
+    rounds: tuple[dict[str, Any], ...]
+    rewind: str
+    target_density: float
+    noise: str
+    noise_multiplier: float
+    planned_training_steps: int
+    epsilon_total: float
+    delta: float
+    accountant: str
+    neighboring: str
+    dp_event: dict[str, Any]
+    randomness: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return body_of(self, PRIVATE_TICKET_TYPES)
+
+
+@dataclass(frozen=True)
+class Winner(Artefact):
     """A ticket ready to train: θ0, its mask, where it came from, and what touched data to make it."""
 
-    architecture: dict[str, Any]
+    KIND = KIND
+    WHAT = "ticket"
+    BODY = (*WINNER_KEYS, "environment")
+    OMITTED_WHEN_NONE = ("private_ticket", "public_weights", "rewind_point", "environment")
     theta0: dict[str, torch.Tensor]
     masks: dict[str, torch.Tensor]
     density: float
@@ -90,14 +98,11 @@ class Winner:
     val_accuracy: float
     source: dict[str, Any]
     """The ticket set's path (None for a private ticket), its data record and its config."""
-    privacy: dict[str, Any]
+    privacy: Phase1Record
     """Phase 1's record: the ticket set's (non-private IMP), or a private ticket's (DP warm-up)."""
     selection: dict[str, Any]
-    private_ticket: dict[str, Any] | None = None
+    private_ticket: PrivateTicketRecord | None = None
     """A private ticket's warm-up rounds, their DpEvent and the whole run's plan; None for a winner."""
-    dpltm_version: str | None = None
-    environment: dict[str, Any] | None = None
-    """The library versions that wrote the file (set by `checkpoint.save_atomic`)."""
     public_weights: dict[str, torch.Tensor] | None = None
     """The chosen ticket's weights at the end of its public training round (θ0's keys, zero where the mask
     prunes): `train --rewind public` starts from them. None for a private ticket and in older files."""
@@ -134,7 +139,7 @@ class Winner:
     def selection_event(self) -> DpEvent | None:
         """The selection rule's DpEvent (None for a private ticket: it was not selected)."""
         record = self.selection.get("dp_event")
-        return None if record is None else parse_event(record, "selection.dp_event", "winner", KIND)
+        return None if record is None else _READ.event(record, "selection.dp_event")
 
     @property
     def dp_event(self) -> DpEvent:
@@ -143,8 +148,8 @@ class Winner:
         from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
 
         if self.private_ticket is not None:
-            return parse_event(self.private_ticket["dp_event"], "private_ticket.dp_event", "winner", KIND)
-        phase1 = parse_event(self.privacy["dp_event"], "privacy.dp_event", "winner", KIND)
+            return _READ.event(self.private_ticket.dp_event, "private_ticket.dp_event")
+        phase1 = _READ.event(self.privacy.dp_event, "privacy.dp_event")
         selection = self.selection_event
         return phase1 if selection is None else ComposedDpEvent([phase1, selection])
 
@@ -157,7 +162,7 @@ class Winner:
         from dpltm.privacy.accounting import epsilon
 
         record = self.private_ticket
-        return epsilon(self.dp_event, float(record["delta"]), str(record["accountant"]), str(record["neighboring"]))
+        return epsilon(self.dp_event, float(record.delta), record.accountant, record.neighboring)
 
     @property
     def statement(self) -> str | None:
@@ -168,13 +173,13 @@ class Winner:
         from dpltm.privacy.display import format_delta, format_epsilon, format_rate, format_sigma
 
         record = self.private_ticket
-        first = record["warmup"][0]
+        first = record.warmup[0]
         records = f"{int(first['dataset_size'])} " if "dataset_size" in first else ""
-        return (f"made with privacy on {self.dataset}: {len(record['rounds'])} DP-SGD warm-up round(s) of "
+        return (f"made with privacy on {self.dataset}: {len(record.rounds)} DP-SGD warm-up round(s) of "
                 f"{int(first['steps'])} steps, q = {format_rate(float(first['q']))}, σ = "
                 f"{format_sigma(float(first['sigma']))}; "
                 f"its weights and mask are (ε = {format_epsilon(self.epsilon_spent)}, "
-                f"δ = {format_delta(float(record['delta']))})-DP for the {records}training records (its validation "
+                f"δ = {format_delta(float(record.delta))})-DP for the {records}training records (its validation "
                 "accuracy is not private)")
 
     @property
@@ -184,89 +189,67 @@ class Winner:
         with where it ran."""
         if self.private_ticket is None:
             return phase1_view(self.privacy, self.source_data)
-        return {"phase1": self.privacy["phase1"], "end_to_end_dp": True, "epsilon_spent": self.epsilon_spent,
+        return {"phase1": self.privacy.phase1, "end_to_end_dp": True, "epsilon_spent": self.epsilon_spent,
                 "statement": self.statement}
 
     # ---- storage --------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """The checkpoint body: header, then the fields in the order the writers write them."""
-        body: dict[str, Any] = {
-            **header(KIND),
-            "dpltm_version": self.dpltm_version, "architecture": self.architecture, "theta0": self.theta0,
-            "masks": self.masks, "density": self.density, "layer_density": self.layer_density,
-            "round": self.round, "val_accuracy": self.val_accuracy, "source": self.source,
-            "privacy": self.privacy, "selection": self.selection,
-        }
-        if self.private_ticket is not None:
-            body["private_ticket"] = self.private_ticket
-        if self.public_weights is not None:
-            body["public_weights"] = self.public_weights
-        if self.rewind_point is not None:
-            body["rewind_point"] = self.rewind_point.to_dict()
-        if self.environment is not None:
-            body["environment"] = self.environment
-        return body
-
-    @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> Winner:
-        """A winner from the dict a writer builds (no header), checked as a file would be."""
-        return cls.from_dict({**payload, **header(KIND)}, "the ticket being written")
 
     @classmethod
     def from_dict(cls, body: Any, path: Path | str) -> Winner:
         """A winner's body, checked: header and version, every field's type, an architecture that builds
         a network, θ0 and the mask fitting it, its DpEvents parsing. One-line errors name the file and
         the field."""
-        body = check_header(body, KIND, path)
-        architecture = _typed(body, "architecture", (dict,), "", path)
-        theta0 = _typed(body, "theta0", (dict,), "", path)
-        masks = _typed(body, "masks", (dict,), "", path)
-        density = _typed(body, "density", (float,), "", path)
-        round_ = _typed(body, "round", (int,), "", path)
-        layer_density = mapping_of(body, "layer_density", (float,), "", path, KIND)
-        source = _typed(body, "source", (dict,), "", path)
-        source_data = _typed(source, "data", (dict,), "source.", path)
+        read = Reader(path, KIND)
+        body = read.header(body)
+        architecture = read.field(body, "architecture", (dict,))
+        theta0 = read.field(body, "theta0", (dict,))
+        masks = read.field(body, "masks", (dict,))
+        density = read.field(body, "density", (float,))
+        round_ = read.field(body, "round", (int,))
+        layer_density = read.floats_by_name(body, "layer_density")
+        source = read.field(body, "source", (dict,))
+        source_data = read.field(source, "data", (dict,), "source.")
         for key in ("dataset", "split"):
-            _typed(source_data, key, (str,), "source.data.", path)
-        _typed(source, "tickets", (str,), "source.", path, optional=True)
-        _typed(source, "config", (dict,), "source.", path, optional=True)
-        selection = _typed(body, "selection", (dict,), "", path)
-        method = _typed(selection, "method", (str,), "selection.", path)
-        privacy = _typed(body, "privacy", (dict,), "", path)
-        val_accuracy = _typed(body, "val_accuracy", (float,), "", path)
-        check_unknown(body, (*HEADER_KEYS, *WINNER_KEYS), "", path, KIND)
-        version_text = _typed(body, "dpltm_version", (str,), "", path, optional=True)
-        environment = _typed(body, "environment", (dict,), "", path, optional=True)
+            read.field(source_data, key, (str,), "source.data.")
+        read.field(source, "tickets", (str,), "source.", optional=True)
+        read.field(source, "config", (dict,), "source.", optional=True)
+        selection = read.field(body, "selection", (dict,))
+        method = read.field(selection, "method", (str,), "selection.")
+        privacy = read.field(body, "privacy", (dict,))
+        val_accuracy = read.field(body, "val_accuracy", (float,))
+        read.unknown(body, (*HEADER_KEYS, *WINNER_KEYS))
+        version_text = read.field(body, "dpltm_version", (str,), optional=True)
+        environment = read.field(body, "environment", (dict,), optional=True)
         for key, types in SELECTION_TYPES.items():
-            _typed(selection, key, types, "selection.", path, optional=True)
+            read.field(selection, key, types, "selection.", optional=True)
         for key in ("scores", "probabilities"):
-            number_list(selection, key, "selection.", path, KIND, optional=True)
+            read.numbers(selection, key, "selection.", optional=True)
         if selection.get("dp_event") is not None:
-            parse_event(selection["dp_event"], "selection.dp_event", path, KIND)
-        private_ticket = _typed(body, "private_ticket", (dict,), "", path, optional=method != PRIVATE_METHOD)
-        public_weights = _typed(body, "public_weights", (dict,), "", path, optional=True)
-        point = _typed(body, "rewind_point", (dict,), "", path, optional=True)
+            read.event(selection["dp_event"], "selection.dp_event")
+        private_ticket = read.field(body, "private_ticket", (dict,), optional=method != PRIVATE_METHOD)
+        public_weights = read.field(body, "public_weights", (dict,), optional=True)
+        point = read.field(body, "rewind_point", (dict,), optional=True)
         for key, held in (("public_weights", public_weights), ("rewind_point", point)):
             if method == PRIVATE_METHOD and held is not None:
-                raise _damaged(path, f"a private ticket holds '{key}' (it was made on private data)")
+                raise read.damaged(f"a private ticket holds '{key}' (it was made on private data)")
         if method == PRIVATE_METHOD:
-            _check_private(privacy, private_ticket, path)
-            privacy = {k: v for k, v in privacy.items() if k not in STORED_COPIES}
+            _check_private(privacy, private_ticket, read)
+            privacy = Phase1Record(privacy["phase1"])  # the copies of computed facts older files kept: dropped
+            private_ticket = PrivateTicketRecord(**{k: tuple(v) if k in ("warmup", "rounds") else v
+                                                    for k, v in private_ticket.items()})
         else:
             if private_ticket is not None:
-                raise _damaged(path, f"a winner selected by '{method}' holds a 'private_ticket' record")
-            privacy = check_phase1(privacy, path, KIND)
-        arch = architecture_of(body, KIND, path)
-        check_tensors(theta0, reference_theta0(arch), "theta0", KIND, path, check_dtype=True)
-        check_tensors(masks, reference_masks(arch), "masks", KIND, path, check_dtype=False)
-        _check_copies(density, layer_density, masks, selection, path)
+                raise read.damaged(f"a winner selected by '{method}' holds a 'private_ticket' record")
+            privacy = check_phase1(privacy, read)
+        arch = read.architecture(architecture)
+        read.tensors(theta0, reference_theta0(arch), "theta0", check_dtype=True)
+        read.tensors(masks, reference_masks(arch), "masks", check_dtype=False)
+        _check_copies(density, layer_density, masks, selection, read)  # type: ignore[arg-type]
         if public_weights is not None:
-            check_trained(public_weights, masks, arch, "public_weights", KIND, path)
-        rewind_point = (None if point is None
-                        else RewindPoint.from_dict(point, reference_theta0(arch), "rewind_point", KIND, path))
+            read.trained(public_weights, masks, arch, "public_weights")
+        rewind_point = None if point is None else RewindPoint.from_dict(point, reference_theta0(arch), read)
         if rewind_point is not None:
-            check_trained(rewind_point.weights, masks, arch, "rewind_point.weights", KIND, path)
+            read.trained(rewind_point.weights, masks, arch, "rewind_point.weights")
         return cls(architecture=architecture, theta0=theta0, masks=masks, density=density,
                    layer_density=layer_density, round=round_, val_accuracy=val_accuracy,  # type: ignore[arg-type]
                    source=source, privacy=privacy, selection=selection, private_ticket=private_ticket,
@@ -274,19 +257,19 @@ class Winner:
                    rewind_point=rewind_point)
 
 
-def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: Path | str) -> None:
+def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], read: Reader) -> None:
     """A private ticket's privacy record and its warm-up record (`tickets.private.make_private_ticket`)."""
-    check_unknown(privacy, (*PRIVATE_PRIVACY_KEYS, *STORED_COPIES), "'privacy'", path, KIND)
-    _typed(privacy, "phase1", (str,), "privacy.", path)
+    read.unknown(privacy, (*PRIVATE_PRIVACY_KEYS, *STORED_COPIES), "'privacy'")
+    read.field(privacy, "phase1", (str,), "privacy.")
     for key, types in (("end_to_end_dp", (bool,)), ("epsilon_spent", (float,)), ("statement", (str,))):
-        _typed(privacy, key, types, "privacy.", path, optional=True)
-    check_unknown(record, tuple(PRIVATE_TICKET_TYPES), "'private_ticket'", path, KIND)
+        read.field(privacy, key, types, "privacy.", optional=True)
+    read.unknown(record, PRIVATE_TICKET_TYPES, "'private_ticket'")
     for key, types in PRIVATE_TICKET_TYPES.items():
-        _typed(record, key, types, "private_ticket.", path)
+        read.field(record, key, types, "private_ticket.")
     warmup = record["warmup"]
     if not warmup or not all(isinstance(r, dict) for r in warmup):
-        raise _damaged(path, "'private_ticket.warmup' must list the DP warm-up rounds' records")
-    parse_event(record["dp_event"], "private_ticket.dp_event", path, KIND)
+        raise read.damaged("'private_ticket.warmup' must list the DP warm-up rounds' records")
+    read.event(record["dp_event"], "private_ticket.dp_event")
     from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
 
     from dpltm.privacy.accounting import ACCOUNTANTS, NEIGHBORING
@@ -296,17 +279,17 @@ def _check_private(privacy: Mapping[str, Any], record: Mapping[str, Any], path: 
     try:  # the event ε is computed from must be what training composes: one fact, not two
         composed = event_to_json(ComposedDpEvent(dpsgd_events(warmup)))
     except (KeyError, TypeError, ValueError):
-        raise _damaged(path, "'private_ticket.warmup' records lack q, sigma or steps") from None
+        raise read.damaged("'private_ticket.warmup' records lack q, sigma or steps") from None
     if composed != record["dp_event"]:
-        raise _damaged(path, "'private_ticket.dp_event' is not the composition of 'private_ticket.warmup'")
+        raise read.damaged("'private_ticket.dp_event' is not the composition of 'private_ticket.warmup'")
 
     for key, known in (("accountant", ACCOUNTANTS), ("neighboring", NEIGHBORING)):  # what ε is computed under
         if record[key] not in known:
-            raise _damaged(path, f"'private_ticket.{key}' is {record[key]!r}, not one of {', '.join(known)}")
+            raise read.damaged(f"'private_ticket.{key}' is {record[key]!r}, not one of {', '.join(known)}")
 
 
 def _check_copies(density: float, layer_density: Mapping[str, float], masks: Mapping[str, Any],
-                  selection: Mapping[str, Any], path: Path | str) -> None:
+                  selection: Mapping[str, Any], read: Reader) -> None:
     """What a winner states beside its masks and its selection's DpEvent must agree with them: C is the
     masks' fraction of weights kept, and ε1 is the ε of the recorded exponential-mechanism event
     (ZCDp(ε1²/8)). A hand-edited ε1 once lowered the ε a run reported."""
@@ -318,19 +301,19 @@ def _check_copies(density: float, layer_density: Mapping[str, float], masks: Map
     kept = sum(int(torch.as_tensor(m).sum()) for m in masks.values())
     total = sum(torch.as_tensor(m).numel() for m in masks.values())
     if total and not math.isclose(density, kept / total, rel_tol=1e-9, abs_tol=1e-12):
-        raise _damaged(path, f"'density' {density:g} is not its masks' fraction of weights kept ({kept / total:g})")
+        raise read.damaged(f"'density' {density:g} is not its masks' fraction of weights kept ({kept / total:g})")
     for name, value in layer_density.items():
         if name in masks and not math.isclose(value, float(torch.as_tensor(masks[name]).float().mean()),
                                               rel_tol=1e-6, abs_tol=1e-9):
-            raise _damaged(path, f"'layer_density.{name}' is not its mask's fraction of weights kept")
+            raise read.damaged(f"'layer_density.{name}' is not its mask's fraction of weights kept")
     eps1, total_eps1 = selection.get("eps1"), selection.get("eps1_total")
     if eps1 is None:
         return
     if not (math.isfinite(eps1) and eps1 > 0):
-        raise _damaged(path, f"'selection.eps1' must be a positive number, got {eps1}")
+        raise read.damaged(f"'selection.eps1' must be a positive number, got {eps1}")
     if total_eps1 is not None and not total_eps1 >= eps1 * (1 - 1e-12):
-        raise _damaged(path, "'selection.eps1_total' is below this draw's 'selection.eps1'")
+        raise read.damaged("'selection.eps1_total' is below this draw's 'selection.eps1'")
     record = selection.get("dp_event")
-    event = None if record is None else parse_event(record, "selection.dp_event", path, KIND)
+    event = None if record is None else read.event(record, "selection.dp_event")
     if isinstance(event, ZCDpEvent) and not math.isclose(event.rho, eps1 * eps1 / 8.0, rel_tol=1e-9):
-        raise _damaged(path, f"'selection.eps1' {eps1:g} is not the ε1 of its recorded event (ρ = {event.rho:g})")
+        raise read.damaged(f"'selection.eps1' {eps1:g} is not the ε1 of its recorded event (ρ = {event.rho:g})")

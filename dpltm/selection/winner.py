@@ -285,7 +285,7 @@ def make_winner(tickets: TicketSet, source: Path, selection: Selection, *,
         "masks": ticket.masks, "density": ticket.density, "layer_density": ticket.layer_density,
         "round": ticket.round, "val_accuracy": ticket.val_accuracy,
         "source": {"tickets": str(source), "data": tickets.data, "config": tickets.config},
-        "privacy": tickets.privacy, "selection": {**chosen, **record},
+        "privacy": tickets.privacy.to_dict(), "selection": {**chosen, **record},
         "public_weights": ticket.trained,  # the round's trained weights (older ticket sets kept none)
         "rewind_point": None if point is None else {"step": point.step,
                                                     "weights": masked_weights(point.weights, ticket.masks)}})

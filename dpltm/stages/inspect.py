@@ -69,17 +69,17 @@ def inspect_file(path: Path, warn: Callable[[str], None]) -> tuple[dict[str, Any
                    "environment": winner.environment,
                    "public_weights": winner.public_weights is not None,  # can `train --rewind public` start here
                    "rewind_step": winner.rewind_step}  # --rewind K
-    elif not isinstance(artefact, TrainedModel):  # a library run's checked body
+        return summary, functools.partial(print_winner, winner)
+    if not isinstance(artefact, TrainedModel):  # a library run's checked body
         summary = run_summary(artefact)
-    else:
-        trained = artefact
-        warn_if(private_fingerprints(trained))
-        ledger = trained.privacy.ledger
-        summary = {"kind": "model", "architecture": trained.architecture, "dataset": trained.dataset,
-                   "test_accuracy": trained.test_accuracy, "val_accuracy": trained.val_accuracy,
-                   "epochs_run": trained.epochs_run, "steps": trained.outcome.steps,
-                   "released_weights": trained.outcome.released_weights, "ticket": trained.ticket,
-                   "ledger": trained.privacy.ledger_report, "statement": ledger.statement(),
-                   "dpltm_version": trained.dpltm_version, "environment": trained.environment}
-    printer = {"winner": print_winner, "model": print_model, "run": print_run}[summary["kind"]]
-    return summary, functools.partial(printer, summary)
+        return summary, functools.partial(print_run, summary)
+    trained = artefact
+    warn_if(private_fingerprints(trained))
+    ledger = trained.privacy.ledger
+    summary = {"kind": "model", "architecture": trained.architecture, "dataset": trained.dataset,
+               "test_accuracy": trained.test_accuracy, "val_accuracy": trained.val_accuracy,
+               "epochs_run": trained.epochs_run, "steps": trained.outcome.steps,
+               "released_weights": trained.outcome.released_weights, "ticket": trained.ticket,
+               "ledger": trained.privacy.ledger_report, "statement": ledger.statement(),
+               "dpltm_version": trained.dpltm_version, "environment": trained.environment}
+    return summary, functools.partial(print_model, trained)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from dpltm import __version__
-from dpltm.artefacts import RewindPoint, TicketRecord, TicketSet
+from dpltm.artefacts import Phase1Record, RewindPoint, TicketRecord, TicketSet
 from dpltm.checkpoint import load_ticket_set, save_atomic
 from dpltm.config import config_hash, to_dict
 from dpltm.data.types import DatasetSplits
@@ -75,8 +75,8 @@ def _new_set(cfg: GenerateConfig, data: DatasetSplits, arch: Architecture, theta
              rates: dict[str, float]) -> TicketSet:
     return TicketSet(architecture=arch.to_dict(), theta0=theta0, tickets=(), data=data.ticket_set_summary(),
                      config=to_dict(cfg),
-                     privacy={"phase1": "non-private",  # where it ran is `data`; TicketSet.privacy_view
-                              "dp_event": {"type": "NonPrivateDpEvent"}},
+                     privacy=Phase1Record("non-private",  # where it ran is `data`; TicketSet.privacy_view
+                                          {"type": "NonPrivateDpEvent"}),
                      seed=cfg.seed, complete=False, dpltm_version=__version__, config_hash=config_hash(cfg),
                      prune_rates=rates, wall_seconds=0.0)
 

@@ -250,12 +250,12 @@ def private_ticket_plan(ticket: Winner) -> dict[str, Any]:
     means the whole run's ε)."""
     record = ticket.private_ticket
     config = ticket.source.get("config")
-    if not isinstance(record, dict) or not isinstance(config, dict) or "epsilon_total" not in record:
+    if record is None or not isinstance(config, dict):
         raise DpltmUserError("the private ticket lacks its plan (a damaged or foreign ticket file)")
     dropped = ("sigma", "max_eps", "patience")
     train = {k: v for k, v in config.get("train", {}).items() if k not in dropped}
     data = {k: v for k, v in config.get("data", {}).items() if k != "dataset"}
-    plan: dict[str, Any] = {"data": data, "train": {**train, "eps2": record["epsilon_total"]}}
+    plan: dict[str, Any] = {"data": data, "train": {**train, "eps2": record.epsilon_total}}
     if config.get("model", {}).get("activation") is not None:
         plan["model"] = {"activation": config["model"]["activation"]}
     if config.get("seed") is not None:

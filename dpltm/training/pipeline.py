@@ -141,8 +141,8 @@ def _refuse_shared_records(refused: str, ticket_data: DatasetSplits, private: Da
 def _private_ticket_origin(ticket: Winner, private: DatasetSplits, generated_on: str) -> TicketOrigin:
     """A ticket made with privacy (`generate --private`): its warm-up is composed into this run's ledger, on
     the data it was made on and on any other (whose records may be the same people's)."""
-    warmup = (ticket.private_ticket or {}).get("warmup")
-    if not isinstance(warmup, list) or not warmup:
+    warmup = None if ticket.private_ticket is None else ticket.private_ticket.warmup
+    if not warmup:
         raise DpltmUserError("the private ticket lacks the record of its DP warm-up (a damaged or foreign file)")
     source = ticket.source_data
     if source["dataset"] != private.name:

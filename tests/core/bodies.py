@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from dp_accounting import ComposedDpEvent, NonPrivateDpEvent  # type: ignore[import-untyped]
 
-from dpltm.artefacts import TicketRecord, TicketSet, Winner
+from dpltm.artefacts import Phase1Record, PrivateTicketRecord, TicketRecord, TicketSet, Winner
 from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.events import dpsgd_event, event_to_json, selection_event
 from dpltm.privacy.ledger import training_record
@@ -49,7 +49,7 @@ def ticket_set(**changes: Any) -> TicketSet:
         architecture=_network().arch.to_dict(), theta0=theta0(),
         tickets=(ticket(0, 1.01, 0.9), ticket(1, 0.5, 0.88), ticket(2, 0.25, 0.8)),
         data=dict(DATA), config={"seed": 0, "data": {"val_fraction": 0.1}}, seed=0, complete=True,
-        privacy={"phase1": "non-private", "dp_event": event_to_json(NonPrivateDpEvent())},
+        privacy=Phase1Record("non-private", event_to_json(NonPrivateDpEvent())),
         dpltm_version="test", config_hash="0123456789abcdef", prune_rates={"hidden.0.weight": 0.2},
         next_masks=_masks(0.2), stop_reason="finished 2 pruning rounds", wall_seconds=1.5)
     fields.update(changes)
@@ -82,11 +82,11 @@ def private_ticket() -> Winner:
         layer_density={n: float(m.float().mean()) for n, m in masks.items()}, round=2, val_accuracy=0.7,
         source={"tickets": None, "data": {"dataset": "digits", "split": "train", "n_train": 1000},
                 "config": {"seed": 0, "train": {}, "data": {}}},
-        privacy={"phase1": "private"},
+        privacy=Phase1Record("private"),
         selection={"method": "private", "eps1": None, "draws": 0, "eps1_total": None, "noise_aware": None},
-        private_ticket={"warmup": [round_record, round_record], "rounds": [{"round": 1}, {"round": 2}],
-                        "rewind": "init", "target_density": 0.3, "noise": "gaussian", "noise_multiplier": 1.2,
-                        "planned_training_steps": 1000, "epsilon_total": 1.0, "delta": 1e-5, "accountant": "pld",
-                        "neighboring": "add_remove", "dp_event": event_to_json(warmup),
-                        "randomness": "OS CSPRNG"},
+        private_ticket=PrivateTicketRecord(
+            warmup=(round_record, round_record), rounds=({"round": 1}, {"round": 2}), rewind="init",
+            target_density=0.3, noise="gaussian", noise_multiplier=1.2, planned_training_steps=1000, epsilon_total=1.0,
+            delta=1e-5, accountant="pld", neighboring="add_remove", dp_event=event_to_json(warmup),
+            randomness="OS CSPRNG"),
         dpltm_version="test")

@@ -33,7 +33,8 @@ def test_round_trip(tmp_path: Path) -> None:
 
 
 def test_files_from_before_the_plain_modules_load_under_todays_names(tmp_path: Path) -> None:
-    """θ0 keys of the old `layers` dict (layers.hidden_0.weight) are read as today's (hidden.0.weight)."""
+    """θ0 keys of the old `layers` dict (layers.hidden_0.weight), which files before format 4 may hold, are read as
+    today's (hidden.0.weight)."""
     from dpltm.artefacts.format import current_parameter_names
     from dpltm.checkpoint import load_ticket_set
 
@@ -41,7 +42,7 @@ def test_files_from_before_the_plain_modules_load_under_todays_names(tmp_path: P
                                     "layers.output.bias": 4, "mask_hidden_0_weight": 5, "hidden.1.bias": 6}) == {
         "hidden.0.weight": 1, "conv.1.bias": 2, "project.weight": 3, "output.bias": 4, "mask_hidden_0_weight": 5,
         "hidden.1.bias": 6}
-    payload = ticket_set().to_dict()
+    payload = {**ticket_set().to_dict(), "format_version": 3}
     today = dict(payload["theta0"])
     old = {"layers." + k.rsplit(".", 1)[0].replace(".", "_") + "." + k.rsplit(".", 1)[1]: v for k, v in today.items()}
     assert set(old) == {"layers.hidden_0.weight", "layers.hidden_0.bias", "layers.output.weight", "layers.output.bias"}

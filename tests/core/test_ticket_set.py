@@ -75,7 +75,7 @@ def test_computed_facts() -> None:
     assert tickets.tickets[0].density == 1.0
     assert tickets.accuracies == (0.9, 0.88, 0.8)
     assert tickets.draws == (0.5, 0.25) and tickets.dataset == "kmnist" and tickets.split == "test"
-    assert event_from_json(tickets.privacy["dp_event"]) == NonPrivateDpEvent()
+    assert event_from_json(tickets.privacy.dp_event) == NonPrivateDpEvent()
     with pytest.raises(dataclasses.FrozenInstanceError):
         tickets.complete = False  # type: ignore[misc]
 
@@ -167,9 +167,9 @@ def test_a_set_written_with_copies_of_its_data_in_privacy_reads_them_from_data()
     body = ticket_set().to_dict()
     body["privacy"].update(dataset="kmnist", split="test", fingerprint="abc123", note="old words")
     read = TicketSet.from_dict(body, "old.pt")
-    assert set(read.privacy) == {"phase1", "dp_event"}
-    assert read.privacy_view == {**read.privacy, "dataset": "kmnist", "split": "test", "fingerprint": "abc123",
-                                 "note": PHASE1_NOTE}
+    assert set(read.privacy.to_dict()) == {"phase1", "dp_event"}
+    assert read.privacy_view == {**read.privacy.to_dict(), "dataset": "kmnist", "split": "test",
+                                 "fingerprint": "abc123", "note": PHASE1_NOTE}
 
 
 def test_inspect_prints_a_ticket_set_whose_data_record_lacks_its_sizes() -> None:

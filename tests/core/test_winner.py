@@ -80,7 +80,7 @@ def test_a_private_ticket_written_with_stored_copies_reads_its_computed_facts() 
     body = private_ticket().to_dict()
     body["privacy"].update(end_to_end_dp=True, epsilon_spent=0.001, statement="made with privacy: ε = 0.001")
     read = Winner.from_dict(body, "old.pt")
-    assert read.privacy == {"phase1": "private"} and read.epsilon_spent == private_ticket().epsilon_spent
+    assert read.privacy.to_dict() == {"phase1": "private"} and read.epsilon_spent == private_ticket().epsilon_spent
     assert read.privacy_view["statement"] == private_ticket().statement
 
 
