@@ -121,10 +121,8 @@ def _offending_subevent(acc: PrivacyAccountant, event: DpEvent) -> DpEvent:
         for sub in event.events:
             if not acc.supports(sub):
                 return _offending_subevent(acc, sub)
-    inner = getattr(event, "event", None)
-    if inner is not None and type(event).__name__ == "SelfComposedDpEvent":
-        if not acc.supports(inner):
-            return _offending_subevent(acc, inner)
+    if isinstance(event, SelfComposedDpEvent) and not acc.supports(event.event):
+        return _offending_subevent(acc, event.event)
     return event
 
 
