@@ -272,13 +272,13 @@ class Experiment:
             cache.parent.mkdir(exist_ok=True)
             write_text_atomic(json.dumps({**choice.to_json(), "key": json.loads(key),
                                           "seconds": round(time.perf_counter() - started, 1)}, indent=1), cache)
-        from dpltm.selection.noise_aware import Candidate, NoiseAwareChoice
+        from dpltm.selection.noise_aware import Candidate, NoiseAwareChoice, PublicData
 
         stored = json.loads(cache.read_text())
         chosen = stored.get("chosen")
         variant = None if chosen is None else Variant(**{**chosen, "freeze": tuple(chosen["freeze"])})
         choice = NoiseAwareChoice(stored["index"], [Candidate(**c) for c in stored["candidates"]], planned,
-                                  stored["public_data"], tuple(stored.get("halving_rungs", ())),
+                                  PublicData(**stored["public_data"]), tuple(stored.get("halving_rungs", ())),
                                   tuple(stored.get("searched", ())), variant)
         winner = make_winner(ticket_set, tickets, noise_aware_selection(choice), eps1=None,
                              nu=float(self.spec["nu"]), seeded=True, noise_aware=choice)

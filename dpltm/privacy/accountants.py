@@ -39,9 +39,7 @@ ACCOUNTANTS: dict[str, AccountantEntry] = {entry.name: entry for entry in (
     AccountantEntry("pld", "PLD", "dpltm.privacy.pld_accountant", cost_grows_with_epsilon=True),
     AccountantEntry("rdp", "RDP", "dpltm.privacy.rdp_accountant"),
 )}
-"""By name; the first is the default."""
-
-DEFAULT_ACCOUNTANT = next(iter(ACCOUNTANTS))
+"""By name."""
 
 OTHER_LIBRARIES_ACCOUNTANTS = {
     "prv": "Opacus's PRV accountant numerically composes the privacy loss distribution, as dp-accounting's PLD "

@@ -121,10 +121,8 @@ def _offending_subevent(acc: PrivacyAccountant, event: DpEvent) -> DpEvent:
         for sub in event.events:
             if not acc.supports(sub):
                 return _offending_subevent(acc, sub)
-    inner = getattr(event, "event", None)
-    if inner is not None and type(event).__name__ == "SelfComposedDpEvent":
-        if not acc.supports(inner):
-            return _offending_subevent(acc, inner)
+    if isinstance(event, SelfComposedDpEvent) and not acc.supports(event.event):
+        return _offending_subevent(acc, event.event)
     return event
 
 
@@ -219,32 +217,34 @@ _quiet_holders = 0
 _quiet_saved_level = logging.NOTSET
 
 
-def _composed(event: DpEvent, accountant: str, neighboring: str, delta: float) -> PrivacyAccountant:
-    """A fresh accountant that has composed `event`; dp-accounting's failures become one line."""
+@contextlib.contextmanager
+def _named_failures(accountant: str) -> Iterator[None]:
+    """dp-accounting's failures (overflow, a refused value, memory) as one line naming the accountant."""
+    try:
+        yield
+    except (ArithmeticError, ValueError, MemoryError) as exc:
+        text = str(exc).strip().splitlines()
+        raise DpltmUserError(f"the {ACCOUNTANTS[accountant].label} accountant failed at this setting: "
+                             f"{text[0] if text else type(exc).__name__}") from None
+
+
+def _refuse_early(event: DpEvent, accountant: str, neighboring: str, delta: float) -> None:
+    """What is checked before the accountant computes: its support for `event`, and PLD's cost."""
     require_support(event, accountant, neighboring)
     if ACCOUNTANTS[accountant].cost_grows_with_epsilon:
         _check_pld_cost(event, delta, neighboring)
+
+
+def _composed(event: DpEvent, accountant: str, neighboring: str, delta: float) -> PrivacyAccountant:
+    """A fresh accountant that has composed `event`; dp-accounting's failures become one line."""
+    _refuse_early(event, accountant, neighboring, delta)
     acc = make_accountant(accountant, neighboring)
-    try:
-        with _quiet_rdp_warnings():
-            acc.compose(event)
-    except (ArithmeticError, ValueError, MemoryError) as exc:
-        raise DpltmUserError(
-            f"the {ACCOUNTANTS[accountant].label} accountant failed at this setting: {_first_line(exc)}"
-        ) from None
+    with _named_failures(accountant), _quiet_rdp_warnings():
+        acc.compose(event)
     return acc
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 # ---- ε and δ ------------------------------------------------------------------------------
-
-
-def _key(event: DpEvent) -> str:
-    return json.dumps(event_to_json(event), sort_keys=True)
 
 
 def _dpsgd_shape(event: DpEvent) -> tuple[float, float, int] | None:
@@ -267,22 +267,15 @@ class AccountantUnderflow(DpltmUserError):
 @functools.lru_cache(maxsize=512)
 def _epsilon_cached(key: str, delta: float, accountant: str, neighboring: str) -> float:
     event = event_from_json(json.loads(key))
-    entry = ACCOUNTANTS[accountant]
-    fast = getattr(entry.load(), "dpsgd_epsilon", None)
+    fast = getattr(ACCOUNTANTS[accountant].load(), "dpsgd_epsilon", None)
     shape = _dpsgd_shape(event) if fast is not None else None
-    try:
+    with _named_failures(accountant):
         if shape is not None:
-            require_support(event, accountant, neighboring)
-            if entry.cost_grows_with_epsilon:
-                _check_pld_cost(event, delta, neighboring)
+            _refuse_early(event, accountant, neighboring, delta)
             return float(fast(*shape, delta, _RELATIONS[neighboring]))  # type: ignore[misc]
         acc = _composed(event, accountant, neighboring, delta)
         with _quiet_rdp_warnings():
             value = float(acc.get_epsilon(delta))
-    except (ArithmeticError, ValueError, MemoryError) as exc:
-        raise DpltmUserError(
-            f"the {ACCOUNTANTS[accountant].label} accountant failed at this setting: {_first_line(exc)}"
-        ) from None
     if value <= 0.0 and '"GaussianDpEvent"' in key:
         # dp-accounting's RDP orders underflow to exactly 0 at very large σ (about 2e4 and more) and it then
         # reports ε = 0: not a bound for any finite σ (PLD gives a positive ε there)
@@ -304,7 +297,7 @@ def epsilon_unchecked(event: DpEvent, delta: float, accountant: str, neighboring
 
     Support and cost are still checked, once per distinct event (the result is cached).
     """
-    return _epsilon_cached(_key(event), delta, accountant, neighboring)
+    return _epsilon_cached(json.dumps(event_to_json(event), sort_keys=True), delta, accountant, neighboring)
 
 
 def epsilon(
@@ -332,13 +325,8 @@ def delta_for_epsilon(
     check_accountant(accountant)
     check_neighboring(neighboring)
     acc = _composed(event, accountant, neighboring, _COST_REFERENCE_DELTA)
-    try:
-        with _quiet_rdp_warnings():
-            return float(min(1.0, acc.get_delta(e)))
-    except (ArithmeticError, ValueError, MemoryError) as exc:
-        raise DpltmUserError(
-            f"the {ACCOUNTANTS[accountant].label} accountant failed at this setting: {_first_line(exc)}"
-        ) from None
+    with _named_failures(accountant), _quiet_rdp_warnings():
+        return float(min(1.0, acc.get_delta(e)))
 
 
 # ---- Gaussian DP (an approximation) -------------------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import dp_accounting  # type: ignore[import-untyped]
@@ -77,12 +77,7 @@ def calibrate_parameter(
     end, verified: ε(x_returned) ≤ target always holds. Returns `lower` when it already
     meets the target. Arguments are validated here, once; the search trusts them.
     """
-    check_accountant(accountant)
-    check_neighboring(neighboring)
-    d = check_delta(delta)
-    t = check_target_epsilon(target_epsilon)
-    if not (0.0 < rel_tol < 0.5):
-        raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
+    t, d = _checked(target_epsilon, delta, accountant, neighboring, rel_tol)
     if not step > 1.0:
         raise DpltmUserError(f"step must exceed 1, got {step}")
     if not (math.isfinite(lower) and 0.0 < lower < _MAX_PARAM):
@@ -209,6 +204,7 @@ def calibrate_noise_multiplier(
     selection_eps1: float | None = None,
     composition: Composition = "best",
     rel_tol: float = 1e-3,
+    spent: Sequence[DpEvent] = (),
 ) -> float:
     """The smallest σ ≥ MIN_NOISE_MULTIPLIER (within `rel_tol`) for which DP-SGD meets
     (target_epsilon, delta).
@@ -220,19 +216,25 @@ def calibrate_noise_multiplier(
         Mironov 2017), with the RDP accountant whatever `accountant` says;
       - "best" (default): the smaller σ of the two, i.e. exactly the σ at which
         `composition_bounds(...)`'s best bound reaches the target.
+    * `spent` given (DP events already run on the same data, e.g. the DP warm-up of a private
+      ticket; no `selection_eps1`): `spent` composed with DP-SGD(q, σ, T) meets the target.
+      Adaptive composition (Dwork & Roth 2014, Thm 3.16) lets the later mechanism depend on the
+      earlier ones' outputs; the accountant composes the events exactly (PLD) or by RDP.
 
     Raises DpltmUserError when the target cannot be met (e.g. target ≤ 0 or above
-    MAX_EPSILON, or selection alone already costs at least the target).
+    MAX_EPSILON, or selection or `spent` alone already costs at least the target).
     """
-    t = check_target_epsilon(target_epsilon)
-    d = check_delta(delta)
-    check_accountant(accountant)
-    check_neighboring(neighboring)
-    if not (0.0 < rel_tol < 0.5):
-        raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
+    t, d = _checked(target_epsilon, delta, accountant, neighboring, rel_tol)
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
-    sigma = _calibrated_dpsgd(float(sample_rate), int(steps), t, d, accountant, neighboring,
-                              None if selection_eps1 is None else float(selection_eps1), composition, float(rel_tol))
+    if spent and selection_eps1 is not None:
+        raise ValueError("calibrate after `spent` or with a selection_eps1, not both")
+    if spent:
+        sigma = _calibrated_after(list(spent), float(sample_rate), int(steps), t, d, accountant, neighboring,
+                                  float(rel_tol))
+    else:
+        sigma = _calibrated_dpsgd(float(sample_rate), int(steps), t, d, accountant, neighboring,
+                                  None if selection_eps1 is None else float(selection_eps1), composition,
+                                  float(rel_tol))
     if sigma > MAX_NOISE_MULTIPLIER:  # the bound a given σ has: past it the accountants cannot state the tiny ε
         raise DpltmUserError(f"target epsilon {t:g} needs a noise multiplier of {round_up(sigma, 4)}, above the "
                              f"{MAX_NOISE_MULTIPLIER:g} the accountants can state ε for (and noise that drowns any "
@@ -283,27 +285,10 @@ def _calibrated_dpsgd(sample_rate: float, steps: int, t: float, d: float, accoun
     return min(candidates)
 
 
-def calibrate_after(
-    spent: list[DpEvent],
-    sample_rate: float,
-    steps: int,
-    target_epsilon: float,
-    delta: float,
-    accountant: str = "pld",
-    neighboring: str = "add_remove",
-    rel_tol: float = 1e-3,
-) -> float:
-    """The smallest σ for which `spent` (DP events already run on the same data, e.g. the DP
-    warm-up of a private ticket) composed with DP-SGD(q, σ, T) meets (target_epsilon, delta).
-
-    Adaptive composition (Dwork & Roth 2014, Thm 3.16) lets the later mechanism depend on the
-    earlier ones' outputs; the accountant composes the events exactly (PLD) or by RDP. Raises
-    DpltmUserError when `spent` alone already reaches the target.
-    """
-    t, d = _checked(target_epsilon, delta, accountant, neighboring)
-    dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
-    floor = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), d, accountant, neighboring) \
-        if spent else 0.0
+def _calibrated_after(spent: list[DpEvent], sample_rate: float, steps: int, t: float, d: float, accountant: str,
+                      neighboring: str, rel_tol: float) -> float:
+    """`calibrate_noise_multiplier` after `spent`, on checked arguments."""
+    floor = epsilon_unchecked(dp_accounting.ComposedDpEvent(spent), d, accountant, neighboring)
     if floor >= t:
         raise DpltmUserError(f"cannot reach epsilon {t:g}: what already ran on this data costs epsilon "
                              f"{format_epsilon(floor)}")
@@ -325,7 +310,7 @@ def calibrate_phases(
     """The smallest σ, shared by every DP-SGD phase (q_i, T_i) on the same data, for which their
     composition meets (target_epsilon, delta): how a private-ticket run (warm-up rounds, then
     training) is planned before any private record is read."""
-    t, d = _checked(target_epsilon, delta, accountant, neighboring)
+    t, d = _checked(target_epsilon, delta, accountant, neighboring, rel_tol)
     if not phases:
         raise DpltmUserError("no DP-SGD phase to calibrate")
     for q, steps in phases:
@@ -346,8 +331,11 @@ def _calibrated_phases(phases: tuple[tuple[float, int], ...], t: float, d: float
     return _calibrate(all_phases, t, d, accountant, neighboring, rel_tol)
 
 
-def _checked(target_epsilon: float, delta: float, accountant: str, neighboring: str) -> tuple[float, float]:
+def _checked(target_epsilon: float, delta: float, accountant: str, neighboring: str,
+             rel_tol: float) -> tuple[float, float]:
     """The validation every public calibration starts with: (target ε, δ), both checked."""
     check_accountant(accountant)
     check_neighboring(neighboring)
+    if not (0.0 < rel_tol < 0.5):
+        raise DpltmUserError(f"rel_tol must lie in (0, 0.5), got {rel_tol}")
     return check_target_epsilon(target_epsilon), check_delta(delta)

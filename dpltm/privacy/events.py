@@ -37,7 +37,7 @@ MAX_NOISE_MULTIPLIER = 1e4
 #: The most DP-SGD steps dpltm accounts for. The paper's runs take 7 500 (50 epochs of batch
 #: 400 on 60 000 records); 10⁶ is a thousand epochs at batch 64. Bounds what the accountants
 #: are asked: PLD's self-composition slows with T (at T = 10⁷ one evaluation can take 40 s,
-#: at 10⁶ about a second), and `account --steps 10**12` once asked for 2.2 TiB.
+#: at 10⁶ about a second), and T = 10¹² would ask for terabytes.
 MAX_STEPS = 10**6
 
 #: Every concrete event class dp-accounting 0.6.0 defines, by class name. Deserialisation

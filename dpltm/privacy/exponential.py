@@ -197,9 +197,7 @@ def make_selection_rng(seed: int | None) -> SelectionRng:
 
 def _uniform(rng: SelectionRng) -> float:
     """One uniform draw in [0, 1) with 53 random bits, from either kind of source."""
-    if isinstance(rng, np.random.Generator):
-        return float(rng.random())
-    if isinstance(rng, random.Random):  # SystemRandom is a subclass of Random
+    if isinstance(rng, np.random.Generator | random.Random):  # SystemRandom is a subclass of Random
         return float(rng.random())
     raise DpltmUserError(
         f"rng must be a numpy.random.Generator or random.SystemRandom, got {type(rng).__name__}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dp_accounting import (  # type: ignore[import-untyped]
@@ -334,17 +334,7 @@ class PrivacyLedger:
             "neighboring": self.neighboring,
             "accountant": self.accountant,
             "composition": best.name,
-            "bounds": [
-                {
-                    "name": b.name,
-                    "epsilon": _json_float(b.epsilon),
-                    "delta": b.delta,
-                    "accountant": b.accountant,
-                    "neighboring": b.neighboring,
-                    "description": b.description,
-                }
-                for b in self.bounds()
-            ],
+            "bounds": [{**asdict(b), "epsilon": _json_float(b.epsilon)} for b in self.bounds()],
             "phase1": self.phase1,
             "phase1_dataset": self.phase1_dataset,
             "private_dataset": self.private_dataset,

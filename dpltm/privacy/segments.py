@@ -14,105 +14,121 @@ self-compositions of one mechanism are T1 + T2 of it), so a plain resume adds no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.events import DpEvent, dpsgd_event
 from dpltm.privacy.ledger import training_record
 
-_SAME_MECHANISM = ("q", "sigma", "clip", "expected_batch_size", "dataset_size")
+
+@dataclass(frozen=True)
+class Segment:
+    """`steps` DP-SGD steps at one mechanism: sampling rate q, noise multiplier σ, clip norm, expected
+    batch size L and dataset size N (q = L/N)."""
+
+    q: float
+    sigma: float
+    clip: float
+    expected_batch_size: float
+    dataset_size: int
+    steps: int = 0
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> Segment:
+        """A segment from its plain-data record (a checkpoint's), checked."""
+        if not isinstance(record, Mapping):
+            raise DpltmUserError("a spent segment must be a mapping with q, sigma, steps, clip, expected_batch_size "
+                                 "and dataset_size")
+        missing = [k for k in ("q", "sigma", "steps", "clip", "expected_batch_size", "dataset_size")
+                   if k not in record]
+        if missing:
+            raise DpltmUserError(f"a spent segment lacks {sorted(set(missing))}")
+        steps = record["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise DpltmUserError(f"a spent segment's steps must be a non-negative integer, got {steps!r}")
+        segment = cls(float(record["q"]), float(record["sigma"]), float(record["clip"]),
+                      float(record["expected_batch_size"]), int(record["dataset_size"]), steps)
+        dpsgd_event(segment.q, segment.sigma, max(steps, 1))  # validates q and σ
+        return segment
+
+    def same_mechanism(self, other: Segment) -> bool:
+        return replace(self, steps=0) == replace(other, steps=0)
+
+    def record(self) -> dict[str, float | int]:
+        """The segment as plain data (a `training_record`, what ledgers and checkpoints hold)."""
+        return training_record(self.q, self.sigma, self.steps, self.clip, self.expected_batch_size,
+                               self.dataset_size)
+
+
+def _merged(segments: list[Segment], segment: Segment) -> list[Segment]:
+    """`segments` then `segment`, merged into the last one where the mechanism is equal."""
+    if segments and segments[-1].same_mechanism(segment):
+        return [*segments[:-1], replace(segments[-1], steps=segments[-1].steps + segment.steps)]
+    return [*segments, segment]
 
 
 class SpentSegments:
     """The (q, σ, clip, L, N, steps) segments of one run on one private dataset, in the order they ran."""
 
     def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
-        self._records: list[dict[str, Any]] = []
-        self._latest: dict[str, Any] | None = None
-        self._open: dict[str, Any] | None = None
+        self._segments: list[Segment] = []
+        self._latest: Segment | None = None
+        self._open: Segment | None = None
         for record in records:
-            checked = self._checked(record)
-            if checked["steps"] > 0:
-                self._append(checked)
-
-    @staticmethod
-    def _checked(record: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(record, Mapping):
-            raise DpltmUserError("a spent segment must be a mapping with q, sigma, steps, clip, expected_batch_size "
-                                 "and dataset_size")
-        missing = [k for k in ("q", "sigma", "steps", *_SAME_MECHANISM) if k not in record]
-        if missing:
-            raise DpltmUserError(f"a spent segment lacks {sorted(set(missing))}")
-        steps = record["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise DpltmUserError(f"a spent segment's steps must be a non-negative integer, got {steps!r}")
-        out = dict(training_record(record["q"], record["sigma"], max(steps, 1), record["clip"],
-                                   record["expected_batch_size"], record["dataset_size"]))
-        dpsgd_event(out["q"], out["sigma"], int(out["steps"]))  # validates q and σ
-        out["steps"] = steps
-        return out
-
-    def _append(self, record: dict[str, Any]) -> None:
-        last = self._records[-1] if self._records else None
-        if last is not None and all(last[k] == record[k] for k in _SAME_MECHANISM):
-            last["steps"] += record["steps"]
-        else:
-            self._records.append(dict(record))
+            segment = Segment.of(record)
+            if segment.steps > 0:
+                self._segments = _merged(self._segments, segment)
 
     def begin(self, q: float, sigma: float, clip: float, expected_batch_size: float, dataset_size: int) -> None:
         """A new stretch of steps at this mechanism starts (a fit, a resume)."""
         self.end()
-        self._open = self._checked({"q": q, "sigma": sigma, "steps": 0, "clip": clip,
-                                    "expected_batch_size": expected_batch_size, "dataset_size": dataset_size})
-        self._latest = dict(self._open)
+        self._open = self._latest = Segment.of({"q": q, "sigma": sigma, "steps": 0, "clip": clip,
+                                                "expected_batch_size": expected_batch_size,
+                                                "dataset_size": dataset_size})
 
     def count_step(self) -> None:
         """One step of the open segment ran (call it after the noisy update, once per step)."""
         if self._open is None:
             raise RuntimeError("no segment is open: call begin() first")
-        self._open["steps"] += 1
+        self._open = replace(self._open, steps=self._open.steps + 1)
 
     def end(self) -> None:
         """Close the open segment (its steps stay counted)."""
-        if self._open is not None and self._open["steps"] > 0:
-            self._append(self._open)
+        if self._open is not None and self._open.steps > 0:
+            self._segments = _merged(self._segments, self._open)
         self._open = None
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[dict[str, float | int]]:
         """Every segment with at least one step, the open one included, merged where the mechanism is equal."""
-        out = [dict(r) for r in self._records]
-        if self._open is not None and self._open["steps"] > 0:
-            last = out[-1] if out else None
-            if last is not None and all(last[k] == self._open[k] for k in _SAME_MECHANISM):
-                last["steps"] += self._open["steps"]
-            else:
-                out.append(dict(self._open))
-        return out
+        segments = self._segments
+        if self._open is not None and self._open.steps > 0:
+            segments = _merged(segments, self._open)
+        return [segment.record() for segment in segments]
 
     def note_mechanism(self, record: Mapping[str, Any]) -> None:
         """Restore `latest_mechanism` (a reloaded run that took no step), checked as a segment is."""
-        self._latest = self._checked({**record, "steps": 0})
+        self._latest = Segment.of({**record, "steps": 0})
 
     @property
-    def latest_mechanism(self) -> dict[str, Any] | None:
+    def latest_mechanism(self) -> dict[str, float | int] | None:
         """The mechanism of the segment begun last, open or ended, with its steps so far (0 included)."""
-        if self._open is not None:
-            return dict(self._open)
-        return None if self._latest is None else dict(self._latest)
+        latest = self._open if self._open is not None else self._latest
+        return None if latest is None else latest.record()
 
     @property
     def steps(self) -> int:
-        return sum(int(r["steps"]) for r in self.records())
+        return sum(segment.steps for segment in self._segments) + self.open_steps
 
     @property
     def open_steps(self) -> int:
         """Steps taken in the open segment (this fit) so far."""
-        return 0 if self._open is None else int(self._open["steps"])
+        return 0 if self._open is None else self._open.steps
 
     def events(self) -> list[DpEvent]:
         """One `SelfComposed(PoissonSampled(q, Gaussian(σ)), T)` per segment, in order."""
         return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in self.records()]
 
-    def state(self) -> list[dict[str, Any]]:
+    def state(self) -> list[dict[str, float | int]]:
         """Plain data for a checkpoint: the segments, never a seed or a generator state."""
         return self.records()

@@ -2,7 +2,7 @@
 
 The paper's score S = A·(1 − ν·C) ignores the noise: at ν = 50 it always takes the sparsest
 public ticket, although a sparser ticket has less noise to absorb but also less capacity, and
-the best density moves with σ, q and the number of steps (issue 9). Here every candidate —
+the best density moves with σ, q and the number of steps. Here every candidate —
 always including the dense network (C = 1) — is trained from the planned start (θ0, or with
 `--rewind public` its public-trained weights) by the *planned* DP-SGD (same
 effective noise multiplier σ, expected batch L, number of steps T, clip C, learning rate and
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +64,7 @@ def tan_proxy(batch: int, sigma: float, private_size: int, public_size: int,
     return scaled, sigma * scaled / batch
 
 
-def among_rounds(tickets: TicketSet, rounds: Any) -> TicketSet:
+def among_rounds(tickets: TicketSet, rounds: Iterable[int]) -> TicketSet:
     """The ticket set with only the tickets of `rounds` as candidates; the dense round 0 always among them."""
     keep = set(rounds) | {0}
     return replace(tickets, tickets=tuple(t for t in tickets.tickets if t.round in keep))
@@ -233,12 +233,21 @@ def winning_index(accuracy: torch.Tensor, gains: torch.Tensor, se: torch.Tensor,
 
 
 @dataclass(frozen=True)
+class PublicData:
+    """The public data a choice ran on: the tickets' own."""
+
+    dataset: str
+    split: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
 class NoiseAwareChoice:
     index: int
     """Index of the winner in the ticket set's `tickets` list."""
     candidates: list[Candidate]
     plan: PlannedRun
-    public_data: dict[str, Any]
+    public_data: PublicData
     rungs: tuple[int, ...] = ()
     """The steps after which successive halving scored and halved the candidates (none: every one trained T)."""
     searched: tuple[str, ...] = ()
@@ -248,7 +257,7 @@ class NoiseAwareChoice:
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "candidates": [asdict(c) for c in self.candidates],
-                "plan": asdict(self.plan), "public_data": self.public_data, "halving_rungs": list(self.rungs),
+                "plan": asdict(self.plan), "public_data": asdict(self.public_data), "halving_rungs": list(self.rungs),
                 "searched": list(self.searched), "chosen": None if self.chosen is None else asdict(self.chosen)}
 
     def ticket_scores(self) -> list[float]:
@@ -259,22 +268,13 @@ class NoiseAwareChoice:
         return list(best.values())
 
 
-def candidate_models(tickets: TicketSet, device: torch.device, activation: str | None = None,
-                     start: str = "init", output_layer: str = "reinit",
-                     freeze: tuple[str, ...] = ()) -> tuple[list[torch.nn.Module], list[Masks]]:
-    """Every ticket of a ticket set as a network at its planned start and its mask (round 0 is the dense
-    one): θ0, (`start="public"`) the weights its public IMP round ended with, or (a step K) the set's θ_K, as
-    `train --rewind` would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
-    differs from the tickets' own."""
-    built = [candidate_model(tickets, ticket, device, activation, start, output_layer, freeze)
-             for ticket in tickets.tickets]
-    return [model for model, _, _ in built], [ms for _, ms, _ in built]
-
-
 def candidate_model(tickets: TicketSet, ticket: TicketRecord, device: torch.device, activation: str | None,
                     start: str, output_layer: str, freeze: tuple[str, ...],
                     ) -> tuple[torch.nn.Module, Masks, dict[str, torch.Tensor]]:
-    """One ticket as a network at `start` with `freeze` held, its masks, and the start weights."""
+    """One ticket as a network at its planned start with `freeze` held, its masks, and the start weights: θ0,
+    (`start="public"`) the weights its public IMP round ended with, or (a step K) the set's θ_K, as `train
+    --rewind` would start it (dpltm.training.transfer.start_weights); with the planned run's activation when it
+    differs from the tickets' own."""
     arch = Architecture.from_dict(tickets.architecture)
     if activation is not None:
         arch = replace(arch, activation=activation)
@@ -482,7 +482,7 @@ def noise_aware_choice(tickets: TicketSet, public: DatasetSplits, plan: PlannedR
     ticket, start, freeze = trainings[network]
     chosen = Variant(start, freeze, *releases[release], plan.output_layer) if search else None
     return NoiseAwareChoice(ticket, [scored[key] for key in sorted(scored)], plan,
-                            {"dataset": public.name, "split": public.source_split, "fingerprint": public.fingerprint},
+                            PublicData(public.name, public.source_split, public.fingerprint),
                             tuple(halved), search, chosen)
 
 

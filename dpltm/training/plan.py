@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dpltm.dp.noise import noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.calibration import calibrate_after, calibrate_noise_multiplier
+from dpltm.privacy.calibration import calibrate_noise_multiplier
 from dpltm.privacy.display import format_sigma
 from dpltm.privacy.events import MAX_STEPS, DpEvent
 from dpltm.settings import MAX_LR, TrainSettings
@@ -76,13 +76,9 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
     if settings.sigma is not None:
         parameter, calibrated = settings.sigma, False
         effective = mechanism.effective_for(parameter)
-    elif settings.eps2 is not None and spent:
-        effective = calibrate_after(spent, q, steps, settings.eps2, settings.delta, settings.accountant,
-                                    settings.neighboring)
-        parameter, calibrated = mechanism.parameter_for(effective), True
     elif settings.eps2 is not None:
         effective = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
-                                               settings.neighboring)
+                                               settings.neighboring, spent=spent or ())
         parameter, calibrated = mechanism.parameter_for(effective), True
     else:
         raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma")

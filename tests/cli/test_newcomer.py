@@ -104,7 +104,7 @@ def test_run_with_private_tickets_calibrates_its_phases_once(data_root: Path, tm
     calibrations = _calibrated_phases.cache_info()
     assert calibrations.misses == 1 and calibrations.hits >= 1, calibrations
     ledger = load_checkpoint(out, "model")["privacy"]["ledger"]
-    # training is calibrated after the warm-up that ran (calibrate_after): never more noise than planned
+    # training is calibrated after the warm-up that ran: never more noise than planned
     assert ledger["training"]["sigma"] <= ledger["phase1_training"][0]["sigma"]
 
 

@@ -14,9 +14,10 @@ from dpltm.data.types import DatasetSplits
 from dpltm.dp.batched import StackedMLP, clipped_sums, noisy_step
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.errors import DpltmUserError
+from dpltm.masks import Masks
 from dpltm.selection.noise_aware import (
     PlannedRun,
-    candidate_models,
+    candidate_model,
     halving_keep,
     noise_aware_choice,
     paired_gains,
@@ -25,6 +26,13 @@ from dpltm.selection.noise_aware import (
 )
 from dpltm.settings import DataSettings, GenerateConfig, GenerateSettings, ModelSettings
 from dpltm.tickets.imp import generate_tickets
+
+
+def candidate_models(tickets: TicketSet, device: torch.device, start: str = "init",
+                     output_layer: str = "reinit") -> tuple[list[torch.nn.Module], list[Masks]]:
+    """Every ticket of the set as a network at `start`, and its masks (round 0 is the dense one)."""
+    built = [candidate_model(tickets, ticket, device, None, start, output_layer, ()) for ticket in tickets.tickets]
+    return [model for model, _, _ in built], [ms for _, ms, _ in built]
 
 
 @pytest.fixture
@@ -75,7 +83,7 @@ def test_picks_the_dense_network_when_every_ticket_is_worse(tickets: TicketSet, 
     choice = noise_aware_choice(tickets, tiny_splits, plan, seed=0)
     assert choice.index == 0 and choice.candidates[0].density == 1.0
     assert choice.candidates[0].public_val_accuracy > max(c.public_val_accuracy for c in choice.candidates[1:])
-    assert choice.public_data["fingerprint"] == tiny_splits.fingerprint
+    assert choice.public_data.fingerprint == tiny_splits.fingerprint
 
 
 def test_reads_only_the_tickets_own_public_data(tickets: TicketSet, tiny_splits: DatasetSplits) -> None:
