@@ -90,3 +90,10 @@ def forget_kept() -> None:
 
 def kept_on_interrupt() -> str:
     return "; ".join([*_kept_by_earlier_stages, _kept_on_interrupt[0]])
+
+
+def warn_large_delta(delta: float, records: int) -> None:
+    """The CLI's warning for δ > 1/N (the API's is dpltm.api_checks.warn_if_delta_above_one_over_n)."""
+    if delta > 1.0 / records:
+        err_console.print(f"warning: δ = {delta:g} is above 1/N = {1.0 / records:.3g}: an (ε, δ) guarantee with "
+                          "δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")

@@ -151,11 +151,11 @@ def stage_generate_private(cli: Overrides, config: Path | None, data_dir: Path |
     """`generate --private`: a ticket made on the private data by DP warm-up (dpltm.tickets.private).
     `cli` is a training config tree: the warm-up uses the `train:` recipe, `private_ticket:` the rest."""
     from dpltm.config import resolve_train_config
+    from dpltm.console import warn_large_delta
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
     from dpltm.outputs import output_lock, prepare_output
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.stages.train import warn_large_delta
     from dpltm.tickets.private import (
         layer_keep_fractions,
         make_private_ticket,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from dpltm import options as opt
 from dpltm.architectures import model_cli
 from dpltm.choices import Activation, Dataset, OutputLayer, Recipe, Split, Strategy
-from dpltm.console import err_console, on_interrupt_kept
+from dpltm.console import err_console, on_interrupt_kept, warn_large_delta
 from dpltm.dp.noise import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
 from dpltm.options import option
@@ -143,12 +143,6 @@ def announce_variant(chose: Mapping[str, Any], cfg: TrainConfig) -> None:
     err_console.print(f"the noise-aware choice chose: {describe_variant(chose)}" + (
         "" if ran == chose else f"; the --config file or flags override it: {describe_variant(ran)}"),
         markup=False, highlight=False)
-
-
-def warn_large_delta(delta: float, records: int) -> None:
-    if delta > 1.0 / records:
-        err_console.print(f"warning: δ = {delta:g} is above 1/N = {1.0 / records:.3g}: an (ε, δ) guarantee with "
-                          "δ > 1/N allows releasing a record outright; the usual choice is δ ≪ 1/N")
 
 
 def public_data_for_noise(public_data: str | None, cfg: TrainConfig,
