@@ -27,37 +27,14 @@ need it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from dpltm.data.types import DatasetSplits
+from dpltm.data.types import OFFICIAL_NOTE, USER_DATA_NOTE, DatasetSplits
 
-USER_DATA_NOTE = ("user data: not recorded (a fingerprint of files other than the official published ones "
-                  "is a function of the private records)")
-OFFICIAL_NOTE = "official files: every raw file matched its published md5"
 PRIVATE_FINGERPRINT_WARNING = ("carries a fingerprint of its training data (a function of the private records "
                                "unless they are the official files; written by an older dpltm): do not publish it")
 SETTINGS = ("dataset", "split", "seed", "val_fraction", "n_train", "n_val", "n_test")
 """What a released record and loaded data must agree on (each where the record has it)."""
-
-
-def released_summary(data: DatasetSplits) -> dict[str, Any]:
-    """What a released file records about `data`: settings, counts, and the fingerprint only for
-    official files."""
-    return {
-        "dataset": data.name,
-        "split": data.source_split,
-        "seed": data.seed,
-        "val_fraction": data.val_fraction,
-        "official_files": data.official_files,
-        "fingerprint": data.fingerprint if data.official_files else None,
-        "fingerprint_note": OFFICIAL_NOTE if data.official_files else USER_DATA_NOTE,
-        "num_features": data.num_features,
-        "num_classes": data.num_classes,
-        "n_train": len(data.train),
-        "n_val": len(data.val),
-        "n_test": len(data.test),
-    }
 
 
 def scrub(record: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +76,7 @@ def mismatch(recorded: dict[str, Any], data: DatasetSplits) -> str | None:
 
     Settings and counts are compared where the record has them; the fingerprint only where the
     record has one (see the module docstring for why this suffices)."""
-    loaded = released_summary(data)
+    loaded = data.summary()
     for key in SETTINGS:
         if recorded.get(key) is not None and loaded[key] is not None and recorded[key] != loaded[key]:
             return f"{key} {recorded[key]} in the file, {loaded[key]} in the data"

@@ -8,7 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpltm.data.release import released_summary
+USER_DATA_NOTE = ("user data: not recorded (a fingerprint of files other than the official published ones "
+                  "is a function of the private records)")
+OFFICIAL_NOTE = "official files: every raw file matched its published md5"
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,20 @@ class DatasetSplits:
     def summary(self) -> dict[str, Any]:
         """What a released file (model, export, private ticket) records about the data: settings
         and counts, and the fingerprint only for official files (dpltm.data.release)."""
-        return released_summary(self)
+        return {
+            "dataset": self.name,
+            "split": self.source_split,
+            "seed": self.seed,
+            "val_fraction": self.val_fraction,
+            "official_files": self.official_files,
+            "fingerprint": self.fingerprint if self.official_files else None,
+            "fingerprint_note": OFFICIAL_NOTE if self.official_files else USER_DATA_NOTE,
+            "num_features": self.num_features,
+            "num_classes": self.num_classes,
+            "n_train": len(self.train),
+            "n_val": len(self.val),
+            "n_test": len(self.test),
+        }
 
     def ticket_set_summary(self) -> dict[str, Any]:
         """A ticket set's record of its data, with the fingerprint: generation saw the data without
