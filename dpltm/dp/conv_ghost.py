@@ -86,7 +86,7 @@ def weight_sq_norms(patches: Tensor, grads: Tensor, mask: Tensor | None = None) 
     step = max(1, CHUNK_ELEMENTS // max(per_sample, 1))
     norms = []
     for i in range(0, grads.shape[0], step):
-        formed = torch.einsum("bgot,bgkt->bgok", grads[i:i + step], patches[i:i + step])
+        formed = grads[i:i + step] @ patches[i:i + step].transpose(2, 3)  # (b, groups, out, K), no copy of U
         norms.append((formed if mask is None else formed.mul_(mask)).pow_(2).sum(dim=(1, 2, 3)))
     return torch.cat(norms)
 

@@ -18,6 +18,10 @@ from torch import Tensor, nn
 from dpltm.dp.conv_ghost import clipped_bias_sum, clipped_weight_sum, conv_operands, weight_sq_norms
 from dpltm.dp.rules.base import LayerCall, LocalMasks, WeightAndBiasRule, register_rule, zero_rows
 
+KEEP_PATCHES_MAX_BYTES = 1 << 25
+"""A convolution's unfolded patches up to this size are kept from its norms to its sum (one unfold a step, not
+two); larger ones are unfolded again for the sum rather than held (32 MB)."""
+
 
 def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
     """Per-sample weight gradients (B, out, in/groups, *kernel) of a 1-D or 2-D convolution with input `a` and
@@ -71,13 +75,19 @@ class ConvRule(WeightAndBiasRule):
         return g.flatten(2).sum(dim=2)
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        """The norms, and the unfolded patches for the sum where they are small (else the sum unfolds again)."""
         assert call.input is not None
         patches, grads = conv_operands(call.module, call.input, g)  # type: ignore[arg-type]
-        return operand_sq_norms(call.module, patches, grads, masks, g.dtype), None  # the sum unfolds again
+        kept = patches if patches.numel() * patches.element_size() <= KEEP_PATCHES_MAX_BYTES else None
+        return operand_sq_norms(call.module, patches, grads, masks, g.dtype), kept
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
                      masks: LocalMasks, state: Any) -> dict[str, Tensor]:
         assert call.input is not None
+        if state is not None:  # the patches the norms unfolded; a row not finite is zeroed there, as in the input
+            module = call.module
+            grads = zero_rows(g, finite).reshape(g.shape[0], module.groups, module.out_channels // module.groups, -1)
+            return contracted_sums(module, zero_rows(state, finite), grads, factors, masks, g.dtype)
         patches, grads = conv_operands(call.module, zero_rows(call.input, finite), zero_rows(g, finite))  # type: ignore[arg-type]
         return contracted_sums(call.module, patches, grads, factors, masks, g.dtype)
 
