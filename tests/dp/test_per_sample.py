@@ -149,15 +149,21 @@ def reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, masks: dict[st
     return ref.norms, ref.clipped_sum
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("masked", [False, True])
-def test_norms_and_clipped_sums_equal_torch_func(case: str, masked: bool) -> None:
-    g = torch.Generator().manual_seed(0)
+def case_batch(case: str, masked: bool, seed: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor,
+                                                           dict[str, torch.Tensor]]:
+    """A case's float64 model (seeded), a batch of 9 and, if `masked`, random masks on its weights."""
+    g = torch.Generator().manual_seed(seed)
     build, data = CASES[case]
     torch.manual_seed(0)
     model = build().double()
     x, y = data(g), torch.randint(0, 5, (9,), generator=g)
-    masks = random_masks(model, g) if masked else {}
+    return model, x, y, random_masks(model, g) if masked else {}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("masked", [False, True])
+def test_norms_and_clipped_sums_equal_torch_func(case: str, masked: bool) -> None:
+    model, x, y, masks = case_batch(case, masked, seed=0)
     with torch.no_grad():  # a ticket's pruned weights are zero
         for name, p in model.named_parameters():
             if name in masks:
@@ -289,16 +295,19 @@ def test_weight_sharing_is_refused() -> None:
         clipped_gradient_sum_of(tied, torch.randn(3, 5), torch.randint(0, 5, (3,)), 1.0)
 
 
+class Folding(nn.Module):
+    """Samples folded into rows before a layer: (B, T, d) reshaped to (B·T, d)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Linear(3, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.token(x.reshape(-1, 3)).reshape(x.shape[0], -1, 5).mean(dim=1)
+
+
 def test_samples_folded_into_rows_are_refused() -> None:
     """(B, T, d) reshaped to (B·T, d) before the layers would clip tokens, not samples."""
-
-    class Folding(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.token = nn.Linear(3, 5)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.token(x.reshape(-1, 3)).reshape(x.shape[0], -1, 5).mean(dim=1)
 
     with pytest.raises(DpltmUserError, match="one row per sample"):
         clipped_gradient_sum_of(Folding(), torch.randn(4, 6, 3), torch.randint(0, 5, (4,)), 1.0)
@@ -373,12 +382,7 @@ def test_two_backward_passes_give_the_one_pass_bits(case: str, masked: bool, per
     second. The same rules on the same g: every norm and sum equal to the last bit, for whole and per-layer bounds."""
     import dpltm.dp.engine as engine
 
-    g = torch.Generator().manual_seed(1)
-    build, data = CASES[case]
-    torch.manual_seed(0)
-    model = build().double()
-    x, y = data(g), torch.randint(0, 5, (9,), generator=g)
-    masks = random_masks(model, g) if masked else {}
+    model, x, y, masks = case_batch(case, masked, seed=1)
     clip = ({name: 0.3 + 0.1 * i for i, (name, m) in enumerate(model.named_modules())
              if any(p.requires_grad for p in m.parameters(recurse=False))} if per_layer else 0.5)
     passes, calls = [], []
@@ -400,14 +404,6 @@ def test_two_passes_refuse_what_one_pass_refuses(monkeypatch: pytest.MonkeyPatch
     import dpltm.dp.engine as engine
 
     monkeypatch.setattr(engine, "HELD_GRADIENTS_MAX_BYTES", -1)
-
-    class Folding(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.token = nn.Linear(3, 5)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.token(x.reshape(-1, 3)).reshape(x.shape[0], -1, 5).mean(dim=1)
 
     with pytest.raises(DpltmUserError, match="one row per sample"):
         clipped_gradient_sum_of(Folding(), torch.randn(4, 6, 3), torch.randint(0, 5, (4,)), 1.0)
