@@ -327,6 +327,8 @@ def _clip_and_sum_in_two_passes(calls: list[LayerCall], taps: list[_Tap], loss_s
             layers[index] = _LayerNorms.of(calls[index], g, masks)
         return take
 
+    for call in calls:
+        call.hold_for_sum = False
     try:
         for index, tap in enumerate(taps):
             tap.take = norms_of(index)

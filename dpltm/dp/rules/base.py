@@ -35,6 +35,9 @@ class LayerCall:
     input_terms: Tensor | None = None
     """This batch's rows of the layer's `record_norm_tables` (dpltm.dp.engine), set only when the layer
     was fed the records themselves: its masked norm is then Σ_j g_ij² R_ij, no product with the batch."""
+    hold_for_sum: bool = True
+    """Whether a rule may keep tensors of the batch's size (patches, per-token gradients) from its norms to its
+    sum; False where the sum comes on a second backward pass, whose point is to hold none (dpltm.dp.engine)."""
     totals: dict[str, Tensor] | None = None
     """A chunk of a batch (dpltm.dp.engine.clip_and_sum_in_chunks): its per-sample gradients' sums are added
     here, and the batch's total is checked against `batch_grads` once every chunk has run."""

@@ -78,7 +78,8 @@ class ConvRule(WeightAndBiasRule):
         """The norms, and the unfolded patches for the sum where they are small (else the sum unfolds again)."""
         assert call.input is not None
         patches, grads = conv_operands(call.module, call.input, g)  # type: ignore[arg-type]
-        kept = patches if patches.numel() * patches.element_size() <= KEEP_PATCHES_MAX_BYTES else None
+        small = patches.numel() * patches.element_size() <= KEEP_PATCHES_MAX_BYTES
+        kept = patches if call.hold_for_sum and small else None
         return operand_sq_norms(call.module, patches, grads, masks, g.dtype), kept
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,

@@ -63,12 +63,12 @@ class EmbeddingRule:
         return ids, g
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
-        """(B,) norms, and the prepared (ids, g) for `clipped_sums`."""
+        """(B,) norms, and the prepared (ids, g) for `clipped_sums` (None where the call may not hold them)."""
         ids, tokens = self._tokens(call, g)
         mask = masks.get("weight")
         if mask is None and use_gram(ids.shape[1], tokens.shape[2]):
             same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(tokens.dtype)
-            return torch.bmm(tokens, tokens.transpose(1, 2)).mul_(same).sum(dim=(1, 2)), (ids, tokens)
+            return torch.bmm(tokens, tokens.transpose(1, 2)).mul_(same).sum(dim=(1, 2)), self._kept(call, ids, tokens)
         vocabulary = call.module.num_embeddings
         keys, inverse = torch.unique(_sample_keys(ids, vocabulary), return_inverse=True)
         per_id = tokens.new_zeros(keys.shape[0], tokens.shape[2]).index_add_(0, inverse.flatten(),
@@ -76,11 +76,15 @@ class EmbeddingRule:
         if mask is not None:
             per_id = per_id * mask.index_select(0, keys % vocabulary)
         norms = tokens.new_zeros(ids.shape[0]).index_add_(0, keys // vocabulary, per_id.pow(2).sum(dim=1))
-        return norms, (ids, tokens)
+        return norms, self._kept(call, ids, tokens)
+
+    @staticmethod
+    def _kept(call: LayerCall, ids: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor] | None:
+        return (ids, tokens) if call.hold_for_sum else None
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None, masks: LocalMasks,
                      state: Any) -> dict[str, Tensor]:
-        ids, tokens = state
+        ids, tokens = state if state is not None else self._tokens(call, g)
         weight = call.module.weight
         scaled = zero_rows(tokens, finite).to(factors.dtype) * factors.view(-1, 1, 1)
         total = scaled.new_zeros(weight.shape).index_add_(0, ids.flatten(), scaled.reshape(-1, weight.shape[1]))
