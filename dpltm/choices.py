@@ -90,6 +90,13 @@ class Rewind(Choice):
     init = "init"
 
 
+class PrivatePrune(Choice):
+    """`private_ticket.prune`: what a private ticket's mask removes, single weights or whole input features."""
+
+    weights = "weights"
+    inputs = "inputs"
+
+
 class OutputLayer(Choice):
     """`train --output-layer`: a public start's output layer, θ0's or the public-trained one."""
 

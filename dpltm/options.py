@@ -26,6 +26,7 @@ from dpltm.choices import (
     Neighboring,
     Noise,
     Optimizer,
+    PrivatePrune,
     Split,
 )
 
@@ -181,6 +182,10 @@ NEIGHBORING = flag("--neighbouring", "--neighboring", config="train.neighboring"
 NOISE = flag(config="train.noise", choices=Noise,
     help=('Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ)'
           ' or shaped (needs --public-dataset).'))
+PRIVATE_PRUNE = flag("--prune", config="private_ticket.prune", choices=PrivatePrune,
+    help=('With a private ticket: what its mask removes, single weights by magnitude (weights) or whole input '
+          'features of the first linear layer by the norm of their DP warm-up weights (inputs: DP feature '
+          'selection; --density is then the fraction of features kept).'))
 OPTIMIZER = flag(config="train.optimizer", choices=Optimizer, help='sgd, or adam (NoisyAdam).')
 PRIVATE_DATASET = flag(config="data.dataset", shown="mnist", choices=Dataset,
     help="Private dataset to train on (or the --config file's data.dataset).")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpltm.choices import Optimizer, OutputLayer, Rewind
+from dpltm.choices import Optimizer, OutputLayer, PrivatePrune, Rewind
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import ACTIVATIONS, ARCHS
 from dpltm.privacy.accountants import accountant_entry
@@ -368,6 +368,7 @@ class TrainSettings:
 
 
 REWIND_POINTS = tuple(choice.value for choice in Rewind)
+PRIVATE_PRUNES = tuple(choice.value for choice in PrivatePrune)
 
 
 @dataclass(frozen=True)
@@ -381,6 +382,10 @@ class PrivateTicketSettings:
     rounds: int = 1
     density: float = 0.25
     rewind: str = "warmup"
+    prune: str = "weights"
+    """weights: the smallest-magnitude DP weights of every layer, down to `density` of all weights; inputs: DP
+    feature selection, whole input features of the first (linear) layer by the L2 norm of their DP weights, down to
+    `density` of the features, every other weight kept (dpltm.pruning.magnitude.prune_input_features)."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
@@ -392,6 +397,8 @@ class PrivateTicketSettings:
             raise DpltmUserError(f"--density must lie in (0, 1), got {self.density:g}")
         if self.rewind not in REWIND_POINTS:
             raise DpltmUserError(f"--rewind must be one of {', '.join(REWIND_POINTS)}, got {self.rewind}")
+        if self.prune not in PRIVATE_PRUNES:
+            raise DpltmUserError(f"--prune must be one of {', '.join(PRIVATE_PRUNES)}, got {self.prune!r}")
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,30 @@ def prune_layerwise(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor],
     return new
 
 
+def prune_input_features(weight: Tensor, mask: Tensor, keep: float) -> Tensor:
+    """A first layer's new mask, inside the old one, keeping the `keep` fraction of its surviving input
+    features (columns of a (out, in) weight) whose weights have the largest L2 norm; every other column pruned whole.
+
+    DP feature selection: over DP-trained `weight` (a private ticket's warm-up) this is post-processing of a DP
+    release (Dwork & Roth 2014, Prop. 2.1), so it costs no ε beyond the warm-up's. Pruning whole inputs also
+    shrinks every record's gradient (the pruned features drop out of its norm), so fewer records are clipped.
+    At least one feature is kept; ties are broken by position (a stable sort), so the result is deterministic."""
+    if weight.dim() != 2:
+        raise DpltmUserError(f"input features are pruned in a linear first layer, whose weight is (out, in); this "
+                             f"network's first weight has shape {tuple(weight.shape)} (a convolution: prune weights)")
+    if not 0.0 < keep <= 1.0:
+        raise DpltmUserError(f"the fraction of input features kept must lie in (0, 1], got {keep:g}")
+    mask = mask.to(device=weight.device, dtype=torch.bool)
+    alive = mask.any(dim=0)
+    n_keep = max(1, math.ceil(keep * int(alive.sum()) - 1e-9))
+    norms = (weight.detach().to(torch.float64) * mask).norm(dim=0)
+    norms = torch.where(alive, norms, torch.full_like(norms, -math.inf))  # pruned columns never come back
+    order = torch.sort(-norms, stable=True).indices
+    kept = torch.zeros_like(alive)
+    kept[order[:n_keep]] = True
+    return mask & kept[None, :]
+
+
 def random_masks_like(masks: Mapping[str, Tensor], generator: torch.Generator) -> Masks:
     """Control ticket: a random mask with each layer's density kept exactly (Frankle & Carbin §2)."""
     out: Masks = {}

@@ -157,7 +157,7 @@ def stage_generate_private(cli: Overrides, config: Path | None, data_dir: Path |
     from dpltm.outputs import output_lock, prepare_output
     from dpltm.paths import default_checkpoint_dir
     from dpltm.tickets.private import (
-        layer_keep_fractions,
+        check_private_prune,
         make_private_ticket,
         plan_private_ticket,
         ticket_architecture,
@@ -175,7 +175,7 @@ def stage_generate_private(cli: Overrides, config: Path | None, data_dir: Path |
                         val_fraction=cfg.data.val_fraction, seed=cfg.seed, device=torch_device)
     check_not_input(target)  # a data file just read
     plan = plan_private_ticket(cfg, len(data.train))
-    layer_keep_fractions(ticket_architecture(cfg, data), cfg.private_ticket.density)
+    check_private_prune(ticket_architecture(cfg, data), cfg.private_ticket)
     p = cfg.private_ticket
     err_console.print(
         f"private ticket on {data.name} ({len(data.train)} training records) on {torch_device}: "

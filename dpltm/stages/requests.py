@@ -135,6 +135,7 @@ class GenerateRequest(CommandRequest):
         help='With --private: fraction of weights the ticket keeps.')
     rewind: str | None = option(config="private_ticket.rewind", choices=Rewind,
         help='With --private: train from the masked warm-up weights (warmup) or from θ0 (init).')
+    prune: str | None = opt.PRIVATE_PRUNE()
     epochs: int | None = option(config="train.epochs",
         help="With --private: epochs of the ticket's DP training, planned now (σ covers them).")
     noise_seed: int | None = option("--noise-seed", min=0, max=opt.MAX_SEED,
@@ -172,8 +173,8 @@ class GenerateRequest(CommandRequest):
 
     def _imp_settings(self) -> Overrides:
         private_only = {"--eps": self.eps, "--delta": self.delta, "--warmup-epochs": self.warmup_epochs,
-                        "--density": self.density, "--rewind": self.rewind, "--epochs": self.epochs,
-                        "--noise-seed": self.noise_seed}
+                        "--density": self.density, "--rewind": self.rewind, "--prune": self.prune,
+                        "--epochs": self.epochs, "--noise-seed": self.noise_seed}
         if given := _given(private_only):
             raise DpltmUserError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} with --private")
         rates = floats_option(self.prune_rates, "--prune-rates")

@@ -131,6 +131,7 @@ class RunRequest(CommandRequest):
         help='With --ticket-source private: DP warm-up epochs, taken out of --epochs.')
     density: float | None = option(config="private_ticket.density",
         help='With --ticket-source private: fraction of weights the ticket keeps.')
+    prune: str | None = opt.PRIVATE_PRUNE()
     choice: TicketChoice = option(default=TicketChoice.noise_aware,
         help=('How to pick the public ticket: noise-aware (train every ticket, the dense network included, '
               "under the planned DP noise on the public data; spends no ε) or best (the paper's score, which at"
@@ -194,8 +195,8 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
             raise DpltmUserError(f"{', '.join(given)} {'applies' if one else 'apply'} to public tickets only: with "
                                  f"--ticket-source private, drop {'it' if one else 'them'}{rounds}")
         return _run_private_tickets(r)
-    if r.warmup_epochs is not None or r.density is not None:
-        raise DpltmUserError("--warmup-epochs and --density apply with --ticket-source private")
+    if r.warmup_epochs is not None or r.density is not None or r.prune is not None:
+        raise DpltmUserError("--warmup-epochs, --density and --prune apply with --ticket-source private")
     return _run_public_tickets(r)
 
 
@@ -433,7 +434,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
     from dpltm.data import load_dataset
     from dpltm.outputs import prepare_output
     from dpltm.paths import default_checkpoint_dir
-    from dpltm.tickets.private import layer_keep_fractions, plan_private_ticket, ticket_architecture
+    from dpltm.tickets.private import check_private_prune, plan_private_ticket, ticket_architecture
 
     base = resolve_train_config(Overrides({"data.dataset": r.dataset, "seed": r.seed}), r.config)
     pool = load_dataset(r.dataset, split=base.data.split, data_dir=r.data_dir, val_fraction=base.data.val_fraction,
@@ -453,7 +454,8 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
         prepare_output(path, overwrite=r.overwrite, inputs=[r.config], checkpoint=True)
     train_cli = replace(r.overrides("data", "train", "seed").updated({  # the public-only ones were refused: None
         "train.epochs": settings.train.epochs - warmup * rounds, "private_ticket.warmup_epochs": warmup,
-        "private_ticket.density": r.density}).updated(model_cli(r.arch, None, activation=r.activation), "model"),
+        "private_ticket.density": r.density, "private_ticket.prune": r.prune}).updated(
+        model_cli(r.arch, None, activation=r.activation), "model"),
         recipe=chosen)
     # the whole plan checked against the data before the first line of work (σ, L < N, the density)
     planned = resolve_train_config(train_cli, r.config)
@@ -461,7 +463,7 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
         raise DpltmUserError(f"train.rewind {planned.train.rewind} starts from weights of public training: a private "
                              "ticket has none (its start is private_ticket.rewind)")
     plan_private_ticket(planned, len(pool.train))
-    layer_keep_fractions(ticket_architecture(planned, pool), planned.private_ticket.density)
+    check_private_prune(ticket_architecture(planned, pool), planned.private_ticket)
     err_console.print(f"[bold]1/2[/bold] private ticket on {r.dataset}: {rounds} × {warmup} DP warm-up epochs, "
                       f"then {settings.train.epochs - warmup * rounds} epochs of DP training, ε = {r.eps:g} in all; "
                       f"recipe {chosen}{auto_recipe_note(r.recipe, len(pool.train))}")

@@ -47,8 +47,8 @@ from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
 from dpltm.privacy.ledger import training_record
-from dpltm.pruning.magnitude import paper_prune_rates, prune_layerwise
-from dpltm.settings import TrainConfig
+from dpltm.pruning.magnitude import paper_prune_rates, prune_input_features, prune_layerwise
+from dpltm.settings import PrivateTicketSettings, TrainConfig
 from dpltm.training.plan import EpochRecord, TrainPlan, learning_rate
 from dpltm.training.private import mechanism_seed, run_private
 
@@ -85,6 +85,29 @@ def layer_keep_fractions(arch: Architecture, target_density: float) -> dict[str,
             raise DpltmUserError(f"--density {target_density:g} is too small for this network: layer {name} "
                                  f"({sizes[name]} weights) would keep no weight")
     return keep
+
+
+def check_private_prune(arch: Architecture, settings: PrivateTicketSettings) -> None:
+    """The mask a private ticket's settings ask for can be made on this network (checked before any record is
+    read): per-layer keep fractions that leave every layer a weight, or for `prune: inputs` a linear first layer."""
+    if settings.prune == "weights":
+        layer_keep_fractions(arch, settings.density)
+        return
+    name, shape = next(iter(arch.layer_shapes().items()))
+    if len(shape) != 2:
+        raise DpltmUserError(f"--prune inputs keeps whole input features of a linear first layer; this network's "
+                             f"first layer ({name}) is a convolution: use --prune weights")
+
+
+def private_masks(weights: dict[str, torch.Tensor], masks: Masks, settings: PrivateTicketSettings,
+                  rates: dict[str, float]) -> Masks:
+    """One warm-up round's new masks from the DP weights: the smallest weights of each layer at `rates`, or (`prune:
+    inputs`) the first layer's weakest input features, so that `rounds` rounds keep `density` of them."""
+    if settings.prune == "weights":
+        return prune_layerwise(weights, masks, rates)
+    first = next(iter(weights))
+    keep = settings.density ** (1.0 / settings.rounds)
+    return {**masks, first: prune_input_features(weights[first], masks[first], keep)}
 
 
 def round_prune_rates(arch: Architecture, target_density: float, rounds: int) -> dict[str, float]:
@@ -153,7 +176,8 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     model = build_network(arch, torch.Generator().manual_seed(cfg.seed)).to(data.train.labels.device)
     data = network_inputs(model, data, progress=progress)  # a fixed front end's features (private: cached locally)
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    rates = round_prune_rates(arch, p.density, p.rounds)
+    check_private_prune(arch, p)
+    rates = round_prune_rates(arch, p.density, p.rounds) if p.prune == "weights" else {}
     seed, randomness = mechanism_seed(noise_seed)
     rounds: list[EpochRecord] = []
     masks: Masks = apply_masks_(model, full_masks(model))
@@ -173,7 +197,7 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
                               progress_label=f"DP warm-up round {r + 1}/{p.rounds}")
         released = outcome.released if outcome.released is not None else model
         weights = {n: w.detach() for n, w in prunable_weights(released).items()}
-        masks = prune_layerwise(weights, masks, rates)
+        masks = private_masks(weights, masks, p, rates)
         record = {"round": r + 1, "steps": plan.warmup_steps, "density": density(masks),
                   "val_accuracy": outcome.history[-1]["val_accuracy"],
                   "epsilon_so_far": outcome.history[-1]["epsilon"]}

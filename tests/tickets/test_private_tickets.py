@@ -4,6 +4,7 @@ training into one guarantee that meets the user's ε."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,15 @@ from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import LeNet, build_architecture
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.pld_accountant import PLD_VALUE_DISCRETIZATION_INTERVAL
+from dpltm.pruning.magnitude import prune_input_features
 from dpltm.settings import PrivateTicketSettings, TrainConfig, TrainSettings
-from dpltm.tickets.private import layer_keep_fractions, make_private_ticket, plan_private_ticket, round_prune_rates
+from dpltm.tickets.private import (
+    check_private_prune,
+    layer_keep_fractions,
+    make_private_ticket,
+    plan_private_ticket,
+    round_prune_rates,
+)
 from dpltm.training.pipeline import train
 
 
@@ -305,3 +313,51 @@ def test_a_cnn_private_ticket_prunes_its_convolutions_and_trains_end_to_end_dp(t
         make_private_ticket(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, noise="dpd")), data,
                             tmp_path / "t2.pt", progress=False)
     assert not (tmp_path / "t2.pt").exists()
+
+
+def test_prune_input_features_keeps_the_strongest_columns_whole() -> None:
+    """DP feature selection: the columns of largest L2 norm survive whole, inside the old mask, ties by position."""
+    weight = torch.tensor([[3.0, 0.1, 1.0, 0.0, 2.0], [0.0, 0.1, 1.0, 0.0, 0.0]])
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[:, 4] = False  # an already pruned column never returns, however large its weights
+    new = prune_input_features(weight, mask, 0.5)  # ⌈0.5 · 4 surviving⌉ = 2 columns
+    assert new.tolist() == [[True, False, True, False, False]] * 2
+    assert prune_input_features(torch.zeros(3, 4), torch.ones(3, 4, dtype=torch.bool), 0.5)[:, :2].all()  # ties
+    assert prune_input_features(weight, mask, 1e-6).any(dim=0).sum() == 1  # at least one feature
+    with pytest.raises(DpltmUserError, match="convolution"):
+        prune_input_features(torch.ones(2, 1, 3, 3), torch.ones(2, 1, 3, 3, dtype=torch.bool), 0.5)
+
+
+def test_an_input_feature_ticket_prunes_whole_inputs_and_composes_its_warm_up(tiny_splits: DatasetSplits,
+                                                                              tmp_path: Path) -> None:
+    """`--prune inputs`: the first layer keeps `density` of its input features whole, by the DP warm-up weights
+    (post-processing: the ledger holds the warm-up and training, and its ε is an independent PLD's over both); the
+    pruned inputs stay exactly zero through DP training."""
+    base = _config(eps=2.0, warmup=2, epochs=2, rounds=2, density_=0.3)
+    cfg = dataclasses.replace(base, private_ticket=dataclasses.replace(base.private_ticket, prune="inputs"))
+    ticket_path = tmp_path / "ticket.pt"
+    payload = make_private_ticket(cfg, tiny_splits, ticket_path, progress=False, noise_seed=1).to_dict()
+    first, *others = payload["masks"]
+    columns = payload["masks"][first].any(dim=0)
+    assert int(columns.sum()) == math.ceil(0.3 ** 0.5 * math.ceil(0.3 ** 0.5 * tiny_splits.num_features - 1e-9)
+                                           - 1e-9)
+    assert torch.equal(payload["masks"][first], columns.expand_as(payload["masks"][first]))  # whole columns
+    assert all(payload["masks"][name].all() for name in others)
+    report = train(cfg, tiny_splits, tmp_path / "model.pt", ticket=load_winner(ticket_path), ticket_path=ticket_path,
+                   private=True, progress=False, noise_seed=2)
+    body = load_checkpoint(tmp_path / "model.pt", ("model",))
+    ledger = PrivacyLedger.from_json(body["privacy"]["ledger"])
+    phases = [(w["q"], w["sigma"], w["steps"]) for w in ledger.phase1_training]
+    phases.append((ledger.training["q"], ledger.training["sigma"], ledger.training["steps"]))
+    assert len(phases) == 3
+    independent = _independent_pld_epsilon(phases, 1e-5)
+    assert report["epsilon"] == pytest.approx(independent, rel=1e-9) and independent <= 2.0
+    assert torch.all(body["state_dict"][first][:, ~columns] == 0)
+
+
+def test_prune_inputs_is_refused_for_a_convolution_before_any_record_is_read() -> None:
+    arch = build_architecture(784, 10, (16,), None, "relu", "lenet5")
+    with pytest.raises(DpltmUserError, match="--prune inputs keeps whole input features"):
+        check_private_prune(arch, PrivateTicketSettings(prune="inputs"))
+    with pytest.raises(DpltmUserError, match="--prune must be one of weights, inputs"):
+        PrivateTicketSettings(prune="columns")
