@@ -20,8 +20,8 @@ from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.mechanism import NoiseContext
 from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import cache_key, network_inputs
-from dpltm.masks import apply_masks_
-from dpltm.networks.lenet import LeNet, build_architecture
+from dpltm.masks import apply_masks_, prunable_weights
+from dpltm.networks.lenet import LeNet, build_architecture, build_network
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.settings import TrainSettings
 from dpltm.training.plan import plan_training
@@ -54,10 +54,21 @@ def view_mean_reference(model: torch.nn.Module, masks: dict[str, Tensor], x: Ten
     return norms, {k: (g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for k, g in per_record.items()}
 
 
-@pytest.mark.parametrize("views", [2, 5])
-def test_a_record_contributes_its_clipped_mean_over_views(views: int) -> None:
-    model, masks = ticket()
-    x = view_stack(torch.rand(12, SIDE * SIDE, generator=torch.Generator().manual_seed(1)), views)
+def scatter_ticket() -> tuple[torch.nn.Module, dict[str, Tensor]]:
+    """A ScatterNet MLP head (8×8 images: 324 features) with its weights pruned to 30 %, fed features directly."""
+    arch = build_architecture(64, 3, (6,), None, "tanh", "scatter-mlp")
+    model = build_network(arch, torch.Generator().manual_seed(0))
+    masks = {name: (torch.rand(w.shape, generator=torch.Generator().manual_seed(3)) < 0.3).float()
+             for name, w in prunable_weights(model).items()}
+    return model, apply_masks_(model, masks)
+
+
+@pytest.mark.parametrize(("views", "network"), [(2, "mlp"), (5, "mlp"), (4, "scatter-mlp")])
+def test_a_record_contributes_its_clipped_mean_over_views(views: int, network: str) -> None:
+    model, masks = ticket() if network == "mlp" else scatter_ticket()
+    g = torch.Generator().manual_seed(1)
+    x = (view_stack(torch.rand(12, SIDE * SIDE, generator=g), views) if network == "mlp"  # the views of images
+         else torch.rand(12, views, model.front.out_features, generator=g))  # the views' scattering features
     y = torch.randint(0, 3, (12,), generator=torch.Generator().manual_seed(2))
     norms, expected = view_mean_reference(model, masks, x, y, clip=1.0)
     clip = float(norms.median())  # half the records are clipped
