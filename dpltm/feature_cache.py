@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from dpltm.data.types import DatasetSplits, LabeledTensors
+from dpltm.data.views import VIEW_OFFSETS, check_takes_views, shifted, view_stack
 from dpltm.dp.distributed import available_cores
 from dpltm.errors import DpltmUserError, os_error_behind
 from dpltm.paths import user_cache_dir
@@ -67,24 +68,51 @@ def front_of(model: torch.nn.Module) -> Any | None:
 
 
 def network_inputs(model: torch.nn.Module, data: DatasetSplits, *, progress: bool = False,
-                   cache_dir: Path | None = None) -> DatasetSplits:
+                   cache_dir: Path | None = None, views: int = 1) -> DatasetSplits:
     """`data` as `model`'s head reads it: each split's records replaced by their cached front-end features
     (unchanged for a network without a front end, or for splits that already hold features). Labels,
-    names, sizes and the fingerprint stay the records'."""
+    names, sizes and the fingerprint stay the records'.
+
+    `views` K > 1 (augmentation multiplicity, dpltm.data.views): the training split becomes (N, K, width), each
+    record's K shifted views as the head reads them, each view's features computed once and cached under a key
+    that names the view; validation and test keep view 0, the records themselves."""
+    if views > 1:
+        check_takes_views(model, data.train.features.shape[-1], views)
     front = front_of(model)
     if front is None:
-        return data
+        if views == 1:
+            return data
+        return replace(data, train=LabeledTensors(view_stack(data.train.features, views), data.train.labels))
     folder = feature_cache_dir() if cache_dir is None else cache_dir
     parts = {}
     for name in ("train", "val", "test"):
         split: LabeledTensors = getattr(data, name)
-        parts[name] = LabeledTensors(features_of(front, split.features, folder, progress=progress,
-                                                 label=f"{data.name} {name}"), split.labels)
+        label = f"{data.name} {name}"
+        if name == "train" and views > 1:
+            features = _view_features(front, split.features, views, folder, progress=progress, label=label)
+        else:
+            features = features_of(front, split.features, folder, progress=progress, label=label)
+        parts[name] = LabeledTensors(features, split.labels)
     return replace(data, **parts)
 
 
-def features_of(front: Any, records: Tensor, folder: Path, *, progress: bool = False, label: str = "") -> Tensor:
-    """The front end's features of `records` (N, in_features), from the cache or computed and cached."""
+def _view_features(front: Any, records: Tensor, views: int, folder: Path, *, progress: bool,
+                   label: str) -> Tensor:
+    """(N, K, out_features): the front end's features of each record's first K views, each view's from the cache
+    or computed and cached (view 0's is the records' own entry). Written into one tensor as they come, and the
+    shifted views are not kept among the recent splits: K copies of the features are the memory's bound."""
+    out = torch.empty(records.shape[0], views, front.out_features, dtype=records.dtype, device=records.device)
+    for k, offset in enumerate(VIEW_OFFSETS[:views]):
+        out[:, k] = features_of(front, shifted(records, offset), folder, progress=progress,
+                                label=f"{label} view {k}", view=offset)
+    return out
+
+
+def features_of(front: Any, records: Tensor, folder: Path, *, progress: bool = False, label: str = "",
+                view: tuple[int, int] = (0, 0)) -> Tensor:
+    """The front end's features of `records` (N, in_features), from the cache or computed and cached. `view`: the
+    shift (dpltm.data.views) that made `records` from the data's records, named in the cache key (the records'
+    own features, view (0, 0), keep the key they always had); a shifted view is not kept among the recent splits."""
     width = records.shape[1] if records.dim() == 2 else -1
     if width == front.out_features:
         return records
@@ -93,7 +121,8 @@ def features_of(front: Any, records: Tensor, folder: Path, *, progress: bool = F
                              f"{tuple(records.shape)}")
     if records.shape[0] == 0:
         return records.new_zeros(0, front.out_features)
-    key = cache_key(front.settings(), records)
+    settings = front.settings() if view == (0, 0) else {**front.settings(), "view": list(view)}
+    key = cache_key(settings, records)
     path = folder / f"{key}.pt"
     features = _recent.pop(key, None)
     secret = cache_secret(folder) if features is None else None
@@ -102,7 +131,9 @@ def features_of(front: Any, records: Tensor, folder: Path, *, progress: bool = F
     if features is None:
         features = compute_features(front, records, progress=progress, label=label)
         if secret is not None:
-            write_cached(path, key, front.settings(), features, secret)
+            write_cached(path, key, settings, features, secret)
+    if view != (0, 0):
+        return features.to(device=records.device, dtype=records.dtype)
     _recent[key] = features  # most recent last
     while len(_recent) > RECENT:
         _recent.popitem(last=False)

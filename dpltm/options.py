@@ -173,6 +173,11 @@ LOGGER = flag("--logger", choices=Logger,
           "tensorboard (pip install 'dpltm\\[tensorboard]'), mlflow (pip install 'dpltm\\[mlflow]'; "
           '$MLFLOW_TRACKING_URI, else <log-dir>/mlflow.db) or none (run.json only, which `dpltm plot` '
           'reads).'))
+AUGMULT = flag("--augmult", metavar="K", config="train.augmult",
+    help=("Augmentation multiplicity (De et al. 2022): each record's gradient is the mean over K fixed shifted "
+          "views of its image (view 0 the image) before clipping, so it stays one record's: the same "
+          'sensitivity, sampling and ε. For --arch mlp, scatter-linear and scatter-mlp over square images; '
+          "the ScatterNet's features of each view are computed once and cached. 1: off."))
 MOMENTUM = flag(config="train.momentum", help='SGD momentum on the privatized gradients, in [0, 1).')
 NEIGHBORING = flag("--neighbouring", "--neighboring", config="train.neighboring", shown="add-remove",
                    choices=Neighboring,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpltm.choices import Optimizer, OutputLayer, PrivatePrune, Rewind
+from dpltm.data.views import MAX_AUGMULT
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import ACTIVATIONS, ARCHS
 from dpltm.privacy.accountants import accountant_entry
@@ -320,10 +321,18 @@ class TrainSettings:
     physical_batch: int | None = None
     """The most rows whose per-sample gradients are computed at once (memory); a larger Poisson batch runs in
     chunks whose clipped sums are added before the one noise draw: the same mechanism and ε. None: no limit."""
+    augmult: int = 1
+    """K, augmentation multiplicity (De et al. 2022, §3): each record's gradient is the mean of its loss's gradients
+    over K fixed shifted views (dpltm.data.views), taken *before* clipping, so it is still one record's and its
+    clipped norm ≤ C: the sensitivity, the Poisson sampling over records and ε are unchanged. 1: the record alone."""
 
     def __post_init__(self) -> None:
         _require_finite(self)
         _require_count("--physical-batch", self.physical_batch)
+        _require_count("--augmult", self.augmult)
+        if self.augmult > MAX_AUGMULT:
+            raise DpltmUserError(f"--augmult must lie in [1, {MAX_AUGMULT}] (the fixed shifted views of a record, "
+                                 f"dpltm.data.views), got {self.augmult}")
         _require_positive("--epochs", self.epochs)
         _require_positive("--batch-size", self.batch_size)
         _require_positive("--clip", self.clip)
@@ -413,3 +422,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require_seed(self.seed)
+        if self.train.augmult > 1 and self.model.arch not in VIEW_ARCHS:  # before any data is read (a ticket's
+            # own network is checked when its views are made: dpltm.data.views.check_takes_views)
+            raise DpltmUserError(f"--augmult {self.train.augmult} averages a record's views through fully connected "
+                                 f"layers (--arch {', '.join(VIEW_ARCHS)}); --arch {self.model.arch} takes one image "
+                                 "per record: drop --augmult")
+
+
+VIEW_ARCHS = ("mlp", "scatter-linear", "scatter-mlp")
+"""The networks augmentation multiplicity runs on: chains of linear layers, which apply alike to each of a
+record's views (B, K, width)."""

@@ -51,6 +51,18 @@ def per_sample_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(outputs, targets, reduction="none")
 
 
+def view_mean_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Each record's cross-entropy averaged over its K views: outputs (B, K, classes), targets (B,) → (B,).
+
+    Augmentation multiplicity (De et al. 2022, §3): the gradient of this mean is (1/K) Σ_k ∇ℓ(view_k(x_i), y_i),
+    a function of record i alone, so clipping it to C bounds that record's whole contribution, as for one view.
+    The engine's rules give its exact per-record norm: a linear layer on (B, K, in) sums its K views' outer
+    products per record before the norm (dpltm.dp.rules.linear)."""
+    views = outputs.shape[1]
+    losses = F.cross_entropy(outputs.flatten(0, 1), targets.repeat_interleave(views), reduction="none")
+    return losses.view(-1, views).mean(dim=1)
+
+
 def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of every layer that owns trainable parameters, each checked by its rule.
 

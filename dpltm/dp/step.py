@@ -74,15 +74,20 @@ def takes_fused_step(model: nn.Module) -> bool:
 
 def step_layout(model: nn.Module, masks: Masks | None, dtype: torch.dtype = torch.float32,
                 scales: dict[str, Tensor | None] | None = None,
-                allow_sparse: bool = True) -> MaskLayout | EngineLayout:
+                allow_sparse: bool = True, views: int = 1) -> MaskLayout | EngineLayout:
     """The layout a DP step uses for `model` and its ticket `masks` (None: dense): the fused step's for
     the LeNet family and ScatterNet's fully connected heads (`takes_fused_step`) with every layer trained, the
-    engine's for any other network or one with frozen layers
-    (which takes no noise geometry `scales`)."""
+    engine's for any other network, one with frozen layers
+    (which takes no noise geometry `scales`), or records of `views` > 1 views each (augmentation multiplicity):
+    the fused step's ghost norm ‖g_i a_iᵀ ⊙ M‖ is for one input row per record, while the engine's linear rule
+    takes (B, K, in) and gives the exact norm of the sum of a record's K outer products."""
     masks = masks if masks is not None else full_masks(model)
-    if takes_fused_step(model) and all(p.requires_grad for p in model.parameters()):
+    if views == 1 and takes_fused_step(model) and all(p.requires_grad for p in model.parameters()):
         return MaskLayout.of(model, masks, dtype, scales, allow_sparse)  # frozen layers: the engine's rules
     if scales and any(s is not None for s in scales.values()):
+        if views > 1:
+            raise DpltmUserError("noise geometries (dpd, shaped) shape the fused step's layers, one view per record: "
+                                 "--augmult trains with --noise gaussian")
         raise DpltmUserError("noise geometries (dpd, shaped) shape the MLP's layers (--arch mlp); this network "
                              "trains with --noise gaussian")
     return EngineLayout.of(model, masks)

@@ -174,7 +174,9 @@ def make_private_ticket(cfg: TrainConfig, data: DatasetSplits, out: Path, *, pro
     s = replace(cfg.train, lr=learning_rate(cfg.train, plan.noise_multiplier))  # lr_sigma: lr follows σ
     arch = ticket_architecture(cfg, data)
     model = build_network(arch, torch.Generator().manual_seed(cfg.seed)).to(data.train.labels.device)
-    data = network_inputs(model, data, progress=progress)  # a fixed front end's features (private: cached locally)
+    # a fixed front end's features (private: cached locally); with --augmult K each training record's K views, which
+    # the warm-up's DP steps average before clipping as the final training does
+    data = network_inputs(model, data, progress=progress, views=s.augmult)
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
     check_private_prune(arch, p)
     rates = round_prune_rates(arch, p.density, p.rounds) if p.prune == "weights" else {}

@@ -360,7 +360,10 @@ def _prepared_model(cfg: TrainConfig, data: DatasetSplits, ticket: Winner | None
                            frozen_parameters=sum(p.numel() for n, p in model.named_parameters() if n in frozen))
     check_noise_for_network(s.noise, model.arch.is_mlp)
     model.to(data.train.labels.device)
-    data = network_inputs(model, data, progress=progress)  # a fixed front end's cached features
+    # a fixed front end's cached features; with --augmult K each training record's K views
+    data = network_inputs(model, data, progress=progress, views=s.augmult)
+    if audit is not None and s.augmult > 1:
+        raise DpltmUserError("an audit's canaries are single records: audit without --augmult")
     if audit is not None:  # canaries join the training set (input canaries) or its index space (gradient ones)
         if not private or distribution.multi_process or step_mode != "eager":
             raise DpltmUserError("an audit runs DP training on one device, in the eager step")

@@ -31,6 +31,7 @@ from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.devices import require_cuda_for_graphs
 from dpltm.dp.averaging import Ema, make_averager, released_model, released_weights, update_average
 from dpltm.dp.distributed import Distribution, all_reduce_sum, rank_sampling_seed, shard
+from dpltm.dp.engine import Loss, per_sample_cross_entropy, view_mean_cross_entropy
 from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.mechanism import NoiseContext, NoiseMechanism
@@ -99,6 +100,13 @@ def make_optimizer(settings: TrainSettings, parameters: Any, capturable: bool = 
     if settings.optimizer == "adam":  # NoisyAdam (Bu et al. 2020): Adam on ĝ
         return torch.optim.Adam(parameters, lr=settings.lr, capturable=capturable)
     return torch.optim.SGD(parameters, lr=settings.lr, momentum=settings.momentum)
+
+
+def per_record_loss(settings: TrainSettings) -> Loss:
+    """Each record's loss: its cross-entropy, or with augmentation multiplicity (`settings.augmult` K > 1: the
+    records' (B, K, …) views, dpltm.data.views) the mean of its K views' cross-entropies, whose gradient the DP
+    step clips as the record's one contribution (De et al. 2022, §3)."""
+    return per_sample_cross_entropy if settings.augmult == 1 else view_mean_cross_entropy
 
 
 STEP_MODES = ("eager", "static", "graphs")
@@ -222,7 +230,11 @@ class DPTrainingModule(RecipeModule):
         self.add_noise = True
         # masks (and any noise geometry) never change during training: nor does the first layer's
         # share of every record's masked norm (computed once, when training starts)
-        self.layout = step_layout(model, self.masks, data.train.features.dtype, noise.coordinate_scales())
+        if settings.augmult > 1 and step_mode != "eager":
+            raise DpltmUserError("--augmult trains in the eager DP step (the static-shape and CUDA-graph steps take "
+                                 "one view per record): drop --cuda-graphs or --augmult")
+        self.layout = step_layout(model, self.masks, data.train.features.dtype, noise.coordinate_scales(),
+                                  views=settings.augmult)
         if step_mode != "eager" and not isinstance(self.layout, MaskLayout):
             raise DpltmUserError("--cuda-graphs (and the static-shape step) run the networks of the fused DP step "
                                  "(--arch mlp, lenet5, scatter-linear, scatter-mlp, with every layer trained); this "
@@ -240,7 +252,8 @@ class DPTrainingModule(RecipeModule):
         if self.step_mode == "eager":
             self.dp_step = DpSgdStep(
                 self.model, self.layout, self.settings.clip, self.noise, self.plan.expected_batch_size,
-                self.noise_generator, optimizer, terms=record_terms(self.model, self.layout, self.data.train.features),
+                self.noise_generator, optimizer, loss=per_record_loss(self.settings),
+                terms=record_terms(self.model, self.layout, self.data.train.features),
                 reduce=self.reduce, add_noise=self.add_noise, max_physical_batch_size=self.settings.physical_batch,
                 averager=self.averager, ema=self.ema)
             return
@@ -404,7 +417,9 @@ class NonPrivateModule(RecipeModule):
         x, y = batch
         optimizer = self.optimizers().optimizer  # type: ignore[union-attr]
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(self.model(x), y).backward()
+        outputs = self.model(x)
+        loss = F.cross_entropy(outputs, y) if self.settings.augmult == 1 else view_mean_cross_entropy(outputs, y).mean()
+        loss.backward()
         optimizer.step()
         self.keep_pruned()  # type: ignore[misc]
         if self.averager is not None:
