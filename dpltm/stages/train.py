@@ -278,6 +278,7 @@ class TrainRequest(TrainingRequest):
               "(the tuned recipe's rule; overrides --lr for DP runs)."))
     optimizer: str | None = opt.OPTIMIZER()
     momentum: float | None = opt.MOMENTUM()
+    noise_filter: str | None = opt.NOISE_FILTER()
     ema: float | None = opt.EMA()
     ema_warmup: bool | None = opt.EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",
