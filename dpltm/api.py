@@ -71,7 +71,7 @@ from dpltm.private_records import DatasetRecords, Records, TensorRecords, traini
 from dpltm.private_training import _OWNERS, RECORDS_COPY_MAX_BYTES, PrivateTraining, ResumedRun
 from dpltm.pruning import paper_prune_rates, prune_layerwise, pruned_count
 from dpltm.run_resume import resume_run
-from dpltm.settings import MAX_LR, MAX_ROUNDS, TrainSettings
+from dpltm.settings import MAX_LR, MAX_ROUNDS, TrainSettings, check_noise_filter
 from dpltm.training.plan import plan_training
 from dpltm.user_inputs import (
     Data,
@@ -355,7 +355,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
                  target_delta: float | None = None, resume_from: str | Path | None = None,
                  in_memory: bool = True, max_physical_batch_size: int | None = None,
-                 **opacus_names: Any) -> PrivateTraining:
+                 noise_filter: str = "none", **opacus_names: Any) -> PrivateTraining:
     """Masked DP-SGD for a user's model, in the spirit of Opacus's `make_private_with_epsilon`.
 
     σ is calibrated so that `epochs` epochs (required) of Poisson batches of expected size `batch_size` meet
@@ -387,7 +387,12 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
 
     `max_physical_batch_size` bounds the rows whose per-sample gradients are computed at once (memory): a larger
     Poisson batch runs in chunks whose clipped sums are added before the one noise draw, the same mechanism and ε.
+
+    `noise_filter="doppler"`: the optimiser reads a low-pass filtered sequence of the noisy gradients (Zhang et al.
+    2024, dpltm.dp.noise_filter) instead of each step's own; post-processing, so ε is the same. Its history is saved
+    with the run, and a resume must name the same filter.
     """
+    noise_filter = check_noise_filter(noise_filter, "noise_filter")
     model, optimizer, train = resolve_inputs(model, optimizer, train, opacus_names)
     check_model_and_optimizer(model, optimizer)
     owner = _OWNERS.get(optimizer)
@@ -416,7 +421,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     masks_private = options.masks_private and bool(checked)
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=options.target_epsilon,
                              sigma=options.noise_multiplier, delta=options.delta, accountant=options.accountant,
-                             neighboring=options.neighboring)
+                             neighboring=options.neighboring, noise_filter=noise_filter)
     resumed = _resumed(resume_from, model, optimizer, checked, options, settings, len(records), masks_private)
     apply_masks(model, checked)
     plan = plan_training(settings, len(records), spent=resumed.segments.events(), steps_before=resumed.steps_before)
@@ -442,7 +447,7 @@ def _resumed(resume_from: str | Path | None, model: nn.Module, optimizer: torch.
         resume_from, model, optimizer, masks, noise_seed=options.noise_seed, dataset_size=n,
         batch_size=settings.batch_size, epochs=settings.epochs,
         provenance={"masks_private": masks_private, "selection_eps1": options.selection_eps1,
-                    "neighboring": options.neighboring},
+                    "neighboring": options.neighboring, "noise_filter": settings.noise_filter},
         target_epsilon=options.target_epsilon, delta=options.delta, accountant=options.accountant,
         neighboring=options.neighboring))
 

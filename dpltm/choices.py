@@ -66,6 +66,13 @@ class Optimizer(Choice):
     adam = "adam"
 
 
+class NoiseFilterName(Choice):
+    """`--noise-filter`: the filters over the noisy gradients of dpltm/dp/noise_filter.py."""
+
+    none = "none"
+    doppler = "doppler"
+
+
 Noise = Choice("Noise", {name.replace("-", "_"): name for name in NOISE_PLUGINS})  # type: ignore[misc]
 """`--noise`: the plug-ins of dpltm/dp/noise.py."""
 

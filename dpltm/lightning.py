@@ -39,6 +39,7 @@ from dpltm.api_checks import (
 from dpltm.dp.engine import clip_and_sum_in_chunks, trainable_layers
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import probe_rows
+from dpltm.dp.noise_filter import NoiseFilter, make_noise_filter
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
@@ -48,7 +49,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_training import LedgerReadout
 from dpltm.run_log import float32_at_least
-from dpltm.settings import TrainSettings
+from dpltm.settings import TrainSettings, check_noise_filter
 from dpltm.training.plan import EpochRecord, TrainPlan, plan_training
 from dpltm.user_inputs import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
 from dpltm.weight_guard import check_not_trained_elsewhere, note_fit_end, note_private_step
@@ -87,7 +88,13 @@ class DPCallback(L.Callback, LedgerReadout):
                  masks_from: str | None = None, loss_reduction: str = "mean", accountant: str = "pld",
                  noise_seed: int | None = None, masks_private: bool = False,
                  selection_eps1: float | None = None, neighboring: str = "add_remove",
-                 target_delta: float | None = None, max_physical_batch_size: int | None = None) -> None:
+                 target_delta: float | None = None, max_physical_batch_size: int | None = None,
+                 noise_filter: str = "none") -> None:
+        """`noise_filter`: a low-pass filter over the noisy gradients before the optimiser (`doppler`,
+        dpltm.dp.noise_filter; post-processing, no ε); its history travels in the callback's checkpoint state."""
+        self.noise_filter = check_noise_filter(noise_filter, "noise_filter")
+        self._filter: NoiseFilter | None = None  # the fit's, built when it starts
+        self._filter_state: dict[str, Any] | None = None  # a checkpoint's, loaded into the next fit's filter
         if loss_reduction not in ("mean", "sum"):
             raise DpltmUserError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         if masks_from is not None and not isinstance(masks_from, str):
@@ -181,9 +188,18 @@ class DPCallback(L.Callback, LedgerReadout):
             self._noise_generator = torch.Generator(device=pl_module.device).manual_seed(seed)
             self._noise_seed, self._fresh_noise = None, False
         # the step from the clipped sums on (the sums come from Lightning's own backward)
+        if self._filter is None:  # a second fit continues the first's filter
+            self._filter = make_noise_filter(self.noise_filter, {n: p for n, p in pl_module.named_parameters()
+                                                                 if p.requires_grad})
+            if self._filter is not None and self._filter_state is not None:
+                try:
+                    self._filter.load_state_dict(self._filter_state)
+                except (ValueError, KeyError, TypeError) as error:
+                    raise DpltmUserError(f"this checkpoint's noise filter does not fit the module: {error}") from None
         self._dp = DpSgdStep(pl_module, EngineLayout(self.masks, surviving_coordinates(pl_module, self.masks)),
                              self.clip, GaussianNoise(self.plan.noise_multiplier), self.plan.expected_batch_size,
-                             self._noise_generator, max_physical_batch_size=self.options.max_physical_batch_size)
+                             self._noise_generator, max_physical_batch_size=self.options.max_physical_batch_size,
+                             noise_filter=self._filter)
         self._taps = [LayerCall(name, module) for name, module in trainable_layers(pl_module)]
         self._modules = list(pl_module.modules())
         self._trainable = trainable_names(pl_module)
@@ -432,8 +448,7 @@ class DPCallback(L.Callback, LedgerReadout):
             finally:
                 self._clipping = False
         assert self._dp is not None
-        grads = self._dp.noisy_gradients(sums)
-        self._dp.apply(grads)  # installed: Lightning steps the optimiser
+        grads = self._dp.apply(self._dp.noisy_gradients(sums))  # installed: Lightning steps the optimiser
         for name, parameter in parameters.items():
             if parameter.requires_grad:
                 self._written[name] = (parameter, grads[name], grads[name]._version)
@@ -465,7 +480,8 @@ class DPCallback(L.Callback, LedgerReadout):
                 "provenance": self._provenance(), "tainted": self._raw_steps > 0,
                 "non_private_updates": self._raw_steps,
                 # the mechanism a tainted run with no DP step ran at: its ledger still says NOT DP after a reload
-                "latest_mechanism": self.segments.latest_mechanism if self._raw_steps else None}
+                "latest_mechanism": self.segments.latest_mechanism if self._raw_steps else None,
+                **({"noise_filter": self._filter.state_dict()} if self._filter is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format_version") != STATE_VERSION or "segments" not in state:
@@ -482,6 +498,13 @@ class DPCallback(L.Callback, LedgerReadout):
         # a checkpoint written before the count was kept says only "tainted": at least one
         self._raw_steps = max(self._raw_steps, stored, int(bool(state.get("tainted", False))))
         self._fresh_noise = True  # never continue (or replay) a stored stream: fresh OS randomness
+        stored_filter = state.get("noise_filter")
+        if (stored_filter is None) != (self.noise_filter == "none") or (
+                isinstance(stored_filter, dict) and stored_filter.get("name") != self.noise_filter):
+            saved = "none" if not isinstance(stored_filter, dict) else stored_filter.get("name")
+            raise DpltmUserError(f"this checkpoint's run filtered its noisy gradients with noise_filter={saved!r}: "
+                                 f"resume with the same (given {self.noise_filter!r})")
+        self._filter, self._filter_state = None, stored_filter
 
     # ---- what was spent -----------------------------------------------------------------------
     def ledger(self) -> PrivacyLedger | None:

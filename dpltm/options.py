@@ -25,6 +25,7 @@ from dpltm.choices import (
     Logger,
     Neighboring,
     Noise,
+    NoiseFilterName,
     Optimizer,
     PrivatePrune,
     Split,
@@ -184,6 +185,9 @@ NEIGHBORING = flag("--neighbouring", "--neighboring", config="train.neighboring"
     help=('Neighbouring datasets ε is stated for: add-remove (one record added or removed; the number of '
           'training records N is treated as public, as Opacus and TF Privacy do) or replace-one (one record'
           ' replaced, N fixed; a larger ε for the same run).'))
+NOISE_FILTER = flag(config="train.noise_filter", choices=NoiseFilterName,
+    help=('A low-pass filter over the noisy gradients before the optimiser: doppler (Zhang et al. 2024, a first-'
+          'order filter, unit gain) or none. Post-processing of the released gradients: no ε.'))
 NOISE = flag(config="train.noise", choices=Noise,
     help=('Noise plug-in: gaussian, dpd (differentially private dropout; --sigma is its σ, accounted as 2σ)'
           ' or shaped (needs --public-dataset).'))

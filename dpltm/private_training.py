@@ -31,6 +31,7 @@ from dpltm.dp.independence import (
     module_modes,
     probe_rows,
 )
+from dpltm.dp.noise_filter import make_noise_filter
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
@@ -67,6 +68,8 @@ class ResumedRun:
     epochs_done: int = 0
     history: list[EpochRecord] = field(default_factory=list)
     steps_before: int = 0
+    noise_filter: dict[str, Any] | None = None
+    """The noise filter's history as saved (dpltm.dp.noise_filter): the resumed run filters on from it."""
 
 
 class LedgerReadout:
@@ -128,14 +131,21 @@ class PrivateTraining(LedgerReadout):
         self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
         # the masks that prune something: a weight kept whole takes the plain ghost norm, not the masked one
         self._pruning = {n: m for n, m in masks.items() if self.surviving.get(n) is not None}
+        resumed = resumed if resumed is not None else ResumedRun()
+        self._filter = make_noise_filter(settings.noise_filter,
+                                         {n: p for n, p in model.named_parameters() if p.requires_grad})
+        if self._filter is not None and resumed.noise_filter is not None:
+            try:
+                self._filter.load_state_dict(resumed.noise_filter)
+            except (ValueError, KeyError, TypeError) as error:
+                raise DpltmUserError(f"the saved run's noise filter does not fit this model: {error}") from None
         self._dp = DpSgdStep(model, EngineLayout(self._pruning, self.surviving), settings.clip,
                              GaussianNoise(plan.noise_multiplier), plan.expected_batch_size,
                              torch.Generator(device=records.device).manual_seed(seed), optimizer, loss,
                              max_physical_batch_size=max_physical_batch_size, before_update=self._book_step,
-                             after_update=self._after_update, layer_clips=layer_clips)
+                             after_update=self._after_update, layer_clips=layer_clips, noise_filter=self._filter)
         # one sampling stream for the whole run, apart from the noise's: every step draws a fresh batch
         self._sampling_generator = torch.Generator(device=records.device).manual_seed(rank_sampling_seed(seed, 0))
-        resumed = resumed if resumed is not None else ResumedRun()
         self.segments = resumed.segments
         self.segments.begin(plan.sample_rate, plan.noise_multiplier, settings.clip, plan.expected_batch_size,
                             plan.dataset_size)
@@ -318,10 +328,12 @@ class PrivateTraining(LedgerReadout):
             "dataset_size": len(self.records),
             "settings": {"epochs": s.epochs, "batch_size": s.batch_size, "clip": s.clip, "eps2": s.eps2,
                          "sigma": s.sigma, "delta": s.delta, "accountant": s.accountant,
-                         "neighboring": s.neighboring},
+                         "neighboring": s.neighboring,
+                         **({"noise_filter": s.noise_filter} if self._filter is not None else {})},
             "segments": self.segments.state(), "epochs_done": self.epochs_done, "history": list(self.history),
             "optimizer_class": type(self.optimizer).__name__,
             "ledger": None if ledger is None else ledger.to_json(),
+            **({"noise_filter": self._filter.state_dict()} if self._filter is not None else {}),
         }
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:

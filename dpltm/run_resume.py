@@ -32,7 +32,8 @@ def _schedule_steps_done(segments: SpentSegments, dataset_size: int, batch_size:
 
 
 def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,
-            dataset_size: int, provenance: dict[str, Any]) -> tuple[SpentSegments, int, list[dict[str, Any]]]:
+            dataset_size: int, provenance: dict[str, Any],
+            ) -> tuple[SpentSegments, int, list[dict[str, Any]], dict[str, Any] | None]:
     """Model, optimiser and the spent segments of a saved run; the data, masks, optimiser class and the
     run's privacy provenance (masks_private, selection_eps1, neighboring) must be the run's: a resume
     that dropped `masks_private=True` or an ε1 would state a smaller ε than was spent."""
@@ -41,7 +42,8 @@ def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, mask
     body = load_checkpoint(path, "run")
     saved_settings = body["settings"] if isinstance(body["settings"], dict) else {}
     stored = {"masks_private": body.get("masks_private"), "selection_eps1": body.get("selection_eps1"),
-              "neighboring": saved_settings.get("neighboring")}
+              "neighboring": saved_settings.get("neighboring"),
+              "noise_filter": saved_settings.get("noise_filter", "none")}
     differ = [f"{k}={stored[k]!r} (given {provenance[k]!r})" for k in stored if stored[k] != provenance[k]]
     if differ:
         raise DpltmUserError(f"the run in {path} was made with {', '.join(differ)}: resume with the same values")
@@ -61,7 +63,8 @@ def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, mask
     except (RuntimeError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise DpltmUserError(f"{path} does not fit this model or optimizer: {first}") from None
-    return segments, epochs_done, history
+    stored_filter = body.get("noise_filter")
+    return segments, epochs_done, history, stored_filter if isinstance(stored_filter, dict) else None
 
 
 def _spent_record(path: Path, body: dict[str, Any], masks: Mapping[str, Tensor],
@@ -97,9 +100,10 @@ def _spent_record(path: Path, body: dict[str, Any], masks: Mapping[str, Tensor],
 def resume_run(resume_from: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks, *,
                noise_seed: int | None, dataset_size: int, batch_size: int, epochs: int, provenance: dict[str, Any],
                target_epsilon: float | None, delta: float, accountant: str,
-               neighboring: str) -> tuple[SpentSegments, int, list[dict[str, Any]], int]:
-    """The saved run's spent segments, epochs, history and the steps of the schedule it took, with its model and
-    optimiser loaded; a refused resume leaves the model and optimiser as they were."""
+               neighboring: str) -> tuple[SpentSegments, int, list[dict[str, Any]], int, dict[str, Any] | None]:
+    """The saved run's spent segments, epochs, history, the steps of the schedule it took and its noise filter's
+    history (None: no filter), with its model and optimiser loaded; a refused resume leaves the model and optimiser
+    as they were."""
     if noise_seed is not None:
         raise DpltmUserError("noise_seed cannot be combined with resume_from: a resumed run draws fresh OS "
                              "randomness (re-seeding would reuse the first segment's noise)")
@@ -107,8 +111,8 @@ def resume_run(resume_from: str | Path, model: nn.Module, optimizer: torch.optim
     before = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
     guarded = _held_entries(model)
     try:
-        segments, epochs_done, history = _resume(Path(resume_from), model, optimizer, masks, dataset_size,
-                                                 provenance)
+        segments, epochs_done, history, noise_filter = _resume(Path(resume_from), model, optimizer, masks,
+                                                               dataset_size, provenance)
         check_budget_left(segments.events(), target_epsilon, delta, accountant, neighboring)
         steps_before = _schedule_steps_done(segments, dataset_size, batch_size)
         if steps_before >= epochs * math.ceil(dataset_size / batch_size):
@@ -122,4 +126,4 @@ def resume_run(resume_from: str | Path, model: nn.Module, optimizer: torch.optim
         optimizer.load_state_dict(before[1])
         _renote(model, guarded)  # the same weights again: still another run's (restoring moved the counters)
         raise
-    return segments, epochs_done, history, steps_before
+    return segments, epochs_done, history, steps_before, noise_filter

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpltm.choices import Optimizer, OutputLayer, PrivatePrune, Rewind
+from dpltm.choices import NoiseFilterName, Optimizer, OutputLayer, PrivatePrune, Rewind
 from dpltm.data.views import MAX_AUGMULT
 from dpltm.errors import DpltmUserError
 from dpltm.networks.lenet import ACTIVATIONS, ARCHS
@@ -242,6 +242,16 @@ def check_search(search: Any) -> tuple[str, ...]:
 
 OPTIMIZERS = tuple(choice.value for choice in Optimizer)
 
+NOISE_FILTERS = tuple(choice.value for choice in NoiseFilterName)
+"""`train.noise_filter`: none, or a low-pass filter over the noisy gradients (dpltm.dp.noise_filter)."""
+
+
+def check_noise_filter(name: Any, what: str = "--noise-filter") -> str:
+    """A filter's name (`train.noise_filter`, `make_private`/`DPCallback`'s noise_filter), or one line refusing it."""
+    if not isinstance(name, str) or name not in NOISE_FILTERS:
+        raise DpltmUserError(f"{what} must be one of {', '.join(NOISE_FILTERS)}, got {name!r}")
+    return name
+
 TICKET_STARTS = ("init", "public")
 """`train.rewind`: a ticket's training starts from θ0 or from the weights its public IMP round ended with
 (dpltm.training.transfer.start_weights), or from iterate K of public training (a step number, `late_rewind_step`)."""
@@ -301,6 +311,10 @@ class TrainSettings:
     ema_warmup: bool = False
     """Warm the EMA up (decay_t = min(ema, (1 + t)/(10 + t)), TensorFlow's rule): without it the first
     iterates keep a large weight (decay^T), which drags a public-trained start back (dpltm.dp.averaging)."""
+    noise_filter: str = "none"
+    """A low-pass filter over the released noisy gradients, read by the optimiser instead of them (doppler: Zhang et
+    al. 2024, dpltm.dp.noise_filter); post-processing of DP outputs, so no ε. none: the optimiser reads ĝ itself.
+    DP runs only: the non-private baseline keeps the plain recipe."""
     lr_sigma: float | None = None
     """When set, a DP run's learning rate is lr_sigma / σ (σ the effective noise multiplier, a
     function of public q, T, ε and δ only), so the noise an update carries, lr·σC/L, stays the same
@@ -363,6 +377,7 @@ class TrainSettings:
             raise DpltmUserError(f"--momentum must lie in [0, 1), got {self.momentum:g}")
         if self.momentum and self.optimizer != "sgd":
             raise DpltmUserError(f"--momentum is for --optimizer sgd ({self.optimizer} keeps its own moments)")
+        check_noise_filter(self.noise_filter)
         if self.lr_sigma is not None and not 0.0 < self.lr_sigma <= MAX_LR:
             raise DpltmUserError(f"--lr-sigma must lie in (0, {MAX_LR:g}], got {self.lr_sigma:g}")
         if self.ema is not None and not 0.0 < self.ema < 1.0:

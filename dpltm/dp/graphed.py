@@ -8,7 +8,8 @@ Python. Here one step is split into two pieces of fixed shape:
   output gradients, masked per-sample norms, clip factors C_i / max(‖g_i‖, C) (C_i: C for a sampled row, 0 for
   padding), and add the chunk's clipped sum to an accumulator;
 * `update`: add the noise once (under DDP: rank 0, then the all-reduce), scale by 1/L,
-  optimiser step, EMA, clear the accumulator. Plain Gaussian noise on one device takes `_flat_update`:
+  the noise filter if any (in place), optimiser step, EMA, clear the accumulator. Plain Gaussian noise on one
+  device takes `_flat_update`:
   every ĝ and every clipped sum is a view of a flat buffer (the sums written there in place), so the draw
   and the masks cost four kernels whatever the depth. The labels are gathered as one-hot rows beside the
   norm terms (one row copy, `record_rows`; the other layers' weight shares are added into the same rows), and the
@@ -52,6 +53,7 @@ from dpltm.dp.ghost import (
     first_layer_input_terms,
 )
 from dpltm.dp.mechanism import NoiseMechanism, ScaledGaussianNoise
+from dpltm.dp.noise_filter import NoiseFilter
 from dpltm.dp.padding import load_chunk, ones_then_zeros
 from dpltm.dp.step import noisy_mean
 from dpltm.masks import Masks
@@ -66,13 +68,14 @@ class StaticShapeDpStep:
                  optimizer: torch.optim.Optimizer, averager: AveragedModel | None = None,
                  ema: Ema | None = None,
                  reduce: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None,
-                 add_noise: bool = True, graphs: bool = False) -> None:
+                 add_noise: bool = True, graphs: bool = False, noise_filter: NoiseFilter | None = None) -> None:
         if not math.isfinite(clip):
             raise ValueError("the static step clips to a finite bound C")
         self.model, self.train, self._clip, self.noise = model, train, clip, noise
         self.expected_batch_size = expected_batch_size
         self.capacity, self.generator, self.optimizer = capacity, generator, optimizer
         self.averager, self.ema, self.reduce, self.add_noise = averager, ema, reduce, add_noise
+        self.noise_filter = noise_filter  # filters ĝ in place in the `.grad` buffers, before the optimiser reads them
         device, dtype = train.labels.device, train.features.dtype
         self.layout = MaskLayout.of(model, masks, dtype, noise.coordinate_scales(), allow_sparse=False)
         self.record_rows, self.terms_width, self.terms_joined = record_rows(model, train, self.layout)
@@ -187,6 +190,8 @@ class StaticShapeDpStep:
             noisy_mean(dict(sums), noise=self.noise, surviving=self.layout.surviving, clip=self._clip,
                        expected_batch_size=self.expected_batch_size, generator=self.generator, reduce=self.reduce,
                        add_noise=self.add_noise, out=self.grads, out_scales=self.out_scales)
+        if self.noise_filter is not None:  # m̂ from the released ĝ alone (post-processing)
+            self.noise_filter.step(self.grads, out=self.grads)
         self.optimizer.step()
         if self.averager is not None and self.ema is not None:
             update_average(self.averager, self.model, self.ema)
@@ -217,7 +222,8 @@ class StaticShapeDpStep:
         accumulate, update, one_chunk = capture(
             [self._accumulate, self._update, self._one_chunk_step], modules=[self.model, *averaged],
             optimizer=self.optimizer, generators=[self.generator],
-            reset=[self.flat_total, *counters])  # type: ignore[list-item]
+            reset=[self.flat_total, *counters,  # type: ignore[list-item]
+                   *(self.noise_filter.reset_tensors() if self.noise_filter is not None else [])])
         self.graphs = (accumulate, update, one_chunk)
 
 

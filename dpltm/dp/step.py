@@ -38,6 +38,7 @@ from dpltm.dp.engine import (
 )
 from dpltm.dp.ghost import ClippedBatch, MaskLayout, clipped_gradient_sum, first_layer_input_terms
 from dpltm.dp.mechanism import NoiseMechanism
+from dpltm.dp.noise_filter import NoiseFilter
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, full_masks
 from dpltm.networks.lenet import LeNet
@@ -165,6 +166,9 @@ class DpSgdStep:
     ĝ is the same function of the batch (the Gaussian mechanism on a sum of sensitivity C, Abadi et al. 2016,
     Alg. 1 and Thm. 1), computed in another order of additions, so the mechanism and ε are the same.
 
+    `noise_filter`: the optimiser reads the low-pass filtered m̂ of the released ĝ sequence instead of ĝ (DOPPLER,
+    dpltm.dp.noise_filter): post-processing of ĝ alone, so the mechanism and ε are unchanged.
+
     `optimizer` None: ĝ is installed and the caller steps (one optimiser over many candidates).
     `before_update` runs before the optimiser may move a weight (the ledger counts the step there), and
     `after_update` after it, even when it raised (re-masking pruned weights to exactly zero). `averager`
@@ -187,6 +191,7 @@ class DpSgdStep:
     after_update: Callable[[], None] | None = None
     averager: AveragedModel | None = None
     ema: Ema | None = None
+    noise_filter: NoiseFilter | None = None
     layer_clips: Mapping[str, float] | None = None
     """Per-layer bounds C_l (the engine's layouts only): each layer's part of a record's gradient clipped to its own,
     `clip` being √(Σ C_l²), the sensitivity the noise is scaled to (dpltm.dp.engine.clip_and_sum)."""
@@ -232,19 +237,22 @@ class DpSgdStep:
             sums[name].add_(extra)
         return self.noisy_gradients(sums)
 
-    def apply(self, grads: dict[str, Tensor]) -> None:
-        """Install ĝ and, with an optimiser, step it between the hooks (`apply_gradients`); then the average."""
+    def apply(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Install ĝ (or, with a noise filter, its filtered m̂: from the released ĝ only) and, with an optimiser,
+        step it between the hooks (`apply_gradients`); then the average. Returns the gradients installed."""
+        installed = grads if self.noise_filter is None else self.noise_filter.step(grads)
         if self.optimizer is None:
-            install_gradients(self.model, grads)
-            return
-        apply_gradients(self.model, grads, self.optimizer, before_update=self.before_update,
+            install_gradients(self.model, installed)
+            return installed
+        apply_gradients(self.model, installed, self.optimizer, before_update=self.before_update,
                         after_update=self.after_update)
         if self.averager is not None and self.ema is not None:  # from the released iterate only
             update_average(self.averager, self.model, self.ema)
+        return installed
 
     def step(self, x: Tensor, y: Tensor, index: Tensor | None = None, *,
              terms: RecordTerms | None = None) -> dict[str, Tensor]:
-        """One DP-SGD step on the Poisson batch (x, y) (record indices `index`); returns ĝ."""
+        """One DP-SGD step on the Poisson batch (x, y) (record indices `index`); returns the released ĝ."""
         grads = self.gradients(x, y, index, terms=terms)
         self.apply(grads)
         return grads

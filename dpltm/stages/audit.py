@@ -58,6 +58,7 @@ class AuditRequest(TrainingRequest):
     recipe: str = option(choices=Recipe, default='paper', help='Training recipe, as for `dpltm train`.')
     optimizer: str | None = opt.OPTIMIZER()
     momentum: float | None = opt.MOMENTUM()
+    noise_filter: str | None = opt.NOISE_FILTER()
     activation: str | None = opt.ACTIVATION()
     arch: str | None = opt.ARCH()
     noise: str | None = opt.NOISE()

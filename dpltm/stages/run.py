@@ -105,6 +105,7 @@ class RunRequest(CommandRequest):
     momentum: float | None = option(config="train.momentum", shown="the recipe's",
         help='SGD momentum on the privatized gradients, in [0, 1).')
     augmult: int | None = opt.AUGMULT()
+    noise_filter: str | None = opt.NOISE_FILTER()
     ema: float | None = opt.EMA()
     ema_warmup: bool | None = opt.EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",

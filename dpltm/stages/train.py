@@ -279,6 +279,7 @@ class TrainRequest(TrainingRequest):
     optimizer: str | None = opt.OPTIMIZER()
     momentum: float | None = opt.MOMENTUM()
     augmult: int | None = opt.AUGMULT()
+    noise_filter: str | None = opt.NOISE_FILTER()
     ema: float | None = opt.EMA()
     ema_warmup: bool | None = opt.EMA_WARMUP()
     rewind: str | None = option("--rewind", metavar="init|public|K", config="train.rewind",

@@ -10,7 +10,9 @@ The recipe options apply alike to tickets, the dense DP-SGD baseline and the non
 SGD momentum (`--momentum`) acts on the privatized gradients, and the optional exponential
 moving average of the iterates (`--ema`) is computed from the released iterates alone; both are
 post-processing (docs/privacy.md §7) and change nothing in the accounting. With EMA on, the average is
-what is evaluated every epoch and what the checkpoint releases.
+what is evaluated every epoch and what the checkpoint releases. The noise filter (`--noise-filter`,
+dpltm.dp.noise_filter) is post-processing of the released noisy gradients too; it applies to DP runs
+only (the non-private baseline has no noise to filter and keeps the plain recipe).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dpltm.dp.ghost import MaskLayout
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.mechanism import NoiseContext, NoiseMechanism
 from dpltm.dp.noise import make_noise
+from dpltm.dp.noise_filter import make_noise_filter
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import DpSgdStep, record_terms, step_layout
@@ -249,13 +252,15 @@ class DPTrainingModule(RecipeModule):
         if self.canaries is not None:
             self.canaries.start(self.model, self.data.train.labels.device)
         optimizer = self.optimizers().optimizer  # type: ignore[union-attr]
+        noise_filter = make_noise_filter(self.settings.noise_filter,
+                                         {n: p for n, p in self.model.named_parameters() if p.requires_grad})
         if self.step_mode == "eager":
             self.dp_step = DpSgdStep(
                 self.model, self.layout, self.settings.clip, self.noise, self.plan.expected_batch_size,
                 self.noise_generator, optimizer, loss=per_record_loss(self.settings),
                 terms=record_terms(self.model, self.layout, self.data.train.features),
                 reduce=self.reduce, add_noise=self.add_noise, max_physical_batch_size=self.settings.physical_batch,
-                averager=self.averager, ema=self.ema)
+                averager=self.averager, ema=self.ema, noise_filter=noise_filter)
             return
         train = self.data.train
         shard_size = -(-len(train) // self.trainer.world_size)  # this rank samples from its shard only
@@ -265,7 +270,7 @@ class DPTrainingModule(RecipeModule):
             capacity=min(batch_capacity(shard_size, self.plan.sample_rate), self.settings.physical_batch or shard_size),
             generator=self.noise_generator, optimizer=optimizer,
             averager=self.averager, ema=self.ema, reduce=self.reduce,
-            add_noise=self.add_noise, graphs=self.step_mode == "graphs")
+            add_noise=self.add_noise, graphs=self.step_mode == "graphs", noise_filter=noise_filter)
 
     def setup(self, stage: str) -> None:
         """Under DDP: sum the ranks' clipped sums, rank 0 alone adding the noise (one draw:

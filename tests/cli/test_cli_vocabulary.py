@@ -19,6 +19,7 @@ def test_enums_match_the_registries() -> None:
     from dpltm.data.loaders import DATASETS, SPLITS
     from dpltm.dp.distributed import STRATEGIES
     from dpltm.dp.noise import NOISE_PLUGINS
+    from dpltm.dp.noise_filter import NOISE_FILTERS
     from dpltm.networks.lenet import ACTIVATIONS, ARCHS
     from dpltm.run_log import LOGGERS
     from dpltm.selection.rules import SELECTION_RULES
@@ -30,7 +31,7 @@ def test_enums_match_the_registries() -> None:
              (choices.Rewind, REWIND_POINTS), (choices.Strategy, STRATEGIES), (choices.Accountant, ("pld", "rdp")),
              (choices.Logger, LOGGERS), (choices.Part, PARTS), (choices.ThreatModel, THREAT_MODELS),
              (choices.SelectionRuleName, SELECTION_RULES),
-             (choices.OutputLayer, OUTPUT_LAYERS)]
+             (choices.OutputLayer, OUTPUT_LAYERS), (choices.NoiseFilterName, NOISE_FILTERS)]
     for enum, registry in pairs:
         assert [m.value for m in enum] == list(registry), enum.__name__
 

@@ -305,11 +305,28 @@ def test_recipe_options_reach_the_dense_baselines(data_root: Path, tmp_path: Pat
         (["--momentum", "1"], r"--momentum must lie in [0, 1)"),
         (["--momentum", "0.9", "--optimizer", "adam"], "--momentum is for --optimizer sgd"),
         (["--activation", "gelu"], "'gelu' is not one of"),
+        (["--noise-filter", "lowpass"], "'lowpass' is not one of"),
     ):
         result = cli("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root),
                      "--device", "cpu", "--out", str(tmp_path / "x.pt"), *args, ok=False)
         assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output, args
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_the_noise_filter_changes_the_steps_not_the_epsilon(data_root: Path, tmp_path: Path, invoke) -> None:
+    """`--noise-filter doppler` (dpltm.dp.noise_filter): post-processing of the noisy gradients, so the same σ and ε
+    as the run without it (same seeds), other weights, and the checkpoint's config says which filter ran."""
+    runs = {}
+    for name in ("none", "doppler"):
+        runs[name] = invoke("train", "--dense", "--dataset", "digits", "--data-dir", str(data_root), "--sigma", "2",
+                            "--momentum", "0.5", "--noise-seed", "3", "--noise-filter", name,
+                            "--out", str(tmp_path / f"{name}.pt"), *FAST_TRAIN)
+    assert runs["doppler"]["epsilon"] == runs["none"]["epsilon"]
+    assert runs["doppler"]["noise_multiplier"] == runs["none"]["noise_multiplier"] == 2.0
+    filtered, plain = (load_checkpoint(tmp_path / f"{n}.pt", "model") for n in ("doppler", "none"))
+    assert filtered["config"]["train"]["noise_filter"] == "doppler"
+    assert plain["config"]["train"]["noise_filter"] == "none"
+    assert not torch.equal(filtered["state_dict"]["output.weight"], plain["state_dict"]["output.weight"])
 
 
 def test_generate_and_run_take_the_activation(data_root: Path, tmp_path: Path, invoke) -> None:

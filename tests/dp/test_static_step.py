@@ -17,6 +17,7 @@ from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.ghost import MaskLayout, clipped_gradient_sum
 from dpltm.dp.graphed import StaticShapeDpStep
 from dpltm.dp.mechanism import NoiseContext, add_gaussian
+from dpltm.dp.noise_filter import make_noise_filter
 from dpltm.dp.padding import batch_capacity, load_chunk, ones_then_zeros
 from dpltm.dp.sampling import inclusion_threshold, poisson_batches_at_once
 from dpltm.dp.shaped import ShapedNoise
@@ -133,8 +134,9 @@ def batches_for(steps: int, q: float = 0.15) -> list[torch.Tensor]:
 
 
 def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float,
-              ema: Ema | None) -> tuple[LeNet, Masks]:
+              ema: Ema | None, noise_filter: str = "none") -> tuple[LeNet, Masks]:
     (model, masks), data = ticket(), records()
+    filtered = make_noise_filter(noise_filter, dict(model.named_parameters()))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
     averager = make_averager(model, ema)
     generator = torch.Generator().manual_seed(5)
@@ -143,35 +145,39 @@ def run_eager(batches: list[torch.Tensor], sigma: float, momentum: float,
         grads, _, _ = private_gradients(model, data.features[index], data.labels[index], clip=0.5,
                                         noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
                                         generator=generator, layout=layout)
-        apply_gradients(model, grads, optimizer)
+        apply_gradients(model, grads if filtered is None else filtered.step(grads), optimizer)
         if averager is not None:
             update_average(averager, model, ema)
     return (model if averager is None else averager.module), masks  # type: ignore[return-value]
 
 
 def run_static(batches: list[torch.Tensor], sigma: float, momentum: float, ema: Ema | None,
-               capacity: int, device: str = "cpu", graphs: bool = False) -> tuple[LeNet, Masks]:
+               capacity: int, device: str = "cpu", graphs: bool = False,
+               noise_filter: str = "none") -> tuple[LeNet, Masks]:
     (model, masks), data = ticket(device=device), records(device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum)
     averager = make_averager(model, ema)
     generator = torch.Generator(device=device).manual_seed(5)
     step = StaticShapeDpStep(model, masks, data, clip=0.5, noise=GaussianNoise(sigma), expected_batch_size=N * 0.15,
                              capacity=capacity, generator=generator, optimizer=optimizer, averager=averager,
-                             ema=ema, graphs=graphs)
+                             ema=ema, graphs=graphs,
+                             noise_filter=make_noise_filter(noise_filter, dict(model.named_parameters())))
     for index in batches:
         step.step(index.to(device))
     return (model if averager is None else averager.module), masks  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize(("sigma", "momentum", "ema", "capacity"),
-                         [(0.0, 0.0, None, 48), (1.1, 0.9, None, 48), (1.1, 0.5, Ema(0.9), 16),
-                          (1.1, 0.5, Ema(0.9, warmup=True), 16)])
+@pytest.mark.parametrize(("sigma", "momentum", "ema", "capacity", "noise_filter"),
+                         [(0.0, 0.0, None, 48, "none"), (1.1, 0.9, None, 48, "none"), (1.1, 0.5, Ema(0.9), 16, "none"),
+                          (1.1, 0.5, Ema(0.9, warmup=True), 16, "none"), (1.1, 0.0, None, 16, "doppler"),
+                          (1.1, 0.9, Ema(0.9), 48, "doppler")])
 def test_static_step_trains_exactly_like_the_eager_step(sigma: float, momentum: float, ema: Ema | None,
-                                                        capacity: int) -> None:
+                                                        capacity: int, noise_filter: str) -> None:
+    """The noise filter too (in place in the static step's `.grad` buffers): the same weights, pruned ones at 0."""
     batches = batches_for(12)
     assert max(len(b) for b in batches) > 16  # the capacity-16 case overflows into chunks
-    eager, _ = run_eager(batches, sigma, momentum, ema)
-    static, masks = run_static(batches, sigma, momentum, ema, capacity)
+    eager, _ = run_eager(batches, sigma, momentum, ema, noise_filter)
+    static, masks = run_static(batches, sigma, momentum, ema, capacity, noise_filter=noise_filter)
     for (name, a), b in zip(eager.named_parameters(), static.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=name)  # same noise draws on the CPU
     assert_pruned_weights_are_zero(static, masks)
@@ -274,11 +280,13 @@ def test_the_warm_up_forgets_a_far_away_start() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ema", [None, Ema(0.9), Ema(0.9, warmup=True)])
-def test_cuda_graph_step_equals_the_uncaptured_static_step_without_noise(ema: Ema | None) -> None:
+@pytest.mark.parametrize(("ema", "noise_filter"), [(None, "none"), (Ema(0.9), "none"), (Ema(0.9, warmup=True), "none"),
+                                                   (None, "doppler")])
+def test_cuda_graph_step_equals_the_uncaptured_static_step_without_noise(ema: Ema | None, noise_filter: str) -> None:
+    """With the noise filter, its state reset after the capture's warm-up like the optimiser's."""
     batches = batches_for(10)
-    plain, _ = run_static(batches, 0.0, 0.9, ema, 16, device="cuda")
-    graphed, masks = run_static(batches, 0.0, 0.9, ema, 16, device="cuda", graphs=True)
+    plain, _ = run_static(batches, 0.0, 0.9, ema, 16, device="cuda", noise_filter=noise_filter)
+    graphed, masks = run_static(batches, 0.0, 0.9, ema, 16, device="cuda", graphs=True, noise_filter=noise_filter)
     for a, b in zip(plain.parameters(), graphed.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-11)
     assert_pruned_weights_are_zero(graphed, masks)
