@@ -229,7 +229,7 @@ def test_run_takes_the_scatter_front_end_where_it_applies() -> None:
     assert not scatter_applies(None, 561, 561) and not scatter_applies(None, 900, 900)  # not square; 30 % 4
     settings = generation_settings(RunRequest(), "scatter", None)
     assert settings.get("model.arch") == "scatter-linear" and settings.get("model.hidden") == []
-    assert (settings.get("generate.rounds"), settings.get("generate.iterations")) == (5, 1000)
+    assert (settings.get("generate.rounds"), settings.get("generate.iterations")) == (0, 1000)  # the dense head alone
     given = generation_settings(RunRequest(arch="scatter-mlp", rounds=2), "scatter", None)
     assert given.get("model.hidden") == [100] and given.get("generate.rounds") == 2
     assert generation_settings(RunRequest(), "tuned", None).get("model.arch") is None
