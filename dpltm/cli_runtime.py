@@ -20,7 +20,16 @@ from typing import Any, TypeVar
 import typer
 
 from dpltm.console import ReportStream, forget_kept, kept_on_interrupt, quiet_broken_pipe
-from dpltm.errors import USER_ERRNOS, DpltmUserError, Interrupted, first_arrived, one_line, os_error_message
+from dpltm.errors import (
+    STOPPING,
+    USER_ERRNOS,
+    DpltmUserError,
+    Interrupted,
+    drop_lost_interrupts,
+    first_arrived,
+    one_line,
+    os_error_message,
+)
 from dpltm.launch_env import check_rank_environment
 from dpltm.paths import forget_inputs, names_stdout
 
@@ -59,20 +68,16 @@ def _say_interrupted(exc: BaseException) -> int:
     return 128 + signum
 
 
-_UNWINDING: list[int] = []
-"""The signal a run is unwinding from; while set, further signals are ignored."""
-
-
 def _raise_interrupted(signum: int, frame: Any) -> None:
     """Signal handler: unwind the run as an exception (temp files are cleaned on the way out), named
     after the signal that came first. Further signals are ignored while it unwinds, so the clean-up
     itself is not cut short; by this handler staying in place and returning, not by SIG_IGN: a second
     signal that arrived with the first but is handled after it would find SIG_IGN and be reported by
     Python as "Signal 15 ignored due to race condition", with a traceback."""
-    if _UNWINDING:
+    if STOPPING:
         return
-    _UNWINDING.append(signum)
-    raise Interrupted(first_arrived(signum))
+    STOPPING.append(first_arrived(signum))
+    raise Interrupted(STOPPING[0])
 
 
 def emit_json(report: dict[str, Any]) -> None:
@@ -191,8 +196,10 @@ def run_app(app: typer.Typer) -> None:
     if problem is not None:
         typer.echo(f"dpltm: error: {problem}", err=True)
         raise SystemExit(2)
-    _UNWINDING.clear()
+    STOPPING.clear()
     previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = lambda report: None if drop_lost_interrupts(report) else unraisable(report)
     try:
         code = app(standalone_mode=False)  # returns typer.Exit's code instead of exiting
     except (KeyboardInterrupt, Interrupted) as exc:  # outside the command: while parsing, or after it returned
@@ -218,7 +225,9 @@ def run_app(app: typer.Typer) -> None:
         # must not kill it with the default handler on the way out (signal.signal runs any signal
         # pending first, through _raise_interrupted, which ignores it)
         for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_IGN if _UNWINDING else handler)
+            signal.signal(signum, signal.SIG_IGN if STOPPING else handler)
+        sys.unraisablehook = unraisable
+        STOPPING.clear()  # the process exits now, or (tests) goes on to other work
     if isinstance(code, int) and code != 0:
         raise SystemExit(code)
 

@@ -44,6 +44,30 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+STOPPING: list[int] = []
+"""The signal a CLI run is stopping for (set by its handler, `dpltm.cli_runtime`); empty otherwise."""
+
+
+def raise_if_stopping() -> None:
+    """Raise the run's `Interrupted` again at a step or a chunk of work if its signal was already handled.
+
+    Why: a signal handler's exception surfaces at whatever bytecode runs when the signal lands. If that is a
+    finalizer (`__del__`, a weakref callback run by the garbage collector while torch is imported), Python
+    reports it as unraisable and carries on; a library's bare `except:` swallows it the same way. The handler
+    has marked the run as stopping and ignores further signals, so without this check the run would go on
+    as if no signal had come. Nothing runs a step while the run unwinds, so a set `STOPPING` here means the
+    first exception was lost."""
+    if STOPPING:
+        raise Interrupted(STOPPING[0])
+
+
+def drop_lost_interrupts(unraisable: object) -> bool:
+    """Whether an unraisable exception (`sys.unraisablehook`'s argument) is a signal's `Interrupted` or
+    `KeyboardInterrupt`: it is not reported (no traceback for a Ctrl-C); the next `raise_if_stopping`
+    raises it where it can unwind the run."""
+    return isinstance(getattr(unraisable, "exc_value", None), (Interrupted, KeyboardInterrupt))
+
+
 _ARRIVALS: list[int] = []
 """The read end of the pipe Python writes each arriving signal's number to (`note_arrivals`)."""
 

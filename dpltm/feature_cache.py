@@ -43,7 +43,7 @@ from torch import Tensor
 from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.data.views import VIEW_OFFSETS, check_takes_views, shifted, view_stack
 from dpltm.dp.distributed import available_cores
-from dpltm.errors import DpltmUserError, os_error_behind
+from dpltm.errors import DpltmUserError, os_error_behind, raise_if_stopping
 from dpltm.paths import user_cache_dir
 
 CACHE_ENV = "DPLTM_FEATURE_CACHE"
@@ -187,6 +187,7 @@ def compute_features(front: Any, records: Tensor, *, progress: bool = False, lab
     out = torch.empty(records.shape[0], front.out_features, dtype=torch.float32)
     with step_bar(f"features {label}".strip(), records.shape[0], enabled=progress) as bar:
         for start in range(0, records.shape[0], CHUNK):
+            raise_if_stopping()
             chunk = records[start:start + CHUNK]
             out[start:start + chunk.shape[0]] = front(chunk).to("cpu", torch.float32)
             bar.update(chunk.shape[0])

@@ -39,7 +39,7 @@ from dpltm.dp.batched import StackedMLP, correct_predictions, noisy_step
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.sampling import MAX_DRAWS_AT_ONCE, BatchGather, poisson_batches_at_once
 from dpltm.dp.step import DpSgdStep, record_terms, step_layout, takes_fused_step
-from dpltm.errors import DpltmUserError
+from dpltm.errors import DpltmUserError, raise_if_stopping
 from dpltm.feature_cache import network_inputs
 from dpltm.masks import Masks, freeze_layers_, rewind, ticket_masks
 from dpltm.networks.lenet import Architecture, build_network
@@ -357,6 +357,7 @@ class EachCandidate:
              generator: torch.Generator, index: torch.Tensor | None = None) -> None:
         """One DP step of every candidate on the batch (x, y): rows `index` of the records given to
         `use_records` (None: no tables), each candidate's ĝ installed, then one optimiser step for all."""
+        raise_if_stopping()
         self.steps = [dp if dp.generator is generator else replace(dp, generator=generator) for dp in self.steps]
         for dp in self.steps:
             dp.apply(dp.gradients(x, y, index))  # a frozen parameter gets no ĝ and no update

@@ -38,6 +38,7 @@ from dpltm.data.types import LabeledTensors
 from dpltm.devices import require_cuda_for_graphs
 from dpltm.dp.cuda_graphs import capture
 from dpltm.dp.distributed import Distribution
+from dpltm.errors import raise_if_stopping
 from dpltm.masks import Masks, PrunedWeights, trained_weights
 from dpltm.progress import step_bar
 
@@ -83,6 +84,7 @@ class ClassifierModule(MaskedModule):
         return self.model(x)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
+        raise_if_stopping()
         if self.graphed is not None:  # a block of steps; each replay writes its loss into step_losses
             for done, row in enumerate(batch, start=self.steps_done + 1):
                 self.graphed.step(row)

@@ -42,7 +42,7 @@ from dpltm.dp.noise_filter import make_noise_filter
 from dpltm.dp.padding import batch_capacity
 from dpltm.dp.sampling import BatchGather, PoissonBatches
 from dpltm.dp.step import DpSgdStep, record_terms, step_layout
-from dpltm.errors import DpltmUserError
+from dpltm.errors import DpltmUserError, raise_if_stopping
 from dpltm.masks import Masks, full_masks
 from dpltm.privacy.accounting import EpsilonOutOfRange
 from dpltm.privacy.display import format_epsilon
@@ -292,6 +292,7 @@ class DPTrainingModule(RecipeModule):
         return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0)
 
     def training_step(self, batch: Tensor | list[Tensor], batch_idx: int) -> None:
+        raise_if_stopping()
         if self.static_step is not None:  # a whole epoch of batches
             for index in batch:
                 self.static_step.step(index)
@@ -419,6 +420,7 @@ class NonPrivateModule(RecipeModule):
         self.steps_per_epoch = steps_per_epoch
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        raise_if_stopping()
         x, y = batch
         optimizer = self.optimizers().optimizer  # type: ignore[union-attr]
         optimizer.zero_grad(set_to_none=True)
