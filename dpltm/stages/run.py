@@ -369,13 +369,13 @@ def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: Overrides, project
 
 def generation_settings(r: RunRequest, recipe: str, project_to: int | None,
                         rewind_step: int | None = None) -> Overrides:
-    """The public tickets' settings tree: the given options, else the recipe's network (`model.arch`,
-    `model.activation`) and IMP length (`generate.rounds`, `generate.iterations`; configs/recipes/), else the
-    config's. `rewind_step` (the planned start `--rewind K`) makes them with late rewinding to step K, so the
-    winner holds the iterate training starts from."""
+    """The public tickets' settings tree: the given options, else the --config file's, else the recipe's network
+    (`model.arch`, `model.activation`) and IMP length (`generate.rounds`, `generate.iterations`;
+    configs/recipes/), else defaults.yaml's. `rewind_step` (the planned start `--rewind K`) makes them with late
+    rewinding to step K, so the winner holds the iterate training starts from."""
     from dpltm.config import recipe_settings
 
-    own = recipe_settings(recipe)
+    own = recipe_settings(recipe, r.config)
     given = {"model.arch": r.arch, "model.activation": r.activation, "generate.rounds": r.rounds,
              "generate.iterations": r.iterations}
     chosen = Overrides({key: value if value is not None else own.get(key) for key, value in given.items()})

@@ -5,6 +5,7 @@ tickets and the dense / non-private baselines."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,6 +234,20 @@ def test_run_takes_the_scatter_front_end_where_it_applies() -> None:
     given = generation_settings(RunRequest(arch="scatter-mlp", rounds=2), "scatter", None)
     assert given.get("model.hidden") == [100] and given.get("generate.rounds") == 2
     assert generation_settings(RunRequest(), "tuned", None).get("model.arch") is None
+
+
+def test_a_config_file_lies_above_the_recipe_for_the_tickets(tmp_path: Path) -> None:
+    """`run --config F`: F's `generate.rounds` and `generate.iterations` make the public tickets, over the recipe's
+    (the dense head alone under scatter); a flag over both."""
+    from dpltm.stages.run import RunRequest, generation_config, generation_settings
+
+    config = tmp_path / "c.yaml"
+    config.write_text("generate:\n  rounds: 2\n  iterations: 300\n")
+    made = generation_config(generation_settings(RunRequest(config=config), "scatter", None), config).generate
+    assert (made.rounds, made.iterations) == (2, 300)
+    flagged = generation_config(generation_settings(RunRequest(config=config, rounds=3), "scatter", None), config)
+    assert (flagged.generate.rounds, flagged.generate.iterations) == (3, 300)
+    assert generation_config(generation_settings(RunRequest(), "scatter", None), None).generate.rounds == 0
 
 
 def test_a_run_without_an_epsilon_curve_computes_none(tiny_splits: DatasetSplits) -> None:
