@@ -8,7 +8,12 @@ scatter). Both spend ε on the same private data with δ = 1e-5 and draw fresh n
 difference (job − dense) per seed, and its mean ± standard deviation, say whether the default costs accuracy.
 The target (issue: "a default that never loses to the plain baseline"): mean paired difference ≥ 0 everywhere.
 
+`--common-noise` pairs the two runs with common random numbers: both take `--noise-seed` = the seed (a reproducible
+noise stream, labelled as such in their reports; never for a release), so a difference left is the choice's alone,
+not two independent noise draws'. Where the job trains the very mechanism the baseline does, every pair is equal.
+
     python benchmarks/bench_default.py [--datasets mnist fashion-mnist] [--eps 1 0.2] [--seeds 101 102 103 104 105]
+        [--common-noise]
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[101, 102, 103, 104, 105])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json-out", type=Path, help="also write every run's figures here")
+    parser.add_argument("--common-noise", action="store_true",
+                        help="both runs of a pair draw their noise from --noise-seed SEED (common random numbers)")
     args = parser.parse_args()
     if set(args.seeds) & set(GRID_SEEDS):
         raise SystemExit(f"seeds {sorted(set(args.seeds) & set(GRID_SEEDS))} were the grid's: take others")
@@ -73,7 +80,8 @@ def main() -> None:
         for dataset in args.datasets:
             for eps in args.eps:
                 for seed in args.seeds:
-                    common = ["--dataset", dataset, "--eps", f"{eps:g}", "--seed", str(seed), "--device", args.device]
+                    common = ["--dataset", dataset, "--eps", f"{eps:g}", "--seed", str(seed), "--device", args.device,
+                              *(["--noise-seed", str(seed)] if args.common_noise else [])]
                     job, job_s = dpltm(["run", *common, "--out", f"{scratch}/job.pt", "--overwrite"], env)
                     recipe = recipe_of(f"{scratch}/job.pt", env)
                     dense, dense_s = dpltm(["train", "--dense", *DENSE_OF_RECIPE[recipe], *common,
@@ -86,7 +94,8 @@ def main() -> None:
                     print(f"{dataset:14s} ε={eps:<4g} seed {seed}: job {row['job']:.4f} (ε ≤ "
                           f"{format_epsilon(float(job['epsilon']))}, {job_s:.0f} s), dense {row['dense']:.4f} "
                           f"({dense_s:.0f} s), job − dense {row['job'] - row['dense']:+.4f}", flush=True)
-    print(f"\n{'dataset':14s} {'ε':>5s} {'n':>2s}  {'job':>15s}  {'dense':>15s}  {'job − dense (paired)':>22s}")
+    print(f"\nnoise: {'common (--noise-seed = seed)' if args.common_noise else 'fresh OS noise in every run'}")
+    print(f"{'dataset':14s} {'ε':>5s} {'n':>2s}  {'job':>15s}  {'dense':>15s}  {'job − dense (paired)':>22s}")
     verdicts = []
     for dataset in args.datasets:
         for eps in args.eps:

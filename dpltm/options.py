@@ -199,6 +199,9 @@ OPTIMIZER = flag(config="train.optimizer", choices=Optimizer, help='sgd, or adam
 PRIVATE_DATASET = flag(config="data.dataset", shown="mnist", choices=Dataset,
     help="Private dataset to train on (or the --config file's data.dataset).")
 SEED = flag(config="seed", help='Seed for the data split and any fresh layer.')
+NOISE_SEED = flag("--noise-seed", min=0, max=MAX_SEED,
+    help=('Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). '
+          'Default: a fresh OS-CSPRNG seed, never stored.'))
 SIGMA = flag(config="train.sigma", shown=True, help='Noise multiplier σ (skips calibration; ε is reported).')
 SPLIT = flag(config="data.split", choices=Split,
     help=('Official split to draw from (train: the official training portion, the official test set as test'

@@ -72,8 +72,7 @@ class AuditRequest(TrainingRequest):
     canary_seed: int | None = option(min=0, max=opt.MAX_SEED,
         help='Seed the canaries and their inclusion bits (reproducible audits). Default: fresh OS randomness.')
     seed: int | None = opt.SEED()
-    noise_seed: int | None = option("--noise-seed", min=0, max=opt.MAX_SEED,
-        help='Seed the noise and Poisson sampling. Default: a fresh OS-CSPRNG seed.')
+    noise_seed: int | None = opt.NOISE_SEED()
     device: str = opt.DEVICE("auto")
     config: Path | None = opt.CONFIG_FILE()
     data_dir: Path | None = opt.DATA_DIR()

@@ -143,6 +143,7 @@ class RunRequest(CommandRequest):
         help=('What the noise-aware choice also tries for each ticket (start, release, freeze; none: nothing): '
               'see `dpltm select --help`. A setting you give (--rewind, --ema, --freeze) fixes its dimension.'))
     seed: int | None = option(config="seed", shown=True, help='Seed.')
+    noise_seed: int | None = opt.NOISE_SEED()
     device: str = opt.DEVICE("auto")
     cuda_graphs: bool = opt.CUDA_GRAPHS(False)
     physical_batch: int | None = opt.PHYSICAL_BATCH()
@@ -282,7 +283,8 @@ def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
     kept_by_earlier_stage(f"the winner in {winner_path}")
     err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
-                       overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger, log_dir=r.log_dir)
+                       noise_seed=r.noise_seed, overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger,
+                       log_dir=r.log_dir)
 
 
 def transfer_width(r: RunRequest) -> int | None:
@@ -471,9 +473,9 @@ def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
                       f"recipe {chosen}{auto_recipe_note(r.recipe, len(pool.train))}")
     logging = {"logger": r.logger, "log_dir": r.log_dir}
     stage_generate_private(train_cli, r.config, r.data_dir, r.device, ticket_path, r.overwrite, r.progress,
-                           **logging)
+                           noise_seed=r.noise_seed, **logging)  # its warm-up rounds draw from their own streams
     kept_by_earlier_stage(f"the private ticket is kept in {ticket_path}")
     on_interrupt_kept("no model was written")
     err_console.print(f"[bold]2/2[/bold] DP training of the private ticket on {r.dataset}")
     return stage_train(train_cli, r.config, ticket_path, False, False, r.data_dir, r.device, model_out, r.progress,
-                       overwrite=r.overwrite, **logging)
+                       noise_seed=r.noise_seed, overwrite=r.overwrite, **logging)

@@ -316,9 +316,7 @@ class TrainRequest(TrainingRequest):
     public_split: str | None = option(choices=Split,
         help='Split of --public-dataset whose training part is used [default: train].')
     seed: int | None = opt.SEED()
-    noise_seed: int | None = option("--noise-seed", min=0, max=opt.MAX_SEED,
-        help=('Seed the noise and Poisson sampling (reproducible; DP only while the seed stays secret). '
-              'Default: a fresh OS-CSPRNG seed, never stored.'))
+    noise_seed: int | None = opt.NOISE_SEED()
     device: str = opt.DEVICE("auto")
     devices: int = option(default=1,
         help=('DP training on this many devices per node (Lightning DDP: one process each; on CPU, gloo '
