@@ -13,7 +13,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -397,6 +397,21 @@ class PrivacyOptions:
                                  "are not differentially private")
         return cls(target_epsilon, noise_multiplier, delta, accountant, neighboring, masks, bool(masks_private),
                    selection_eps1, noise_seed, max_physical_batch_size)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a run's stated ε rests on besides its spent segments, which a resume must keep: masks from these private
+    records (then not DP end to end), the ε1 of choosing the ticket, the neighbouring relation."""
+
+    masks_private: bool
+    selection_eps1: float | None
+    neighboring: str
+
+    def differences(self, given: Provenance) -> str:
+        """Each field stored (`self`) other than `given`, as `name=stored (given value)`; "" when none."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r} (given {getattr(given, f.name)!r})"
+                         for f in fields(self) if getattr(self, f.name) != getattr(given, f.name))
 
 
 def warn_if_delta_above_one_over_n(delta: float, n: int, stacklevel: int) -> None:
