@@ -408,9 +408,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     checked = check_user_masks(model, options.masks)
     provenance = _mask_provenance(masks_from, records, checked, options.masks_private)
     masks_private = options.masks_private and bool(checked)
-    settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=options.target_epsilon,
-                             sigma=options.noise_multiplier, delta=options.delta, accountant=options.accountant,
-                             neighboring=options.neighboring, noise_filter=noise_filter)
+    settings = options.train_settings(epochs=epochs, batch_size=batch_size, clip=clip, noise_filter=noise_filter)
     resumed = _resumed(resume_from, model, optimizer, checked, options, settings, len(records), masks_private)
     apply_masks(model, checked)
     plan = plan_training(settings, len(records), spent=resumed.segments.events(), steps_before=resumed.steps_before)

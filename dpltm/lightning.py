@@ -51,7 +51,7 @@ from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_training import LedgerReadout, restored_noise_filter
 from dpltm.run_log import float32_at_least
-from dpltm.settings import TrainSettings, check_noise_filter
+from dpltm.settings import check_noise_filter
 from dpltm.training.plan import EpochRecord, TrainPlan, plan_training
 from dpltm.user_inputs import apply_masks, check_user_masks, user_run_ledger
 from dpltm.weight_guard import check_not_trained_elsewhere, note_fit_end, note_private_step
@@ -213,10 +213,8 @@ class DPCallback(L.Callback, LedgerReadout):
         if trainer.max_epochs is None or trainer.max_epochs < 1:
             raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole fit")
         o = self.options
-        settings = TrainSettings(epochs=max(1, trainer.max_epochs - trainer.current_epoch),
-                                 batch_size=sampler.batch_size, clip=self.clip, eps2=o.target_epsilon,
-                                 sigma=o.noise_multiplier, delta=o.delta, accountant=o.accountant,
-                                 neighboring=o.neighboring)
+        settings = o.train_settings(epochs=max(1, trainer.max_epochs - trainer.current_epoch),
+                                    batch_size=sampler.batch_size, clip=self.clip)
         spent = self.segments.events()
         check_budget_left(spent, o.target_epsilon, o.delta, o.accountant, o.neighboring)
         dataset = getattr(trainer.train_dataloader, "dataset", None)
