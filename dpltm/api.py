@@ -68,9 +68,9 @@ from dpltm.privacy.accounting import check_accountant
 from dpltm.privacy.accounting import epsilon as accountant_epsilon
 from dpltm.privacy.events import dpsgd_event
 from dpltm.private_records import DatasetRecords, Records, TensorRecords, training_records
-from dpltm.private_training import _OWNERS, RECORDS_COPY_MAX_BYTES, PrivateTraining, ResumedRun
+from dpltm.private_training import _OWNERS, PrivateTraining
 from dpltm.pruning import paper_prune_rates, prune_layerwise, pruned_count
-from dpltm.run_resume import resume_run
+from dpltm.run_resume import ResumedRun, RunProvenance, resume_run
 from dpltm.settings import MAX_LR, MAX_ROUNDS, TrainSettings, check_noise_filter
 from dpltm.training.plan import plan_training
 from dpltm.user_inputs import (
@@ -84,23 +84,12 @@ from dpltm.user_inputs import (
     model_tensors,
     prunable_weights,
     record_keys,
-    surviving_coordinates,
     takes_ids,
-    user_run_ledger,
 )
-from dpltm.weight_guard import (
-    check_not_trained_elsewhere,
-    note_fit_end,
-    note_private_step,
-    privately_stepped,
-    weights_digest,
-)
+from dpltm.weight_guard import check_not_trained_elsewhere, note_private_step, privately_stepped
 
-__all__ = ["Data", "Masks", "PrivateTraining", "RECORDS_COPY_MAX_BYTES", "Ticket", "account", "apply_masks",
-           "as_tensors", "check_not_trained_elsewhere", "check_user_masks", "density_of", "evaluate",
-           "generate_tickets", "load_model", "make_private", "model_tensors", "note_fit_end", "note_private_step",
-           "privately_stepped", "prunable_weights", "public_provenance", "surviving_coordinates",
-           "takes_ids", "user_run_ledger", "weights_digest"]
+__all__ = ["Data", "PrivateTraining", "Ticket", "account", "evaluate", "generate_tickets", "get_epsilon", "load_model",
+           "make_private", "make_private_with_epsilon", "prunable_weights", "public_provenance"]
 
 
 @dataclass
@@ -419,9 +408,7 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     checked = check_user_masks(model, options.masks)
     provenance = _mask_provenance(masks_from, records, checked, options.masks_private)
     masks_private = options.masks_private and bool(checked)
-    settings = TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=options.target_epsilon,
-                             sigma=options.noise_multiplier, delta=options.delta, accountant=options.accountant,
-                             neighboring=options.neighboring, noise_filter=noise_filter)
+    settings = options.train_settings(epochs=epochs, batch_size=batch_size, clip=clip, noise_filter=noise_filter)
     resumed = _resumed(resume_from, model, optimizer, checked, options, settings, len(records), masks_private)
     apply_masks(model, checked)
     plan = plan_training(settings, len(records), spent=resumed.segments.events(), steps_before=resumed.steps_before)
@@ -443,13 +430,10 @@ def _resumed(resume_from: str | Path | None, model: nn.Module, optimizer: torch.
     settings; a fresh run's is empty."""
     if resume_from is None:
         return ResumedRun()
-    return ResumedRun(*resume_run(
-        resume_from, model, optimizer, masks, noise_seed=options.noise_seed, dataset_size=n,
-        batch_size=settings.batch_size, epochs=settings.epochs,
-        provenance={"masks_private": masks_private, "selection_eps1": options.selection_eps1,
-                    "neighboring": options.neighboring, "noise_filter": settings.noise_filter},
-        target_epsilon=options.target_epsilon, delta=options.delta, accountant=options.accountant,
-        neighboring=options.neighboring))
+    provenance = RunProvenance(masks_private, options.selection_eps1, options.neighboring, settings.noise_filter)
+    return resume_run(resume_from, model, optimizer, masks, noise_seed=options.noise_seed, dataset_size=n,
+                      batch_size=settings.batch_size, epochs=settings.epochs, provenance=provenance,
+                      target_epsilon=options.target_epsilon, delta=options.delta, accountant=options.accountant)
 
 
 def _mask_provenance(masks_from: Any, records: Records, masks: Masks, masks_private: bool) -> str | None:

@@ -13,7 +13,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import check_accountant, check_delta, check_neighboring
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MAX_STEPS, MIN_NOISE_MULTIPLIER
+from dpltm.settings import MAX_SEED, TrainSettings, check_clip_range
 
 
 def _shown(value: Any) -> str:
@@ -43,13 +44,9 @@ def check_count(value: Any, name: str, minimum: int = 1, maximum: int | None = N
     return int(value)
 
 
-SEED_LIMIT = 2**63
-"""Seeds are 64-bit signed on torch's and NumPy's generators: non-negative ones below this."""
-
-
 def check_seed(value: Any, name: str) -> int:
     """A seed: a whole number in [0, 2⁶³) (torch.Generator.manual_seed takes no more), bool refused."""
-    return check_count(value, name, minimum=0, maximum=SEED_LIMIT - 1)
+    return check_count(value, name, minimum=0, maximum=MAX_SEED)
 
 
 def check_flag(value: Any, name: str) -> None:
@@ -88,8 +85,6 @@ def check_positive(value: Any, name: str, *, minimum: float = 0.0, inclusive: bo
 def check_clip(value: Any, name: str = "max_grad_norm") -> float:
     """The clipping bound C: between MIN_CLIP and MAX_CLIP (the noise is σ·C per coordinate: beyond it the
     noise swamps float32 weights and the run can only diverge; below it C and σ·C vanish in float32)."""
-    from dpltm.settings import check_clip_range
-
     clip = check_positive(value, name)
     check_clip_range(clip, name)
     return clip
@@ -397,6 +392,27 @@ class PrivacyOptions:
                                  "are not differentially private")
         return cls(target_epsilon, noise_multiplier, delta, accountant, neighboring, masks, bool(masks_private),
                    selection_eps1, noise_seed, max_physical_batch_size)
+
+    def train_settings(self, *, epochs: int, batch_size: int, clip: float, noise_filter: str = "none") -> TrainSettings:
+        """The run's settings as the planner takes them: these options' budget, δ, accountant and relation."""
+        return TrainSettings(epochs=epochs, batch_size=batch_size, clip=clip, eps2=self.target_epsilon,
+                             sigma=self.noise_multiplier, delta=self.delta, accountant=self.accountant,
+                             neighboring=self.neighboring, noise_filter=noise_filter)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a run's stated ε rests on besides its spent segments, which a resume must keep: masks from these private
+    records (then not DP end to end), the ε1 of choosing the ticket, the neighbouring relation."""
+
+    masks_private: bool
+    selection_eps1: float | None
+    neighboring: str
+
+    def differences(self, given: Provenance) -> str:
+        """Each field stored (`self`) other than `given`, as `name=stored (given value)`; "" when none."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r} (given {getattr(given, f.name)!r})"
+                         for f in fields(self) if getattr(self, f.name) != getattr(given, f.name))
 
 
 def warn_if_delta_above_one_over_n(delta: float, n: int, stacklevel: int) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
 import lightning as L
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from dpltm.api_checks import (
     PrivacyOptions,
+    Provenance,
     check_budget_left,
     check_clip,
     check_model_and_optimizer,
@@ -39,7 +41,7 @@ from dpltm.api_checks import (
 from dpltm.dp.engine import clip_and_sum_in_chunks, trainable_layers
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import probe_rows
-from dpltm.dp.noise_filter import NoiseFilter, make_noise_filter
+from dpltm.dp.noise_filter import NoiseFilter
 from dpltm.dp.rules import LayerCall
 from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
@@ -47,11 +49,11 @@ from dpltm.module_checks import first_written, probe_first_batch, state_marks, t
 from dpltm.poisson_batches import PoissonBatchSampler, batch_rows, poisson_loader
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
-from dpltm.private_training import LedgerReadout
+from dpltm.private_training import LedgerReadout, restored_noise_filter
 from dpltm.run_log import float32_at_least
-from dpltm.settings import TrainSettings, check_noise_filter
+from dpltm.settings import check_noise_filter
 from dpltm.training.plan import EpochRecord, TrainPlan, plan_training
-from dpltm.user_inputs import apply_masks, check_user_masks, surviving_coordinates, user_run_ledger
+from dpltm.user_inputs import apply_masks, check_user_masks, user_run_ledger
 from dpltm.weight_guard import check_not_trained_elsewhere, note_fit_end, note_private_step
 
 __all__ = ["DPCallback", "PoissonBatchSampler", "poisson_loader", "probe_first_batch", "trainable_names"]
@@ -94,7 +96,7 @@ class DPCallback(L.Callback, LedgerReadout):
         dpltm.dp.noise_filter; post-processing, no ε); its history travels in the callback's checkpoint state."""
         self.noise_filter = check_noise_filter(noise_filter, "noise_filter")
         self._filter: NoiseFilter | None = None  # the fit's, built when it starts
-        self._filter_state: dict[str, Any] | None = None  # a checkpoint's, loaded into the next fit's filter
+        self._filter_state: Mapping[str, Any] | None = None  # a checkpoint's, loaded into the next fit's filter
         if loss_reduction not in ("mean", "sum"):
             raise DpltmUserError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         if masks_from is not None and not isinstance(masks_from, str):
@@ -121,7 +123,7 @@ class DPCallback(L.Callback, LedgerReadout):
         self._sampler: PoissonBatchSampler | None = None
         self._seeds_used: set[int] = set()
         self._pending_seed: int | None = None
-        self._stored_provenance: dict[str, Any] | None = None
+        self._stored_provenance: CallbackProvenance | None = None
         self._batch_size = 0
         self._stepped = False
         self._privatised = False
@@ -189,14 +191,9 @@ class DPCallback(L.Callback, LedgerReadout):
             self._noise_seed, self._fresh_noise = None, False
         # the step from the clipped sums on (the sums come from Lightning's own backward)
         if self._filter is None:  # a second fit continues the first's filter
-            self._filter = make_noise_filter(self.noise_filter, {n: p for n, p in pl_module.named_parameters()
-                                                                 if p.requires_grad})
-            if self._filter is not None and self._filter_state is not None:
-                try:
-                    self._filter.load_state_dict(self._filter_state)
-                except (ValueError, KeyError, TypeError) as error:
-                    raise DpltmUserError(f"this checkpoint's noise filter does not fit the module: {error}") from None
-        self._dp = DpSgdStep(pl_module, EngineLayout(self.masks, surviving_coordinates(pl_module, self.masks)),
+            self._filter = restored_noise_filter(self.noise_filter, pl_module, self._filter_state,
+                                                 "this checkpoint's noise filter does not fit the module")
+        self._dp = DpSgdStep(pl_module, EngineLayout.of(pl_module, self.masks),
                              self.clip, GaussianNoise(self.plan.noise_multiplier), self.plan.expected_batch_size,
                              self._noise_generator, max_physical_batch_size=self.options.max_physical_batch_size,
                              noise_filter=self._filter)
@@ -216,10 +213,8 @@ class DPCallback(L.Callback, LedgerReadout):
         if trainer.max_epochs is None or trainer.max_epochs < 1:
             raise DpltmUserError("set Trainer(max_epochs=…): σ is planned for the whole fit")
         o = self.options
-        settings = TrainSettings(epochs=max(1, trainer.max_epochs - trainer.current_epoch),
-                                 batch_size=sampler.batch_size, clip=self.clip, eps2=o.target_epsilon,
-                                 sigma=o.noise_multiplier, delta=o.delta, accountant=o.accountant,
-                                 neighboring=o.neighboring)
+        settings = o.train_settings(epochs=max(1, trainer.max_epochs - trainer.current_epoch),
+                                    batch_size=sampler.batch_size, clip=self.clip)
         spent = self.segments.events()
         check_budget_left(spent, o.target_epsilon, o.delta, o.accountant, o.neighboring)
         dataset = getattr(trainer.train_dataloader, "dataset", None)
@@ -307,21 +302,18 @@ class DPCallback(L.Callback, LedgerReadout):
         if self._module is not None:  # these weights carry this run's steps now, even if a later hook raises
             note_private_step(self._module, self)
 
-    def _provenance(self) -> dict[str, Any]:
-        return {"masks_private": bool(self.options.masks_private and (self.masks_in or self.masks)),
-                "selection_eps1": self.options.selection_eps1, "neighboring": self.options.neighboring,
-                "masked_weights": sorted(self.masks_in)}
+    def _provenance(self) -> CallbackProvenance:
+        return CallbackProvenance(bool(self.options.masks_private and (self.masks_in or self.masks)),
+                                  self.options.selection_eps1, self.options.neighboring, sorted(self.masks_in))
 
     def _check_provenance(self) -> None:
         """A resume must keep what made the stored ε: masks from private records, ε1, the relation."""
         if self._stored_provenance is None:
             return
-        now = self._provenance()
-        differ = [f"{k}={self._stored_provenance.get(k)!r} (given {now[k]!r})" for k in now
-                  if self._stored_provenance.get(k) != now[k]]
+        differ = self._stored_provenance.differences(self._provenance())
         if differ:
-            raise DpltmUserError(f"the checkpoint's run was made with {', '.join(differ)}: resume with the same "
-                                 "DPCallback settings")
+            raise DpltmUserError(f"the checkpoint's run was made with {differ}: resume with the same DPCallback "
+                                 "settings")
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Loaders may be reloaded between epochs: each epoch must draw from a Poisson sampler at the
@@ -477,7 +469,7 @@ class DPCallback(L.Callback, LedgerReadout):
     # ---- resuming: what was spent travels in Lightning's checkpoint, never a seed ---------------
     def state_dict(self) -> dict[str, Any]:
         return {"format_version": STATE_VERSION, "segments": self.segments.state(), "history": list(self.history),
-                "provenance": self._provenance(), "tainted": self._raw_steps > 0,
+                "provenance": asdict(self._provenance()), "tainted": self._raw_steps > 0,
                 "non_private_updates": self._raw_steps,
                 # the mechanism a tainted run with no DP step ran at: its ledger still says NOT DP after a reload
                 "latest_mechanism": self.segments.latest_mechanism if self._raw_steps else None,
@@ -492,7 +484,7 @@ class DPCallback(L.Callback, LedgerReadout):
         if isinstance(latest, dict) and not self.segments.records():
             self.segments.note_mechanism(latest)
         self.history = list(state.get("history", []))
-        self._stored_provenance = state.get("provenance")
+        self._stored_provenance = CallbackProvenance.stored(state.get("provenance"))
         stored = state.get("non_private_updates", 0)
         stored = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 0 else 0
         # a checkpoint written before the count was kept says only "tainted": at least one
@@ -513,6 +505,21 @@ class DPCallback(L.Callback, LedgerReadout):
         return user_run_ledger(self.segments, o.delta, o.accountant, o.neighboring, self.masks or self.masks_in,
                                self.masks_from, o.masks_private, o.selection_eps1, "the training loader's dataset",
                                non_private_updates=self._raw_steps)
+
+
+@dataclass(frozen=True)
+class CallbackProvenance(Provenance):
+    """A `DPCallback` run's provenance, and the weights its masks cover."""
+
+    masked_weights: list[str]
+
+    @classmethod
+    def stored(cls, state: object) -> CallbackProvenance | None:
+        """As the callback's checkpoint state holds it, the values as read (None: none stored)."""
+        if state is None:
+            return None
+        get = state.get if isinstance(state, Mapping) else {}.get
+        return cls(get("masks_private"), get("selection_eps1"), get("neighboring"), get("masked_weights"))
 
 
 def _check_optimisation(trainer: L.Trainer, pl_module: L.LightningModule) -> None:

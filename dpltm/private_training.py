@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from dpltm.dp.independence import (
     module_modes,
     probe_rows,
 )
-from dpltm.dp.noise_filter import make_noise_filter
+from dpltm.dp.noise_filter import NoiseFilter, make_noise_filter
 from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
@@ -39,6 +38,7 @@ from dpltm.privacy.accounting import check_delta
 from dpltm.privacy.ledger import PrivacyLedger
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_records import DatasetRecords, Records, TensorRecords
+from dpltm.run_resume import ResumedRun
 from dpltm.settings import TrainSettings
 from dpltm.training.plan import EpochRecord, TrainPlan
 from dpltm.user_inputs import (
@@ -49,7 +49,6 @@ from dpltm.user_inputs import (
     evaluate,
     model_tensors,
     record_keys,
-    surviving_coordinates,
     user_run_ledger,
 )
 from dpltm.weight_guard import check_not_trained_elsewhere, note_private_step
@@ -59,17 +58,17 @@ RECORDS_COPY_MAX_BYTES = 4 << 30
 keeps its own copy of them); larger ones compute every norm per batch."""
 
 
-@dataclass(frozen=True)
-class ResumedRun:
-    """What a resumed run brings from its file (dpltm.run_resume.resume_run): the segments spent, the epochs `fit`
-    finished and their records, and the steps of the run's schedule taken. A fresh run's is empty."""
-
-    segments: SpentSegments = field(default_factory=SpentSegments)
-    epochs_done: int = 0
-    history: list[EpochRecord] = field(default_factory=list)
-    steps_before: int = 0
-    noise_filter: dict[str, Any] | None = None
-    """The noise filter's history as saved (dpltm.dp.noise_filter): the resumed run filters on from it."""
+def restored_noise_filter(name: str, model: nn.Module, state: Mapping[str, Any] | None,
+                          refusal: str) -> NoiseFilter | None:
+    """The run's noise filter over `model`'s trainable parameters (None for `none`), continuing from the saved
+    history `state` where there is one; `refusal` opens the one-line error for a state that does not fit."""
+    noise_filter = make_noise_filter(name, {n: p for n, p in model.named_parameters() if p.requires_grad})
+    if noise_filter is not None and state is not None:
+        try:
+            noise_filter.load_state_dict(state)
+        except (ValueError, KeyError, TypeError) as error:
+            raise DpltmUserError(f"{refusal}: {error}") from None
+    return noise_filter
 
 
 class LedgerReadout:
@@ -91,10 +90,7 @@ class LedgerReadout:
     def epsilon(self) -> float:
         """The run's ε so far (0 before the first step), by the accountant the plan was calibrated with;
         ∞ when the masks came from these private records (`masks_private`): not DP end to end."""
-        if self._raw_steps:
-            return math.inf
-        ledger = self.ledger()
-        return 0.0 if ledger is None else ledger.overall_epsilon
+        return self.get_epsilon()
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """ε so far at `delta` (None: the run's δ): the same segments and accountant, read at another point of
@@ -128,18 +124,10 @@ class PrivateTraining(LedgerReadout):
         self._training_keys: np.ndarray | None = None  # content hashes of the training records, made when first needed
         self.dataset_name = dataset_name
         self._masks_private, self._selection_eps1 = masks_private, selection_eps1
-        self.surviving = surviving_coordinates(model, masks)  # noise only where a weight survives
-        # the masks that prune something: a weight kept whole takes the plain ghost norm, not the masked one
-        self._pruning = {n: m for n, m in masks.items() if self.surviving.get(n) is not None}
         resumed = resumed if resumed is not None else ResumedRun()
-        self._filter = make_noise_filter(settings.noise_filter,
-                                         {n: p for n, p in model.named_parameters() if p.requires_grad})
-        if self._filter is not None and resumed.noise_filter is not None:
-            try:
-                self._filter.load_state_dict(resumed.noise_filter)
-            except (ValueError, KeyError, TypeError) as error:
-                raise DpltmUserError(f"the saved run's noise filter does not fit this model: {error}") from None
-        self._dp = DpSgdStep(model, EngineLayout(self._pruning, self.surviving), settings.clip,
+        self._filter = restored_noise_filter(settings.noise_filter, model, resumed.noise_filter,
+                                             "the saved run's noise filter does not fit this model")
+        self._dp = DpSgdStep(model, EngineLayout.of(model, masks), settings.clip,
                              GaussianNoise(plan.noise_multiplier), plan.expected_batch_size,
                              torch.Generator(device=records.device).manual_seed(seed), optimizer, loss,
                              max_physical_batch_size=max_physical_batch_size, before_update=self._book_step,
@@ -233,7 +221,7 @@ class PrivateTraining(LedgerReadout):
             return None
         if self._tables is None or self._tables_version != features._version:
             copy = features.clone()
-            self._tables = record_norm_tables(self.model, self._pruning, copy)
+            self._tables = record_norm_tables(self.model, self._dp.layout.masks, copy)
             if self._tables:  # kept only where a table reads it
                 self.records.features = features = copy  # type: ignore[union-attr]
             self._tables_version = features._version

@@ -6,17 +6,46 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dpltm.api_checks import check_budget_left, user_path
+from dpltm.api_checks import Provenance, check_budget_left, user_path
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.segments import SpentSegments
+from dpltm.training.plan import EpochRecord
 from dpltm.user_inputs import Masks, user_run_ledger
 from dpltm.weight_guard import _held_entries, _renote
+
+
+@dataclass(frozen=True)
+class RunProvenance(Provenance):
+    """A `make_private` run's provenance, and the noise filter its optimiser read (a resume must filter on)."""
+
+    noise_filter: str
+
+    @classmethod
+    def saved(cls, body: Mapping[str, Any]) -> RunProvenance:
+        """As a run file stores it (`PrivateTraining.state_dict`), the values as read."""
+        settings = body["settings"] if isinstance(body["settings"], dict) else {}
+        return cls(body.get("masks_private"), body.get("selection_eps1"), settings.get("neighboring"),
+                   settings.get("noise_filter", "none"))
+
+
+@dataclass(frozen=True)
+class ResumedRun:
+    """What a resumed run brings from its file (`resume_run`): the segments spent, the epochs `fit` finished and
+    their records, and the steps of the run's schedule taken. A fresh run's is empty."""
+
+    segments: SpentSegments = field(default_factory=SpentSegments)
+    epochs_done: int = 0
+    history: list[EpochRecord] = field(default_factory=list)
+    steps_before: int = 0
+    noise_filter: Mapping[str, Any] | None = None
+    """The noise filter's history as saved (`NoiseFilter.state_dict`): the resumed run filters on from it."""
 
 
 def _epochs_run(segments: SpentSegments) -> float:
@@ -32,21 +61,18 @@ def _schedule_steps_done(segments: SpentSegments, dataset_size: int, batch_size:
 
 
 def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks,
-            dataset_size: int, provenance: dict[str, Any],
-            ) -> tuple[SpentSegments, int, list[dict[str, Any]], dict[str, Any] | None]:
+            dataset_size: int, provenance: RunProvenance) -> tuple[SpentSegments, int, list[EpochRecord],
+                                                                   Mapping[str, Any] | None]:
     """Model, optimiser and the spent segments of a saved run; the data, masks, optimiser class and the
-    run's privacy provenance (masks_private, selection_eps1, neighboring) must be the run's: a resume
-    that dropped `masks_private=True` or an ε1 would state a smaller ε than was spent."""
+    run's privacy provenance must be the run's: a resume that dropped `masks_private=True` or an ε1 would
+    state a smaller ε than was spent."""
     from dpltm.checkpoint import load_checkpoint
 
     body = load_checkpoint(path, "run")
     saved_settings = body["settings"] if isinstance(body["settings"], dict) else {}
-    stored = {"masks_private": body.get("masks_private"), "selection_eps1": body.get("selection_eps1"),
-              "neighboring": saved_settings.get("neighboring"),
-              "noise_filter": saved_settings.get("noise_filter", "none")}
-    differ = [f"{k}={stored[k]!r} (given {provenance[k]!r})" for k in stored if stored[k] != provenance[k]]
+    differ = RunProvenance.saved(body).differences(provenance)
     if differ:
-        raise DpltmUserError(f"the run in {path} was made with {', '.join(differ)}: resume with the same values")
+        raise DpltmUserError(f"the run in {path} was made with {differ}: resume with the same values")
     if body.get("optimizer_class") not in (None, type(optimizer).__name__):
         raise DpltmUserError(f"the run in {path} used {body['optimizer_class']}, not {type(optimizer).__name__}: "
                              "resume with the same optimizer class")
@@ -67,8 +93,8 @@ def _resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, mask
     return segments, epochs_done, history, stored_filter if isinstance(stored_filter, dict) else None
 
 
-def _spent_record(path: Path, body: dict[str, Any], masks: Mapping[str, Tensor],
-                  settings: dict[str, Any]) -> tuple[SpentSegments, int, list[dict[str, Any]]]:
+def _spent_record(path: Path, body: Mapping[str, Any], masks: Mapping[str, Tensor],
+                  settings: Mapping[str, Any]) -> tuple[SpentSegments, int, list[EpochRecord]]:
     """The saved run's spent segments, epoch count and history, each checked against the others and against the
     privacy record saved beside them: a resume composes its budget with these segments, so a file whose segments
     were emptied or shortened while its ledger still records the steps would state a smaller ε than was spent.
@@ -98,12 +124,10 @@ def _spent_record(path: Path, body: dict[str, Any], masks: Mapping[str, Tensor],
 
 
 def resume_run(resume_from: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, masks: Masks, *,
-               noise_seed: int | None, dataset_size: int, batch_size: int, epochs: int, provenance: dict[str, Any],
-               target_epsilon: float | None, delta: float, accountant: str,
-               neighboring: str) -> tuple[SpentSegments, int, list[dict[str, Any]], int, dict[str, Any] | None]:
+               noise_seed: int | None, dataset_size: int, batch_size: int, epochs: int, provenance: RunProvenance,
+               target_epsilon: float | None, delta: float, accountant: str) -> ResumedRun:
     """The saved run's spent segments, epochs, history, the steps of the schedule it took and its noise filter's
-    history (None: no filter), with its model and optimiser loaded; a refused resume leaves the model and optimiser
-    as they were."""
+    history, with its model and optimiser loaded; a refused resume leaves the model and optimiser as they were."""
     if noise_seed is not None:
         raise DpltmUserError("noise_seed cannot be combined with resume_from: a resumed run draws fresh OS "
                              "randomness (re-seeding would reuse the first segment's noise)")
@@ -113,7 +137,7 @@ def resume_run(resume_from: str | Path, model: nn.Module, optimizer: torch.optim
     try:
         segments, epochs_done, history, noise_filter = _resume(Path(resume_from), model, optimizer, masks,
                                                                dataset_size, provenance)
-        check_budget_left(segments.events(), target_epsilon, delta, accountant, neighboring)
+        check_budget_left(segments.events(), target_epsilon, delta, accountant, provenance.neighboring)
         steps_before = _schedule_steps_done(segments, dataset_size, batch_size)
         if steps_before >= epochs * math.ceil(dataset_size / batch_size):
             run_so_far = _epochs_run(segments)
@@ -126,4 +150,4 @@ def resume_run(resume_from: str | Path, model: nn.Module, optimizer: torch.optim
         optimizer.load_state_dict(before[1])
         _renote(model, guarded)  # the same weights again: still another run's (restoring moved the counters)
         raise
-    return segments, epochs_done, history, steps_before, noise_filter
+    return ResumedRun(segments, epochs_done, history, steps_before, noise_filter)

@@ -123,14 +123,6 @@ def check_user_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> Masks:
     return out
 
 
-def surviving_coordinates(model: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, Tensor | None]:
-    """Per parameter, the flat indices the noise goes on (None: every coordinate survives)."""
-    surviving: dict[str, Tensor | None] = {name: None for name, _ in model.named_parameters()}
-    for name, mask in masks.items():
-        surviving[name] = None if bool(mask.all()) else mask.flatten().nonzero().squeeze(1)
-    return surviving
-
-
 def user_run_ledger(segments: SpentSegments, delta: float, accountant: str, neighboring: str,
                     masks: Mapping[str, Tensor], masks_from: str | None, masks_private: bool,
                     selection_eps1: float | None, dataset_name: str,

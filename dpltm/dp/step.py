@@ -56,8 +56,11 @@ class EngineLayout:
 
     @classmethod
     def of(cls, model: nn.Module, masks: Masks) -> EngineLayout:
-        device = next(model.parameters()).device
-        pruning = {n: m.to(device=device, dtype=torch.bool) for n, m in masks.items() if not bool(m.all())}
+        """Each mask on its parameter's device (a user's model may span several)."""
+        parameters = dict(model.named_parameters())
+        device = next(iter(parameters.values())).device
+        pruning = {n: m.to(device=parameters[n].device if n in parameters else device, dtype=torch.bool)
+                   for n, m in masks.items() if not bool(m.all())}
         surviving: dict[str, Tensor | None] = {}
         for name, parameter in model.named_parameters():
             if parameter.requires_grad:
