@@ -37,10 +37,10 @@ def contracted_sums(module: nn.Module, patches: Tensor, grads: Tensor, factors: 
     sums = {}
     if module.weight.requires_grad:
         total = clipped_weight_sum(patches, grads, factors, module.weight.shape).to(dtype)
-        sums["weight"] = total if "weight" not in masks else total * masks["weight"]
+        sums["weight"] = total if "weight" not in masks else total.mul_(masks["weight"])
     if module.bias is not None and module.bias.requires_grad:
         total = clipped_bias_sum(grads, factors).to(dtype)
-        sums["bias"] = total if "bias" not in masks else total * masks["bias"]
+        sums["bias"] = total if "bias" not in masks else total.mul_(masks["bias"])
     return sums
 
 

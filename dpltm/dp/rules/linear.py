@@ -101,7 +101,7 @@ class LinearRule(WeightAndBiasRule):
                 total = (scaled.reshape(-1, g.shape[-1]).T
                          @ zero_rows(a, finite).to(scaled.dtype).reshape(-1, a.shape[-1])).to(g.dtype)
                 mask = masks.get("weight")
-                sums["weight"] = total if mask is None else total * mask
+                sums["weight"] = total if mask is None else total.mul_(mask)
         if "bias" in state:
             sums["bias"] = self._formed_sum(state["bias"], factors, finite)
         return sums
