@@ -81,7 +81,7 @@ class LinearRule(WeightAndBiasRule):
             return g2.sum(dim=1) * terms[:, 0] if mask is None else (g2 * terms).sum(dim=1)
         if mask is None:
             return g2.sum(dim=1) * torch.linalg.vector_norm(a, dim=1).square()
-        return masked_sq_norms(a, g2, mask.T.contiguous())
+        return masked_sq_norms(a, g2, mask.T)  # a transposed view: BLAS reads it as it is, no copy a step
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
                      masks: LocalMasks, state: Any) -> dict[str, Tensor]:
