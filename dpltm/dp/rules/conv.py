@@ -32,8 +32,8 @@ def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Te
 
 def contracted_sums(module: nn.Module, patches: Tensor, grads: Tensor, factors: Tensor, masks: LocalMasks,
                     dtype: torch.dtype) -> dict[str, Tensor]:
-    """The clipped sums of a convolution or a sequence Linear from its operands (dpltm.dp.conv_ghost): one
-    contraction over samples and positions, then the mask."""
+    """The clipped sums of a convolution from its operands (dpltm.dp.conv_ghost): one contraction over samples and
+    positions, then the mask."""
     sums = {}
     if module.weight.requires_grad:
         total = clipped_weight_sum(patches, grads, factors, module.weight.shape).to(dtype)
