@@ -127,7 +127,8 @@ class PrivateTraining(LedgerReadout):
         resumed = resumed if resumed is not None else ResumedRun()
         self._filter = restored_noise_filter(settings.noise_filter, model, resumed.noise_filter,
                                              "the saved run's noise filter does not fit this model")
-        self._dp = DpSgdStep(model, EngineLayout.of(model, masks), settings.clip,
+        self._layout = EngineLayout.of(model, masks)  # its masks float: re-masking converts nothing
+        self._dp = DpSgdStep(model, self._layout, settings.clip,
                              GaussianNoise(plan.noise_multiplier), plan.expected_batch_size,
                              torch.Generator(device=records.device).manual_seed(seed), optimizer, loss,
                              max_physical_batch_size=max_physical_batch_size, before_update=self._book_step,
@@ -198,7 +199,7 @@ class PrivateTraining(LedgerReadout):
     def _after_update(self) -> None:
         """Interrupted too: the weights may have moved, and they are this run's."""
         self._in_step = False
-        apply_masks(self.model, self.masks)  # pruned weights stay exactly zero whatever the optimiser does
+        apply_masks(self.model, self._layout.masks)  # pruned weights stay exactly zero whatever the optimiser does
         note_private_step(self.model, self)
 
     def _check_modes(self) -> None:

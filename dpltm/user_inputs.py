@@ -151,8 +151,8 @@ def apply_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> None:
     if not masks:
         return
     parameters = dict(model.named_parameters())
-    for name, mask in masks.items():
-        parameters[name].mul_(mask.to(parameters[name].dtype))
+    for name, mask in masks.items():  # a 0/1 mask of any dtype multiplies in the weight's own (no converted copy)
+        parameters[name].mul_(mask)
 
 
 def density_of(model: nn.Module, masks: Mapping[str, Tensor]) -> float:

@@ -54,6 +54,12 @@ class EngineLayout:
     masks: dict[str, Tensor]
     surviving: dict[str, Tensor | None]
 
+    def __post_init__(self) -> None:
+        # the rules multiply by float masks: converted once here, not per layer at every step (and not held twice
+        # from the norms to the sums)
+        object.__setattr__(self, "masks", {n: m if m.is_floating_point() else m.to(torch.float32)
+                                           for n, m in self.masks.items()})
+
     @classmethod
     def of(cls, model: nn.Module, masks: Masks) -> EngineLayout:
         """Each mask on its parameter's device (a user's model may span several)."""

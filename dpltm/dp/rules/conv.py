@@ -32,15 +32,15 @@ def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Te
 
 def contracted_sums(module: nn.Module, patches: Tensor, grads: Tensor, factors: Tensor, masks: LocalMasks,
                     dtype: torch.dtype) -> dict[str, Tensor]:
-    """The clipped sums of a convolution or a sequence Linear from its operands (dpltm.dp.conv_ghost): one
-    contraction over samples and positions, then the mask."""
+    """The clipped sums of a convolution from its operands (dpltm.dp.conv_ghost): one contraction over samples and
+    positions, then the mask."""
     sums = {}
     if module.weight.requires_grad:
         total = clipped_weight_sum(patches, grads, factors, module.weight.shape).to(dtype)
-        sums["weight"] = total if "weight" not in masks else total * masks["weight"]
+        sums["weight"] = total if "weight" not in masks else total.mul_(masks["weight"])
     if module.bias is not None and module.bias.requires_grad:
         total = clipped_bias_sum(grads, factors).to(dtype)
-        sums["bias"] = total if "bias" not in masks else total * masks["bias"]
+        sums["bias"] = total if "bias" not in masks else total.mul_(masks["bias"])
     return sums
 
 

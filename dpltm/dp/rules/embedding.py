@@ -90,7 +90,7 @@ class EmbeddingRule:
         total = scaled.new_zeros(weight.shape).index_add_(0, ids.flatten(), scaled.reshape(-1, weight.shape[1]))
         mask = masks.get("weight")
         total = total.to(g.dtype)
-        return {"weight": total if mask is None else total * mask}
+        return {"weight": total if mask is None else total.mul_(mask)}
 
 
 def _sample_keys(ids: Tensor, vocabulary: int) -> Tensor:

@@ -13,8 +13,8 @@ weight only: with a mask M the norm is ‖(G_iᵀ A_i) ⊙ M‖², which does no
 masked weight's per-sample gradients are formed, a chunk of samples at a time. Following Li et al., the Grams
 are used where they take less memory than the gradients, 2T² < in·out (`use_grams`). Either way the clipped sum
 is one product, (c ⊙ G)ᵀ A over all B·T rows — what a plain backward pass computes, with each row scaled by
-its sample's clip factor — and nothing is held between the norm and the sum: a sequence is the operands of a
-one-group convolution over its positions (dpltm.dp.conv_ghost).
+its sample's clip factor — and nothing is held between the norm and the sum (the norm takes a sequence as the
+operands of a one-group convolution over its positions, dpltm.dp.conv_ghost).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.dp.rules.base import LayerCall, LocalMasks, WeightAndBiasRule, masked_sq_norms, register_rule, zero_rows
-from dpltm.dp.rules.conv import contracted_sums, operand_sq_norms
+from dpltm.dp.rules.conv import operand_sq_norms
 
 SEQUENCE = "sequence"
-"""The state of a sequence's norms: its clipped sum is contracted from the operands again."""
+"""The state of a sequence's norms: nothing held, its clipped sum is the product over every position."""
 
 
 def sequence_operands(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
@@ -81,28 +81,27 @@ class LinearRule(WeightAndBiasRule):
             return g2.sum(dim=1) * terms[:, 0] if mask is None else (g2 * terms).sum(dim=1)
         if mask is None:
             return g2.sum(dim=1) * torch.linalg.vector_norm(a, dim=1).square()
-        return masked_sq_norms(a, g2, mask.T.contiguous())
+        return masked_sq_norms(a, g2, mask.T)  # a transposed view: BLAS reads it as it is, no copy a step
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
                      masks: LocalMasks, state: Any) -> dict[str, Tensor]:
         a = call.input
         assert a is not None
         module = call.module
-        if state is SEQUENCE:
-            patches, grads = sequence_operands(zero_rows(a, finite), zero_rows(g, finite))
-            return contracted_sums(module, patches, grads, factors, masks, g.dtype)
         sums = {}
-        if module.weight.requires_grad:
-            if "weight" in state:  # formed for the norm: B·out·in, cheaper than the B·T·out·in product
-                sums["weight"] = self._formed_sum(state["weight"], factors, finite)
-            else:
-                rows_g = zero_rows(g, finite).to(factors.dtype)
-                scaled = rows_g * factors.view(-1, *[1] * (g.dim() - 1))
-                total = (scaled.reshape(-1, g.shape[-1]).T
-                         @ zero_rows(a, finite).to(scaled.dtype).reshape(-1, a.shape[-1])).to(g.dtype)
-                mask = masks.get("weight")
-                sums["weight"] = total if mask is None else total * mask
-        if "bias" in state:
+        if module.weight.requires_grad:  # one product over every row, a sequence's positions too: no permuted copy
+            rows_g = zero_rows(g, finite).to(factors.dtype)
+            scaled = rows_g * factors.view(-1, *[1] * (g.dim() - 1))
+            total = (scaled.reshape(-1, g.shape[-1]).T
+                     @ zero_rows(a, finite).to(scaled.dtype).reshape(-1, a.shape[-1])).to(g.dtype)
+            mask = masks.get("weight")
+            sums["weight"] = total if mask is None else total.mul_(mask)
+        if state is SEQUENCE:
+            if module.bias is not None and module.bias.requires_grad:  # each sample's positions summed, then weighted
+                per_sample = zero_rows(g, finite).reshape(g.shape[0], -1, g.shape[-1]).sum(dim=1)
+                total = (factors @ per_sample.to(factors.dtype)).to(g.dtype)
+                sums["bias"] = total if "bias" not in masks else total.mul_(masks["bias"])
+        elif "bias" in state:
             sums["bias"] = self._formed_sum(state["bias"], factors, finite)
         return sums
 
