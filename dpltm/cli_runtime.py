@@ -27,6 +27,7 @@ from dpltm.errors import (
     Interrupted,
     drop_lost_interrupts,
     first_arrived,
+    interrupt_was_lost,
     one_line,
     os_error_message,
 )
@@ -74,9 +75,10 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     itself is not cut short; by this handler staying in place and returning, not by SIG_IGN: a second
     signal that arrived with the first but is handled after it would find SIG_IGN and be reported by
     Python as "Signal 15 ignored due to race condition", with a traceback."""
-    if STOPPING:
+    if STOPPING and not interrupt_was_lost():
         return
-    STOPPING.append(first_arrived(signum))
+    if not STOPPING:
+        STOPPING.append(first_arrived(signum))
     raise Interrupted(STOPPING[0])
 
 
@@ -197,6 +199,7 @@ def run_app(app: typer.Typer) -> None:
         typer.echo(f"dpltm: error: {problem}", err=True)
         raise SystemExit(2)
     STOPPING.clear()
+    interrupt_was_lost()
     previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
     unraisable = sys.unraisablehook
     sys.unraisablehook = lambda report: None if drop_lost_interrupts(report) else unraisable(report)
@@ -224,10 +227,14 @@ def run_app(app: typer.Typer) -> None:
         # except after a signal, when the process is about to exit 128 + signum: a second Ctrl-C
         # must not kill it with the default handler on the way out (signal.signal runs any signal
         # pending first, through _raise_interrupted, which ignores it)
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_IGN if STOPPING else handler)
-        sys.unraisablehook = unraisable
-        STOPPING.clear()  # the process exits now, or (tests) goes on to other work
+        stopping = bool(STOPPING)
+        try:
+            for signum, handler in previous.items():
+                signal.signal(signum, signal.SIG_IGN if stopping else handler)
+        finally:  # the process exits now, or (tests) goes on to other work
+            sys.unraisablehook = unraisable
+            STOPPING.clear()
+            interrupt_was_lost()
     if isinstance(code, int) and code != 0:
         raise SystemExit(code)
 

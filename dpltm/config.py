@@ -408,12 +408,9 @@ def recipe_tree(recipe: str | None) -> dict[str, Any]:
     return read_config_file(CONFIG_DIR / "recipes" / f"{recipe}.yaml")
 
 
-def recipe_settings(recipe: str | None, config_file: Path | None = None) -> Overrides:
-    """What a recipe sets, by dotted key (`model.arch`), less what the --config file sets: it lies above the
-    recipe."""
-    given = set(Overrides.from_tree(_config_file(config_file)).values)
-    return Overrides({key: value for key, value in Overrides.from_tree(recipe_tree(recipe)).values.items()
-                      if key not in given})
+def recipe_settings(recipe: str | None) -> Overrides:
+    """What a recipe sets, by dotted key (`model.arch`)."""
+    return Overrides.from_tree(recipe_tree(recipe))
 
 
 RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all")), "scatter": ("kmnist", ("test", "all")),

@@ -58,14 +58,29 @@ def raise_if_stopping() -> None:
     as if no signal had come. Nothing runs a step while the run unwinds, so a set `STOPPING` here means the
     first exception was lost."""
     if STOPPING:
+        _LOST.clear()  # raised again here: the run unwinds now
         raise Interrupted(STOPPING[0])
 
 
+_LOST: list[bool] = []
+"""Set when a signal's `Interrupted` was dropped as unraisable, until it is raised again."""
+
+
 def drop_lost_interrupts(unraisable: object) -> bool:
-    """Whether an unraisable exception (`sys.unraisablehook`'s argument) is a signal's `Interrupted` or
-    `KeyboardInterrupt`: it is not reported (no traceback for a Ctrl-C); the next `raise_if_stopping`
-    raises it where it can unwind the run."""
-    return isinstance(getattr(unraisable, "exc_value", None), (Interrupted, KeyboardInterrupt))
+    """Whether an unraisable exception (`sys.unraisablehook`'s argument) is a signal's `Interrupted`: it is not
+    reported (no traceback for a Ctrl-C); the next `raise_if_stopping` raises it where it can unwind the run, and
+    so does the next signal (`interrupt_was_lost`), where no step follows."""
+    if isinstance(getattr(unraisable, "exc_value", None), Interrupted):
+        _LOST.append(True)
+        return True
+    return False
+
+
+def interrupt_was_lost() -> bool:
+    """Whether the stopping signal's `Interrupted` was dropped as unraisable and not raised again since."""
+    lost = bool(_LOST)
+    _LOST.clear()
+    return lost
 
 
 _ARRIVALS: list[int] = []

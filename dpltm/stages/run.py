@@ -371,16 +371,19 @@ def check_recipe_carries(r: RunRequest, recipe: str, gen_cli: Overrides, project
 
 def generation_settings(r: RunRequest, recipe: str, project_to: int | None,
                         rewind_step: int | None = None) -> Overrides:
-    """The public tickets' settings tree: the given options, else the --config file's, else the recipe's network
-    (`model.arch`, `model.activation`) and IMP length (`generate.rounds`, `generate.iterations`;
-    configs/recipes/), else defaults.yaml's. `rewind_step` (the planned start `--rewind K`) makes them with late
-    rewinding to step K, so the winner holds the iterate training starts from."""
-    from dpltm.config import recipe_settings
+    """The public tickets' settings tree: the given options, else the recipe's network (`model.arch`,
+    `model.activation`; its built-in widths follow) and IMP length (`generate.rounds`, `generate.iterations`;
+    configs/recipes/; a --config file's `generate:` lies above the recipe's), else the config's. `rewind_step` (the
+    planned start `--rewind K`) makes them with late rewinding to step K, so the winner holds the iterate training
+    starts from."""
+    from dpltm.config import config_file_keys, recipe_settings
 
-    own = recipe_settings(recipe, r.config)
+    own = recipe_settings(recipe)
+    in_file = {f"generate.{key}" for key in config_file_keys(r.config, "generate")}
     given = {"model.arch": r.arch, "model.activation": r.activation, "generate.rounds": r.rounds,
              "generate.iterations": r.iterations}
-    chosen = Overrides({key: value if value is not None else own.get(key) for key, value in given.items()})
+    chosen = Overrides({key: value if value is not None else None if key in in_file else own.get(key)
+                        for key, value in given.items()})
     network = model_cli(chosen.get("model.arch"), None, project_to=project_to,
                         activation=chosen.get("model.activation"))
     return chosen.updated(network, "model").updated({"data.dataset": r.public_dataset, "data.split": r.public_split,

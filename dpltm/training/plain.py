@@ -87,6 +87,7 @@ class ClassifierModule(MaskedModule):
         raise_if_stopping()
         if self.graphed is not None:  # a block of steps; each replay writes its loss into step_losses
             for done, row in enumerate(batch, start=self.steps_done + 1):
+                raise_if_stopping()
                 self.graphed.step(row)
                 if done == self.snapshot_at:
                     self._keep_snapshot()

@@ -295,6 +295,7 @@ class DPTrainingModule(RecipeModule):
         raise_if_stopping()
         if self.static_step is not None:  # a whole epoch of batches
             for index in batch:
+                raise_if_stopping()
                 self.static_step.step(index)
             return
         assert isinstance(batch, Tensor) and self.dp_step is not None

@@ -83,3 +83,29 @@ def test_a_lost_signal_stops_the_next_step(lose: object, signum: signal.Signals,
 
 def test_no_signal_no_stop() -> None:
     raise_if_stopping()  # nothing pending: the API's loops run on
+
+
+def test_after_a_lost_signal_the_next_one_stops_a_command_that_takes_no_step(
+        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lost in a finalizer where no step follows (saving, accounting): a second signal is not ignored as one that
+    came while the run unwinds, it stops the command, named after the first."""
+    monkeypatch.setattr("sys.argv", ["dpltm"])
+    monkeypatch.setattr("sys.unraisablehook", sys.__unraisablehook__)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    done: list[str] = []
+    app = typer.Typer()
+
+    @app.command()
+    @user_errors
+    def go() -> None:
+        _lose_in_finalizer(signal.SIGINT)
+        _signal_self(signal.SIGTERM)
+        done.append("went on")
+
+    with pytest.raises(SystemExit) as stopped:
+        run_app(app)
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
+    err = capfd.readouterr().err
+    assert stopped.value.code == 128 + signal.SIGINT and done == [], err
+    assert "Traceback" not in err and "Exception ignored" not in err, err

@@ -238,7 +238,7 @@ def test_run_takes_the_scatter_front_end_where_it_applies() -> None:
 
 def test_a_config_file_lies_above_the_recipe_for_the_tickets(tmp_path: Path) -> None:
     """`run --config F`: F's `generate.rounds` and `generate.iterations` make the public tickets, over the recipe's
-    (the dense head alone under scatter); a flag over both."""
+    (the dense head alone under scatter); a flag over both. The recipe's network stays the tickets'."""
     from dpltm.stages.run import RunRequest, generation_config, generation_settings
 
     config = tmp_path / "c.yaml"
@@ -248,6 +248,10 @@ def test_a_config_file_lies_above_the_recipe_for_the_tickets(tmp_path: Path) -> 
     flagged = generation_config(generation_settings(RunRequest(config=config, rounds=3), "scatter", None), config)
     assert (flagged.generate.rounds, flagged.generate.iterations) == (3, 300)
     assert generation_config(generation_settings(RunRequest(), "scatter", None), None).generate.rounds == 0
+    lenet = tmp_path / "lenet.yaml"  # a network in the file leaves the recipe's, with its built-in widths
+    lenet.write_text("model:\n  arch: lenet5\n")
+    made = generation_config(generation_settings(RunRequest(config=lenet), "cnn", None), lenet).model
+    assert (made.arch, tuple(made.hidden)) == ("lenet5", (120, 84))
 
 
 def test_a_run_without_an_epsilon_curve_computes_none(tiny_splits: DatasetSplits) -> None:
