@@ -84,7 +84,6 @@ class ClassifierModule(MaskedModule):
         return self.model(x)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        raise_if_stopping()
         if self.graphed is not None:  # a block of steps; each replay writes its loss into step_losses
             for done, row in enumerate(batch, start=self.steps_done + 1):
                 raise_if_stopping()
@@ -93,6 +92,7 @@ class ClassifierModule(MaskedModule):
                     self._keep_snapshot()
             self.steps_done += len(batch)
             return
+        raise_if_stopping()
         x, y = batch
         optimizer = self._optimizer
         optimizer.zero_grad(set_to_none=True)

@@ -292,12 +292,12 @@ class DPTrainingModule(RecipeModule):
         return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0)
 
     def training_step(self, batch: Tensor | list[Tensor], batch_idx: int) -> None:
-        raise_if_stopping()
         if self.static_step is not None:  # a whole epoch of batches
             for index in batch:
                 raise_if_stopping()
                 self.static_step.step(index)
             return
+        raise_if_stopping()
         assert isinstance(batch, Tensor) and self.dp_step is not None
         index, train, extra = batch, self.data.train, None
         if self.canaries is not None:  # an audit: excluded canaries' slots drop out; gradient canaries add theirs
