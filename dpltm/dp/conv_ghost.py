@@ -9,15 +9,13 @@ sample chunk at a time) or, when T² < out·K, read off two T×T Gram matrices,
 the ghost norm for sequences and convolutions (Li et al. 2022, "Large language models can be strong
 differentially private learners", §4; Bu et al. 2022, "Scalable and efficient training of large convolutional
 neural networks with differential privacy": "mixed ghost clipping" takes the cheaper of the two per layer). The
-clipped sum Σ_i c_i G_i U_iᵀ is one contraction over samples and positions, the product a plain backward pass
-computes with the output gradient scaled by c. A masked weight has no Gram identity: its norms are formed (a chunk
+clipped sum Σ_i c_i G_i U_iᵀ is the product a plain backward pass computes with the output gradient scaled by c,
+taken by the layer's own weight-gradient kernel. A masked weight has no Gram identity: its norms are formed (a chunk
 of samples at a time) or, at few positions, summed over position pairs;
 its clipped sum is the contraction times the mask, (Σ_i c_i G_i U_iᵀ) ⊙ M.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,21 +27,24 @@ peak memory of a step that holds the forward pass's graph (16 MB chunks put the 
 benchmarks/bench_models.py 14 MB above the dense step's peak)."""
 
 
+def padded_input(module: nn.Conv1d | nn.Conv2d, a: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    """The input with any padding other than numeric zeros ('same', 'valid', reflect, replicate, circular) applied
+    exactly as the layer does, and the numeric zero padding left to the kernel."""
+    if isinstance(module.padding, str) or module.padding_mode != "zeros":
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        return F.pad(a, module._reversed_padding_repeated_twice, mode=mode), (0,) * len(module.kernel_size)
+    return a, tuple(module.padding)
+
+
 def conv_operands(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     """(U, G): the unfolded input patches (B, groups, K, T) and the output gradient (B, groups, out/groups, T) of a
-    1-D or 2-D convolution. Padding other than numeric zeros ('same', reflect, replicate, circular) is applied
-    first, exactly as the layer does; a 1-D convolution is a 2-D one of height 1."""
-    kernel, dilation, stride, padding = (tuple(v) if isinstance(v, tuple) else v for v in (
-        module.kernel_size, module.dilation, module.stride, module.padding))
-    if isinstance(padding, str) or module.padding_mode != "zeros":
-        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-        a = F.pad(a, module._reversed_padding_repeated_twice, mode=mode)
-        padding = (0,) * len(kernel)
+    1-D or 2-D convolution (its padding as `padded_input`); a 1-D convolution is a 2-D one of height 1."""
+    a, padding = padded_input(module, a)
+    kernel, dilation, stride = (tuple(v) for v in (module.kernel_size, module.dilation, module.stride))
     if isinstance(module, nn.Conv1d):
         a = a.unsqueeze(2)
-        kernel, dilation, stride, padding = ((1, *kernel), (1, *dilation), (1, *stride),  # type: ignore[misc]
-                                             (0, *padding))  # type: ignore[misc]
-    patches = F.unfold(a, kernel, dilation=dilation, padding=padding, stride=stride)  # type: ignore[arg-type]
+        kernel, dilation, stride, padding = (1, *kernel), (1, *dilation), (1, *stride), (0, *padding)
+    patches = F.unfold(a, kernel, dilation=dilation, padding=padding, stride=stride)
     rows, groups = a.shape[0], module.groups
     return (patches.reshape(rows, groups, patches.shape[1] // groups, -1),
             g.reshape(rows, groups, module.out_channels // groups, -1))
@@ -94,10 +95,61 @@ def weight_sq_norms(patches: Tensor, grads: Tensor, mask: Tensor | None = None) 
     return torch.cat(norms)
 
 
-def clipped_weight_sum(patches: Tensor, grads: Tensor, factors: Tensor, shape: Any) -> Tensor:
-    """Σ_i c_i G_i U_iᵀ, reshaped to the weight's shape: one contraction, no per-sample gradient."""
-    scaled = grads.to(factors.dtype) * factors.view(-1, 1, 1, 1)
-    return torch.einsum("bgot,bgkt->gok", scaled, patches.to(factors.dtype)).reshape(shape)
+GROUPED_MIN_POSITIONS = 128
+"""On the CPU, a convolution with at least this many output positions forms its per-sample gradients by its own
+weight-gradient kernel with the samples as groups, not by a product with unfolded patches: measured on one core
+(ResNet-18's and the GroupNorm CNN's layers in benchmarks/bench_models.py), 1.3–2.7× faster at 196–1024
+positions, slower at 64 and fewer. Left to the patches on other devices, where it is unmeasured."""
+
+
+def grams_cost_less(positions: int, inputs: int, outputs: int) -> bool:
+    """Whether two T×T Grams a sample take fewer multiply-adds than forming its (out, K) gradient:
+    T·(K + out) < out·K. Formed gradients come a chunk at a time, so this, not their memory, decides."""
+    return positions * (inputs + outputs) < inputs * outputs
+
+
+def forms_by_groups(module: nn.Conv1d | nn.Conv2d, g: Tensor, masked: bool) -> bool:
+    """Whether this layer's norms come from `grouped_sq_norms` (`GROUPED_MIN_POSITIONS`): a CPU convolution with
+    many positions whose norm is not cheaper by the Grams (an unmasked weight) or must be formed (a masked one)."""
+    positions, outputs = g[0, 0].numel(), module.out_channels // module.groups
+    if g.device.type != "cpu" or positions < GROUPED_MIN_POSITIONS:
+        return False
+    return masked or not grams_cost_less(positions, module.weight[0].numel(), outputs)
+
+
+def grouped_sq_norms(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, mask: Tensor | None) -> Tensor:
+    """‖∇_W ℓ_i ⊙ M‖² per sample, the gradients formed a chunk of samples at a time as ONE convolution's weight
+    gradient: the chunk's samples side by side as channel groups (b·groups groups), so group s·groups + j of the
+    result is sample s's gradient of the layer's group j. No unfolded patches."""
+    a, padding = padded_input(module, a)
+    per_sample = module.weight.numel()
+    step = max(1, CHUNK_ELEMENTS // per_sample)
+    norms = []
+    for i in range(0, g.shape[0], step):
+        rows_a, rows_g = a[i:i + step], g[i:i + step]
+        b = rows_g.shape[0]
+        shape_only = rows_g.new_empty(1).expand(b * module.out_channels, *module.weight.shape[1:])
+        formed = torch.ops.aten.convolution_backward(
+            rows_g.reshape(1, -1, *rows_g.shape[2:]), rows_a.reshape(1, -1, *rows_a.shape[2:]), shape_only, None,
+            module.stride, padding, module.dilation, False, [0] * len(padding), b * module.groups,
+            [False, True, False])[1].reshape(b, module.out_channels, -1)
+        if mask is not None:
+            formed = formed.mul_(mask.reshape(module.out_channels, -1))
+        norms.append(torch.linalg.vector_norm(formed, dim=(1, 2)).square())
+    return torch.cat(norms) if norms else g.new_zeros(0)
+
+
+def clipped_weight_sum(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor) -> Tensor:
+    """Σ_i c_i G_i U_iᵀ in the weight's shape: the layer's own weight-gradient kernel on the output gradient scaled
+    by c, the product a plain backward pass computes; no patches unfolded, no per-sample gradient (an unfolded
+    contraction over samples and positions copied the patches into its layout first, 3.5× slower on the CPU)."""
+    a, padding = padded_input(module, a.to(factors.dtype))
+    scaled = g.to(factors.dtype) * factors.view(-1, *[1] * (g.dim() - 1))
+    if scaled.shape[0] == 0:
+        return scaled.new_zeros(module.weight.shape)
+    shape_only = scaled.new_empty(1).expand(module.weight.shape)
+    return torch.ops.aten.convolution_backward(scaled, a, shape_only, None, module.stride, padding, module.dilation,
+                                               False, [0] * len(padding), module.groups, [False, True, False])[1]
 
 
 def clipped_bias_sum(grads: Tensor, factors: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpltm.dp.conv_ghost import use_grams
+from dpltm.dp.conv_ghost import GROUPED_MIN_POSITIONS, forms_by_groups, grams_cost_less, use_grams
 from dpltm.dp.rules import RULES, FuncRule, LayerCall, rule_for
 from dpltm.dp.rules.embedding import use_gram
 from dpltm.dp.rules.linear import SEQUENCE
@@ -117,14 +117,14 @@ def test_linear_on_sequences_takes_the_grams_only_when_smaller_and_unmasked(
 
 
 @st.composite
-def conv1d_cases(draw: st.DrawFn) -> tuple[nn.Conv1d, int]:
+def conv1d_cases(draw: st.DrawFn, lengths: tuple[int, int] | None = None) -> tuple[nn.Conv1d, int]:
     groups = draw(st.sampled_from([1, 2, 3]))
     kernel, stride, dilation = draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 2))
     padding: int | str = draw(st.sampled_from([0, 1, 2, "valid"] + (["same"] if stride == 1 else [])))
     mode = draw(st.sampled_from(["zeros", "reflect", "replicate", "circular"]))
     layer = nn.Conv1d(groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2)), kernel, stride=stride,
                       padding=padding, dilation=dilation, groups=groups, bias=draw(st.booleans()), padding_mode=mode)
-    return layer, draw(st.integers(dilation * (kernel - 1) + 3, 12))
+    return layer, draw(st.integers(*(lengths or (dilation * (kernel - 1) + 3, 12))))
 
 
 @EXAMPLES
@@ -136,12 +136,39 @@ def test_conv1d(seed: int, batch: int, case: tuple[nn.Conv1d, int], masked: tupl
     check_rule(layer, torch.randn(batch, layer.in_channels, length, generator=g, dtype=torch.float64), g, masked)
 
 
+@EXAMPLES
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 3), case=conv1d_cases(lengths=(3 * GROUPED_MIN_POSITIONS + 8,
+                                                                                     3 * GROUPED_MIN_POSITIONS + 12)),
+       masked=st.sampled_from([(), ("weight",), ("weight", "bias")]))
+def test_conv1d_with_many_positions_forms_its_gradients_by_groups(seed: int, batch: int, case: tuple[nn.Conv1d, int],
+                                                                  masked: tuple[str, ...]) -> None:
+    layer, length = case
+    g = seeded(seed)
+    x = torch.randn(batch, layer.in_channels, length, generator=g, dtype=torch.float64)
+    assert forms_by_groups(layer, layer.double()(x), "weight" in masked)
+    check_rule(layer, x, g, masked)
+
+
 @pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "circular"])
-def test_conv2d(padding_mode: str) -> None:
+@pytest.mark.parametrize(("height", "width", "grouped"), [(7, 8, False), (20, 30, True)])
+def test_conv2d(padding_mode: str, height: int, width: int, grouped: bool) -> None:
     g = seeded(1)
     layer = nn.Conv2d(4, 6, (2, 3), stride=(1, 2), padding=(1, 2), dilation=(2, 1), groups=2,
                       padding_mode=padding_mode)
-    check_rule(layer, torch.randn(3, 4, 7, 8, generator=g, dtype=torch.float64), g, ("weight", "bias"))
+    x = torch.randn(3, 4, height, width, generator=g, dtype=torch.float64)
+    assert forms_by_groups(layer, layer.double()(x), masked=True) == grouped
+    check_rule(layer, x, g, ("weight", "bias"))
+
+
+@pytest.mark.parametrize(("channels", "grams"), [(256, True), (8, False)])
+def test_an_unmasked_convolution_with_many_positions_takes_the_grams_only_when_they_cost_less(
+        channels: int, grams: bool) -> None:
+    g = seeded(channels)
+    layer = nn.Conv1d(channels, channels, 3, padding=1)
+    x = torch.randn(2, channels, GROUPED_MIN_POSITIONS + 2, generator=g, dtype=torch.float64)
+    assert grams_cost_less(GROUPED_MIN_POSITIONS + 2, 3 * channels, channels) == grams
+    assert forms_by_groups(layer, layer.double()(x), masked=False) == (not grams)
+    check_rule(layer, x, g)
 
 
 @EXAMPLES

@@ -4,8 +4,8 @@ A convolution is a matmul per output position: z_i[:, l] = W u_il with u_il the 
 reads, so sample i's weight gradient is Σ_l g_il u_ilᵀ = G_i U_iᵀ (per group). Its norm is taken by the cheaper
 of two T × T Grams (the ghost norm, Li et al. 2022 §4; Bu et al. 2022's mixed ghost clipping) and the formed
 gradient, formed a chunk of samples at a time under a mask, which no Gram identity survives; the clipped sum is
-one contraction over samples and positions (dpltm.dp.conv_ghost). A 1-D convolution is the 2-D one on an input
-of height 1 with a 1 × k kernel, which lets one `F.unfold` serve both.
+the layer's weight-gradient kernel on the scaled output gradient (dpltm.dp.conv_ghost). A 1-D convolution is the
+2-D one on an input of height 1 with a 1 × k kernel, which lets one `F.unfold` serve both.
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dpltm.dp.conv_ghost import clipped_bias_sum, clipped_weight_sum, conv_operands, weight_sq_norms
+from dpltm.dp.conv_ghost import (
+    clipped_bias_sum,
+    clipped_weight_sum,
+    conv_operands,
+    forms_by_groups,
+    grouped_sq_norms,
+    weight_sq_norms,
+)
 from dpltm.dp.rules.base import LayerCall, LocalMasks, WeightAndBiasRule, register_rule, zero_rows
-
-KEEP_PATCHES_MAX_BYTES = 1 << 25
-"""A convolution's unfolded patches up to this size are kept from its norms to its sum (one unfold a step, not
-two); larger ones are unfolded again for the sum rather than held (32 MB)."""
 
 
 def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
@@ -30,16 +33,17 @@ def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Te
     return torch.einsum("bgot,bgkt->bgok", grads, patches).reshape(a.shape[0], *module.weight.shape)
 
 
-def contracted_sums(module: nn.Module, patches: Tensor, grads: Tensor, factors: Tensor, masks: LocalMasks,
-                    dtype: torch.dtype) -> dict[str, Tensor]:
-    """The clipped sums of a convolution from its operands (dpltm.dp.conv_ghost): one contraction over samples and
-    positions, then the mask."""
+def conv_clipped_sums(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor,
+                      masks: LocalMasks) -> dict[str, Tensor]:
+    """The clipped sums of a convolution with input `a` and output gradient `g` (dpltm.dp.conv_ghost), then the
+    mask."""
     sums = {}
     if module.weight.requires_grad:
-        total = clipped_weight_sum(patches, grads, factors, module.weight.shape).to(dtype)
+        total = clipped_weight_sum(module, a, g, factors).to(g.dtype)
         sums["weight"] = total if "weight" not in masks else total.mul_(masks["weight"])
     if module.bias is not None and module.bias.requires_grad:
-        total = clipped_bias_sum(grads, factors).to(dtype)
+        grads = g.reshape(g.shape[0], module.groups, module.out_channels // module.groups, -1)
+        total = clipped_bias_sum(grads, factors).to(g.dtype)
         sums["bias"] = total if "bias" not in masks else total.mul_(masks["bias"])
     return sums
 
@@ -66,7 +70,8 @@ def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
 class ConvRule(WeightAndBiasRule):
     """A convolution (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode): the norm
     by the cheaper of the ghost norm and formed gradients (formed, a chunk of samples at a time, under a mask), the
-    clipped sum as one contraction: no per-sample gradient held from one step of the engine to the next."""
+    clipped sum by the layer's weight-gradient kernel: no per-sample gradient or patches held from the norms to the
+    sum."""
 
     weight_grads = staticmethod(conv_weight_grads)
 
@@ -75,22 +80,23 @@ class ConvRule(WeightAndBiasRule):
         return g.flatten(2).sum(dim=2)
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
-        """The norms, and the unfolded patches for the sum where they are small (else the sum unfolds again)."""
         assert call.input is not None
-        patches, grads = conv_operands(call.module, call.input, g)  # type: ignore[arg-type]
-        small = patches.numel() * patches.element_size() <= KEEP_PATCHES_MAX_BYTES
-        kept = patches if call.hold_for_sum and small else None
-        return operand_sq_norms(call.module, patches, grads, masks, g.dtype), kept
+        module = call.module
+        if module.weight.requires_grad and forms_by_groups(module, g, "weight" in masks):  # type: ignore[arg-type]
+            total = grouped_sq_norms(module, call.input, g, masks.get("weight"))  # type: ignore[arg-type]
+            total = total.to(torch.promote_types(g.dtype, torch.float32))
+            if module.bias is not None and module.bias.requires_grad:
+                bias = g.flatten(2).sum(dim=2)
+                total = total + (bias if "bias" not in masks else bias * masks["bias"]).pow(2).sum(dim=1)
+            return total, None
+        patches, grads = conv_operands(module, call.input, g)  # type: ignore[arg-type]
+        return operand_sq_norms(module, patches, grads, masks, g.dtype), None
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
                      masks: LocalMasks, state: Any) -> dict[str, Tensor]:
         assert call.input is not None
-        if state is not None:  # the patches the norms unfolded; a row not finite is zeroed there, as in the input
-            module = call.module
-            grads = zero_rows(g, finite).reshape(g.shape[0], module.groups, module.out_channels // module.groups, -1)
-            return contracted_sums(module, zero_rows(state, finite), grads, factors, masks, g.dtype)
-        patches, grads = conv_operands(call.module, zero_rows(call.input, finite), zero_rows(g, finite))  # type: ignore[arg-type]
-        return contracted_sums(call.module, patches, grads, factors, masks, g.dtype)
+        return conv_clipped_sums(call.module, zero_rows(call.input, finite), zero_rows(g, finite),  # type: ignore[arg-type]
+                                 factors, masks)
 
 
 @register_rule(nn.Conv1d)
