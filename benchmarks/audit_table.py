@@ -33,14 +33,14 @@ def one(eps: float, threat_model: str, args: argparse.Namespace, broken: str | N
     started = time.perf_counter()
     with fault(broken) if broken else contextlib.nullcontext():
         report = stage_audit(cli, None, None, args.data_dir, "cpu", plan, False, noise_seed=args.seed + 1)
-    audit = report["audit"]
+    audit = report.audit
     row = {"eps": eps, "threat_model": threat_model + (f" ({broken}: test-only fault)" if broken else ""),
            "claimed": audit["epsilon_claimed"], "lower_bound": audit["epsilon_lower_bound"],
            "final_model": audit["by_observation"]["final_model"]["epsilon_lower_bound"],
            "canaries": audit["canaries"], "included": audit["canaries_included"],
            "guesses": audit["by_observation"][audit["observed"]]["guesses"],
            "correct": audit["by_observation"][audit["observed"]]["correct"],
-           "test_accuracy": report["test_accuracy"], "seconds": time.perf_counter() - started}
+           "test_accuracy": report.test_accuracy, "seconds": time.perf_counter() - started}
     print(f"ε={eps:g} {row['threat_model']}: lower bound {round_down(row['lower_bound'])} (claimed "
           f"{format_epsilon(row['claimed'])}), "
           f"{row['correct']}/{row['guesses']} correct, {row['seconds']:.0f} s", flush=True)

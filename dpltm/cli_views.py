@@ -13,6 +13,7 @@ from dpltm.privacy.display import format_epsilon
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TicketSet, Winner
+    from dpltm.stages.train import TrainingReport
 
 
 def known_accuracy(value: float | None) -> float | None:
@@ -68,7 +69,7 @@ def show_winner(winner: Winner, target: Path, json_out: bool) -> None:
                    "same_data_note": same_data_note(winner.source_data), "output": str(target)})
 
 
-def show_training(report: dict[str, Any], json_out: bool) -> None:
+def show_training(report: TrainingReport, json_out: bool) -> None:
     """`train` and `run`: the summary (rank 0 of a multi-device run alone)."""
     from dpltm.dp.distributed import is_main_process
     from dpltm.stages.train import print_training_report
@@ -77,7 +78,7 @@ def show_training(report: dict[str, Any], json_out: bool) -> None:
         return
     print_training_report(report, err_console if json_out else out_console)  # the result on stdout
     if json_out:
-        emit_json({k: v for k, v in report.items() if k != "statement"})
+        emit_json({k: v for k, v in report.to_json().items() if k != "statement"})
 
 
 def show_predictions(report: dict[str, Any], json_out: bool) -> None:
@@ -103,17 +104,18 @@ def show_export(exported: dict[str, Any], model: Path, json_out: bool) -> None:
     _say(exported["privacy_statement"])
 
 
-def show_audit(report: dict[str, Any], json_out: bool) -> None:
+def show_audit(report: TrainingReport, json_out: bool) -> None:
     """`audit`: the empirical lower bound beside the accountant's claim, and the verdict."""
     from dpltm.privacy.display import round_down
 
-    result = report["audit"]
-    if report["warning"]:  # as `dpltm train` says it: a same-data ticket makes the run NOT end-to-end DP
-        _say(report["warning"])
+    result = report.audit
+    assert result is not None  # an audited run's report
+    if report.warning:  # as `dpltm train` says it: a same-data ticket makes the run NOT end-to-end DP
+        _say(report.warning)
     if json_out:
-        emit_json({**result, **{key: report[key] for key in (
+        emit_json({**result, **{key: getattr(report, key) for key in (
             "test_accuracy", "noise_multiplier", "sample_rate", "steps", "dataset", "end_to_end_dp", "epsilon",
-            "epsilon_dp_part", "epsilon_scope", "warning") if key in report}})
+            "epsilon_dp_part", "epsilon_scope", "warning")}})
         return
     verdict = (f"REFUTED: the lower bound exceeds the claim; the mechanism that ran is likely not the one accounted "
                f"(a correct one is refuted with probability ≤ {1 - result['confidence']:.0%})"
@@ -121,15 +123,14 @@ def show_audit(report: dict[str, Any], json_out: bool) -> None:
     err_console.print(f"audit ({result['threat_model']}, {result['canaries']} canaries, {result['observed']}): "
                       f"ε ≥ {round_down(result['epsilon_lower_bound'], 3)} at {result['confidence']:.0%} confidence; "
                       f"claimed ε = {format_epsilon(result['epsilon_claimed'])} (the training mechanism alone; "
-                      f"{run_epsilon_phrase(report)}, scope: {report['epsilon_scope']}); {verdict}")
+                      f"{run_epsilon_phrase(report)}, scope: {report.epsilon_scope}); {verdict}")
     _say(result["unaccounted"])
 
 
-def run_epsilon_phrase(report: dict[str, Any]) -> str:
+def run_epsilon_phrase(report: TrainingReport) -> str:
     """The run's own ε as `dpltm train` states it: ∞ when it is not DP end to end (a same-data ticket), with its DP
     part beside it, never the DP part alone as if it were the run's."""
-    part = format_epsilon(report["epsilon_dp_part"])
-    overall = report.get("epsilon")
-    if report.get("end_to_end_dp") is not False and overall not in (math.inf, "inf", "Infinity"):
+    part = format_epsilon(report.epsilon_dp_part)
+    if report.end_to_end_dp is not False and report.epsilon not in (math.inf, "inf", "Infinity"):
         return f"the run's ε = {part}"
     return f"the run's ε = ∞, not DP end to end (its DP phases alone: ε = {part})"

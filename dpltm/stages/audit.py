@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpltm import options as opt
 from dpltm.choices import Recipe, ThreatModel
 from dpltm.errors import DpltmUserError
 from dpltm.options import option
-from dpltm.stages.train import TrainingRequest, stage_train
+from dpltm.stages.train import TrainingReport, TrainingRequest, stage_train
 
 if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan
@@ -20,14 +20,13 @@ if TYPE_CHECKING:
 
 def stage_audit(cli: Overrides, config: Path | None, ticket: Path | None, data_dir: Path | None, device: str,
                 plan: AuditPlan, progress: bool, noise_seed: int | None = None,
-                public_data: str | None = None) -> dict[str, Any]:
+                public_data: str | None = None) -> TrainingReport:
     """`dpltm train`'s stage with canaries: the same settings, ticket, data and checks; the model
     (trained on canaries) goes to a temporary file and is not kept."""
     with tempfile.TemporaryDirectory(prefix="dpltm-audit-") as scratch:
         report = stage_train(cli, config, ticket, False, False, data_dir, device, Path(scratch) / "audited.pt",
                              progress, public_data=public_data, noise_seed=noise_seed, audit=plan)
-    report["audit"]["unaccounted"] = unaccounted_note(report["dataset"])
-    return report
+    return replace(report, audit={**report.audit, "unaccounted": unaccounted_note(report.dataset)})
 
 
 def unaccounted_note(dataset: str) -> str:
@@ -79,7 +78,7 @@ class AuditRequest(TrainingRequest):
     progress: bool = opt.PROGRESS(True)
     json_out: bool = opt.JSON(False)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrainingReport:
         """The training report with its `audit` part (dpltm.audit.run)."""
         from dpltm.audit.run import AuditPlan
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ def stage_train(cli: Overrides, config: Path | None, ticket: Path | None, non_pr
                 progress: bool, public_data: str | None = None, noise_seed: int | None = None,
                 overwrite: bool = False, distribution: Distribution | None = None,
                 cuda_graphs: bool = False, logger: str | None = None,
-                log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> dict[str, Any]:
+                log_dir: Path | None = None, download: bool = False, audit: AuditPlan | None = None) -> TrainingReport:
     from dpltm.checkpoint import load_winner
     from dpltm.data import load_dataset
     from dpltm.devices import resolve_device
@@ -93,7 +93,7 @@ def stage_train(cli: Overrides, config: Path | None, ticket: Path | None, non_pr
                             audit=audit)
     if main:  # said if printing the report fails now (a full or closed stdout) or the run is stopped
         on_interrupt_kept(f"the model is written to {target}")
-    return report
+    return TrainingReport.from_json(report)
 
 
 def resolve_training(cli: Overrides, config: Path | None, winner: Winner | None, non_private: bool, *,
@@ -207,22 +207,73 @@ def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str
     plan_training(s, n)  # σ for the budget and the learning rate it gives
 
 
-def print_training_report(report: dict[str, Any], console: Console = err_console) -> None:
+@dataclass(frozen=True)
+class TrainingReport:
+    """What `train`, `audit` and `run` report: the run's result, its privacy and where it went, fields in the order
+    `train --json` has always printed them. Built once from the pipeline's report (the body run.json keeps);
+    `privacy`, `transfer`, `randomness` and `processes` are that body's JSON records, passed through unread."""
+
+    test_accuracy: float
+    val_accuracy: float | None
+    epochs_run: int
+    steps: int
+    stop_reason: str
+    epsilon: float | str | None
+    epsilon_dp_part: float | str | None
+    epsilon_scope: str
+    warning: str | None
+    epsilon_spent_at_stop: float | None
+    delta: float | None
+    accountant: str | None
+    composition: str | None
+    neighboring: str | None
+    end_to_end_dp: bool | None
+    private: bool
+    caveats: list[str]
+    statement: str
+    privacy: object
+    tickets: object
+    density: float | None
+    transfer: object
+    released_weights: str | None
+    noise_multiplier: float | None
+    noise_parameter: float | None
+    sigma_calibrated: bool | None
+    sample_rate: float | None
+    dataset: str
+    output: str
+    randomness: object
+    processes: object
+    log_dir: str | None
+    audit: dict[str, Any] | None = None
+    """An audited run's lower bound on ε beside the claim (dpltm.audit.run); no key in the JSON otherwise."""
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> TrainingReport:
+        return cls(**body)
+
+    def to_json(self) -> dict[str, object]:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.audit is None:
+            del body["audit"]
+        return body
+
+def print_training_report(report: TrainingReport, console: Console = err_console) -> None:
     """The human summary: the result on stdout as a CLI's output, or on stderr beside a `--json`
     report (the CLI's, alone on stdout)."""
-    val_accuracy = report["val_accuracy"]
-    validation = ("no validation set" if val_accuracy is None or math.isnan(val_accuracy)
-                  else f"validation {val_accuracy:.4f}")
-    console.print(f"test accuracy {report['test_accuracy']:.4f} ({validation}) "
-                  f"after {report['epochs_run']} epochs, {report['steps']} steps: {report['stop_reason']}")
-    if report["noise_multiplier"] is not None:
-        how = "calibrated" if report["sigma_calibrated"] else "given"
-        if report["noise_parameter"] != report["noise_multiplier"]:
-            how = f"effective; plug-in parameter {format_sigma(report['noise_parameter'])}, {how}"
-        console.print(f"noise multiplier σ = {format_sigma(report['noise_multiplier'])} ({how}), "
-                      f"q = {format_rate(report['sample_rate'])}")
-    console.print(report["statement"], markup=False, highlight=False)
-    console.print(f"model: {report['output']}" + (f"; log: {report['log_dir']}" if report.get("log_dir") else ""))
+    r = report
+    validation = ("no validation set" if r.val_accuracy is None or math.isnan(r.val_accuracy)
+                  else f"validation {r.val_accuracy:.4f}")
+    console.print(f"test accuracy {r.test_accuracy:.4f} ({validation}) "
+                  f"after {r.epochs_run} epochs, {r.steps} steps: {r.stop_reason}")
+    if r.noise_multiplier is not None:
+        how = "calibrated" if r.sigma_calibrated else "given"
+        if r.noise_parameter != r.noise_multiplier:
+            how = f"effective; plug-in parameter {format_sigma(r.noise_parameter)}, {how}"
+        console.print(f"noise multiplier σ = {format_sigma(r.noise_multiplier)} ({how}), "
+                      f"q = {format_rate(r.sample_rate)}")
+    console.print(r.statement, markup=False, highlight=False)
+    console.print(f"model: {r.output}" + (f"; log: {r.log_dir}" if r.log_dir else ""))
 
 
 class TrainingRequest(CommandRequest):
@@ -374,8 +425,7 @@ class TrainRequest(TrainingRequest):
                                  "them with --dense")
         self._check_network()
 
-    def run(self) -> dict[str, Any]:
-        """The training report (dpltm.training.pipeline.final_report)."""
+    def run(self) -> TrainingReport:
         from dpltm.dp.distributed import Distribution
         from dpltm.run_log import check_logger
 

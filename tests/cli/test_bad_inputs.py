@@ -904,12 +904,17 @@ def test_full_disk_is_one_line_and_leaves_no_file(command: str, tmp_path: Path, 
 def test_a_run_without_validation_records_says_so_not_nan(val_accuracy: float | None, shown: str) -> None:
     from rich.console import Console
 
-    from dpltm.stages.train import print_training_report
+    from dpltm.stages.train import TrainingReport, print_training_report
 
     console = Console(file=io.StringIO(), width=200)
-    print_training_report({"test_accuracy": 0.9, "val_accuracy": val_accuracy, "epochs_run": 1, "steps": 2,
-                           "stop_reason": "finished 1 epochs", "noise_multiplier": None, "statement": "non-private",
-                           "output": "m.pt"}, console)
+    unread = dict.fromkeys(("epsilon", "epsilon_dp_part", "epsilon_scope", "warning", "epsilon_spent_at_stop",
+                            "delta", "accountant", "composition", "neighboring", "end_to_end_dp", "private",
+                            "caveats", "privacy", "tickets", "density", "transfer", "released_weights",
+                            "noise_parameter", "sigma_calibrated", "sample_rate", "dataset", "randomness",
+                            "processes", "log_dir"))
+    print_training_report(TrainingReport(**unread, test_accuracy=0.9, val_accuracy=val_accuracy, epochs_run=1,
+                                         steps=2, stop_reason="finished 1 epochs", noise_multiplier=None,
+                                         statement="non-private", output="m.pt"), console)
     assert shown in console.file.getvalue() and "nan" not in console.file.getvalue()  # type: ignore[attr-defined]
 
 
