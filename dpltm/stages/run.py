@@ -37,6 +37,7 @@ from dpltm.stages.train import check_lr_given, check_planned_training, stage_tra
 
 if TYPE_CHECKING:
     from dpltm.settings import GenerateConfig, TrainConfig
+    from dpltm.stages.train import TrainingReport
 
 TUNED_RECIPE_MIN_RECORDS = 20000
 """`run --recipe auto` takes the tuned recipe from this many private training records up: it was
@@ -161,7 +162,7 @@ class RunRequest(CommandRequest):
     json_out: bool = opt.JSON(False)
 
 
-def stage_run(request: RunRequest) -> dict[str, Any]:
+def stage_run(request: RunRequest) -> TrainingReport:
     """Run every stage; returns the DP training's report. Each dataset is read once for all of them."""
     from dpltm.data.loaders import each_dataset_loaded_once
 
@@ -169,7 +170,7 @@ def stage_run(request: RunRequest) -> dict[str, Any]:
         return _stage_run(request)
 
 
-def _stage_run(request: RunRequest) -> dict[str, Any]:
+def _stage_run(request: RunRequest) -> TrainingReport:
     from dpltm.run_log import check_logger
 
     r = request
@@ -203,7 +204,7 @@ def _stage_run(request: RunRequest) -> dict[str, Any]:
     return _run_public_tickets(r)
 
 
-def _run_public_tickets(r: RunRequest) -> dict[str, Any]:
+def _run_public_tickets(r: RunRequest) -> TrainingReport:
     from dpltm.config import resolve_select_config, resolve_train_config
     from dpltm.data import load_dataset
     from dpltm.data.loaders import SPECS
@@ -434,7 +435,7 @@ def check_planned_start(planned: TrainConfig, private_classes: int, public_class
                              "classes); use --output-layer reinit")
 
 
-def _run_private_tickets(r: RunRequest) -> dict[str, Any]:
+def _run_private_tickets(r: RunRequest) -> TrainingReport:
     """A private ticket on the private data, then its DP training; the warm-up is taken out of the
     recipe's epochs, and one σ makes the whole run meet --eps."""
     from dpltm.config import resolve_train_config
