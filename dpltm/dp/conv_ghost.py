@@ -17,6 +17,8 @@ its clipped sum is the contraction times the mask, (Σ_i c_i G_i U_iᵀ) ⊙ M.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -109,7 +111,7 @@ def grams_cost_less(positions: int, inputs: int, outputs: int) -> bool:
 
 
 def forms_by_groups(module: nn.Conv1d | nn.Conv2d, g: Tensor, masked: bool) -> bool:
-    """Whether this layer's norms come from `grouped_sq_norms` (`GROUPED_MIN_POSITIONS`): a CPU convolution with
+    """Whether this layer's norms come from `grouped_grads` (`GROUPED_MIN_POSITIONS`): a CPU convolution with
     many positions whose norm is not cheaper by the Grams (an unmasked weight) or must be formed (a masked one)."""
     positions, outputs = g[0, 0].numel(), module.out_channels // module.groups
     if g.device.type != "cpu" or positions < GROUPED_MIN_POSITIONS:
@@ -117,14 +119,12 @@ def forms_by_groups(module: nn.Conv1d | nn.Conv2d, g: Tensor, masked: bool) -> b
     return masked or not grams_cost_less(positions, module.weight[0].numel(), outputs)
 
 
-def grouped_sq_norms(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, mask: Tensor | None) -> Tensor:
-    """‖∇_W ℓ_i ⊙ M‖² per sample, the gradients formed a chunk of samples at a time as ONE convolution's weight
-    gradient: the chunk's samples side by side as channel groups (b·groups groups), so group s·groups + j of the
-    result is sample s's gradient of the layer's group j. No unfolded patches."""
+def grouped_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, mask: Tensor | None) -> Iterator[Tensor]:
+    """The per-sample weight gradients (b, out, K) ⊙ M, a chunk of b samples at a time, each chunk formed as ONE
+    convolution's weight gradient: the chunk's samples side by side as channel groups (b·groups groups), so group
+    s·groups + j of the result is sample s's gradient of the layer's group j. No unfolded patches."""
     a, padding = padded_input(module, a)
-    per_sample = module.weight.numel()
-    step = max(1, CHUNK_ELEMENTS // per_sample)
-    norms = []
+    step = max(1, CHUNK_ELEMENTS // module.weight.numel())
     for i in range(0, g.shape[0], step):
         rows_a, rows_g = a[i:i + step], g[i:i + step]
         b = rows_g.shape[0]
@@ -133,10 +133,21 @@ def grouped_sq_norms(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, mask: 
             rows_g.reshape(1, -1, *rows_g.shape[2:]), rows_a.reshape(1, -1, *rows_a.shape[2:]), shape_only, None,
             module.stride, padding, module.dilation, False, [0] * len(padding), b * module.groups,
             [False, True, False])[1].reshape(b, module.out_channels, -1)
-        if mask is not None:
-            formed = formed.mul_(mask.reshape(module.out_channels, -1))
-        norms.append(torch.linalg.vector_norm(formed, dim=(1, 2)).square())
-    return torch.cat(norms) if norms else g.new_zeros(0)
+        yield formed if mask is None else formed.mul_(mask.reshape(module.out_channels, -1))
+
+
+def formed_sum(chunks: Iterable[Tensor], factors: Tensor, finite: Tensor | None) -> Tensor:
+    """Σ_i c_i ∇_W ℓ_i from formed gradients, chunk after chunk in one order (whether the chunks were kept from the
+    norms or formed again: the same bits); a row not finite adds exactly zero."""
+    total, start = None, 0
+    for formed in chunks:
+        rows = formed.shape[0]
+        if finite is not None:
+            formed = torch.where(finite[start:start + rows].view(-1, 1, 1), formed, 0.0)
+        part = factors[start:start + rows] @ formed.reshape(rows, -1).to(factors.dtype)
+        total, start = part if total is None else total.add_(part), start + rows
+    assert total is not None, "a batch has at least one row here"
+    return total
 
 
 def clipped_weight_sum(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor) -> Tensor:

@@ -149,6 +149,29 @@ def test_conv1d_with_many_positions_forms_its_gradients_by_groups(seed: int, bat
     check_rule(layer, x, g, masked)
 
 
+@pytest.mark.parametrize("masked", [(), ("weight",)])
+def test_formed_gradients_kept_or_formed_again_give_the_same_sum_bits(masked: tuple[str, ...]) -> None:
+    """One backward pass keeps a grouped layer's formed gradients for its sum; two passes form them again: the
+    same bits either way, a row that is not finite adding exactly nothing."""
+    g = seeded(7)
+    layer = nn.Conv1d(4, 6, 3, padding=1, groups=2)
+    x = torch.randn(5, 4, GROUPED_MIN_POSITIONS + 40, generator=g)
+    out = layer(x)
+    grad = torch.randn(out.shape, generator=g)
+    grad[2, 0, 0] = float("nan")
+    masks = random_masks(layer, g, masked)
+    finite = torch.tensor([True, True, False, True, True])
+    factors = torch.rand(5, generator=g) * finite
+    rule, sums = rule_for(layer), []
+    for hold in (True, False):
+        call = LayerCall("layer", layer, hold_for_sum=hold)
+        call.record(layer, (x,), {}, out)
+        _, state = rule.sq_norms(call, grad, masks)
+        assert isinstance(state, list) == hold
+        sums.append(rule.clipped_sums(call, grad, factors, finite, masks, state))
+    assert all(bool(torch.isfinite(v).all()) and torch.equal(v, sums[1][n]) for n, v in sums[0].items())
+
+
 @pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "circular"])
 @pytest.mark.parametrize(("height", "width", "grouped"), [(7, 8, False), (20, 30, True)])
 def test_conv2d(padding_mode: str, height: int, width: int, grouped: bool) -> None:

@@ -1,11 +1,13 @@
-"""nn.Conv1d and nn.Conv2d's rule: norms and clipped sums from unfolded input patches, no per-sample gradient held.
+"""nn.Conv1d and nn.Conv2d's rule: exact masked per-sample norms and clipped sums without torch.func.
 
 A convolution is a matmul per output position: z_i[:, l] = W u_il with u_il the input patch that position
 reads, so sample i's weight gradient is Σ_l g_il u_ilᵀ = G_i U_iᵀ (per group). Its norm is taken by the cheaper
 of two T × T Grams (the ghost norm, Li et al. 2022 §4; Bu et al. 2022's mixed ghost clipping) and the formed
-gradient, formed a chunk of samples at a time under a mask, which no Gram identity survives; the clipped sum is
-the layer's weight-gradient kernel on the scaled output gradient (dpltm.dp.conv_ghost). A 1-D convolution is the
-2-D one on an input of height 1 with a 1 × k kernel, which lets one `F.unfold` serve both.
+gradient, formed a chunk of samples at a time (under a mask, which no Gram identity survives) from unfolded
+patches or, on the CPU at many positions, as one grouped weight gradient; the clipped sum is B numbers a
+coordinate from gradients so formed, else the layer's weight-gradient kernel on the scaled output gradient
+(dpltm.dp.conv_ghost). A 1-D convolution is the 2-D one on an input of height 1 with a 1 × k kernel, which lets
+one `F.unfold` serve both.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from dpltm.dp.conv_ghost import (
     clipped_bias_sum,
     clipped_weight_sum,
     conv_operands,
+    formed_sum,
     forms_by_groups,
-    grouped_sq_norms,
+    grouped_grads,
     weight_sq_norms,
 )
 from dpltm.dp.rules.base import LayerCall, LocalMasks, WeightAndBiasRule, register_rule, zero_rows
@@ -33,16 +36,30 @@ def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Te
     return torch.einsum("bgot,bgkt->bgok", grads, patches).reshape(a.shape[0], *module.weight.shape)
 
 
-def conv_clipped_sums(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor,
-                      masks: LocalMasks) -> dict[str, Tensor]:
+KEEP_FORMED_MAX_BYTES = 1 << 25
+"""A convolution's formed per-sample gradients up to this size (32 MB) are kept from its norms to its sum, which is
+then B numbers a coordinate; larger ones are formed again for the sum rather than held."""
+
+
+class FormAgain:
+    """The state of a layer whose formed gradients were not kept: the sum forms them again, chunk by chunk."""
+
+
+def conv_clipped_sums(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor, finite: Tensor | None,
+                      masks: LocalMasks, formed: list[Tensor] | FormAgain | None) -> dict[str, Tensor]:
     """The clipped sums of a convolution with input `a` and output gradient `g` (dpltm.dp.conv_ghost), then the
-    mask."""
+    mask: from the formed gradients where the norms formed them, else by the layer's weight-gradient kernel."""
     sums = {}
     if module.weight.requires_grad:
-        total = clipped_weight_sum(module, a, g, factors).to(g.dtype)
+        if formed is None:
+            total = clipped_weight_sum(module, zero_rows(a, finite), zero_rows(g, finite), factors)
+        else:
+            chunks = grouped_grads(module, a, g, masks.get("weight")) if isinstance(formed, FormAgain) else formed
+            total = formed_sum(chunks, factors, finite).reshape(module.weight.shape)
+        total = total.to(g.dtype)
         sums["weight"] = total if "weight" not in masks else total.mul_(masks["weight"])
     if module.bias is not None and module.bias.requires_grad:
-        grads = g.reshape(g.shape[0], module.groups, module.out_channels // module.groups, -1)
+        grads = zero_rows(g, finite).reshape(g.shape[0], module.groups, module.out_channels // module.groups, -1)
         total = clipped_bias_sum(grads, factors).to(g.dtype)
         sums["bias"] = total if "bias" not in masks else total.mul_(masks["bias"])
     return sums
@@ -69,9 +86,9 @@ def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
 
 class ConvRule(WeightAndBiasRule):
     """A convolution (any stride, dilation, groups, numeric or 'same'/'valid' padding, any padding mode): the norm
-    by the cheaper of the ghost norm and formed gradients (formed, a chunk of samples at a time, under a mask), the
-    clipped sum by the layer's weight-gradient kernel: no per-sample gradient or patches held from the norms to the
-    sum."""
+    by the cheaper of the ghost norm and formed gradients (formed, a chunk of samples at a time, under a mask); the
+    clipped sum from the formed gradients where the norms formed them by groups, else by the layer's weight-gradient
+    kernel."""
 
     weight_grads = staticmethod(conv_weight_grads)
 
@@ -80,23 +97,28 @@ class ConvRule(WeightAndBiasRule):
         return g.flatten(2).sum(dim=2)
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
+        """The norms, and the formed gradients where the norms formed them by groups (kept for the sum when small,
+        else `FormAgain`); None where the sum takes the weight-gradient kernel."""
         assert call.input is not None
         module = call.module
-        if module.weight.requires_grad and forms_by_groups(module, g, "weight" in masks):  # type: ignore[arg-type]
-            total = grouped_sq_norms(module, call.input, g, masks.get("weight"))  # type: ignore[arg-type]
-            total = total.to(torch.promote_types(g.dtype, torch.float32))
-            if module.bias is not None and module.bias.requires_grad:
-                bias = g.flatten(2).sum(dim=2)
-                total = total + (bias if "bias" not in masks else bias * masks["bias"]).pow(2).sum(dim=1)
-            return total, None
-        patches, grads = conv_operands(module, call.input, g)  # type: ignore[arg-type]
-        return operand_sq_norms(module, patches, grads, masks, g.dtype), None
+        if not (module.weight.requires_grad and forms_by_groups(module, g, "weight" in masks)):  # type: ignore[arg-type]
+            patches, grads = conv_operands(module, call.input, g)  # type: ignore[arg-type]
+            return operand_sq_norms(module, patches, grads, masks, g.dtype), None
+        keep = call.hold_for_sum and g.shape[0] * module.weight.numel() * g.element_size() <= KEEP_FORMED_MAX_BYTES
+        chunks = grouped_grads(module, call.input, g, masks.get("weight"))  # type: ignore[arg-type]
+        state: list[Tensor] | FormAgain = list(chunks) if keep else FormAgain()
+        total = torch.cat([torch.linalg.vector_norm(formed, dim=(1, 2)).square()
+                           for formed in (state if keep else chunks)])  # type: ignore[union-attr]
+        total = total.to(torch.promote_types(g.dtype, torch.float32))
+        if module.bias is not None and module.bias.requires_grad:
+            bias = g.flatten(2).sum(dim=2)
+            total = total + (bias if "bias" not in masks else bias * masks["bias"]).pow(2).sum(dim=1)
+        return total, state
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
                      masks: LocalMasks, state: Any) -> dict[str, Tensor]:
         assert call.input is not None
-        return conv_clipped_sums(call.module, zero_rows(call.input, finite), zero_rows(g, finite),  # type: ignore[arg-type]
-                                 factors, masks)
+        return conv_clipped_sums(call.module, call.input, g, factors, finite, masks, state)  # type: ignore[arg-type]
 
 
 @register_rule(nn.Conv1d)
