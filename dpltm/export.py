@@ -33,6 +33,7 @@ from dpltm.errors import DpltmUserError, one_line
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TrainedModel
+    from dpltm.artefacts.trained_model import ReleasedPrivacy
 
 FORMAT = "dpltm-export-v1"
 SUFFIX = ".safetensors"
@@ -48,8 +49,7 @@ class LoadedModel:
     data: dict[str, Any]
     """dataset, split, val_fraction, seed and counts of the data the model was trained on, and its
     fingerprint only for official files (dpltm.data.release)."""
-    privacy: dict[str, Any]
-    """epsilon (whole run; "inf" when not end to end), epsilon_dp_part, delta, end_to_end_dp, statement."""
+    privacy: ReleasedPrivacy
     source: str  # "checkpoint" or "safetensors"
 
 
@@ -114,7 +114,7 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
         "architecture": json.dumps(trained.architecture),
         "input_normalisation": json.dumps(INPUT_NORMALISATION.get(str(data["dataset"]), {})),
         "data": json.dumps(data),
-        "privacy": json.dumps(trained.privacy_summary()),
+        "privacy": json.dumps(trained.released_privacy.to_dict()),
         "privacy_statement": trained.privacy.statement,
         "ledger": json.dumps(trained.privacy.ledger.to_json()),
         "test_accuracy": json.dumps(trained.test_accuracy),
@@ -168,6 +168,7 @@ def _run_export(body: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[
     """A library run (`PrivateTraining.save`) as safetensors: the model's state_dict (pruned weights 0)
     and masks, the ledger and the statement computed from it, and nothing about the data but its name
     and N (public under add/remove). The network is the user's own: load the state_dict into it."""
+    from dpltm.artefacts.trained_model import ReleasedPrivacy
     from dpltm.privacy.ledger import PrivacyLedger
 
     if body.get("ledger") is None:
@@ -177,16 +178,16 @@ def _run_export(body: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[
     for name, mask in body["masks"].items():
         tensors[f"mask_{name}"] = torch_tensor(mask).bool()
     report = ledger.report()
-    privacy = {"epsilon": report["overall_epsilon"], "epsilon_dp_part": report["epsilon"], "delta": ledger.delta,
-               "end_to_end_dp": ledger.end_to_end_dp, "private": True, "accountant": ledger.accountant,
-               "neighboring": ledger.neighboring, "statement": ledger.statement()}
+    privacy = ReleasedPrivacy(float(report["overall_epsilon"]), float(report["epsilon"]), ledger.delta,
+                              ledger.end_to_end_dp, True, ledger.accountant, ledger.neighboring, None,
+                              ledger.statement())
     metadata = {
         "format": FORMAT,
         "architecture": json.dumps({"kind": USER_MODEL, "note": "a dpltm.make_private run of your own nn.Module: "
                                     "load these tensors (without the mask_ entries) with model.load_state_dict"}),
         "input_normalisation": json.dumps({}),
         "data": json.dumps({"dataset": body["dataset_name"], "n_train": body["dataset_size"]}),
-        "privacy": json.dumps(privacy),
+        "privacy": json.dumps(privacy.to_dict()),
         "privacy_statement": ledger.statement(),
         "ledger": json.dumps(body["ledger"]),
         "test_accuracy": json.dumps(None),
@@ -299,6 +300,7 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
     from safetensors.torch import load_file
 
     from dpltm.artefacts.format import current_parameter_names
+    from dpltm.artefacts.trained_model import ReleasedPrivacy
     from dpltm.masks import pruned_but_not_zero, split_stored_state
     from dpltm.networks.lenet import Architecture, build_network
 
@@ -331,8 +333,8 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
             raise DpltmUserError(f"{path} is a damaged dpltm export: its weights do not fit its architecture record "
                                  f"({one_line(detail, 200)})") from None
         check_digest(path, stored)
-        return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
-                           "safetensors")
+        return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]),
+                           ReleasedPrivacy.from_dict(json.loads(metadata["privacy"])), "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
         raise DpltmUserError(f"{path} is a damaged dpltm export ({str(exc).splitlines()[0][:120]})") from None
 
@@ -344,5 +346,5 @@ def load_any_model(path: Path) -> LoadedModel:
     from dpltm.checkpoint import load_trained_model
 
     trained = load_trained_model(path)
-    return LoadedModel(trained.network(), trained.architecture, _data_summary(trained), trained.privacy_summary(),
+    return LoadedModel(trained.network(), trained.architecture, _data_summary(trained), trained.released_privacy,
                        "checkpoint")
