@@ -78,30 +78,6 @@ class PrivacyRecord:
         return self.ledger.get_epsilon(delta) if not self.adaptive_stop else math.inf
 
     @property
-    def epsilon_scope(self) -> str:
-        return str(self.ledger_report["epsilon_scope"])
-
-    @property
-    def warning(self) -> str | None:
-        return self.ledger.warning()
-
-    @property
-    def delta(self) -> float:
-        return self.ledger.delta
-
-    @property
-    def accountant(self) -> str:
-        return self.ledger.accountant
-
-    @property
-    def composition(self) -> str:
-        return str(self.ledger_report["composition"])
-
-    @property
-    def neighboring(self) -> str:
-        return self.ledger.neighboring
-
-    @property
     def statement(self) -> str:
         """The caveats, then the ledger's plain-English statement (what `train` prints and exports carry)."""
         return "\n".join([*(f"CAVEAT: {c}" for c in self.caveats), self.ledger.statement()])
@@ -343,9 +319,10 @@ class TrainedModel(Artefact):
         report = {
             "test_accuracy": self.test_accuracy, "val_accuracy": self.val_accuracy, "epochs_run": self.epochs_run,
             "steps": o.steps, "stop_reason": o.stop_reason, "epsilon": _json_float(p.epsilon),
-            "epsilon_dp_part": _json_float(p.epsilon_dp_part), "epsilon_scope": p.epsilon_scope,
-            "warning": p.warning, "epsilon_spent_at_stop": self.epsilon_spent_at_stop, "delta": p.delta,
-            "accountant": p.accountant, "composition": p.composition, "neighboring": p.neighboring,
+            "epsilon_dp_part": _json_float(p.epsilon_dp_part), "epsilon_scope": p.ledger_report["epsilon_scope"],
+            "warning": p.ledger.warning(), "epsilon_spent_at_stop": self.epsilon_spent_at_stop, "delta": p.ledger.delta,
+            "accountant": p.ledger.accountant, "composition": p.ledger_report["composition"],
+            "neighboring": p.ledger.neighboring,
             "end_to_end_dp": p.end_to_end_dp, "private": p.private, "caveats": list(p.caveats),
             "statement": p.statement, "privacy": p.ledger_report,
             "tickets": o.tickets, "density": o.density, "transfer": self.transfer.to_dict(),
@@ -362,8 +339,8 @@ class TrainedModel(Artefact):
     def released_privacy(self) -> ReleasedPrivacy:
         """What `predict` and an export's metadata say about privacy (`export.LoadedModel.privacy`)."""
         p = self.privacy
-        return ReleasedPrivacy(p.epsilon, p.epsilon_dp_part, p.delta, p.end_to_end_dp, p.private, p.accountant,
-                               p.neighboring, self.outcome.released_weights, p.statement)
+        return ReleasedPrivacy(p.epsilon, p.epsilon_dp_part, p.ledger.delta, p.end_to_end_dp, p.private,
+                               p.ledger.accountant, p.ledger.neighboring, self.outcome.released_weights, p.statement)
 
     def network(self) -> nn.Module:
         """The released network, in eval mode, on the CPU (its pruned weights are 0)."""
