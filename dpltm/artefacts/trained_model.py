@@ -128,11 +128,8 @@ class ReleasedPrivacy:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object an export stores, in the order it has always had."""
-        body = {"epsilon": _json_float(self.epsilon), "epsilon_dp_part": _json_float(self.epsilon_dp_part),
-                **{f.name: getattr(self, f.name) for f in fields(self)[2:]}}
-        if self.released_weights is None:
-            del body["released_weights"]
-        return body
+        body = body_of(self, [f.name for f in fields(self)], ("released_weights",))
+        return {**body, "epsilon": _json_float(self.epsilon), "epsilon_dp_part": _json_float(self.epsilon_dp_part)}
 
     @classmethod
     def from_dict(cls, stated: Mapping[str, Any]) -> ReleasedPrivacy:
@@ -154,25 +151,24 @@ class EpochRow:
     epsilon: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
-    _CORE = ("epoch", "steps", "val_accuracy", "test_accuracy", "epsilon")
+    _TYPES = {"epoch": (int,), "steps": (int,), "val_accuracy": (float,), "test_accuracy": (float,),
+              "epsilon": (float,)}
 
     def to_dict(self) -> dict[str, float]:
-        return {**body_of(self, self._CORE, ("epsilon",)), **self.metrics}
+        return {**body_of(self, self._TYPES, ("epsilon",)), **self.metrics}
 
     @classmethod
     def from_dict(cls, record: Mapping[str, float]) -> EpochRow:
-        return cls(**{k: record[k] for k in cls._CORE if k in record},  # type: ignore[arg-type]
-                   metrics={k: v for k, v in record.items() if k not in cls._CORE})
+        return cls(**{k: record[k] for k in cls._TYPES if k in record},  # type: ignore[arg-type]
+                   metrics={k: v for k, v in record.items() if k not in cls._TYPES})
 
     @classmethod
     def checked(cls, record: Any, index: int, read: Reader) -> EpochRow:
         """Row `index` of a model file's history, its fields' types checked."""
-        where = f"history[{index}]."
         if not isinstance(record, Mapping):
-            raise read.damaged(f"'history[{index}]' is not a record")
-        for key, types in (("epoch", (int,)), ("steps", (int,)), ("val_accuracy", (float,)),
-                           ("test_accuracy", (float,)), ("epsilon", (float,))):
-            read.field(record, key, types, where, optional=key == "epsilon")
+            raise read.damaged("'history' must be a list of records")
+        for key, types in cls._TYPES.items():
+            read.field(record, key, types, f"history[{index}].", optional=key == "epsilon")
         return cls.from_dict(record)
 
 
