@@ -32,7 +32,10 @@ from typing import TYPE_CHECKING, Any
 from dpltm.errors import DpltmUserError, one_line
 
 if TYPE_CHECKING:
+    import torch
+
     from dpltm.artefacts import TrainedModel
+    from dpltm.artefacts.trained_model import ReleasedPrivacy
 
 FORMAT = "dpltm-export-v1"
 SUFFIX = ".safetensors"
@@ -43,13 +46,11 @@ DIGEST_KEY = "digest"
 class LoadedModel:
     """A model ready for inference, and what is known about how it was made."""
 
-    model: Any  # the network (dpltm.networks.lenet.build_network), in eval mode, on the CPU
-    architecture: dict[str, Any]
+    model: Any  # the network (dpltm.networks.lenet.build_network), in eval mode, on the CPU; its `arch` built
     data: dict[str, Any]
     """dataset, split, val_fraction, seed and counts of the data the model was trained on, and its
     fingerprint only for official files (dpltm.data.release)."""
-    privacy: dict[str, Any]
-    """epsilon (whole run; "inf" when not end to end), epsilon_dp_part, delta, end_to_end_dp, statement."""
+    privacy: ReleasedPrivacy
     source: str  # "checkpoint" or "safetensors"
 
 
@@ -88,7 +89,7 @@ def private_fingerprints(trained: TrainedModel) -> list[str]:
     return found
 
 
-def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None = None) -> dict[str, str]:
     """Write `model_path` (a `dpltm train` checkpoint) to `out` as safetensors; returns the metadata.
     `warn` hears about fingerprints of user data an older model file carried (not exported)."""
     from safetensors.torch import save
@@ -114,7 +115,7 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
         "architecture": json.dumps(trained.architecture),
         "input_normalisation": json.dumps(INPUT_NORMALISATION.get(str(data["dataset"]), {})),
         "data": json.dumps(data),
-        "privacy": json.dumps(trained.privacy_summary()),
+        "privacy": json.dumps(trained.released_privacy.to_dict()),
         "privacy_statement": trained.privacy.statement,
         "ledger": json.dumps(trained.privacy.ledger.to_json()),
         "test_accuracy": json.dumps(trained.test_accuracy),
@@ -128,7 +129,7 @@ def export_model(model_path: Path, out: Path, warn: Callable[[str], None] | None
     return metadata
 
 
-def content_digest(metadata: dict[str, str], tensors: dict[str, Any]) -> str:
+def content_digest(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 over the metadata (all but the digest) and the tensors' names, dtypes, shapes and bytes."""
     import torch
 
@@ -142,7 +143,7 @@ def content_digest(metadata: dict[str, str], tensors: dict[str, Any]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def check_digest(path: Path, tensors: dict[str, Any] | None = None) -> None:
+def check_digest(path: Path, tensors: dict[str, torch.Tensor] | None = None) -> None:
     """Refuse an export whose contents differ from the digest `dpltm export` wrote (none: nothing to check).
     Called after the file's other checks, whose messages say more where they apply. `tensors`: the file's
     tensors as already read (else read here); the metadata is read as stored, not as `read_metadata`
@@ -164,10 +165,11 @@ USER_MODEL = "user-model"
 """The architecture of an exported library run: the user's own nn.Module, which the file cannot rebuild."""
 
 
-def _run_export(body: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+def _run_export(body: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """A library run (`PrivateTraining.save`) as safetensors: the model's state_dict (pruned weights 0)
     and masks, the ledger and the statement computed from it, and nothing about the data but its name
     and N (public under add/remove). The network is the user's own: load the state_dict into it."""
+    from dpltm.artefacts.trained_model import ReleasedPrivacy
     from dpltm.privacy.ledger import PrivacyLedger
 
     if body.get("ledger") is None:
@@ -177,16 +179,16 @@ def _run_export(body: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[
     for name, mask in body["masks"].items():
         tensors[f"mask_{name}"] = torch_tensor(mask).bool()
     report = ledger.report()
-    privacy = {"epsilon": report["overall_epsilon"], "epsilon_dp_part": report["epsilon"], "delta": ledger.delta,
-               "end_to_end_dp": ledger.end_to_end_dp, "private": True, "accountant": ledger.accountant,
-               "neighboring": ledger.neighboring, "statement": ledger.statement()}
+    privacy = ReleasedPrivacy(float(report["overall_epsilon"]), float(report["epsilon"]), ledger.delta,
+                              ledger.end_to_end_dp, True, ledger.accountant, ledger.neighboring, None,
+                              ledger.statement())
     metadata = {
         "format": FORMAT,
         "architecture": json.dumps({"kind": USER_MODEL, "note": "a dpltm.make_private run of your own nn.Module: "
                                     "load these tensors (without the mask_ entries) with model.load_state_dict"}),
         "input_normalisation": json.dumps({}),
         "data": json.dumps({"dataset": body["dataset_name"], "n_train": body["dataset_size"]}),
-        "privacy": json.dumps(privacy),
+        "privacy": json.dumps(privacy.to_dict()),
         "privacy_statement": ledger.statement(),
         "ledger": json.dumps(body["ledger"]),
         "test_accuracy": json.dumps(None),
@@ -198,7 +200,7 @@ def _run_export(body: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[
     return metadata, tensors
 
 
-def torch_tensor(value: Any) -> Any:
+def torch_tensor(value: Any) -> torch.Tensor:
     import torch
 
     return torch.as_tensor(value).detach().cpu().contiguous()
@@ -299,6 +301,7 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
     from safetensors.torch import load_file
 
     from dpltm.artefacts.format import current_parameter_names
+    from dpltm.artefacts.trained_model import ReleasedPrivacy
     from dpltm.masks import pruned_but_not_zero, split_stored_state
     from dpltm.networks.lenet import Architecture, build_network
 
@@ -331,8 +334,8 @@ def load_exported(path: Path, metadata: dict[str, str] | None = None) -> LoadedM
             raise DpltmUserError(f"{path} is a damaged dpltm export: its weights do not fit its architecture record "
                                  f"({one_line(detail, 200)})") from None
         check_digest(path, stored)
-        return LoadedModel(model.eval(), architecture, json.loads(metadata["data"]), json.loads(metadata["privacy"]),
-                           "safetensors")
+        return LoadedModel(model.eval(), json.loads(metadata["data"]),
+                           ReleasedPrivacy.from_dict(json.loads(metadata["privacy"])), "safetensors")
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as exc:
         raise DpltmUserError(f"{path} is a damaged dpltm export ({str(exc).splitlines()[0][:120]})") from None
 
@@ -344,5 +347,4 @@ def load_any_model(path: Path) -> LoadedModel:
     from dpltm.checkpoint import load_trained_model
 
     trained = load_trained_model(path)
-    return LoadedModel(trained.network(), trained.architecture, _data_summary(trained), trained.privacy_summary(),
-                       "checkpoint")
+    return LoadedModel(trained.network(), _data_summary(trained), trained.released_privacy, "checkpoint")

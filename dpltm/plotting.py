@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ def run_file(path: Path) -> Path:
     return path / RUN_FILE if path.is_dir() else path
 
 
-def read_run(path: Path) -> dict[str, Any]:
+def read_run(path: Path) -> PlotRun:
     """The run record at `path` (a run folder or its run.json), checked well enough that drawing
     it cannot fail half way: every mistake is one `DpltmUserError` line naming the file."""
     file = run_file(path)
@@ -80,11 +81,10 @@ def read_run(path: Path) -> dict[str, Any]:
         said = {"running": "is still running, or was killed before it could say so",
                 "interrupted": "was interrupted", "failed": "failed"}[status]
         raise DpltmUserError(f"{file}: the {command} run {said} before it recorded any {field}: nothing to draw")
-    _check_records(body, command, file)
-    return body
+    return PlotRun.from_body(body, file)
 
 
-def _check_records(body: dict[str, Any], command: str, file: Path) -> None:
+def _check_records(body: Mapping[str, Any], command: str, file: Path) -> None:
     """The curve's records: a list of objects, each with its x value, metrics numbers or null."""
     field, x_key = _RECORDS[command]
     records = body.get(field)
@@ -131,15 +131,52 @@ def _number(value: Any) -> float | None:
 EPSILON_KEYS = ("epsilon", "epsilon_dp_part")
 
 
-def _epsilon_series(records: Sequence[dict[str, Any]]) -> list[float]:
-    key = next((k for k in EPSILON_KEYS if any(k in r for r in records)), EPSILON_KEYS[0])
-    return _series(records, key)
+@dataclass(frozen=True)
+class Point:
+    """One record of a run's curve: an epoch of a train run (`x` its number) or a ticket of a generate run
+    (`x` its density); None where the record has no number."""
+
+    x: float
+    val_accuracy: float | None
+    test_accuracy: float | None
+    epsilon: float | None = None
+    kind: str = "imp"
 
 
-def _series(records: Sequence[dict[str, Any]], key: str) -> list[float]:
+@dataclass(frozen=True)
+class PlotRun:
+    """What `dpltm plot` draws of one run.json: its command and status, its curve, and the privacy facts its
+    legend must not overstate (`private`: the report's word, else whether any ε was recorded;
+    `end_to_end_dp`: the report's, or the run's own; `dp_part`: its history names ε `epsilon_dp_part`)."""
+
+    command: str
+    points: tuple[Point, ...]
+    status: str | None = None
+    private: bool = False
+    end_to_end_dp: bool | None = None
+    dp_part: bool = False
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], file: Path) -> PlotRun:
+        """A run.json's body (its format and command already checked), its records checked."""
+        command = body["command"]
+        _check_records(body, command, file)
+        records, x_key = body[_RECORDS[command][0]], _RECORDS[command][1]
+        eps_key = next((k for k in EPSILON_KEYS if any(k in r for r in records)), EPSILON_KEYS[0])
+        points = tuple(Point(float(_number(r[x_key])), _number(r.get("val_accuracy")),  # type: ignore[arg-type]
+                             _number(r.get("test_accuracy")), _number(r.get(eps_key)), str(r.get("kind") or "imp"))
+                       for r in records)
+        report = body.get("report") or {}
+        history = body.get("history", [])
+        private = report["private"] if isinstance(report.get("private"), bool) else any(
+            _number(r.get(key)) is not None for r in history for key in EPSILON_KEYS)
+        return cls(command, points, body.get("status"), private, report.get("end_to_end_dp", body.get("end_to_end_dp")),
+                   any("epsilon_dp_part" in r for r in history))
+
+
+def _series(values: Sequence[float | None]) -> list[float]:
     """One metric across records, NaN where missing or infinite so that matplotlib leaves a gap
     (an infinite point would wreck the axis limits)."""
-    values = [_number(r.get(key)) for r in records]
     return [v if v is not None and math.isfinite(v) else math.nan for v in values]
 
 
@@ -151,23 +188,14 @@ def run_label(folder: Path) -> str:
     return "/".join(folder.resolve().parts[-3:])
 
 
-def is_private(run: dict[str, Any]) -> bool:
-    """The report's word when it has one; otherwise whether any ε was recorded."""
-    report = run.get("report") or {}
-    if isinstance(report.get("private"), bool):
-        return report["private"]
-    return any(_number(r.get(key)) is not None for r in run.get("history", []) for key in EPSILON_KEYS)
-
-
-def qualified_label(run: dict[str, Any], label: str) -> str:
+def qualified_label(run: PlotRun, label: str) -> str:
     """The legend label with the caveats a reader must not miss."""
-    report = run.get("report") or {}
-    if run["command"] == "train" and not is_private(run):
+    if run.command == "train" and not run.private:
         return label + NON_PRIVATE  # already says there is no guarantee; "not DP end to end" would repeat it
-    if report.get("end_to_end_dp", run.get("end_to_end_dp")) is False:
+    if run.end_to_end_dp is False:
         label += NOT_E2E
-    if run.get("status") in ("running", "failed", "interrupted"):
-        label += f" ({run['status']})"
+    if run.status in ("running", "failed", "interrupted"):
+        label += f" ({run.status})"
     return label
 
 
@@ -184,14 +212,14 @@ def _matplotlib() -> tuple[type, type]:
     return Figure, FigureCanvasAgg
 
 
-def run_figure(runs: list[dict[str, Any]], labels: list[str]) -> Figure:
+def run_figure(runs: list[PlotRun], labels: list[str]) -> Figure:
     """The figure for runs of one command, each labelled (plus its caveats) in the legend.
     Pure: builds the figure, saves nothing."""
     if len(runs) != len(labels):
         raise ValueError(f"{len(runs)} runs but {len(labels)} labels")
     if not runs:
         raise DpltmUserError("dpltm plot needs at least one run")
-    commands = sorted({run.get("command") for run in runs}, key=str)
+    commands = sorted({run.command for run in runs})
     if len(commands) > 1:
         raise DpltmUserError(f"cannot plot {' and '.join(map(str, commands))} runs together: plot them separately")
     figure_cls, canvas_cls = _matplotlib()
@@ -209,23 +237,22 @@ def run_figure(runs: list[dict[str, Any]], labels: list[str]) -> Figure:
     return fig
 
 
-def _draw_training(acc_ax: Axes, eps_ax: Axes, runs: list[dict[str, Any]], labels: list[str]) -> None:
+def _draw_training(acc_ax: Axes, eps_ax: Axes, runs: list[PlotRun], labels: list[str]) -> None:
     """Accuracy per epoch (test solid, validation dashed) and the DP part's ε per epoch; one
     colour per run across both panels."""
     from matplotlib.ticker import MaxNLocator
 
     for i, (run, label) in enumerate(zip(runs, labels)):
         colour = f"C{i % 10}"
-        history = run["history"]
-        epochs = _series(history, "epoch")
-        for key, style, name in (("test_accuracy", "-", "test"), ("val_accuracy", "--", "validation")):
-            values = _series(history, key)
-            if any(not math.isnan(v) for v in values):
-                acc_ax.plot(epochs, values, style, color=colour, marker=".", label=f"{label}: {name}")
-        if is_private(run):
-            eps_ax.plot(epochs, _epsilon_series(history), "-", color=colour, marker=".", label=label)
+        epochs = [p.x for p in run.points]
+        for values, style, name in (([p.test_accuracy for p in run.points], "-", "test"),
+                                    ([p.val_accuracy for p in run.points], "--", "validation")):
+            if any(not math.isnan(v) for v in _series(values)):
+                acc_ax.plot(epochs, _series(values), style, color=colour, marker=".", label=f"{label}: {name}")
+        if run.private:
+            eps_ax.plot(epochs, _series([p.epsilon for p in run.points]), "-", color=colour, marker=".", label=label)
     acc_ax.set(title="accuracy (solid: test, dashed: validation)", xlabel="epoch", ylabel="accuracy")
-    partial = any("epsilon_dp_part" in record for run in runs if is_private(run) for record in run["history"])
+    partial = any(run.dp_part for run in runs if run.private)
     eps_ax.set(title="privacy spent", xlabel="epoch", ylabel="ε (DP part)" if partial else "ε")
     for ax in (acc_ax, eps_ax):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -236,30 +263,31 @@ def _draw_training(acc_ax: Axes, eps_ax: Axes, runs: list[dict[str, Any]], label
                     ha="center", va="center", transform=eps_ax.transAxes)
 
 
-def ticket_metric(tickets: Sequence[dict[str, Any]]) -> str:
+def ticket_metric(tickets: Sequence[Point]) -> str:
     """Test accuracy when every ticket has one, else validation: one run's lines never mix the
     two, so its points stay comparable."""
-    has_test = bool(tickets) and all(_number(t.get("test_accuracy")) is not None for t in tickets)
+    has_test = bool(tickets) and all(t.test_accuracy is not None for t in tickets)
     return "test_accuracy" if has_test else "val_accuracy"
 
 
-def tickets_by_kind(tickets: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def tickets_by_kind(tickets: Sequence[Point]) -> dict[str, list[Point]]:
     """Tickets grouped by kind (first-seen order), each group from dense to sparse."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[Point]] = {}
     for ticket in tickets:
-        groups.setdefault(str(ticket.get("kind") or "imp"), []).append(ticket)
-    return {kind: sorted(group, key=lambda t: -float(t["density"])) for kind, group in groups.items()}
+        groups.setdefault(ticket.kind, []).append(ticket)
+    return {kind: sorted(group, key=lambda t: -t.x) for kind, group in groups.items()}
 
 
-def _draw_tickets(ax: Axes, runs: list[dict[str, Any]], labels: list[str]) -> None:
+def _draw_tickets(ax: Axes, runs: list[PlotRun], labels: list[str]) -> None:
     """Accuracy vs density, one line per ticket kind per run, log x from dense to sparse."""
     metrics = set()
     for i, (run, label) in enumerate(zip(runs, labels)):
-        metric = ticket_metric(run["tickets"])
+        metric = ticket_metric(run.points)
         metrics.add(metric)
-        for kind, group in tickets_by_kind(run["tickets"]).items():
-            ax.plot(_series(group, "density"), _series(group, metric), KIND_STYLES.get(kind, "-."),
-                    color=f"C{i % 10}", marker="o", label=f"{label}: {kind} ({metric.split('_')[0]})")
+        for kind, group in tickets_by_kind(run.points).items():
+            ax.plot(_series([t.x for t in group]), _series([getattr(t, metric) for t in group]),
+                    KIND_STYLES.get(kind, "-."), color=f"C{i % 10}", marker="o",
+                    label=f"{label}: {kind} ({metric.split('_')[0]})")
     ax.set_xscale("log")
     ax.invert_xaxis()
     ax.xaxis.set_major_formatter(_fraction_formatter())

@@ -11,6 +11,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TicketSet, TrainedModel, Winner
+    from dpltm.networks.lenet import Architecture
 
 
 def ticket_rows(tickets: TicketSet) -> list[dict[str, Any]]:
@@ -41,24 +42,27 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
-def arch_text(arch: dict[str, Any]) -> str:
+def arch_text(arch: Architecture) -> str:
     """A network in one phrase: layer widths, convolutions, projection (a network of its own file: its
     name first)."""
-    return (_widths(arch) + (f", projection {arch['project_to']}" if arch.get("project_to") else "")
-            + (f", {arch['activation']}" if arch.get("activation") else ""))
+    return _widths(arch) + _projection(arch) + (f", {arch.activation}" if arch.activation else "")
 
 
-def _widths(arch: dict[str, Any]) -> str:
-    named = f"{arch['name']} " if arch.get("name") else ""
-    return (f"{named}{arch['in_features']}-" + "".join(f"conv{c[0]}@{c[1]}x{c[1]}-" for c in arch.get("conv", []))
-            + f"{'-'.join(map(str, arch['hidden']))}-{arch['num_classes']}")
+def _widths(arch: Architecture) -> str:
+    named = f"{arch.name} " if arch.name else ""
+    return (f"{named}{arch.in_features}-" + "".join(f"conv{c[0]}@{c[1]}x{c[1]}-" for c in arch.conv)
+            + f"{'-'.join(map(str, arch.hidden))}-{arch.num_classes}")
+
+
+def _projection(arch: Architecture) -> str:
+    return f", projection {arch.project_to}" if arch.project_to else ""
 
 
 def print_tickets(tickets: TicketSet, console: Console) -> None:
-    data, arch, rounds = tickets.data, tickets.architecture, tickets.tickets
+    data, rounds = tickets.data, tickets.tickets
     layers = list(rounds[0].layer_density) if rounds else []
-    table = Table(title=f"tickets: {tickets.dataset} ({tickets.split} split), " + _widths(arch)
-                        + (f", projection {arch['project_to']}" if arch.get("project_to") else ""))
+    table = Table(title=f"tickets: {tickets.dataset} ({tickets.split} split), " + _widths(tickets.arch)
+                        + _projection(tickets.arch))
     table.add_column("round", justify="right")
     table.add_column("C", justify="right")
     for name in layers:
@@ -170,7 +174,7 @@ def print_ledger(ledger: dict[str, Any], console: Console) -> None:
 
 
 def print_model(trained: TrainedModel, console: Console) -> None:
-    head = {"dataset": trained.dataset, "network": arch_text(trained.architecture),
+    head = {"dataset": trained.dataset, "network": arch_text(trained.arch),
             "test_accuracy": trained.test_accuracy, "val_accuracy": trained.val_accuracy,
             "epochs_run": trained.epochs_run, "steps": trained.outcome.steps,
             "released_weights": trained.outcome.released_weights, "dpltm_version": trained.dpltm_version}
@@ -185,7 +189,7 @@ def print_model(trained: TrainedModel, console: Console) -> None:
 def print_winner(winner: Winner, console: Console) -> None:
     k = winner.rewind_step
     head = {"round": winner.round, "density": winner.density, "val_accuracy": winner.val_accuracy,
-            "network": arch_text(winner.architecture), "dpltm_version": winner.dpltm_version,
+            "network": arch_text(winner.arch), "dpltm_version": winner.dpltm_version,
             "public_weights": "kept (train --rewind public)" if winner.public_weights is not None else "none",
             "iterate K of public training": f"θ_{k} kept (train --rewind {k})" if k else "none"}
     console.print(fields_table("ticket (winner)", field_rows(head)))

@@ -450,7 +450,7 @@ def run_grid(exp: Experiment, shard: tuple[int, int] = (0, 1)) -> None:
             append_row(curves, ["dataset", "method", "epsilon_target", "seed", "epoch", "test_accuracy",
                                 "val_accuracy", "epsilon"],
                        {"dataset": run.dataset, "method": run.method, "epsilon_target": f"{run.epsilon:g}",
-                        "seed": run.seed, "epoch": record["epoch"], "test_accuracy": record["test_accuracy"],
-                        "val_accuracy": record["val_accuracy"], "epsilon": record["epsilon"]})
+                        "seed": run.seed, "epoch": record.epoch, "test_accuracy": record.test_accuracy,
+                        "val_accuracy": record.val_accuracy, "epsilon": record.epsilon})
         append_row(results, RESULT_FIELDS, outcome["row"])  # last: a run counts as done only when whole
         print(json.dumps(outcome["row"]), flush=True)

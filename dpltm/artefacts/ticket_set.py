@@ -55,8 +55,9 @@ class TicketRecord:
     """How many SGD steps apart the losses were logged."""
     next_density: float | None = None
     """C of the mask this round's pruning made (the next round's)."""
-    controls: dict[str, Any] | None = None
-    """The lottery-ticket controls (reinit, random mask), when generation ran them."""
+    controls: dict[str, dict[str, float]] | None = None
+    """The lottery-ticket controls' results by control ("reinit", "random_mask": {"val_accuracy": A}), when
+    generation ran them."""
     trained: dict[str, torch.Tensor] | None = None
     """The network's weights at the end of this round's training, before pruning (θ0's keys; zero where
     the mask prunes): where `train --rewind public` starts. None in files written before they were kept."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,50 +78,9 @@ class PrivacyRecord:
         return self.ledger.get_epsilon(delta) if not self.adaptive_stop else math.inf
 
     @property
-    def epsilon_scope(self) -> str:
-        return str(self.ledger_report["epsilon_scope"])
-
-    @property
-    def warning(self) -> str | None:
-        return self.ledger.warning()
-
-    @property
-    def delta(self) -> float:
-        return self.ledger.delta
-
-    @property
-    def accountant(self) -> str:
-        return self.ledger.accountant
-
-    @property
-    def composition(self) -> str:
-        return str(self.ledger_report["composition"])
-
-    @property
-    def neighboring(self) -> str:
-        return self.ledger.neighboring
-
-    @property
     def statement(self) -> str:
         """The caveats, then the ledger's plain-English statement (what `train` prints and exports carry)."""
         return "\n".join([*(f"CAVEAT: {c}" for c in self.caveats), self.ledger.statement()])
-
-    def summary(self) -> dict[str, Any]:
-        """The privacy facts a trained model's report shows, in the report's order (JSON-able)."""
-        return {
-            "epsilon": _json_float(self.epsilon),
-            "epsilon_dp_part": _json_float(self.epsilon_dp_part),
-            "epsilon_scope": self.epsilon_scope,
-            "warning": self.warning,
-            "delta": self.delta,
-            "accountant": self.accountant,
-            "composition": self.composition,
-            "neighboring": self.neighboring,
-            "end_to_end_dp": self.end_to_end_dp,
-            "private": self.private,
-            "caveats": list(self.caveats),
-            "statement": self.statement,
-        }
 
     def to_dict(self) -> dict[str, Any]:
         return {"ledger": self.ledger.to_json(), "caveats": list(self.caveats), "adaptive_stop": self.adaptive_stop}
@@ -148,6 +107,104 @@ class PrivacyRecord:
         except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
             raise read.damaged(f"'privacy.ledger' is invalid ({type(exc).__name__})") from None
         return cls(ledger, tuple(caveats), adaptive_stop)
+
+
+@dataclass(frozen=True)
+class ReleasedPrivacy:
+    """What a released model says about its privacy (`predict`'s report, an export's `privacy` metadata):
+    the whole run's ε ("inf" in JSON unless it is DP end to end), the DP part's, and what they are stated
+    under. `private` and `statement` may be absent from older exports; a library run's export has no
+    `released_weights`."""
+
+    epsilon: float
+    epsilon_dp_part: float
+    delta: float
+    end_to_end_dp: bool
+    private: bool | None
+    accountant: str
+    neighboring: str
+    released_weights: str | None
+    statement: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object an export stores, in the order it has always had."""
+        body = body_of(self, [f.name for f in fields(self)], ("released_weights",))
+        return {**body, "epsilon": _json_float(self.epsilon), "epsilon_dp_part": _json_float(self.epsilon_dp_part)}
+
+    @classmethod
+    def from_dict(cls, stated: Mapping[str, Any]) -> ReleasedPrivacy:
+        """An export's `privacy` metadata, once `export.privacy_from_ledger` has checked it against its ledger."""
+        return cls(float(stated["epsilon"]), float(stated["epsilon_dp_part"]), stated["delta"],
+                   stated["end_to_end_dp"], stated.get("private"), stated["accountant"], stated["neighboring"],
+                   stated.get("released_weights"), stated.get("statement"))
+
+
+@dataclass(frozen=True)
+class EpochRow:
+    """One epoch of a training run's history: the released network's accuracies after it, the ε spent so far by
+    its DP part (None where nothing was accounted), and the noise plug-in's own figures (`epoch_metrics`)."""
+
+    epoch: int
+    steps: int
+    val_accuracy: float
+    test_accuracy: float
+    epsilon: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    _TYPES = {"epoch": (int,), "steps": (int,), "val_accuracy": (float,), "test_accuracy": (float,),
+              "epsilon": (float,)}
+
+    def to_dict(self) -> dict[str, float]:
+        return {**body_of(self, self._TYPES, ("epsilon",)), **self.metrics}
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, float]) -> EpochRow:
+        return cls(**{k: record[k] for k in cls._TYPES if k in record},  # type: ignore[arg-type]
+                   metrics={k: v for k, v in record.items() if k not in cls._TYPES})
+
+    @classmethod
+    def checked(cls, record: Any, index: int, read: Reader) -> EpochRow:
+        """Row `index` of a model file's history, its fields' types checked."""
+        if not isinstance(record, Mapping):
+            raise read.damaged("'history' must be a list of records")
+        for key, types in cls._TYPES.items():
+            read.field(record, key, types, f"history[{index}].", optional=key == "epsilon")
+        return cls.from_dict(record)
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """How the trained network relates to its ticket (dpltm.training.transfer): the checkpoint's "transfer"
+    (`to_dict`, in this order). `mode` is "dense" (no ticket), "direct" (θ0 and masks as they are) or
+    "cross-architecture" (a new output layer); `activation_override` holds the ticket's own activation where the
+    run used another; `rewind` and `output_layer` the start; the frozen fields what `--freeze` held."""
+
+    mode: str
+    kept_layers: list[str] | None = None
+    dropped_layers: list[str] | None = None
+    new_output_classes: int | None = None
+    activation: str | None = None
+    activation_override: dict[str, str] | None = None
+    arch: str | None = None
+    rewind: str | None = None
+    output_layer: str | None = None
+    frozen_layers: list[str] | None = None
+    trained_parameters: int | None = None
+    frozen_parameters: int | None = None
+
+    _TYPES = {"mode": (str,), "kept_layers": (list,), "dropped_layers": (list,), "new_output_classes": (int,),
+              "activation": (str,), "activation_override": (dict,), "arch": (str,), "rewind": (str,),
+              "output_layer": (str,), "frozen_layers": (list,), "trained_parameters": (int,),
+              "frozen_parameters": (int,)}
+
+    def to_dict(self) -> dict[str, object]:
+        return body_of(self, self._TYPES, self._TYPES)
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any], read: Reader) -> TransferRecord:
+        read.unknown(record, cls._TYPES, "'transfer'")
+        return cls(**{key: read.field(record, key, types, "transfer.", optional=key != "mode")
+                      for key, types in cls._TYPES.items()})
 
 
 @dataclass(frozen=True)
@@ -204,12 +261,12 @@ class TrainedModel(Artefact):
     BODY = (*MODEL_KEYS, "environment")
     state_dict: dict[str, torch.Tensor]
     privacy: PrivacyRecord
-    history: tuple[dict[str, Any], ...]
+    history: tuple[EpochRow, ...]
     config: dict[str, Any]
     data: dict[str, Any]
     """Data settings and counts (`DatasetSplits.summary`): a fingerprint only of official files."""
     outcome: Outcome
-    transfer: dict[str, Any] = field(default_factory=dict)
+    transfer: TransferRecord
     ticket: dict[str, Any] | None = None
     """The ticket it was trained from (scrubbed of fingerprints of private data), or None (dense)."""
 
@@ -220,25 +277,25 @@ class TrainedModel(Artefact):
         return str(self.data["dataset"])
 
     @property
-    def last_epoch(self) -> dict[str, Any]:
-        return self.history[-1] if self.history else {}
+    def last_epoch(self) -> EpochRow | None:
+        return self.history[-1] if self.history else None
 
     @property
     def test_accuracy(self) -> float | None:
-        return self.last_epoch.get("test_accuracy")
+        return None if self.last_epoch is None else self.last_epoch.test_accuracy
 
     @property
     def val_accuracy(self) -> float | None:
-        return self.last_epoch.get("val_accuracy")
+        return None if self.last_epoch is None else self.last_epoch.val_accuracy
 
     @property
     def epochs_run(self) -> int:
         return len(self.history)
 
     @property
-    def epsilon_spent_at_stop(self) -> Any:
+    def epsilon_spent_at_stop(self) -> float | None:
         """ε of the steps actually run; None after an adaptive stop, where it is no guarantee."""
-        return None if self.privacy.adaptive_stop else self.last_epoch.get("epsilon")
+        return None if self.privacy.adaptive_stop or self.last_epoch is None else self.last_epoch.epsilon
 
     @property
     def noise_multiplier(self) -> float | None:
@@ -254,17 +311,17 @@ class TrainedModel(Artefact):
 
     def report(self) -> dict[str, Any]:
         """The run's report (JSON-able), keys in the order `train --json` has always printed them."""
-        privacy = self.privacy.summary()
-        o = self.outcome
+        p, o = self.privacy, self.outcome
         report = {
             "test_accuracy": self.test_accuracy, "val_accuracy": self.val_accuracy, "epochs_run": self.epochs_run,
-            "steps": o.steps, "stop_reason": o.stop_reason,
-            **{k: privacy[k] for k in ("epsilon", "epsilon_dp_part", "epsilon_scope", "warning")},
-            "epsilon_spent_at_stop": self.epsilon_spent_at_stop,
-            **{k: privacy[k] for k in ("delta", "accountant", "composition", "neighboring", "end_to_end_dp",
-                                       "private", "caveats", "statement")},
-            "privacy": self.privacy.ledger_report,
-            "tickets": o.tickets, "density": o.density, "transfer": self.transfer,
+            "steps": o.steps, "stop_reason": o.stop_reason, "epsilon": _json_float(p.epsilon),
+            "epsilon_dp_part": _json_float(p.epsilon_dp_part), "epsilon_scope": p.ledger_report["epsilon_scope"],
+            "warning": p.ledger.warning(), "epsilon_spent_at_stop": self.epsilon_spent_at_stop, "delta": p.ledger.delta,
+            "accountant": p.ledger.accountant, "composition": p.ledger_report["composition"],
+            "neighboring": p.ledger.neighboring,
+            "end_to_end_dp": p.end_to_end_dp, "private": p.private, "caveats": list(p.caveats),
+            "statement": p.statement, "privacy": p.ledger_report,
+            "tickets": o.tickets, "density": o.density, "transfer": self.transfer.to_dict(),
             "released_weights": o.released_weights, "noise_multiplier": self.noise_multiplier,
             "noise_parameter": o.noise_parameter, "sigma_calibrated": o.sigma_calibrated,
             "sample_rate": self.sample_rate, "dataset": self.dataset, "output": o.output,
@@ -274,12 +331,12 @@ class TrainedModel(Artefact):
             report["audit"] = o.audit
         return report
 
-    def privacy_summary(self) -> dict[str, Any]:
+    @property
+    def released_privacy(self) -> ReleasedPrivacy:
         """What `predict` and an export's metadata say about privacy (`export.LoadedModel.privacy`)."""
-        privacy = self.privacy.summary()
-        return {**{k: privacy[k] for k in ("epsilon", "epsilon_dp_part", "delta", "end_to_end_dp", "private",
-                                           "accountant", "neighboring")},
-                "released_weights": self.outcome.released_weights, "statement": privacy["statement"]}
+        p = self.privacy
+        return ReleasedPrivacy(p.epsilon, p.epsilon_dp_part, p.ledger.delta, p.end_to_end_dp, p.private,
+                               p.ledger.accountant, p.ledger.neighboring, self.outcome.released_weights, p.statement)
 
     def network(self) -> nn.Module:
         """The released network, in eval mode, on the CPU (its pruned weights are 0)."""
@@ -311,9 +368,8 @@ class TrainedModel(Artefact):
             raise read.damaged(f"it holds unknown {extra[:3]} (privacy facts are computed from 'privacy.ledger')")
         values = {key: read.field(body, key, (dict,)) for key in ("architecture", "state_dict", "config", "data",
                                                                     "transfer")}
-        history = read.field(body, "history", (list,))
-        if not all(isinstance(r, dict) for r in history):
-            raise read.damaged("'history' must be a list of records")
+        transfer = TransferRecord.from_dict(values["transfer"], read)
+        history = tuple(EpochRow.checked(r, i, read) for i, r in enumerate(read.field(body, "history", (list,))))
         ticket = read.field(body, "ticket", (dict,), optional=True)
         version_text = read.field(body, "dpltm_version", (str,), optional=True)
         environment = read.field(body, "environment", (dict,), optional=True)
@@ -336,5 +392,5 @@ class TrainedModel(Artefact):
         if acting is not None:
             raise read.damaged(f"'state_dict.{acting}' is non-zero where its mask prunes it")
         return cls(architecture=values["architecture"], state_dict=values["state_dict"], privacy=privacy,
-                   history=tuple(history), config=config, data=values["data"], outcome=outcome,
-                   transfer=values["transfer"], ticket=ticket, dpltm_version=version_text, environment=environment)
+                   history=history, config=config, data=values["data"], outcome=outcome,
+                   transfer=transfer, ticket=ticket, dpltm_version=version_text, environment=environment)

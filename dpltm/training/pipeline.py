@@ -18,6 +18,7 @@ import torch
 
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel, Winner
+from dpltm.artefacts.trained_model import EpochRow
 from dpltm.checkpoint import save_atomic
 from dpltm.config import to_dict
 from dpltm.data.release import mismatch, scrub_ticket
@@ -429,7 +430,7 @@ def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger
         architecture=released.arch.to_dict(),
         state_dict=stored_state(released, masks),
         privacy=PrivacyRecord(ledger, tuple(caveats), adaptive_stop),
-        history=tuple(outcome.history),
+        history=tuple(map(EpochRow.from_dict, outcome.history)),
         config=to_dict(cfg),
         data=data.summary(),
         outcome=Outcome(
@@ -441,7 +442,7 @@ def trained_model(released: torch.nn.Module, masks: Masks, ledger: PrivacyLedger
             noise_parameter=plan.noise_parameter if plan is not None else None,
             sigma_calibrated=plan.calibrated if plan is not None else None,
             output=str(out), processes=processes, randomness=randomness, log_dir=log_dir, audit=audit),
-        transfer=transfer.to_dict(),
+        transfer=transfer,
         # a released file: no fingerprint of the private data, nor of tickets made on it (data.release)
         ticket=None if ticket is None else scrub_ticket({
             "path": str(ticket_path), "round": ticket.round, "density": ticket.density,

@@ -24,11 +24,12 @@ weights are exactly zero whichever start. The transfer record says which start w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from dpltm.artefacts.trained_model import TransferRecord
 from dpltm.errors import DpltmUserError
 from dpltm.masks import Masks, apply_masks_
 from dpltm.networks.lenet import Architecture, LeNet, build_network
@@ -36,30 +37,6 @@ from dpltm.settings import OUTPUT_LAYERS, late_rewind_step
 
 if TYPE_CHECKING:
     from dpltm.artefacts import RewindPoint, Winner
-
-
-@dataclass(frozen=True)
-class TransferRecord:
-    """How the trained network relates to its ticket: the checkpoint's "transfer" (`to_dict`, in this order).
-    `mode` is "dense" (no ticket), "direct" (θ0 and masks as they are) or "cross-architecture" (a new output
-    layer); `activation_override` holds the ticket's own activation where the run used another; `rewind` and
-    `output_layer` the start; the frozen fields what `--freeze` held."""
-
-    mode: str
-    kept_layers: list[str] | None = None
-    dropped_layers: list[str] | None = None
-    new_output_classes: int | None = None
-    activation: str | None = None
-    activation_override: dict[str, str] | None = None
-    arch: str | None = None
-    rewind: str | None = None
-    output_layer: str | None = None
-    frozen_layers: list[str] | None = None
-    trained_parameters: int | None = None
-    frozen_parameters: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 def start_weights(theta0: dict[str, torch.Tensor], public: dict[str, torch.Tensor] | None,

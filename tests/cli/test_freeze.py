@@ -50,8 +50,8 @@ def test_a_frozen_public_layer_stays_public_and_costs_nothing(cli, data_root: Pa
     assert torch.equal(state["hidden.0.bias"], public["hidden.0.bias"])
     assert not torch.equal(state["output.weight"], winner.theta0["output.weight"])  # the rest trained
     assert {"mask_hidden_0_weight", "mask_hidden_1_weight", "mask_output_weight"} <= set(masks)
-    assert model.transfer["frozen_layers"] == ["hidden.0"]
-    assert model.transfer["trained_parameters"] < sum(v.numel() for k, v in state.items() if not k.startswith("mask_"))
+    assert model.transfer.frozen_layers == ["hidden.0"]
+    assert model.transfer.trained_parameters < sum(v.numel() for k, v in state.items() if not k.startswith("mask_"))
     shown = json.loads(cli("predict", "--model", str(tmp_path / "f.pt"), "--dataset", "fashion-mnist",
                            "--data-dir", str(data_root), "--json").stdout)
     assert shown["accuracy"] == pytest.approx(frozen["test_accuracy"])

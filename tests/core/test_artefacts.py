@@ -25,6 +25,7 @@ from dp_accounting.rdp import RdpAccountant  # type: ignore[import-untyped]
 
 from dpltm.artefacts import MODEL_KEYS, PRIVACY_KEYS, Outcome, PrivacyRecord, TrainedModel
 from dpltm.artefacts.format import FORMAT_VERSION
+from dpltm.artefacts.trained_model import EpochRow, TransferRecord
 from dpltm.checkpoint import load_checkpoint, load_trained_model, save_atomic
 from dpltm.errors import DpltmUserError
 from dpltm.masks import apply_masks_, stored_state
@@ -53,8 +54,8 @@ def _trained(privacy: PrivacyRecord | None = None) -> TrainedModel:
     masks = {name: mask.clone() for name, mask in network.full_masks().items()}
     masks["hidden.0.weight"][:, ::2] = False  # a ticket: half of the first layer pruned
     masks = apply_masks_(network, masks)
-    history = ({"epoch": 1, "steps": 250, "val_accuracy": 0.5, "test_accuracy": 0.4, "epsilon": 0.7},
-               {"epoch": 2, "steps": 500, "val_accuracy": 0.6, "test_accuracy": 0.55, "epsilon": 1.0})
+    history = (EpochRow(epoch=1, steps=250, val_accuracy=0.5, test_accuracy=0.4, epsilon=0.7),
+               EpochRow(epoch=2, steps=500, val_accuracy=0.6, test_accuracy=0.55, epsilon=1.0))
     return TrainedModel(
         architecture=network.arch.to_dict(), state_dict=stored_state(network, masks),
         privacy=privacy or PrivacyRecord(_ledger()), history=history,
@@ -63,7 +64,7 @@ def _trained(privacy: PrivacyRecord | None = None) -> TrainedModel:
         outcome=Outcome(steps=STEPS, stop_reason="finished 2 epochs", tickets="tickets from mnist", density=0.2,
                         released_weights="final iterate", noise_parameter=SIGMA, sigma_calibrated=False,
                         output="m.pt", processes=1, randomness="os csprng"),
-        transfer={"mode": "ticket"}, ticket=None, dpltm_version="test")
+        transfer=TransferRecord("direct"), ticket=None, dpltm_version="test")
 
 
 def _independent_epsilon(accountant: str = "pld") -> float:
@@ -144,16 +145,16 @@ def test_computed_epsilon_is_the_accountants(accountant: str) -> None:
     expected = _independent_epsilon(accountant)
     assert record.epsilon == pytest.approx(expected, rel=1e-12) and record.end_to_end_dp
     assert record.epsilon_dp_part == record.epsilon
-    summary = record.summary()
-    assert summary["epsilon"] == record.ledger.report()["epsilon"] and summary["delta"] == DELTA
-    assert summary["statement"] == record.ledger.statement()
+    report = _trained(record).report()
+    assert report["epsilon"] == record.ledger.report()["epsilon"] and report["delta"] == DELTA
+    assert report["statement"] == record.ledger.statement()
 
 
 def test_same_data_and_adaptive_stop_give_no_overall_epsilon() -> None:
     """Same-data tickets: the whole run's ε is ∞, the DP part's is the accountant's. An adaptive stop
     keeps the planned run's ε for the DP part, calls the run not DP end to end, and says why first."""
     same = PrivacyRecord(_ledger("same-data"))
-    assert same.epsilon == math.inf and same.summary()["epsilon"] == "inf" and not same.end_to_end_dp
+    assert same.epsilon == math.inf and _trained(same).report()["epsilon"] == "inf" and not same.end_to_end_dp
     assert same.epsilon_dp_part == pytest.approx(_independent_epsilon(), rel=1e-12)
     stopped = PrivacyRecord(_ledger(), ("early stopping looked at validation records",), True)
     assert not stopped.end_to_end_dp and stopped.epsilon == math.inf

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dpltm.errors import DpltmUserError
-from dpltm.plotting import NON_PRIVATE, NOT_E2E, RUN_FILE, plot_runs, read_run, run_figure, run_label
+from dpltm.plotting import NON_PRIVATE, NOT_E2E, RUN_FILE, PlotRun, plot_runs, read_run, run_figure, run_label
 
 matplotlib = pytest.importorskip("matplotlib")
 
@@ -43,6 +43,11 @@ def generate_run() -> dict[str, Any]:
             "logger": "csv", "tickets": tickets}
 
 
+def figure(runs: list[dict[str, Any]], labels: list[str]) -> Any:
+    """`run_figure` on run.json bodies, read as `read_run` reads them."""
+    return run_figure([PlotRun.from_body(run, Path(RUN_FILE)) for run in runs], labels)
+
+
 def write_run(root: Path, run: dict[str, Any], version: int) -> Path:
     """A run folder laid out as dpltm writes it: runs/<command>/<dataset>/version_<N>/run.json."""
     folder = root / "runs" / run["command"] / run["dataset"] / f"version_{version}"
@@ -68,7 +73,7 @@ def one_line_error(call: Any, match: str) -> str:
 
 def test_train_panels_hold_the_history_exactly() -> None:
     run = train_run()
-    fig = run_figure([run], ["train/mnist/version_0"])
+    fig = figure([run], ["train/mnist/version_0"])
     acc_ax, eps_ax = fig.axes
     epochs = [r["epoch"] for r in run["history"]]
     acc = lines_by_label(acc_ax)
@@ -87,7 +92,7 @@ def test_train_panels_hold_the_history_exactly() -> None:
 
 def test_non_private_run_has_no_epsilon_line_and_says_so() -> None:
     private, public = train_run(epochs=3), train_run(private=False, epochs=5)
-    fig = run_figure([private, public], ["train/mnist/version_1", "train/mnist/version_2"])
+    fig = figure([private, public], ["train/mnist/version_1", "train/mnist/version_2"])
     acc_ax, eps_ax = fig.axes
     assert [line.get_label() for line in eps_ax.get_lines()] == ["train/mnist/version_1"]
     public_lines = [line for line in acc_ax.get_lines() if "version_2" in line.get_label()]
@@ -101,7 +106,7 @@ def test_non_private_run_has_no_epsilon_line_and_says_so() -> None:
 
 
 def test_only_non_private_runs_leave_the_epsilon_panel_explained() -> None:
-    fig = run_figure([train_run(private=False)], ["train/mnist/version_0"])
+    fig = figure([train_run(private=False)], ["train/mnist/version_0"])
     eps_ax = fig.axes[1]
     assert not eps_ax.get_lines()
     assert any("no privacy guarantee" in t.get_text() for t in eps_ax.texts)
@@ -109,13 +114,13 @@ def test_only_non_private_runs_leave_the_epsilon_panel_explained() -> None:
 
 def test_not_end_to_end_dp_is_in_the_label() -> None:
     run = train_run(end_to_end=False)
-    acc_ax, eps_ax = run_figure([run], ["train/mnist/version_7"]).axes
+    acc_ax, eps_ax = figure([run], ["train/mnist/version_7"]).axes
     for ax in (acc_ax, eps_ax):
         assert ax.get_lines()
         assert all(NOT_E2E in line.get_label() and "not DP end to end" in line.get_label() for line in ax.get_lines())
     (eps,) = eps_ax.get_lines()  # the DP part's ε is still drawn, as the finite value it is
     assert list(eps.get_ydata()) == [r["epsilon"] for r in run["history"]]
-    labels = run_figure([train_run()], ["train/mnist/version_8"]).axes[0].get_lines()
+    labels = figure([train_run()], ["train/mnist/version_8"]).axes[0].get_lines()
     assert all("not DP" not in line.get_label() for line in labels)
 
 
@@ -123,7 +128,7 @@ def test_missing_metrics_are_gaps_not_zeros() -> None:
     run = train_run()
     run["history"][1]["test_accuracy"] = None
     del run["history"][2]["epsilon"]
-    acc_ax, eps_ax = run_figure([run], ["r"]).axes
+    acc_ax, eps_ax = figure([run], ["r"]).axes
     test = lines_by_label(acc_ax)["r: test"].get_ydata()
     assert math.isnan(test[1]) and not math.isnan(test[0])
     assert math.isnan(eps_ax.get_lines()[0].get_ydata()[2])
@@ -134,7 +139,7 @@ def test_missing_metrics_are_gaps_not_zeros() -> None:
 
 def test_generate_panel_log_inverted_and_points_equal_tickets() -> None:
     run = generate_run()
-    fig = run_figure([run], ["generate/mnist/version_0"])
+    fig = figure([run], ["generate/mnist/version_0"])
     (ax,) = fig.axes
     assert ax.get_xscale() == "log" and ax.xaxis_inverted()
     lines = lines_by_label(ax)
@@ -151,7 +156,7 @@ def test_generate_panel_log_inverted_and_points_equal_tickets() -> None:
 def test_generate_uses_test_accuracy_when_every_ticket_has_one() -> None:
     run = generate_run()
     run["tickets"] = [t for t in run["tickets"] if t["kind"] == "imp"]
-    (ax,) = run_figure([run], ["g"]).axes
+    (ax,) = figure([run], ["g"]).axes
     (line,) = ax.get_lines()
     assert line.get_label() == "g: imp (test)" and ax.get_ylabel() == "test accuracy"
     assert list(line.get_ydata()) == [t["test_accuracy"] for t in run["tickets"]]
@@ -247,7 +252,7 @@ def test_a_run_that_ended_before_its_records_says_so(status: str, tmp_path: Path
 
 def test_report_epsilon_inf_string_is_read(tmp_path: Path) -> None:
     folder = write_run(tmp_path, train_run(end_to_end=False), 0)
-    assert read_run(folder)["report"]["epsilon"] == "inf"
+    assert read_run(folder).end_to_end_dp is False
 
 
 def test_mixed_commands_are_refused_in_one_line(tmp_path: Path) -> None:
