@@ -153,7 +153,13 @@ def formed_sum(chunks: Iterable[Tensor], factors: Tensor, finite: Tensor | None)
 def clipped_weight_sum(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor) -> Tensor:
     """Σ_i c_i G_i U_iᵀ in the weight's shape: the layer's own weight-gradient kernel on the output gradient scaled
     by c, the product a plain backward pass computes; no patches unfolded, no per-sample gradient (an unfolded
-    contraction over samples and positions copied the patches into its layout first, 3.5× slower on the CPU)."""
+    contraction over samples and positions copied the patches into its layout first, 3.5× slower on the CPU). On
+    other devices, one contraction of the unfolded patches: cuDNN may run a float32 convolution in TF32 (its
+    default), which dpltm.dp.precision does not pin, and a sum rounded apart from its norms could exceed C."""
+    if a.device.type != "cpu":
+        patches, grads = conv_operands(module, a, g)
+        scaled = grads.to(factors.dtype) * factors.view(-1, 1, 1, 1)
+        return torch.einsum("bgot,bgkt->gok", scaled, patches.to(factors.dtype)).reshape(module.weight.shape)
     a, padding = padded_input(module, a.to(factors.dtype))
     scaled = g.to(factors.dtype) * factors.view(-1, *[1] * (g.dim() - 1))
     if scaled.shape[0] == 0:

@@ -8,9 +8,10 @@ that allows TF32 or bfloat16 internal precision for float32 matrix products —
 suggests, or `torch.backends.cuda.matmul.fp32_precision = "tf32"` — rounds each factor to 10 (or 7)
 mantissa bits: the norm and the contribution then disagree by up to ~1e-3 relative, and a contribution can
 exceed C by that much, so a printed ε would understate what was spent. Inside `ieee_float32()` float32
-products run in full precision; the user's setting is restored on leaving. Convolutions' cuDNN TF32 setting
-is left alone: a convolution's per-sample gradients are materialised (dpltm.dp.rules.conv2d_weight_grads)
-and their norms and sum read the same tensor.
+products run in full precision, and so do oneDNN's float32 convolutions (on the CPU a convolution's clipped sum
+is its weight-gradient kernel); the user's setting is restored on leaving. cuDNN's convolution setting (TF32 by
+default) is left alone: on a GPU a convolution's norms and clipped sum are products of its unfolded patches, and
+the fused MLP step's per-sample gradients are materialised and read by both.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from typing import Any
 
 import torch
 
-_BACKENDS = ("cuda", "mkldnn")  # cuBLAS's and oneDNN's float32 matrix products
+_LEAVES = (("cuda", "cuda", "matmul"), ("mkldnn", "mkldnn", "matmul"), ("mkldnn", "mkldnn", "conv"))
+"""(backend, torch.backends module, operation): cuBLAS's and oneDNN's float32 matrix products, and oneDNN's float32
+convolutions (the CPU's clipped sums and grouped norms of a convolution, dpltm.dp.conv_ghost)."""
 
 
 @functools.cache
 def _precision_leaves() -> tuple[tuple[str, Any], ...]:
-    """(backend, its matmul settings) for the newer API's per-backend settings (torch ≥ 2.9: `fp32_precision`
-    on cuBLAS's and oneDNN's matmul), or none on an older torch. Looked up once: torch's modules do not change."""
-    matmuls = ((name, getattr(getattr(torch.backends, name, None), "matmul", None)) for name in _BACKENDS)
-    return tuple((name, matmul) for name, matmul in matmuls if hasattr(matmul, "fp32_precision"))
+    """(backend, its settings for one operation) for the newer API's per-backend settings (torch ≥ 2.9:
+    `fp32_precision`), or none on an older torch. Looked up once: torch's modules do not change."""
+    leaves = ((backend, getattr(getattr(torch.backends, module, None), op, None)) for backend, module, op in _LEAVES)
+    return tuple((backend, leaf) for backend, leaf in leaves if hasattr(leaf, "fp32_precision"))
 
 
 def _own_setting(backend: str, leaf: Any) -> str:

@@ -258,6 +258,7 @@ class TrainingReport:
             del body["audit"]
         return body
 
+
 def print_training_report(report: TrainingReport, console: Console = err_console) -> None:
     """The human summary: the result on stdout as a CLI's output, or on stderr beside a `--json`
     report (the CLI's, alone on stdout)."""

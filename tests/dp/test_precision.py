@@ -3,6 +3,8 @@ user's setting is back afterwards (dpltm.dp.precision)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -40,19 +42,21 @@ def user_precision(request: pytest.FixtureRequest):  # type: ignore[no-untyped-d
         torch.set_float32_matmul_precision("high")
     elif how == "legacy-medium":
         torch.set_float32_matmul_precision("medium")
-    elif how in ("new-tf32", "new-generic-tf32"):
+    elif how in ("new-tf32", "new-conv-bf16", "new-generic-tf32"):
         if not NEW_API:
             pytest.skip("this torch has no fp32_precision settings")
         if how == "new-tf32":
             torch.backends.cuda.matmul.fp32_precision = "tf32"
+        elif how == "new-conv-bf16":
+            torch.backends.mkldnn.conv.fp32_precision = "bf16"
         else:
             torch.backends.fp32_precision = "tf32"  # type: ignore[attr-defined]
     yield how
     torch_defaults()
 
 
-@pytest.mark.parametrize("user_precision", ["default", "legacy-high", "legacy-medium", "new-tf32", "new-generic-tf32"],
-                         indirect=True)
+@pytest.mark.parametrize("user_precision", ["default", "legacy-high", "legacy-medium", "new-tf32", "new-conv-bf16",
+                                            "new-generic-tf32"], indirect=True)
 def test_ieee_inside_and_the_users_setting_after(user_precision: str) -> None:
     before = state()
     with ieee_float32():
@@ -65,6 +69,8 @@ def test_ieee_inside_and_the_users_setting_after(user_precision: str) -> None:
         assert torch.get_float32_matmul_precision() == user_precision.removeprefix("legacy-")
     if user_precision == "new-tf32":
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    if user_precision == "new-conv-bf16":
+        assert torch.backends.mkldnn.conv.fp32_precision == "bf16"
     with pytest.raises(ValueError), ieee_float32():  # restored on the way out of an error too
         raise ValueError
     assert state() == before
@@ -127,3 +133,30 @@ def test_the_last_block_to_close_restores_across_threads() -> None:
         assert state() == before
     finally:
         torch_defaults()
+
+
+@pytest.mark.skipif(not NEW_API, reason="this torch has no fp32_precision settings")
+@pytest.mark.parametrize("user_precision", ["new-conv-bf16", "new-generic-tf32"], indirect=True)
+def test_a_convolutions_norms_and_clipped_sum_run_in_ieee_float32(user_precision: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU a convolution's clipped sum is oneDNN's weight-gradient kernel: pinned with the matrix products."""
+    from dpltm.dp import conv_ghost
+    from dpltm.dp.engine import clipped_gradient_sum_of
+    from dpltm.dp.rules import conv as conv_rule
+
+    seen: list[tuple[str, str, tuple[str, ...]]] = []
+    for name in ("clipped_weight_sum", "grouped_grads"):
+        def wrapped(*args: object, _run: Any = getattr(conv_ghost, name), _name: str = name) -> Any:
+            seen.append((_name, torch.backends.mkldnn.conv.fp32_precision, state()))
+            return _run(*args)
+        monkeypatch.setattr(conv_ghost, name, wrapped)
+        monkeypatch.setattr(conv_rule, name, wrapped)
+    # 196 positions (grouped norms, the sum from them), then 36 (patches; the sum by the weight-gradient kernel)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.Conv2d(3, 4, 3, stride=2), torch.nn.Flatten(),
+                                torch.nn.Linear(144, 5))
+    x = torch.randn(4, 2, 16, 16)
+    before = state()
+    clipped_gradient_sum_of(model, x, torch.randint(0, 5, (4,)), 1.0)
+    assert {name for name, _, _ in seen} == {"clipped_weight_sum", "grouped_grads"}
+    assert all(conv == "ieee" and inside == ieee() for _, conv, inside in seen)
+    assert state() == before
