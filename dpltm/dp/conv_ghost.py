@@ -1,4 +1,4 @@
-"""Per-sample norms and clipped sums of an unmasked convolution without keeping per-sample gradients.
+"""Per-sample norms and clipped sums of a convolution, masked or not, without torch.func.
 
 Sample i's weight gradient, per group, is G_i U_iᵀ: G_i (out, T) the output gradient and U_i (K, T) the unfolded
 input patches over the T output positions. Its squared norm is either formed directly (B·out·K numbers, one
@@ -8,11 +8,12 @@ sample chunk at a time) or, when T² < out·K, read off two T×T Gram matrices,
 
 the ghost norm for sequences and convolutions (Li et al. 2022, "Large language models can be strong
 differentially private learners", §4; Bu et al. 2022, "Scalable and efficient training of large convolutional
-neural networks with differential privacy": "mixed ghost clipping" takes the cheaper of the two per layer). The
-clipped sum Σ_i c_i G_i U_iᵀ is the product a plain backward pass computes with the output gradient scaled by c,
-taken by the layer's own weight-gradient kernel. A masked weight has no Gram identity: its norms are formed (a chunk
-of samples at a time) or, at few positions, summed over position pairs;
-its clipped sum is the contraction times the mask, (Σ_i c_i G_i U_iᵀ) ⊙ M.
+neural networks with differential privacy": "mixed ghost clipping" takes the cheaper of the two per layer). A
+masked weight has no Gram identity: its norms are formed (a chunk of samples at a time) or, at few positions,
+summed over position pairs. The clipped sum Σ_i c_i (G_i U_iᵀ) ⊙ M is, where the gradients were formed as one
+grouped weight gradient (the CPU, many positions), B numbers a coordinate from them; else the product a plain
+backward pass computes with the output gradient scaled by c, then the mask: on the CPU by the layer's own
+weight-gradient kernel, elsewhere as one contraction of the unfolded patches.
 """
 
 from __future__ import annotations
@@ -150,20 +151,26 @@ def formed_sum(chunks: Iterable[Tensor], factors: Tensor, finite: Tensor | None)
     return total
 
 
-def clipped_weight_sum(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor) -> Tensor:
-    """Σ_i c_i G_i U_iᵀ in the weight's shape: the layer's own weight-gradient kernel on the output gradient scaled
-    by c, the product a plain backward pass computes; no patches unfolded, no per-sample gradient (an unfolded
-    contraction over samples and positions copied the patches into its layout first, 3.5× slower on the CPU). On
-    other devices, one contraction of the unfolded patches: cuDNN may run a float32 convolution in TF32 (its
-    default), which dpltm.dp.precision does not pin, and a sum rounded apart from its norms could exceed C."""
-    if a.device.type != "cpu":
-        patches, grads = conv_operands(module, a, g)
+def takes_the_kernel(t: Tensor) -> bool:
+    """Whether a convolution's sum on `t`'s device is its weight-gradient kernel (the CPU, where dpltm.dp.precision
+    pins oneDNN's float32 convolutions) rather than a contraction of its unfolded patches (`clipped_weight_sum`)."""
+    return t.device.type == "cpu"
+
+
+def clipped_weight_sum(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor,
+                       patches: Tensor | None = None) -> Tensor:
+    """Σ_i c_i G_i U_iᵀ in the weight's shape. On the CPU the layer's own weight-gradient kernel on the output
+    gradient scaled by c, the product a plain backward pass computes: no patches unfolded (a contraction over samples
+    and positions copied the patches into its layout first, 3.5× slower). On other devices one contraction of the
+    unfolded patches (`patches`, kept from the norms, or unfolded again): cuDNN may run a float32 convolution in
+    TF32 (its default), which dpltm.dp.precision does not pin, and a sum rounded apart from its norms could exceed C."""
+    if not takes_the_kernel(a):
+        unfolded, grads = conv_operands(module, a, g) if patches is None else (patches, None)
+        grads = g.reshape(*unfolded.shape[:2], module.out_channels // module.groups, -1) if grads is None else grads
         scaled = grads.to(factors.dtype) * factors.view(-1, 1, 1, 1)
-        return torch.einsum("bgot,bgkt->gok", scaled, patches.to(factors.dtype)).reshape(module.weight.shape)
+        return torch.einsum("bgot,bgkt->gok", scaled, unfolded.to(factors.dtype)).reshape(module.weight.shape)
     a, padding = padded_input(module, a.to(factors.dtype))
     scaled = g.to(factors.dtype) * factors.view(-1, *[1] * (g.dim() - 1))
-    if scaled.shape[0] == 0:
-        return scaled.new_zeros(module.weight.shape)
     shape_only = scaled.new_empty(1).expand(module.weight.shape)
     return torch.ops.aten.convolution_backward(scaled, a, shape_only, None, module.stride, padding, module.dilation,
                                                False, [0] * len(padding), module.groups, [False, True, False])[1]

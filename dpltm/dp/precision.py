@@ -38,7 +38,7 @@ def _precision_leaves() -> tuple[tuple[str, Any], ...]:
 
 
 def _own_setting(backend: str, leaf: Any) -> str:
-    """What a per-backend matmul setting holds itself: its value, or "none" where it only repeats what it
+    """What a per-backend matmul or convolution setting holds itself: its value, or "none" where it only repeats what it
     inherits (the getter reports the value in effect; writing that back would pin it, cutting it off from a
     later change of the backend-wide or general setting)."""
     value = leaf.fp32_precision

@@ -211,9 +211,9 @@ def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str
 class TrainingReport:
     """What `train`, `audit` and `run` report: the run's result, its privacy and where it went, fields in the order
     `train --json` has always printed them. Built once from the pipeline's report (the body run.json keeps);
-    `privacy`, `transfer`, `randomness` and `processes` are that body's JSON records, passed through unread."""
+    `privacy` (the ledger's report) and `transfer` are that body's JSON records, passed through unread."""
 
-    test_accuracy: float
+    test_accuracy: float | None
     val_accuracy: float | None
     epochs_run: int
     steps: int
@@ -232,7 +232,7 @@ class TrainingReport:
     caveats: list[str]
     statement: str
     privacy: object
-    tickets: object
+    tickets: str | None
     density: float | None
     transfer: object
     released_weights: str | None
@@ -242,8 +242,8 @@ class TrainingReport:
     sample_rate: float | None
     dataset: str
     output: str
-    randomness: object
-    processes: object
+    randomness: str | None
+    processes: int
     log_dir: str | None
     audit: dict[str, Any] | None = None
     """An audited run's lower bound on ε beside the claim (dpltm.audit.run); no key in the JSON otherwise."""

@@ -7,6 +7,7 @@ scaling); a row with a non-finite gradient adds exactly zero to the sum."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -181,6 +182,23 @@ def test_conv2d(padding_mode: str, height: int, width: int, grouped: bool) -> No
     x = torch.randn(3, 4, height, width, generator=g, dtype=torch.float64)
     assert forms_by_groups(layer, layer.double()(x), masked=True) == grouped
     check_rule(layer, x, g, ("weight", "bias"))
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_off_the_cpu_a_convolutions_sum_contracts_its_patches(hold: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path a GPU takes (no weight-gradient kernel, whose cuDNN precision nothing pins), run here on the CPU:
+    the patches kept from the norms or unfolded again."""
+    from dpltm.dp import conv_ghost
+    from dpltm.dp.rules import conv as conv_rule
+
+    for module in (conv_ghost, conv_rule):
+        monkeypatch.setattr(module, "takes_the_kernel", lambda t: False)
+    monkeypatch.setattr(conv_rule, "forms_by_groups", lambda *a: False)
+    monkeypatch.setitem(globals(), "LayerCall", functools.partial(LayerCall, hold_for_sum=hold))  # check_rule's
+    g = seeded(3)
+    layer = nn.Conv2d(4, 6, (2, 3), stride=(1, 2), padding=(1, 2), dilation=(2, 1), groups=2)
+    state = check_rule(layer, torch.randn(3, 4, 20, 30, generator=g, dtype=torch.float64), g, ("weight", "bias"))
+    assert isinstance(state, torch.Tensor) == hold
 
 
 @pytest.mark.parametrize(("channels", "grams"), [(256, True), (8, False)])

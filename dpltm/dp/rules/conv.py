@@ -24,6 +24,7 @@ from dpltm.dp.conv_ghost import (
     formed_sum,
     forms_by_groups,
     grouped_grads,
+    takes_the_kernel,
     weight_sq_norms,
 )
 from dpltm.dp.rules.base import LayerCall, LocalMasks, WeightAndBiasRule, register_rule, zero_rows
@@ -37,8 +38,8 @@ def conv_weight_grads(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor) -> Te
 
 
 KEEP_FORMED_MAX_BYTES = 1 << 25
-"""A convolution's formed per-sample gradients up to this size (32 MB) are kept from its norms to its sum, which is
-then B numbers a coordinate; larger ones are formed again for the sum rather than held."""
+"""A convolution's formed per-sample gradients (the CPU) or unfolded patches (other devices) up to this size
+(32 MB) are kept from its norms to its sum; larger ones are formed or unfolded again for the sum rather than held."""
 
 
 class FormAgain:
@@ -46,13 +47,15 @@ class FormAgain:
 
 
 def conv_clipped_sums(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor, finite: Tensor | None,
-                      masks: LocalMasks, formed: list[Tensor] | FormAgain | None) -> dict[str, Tensor]:
+                      masks: LocalMasks, formed: list[Tensor] | FormAgain | Tensor | None) -> dict[str, Tensor]:
     """The clipped sums of a convolution with input `a` and output gradient `g` (dpltm.dp.conv_ghost), then the
-    mask: from the formed gradients where the norms formed them, else by the layer's weight-gradient kernel."""
+    mask: from the formed gradients where the norms formed them (a list, or `FormAgain`), else
+    `clipped_weight_sum` (with the patches the norms unfolded, where kept: a tensor)."""
     sums = {}
     if module.weight.requires_grad:
-        if formed is None:
-            total = clipped_weight_sum(module, zero_rows(a, finite), zero_rows(g, finite), factors)
+        if formed is None or isinstance(formed, Tensor):
+            patches = None if formed is None else zero_rows(formed, finite)
+            total = clipped_weight_sum(module, zero_rows(a, finite), zero_rows(g, finite), factors, patches)
         else:
             chunks = grouped_grads(module, a, g, masks.get("weight")) if isinstance(formed, FormAgain) else formed
             total = formed_sum(chunks, factors, finite).reshape(module.weight.shape)
@@ -98,12 +101,15 @@ class ConvRule(WeightAndBiasRule):
 
     def sq_norms(self, call: LayerCall, g: Tensor, masks: LocalMasks) -> tuple[Tensor, Any]:
         """The norms, and the formed gradients where the norms formed them by groups (kept for the sum when small,
-        else `FormAgain`); None where the sum takes the weight-gradient kernel."""
+        else `FormAgain`); off the CPU the unfolded patches where small; else None."""
         assert call.input is not None
         module = call.module
-        if not (module.weight.requires_grad and forms_by_groups(module, g, "weight" in masks)):  # type: ignore[arg-type]
+        if not (module.weight.requires_grad and call.input.dtype == g.dtype  # not under autocast
+                and forms_by_groups(module, g, "weight" in masks)):  # type: ignore[arg-type]
             patches, grads = conv_operands(module, call.input, g)  # type: ignore[arg-type]
-            return operand_sq_norms(module, patches, grads, masks, g.dtype), None
+            keep = (not takes_the_kernel(g) and call.hold_for_sum
+                    and patches.numel() * patches.element_size() <= KEEP_FORMED_MAX_BYTES)
+            return operand_sq_norms(module, patches, grads, masks, g.dtype), patches if keep else None
         keep = call.hold_for_sum and g.shape[0] * module.weight.numel() * g.element_size() <= KEEP_FORMED_MAX_BYTES
         chunks = grouped_grads(module, call.input, g, masks.get("weight"))  # type: ignore[arg-type]
         state: list[Tensor] | FormAgain = list(chunks) if keep else FormAgain()
