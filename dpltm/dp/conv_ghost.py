@@ -111,11 +111,17 @@ def grams_cost_less(positions: int, inputs: int, outputs: int) -> bool:
     return positions * (inputs + outputs) < inputs * outputs
 
 
+def takes_the_kernel(t: Tensor) -> bool:
+    """Whether a convolution's sum on `t`'s device is its weight-gradient kernel (the CPU, where dpltm.dp.precision
+    pins oneDNN's float32 convolutions) rather than a contraction of its unfolded patches (`clipped_weight_sum`)."""
+    return t.device.type == "cpu"
+
+
 def forms_by_groups(module: nn.Conv1d | nn.Conv2d, g: Tensor, masked: bool) -> bool:
     """Whether this layer's norms come from `grouped_grads` (`GROUPED_MIN_POSITIONS`): a CPU convolution with
     many positions whose norm is not cheaper by the Grams (an unmasked weight) or must be formed (a masked one)."""
     positions, outputs = g[0, 0].numel(), module.out_channels // module.groups
-    if g.device.type != "cpu" or positions < GROUPED_MIN_POSITIONS:
+    if not takes_the_kernel(g) or positions < GROUPED_MIN_POSITIONS:
         return False
     return masked or not grams_cost_less(positions, module.weight[0].numel(), outputs)
 
@@ -151,12 +157,6 @@ def formed_sum(chunks: Iterable[Tensor], factors: Tensor, finite: Tensor | None)
     return total
 
 
-def takes_the_kernel(t: Tensor) -> bool:
-    """Whether a convolution's sum on `t`'s device is its weight-gradient kernel (the CPU, where dpltm.dp.precision
-    pins oneDNN's float32 convolutions) rather than a contraction of its unfolded patches (`clipped_weight_sum`)."""
-    return t.device.type == "cpu"
-
-
 def clipped_weight_sum(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, factors: Tensor,
                        patches: Tensor | None = None) -> Tensor:
     """Σ_i c_i G_i U_iᵀ in the weight's shape. On the CPU the layer's own weight-gradient kernel on the output
@@ -165,10 +165,12 @@ def clipped_weight_sum(module: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, fact
     unfolded patches (`patches`, kept from the norms, or unfolded again): cuDNN may run a float32 convolution in
     TF32 (its default), which dpltm.dp.precision does not pin, and a sum rounded apart from its norms could exceed C."""
     if not takes_the_kernel(a):
-        unfolded, grads = conv_operands(module, a, g) if patches is None else (patches, None)
-        grads = g.reshape(*unfolded.shape[:2], module.out_channels // module.groups, -1) if grads is None else grads
+        if patches is None:
+            patches, grads = conv_operands(module, a, g)
+        else:
+            grads = g.reshape(*patches.shape[:2], module.out_channels // module.groups, -1)
         scaled = grads.to(factors.dtype) * factors.view(-1, 1, 1, 1)
-        return torch.einsum("bgot,bgkt->gok", scaled, unfolded.to(factors.dtype)).reshape(module.weight.shape)
+        return torch.einsum("bgot,bgkt->gok", scaled, patches.to(factors.dtype)).reshape(module.weight.shape)
     a, padding = padded_input(module, a.to(factors.dtype))
     scaled = g.to(factors.dtype) * factors.view(-1, *[1] * (g.dim() - 1))
     shape_only = scaled.new_empty(1).expand(module.weight.shape)

@@ -77,9 +77,13 @@ def operand_sq_norms(module: nn.Module, patches: Tensor, grads: Tensor, masks: L
         total = total + weight_sq_norms(patches, grads, None if mask is None else mask.reshape(grads.shape[1],
                                                                                                 grads.shape[2], -1))
     if module.bias is not None and module.bias.requires_grad:
-        bias = grads.sum(dim=3).reshape(grads.shape[0], -1)
-        total = total + (bias if "bias" not in masks else bias * masks["bias"]).pow(2).sum(dim=1)
+        total = total + bias_sq_norms(grads.sum(dim=3).reshape(grads.shape[0], -1), masks)
     return total
+
+
+def bias_sq_norms(per_sample: Tensor, masks: LocalMasks) -> Tensor:
+    """(B,) squared norms of the per-sample bias gradients (B, out) over the surviving coordinates."""
+    return (per_sample if "bias" not in masks else per_sample * masks["bias"]).pow(2).sum(dim=1)
 
 
 def conv2d_weight_grads(module: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
@@ -117,8 +121,7 @@ class ConvRule(WeightAndBiasRule):
                            for formed in (state if keep else chunks)])  # type: ignore[union-attr]
         total = total.to(torch.promote_types(g.dtype, torch.float32))
         if module.bias is not None and module.bias.requires_grad:
-            bias = g.flatten(2).sum(dim=2)
-            total = total + (bias if "bias" not in masks else bias * masks["bias"]).pow(2).sum(dim=1)
+            total = total + bias_sq_norms(g.flatten(2).sum(dim=2), masks)
         return total, state
 
     def clipped_sums(self, call: LayerCall, g: Tensor, factors: Tensor, finite: Tensor | None,
