@@ -419,14 +419,14 @@ RECIPE_TUNED_ON = {"tuned": ("kmnist", ("test", "all")), "scatter": ("kmnist", (
 
 
 def resolve_train_config(cli: Overrides | Mapping[str, Any], config_file: Path | None, recipe: str | None = None,
-                         base: Mapping[str, Any] | None = None) -> TrainConfig:
+                         base: Overrides | None = None) -> TrainConfig:
     """Training reads `data:`, `train:` and `model:` (the dense baselines' shape). Its dataset is the
     private one: --dataset, else the --config file's `data.dataset`, else MNIST (defaults.yaml's
     dataset is for generation). A `recipe` (or the CLI tree's `recipe` key) and then `base` (e.g. the
     settings a private ticket was planned with) sit between the defaults and the --config file."""
     recipe = recipe or _recipe_of(cli)
     flags = _tree(cli)
-    user = _merge_budgets([recipe_tree(recipe), dict(base or {}),  # eps2/sigma: the later layer's choice
+    user = _merge_budgets([recipe_tree(recipe), _tree(base or Overrides()),  # eps2/sigma: the later layer's choice
                            _config_file(config_file)])
     dataset = flags.get("data", {}).get("dataset") or user.get("data", {}).get("dataset") or "mnist"
     flags = {**flags, "data": {**flags.get("data", {}), "dataset": dataset}}

@@ -128,6 +128,10 @@ class Overrides:
         return {key.split(".", 1)[1] for key, value in self.values.items()
                 if key.startswith(f"{section}.") and value is not None}
 
+    def section(self, name: str) -> Mapping[str, Any]:
+        """The values under section `name`, by their key inside it (a None among them included)."""
+        return {key.split(".", 1)[1]: value for key, value in self.values.items() if key.startswith(f"{name}.")}
+
     def updated(self, values: Mapping[str, Any], section: str | None = None) -> Overrides:
         """These with `values` over them (their keys under `section` when it is named)."""
         prefix = f"{section}." if section is not None else ""

@@ -22,6 +22,7 @@ from dpltm.checkpoint import load_ticket_set
 from dpltm.config import SEARCH_FIXED_BY
 from dpltm.errors import DpltmUserError
 from dpltm.masks import masked_weights
+from dpltm.options import Overrides
 from dpltm.privacy.display import format_sigma
 from dpltm.privacy.events import event_to_json
 from dpltm.privacy.exponential import (
@@ -182,11 +183,11 @@ CHOSEN_KEYS = {**SEARCH_FIXED_BY, "freeze": (*SEARCH_FIXED_BY["freeze"], *SEARCH
 `freeze` the start too (a frozen variant is defined at the public start)."""
 
 
-def chosen_training(selection: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def chosen_training(selection: Mapping[str, Any] | None) -> Overrides | None:
     """The `train:` settings of the variant the noise-aware choice of a winner (its `selection` record) chose, for
-    the dimensions it searched only (`NoiseAwareChoice.chosen`, `searched`), as a config tree `train` puts under the
-    --config file and flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged
-    record is refused in one line."""
+    the dimensions it searched only (`NoiseAwareChoice.chosen`, `searched`), which `train` puts under the --config
+    file and flags; None where the choice searched nothing (or the winner was picked otherwise). A damaged record
+    is refused in one line."""
     from dpltm.settings import OUTPUT_LAYERS, SEARCHABLE
 
     choice = None if selection is None else selection.get("noise_aware")
@@ -207,7 +208,7 @@ def chosen_training(selection: Mapping[str, Any] | None) -> dict[str, Any] | Non
     values = {"rewind": chosen["start"], "output_layer": chosen["output_layer"], "freeze": list(chosen["freeze"]),
               "ema": ema, "ema_warmup": chosen["ema_warmup"]}
     keys = {key for dimension in searched for key in CHOSEN_KEYS[dimension]}
-    return {"train": {key: values[key] for key in values if key in keys}}
+    return Overrides({f"train.{key}": values[key] for key in values if key in keys})
 
 
 def _is_start(start: Any) -> bool:
@@ -219,7 +220,7 @@ def _is_start(start: Any) -> bool:
         return False
 
 
-def describe_variant(train: dict[str, Any]) -> str:
+def describe_variant(train: Mapping[str, Any]) -> str:
     """A variant's `train:` settings (those given) in words."""
     parts = []
     if "rewind" in train:

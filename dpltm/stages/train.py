@@ -14,7 +14,7 @@ from dpltm.choices import Activation, Dataset, OutputLayer, Recipe, Split, Strat
 from dpltm.console import err_console, on_interrupt_kept, warn_large_delta
 from dpltm.dp.noise import NOISE_PLUGINS, noise_plugin
 from dpltm.errors import DpltmUserError
-from dpltm.options import option
+from dpltm.options import Overrides, option
 from dpltm.privacy.display import format_rate, format_sigma
 from dpltm.stages.requests import CommandRequest
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan
     from dpltm.data.types import DatasetSplits, LabeledTensors
     from dpltm.dp.distributed import Distribution
-    from dpltm.options import Overrides
     from dpltm.settings import TrainConfig
 
 
@@ -113,13 +112,14 @@ def resolve_training(cli: Overrides, config: Path | None, winner: Winner | None,
     chose = None if winner is None or private_ticket or non_private else chosen_training(winner.selection)
     chosen = chose
     if chose is not None:  # a setting the user gives fixes its whole dimension (as it did for the choice)
-        dropped = {key for dimension in fixed_dimensions(cli, config) for key in SEARCH_FIXED_BY[dimension]}
-        chosen = {"train": {k: v for k, v in chose["train"].items() if k not in dropped}}
+        fixed = fixed_dimensions(cli, config)
+        dropped = {f"train.{key}" for dimension in fixed for key in SEARCH_FIXED_BY[dimension]}
+        chosen = Overrides({k: v for k, v in chose.values.items() if k not in dropped})
     base = private_ticket_plan(winner) if winner is not None and private_ticket else chosen
     if winner is not None and private_ticket and not cli.get("data.dataset"):  # the data it was made on
         cli = cli.updated({"data.dataset": winner.dataset})
     cfg = resolve_train_config(cli, config, base=base)
-    if chosen is not None and chosen["train"].get("freeze") and cfg.train.freeze and not freezing_can_run(
+    if chosen is not None and chosen.get("train.freeze") and cfg.train.freeze and not freezing_can_run(
             "graphs" if cuda_graphs else "eager", audited=audited, noise=cfg.train.noise):
         raise DpltmUserError(f"the winner's noise-aware choice holds {', '.join(cfg.train.freeze)} at its public "
                              "weights, and freezing trains in the eager step with --noise gaussian and no audit: "
@@ -130,7 +130,7 @@ def resolve_training(cli: Overrides, config: Path | None, winner: Winner | None,
                              "give --lr")
     if not non_private and cli.get("train.lr") is not None and cli.get("train.lr_sigma") is None:
         check_lr_given(cli.get("train.lr"), cfg, cli.recipe or "the config's")  # --lr would be ignored
-    return cfg, None if chose is None else chose["train"]
+    return cfg, None if chose is None else chose.section("train")
 
 
 def announce_variant(chose: Mapping[str, Any], cfg: TrainConfig) -> None:

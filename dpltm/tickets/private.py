@@ -26,7 +26,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from dp_accounting import ComposedDpEvent  # type: ignore[import-untyped]
@@ -43,6 +42,7 @@ from dpltm.errors import DpltmUserError
 from dpltm.feature_cache import network_inputs
 from dpltm.masks import Masks, apply_masks_, density, full_masks, layer_densities, prunable_weights
 from dpltm.networks.lenet import Architecture, build_architecture, build_network
+from dpltm.options import Overrides
 from dpltm.privacy.accounting import epsilon
 from dpltm.privacy.calibration import calibrate_phases
 from dpltm.privacy.events import DpEvent, dpsgd_event, event_to_json
@@ -269,21 +269,18 @@ def phase_seed(seed: int, phase: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def private_ticket_plan(ticket: Winner) -> dict[str, Any]:
-    """The training settings a private ticket was planned with, as a config tree: its data settings
-    and seed (so the data it trains on matches the ticket's record: dpltm.data.release), its recipe
-    and model, and the whole run's ε as the training target (`train.eps2` with a private ticket
-    means the whole run's ε)."""
+def private_ticket_plan(ticket: Winner) -> Overrides:
+    """The training settings a private ticket was planned with: its data settings and seed (so the data it
+    trains on matches the ticket's record: dpltm.data.release), its recipe and model, and the whole run's ε as
+    the training target (`train.eps2` with a private ticket means the whole run's ε)."""
     record = ticket.private_ticket
     config = ticket.source.get("config")
     if record is None or not isinstance(config, dict):
         raise DpltmUserError("the private ticket lacks its plan (a damaged or foreign ticket file)")
-    dropped = ("sigma", "max_eps", "patience")
-    train = {k: v for k, v in config.get("train", {}).items() if k not in dropped}
-    data = {k: v for k, v in config.get("data", {}).items() if k != "dataset"}
-    plan: dict[str, Any] = {"data": data, "train": {**train, "eps2": record.epsilon_total}}
+    planned = Overrides.from_tree({"data": config.get("data", {}), "train": config.get("train", {})})
+    dropped = {"data.dataset", "train.sigma", "train.max_eps", "train.patience"}
+    plan = Overrides({k: v for k, v in planned.values.items() if k not in dropped}).updated(
+        {"eps2": record.epsilon_total}, "train")
     if config.get("model", {}).get("activation") is not None:
-        plan["model"] = {"activation": config["model"]["activation"]}
-    if config.get("seed") is not None:
-        plan["seed"] = config["seed"]
-    return plan
+        plan = plan.updated({"activation": config["model"]["activation"]}, "model")
+    return plan if config.get("seed") is None else plan.updated({"seed": config["seed"]})

@@ -8,6 +8,7 @@ import pytest
 
 from dpltm.config import layered_config
 from dpltm.errors import DpltmUserError
+from dpltm.options import Overrides
 
 
 def test_a_flag_eps_replaces_a_files_sigma_and_a_files_sigma_replaces_the_default_eps(tmp_path: Path) -> None:
@@ -34,6 +35,6 @@ def test_a_files_sigma_replaces_a_private_tickets_planned_eps(tmp_path: Path) ->
 
     config = tmp_path / "f.yaml"
     config.write_text("train:\n  sigma: 2.0\n")
-    cfg = resolve_train_config({}, config, base={"train": {"eps2": 0.5}})
+    cfg = resolve_train_config({}, config, base=Overrides({"train.eps2": 0.5}))
     assert cfg.train.sigma == 2.0
-    assert resolve_train_config({}, None, base={"train": {"eps2": 0.5}}).train.sigma is None
+    assert resolve_train_config({}, None, base=Overrides({"train.eps2": 0.5})).train.sigma is None

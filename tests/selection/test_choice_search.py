@@ -14,6 +14,7 @@ import torch
 from dpltm.artefacts import TicketSet
 from dpltm.data.types import DatasetSplits
 from dpltm.errors import DpltmUserError
+from dpltm.options import Overrides
 from dpltm.selection.noise_aware import (
     SEARCHED_EMA,
     EachCandidate,
@@ -97,7 +98,7 @@ def test_a_variant_that_clearly_beats_the_plan_wins_and_is_what_train_runs(ticke
     assert best.start == "public" and best.gain_over_dense > 2 * best.gain_standard_error
     assert choice.candidates[choice.index * 2].round == tickets.tickets[choice.index].round
     selection = {"noise_aware": json.loads(json.dumps(choice.to_json()))}  # as the winner file holds it
-    assert chosen_training(selection) == {"train": {"rewind": "public", "output_layer": "keep"}}  # searched only
+    assert chosen_training(selection) == Overrides({"train.rewind": "public", "train.output_layer": "keep"})  # searched
     assert noise_aware_choice(tickets, tiny_splits, plan, seed=1).chosen is None
 
 
@@ -158,9 +159,9 @@ def test_train_takes_only_the_dimensions_the_choice_searched() -> None:
     def body(searched: list[str], chosen: object = GOOD) -> dict:  # type: ignore[type-arg]
         return {"noise_aware": {"searched": searched, "chosen": chosen}}  # a winner's selection record
 
-    assert chosen_training(body(["release"])) == {"train": {"ema": 0.999, "ema_warmup": True}}
-    assert chosen_training(body(["freeze"])) == {"train": {"rewind": "public", "output_layer": "reinit",
-                                                           "freeze": ["hidden.0"]}}
+    assert chosen_training(body(["release"])) == Overrides({"train.ema": 0.999, "train.ema_warmup": True})
+    assert chosen_training(body(["freeze"])) == Overrides({"train.rewind": "public", "train.output_layer": "reinit",
+                                                           "train.freeze": ["hidden.0"]})
     assert chosen_training(body([], None)) is None and chosen_training(None) is None
     assert chosen_training({"noise_aware": None}) is None
 

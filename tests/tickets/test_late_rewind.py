@@ -16,6 +16,7 @@ from dpltm.data.types import DatasetSplits, LabeledTensors
 from dpltm.errors import DpltmUserError
 from dpltm.masks import PrunedWeights, apply_masks_, rewind, ticket_masks
 from dpltm.networks.lenet import Architecture, LeNet, build_architecture, build_network
+from dpltm.options import Overrides
 from dpltm.pruning import paper_prune_rates, prune_layerwise
 from dpltm.selection.noise_aware import PlannedRun, noise_aware_choice, searched_trainings
 from dpltm.selection.winner import chosen_training
@@ -113,7 +114,7 @@ def test_the_choice_searches_theta_k_as_a_start(late: TicketSet, tiny_splits: Da
         (t.round, s) for t in late.tickets for s in ("init", str(K), "public")]
     selection = {"noise_aware": {**choice.to_json(), "chosen": {
         "start": str(K), "freeze": [], "ema": None, "ema_warmup": False, "output_layer": "reinit"}}}
-    assert chosen_training(selection) == {"train": {"rewind": str(K), "output_layer": "reinit"}}
+    assert chosen_training(selection) == Overrides({"train.rewind": str(K), "train.output_layer": "reinit"})
     for written in (f"0{K}", K, "0"):  # a start as no writer stores it: the record is damaged
         selection["noise_aware"]["chosen"]["start"] = written
         with pytest.raises(DpltmUserError, match="damaged"):
