@@ -367,7 +367,8 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     `resume_from` (a file `PrivateTraining.save` wrote) continues that run: model, optimiser and what
     was spent are restored, and the resumed run takes the steps left of `epochs` (steps saved mid-epoch
     count); with `target_epsilon` (the whole run's budget), σ is calibrated for those steps given the
-    segments spent (composed as they ran); noise and sampling draw fresh OS randomness.
+    segments spent (composed as they ran); noise and sampling draw fresh OS randomness. With `selection_eps1`
+    the budget covers the ticket's selection too.
 
     `train` is (features, labels), a map-style Dataset (read once into tensors; `in_memory=False`
     reads it per batch: larger-than-memory data, augmentation in `__getitem__`), or a DataLoader
@@ -411,7 +412,8 @@ def make_private(model: nn.Module | None = None, optimizer: torch.optim.Optimize
     settings = options.train_settings(epochs=epochs, batch_size=batch_size, clip=clip, noise_filter=noise_filter)
     resumed = _resumed(resume_from, model, optimizer, checked, options, settings, len(records), masks_private)
     apply_masks(model, checked)
-    plan = plan_training(settings, len(records), spent=resumed.segments.events(), steps_before=resumed.steps_before)
+    plan = plan_training(settings, len(records), spent=resumed.segments.events(), steps_before=resumed.steps_before,
+                         selection_eps1=options.selection_eps1)
     if not math.isfinite(plan.noise_multiplier):
         raise DpltmUserError("no finite noise multiplier meets this budget")
     seed = secrets.randbits(63) if options.noise_seed is None else int(options.noise_seed)
@@ -463,14 +465,20 @@ def get_epsilon(path: str | Path, delta: float | None = None) -> float:
     run that is not DP end to end."""
     from dpltm.artefacts.trained_model import TrainedModel
     from dpltm.checkpoint import load_artefact
-    from dpltm.privacy.ledger import PrivacyLedger
+    from dpltm.privacy.accounting import check_delta
+    from dpltm.privacy.ledger import PrivacyLedger, before_any_step
 
     target = user_path(path, "path")
+    if delta is not None:
+        delta = check_delta(delta)
     artefact = load_artefact(target, ("run", "model"))
     if isinstance(artefact, TrainedModel):
         return artefact.privacy.get_epsilon(delta)
     stored = artefact.get("ledger")
-    return 0.0 if stored is None else PrivacyLedger.from_json(stored).get_epsilon(delta)
+    if stored is None:  # no step taken: what chose the masks on the model
+        return before_any_step(bool(artefact.get("masks_from") and artefact.get("masks")),
+                               bool(artefact.get("masks_private")), artefact.get("selection_eps1"))[0]
+    return PrivacyLedger.from_json(stored).get_epsilon(delta)
 
 
 def load_model(path: str | Path) -> nn.Module:

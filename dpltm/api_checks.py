@@ -148,7 +148,8 @@ def delta_or_target_delta(delta: Any, target_delta: Any = None) -> float:
     """δ in (0, 1), 1e-5 if neither is given; `target_delta` is Opacus's name for the same thing (give one, or the
     same value)."""
     if target_delta is not None:
-        if delta is not None and delta != target_delta:
+        target_delta = check_delta(target_delta)
+        if delta is not None and check_delta(delta) != target_delta:
             raise DpltmUserError(f"delta={delta!r} and target_delta={target_delta!r} disagree: give one of them")
         delta = target_delta
     return check_delta(1e-5 if delta is None else delta)
@@ -429,15 +430,19 @@ bound, but at a σ so large (hundreds) that the steps only add noise."""
 
 
 def check_budget_left(spent: list[Any], target_epsilon: float | None, delta: float, accountant: str,
-                      neighboring: str) -> None:
-    """Refuse a new fit when the segments already spent leave (almost) nothing of target_epsilon."""
+                      neighboring: str, selection_eps1: float | None = None) -> None:
+    """Refuse a new fit when the segments already spent, and any ε1 of choosing the ticket (added: basic
+    composition), leave (almost) nothing of target_epsilon."""
     if target_epsilon is None or not spent:
         return
     import dp_accounting  # type: ignore[import-untyped]
 
     from dpltm.privacy.accounting import epsilon_unchecked
 
-    used = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), delta, accountant, neighboring)
+    used = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), delta, accountant, neighboring) + (
+        selection_eps1 or 0.0)
     if used >= (1.0 - MIN_BUDGET_LEFT) * target_epsilon:
-        raise DpltmUserError(f"cannot reach epsilon {target_epsilon:g} with more training: the steps already taken "
-                             f"spent epsilon {format_epsilon(used, 6)} of it; raise target_epsilon to train on")
+        spent_by = "the steps already taken" + (" and the ticket's selection" if selection_eps1 else "")
+        raise DpltmUserError(f"cannot reach epsilon {target_epsilon:g} with more training: {spent_by} spent epsilon "
+                             f"{format_epsilon(used, 6)} of it (by basic composition); raise target_epsilon to "
+                             "train on")

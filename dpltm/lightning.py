@@ -47,7 +47,8 @@ from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
 from dpltm.module_checks import first_written, probe_first_batch, state_marks, trainable_names, written_message
 from dpltm.poisson_batches import PoissonBatchSampler, batch_rows, poisson_loader
-from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.privacy.display import for_progress_bar
+from dpltm.privacy.ledger import PrivacyLedger, before_any_step
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_training import LedgerReadout, restored_noise_filter
 from dpltm.run_log import float32_at_least
@@ -216,12 +217,12 @@ class DPCallback(L.Callback, LedgerReadout):
         settings = o.train_settings(epochs=max(1, trainer.max_epochs - trainer.current_epoch),
                                     batch_size=sampler.batch_size, clip=self.clip)
         spent = self.segments.events()
-        check_budget_left(spent, o.target_epsilon, o.delta, o.accountant, o.neighboring)
+        check_budget_left(spent, o.target_epsilon, o.delta, o.accountant, o.neighboring, o.selection_eps1)
         dataset = getattr(trainer.train_dataloader, "dataset", None)
         if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != sampler.n:
             raise DpltmUserError(f"the Poisson sampler draws from {sampler.n} records but the training dataset holds "
                                  f"{len(dataset)}: build the loader with poisson_loader(dataset, batch_size)")
-        plan = plan_training(settings, sampler.n, spent=spent or None)
+        plan = plan_training(settings, sampler.n, spent=spent or None, selection_eps1=o.selection_eps1)
         if sampler.steps > plan.steps_per_epoch:  # fewer only spend less than planned
             raise DpltmUserError(f"the Poisson sampler draws {sampler.steps} batches an epoch, but the fit is planned "
                                  f"for {plan.steps_per_epoch} (N/L) and would stop when they are done: build the "
@@ -463,8 +464,10 @@ class DPCallback(L.Callback, LedgerReadout):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         record = {"epoch": trainer.current_epoch + 1, "steps": self.steps_done, "epsilon": self.epsilon}
         self.history.append(record)
-        # Lightning keeps logged values as float32 tensors: log the smallest float32 ≥ ε, never less
-        pl_module.log("epsilon", float32_at_least(record["epsilon"]), prog_bar=True)
+        # Lightning keeps logged values as float32 tensors: log the smallest float32 ≥ ε, never less; its
+        # progress bars round what they print to nearest, so the bar gets ε rounded up to what they print
+        pl_module.log("epsilon", float32_at_least(record["epsilon"]), logger=True)
+        pl_module.log("ε", float32_at_least(for_progress_bar(record["epsilon"])), prog_bar=True, logger=False)
 
     # ---- resuming: what was spent travels in Lightning's checkpoint, never a seed ---------------
     def state_dict(self) -> dict[str, Any]:
@@ -505,6 +508,10 @@ class DPCallback(L.Callback, LedgerReadout):
         return user_run_ledger(self.segments, o.delta, o.accountant, o.neighboring, self.masks or self.masks_in,
                                self.masks_from, o.masks_private, o.selection_eps1, "the training loader's dataset",
                                non_private_updates=self._raw_steps)
+
+    def before_any_step(self) -> tuple[float, str]:
+        return before_any_step(bool(self.masks_from and (self.masks or self.masks_in)), self.options.masks_private,
+                               self.options.selection_eps1)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from dpltm.dp.sampling import poisson_sample
 from dpltm.dp.step import DpSgdStep, EngineLayout, check_steps_left
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.accounting import check_delta
-from dpltm.privacy.ledger import PrivacyLedger
+from dpltm.privacy.ledger import PrivacyLedger, before_any_step, json_float
 from dpltm.privacy.segments import SpentSegments
 from dpltm.private_records import DatasetRecords, Records, TensorRecords
 from dpltm.run_resume import ResumedRun
@@ -81,6 +81,10 @@ class LedgerReadout:
     def ledger(self) -> PrivacyLedger | None:
         raise NotImplementedError
 
+    def before_any_step(self) -> tuple[float, str]:
+        """ε and statement while `ledger()` is None (`dpltm.privacy.ledger.before_any_step`)."""
+        raise NotImplementedError
+
     @property
     def steps_done(self) -> int:
         """Every DP step this run has taken, earlier segments (before a resume) included."""
@@ -88,19 +92,20 @@ class LedgerReadout:
 
     @property
     def epsilon(self) -> float:
-        """The run's ε so far (0 before the first step), by the accountant the plan was calibrated with;
-        ∞ when the masks came from these private records (`masks_private`): not DP end to end."""
+        """The run's ε so far, by the accountant the plan was calibrated with (before the first step: the ε1 of
+        choosing its ticket, else 0); ∞ when the masks came from these private records (`masks_private`): not DP
+        end to end."""
         return self.get_epsilon()
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """ε so far at `delta` (None: the run's δ): the same segments and accountant, read at another point of
-        their privacy curve. 0 before the first step."""
+        their privacy curve."""
         if delta is not None:
             delta = check_delta(delta)
         if self._raw_steps:
             return math.inf
         ledger = self.ledger()
-        return 0.0 if ledger is None else ledger.get_epsilon(delta)
+        return self.before_any_step()[0] if ledger is None else ledger.get_epsilon(delta)
 
 
 class PrivateTraining(LedgerReadout):
@@ -289,17 +294,22 @@ class PrivateTraining(LedgerReadout):
                                self.settings.neighboring, self.masks if self.masks_from else {}, self.masks_from,
                                self.masks_private, self.selection_eps1, self.dataset_name)
 
+    def before_any_step(self) -> tuple[float, str]:
+        return before_any_step(bool(self.masks_from and self.masks), self.masks_private, self.selection_eps1)
+
     @property
     def epsilon_dp_part(self) -> float:
         """ε of the DP phases alone (selection and training), even when the run is not DP end to end."""
         ledger = self.ledger()
-        return 0.0 if ledger is None else ledger.best_bound().epsilon
+        return float(self.selection_eps1 or 0.0) if ledger is None else ledger.best_bound().epsilon
 
     def report(self) -> dict[str, Any]:
         """The ledger's JSON report (ε, δ, accountant, what ran) and its plain-English statement."""
         ledger = self.ledger()
-        if ledger is None:
-            return {"epsilon": 0.0, "steps": 0, "statement": "No DP step has run yet: nothing spent."}
+        if ledger is None:  # the ledger report's keys that apply: ε of the DP phases, the whole run's, scope
+            overall, statement = self.before_any_step()
+            return {"epsilon": self.epsilon_dp_part, "overall_epsilon": json_float(overall),
+                    "end_to_end_dp": math.isfinite(overall), "steps": 0, "statement": statement}
         return {**ledger.report(), "statement": ledger.statement()}
 
     # ---- saving and resuming: what was spent travels, never a seed or a generator state -------

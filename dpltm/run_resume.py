@@ -137,7 +137,8 @@ def resume_run(resume_from: str | Path, model: nn.Module, optimizer: torch.optim
     try:
         segments, epochs_done, history, noise_filter = _resume(Path(resume_from), model, optimizer, masks,
                                                                dataset_size, provenance)
-        check_budget_left(segments.events(), target_epsilon, delta, accountant, provenance.neighboring)
+        check_budget_left(segments.events(), target_epsilon, delta, accountant, provenance.neighboring,
+                          provenance.selection_eps1)
         steps_before = _schedule_steps_done(segments, dataset_size, batch_size)
         if steps_before >= epochs * math.ceil(dataset_size / batch_size):
             run_so_far = _epochs_run(segments)

@@ -57,7 +57,7 @@ class PlannedPrivateRun:
             raise DpltmUserError(f"batch_size ({self.batch_size}) must be smaller than private_size "
                                  f"({self.private_size})")
         check_budget(self.target_epsilon, self.noise_multiplier)
-        delta_or_target_delta(self.delta)
+        object.__setattr__(self, "delta", delta_or_target_delta(self.delta))  # None: the default, as make_private
         check_clip(self.max_grad_norm)
         check_positive(self.lr, "lr")
         if self.optimizer is not None and not callable(self.optimizer):

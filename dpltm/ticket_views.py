@@ -219,7 +219,7 @@ def print_winner(winner: Winner, console: Console) -> None:
 def run_summary(body: dict[str, Any]) -> dict[str, Any]:
     """`inspect`'s view of a library run (kind "run", `PrivateTraining.save`): what it spent, segment by
     segment, its epochs, and the statement of its ledger."""
-    from dpltm.privacy.ledger import PrivacyLedger
+    from dpltm.privacy.ledger import PrivacyLedger, before_any_step
 
     ledger = None if body.get("ledger") is None else PrivacyLedger.from_json(body["ledger"])
     return {"kind": "run", "dataset": body["dataset_name"], "dataset_size": body["dataset_size"],
@@ -228,7 +228,9 @@ def run_summary(body: dict[str, Any]) -> dict[str, Any]:
             "masks_private": body.get("masks_private"), "settings": body["settings"],
             "segments": body["segments"], "history": body["history"],
             "ledger": None if ledger is None else ledger.report(),
-            "statement": "No DP step has run yet: nothing spent." if ledger is None else ledger.statement()}
+            "statement": before_any_step(bool(body.get("masks_from") and body.get("masks")),
+                                         bool(body.get("masks_private")), body.get("selection_eps1"))[1]
+            if ledger is None else ledger.statement()}
 
 
 def print_run(summary: dict[str, Any], console: Console) -> None:

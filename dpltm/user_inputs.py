@@ -110,6 +110,9 @@ def check_user_masks(model: nn.Module, masks: Mapping[str, Tensor]) -> Masks:
             mask = torch.as_tensor(mask)
         except (TypeError, RuntimeError, ValueError):
             raise DpltmUserError(f"mask {name} must be a 0/1 tensor, got {type(mask).__name__}") from None
+        if mask.layout != torch.strided or mask.is_meta:
+            raise DpltmUserError(f"mask {name} must be a dense tensor with values (call .to_dense(); not on the "
+                                 "meta device)")
         if tuple(mask.shape) != tuple(weights[name].shape):
             raise DpltmUserError(f"mask {name} has shape {tuple(mask.shape)}, the weight {tuple(weights[name].shape)}")
         if not bool(((mask == 0) | (mask == 1)).all()):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpltm.artefacts.format import HEADER_KEYS, Artefact, Reader, body_of, reference_state
 from dpltm.errors import DpltmUserError
-from dpltm.privacy.ledger import PrivacyLedger, _json_float  # ±∞ as strict JSON writes it
+from dpltm.privacy.ledger import PrivacyLedger, json_float  # ±∞ as strict JSON writes it
 
 if TYPE_CHECKING:
     import torch
@@ -129,7 +129,7 @@ class ReleasedPrivacy:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object an export stores, in the order it has always had."""
         body = body_of(self, [f.name for f in fields(self)], ("released_weights",))
-        return {**body, "epsilon": _json_float(self.epsilon), "epsilon_dp_part": _json_float(self.epsilon_dp_part)}
+        return {**body, "epsilon": json_float(self.epsilon), "epsilon_dp_part": json_float(self.epsilon_dp_part)}
 
     @classmethod
     def from_dict(cls, stated: Mapping[str, Any]) -> ReleasedPrivacy:
@@ -314,8 +314,8 @@ class TrainedModel(Artefact):
         p, o = self.privacy, self.outcome
         report = {
             "test_accuracy": self.test_accuracy, "val_accuracy": self.val_accuracy, "epochs_run": self.epochs_run,
-            "steps": o.steps, "stop_reason": o.stop_reason, "epsilon": _json_float(p.epsilon),
-            "epsilon_dp_part": _json_float(p.epsilon_dp_part), "epsilon_scope": p.ledger_report["epsilon_scope"],
+            "steps": o.steps, "stop_reason": o.stop_reason, "epsilon": json_float(p.epsilon),
+            "epsilon_dp_part": json_float(p.epsilon_dp_part), "epsilon_scope": p.ledger_report["epsilon_scope"],
             "warning": p.ledger.warning(), "epsilon_spent_at_stop": self.epsilon_spent_at_stop, "delta": p.ledger.delta,
             "accountant": p.ledger.accountant, "composition": p.ledger_report["composition"],
             "neighboring": p.ledger.neighboring,

@@ -12,7 +12,7 @@ printed by dpltm goes through these; JSON keeps the exact floats.
 from __future__ import annotations
 
 import math
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 
 
 def _rounded(value: float, digits: int, rounding: str) -> str:
@@ -26,6 +26,17 @@ def _rounded(value: float, digits: int, rounding: str) -> str:
     exact = Decimal(repr(float(value)))  # repr: the shortest decimal that round-trips
     rounded = exact.quantize(Decimal(1).scaleb(exponent), rounding=rounding)
     return format(rounded.normalize(), "f")
+
+
+def for_progress_bar(value: float) -> float:
+    """An upper bound for Lightning's progress bars, which round to nearest: TQDM's to 3 significant digits, Rich's
+    to 3 decimals. Rounded UP to 3 decimals (from its exact binary value), then to 3 significant digits, it reads
+    no lower than `value` in either."""
+    if not math.isfinite(value) or value <= 0.0:
+        return value
+    with localcontext(prec=400):  # enough digits for any float's integer part, whatever the caller's context
+        decimals = float(Decimal(value).quantize(Decimal("0.001"), rounding=ROUND_CEILING))
+    return float(round_up(decimals, 3))
 
 
 def round_up(value: float, digits: int = 3) -> str:

@@ -101,7 +101,7 @@ def dpsgd_events(records: Iterable[Mapping[str, Any]]) -> list[DpEvent]:
     return [dpsgd_event(r["q"], r["sigma"], int(r["steps"])) for r in records]
 
 
-def _json_float(value: float) -> float | str:
+def json_float(value: float) -> float | str:
     """Finite floats as they are; ±∞ as "inf"/"-inf" so reports are strict JSON."""
     if math.isfinite(value):
         return float(value)
@@ -327,14 +327,14 @@ class PrivacyLedger:
         return {
             "format_version": FORMAT_VERSION,
             "end_to_end_dp": self.end_to_end_dp,
-            "epsilon": _json_float(best.epsilon),
+            "epsilon": json_float(best.epsilon),
             "epsilon_scope": self.epsilon_scope,
-            "overall_epsilon": _json_float(self.overall_epsilon),
+            "overall_epsilon": json_float(self.overall_epsilon),
             "delta": self.delta,
             "neighboring": self.neighboring,
             "accountant": self.accountant,
             "composition": best.name,
-            "bounds": [{**asdict(b), "epsilon": _json_float(b.epsilon)} for b in self.bounds()],
+            "bounds": [{**asdict(b), "epsilon": json_float(b.epsilon)} for b in self.bounds()],
             "phase1": self.phase1,
             "phase1_dataset": self.phase1_dataset,
             "private_dataset": self.private_dataset,
@@ -472,6 +472,20 @@ class PrivacyLedger:
                 "privacy record is inconsistent: its DpEvent does not match its fields"
             )
         return ledger
+
+
+def before_any_step(masked: bool, masks_private: bool, selection_eps1: float | None) -> tuple[float, str]:
+    """ε and the statement of a library run that has taken no DP step yet (it has no ledger). Its masks are on
+    the model already, so a model released now shows the ticket: masks made on these private records without
+    privacy make it not DP (ε = ∞, as `PrivacyLedger` states for phase 1 "same-data"); a ticket chosen on them by
+    the exponential mechanism spent ε1, pure ε1-DP and so at every δ (McSherry & Talwar 2007, Thm 6)."""
+    if masked and masks_private:
+        return math.inf, ("No DP step has run yet, but the masks on the model were made on these private records "
+                          "without privacy: NOT differentially private (epsilon is infinite).")
+    if masked and selection_eps1 is not None:
+        return float(selection_eps1), (f"No DP step has run yet; choosing the ticket on the private records spent "
+                                       f"epsilon1 = {format_epsilon(selection_eps1)} (pure epsilon-DP).")
+    return 0.0, "No DP step has run yet: nothing spent."
 
 
 def _flag(value: Any, name: str) -> bool:

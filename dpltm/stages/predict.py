@@ -103,7 +103,7 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
     from dpltm.devices import resolve_device
     from dpltm.export import load_any_model
     from dpltm.outputs import check_text_output_name, prepare_output, write_text_atomic
-    from dpltm.privacy.ledger import _json_float
+    from dpltm.privacy.ledger import json_float
 
     if part not in PARTS:
         raise DpltmUserError(f"--part must be one of {', '.join(PARTS)}, got {part!r}")
@@ -152,7 +152,7 @@ def stage_predict(model_path: Path, dataset: str | None, part: str, data_dir: Pa
         # settings and counts (a released model holds no fingerprint of user data: dpltm.data.release)
         "same_data_settings_as_training": same and mismatch(trained_on, data) is None,
         "trained_on": trained_on["dataset"], "end_to_end_dp": loaded.privacy.end_to_end_dp,
-        "epsilon": _json_float(loaded.privacy.epsilon), "delta": loaded.privacy.delta,
+        "epsilon": json_float(loaded.privacy.epsilon), "delta": loaded.privacy.delta,
         "statement": loaded.privacy.statement, "predictions": None if out is None else str(out),
         "exposes_training_records": exposes,
         "warning": f"NOT differentially private: {TRAINING_RECORDS_EXPOSED} ({len(records)} records)" if exposes

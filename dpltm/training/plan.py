@@ -49,15 +49,19 @@ class TrainPlan:
 
 
 def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEvent] | None = None,
-                  steps_before: int = 0) -> TrainPlan:
+                  steps_before: int = 0, selection_eps1: float | None = None) -> TrainPlan:
     """q = L/N, ⌈N/L⌉ steps per epoch, and σ: given, or the smallest σ meeting eps2 at δ.
 
-    σ is calibrated on the training mechanism alone (ε_train ≤ eps2); the final report composes
-    it with the selection. With `spent` (the DP warm-up of a private ticket, on this same data)
-    eps2 is the whole run's target: σ is calibrated so that `spent` composed with training meets
+    Without `spent` or `selection_eps1`, σ is calibrated on the training mechanism alone (ε_train ≤ eps2; the
+    CLI's ε2, which its report composes with the selection). With `spent` (the DP warm-up of a private ticket,
+    on this same data) eps2 is the whole run's target: σ is calibrated so that `spent` composed with training meets
     it. Calibration never overshoots the target (dpltm.privacy.calibration). `steps_before`: steps of
     the run's epochs already taken (a resumed library run, whose earlier segments are in `spent`); the
-    plan covers the rest.
+    plan covers the rest. `selection_eps1` (a library run's ticket, chosen by the exponential mechanism on the
+    private data) makes eps2 the whole run's target too: σ is calibrated so that the selection composed with
+    training meets it (`calibrate_noise_multiplier`'s best composition), or, after `spent`, so that `spent` and
+    training meet eps2 − ε1 (basic composition, Dwork & Roth 2014, Thm 3.16, one of the bounds the ledger takes
+    the best of, so its ε is never above the target; RDP composition there could allow a little less noise).
     """
     L_ = settings.batch_size
     if L_ >= dataset_size:
@@ -77,8 +81,14 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
         parameter, calibrated = settings.sigma, False
         effective = mechanism.effective_for(parameter)
     elif settings.eps2 is not None:
-        effective = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
-                                               settings.neighboring, spent=spent or ())
+        target, eps1 = settings.eps2, selection_eps1
+        if spent and eps1 is not None:
+            if eps1 >= target:
+                raise DpltmUserError(f"the ticket's selection spent epsilon1 = {eps1:g}, at least the whole target "
+                                     f"epsilon {target:g}: raise the target to train on")
+            target, eps1 = target - eps1, None
+        effective = calibrate_noise_multiplier(q, steps, target, settings.delta, settings.accountant,
+                                               settings.neighboring, selection_eps1=eps1, spent=spent or ())
         parameter, calibrated = mechanism.parameter_for(effective), True
     else:
         raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma")

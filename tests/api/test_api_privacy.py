@@ -6,6 +6,8 @@ that really ran."""
 
 from __future__ import annotations
 
+import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -805,3 +807,91 @@ def test_hostile_api_arguments_get_one_line_errors(case: str, tmp_path: Path, mo
         with pytest.raises(DpltmUserError, match=match):
             call()
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def _masked_run(**kwargs: Any) -> Any:
+    x, y = blobs(200, 0)
+    model = mlp()
+    masks = {"0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(2)) < 0.5}
+    return dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), batch_size=20,
+                              masks=masks, **kwargs)
+
+
+def test_before_the_first_step_a_run_reports_what_chose_its_masks(tmp_path: Path) -> None:
+    """The masks are on the model from make_private on: a model released before any DP step shows the ticket, so
+    ε is the selection's ε1 (pure, at every δ), or ∞ for masks made on these records; 0 only without either."""
+    chosen = _masked_run(noise_multiplier=1.0, masks_from="public tickets, chosen on private accuracies",
+                         selection_eps1=0.5)
+    assert chosen.epsilon == chosen.get_epsilon(1e-9) == chosen.epsilon_dp_part == 0.5
+    assert dpltm.get_epsilon(chosen.save(tmp_path / "chosen.pt")) == 0.5
+    assert chosen.report()["epsilon"] == 0.5 and "epsilon1 = 0.5" in chosen.report()["statement"]
+    same_data = _masked_run(noise_multiplier=1.0, masks_from="tickets made on these records", masks_private=True)
+    assert same_data.epsilon == math.inf == dpltm.get_epsilon(same_data.save(tmp_path / "same.pt"), delta=1e-6)
+    report = same_data.report()  # the ledger report's keys, strict JSON
+    assert "NOT differentially private" in report["statement"] and report["overall_epsilon"] == "inf"
+    assert report["end_to_end_dp"] is False and json.loads(json.dumps(report, allow_nan=False)) == report
+    public = _masked_run(noise_multiplier=1.0, masks_from="public data")
+    assert public.epsilon == 0.0 == dpltm.get_epsilon(public.save(tmp_path / "public.pt"))
+    with pytest.raises(DpltmUserError, match="delta"):
+        dpltm.get_epsilon(tmp_path / "public.pt", delta=0.0)
+    chosen.step()
+    assert chosen.epsilon > 0.5
+
+
+def test_a_target_epsilon_covers_the_selections_eps1_too(tmp_path: Path) -> None:
+    """target_epsilon is the whole run's budget: with selection_eps1 σ is calibrated so that selection and
+    training together meet it, fresh and after a resume (basic composition there)."""
+    run = _masked_run(target_epsilon=1.0, epochs=2, masks_from="public tickets", selection_eps1=0.5)
+    run.fit()
+    assert 0.95 < run.epsilon <= 1.0
+    alone = _masked_run(target_epsilon=1.0, epochs=2, masks_from="public tickets")
+    assert run.plan.noise_multiplier > alone.plan.noise_multiplier
+    x, y = blobs(200, 0)
+    model, masks = mlp(), {"0.weight": torch.rand(16, 10, generator=torch.Generator().manual_seed(2)) < 0.5}
+    first = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), target_epsilon=1.0,
+                               epochs=1, batch_size=20, masks=masks, masks_from="public tickets", selection_eps1=0.5)
+    first.fit()
+    path = first.save(tmp_path / "run.pt")
+    resumed = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), target_epsilon=1.5,
+                                 epochs=2, batch_size=20, masks=masks, masks_from="public tickets",
+                                 selection_eps1=0.5, resume_from=path)
+    resumed.fit()
+    assert 1.3 < resumed.epsilon <= 1.5
+    with pytest.raises(DpltmUserError, match="cannot reach epsilon 1"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), target_epsilon=1.0,
+                           epochs=3, batch_size=20, masks=masks, masks_from="public tickets", selection_eps1=0.5,
+                           resume_from=resumed.save(tmp_path / "run2.pt"))
+
+
+def test_the_progress_bar_never_shows_less_than_the_epsilon_spent() -> None:
+    """Lightning's bars round to nearest (TQDM: 3 significant digits; Rich: 3 decimals): the bar gets ε rounded up
+    to both, the loggers the smallest float32 ≥ ε."""
+    from dpltm.privacy.display import for_progress_bar
+    from dpltm.run_log import float32_at_least
+
+    for value in [2.3503058489402444, 1.6904, 0.012341, 4e-5, 999.95, 123.4567, *torch.logspace(-4, 3, 200).tolist()]:
+        shown = float32_at_least(for_progress_bar(value))
+        assert float(f"{shown:.3g}") >= value and float(f"{shown:.3f}") >= value
+    callback = dpltm.DPCallback(noise_multiplier=1.1, noise_seed=0)
+    t = trainer(1, callback)
+    t.fit(Classifier(), loader(20, n=200))
+    bar = t.progress_bar_metrics["ε"]
+    assert float(f"{bar:.3g}") >= callback.epsilon and float(f"{bar:.3f}") >= callback.epsilon
+    assert float(t.callback_metrics["epsilon"]) >= callback.epsilon and "epsilon" not in t.progress_bar_metrics
+
+
+def test_review_findings_planned_delta_mask_layouts_and_an_array_delta_are_one_line() -> None:
+    import numpy as np
+
+    assert dpltm.PlannedPrivateRun(private_size=1000, epochs=1, batch_size=50, target_epsilon=1.0,
+                                   delta=None).delta == 1e-5  # the default, as make_private takes None
+    x, y = blobs(200, 0)
+    for mask in (torch.ones(16, 10, device="meta"), torch.ones(16, 10).to_sparse()):
+        model = mlp()
+        with pytest.raises(DpltmUserError, match="mask 0.weight must be a dense tensor"):
+            dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                               batch_size=20, masks={"0.weight": mask}, masks_from="public data")
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="delta must be a number"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                           batch_size=20, delta=np.array([1e-5, 1e-5]), target_delta=1e-5)
