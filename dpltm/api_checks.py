@@ -326,7 +326,7 @@ def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, cl
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= classes:
             raise DpltmUserError(f"labels must lie in [0, {classes - 1}] (the model has {classes} outputs), found "
-                                 f"labels in [{low}, {high}]")
+                                 f"labels in [{low}, {high}] in {what}")
 
 
 def check_token_ids(model: nn.Module, features: Tensor, what: str) -> None:
@@ -431,18 +431,17 @@ bound, but at a σ so large (hundreds) that the steps only add noise."""
 
 def check_budget_left(spent: list[Any], target_epsilon: float | None, delta: float, accountant: str,
                       neighboring: str, selection_eps1: float | None = None) -> None:
-    """Refuse a new fit when the segments already spent, and any ε1 of choosing the ticket (added: basic
-    composition), leave (almost) nothing of target_epsilon."""
+    """Refuse a new fit when the segments already spent, and any ε1 of choosing the ticket, leave (almost) nothing
+    of target_epsilon: ε of what ran as the ledger states it (the best of its composition bounds)."""
     if target_epsilon is None or not spent:
         return
     import dp_accounting  # type: ignore[import-untyped]
 
-    from dpltm.privacy.accounting import epsilon_unchecked
+    from dpltm.privacy.accounting import best_bound, composition_bounds
 
-    used = epsilon_unchecked(dp_accounting.ComposedDpEvent(list(spent)), delta, accountant, neighboring) + (
-        selection_eps1 or 0.0)
+    used = best_bound(composition_bounds(selection_eps1, dp_accounting.ComposedDpEvent(list(spent)), delta,
+                                         accountant, neighboring)).epsilon
     if used >= (1.0 - MIN_BUDGET_LEFT) * target_epsilon:
         spent_by = "the steps already taken" + (" and the ticket's selection" if selection_eps1 else "")
         raise DpltmUserError(f"cannot reach epsilon {target_epsilon:g} with more training: {spent_by} spent epsilon "
-                             f"{format_epsilon(used, 6)} of it (by basic composition); raise target_epsilon to "
-                             "train on")
+                             f"{format_epsilon(used, 6)} of it; raise target_epsilon to train on")

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from dpltm.api_checks import check_count, check_seed
-from dpltm.dp.sampling import poisson_sample
+from dpltm.dp.sampling import MAX_RECORDS, poisson_sample
 from dpltm.errors import DpltmUserError
 
 
@@ -30,7 +30,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
     `DPCallback` can check that each step consumes one of its batches, in order."""
 
     def __init__(self, n: int, batch_size: int, steps: int | None = None, seed: int | None = None) -> None:
-        n = check_count(n, "n", minimum=2)
+        n = check_count(n, "n", minimum=2, maximum=MAX_RECORDS)
         batch_size = check_count(batch_size, "batch_size")
         if not batch_size < n:
             raise DpltmUserError(f"batch_size must lie in (0, {n}), got {batch_size}")

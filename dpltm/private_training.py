@@ -19,11 +19,10 @@ from dpltm.api_checks import (
     check_data_fits_model,
     check_finite,
     check_flag,
-    check_token_ids,
     user_path,
 )
 from dpltm.dp.distributed import rank_sampling_seed
-from dpltm.dp.engine import Loss, RecordTable, record_norm_tables
+from dpltm.dp.engine import Loss, RecordTable, per_sample_cross_entropy, record_norm_tables
 from dpltm.dp.gaussian import GaussianNoise
 from dpltm.dp.independence import (
     check_samples_independent,
@@ -192,8 +191,9 @@ class PrivateTraining(LedgerReadout):
         self._check_modes()
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
-        if isinstance(self.records, DatasetRecords):  # records held in memory were checked whole by make_private
-            check_token_ids(self.model, x, "a batch of the training dataset (the step was not taken)")
+        if isinstance(self.records, DatasetRecords) and len(y):  # records in memory were checked whole by make_private
+            check_data_fits_model(self.model, x, y, classification=self.loss is per_sample_cross_entropy,
+                                  what="a batch of the training dataset (the step was not taken)")
         self._dp.step(x, y, index, terms=self._record_tables())
 
     def _book_step(self) -> None:

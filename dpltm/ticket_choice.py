@@ -23,7 +23,16 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.api import Data, Ticket, make_private
-from dpltm.api_checks import check_budget, check_clip, check_count, check_positive, check_seed, delta_or_target_delta
+from dpltm.api_checks import (
+    check_budget,
+    check_clip,
+    check_count,
+    check_data_fits_model,
+    check_finite,
+    check_positive,
+    check_seed,
+    delta_or_target_delta,
+)
 from dpltm.dp.engine import Loss, per_sample_cross_entropy
 from dpltm.errors import DpltmUserError
 from dpltm.privacy.exponential import sample_exponential, score_sensitivity, ticket_scores
@@ -145,6 +154,12 @@ def _noise_aware_index(tickets: list[Ticket], model: nn.Module | None, public: D
     device = next(model.parameters()).device
     features, labels = model_tensors(model, public, device)  # type: ignore[arg-type]
     val_features, val_labels = model_tensors(model, val, device)  # type: ignore[arg-type]
+    check_finite(val_features, "the validation features")  # checked as evaluate() checks them, before any training
+    check_data_fits_model(model, val_features, val_labels, classification=True, what="the validation data")
+    own = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    if {name: tuple(value.shape) for name, value in tickets[0].rewind_weights.items()} != own:
+        raise DpltmUserError("the tickets' weights are not model's (names or shapes differ): pass the model "
+                             "generate_tickets made them from")
     if planned.batch_size >= len(labels):
         raise DpltmUserError(f"the public data ({len(labels)} records) must hold more records than the planned batch "
                              f"({planned.batch_size}) to simulate its steps: give more public records, or choose "

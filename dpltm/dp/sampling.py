@@ -56,6 +56,10 @@ def poisson_sample(n: int, sample_rate: float, generator: torch.Generator,
     return keep.nonzero().squeeze(1).to(device)
 
 
+MAX_RECORDS = 1 << 31
+"""The most records a Poisson batch is drawn from: a draw is one int64 a record (16 GiB here), so a larger n is a
+mistake to refuse in one line, not an allocation to fail."""
+
 MAX_DRAWS_AT_ONCE = 1 << 24
 """Draws held at once when sampling an epoch ahead (128 MiB of int64)."""
 

@@ -217,9 +217,10 @@ def calibrate_noise_multiplier(
       - "best" (default): the smaller σ of the two, i.e. exactly the σ at which
         `composition_bounds(...)`'s best bound reaches the target.
     * `spent` given (DP events already run on the same data, e.g. the DP warm-up of a private
-      ticket; no `selection_eps1`): `spent` composed with DP-SGD(q, σ, T) meets the target.
-      Adaptive composition (Dwork & Roth 2014, Thm 3.16) lets the later mechanism depend on the
-      earlier ones' outputs; the accountant composes the events exactly (PLD) or by RDP.
+      ticket, or a library run's earlier segments): `spent` composed with DP-SGD(q, σ, T) meets the
+      target. Adaptive composition (Dwork & Roth 2014, Thm 3.16) lets the later mechanism depend on
+      the earlier ones' outputs; the accountant composes the events exactly (PLD) or by RDP. With a
+      `selection_eps1` too, the selection is composed in as above (basic, RDP, or the smaller σ).
 
     Raises DpltmUserError when the target cannot be met (e.g. target ≤ 0 or above
     MAX_EPSILON, or selection or `spent` alone already costs at least the target).
@@ -227,8 +228,9 @@ def calibrate_noise_multiplier(
     t, d = _checked(target_epsilon, delta, accountant, neighboring, rel_tol)
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
     if spent and selection_eps1 is not None:
-        raise ValueError("calibrate after `spent` or with a selection_eps1, not both")
-    if spent:
+        sigma = _calibrated_after_selection(list(spent), float(sample_rate), int(steps), t, d, accountant,
+                                            neighboring, float(selection_eps1), composition, float(rel_tol))
+    elif spent:
         sigma = _calibrated_after(list(spent), float(sample_rate), int(steps), t, d, accountant, neighboring,
                                   float(rel_tol))
     else:
@@ -297,6 +299,41 @@ def _calibrated_after(spent: list[DpEvent], sample_rate: float, steps: int, t: f
         return dp_accounting.ComposedDpEvent([*spent, dpsgd_event(sample_rate, sigma, steps)])
 
     return _calibrate(both, t, d, accountant, neighboring, rel_tol)
+
+
+def _calibrated_after_selection(spent: list[DpEvent], sample_rate: float, steps: int, t: float, d: float,
+                                accountant: str, neighboring: str, eps1: float, composition: Composition,
+                                rel_tol: float) -> float:
+    """After `spent`, with a selection's ε1: the smaller σ of the two bounds the ledger takes the best of
+    (`accounting.composition_bounds`): basic, ε1 + the accountant's ε of `spent` and training ≤ t; RDP, the
+    ε1²/8-zCDP selection composed with `spent` and training ≤ t."""
+    if composition not in ("best", "basic", "rdp"):
+        raise DpltmUserError(f"unknown composition {composition!r}; choose best, basic or rdp")
+    sel = selection_event(eps1)
+    candidates: list[float] = []
+    reasons: list[str] = []
+    if composition in ("best", "basic"):
+        try:
+            if eps1 >= t:
+                raise DpltmUserError(f"basic composition needs eps1 ({eps1:g}) below the target")
+            candidates.append(_calibrated_after(spent, sample_rate, steps, t - eps1, d, accountant, neighboring,
+                                                rel_tol))
+        except DpltmUserError as refused:
+            reasons.append(str(refused))
+
+    def everything(sigma: float) -> DpEvent:
+        return dp_accounting.ComposedDpEvent([sel, *spent, dpsgd_event(sample_rate, sigma, steps)])
+
+    if composition in ("best", "rdp") and make_accountant("rdp", neighboring).supports(everything(1.0)):
+        floor = epsilon_unchecked(dp_accounting.ComposedDpEvent([sel, *spent]), d, "rdp", neighboring)
+        if floor < t:
+            candidates.append(_calibrate(everything, t, d, "rdp", neighboring, rel_tol))
+        else:
+            reasons.append(f"the selection and what already ran cost epsilon {format_epsilon(floor)} by RDP")
+    if not candidates:
+        raise DpltmUserError(f"cannot reach epsilon {t:g} with selection eps1 {eps1:g} after what already ran: "
+                             + "; ".join(reasons))
+    return min(candidates)
 
 
 def calibrate_phases(

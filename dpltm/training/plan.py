@@ -59,9 +59,7 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
     the run's epochs already taken (a resumed library run, whose earlier segments are in `spent`); the
     plan covers the rest. `selection_eps1` (a library run's ticket, chosen by the exponential mechanism on the
     private data) makes eps2 the whole run's target too: σ is calibrated so that the selection composed with
-    training meets it (`calibrate_noise_multiplier`'s best composition), or, after `spent`, so that `spent` and
-    training meet eps2 − ε1 (basic composition, Dwork & Roth 2014, Thm 3.16, one of the bounds the ledger takes
-    the best of, so its ε is never above the target; RDP composition there could allow a little less noise).
+    `spent` and training meets it, by the bounds the ledger takes the best of (`calibrate_noise_multiplier`).
     """
     L_ = settings.batch_size
     if L_ >= dataset_size:
@@ -81,14 +79,8 @@ def plan_training(settings: TrainSettings, dataset_size: int, spent: list[DpEven
         parameter, calibrated = settings.sigma, False
         effective = mechanism.effective_for(parameter)
     elif settings.eps2 is not None:
-        target, eps1 = settings.eps2, selection_eps1
-        if spent and eps1 is not None:
-            if eps1 >= target:
-                raise DpltmUserError(f"the ticket's selection spent epsilon1 = {eps1:g}, at least the whole target "
-                                     f"epsilon {target:g}: raise the target to train on")
-            target, eps1 = target - eps1, None
-        effective = calibrate_noise_multiplier(q, steps, target, settings.delta, settings.accountant,
-                                               settings.neighboring, selection_eps1=eps1, spent=spent or ())
+        effective = calibrate_noise_multiplier(q, steps, settings.eps2, settings.delta, settings.accountant,
+                                               settings.neighboring, selection_eps1=selection_eps1, spent=spent or ())
         parameter, calibrated = mechanism.parameter_for(effective), True
     else:
         raise DpltmUserError("give --eps (σ is calibrated to it) or --sigma")

@@ -895,3 +895,16 @@ def test_review_findings_planned_delta_mask_layouts_and_an_array_delta_are_one_l
     with pytest.raises(DpltmUserError, match="delta must be a number"):
         dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
                            batch_size=20, delta=np.array([1e-5, 1e-5]), target_delta=1e-5)
+    with pytest.raises(DpltmUserError, match="n must be in"):
+        dpltm.PoissonBatchSampler(10**18, 2)  # a draw is one int64 a record: refused, not an 8 EB allocation
+
+
+def test_a_lazily_read_label_past_the_classes_is_one_line_and_spends_nothing() -> None:
+    x, y = blobs(200, 0)
+    y[1:] = 7  # record 0 (the one make_private probes) is sound; the rest name no output of the 3-class model
+    model = mlp()
+    run = dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.utils.data.TensorDataset(x, y),
+                             noise_multiplier=1.0, batch_size=20, in_memory=False)
+    with pytest.raises(DpltmUserError, match=r"labels must lie in \[0, 2\].*a batch of the training dataset"):
+        run.step()
+    assert run.steps_done == 0 and run.epsilon == 0.0

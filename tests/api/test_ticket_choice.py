@@ -118,3 +118,27 @@ def test_a_planned_run_that_cannot_run_is_refused_when_made(fields: dict[str, An
     settings = {"private_size": 5000, "epochs": 2, "batch_size": 50, "noise_multiplier": 1.0, **fields}
     with pytest.raises(DpltmUserError, match=match):
         dpltm.PlannedPrivateRun(**settings)
+
+
+@pytest.mark.parametrize(("val", "match"), [
+    ("labels past the classes", "labels must lie in"), ("nan", "NaN or infinite"), ("column labels", "shape \\(N,\\)"),
+    ("empty", "is empty"), ("narrow", "does not accept the features"), ("other model", "not model's")])
+def test_the_noise_aware_choice_checks_val_and_the_model_before_training_any_ticket(
+        val: str, match: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`val` gets evaluate()'s checks, and the tickets must be `model`'s, before the first ticket trains (each
+    failure was a silent choice on junk, or a torch traceback after every ticket's simulated training)."""
+    torch.manual_seed(0)
+    model = nn.Linear(D, 2)
+    tickets = handmade(model)
+    x, y = task(600, 2)
+    bad = {"labels past the classes": (x, y + 5), "nan": (torch.full_like(x, float("nan")), y),
+           "column labels": (x, y[:, None]), "empty": (x[:0], y[:0]), "narrow": (x[:, :7], y),
+           "other model": (x, y)}[val]
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a ticket was trained before the check")
+
+    monkeypatch.setattr(choice, "_trained_correctness", never)
+    given = nn.Sequential(nn.Linear(D, 2)) if val == "other model" else model
+    with pytest.raises(DpltmUserError, match=match):
+        dpltm.select_ticket(tickets, model=given, public=task(1000, 1), val=bad, planned=PLANNED, seed=0)

@@ -442,3 +442,23 @@ def test_rdp_underflow_to_zero_is_refused_not_reported_as_a_bound() -> None:
     rows = {row["accountant"]: row for row in report["rows"]}
     assert rows["pld"]["kind"] == "upper bound" and rows["pld"]["sigma"] > 100
     assert rows["rdp"]["sigma"] is None and "underflows" in rows["rdp"]["kind"]
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+@pytest.mark.parametrize(("eps1", "target"), [(0.1, 2.0), (0.5, 2.0), (0.05, 1.5), (0.1, 0.8)])
+def test_calibration_after_spent_segments_with_a_selection_meets_the_ledgers_best_bound(
+        accountant: str, eps1: float, target: float) -> None:
+    """A resumed library run whose ticket was chosen with ε1: σ for the new segment is the smallest for which the
+    best of the ledger's bounds (basic ε1 + ε(spent, training); RDP of [selection, spent, training]) meets the
+    target, so it is met, tightly, and never with more noise than basic composition alone asks."""
+    spent = [dpsgd_event(0.05, 3.0, 40)]
+    sigma = calibrate_noise_multiplier(0.05, 60, target, 1e-5, accountant, selection_eps1=eps1, spent=spent)
+    ran = dpa.ComposedDpEvent([*spent, dpsgd_event(0.05, sigma, 60)])
+    assert target * 0.99 < best_bound(composition_bounds(eps1, ran, 1e-5, accountant)).epsilon <= target
+    basic_only = calibrate_noise_multiplier(0.05, 60, target, 1e-5, accountant, selection_eps1=eps1, spent=spent,
+                                            composition="basic")
+    assert sigma <= basic_only
+    ran_basic = dpa.ComposedDpEvent([*spent, dpsgd_event(0.05, basic_only, 60)])
+    assert eps1 + epsilon(ran_basic, 1e-5, accountant) <= target
+    with pytest.raises(DpltmUserError, match="after what already ran"):
+        calibrate_noise_multiplier(0.05, 60, 0.5, 1e-5, accountant, selection_eps1=0.45, spent=spent)
