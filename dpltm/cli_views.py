@@ -13,7 +13,7 @@ from dpltm.privacy.display import format_epsilon
 
 if TYPE_CHECKING:
     from dpltm.artefacts import TicketSet, Winner
-    from dpltm.stages.train import TrainingReport
+    from dpltm.artefacts.trained_model import TrainingReport
 
 
 def known_accuracy(value: float | None) -> float | None:

@@ -248,6 +248,54 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class TrainingReport:
+    """What `train`, `audit` and `run` report: the run's result, its privacy and where it went, fields in the order
+    `train --json` has always printed them (`TrainedModel.report`; run.json keeps `to_json()`). `privacy` (the
+    ledger's report), `transfer` and `audit` are JSON records, passed through unread."""
+
+    test_accuracy: float | None
+    val_accuracy: float | None
+    epochs_run: int
+    steps: int
+    stop_reason: str
+    epsilon: float | str | None
+    epsilon_dp_part: float | str | None
+    epsilon_scope: str
+    warning: str | None
+    epsilon_spent_at_stop: float | None
+    delta: float | None
+    accountant: str | None
+    composition: str | None
+    neighboring: str | None
+    end_to_end_dp: bool | None
+    private: bool
+    caveats: list[str]
+    statement: str
+    privacy: object
+    tickets: str | None
+    density: float | None
+    transfer: object
+    released_weights: str | None
+    noise_multiplier: float | None
+    noise_parameter: float | None
+    sigma_calibrated: bool | None
+    sample_rate: float | None
+    dataset: str
+    output: str
+    randomness: str | None
+    processes: int
+    log_dir: str | None
+    audit: dict[str, Any] | None = None
+    """An audited run's lower bound on ε beside the claim (dpltm.audit.run); no key in the JSON otherwise."""
+
+    def to_json(self) -> dict[str, object]:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.audit is None:
+            del body["audit"]
+        return body
+
+
+@dataclass(frozen=True)
 class TrainedModel(Artefact):
     """A trained network as `dpltm train` writes it: weights, one privacy record, how it was made.
 
@@ -309,27 +357,23 @@ class TrainedModel(Artefact):
         training = self.privacy.ledger.training
         return None if training is None else training["q"]
 
-    def report(self) -> dict[str, Any]:
-        """The run's report (JSON-able), keys in the order `train --json` has always printed them."""
+    def report(self) -> TrainingReport:
+        """The run's report, fields in the order `train --json` has always printed them."""
         p, o = self.privacy, self.outcome
-        report = {
-            "test_accuracy": self.test_accuracy, "val_accuracy": self.val_accuracy, "epochs_run": self.epochs_run,
-            "steps": o.steps, "stop_reason": o.stop_reason, "epsilon": json_float(p.epsilon),
-            "epsilon_dp_part": json_float(p.epsilon_dp_part), "epsilon_scope": p.ledger_report["epsilon_scope"],
-            "warning": p.ledger.warning(), "epsilon_spent_at_stop": self.epsilon_spent_at_stop, "delta": p.ledger.delta,
-            "accountant": p.ledger.accountant, "composition": p.ledger_report["composition"],
-            "neighboring": p.ledger.neighboring,
-            "end_to_end_dp": p.end_to_end_dp, "private": p.private, "caveats": list(p.caveats),
-            "statement": p.statement, "privacy": p.ledger_report,
-            "tickets": o.tickets, "density": o.density, "transfer": self.transfer.to_dict(),
-            "released_weights": o.released_weights, "noise_multiplier": self.noise_multiplier,
-            "noise_parameter": o.noise_parameter, "sigma_calibrated": o.sigma_calibrated,
-            "sample_rate": self.sample_rate, "dataset": self.dataset, "output": o.output,
-            "randomness": o.randomness, "processes": o.processes, "log_dir": o.log_dir,
-        }
-        if o.audit is not None:
-            report["audit"] = o.audit
-        return report
+        return TrainingReport(
+            test_accuracy=self.test_accuracy, val_accuracy=self.val_accuracy, epochs_run=self.epochs_run,
+            steps=o.steps, stop_reason=o.stop_reason, epsilon=json_float(p.epsilon),
+            epsilon_dp_part=json_float(p.epsilon_dp_part), epsilon_scope=p.ledger_report["epsilon_scope"],
+            warning=p.ledger.warning(), epsilon_spent_at_stop=self.epsilon_spent_at_stop, delta=p.ledger.delta,
+            accountant=p.ledger.accountant, composition=p.ledger_report["composition"],
+            neighboring=p.ledger.neighboring,
+            end_to_end_dp=p.end_to_end_dp, private=p.private, caveats=list(p.caveats),
+            statement=p.statement, privacy=p.ledger_report,
+            tickets=o.tickets, density=o.density, transfer=self.transfer.to_dict(),
+            released_weights=o.released_weights, noise_multiplier=self.noise_multiplier,
+            noise_parameter=o.noise_parameter, sigma_calibrated=o.sigma_calibrated,
+            sample_rate=self.sample_rate, dataset=self.dataset, output=o.output,
+            randomness=o.randomness, processes=o.processes, log_dir=o.log_dir, audit=o.audit)
 
     @property
     def released_privacy(self) -> ReleasedPrivacy:

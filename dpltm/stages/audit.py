@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpltm import options as opt
+from dpltm.artefacts.trained_model import TrainingReport
 from dpltm.choices import Recipe, ThreatModel
 from dpltm.errors import DpltmUserError
 from dpltm.options import option
-from dpltm.stages.train import TrainingReport, TrainingRequest, stage_train
+from dpltm.stages.train import TrainingRequest, stage_train
 
 if TYPE_CHECKING:
     from dpltm.audit.run import AuditPlan

@@ -36,8 +36,8 @@ from dpltm.stages.select import (
 from dpltm.stages.train import check_lr_given, check_planned_training, stage_train
 
 if TYPE_CHECKING:
+    from dpltm.artefacts.trained_model import TrainingReport
     from dpltm.settings import GenerateConfig, TrainConfig
-    from dpltm.stages.train import TrainingReport
 
 TUNED_RECIPE_MIN_RECORDS = 20000
 """`run --recipe auto` takes the tuned recipe from this many private training records up: it was

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from dpltm.artefacts import Winner
+    from dpltm.artefacts.trained_model import TrainingReport
     from dpltm.audit.run import AuditPlan
     from dpltm.data.types import DatasetSplits, LabeledTensors
     from dpltm.dp.distributed import Distribution
@@ -92,7 +93,7 @@ def stage_train(cli: Overrides, config: Path | None, ticket: Path | None, non_pr
                             audit=audit)
     if main:  # said if printing the report fails now (a full or closed stdout) or the run is stopped
         on_interrupt_kept(f"the model is written to {target}")
-    return TrainingReport.from_json(report)
+    return report
 
 
 def resolve_training(cli: Overrides, config: Path | None, winner: Winner | None, non_private: bool, *,
@@ -205,58 +206,6 @@ def check_planned_training(cfg: TrainConfig, private: DatasetSplits, recipe: str
         raise DpltmUserError(f"noise {s.noise} needs public data for its shape: use `dpltm train --public-dataset`; "
                              f"`dpltm run` trains with {others} noise")
     plan_training(s, n)  # σ for the budget and the learning rate it gives
-
-
-@dataclass(frozen=True)
-class TrainingReport:
-    """What `train`, `audit` and `run` report: the run's result, its privacy and where it went, fields in the order
-    `train --json` has always printed them. Built once from the pipeline's report (the body run.json keeps);
-    `privacy` (the ledger's report) and `transfer` are that body's JSON records, passed through unread."""
-
-    test_accuracy: float | None
-    val_accuracy: float | None
-    epochs_run: int
-    steps: int
-    stop_reason: str
-    epsilon: float | str | None
-    epsilon_dp_part: float | str | None
-    epsilon_scope: str
-    warning: str | None
-    epsilon_spent_at_stop: float | None
-    delta: float | None
-    accountant: str | None
-    composition: str | None
-    neighboring: str | None
-    end_to_end_dp: bool | None
-    private: bool
-    caveats: list[str]
-    statement: str
-    privacy: object
-    tickets: str | None
-    density: float | None
-    transfer: object
-    released_weights: str | None
-    noise_multiplier: float | None
-    noise_parameter: float | None
-    sigma_calibrated: bool | None
-    sample_rate: float | None
-    dataset: str
-    output: str
-    randomness: str | None
-    processes: int
-    log_dir: str | None
-    audit: dict[str, Any] | None = None
-    """An audited run's lower bound on ε beside the claim (dpltm.audit.run); no key in the JSON otherwise."""
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> TrainingReport:
-        return cls(**body)
-
-    def to_json(self) -> dict[str, object]:
-        body = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.audit is None:
-            del body["audit"]
-        return body
 
 
 def print_training_report(report: TrainingReport, console: Console = err_console) -> None:

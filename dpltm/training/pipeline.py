@@ -18,7 +18,7 @@ import torch
 
 from dpltm import __version__
 from dpltm.artefacts import Outcome, PrivacyRecord, TrainedModel, Winner
-from dpltm.artefacts.trained_model import EpochRow
+from dpltm.artefacts.trained_model import EpochRow, TrainingReport
 from dpltm.checkpoint import save_atomic
 from dpltm.config import to_dict
 from dpltm.data.release import mismatch, scrub_ticket
@@ -207,8 +207,8 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | 
           ticket_data_unchecked: str | None = None, on_start: Callable[[], None] | None = None,
           distribution: Distribution | None = None, step_mode: str = "eager",
           logger: str | None = None, log_dir: Path | None = None,
-          audit: AuditPlan | None = None) -> dict[str, Any]:
-    """Train and write the model checkpoint; returns the final report (JSON-able).
+          audit: AuditPlan | None = None) -> TrainingReport:
+    """Train and write the model checkpoint; returns the final report.
 
     `public_data` (records of `public_dataset`, never the private one) is handed to the noise
     plug-in, e.g. for the sensitivity-shaped noise (docs/privacy.md §6). `noise_seed` seeds the noise
@@ -219,7 +219,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | 
     locked from then on). With a multi-process `distribution` (DP training only) every rank runs
     this function; only rank 0 locks and writes the output. `step_mode` (private_training.STEP_MODES)
     says how a DP step runs, never what it computes. `audit` (dpltm.audit.run.AuditPlan) adds
-    canaries to this very run and puts the empirical lower bound on ε in report["audit"]. With `logger`
+    canaries to this very run and puts the empirical lower bound on ε in `report.audit`. With `logger`
     (csv, tensorboard, mlflow or none), rank 0 logs the run under `log_dir` (dpltm.run_log).
     """
     distribution = distribution or Distribution()
@@ -293,7 +293,7 @@ def train(cfg: TrainConfig, data: DatasetSplits, out: Path, *, ticket: Winner | 
                 return report
             save_atomic(trained.to_dict(), out, "model")
     if run_log is not None:  # finished only once the model it describes is kept
-        run_log.finish(output=str(out), history=on_epoch.logged, report=report)
+        run_log.finish(output=str(out), history=on_epoch.logged, report=report.to_json())
     return report
 
 

@@ -166,7 +166,8 @@ def _audit(tmp_path: Path, threat_model: str = "white-box", ticket: Winner | Non
     plan = AuditPlan(threat_model, 200, seed=seed)
     report = pipeline.train(cfg, _splits(), tmp_path / f"m{seed}.pt", ticket=ticket, ticket_path=None, private=True,
                             progress=False, noise_seed=seed + 10, audit=plan)
-    return report["audit"]
+    assert report.audit is not None
+    return report.audit
 
 
 def test_the_real_mechanism_is_not_refuted(tmp_path: Path) -> None:

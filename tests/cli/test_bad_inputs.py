@@ -904,7 +904,8 @@ def test_full_disk_is_one_line_and_leaves_no_file(command: str, tmp_path: Path, 
 def test_a_run_without_validation_records_says_so_not_nan(val_accuracy: float | None, shown: str) -> None:
     from rich.console import Console
 
-    from dpltm.stages.train import TrainingReport, print_training_report
+    from dpltm.artefacts.trained_model import TrainingReport
+    from dpltm.stages.train import print_training_report
 
     console = Console(file=io.StringIO(), width=200)
     unread = dict.fromkeys(("epsilon", "epsilon_dp_part", "epsilon_scope", "warning", "epsilon_spent_at_stop",

@@ -132,7 +132,7 @@ def test_the_file_holds_the_privacy_record_once(tmp_path: Path) -> None:
 
 def test_report_keeps_the_keys_train_json_printed() -> None:
     """`train --json` prints the same keys, in the same order, as before the artefact existed."""
-    report = _trained().report()
+    report = _trained().report().to_json()
     assert list(report) == LEGACY_REPORT_KEYS
     assert report["noise_multiplier"] == SIGMA and report["sample_rate"] == Q and report["epochs_run"] == 2
     assert report["test_accuracy"] == 0.55 and report["epsilon_spent_at_stop"] == 1.0
@@ -146,21 +146,21 @@ def test_computed_epsilon_is_the_accountants(accountant: str) -> None:
     assert record.epsilon == pytest.approx(expected, rel=1e-12) and record.end_to_end_dp
     assert record.epsilon_dp_part == record.epsilon
     report = _trained(record).report()
-    assert report["epsilon"] == record.ledger.report()["epsilon"] and report["delta"] == DELTA
-    assert report["statement"] == record.ledger.statement()
+    assert report.epsilon == record.ledger.report()["epsilon"] and report.delta == DELTA
+    assert report.statement == record.ledger.statement()
 
 
 def test_same_data_and_adaptive_stop_give_no_overall_epsilon() -> None:
     """Same-data tickets: the whole run's ε is ∞, the DP part's is the accountant's. An adaptive stop
     keeps the planned run's ε for the DP part, calls the run not DP end to end, and says why first."""
     same = PrivacyRecord(_ledger("same-data"))
-    assert same.epsilon == math.inf and _trained(same).report()["epsilon"] == "inf" and not same.end_to_end_dp
+    assert same.epsilon == math.inf and _trained(same).report().epsilon == "inf" and not same.end_to_end_dp
     assert same.epsilon_dp_part == pytest.approx(_independent_epsilon(), rel=1e-12)
     stopped = PrivacyRecord(_ledger(), ("early stopping looked at validation records",), True)
     assert not stopped.end_to_end_dp and stopped.epsilon == math.inf
     assert stopped.statement.startswith("CAVEAT: early stopping") and stopped.statement.endswith(
         stopped.ledger.statement())
-    assert _trained(stopped).report()["epsilon_spent_at_stop"] is None
+    assert _trained(stopped).report().epsilon_spent_at_stop is None
 
 
 def _refused(path: Path) -> str:
