@@ -152,7 +152,7 @@ def main() -> None:
                     started = time.perf_counter()
                     report = train(cfg, data, Path(folder) / f"{k}-{eps}-{seed}.pt", ticket=winner,
                                    ticket_path=args.tickets, private=True, progress=False,
-                                   ticket_data=None if winner is None else public)
+                                   ticket_data=None if winner is None else public).to_json()
                     private.setdefault(k, []).append(float(report["test_accuracy"]))
                     print(f"{eps:g} | {method} | {seed} | {report['density']:.3f} | {report['test_accuracy']:.4f} | "
                           f"{time.perf_counter() - started:.0f}", flush=True)

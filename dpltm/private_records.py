@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
-from dpltm.dp.sampling import BatchGather
+from dpltm.dp.sampling import MAX_RECORDS, BatchGather
 from dpltm.errors import DpltmUserError
 
 
@@ -80,6 +80,9 @@ class DatasetRecords:
         self._n = len(dataset)  # type: ignore[arg-type]
         if self._n == 0:
             raise DpltmUserError("the training dataset is empty")
+        if self._n > MAX_RECORDS:  # each Poisson batch draws one int64 a record
+            raise DpltmUserError(f"the training dataset says it holds {self._n} records; Poisson sampling draws "
+                                 f"from at most {MAX_RECORDS}")
         self._empty = tuple(t[:0] for t in _as_pair(self.collate([dataset[0]]), ids))
 
     def __len__(self) -> int:

@@ -154,6 +154,8 @@ def _noise_aware_index(tickets: list[Ticket], model: nn.Module | None, public: D
     device = next(model.parameters()).device
     features, labels = model_tensors(model, public, device)  # type: ignore[arg-type]
     val_features, val_labels = model_tensors(model, val, device)  # type: ignore[arg-type]
+    if val_features.is_floating_point():  # as evaluate() reads them: in the model's precision
+        val_features = val_features.to(next(model.parameters()).dtype)
     check_finite(val_features, "the validation features")  # checked as evaluate() checks them, before any training
     check_data_fits_model(model, val_features, val_labels, classification=True, what="the validation data")
     own = {name: tuple(value.shape) for name, value in model.state_dict().items()}

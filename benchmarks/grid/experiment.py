@@ -393,7 +393,7 @@ class Experiment:
         ticket_data, unchecked = data_to_check(ticket, run.dataset, assert_public, self.data_dir)
         report = train(cfg, data, out, ticket=ticket, ticket_path=ticket_path, private=private,
                        assert_public=assert_public, progress=False, noise_seed=None, ticket_data=ticket_data,
-                       ticket_data_unchecked=unchecked)
+                       ticket_data_unchecked=unchecked).to_json()
         report["seconds"] = time.perf_counter() - started
         history = list(load_trained_model(out).history)
         ticket_round = ticket.round if ticket else None

@@ -330,6 +330,8 @@ def _calibrated_after_selection(spent: list[DpEvent], sample_rate: float, steps:
             candidates.append(_calibrate(everything, t, d, "rdp", neighboring, rel_tol))
         else:
             reasons.append(f"the selection and what already ran cost epsilon {format_epsilon(floor)} by RDP")
+    elif composition == "rdp":
+        reasons.append("the RDP accountant does not support these events")
     if not candidates:
         raise DpltmUserError(f"cannot reach epsilon {t:g} with selection eps1 {eps1:g} after what already ran: "
                              + "; ".join(reasons))

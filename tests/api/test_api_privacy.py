@@ -898,6 +898,18 @@ def test_review_findings_planned_delta_mask_layouts_and_an_array_delta_are_one_l
     with pytest.raises(DpltmUserError, match="n must be in"):
         dpltm.PoissonBatchSampler(10**18, 2)  # a draw is one int64 a record: refused, not an 8 EB allocation
 
+    class Huge(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 2**45
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return x[i % 200], y[i % 200]
+
+    model = mlp()
+    with pytest.raises(DpltmUserError, match="draws from at most"):
+        dpltm.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), Huge(), noise_multiplier=1.0,
+                           batch_size=20, in_memory=False)
+
 
 def test_a_lazily_read_label_past_the_classes_is_one_line_and_spends_nothing() -> None:
     x, y = blobs(200, 0)

@@ -142,3 +142,15 @@ def test_the_noise_aware_choice_checks_val_and_the_model_before_training_any_tic
     given = nn.Sequential(nn.Linear(D, 2)) if val == "other model" else model
     with pytest.raises(DpltmUserError, match=match):
         dpltm.select_ticket(tickets, model=given, public=task(1000, 1), val=bad, planned=PLANNED, seed=0)
+
+
+def test_the_noise_aware_choice_reads_float64_validation_features_in_the_models_precision() -> None:
+    """As evaluate() and generate_tickets read them (NumPy's float64 is the usual case)."""
+    torch.manual_seed(0)
+    model = nn.Linear(D, 2)
+    tickets = handmade(model)
+    x, y = task(600, 2)
+    quick = dpltm.PlannedPrivateRun(private_size=200, epochs=1, batch_size=50, noise_multiplier=1.0, lr=0.5)
+    chosen = dpltm.select_ticket(tickets, model=model, public=task(1000, 1), val=(x.double().numpy(), y.numpy()),
+                                 planned=quick, seed=0)
+    assert chosen in tickets

@@ -86,23 +86,23 @@ def test_private_ticket_then_training_meets_the_requested_epsilon(tiny_splits: D
     assert ticket.selection_method == "private" and ticket.is_private_ticket
     report = train(cfg, tiny_splits, tmp_path / "model.pt", ticket=ticket, ticket_path=ticket_path,
                    private=True, progress=False, noise_seed=2)
-    assert report["end_to_end_dp"] is True
-    assert report["composition"] == "private-ticket-composition"
-    assert report["epsilon"] <= 2.0
+    assert report.end_to_end_dp is True
+    assert report.composition == "private-ticket-composition"
+    assert report.epsilon <= 2.0
     # the ledger's ε is dp-accounting's for the same events (warm-up with σ_a, training with σ_b)
     ledger = PrivacyLedger.from_json(load_checkpoint(tmp_path / "model.pt", ("model",))["privacy"]["ledger"])
     warmup, training = ledger.phase1_training[0], ledger.training
     independent = _independent_pld_epsilon(
         [(warmup["q"], warmup["sigma"], warmup["steps"]), (training["q"], training["sigma"], training["steps"])],
         1e-5)
-    assert report["epsilon"] == pytest.approx(independent, rel=1e-9)
+    assert report.epsilon == pytest.approx(independent, rel=1e-9)
     assert independent <= 2.0
     # pruned weights stayed exactly zero through DP training
     model_body = load_checkpoint(tmp_path / "model.pt", ("model",))
     for name, mask in payload["masks"].items():
         key = name
         assert torch.all(model_body["state_dict"][key][~mask] == 0)
-    assert "Ticket: made with privacy on blobs" in report["statement"]
+    assert "Ticket: made with privacy on blobs" in report.statement
 
 
 def test_a_private_ticket_under_another_dataset_name_composes_its_warm_up(tiny_splits: DatasetSplits,
@@ -121,8 +121,8 @@ def test_a_private_ticket_under_another_dataset_name_composes_its_warm_up(tiny_s
     independent = _independent_pld_epsilon(
         [(warmup["q"], warmup["sigma"], warmup["steps"]), (training["q"], training["sigma"], training["steps"])],
         1e-5)
-    assert report["epsilon"] == pytest.approx(independent, rel=1e-9) and report["epsilon"] <= 2.0
-    assert "Ticket: made with privacy on blobs (" in report["statement"]
+    assert report.epsilon == pytest.approx(independent, rel=1e-9) and report.epsilon <= 2.0
+    assert "Ticket: made with privacy on blobs (" in report.statement
 
 
 def test_more_warmup_rounds_are_each_accounted(tiny_splits: DatasetSplits, tmp_path: Path) -> None:
@@ -305,7 +305,7 @@ def test_a_cnn_private_ticket_prunes_its_convolutions_and_trains_end_to_end_dp(t
         assert torch.all(payload["theta0"][name][~mask] == 0)
     report = train(cfg, data, tmp_path / "model.pt", ticket=load_winner(ticket_path), ticket_path=ticket_path,
                    private=True, progress=False, noise_seed=2)
-    assert report["end_to_end_dp"] is True and report["epsilon"] <= 2.0
+    assert report.end_to_end_dp is True and report.epsilon <= 2.0
     state = load_checkpoint(tmp_path / "model.pt", ("model",))["state_dict"]
     for name, mask in payload["masks"].items():
         assert torch.all(state[name][~mask] == 0)
@@ -351,7 +351,7 @@ def test_an_input_feature_ticket_prunes_whole_inputs_and_composes_its_warm_up(ti
     phases.append((ledger.training["q"], ledger.training["sigma"], ledger.training["steps"]))
     assert len(phases) == 3
     independent = _independent_pld_epsilon(phases, 1e-5)
-    assert report["epsilon"] == pytest.approx(independent, rel=1e-9) and independent <= 2.0
+    assert report.epsilon == pytest.approx(independent, rel=1e-9) and independent <= 2.0
     assert torch.all(body["state_dict"][first][:, ~columns] == 0)
 
 
