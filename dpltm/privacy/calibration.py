@@ -228,8 +228,8 @@ def calibrate_noise_multiplier(
     t, d = _checked(target_epsilon, delta, accountant, neighboring, rel_tol)
     dpsgd_event(sample_rate, 1.0, steps)  # validates q and steps
     if spent and selection_eps1 is not None:
-        sigma = _calibrated_after_selection(list(spent), float(sample_rate), int(steps), t, d, accountant,
-                                            neighboring, float(selection_eps1), composition, float(rel_tol))
+        sigma = _calibrated_with_selection(list(spent), float(sample_rate), int(steps), t, d, accountant,
+                                           neighboring, float(selection_eps1), composition, float(rel_tol))
     elif spent:
         sigma = _calibrated_after(list(spent), float(sample_rate), int(steps), t, d, accountant, neighboring,
                                   float(rel_tol))
@@ -256,35 +256,8 @@ def _calibrated_dpsgd(sample_rate: float, steps: int, t: float, d: float, accoun
 
     if selection_eps1 is None:
         return _calibrate(training, t, d, accountant, neighboring, rel_tol)
-    if composition not in ("best", "basic", "rdp"):
-        raise DpltmUserError(f"unknown composition {composition!r}; choose best, basic or rdp")
-    sel = selection_event(selection_eps1)  # validates ε1
-    eps1 = float(selection_eps1)
-    candidates: list[float] = []
-    reasons: list[str] = []
-    if composition in ("best", "basic"):
-        if eps1 < t:
-            candidates.append(_calibrate(training, t - eps1, d, accountant, neighboring, rel_tol))
-        else:
-            reasons.append(f"basic composition needs eps1 ({eps1:g}) below the target")
-    rdp_ok = make_accountant("rdp", neighboring).supports(
-        dp_accounting.ComposedDpEvent([sel, training(1.0)])
-    )
-    if composition in ("best", "rdp") and rdp_ok:
-        floor = epsilon_unchecked(sel, d, "rdp", neighboring)
-        if floor < t:
-            def both(sigma: float) -> DpEvent:
-                return dp_accounting.ComposedDpEvent([sel, training(sigma)])
-
-            candidates.append(_calibrate(both, t, d, "rdp", neighboring, rel_tol))
-        else:
-            reasons.append(f"the selection alone costs epsilon {format_epsilon(floor)} by RDP")
-    elif composition == "rdp":
-        reasons.append("the RDP accountant does not support this training event")
-    if not candidates:
-        raise DpltmUserError(f"cannot reach epsilon {t:g} with selection eps1 {eps1:g}: "
-                             + "; ".join(reasons))
-    return min(candidates)
+    return _calibrated_with_selection([], sample_rate, steps, t, d, accountant, neighboring, float(selection_eps1),
+                                      composition, rel_tol)
 
 
 def _calibrated_after(spent: list[DpEvent], sample_rate: float, steps: int, t: float, d: float, accountant: str,
@@ -301,40 +274,48 @@ def _calibrated_after(spent: list[DpEvent], sample_rate: float, steps: int, t: f
     return _calibrate(both, t, d, accountant, neighboring, rel_tol)
 
 
-def _calibrated_after_selection(spent: list[DpEvent], sample_rate: float, steps: int, t: float, d: float,
-                                accountant: str, neighboring: str, eps1: float, composition: Composition,
-                                rel_tol: float) -> float:
-    """After `spent`, with a selection's ε1: the smaller σ of the two bounds the ledger takes the best of
+def _calibrated_with_selection(spent: list[DpEvent], sample_rate: float, steps: int, t: float, d: float,
+                               accountant: str, neighboring: str, eps1: float, composition: Composition,
+                               rel_tol: float) -> float:
+    """With a selection's ε1 (after `spent`, if any): the smaller σ of the two bounds the ledger takes the best of
     (`accounting.composition_bounds`): basic, ε1 + the accountant's ε of `spent` and training ≤ t; RDP, the
     ε1²/8-zCDP selection composed with `spent` and training ≤ t."""
     if composition not in ("best", "basic", "rdp"):
         raise DpltmUserError(f"unknown composition {composition!r}; choose best, basic or rdp")
-    sel = selection_event(eps1)
+    sel = selection_event(eps1)  # validates ε1
+
+    def training(sigma: float) -> DpEvent:
+        return dpsgd_event(sample_rate, sigma, steps)
+
+    def everything(sigma: float) -> DpEvent:
+        return dp_accounting.ComposedDpEvent([sel, *spent, training(sigma)])
+
     candidates: list[float] = []
     reasons: list[str] = []
     if composition in ("best", "basic"):
-        try:
-            if eps1 >= t:
-                raise DpltmUserError(f"basic composition needs eps1 ({eps1:g}) below the target")
-            candidates.append(_calibrated_after(spent, sample_rate, steps, t - eps1, d, accountant, neighboring,
-                                                rel_tol))
-        except DpltmUserError as refused:
-            reasons.append(str(refused))
-
-    def everything(sigma: float) -> DpEvent:
-        return dp_accounting.ComposedDpEvent([sel, *spent, dpsgd_event(sample_rate, sigma, steps)])
-
+        if eps1 >= t:
+            reasons.append(f"basic composition needs eps1 ({eps1:g}) below the target")
+        elif not spent:
+            candidates.append(_calibrate(training, t - eps1, d, accountant, neighboring, rel_tol))
+        else:
+            try:
+                candidates.append(_calibrated_after(spent, sample_rate, steps, t - eps1, d, accountant, neighboring,
+                                                    rel_tol))
+            except DpltmUserError as refused:
+                reasons.append(str(refused))
     if composition in ("best", "rdp") and make_accountant("rdp", neighboring).supports(everything(1.0)):
-        floor = epsilon_unchecked(dp_accounting.ComposedDpEvent([sel, *spent]), d, "rdp", neighboring)
+        floor = epsilon_unchecked(dp_accounting.ComposedDpEvent([sel, *spent]) if spent else sel, d, "rdp",
+                                  neighboring)
         if floor < t:
             candidates.append(_calibrate(everything, t, d, "rdp", neighboring, rel_tol))
         else:
-            reasons.append(f"the selection and what already ran cost epsilon {format_epsilon(floor)} by RDP")
+            reasons.append(f"the selection {'and what already ran cost' if spent else 'alone costs'} epsilon "
+                           f"{format_epsilon(floor)} by RDP")
     elif composition == "rdp":
-        reasons.append("the RDP accountant does not support these events")
+        reasons.append("the RDP accountant does not support this training event")
     if not candidates:
-        raise DpltmUserError(f"cannot reach epsilon {t:g} with selection eps1 {eps1:g} after what already ran: "
-                             + "; ".join(reasons))
+        raise DpltmUserError(f"cannot reach epsilon {t:g} with selection eps1 {eps1:g}"
+                             + (" after what already ran: " if spent else ": ") + "; ".join(reasons))
     return min(candidates)
 
 
