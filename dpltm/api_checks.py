@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from dpltm.errors import DpltmUserError
+from dpltm.privacy.accountants import accountant_entry
 from dpltm.privacy.accounting import check_accountant, check_delta, check_neighboring
 from dpltm.privacy.display import format_epsilon
 from dpltm.privacy.events import MAX_NOISE_MULTIPLIER, MAX_STEPS, MIN_NOISE_MULTIPLIER
@@ -380,6 +381,7 @@ class PrivacyOptions:
         if max_physical_batch_size is not None:
             max_physical_batch_size = check_count(max_physical_batch_size, "max_physical_batch_size")
         accountant, neighboring = check_accountant(accountant), check_neighboring(neighboring)
+        accountant_entry(accountant).check_delta(delta, "delta")
         masks = check_mask_values(masks)
         if noise_seed is not None:
             noise_seed = check_seed(noise_seed, "noise_seed")

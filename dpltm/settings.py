@@ -370,7 +370,7 @@ class TrainSettings:
                 raise DpltmUserError(f"--max-eps {self.max_eps:g} cannot stop a run whose σ is calibrated to spend "
                                      f"--eps {self.eps2:g} in all: drop --max-eps, or give --sigma and cap its ε")
         _require_positive("--patience", self.patience)
-        accountant_entry(self.accountant, "--accountant")
+        accountant_entry(self.accountant, "--accountant").check_delta(self.delta)
         # the CLI's and the API's spellings (replace-one) too, stored in the accountant's (replace_one)
         object.__setattr__(self, "neighboring", check_neighboring(self.neighboring))
         if not 0.0 <= self.momentum < 1.0:

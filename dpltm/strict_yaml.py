@@ -69,6 +69,26 @@ _StrictLoader.add_implicit_resolver(EXPONENT_TAG, EXPONENT_FLOAT, list("-+012345
 _StrictLoader.add_constructor(EXPONENT_TAG, _construct_exponent)
 
 
+AMBIGUOUS_NUMBER = re.compile(r"^[-+]?(?:0[0-9_]+|[0-9][0-9_]*:[0-9_:]*(?:\.[0-9_]*)?)$")
+"""Plain scalars YAML 1.1 reads as numbers other than a reader would: a leading zero (`0100` is octal 64) and
+base 60 (`1:00` is 60). Refused in one line rather than read as what few would mean (digit separators, `1_000`,
+read as Python reads them)."""
+AMBIGUOUS_TAG = "tag:dpltm,2026:ambiguous-number"
+
+
+def _refuse_ambiguous(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    raise yaml.constructor.ConstructorError(
+        None, None, f"{text!r} is a number only in YAML 1.1 (a leading zero is octal, ':' base 60): write it as a "
+                    "plain decimal, or quote it for text", node.start_mark)
+
+
+_StrictLoader.add_implicit_resolver(AMBIGUOUS_TAG, AMBIGUOUS_NUMBER, list("-+0123456789"))
+_StrictLoader.add_constructor(AMBIGUOUS_TAG, _refuse_ambiguous)
+for _first, _resolvers in _StrictLoader.yaml_implicit_resolvers.items():  # before YAML 1.1's int and float
+    _resolvers.sort(key=lambda resolver: resolver[0] != AMBIGUOUS_TAG)
+
+
 def safe_load_strict(text: str) -> Any:
     """`yaml.safe_load`, but a duplicate key in any mapping raises `DuplicateKeyError`."""
     return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds plain values only

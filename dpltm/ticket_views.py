@@ -96,8 +96,8 @@ def print_tickets(tickets: TicketSet, console: Console) -> None:
 
 # ---- `dpltm inspect`'s other views: tables of fields, never a dict's or a list's repr -------------
 def cell(key: str, value: Any) -> str:
-    """One value as text: accuracies and densities to 4 digits, ε rounded up (never understated),
-    lists joined; nested values belong to `field_rows`."""
+    """One value as text: accuracies and densities to 4 digits, ε, δ and q rounded up and σ down (the guarantee
+    never overstated), lists joined; nested values belong to `field_rows`."""
     name = key.rsplit(".", 1)[-1].lower()
     if value is None:
         return "-"
@@ -112,10 +112,16 @@ def cell(key: str, value: Any) -> str:
     if isinstance(value, float):
         if "accuracy" in name or "density" in name or name in ("c", "probabilities", "scores"):
             return _fmt(value)
-        if "eps" in name or "epsilon" in name:
-            from dpltm.privacy.ledger import round_up
+        from dpltm.privacy.display import format_delta, format_rate, format_sigma, round_up
 
+        if "eps" in name or "epsilon" in name:
             return round_up(value, 4)
+        if "sigma" in name or name in ("noise_multiplier", "noise_parameter"):  # more noise shown: less privacy
+            return format_sigma(value, 6)
+        if name in ("q", "sample_rate"):
+            return format_rate(value, 6)
+        if "delta" in name:
+            return format_delta(value, 6)
         return f"{value:.6g}"
     return str(value)
 

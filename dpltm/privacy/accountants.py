@@ -30,13 +30,24 @@ class AccountantEntry:
     cost_grows_with_epsilon: bool = False
     """Its cost grows with the privacy loss's range: run only where the cheap RDP bound says ε is modest
     (dpltm.privacy.accounting.PLD_MAX_RDP_EPSILON)."""
+    min_delta: float = 0.0
+    """The smallest δ it states a finite ε at. dp-accounting's PLD truncates each loss distribution's tail at
+    about 1e-15 of mass, counted pessimistically as ε = ∞, so below 1e-14 its ε is ∞ whatever ran."""
+
+    def check_delta(self, delta: float, option: str = "--delta") -> None:
+        """Refuse a δ the accountant cannot state a finite ε at, in one line naming one that can."""
+        if delta < self.min_delta:
+            able = [e.name for e in ACCOUNTANTS.values() if delta >= e.min_delta]
+            raise DpltmUserError(f"{option} {delta:g} is below the smallest δ the {self.label} accountant states a "
+                                 f"finite ε at ({self.min_delta:g})"
+                                 + (f": use the {able[0]} accountant, or a larger δ" if able else ""))
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
 
 ACCOUNTANTS: dict[str, AccountantEntry] = {entry.name: entry for entry in (
-    AccountantEntry("pld", "PLD", "dpltm.privacy.pld_accountant", cost_grows_with_epsilon=True),
+    AccountantEntry("pld", "PLD", "dpltm.privacy.pld_accountant", cost_grows_with_epsilon=True, min_delta=1e-14),
     AccountantEntry("rdp", "RDP", "dpltm.privacy.rdp_accountant"),
 )}
 """By name."""

@@ -23,6 +23,7 @@ from dpltm.choices import Activation, Dataset, OutputLayer, RunRecipe, Split
 from dpltm.console import err_console, kept_by_earlier_stage, on_interrupt_kept
 from dpltm.errors import DpltmUserError
 from dpltm.options import Overrides, option
+from dpltm.privacy.display import format_delta, format_epsilon
 from dpltm.stages.generate import stage_generate, stage_generate_private
 from dpltm.stages.requests import CommandRequest
 from dpltm.stages.select import (
@@ -282,7 +283,8 @@ def _run_public_tickets(r: RunRequest) -> TrainingReport:
     stage_select(select_cli, r.config, tickets_path, not noise_aware, r.seed, winner_path,
                  overwrite=r.overwrite, noise_aware=request)
     kept_by_earlier_stage(f"the winner in {winner_path}")
-    err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {r.eps:g}, δ = {r.delta:g}")
+    err_console.print(f"[bold]3/3[/bold] DP training on {r.dataset} at ε = {format_epsilon(r.eps)}, "
+                      f"δ = {format_delta(r.delta)}")
     return stage_train(train_cli, r.config, winner_path, False, False, r.data_dir, r.device, model_out, r.progress,
                        noise_seed=r.noise_seed, overwrite=r.overwrite, cuda_graphs=r.cuda_graphs, logger=r.logger,
                        log_dir=r.log_dir)
@@ -473,7 +475,8 @@ def _run_private_tickets(r: RunRequest) -> TrainingReport:
     plan_private_ticket(planned, len(pool.train))
     check_private_prune(ticket_architecture(planned, pool), planned.private_ticket)
     err_console.print(f"[bold]1/2[/bold] private ticket on {r.dataset}: {rounds} × {warmup} DP warm-up epochs, "
-                      f"then {settings.train.epochs - warmup * rounds} epochs of DP training, ε = {r.eps:g} in all; "
+                      f"then {settings.train.epochs - warmup * rounds} epochs of DP training, "
+                      f"ε = {format_epsilon(r.eps)} in all; "
                       f"recipe {chosen}{auto_recipe_note(r.recipe, len(pool.train))}")
     logging = {"logger": r.logger, "log_dir": r.log_dir}
     stage_generate_private(train_cli, r.config, r.data_dir, r.device, ticket_path, r.overwrite, r.progress,

@@ -424,3 +424,15 @@ def test_text_settings_keep_what_was_written_when_it_reads_as_a_number(tmp_path:
     assert check_config_tree({"seed": safe_load_strict("a: 1e3")["a"]}, "t")["seed"] == 1000
     with pytest.raises(DpltmUserError, match="is not a valid int"):
         check_config_tree({"seed": safe_load_strict("a: 1234567890123456789e0")["a"]}, "t")
+
+
+@pytest.mark.parametrize("written", ["0100", "010", "0_1", "1:00", "-1:30.5"])
+def test_numbers_only_yaml_1_1_reads_as_numbers_are_refused_in_one_line(written: str, tmp_path: Path) -> None:
+    """`batch_size: 0100` was read as octal 64 and `seed: 1:00` as 60: silently other settings."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"train:\n  batch_size: {written}\n")
+    with pytest.raises(DpltmUserError, match="a number only in YAML 1.1"):
+        resolve_train_config({}, config)
+    config.write_text("train:\n  batch_size: 100\n  clip: 0.5\n  delta: 1e-5\n")  # plain decimals read as before
+    train = resolve_train_config({}, config).train
+    assert (train.batch_size, train.clip, train.delta) == (100, 0.5, 1e-5)

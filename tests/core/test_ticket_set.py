@@ -183,3 +183,14 @@ def test_inspect_prints_a_ticket_set_whose_data_record_lacks_its_sizes() -> None
     out = io.StringIO()
     print_tickets(ticket_set(), Console(file=out, width=200))
     assert "data: 900 train / ? val / ? test" in out.getvalue()
+
+
+def test_inspect_cells_round_every_privacy_parameter_the_safe_way() -> None:
+    """ε, δ and q up, σ down: the guarantee a table shows is never stronger than the one computed (the table once
+    printed σ 1.23457 for 1.23456789 and δ 1.23456e-06 for 1.2345649e-06)."""
+    from dpltm.ticket_views import cell
+
+    assert cell("training.sigma", 1.23456789) == "1.23456" and cell("noise_multiplier", 1.3479157) == "1.34791"
+    assert cell("delta", 1.2345649e-6) == "1.23457e-06" and float(cell("delta", 1.2345649e-6)) >= 1.2345649e-6
+    assert float(cell("training.q", 0.04791011)) >= 0.04791011 and cell("epsilon", 0.70061) == "0.7007"
+    assert cell("lr", 0.123456789) == "0.123457"  # not a privacy figure: to nearest

@@ -3,6 +3,7 @@ accountant's own, and it is an upper bound (never below a finer PLD of the same 
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 
@@ -77,3 +78,22 @@ def test_adding_an_accountant_is_one_module_and_one_entry(monkeypatch: pytest.Mo
     event = dpsgd_event(0.02, 1.1, 300)
     assert accounting.epsilon(event, 1e-5, "rdp2") == accounting.epsilon(event, 1e-5, "rdp")
     assert api_check_accountant("rdp2") == "rdp2"
+
+
+def test_a_delta_below_what_the_pld_accountant_resolves_is_refused_in_one_line() -> None:
+    """dp-accounting's PLD counts its truncated tail (about 1e-15 of mass) as ε = ∞: below `min_delta` every run
+    would be stated at ε = ∞ (and calibration would say no σ suffices), so the δ is refused, naming RDP."""
+    from dpltm.errors import DpltmUserError
+    from dpltm.privacy.accountants import ACCOUNTANTS
+    from dpltm.privacy.accounting import epsilon
+    from dpltm.privacy.events import dpsgd_event
+    from dpltm.settings import TrainSettings
+
+    pld = ACCOUNTANTS["pld"]
+    event = dpsgd_event(0.05, 1.3, 21)
+    assert math.isfinite(epsilon(event, pld.min_delta, "pld", "add_remove"))
+    assert epsilon(event, 1e-16, "pld", "add_remove") == math.inf
+    assert math.isfinite(epsilon(event, 1e-16, "rdp", "add_remove"))
+    with pytest.raises(DpltmUserError, match="below the smallest δ the PLD accountant"):
+        TrainSettings(delta=1e-16)
+    assert TrainSettings(delta=1e-16, accountant="rdp").delta == 1e-16
