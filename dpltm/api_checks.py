@@ -300,9 +300,10 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
 
 
 def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, classification: bool,
-                          what: str = "the training data") -> None:
+                          what: str = "the training data") -> int | None:
     """One forward pass on the first record (no gradient, nothing kept or released): the features' shape
-    must suit the model, class labels must name one of its outputs, and token ids its one embedding's rows."""
+    must suit the model, class labels must name one of its outputs, and token ids its one embedding's rows.
+    Returns the model's number of classes (None: not `classification`)."""
     if features.shape[0] == 0:
         raise DpltmUserError(f"{what} is empty")
     check_token_ids(model, features, what)
@@ -315,19 +316,25 @@ def check_data_fits_model(model: nn.Module, features: Tensor, labels: Tensor, cl
                              f"{tuple(features.shape[1:])}): {first}") from None
     if not isinstance(outputs, Tensor):
         raise DpltmUserError(f"the model must return a tensor, got {type(outputs).__name__}")
-    if classification and labels.is_floating_point():
+    if not classification:
+        return None
+    if outputs.dim() != 2:
+        raise DpltmUserError(f"class labels need outputs of shape (batch, classes), got {tuple(outputs.shape)}")
+    check_class_labels(labels, outputs.shape[1], what)
+    return outputs.shape[1]
+
+
+def check_class_labels(labels: Tensor, classes: int, what: str) -> None:
+    """Class labels: integers of shape (N,), each naming one of the model's `classes` outputs."""
+    if labels.is_floating_point():
         raise DpltmUserError("class labels must be integers (got floating-point labels); for soft labels or "
                              "regression pass your own per-sample loss")
-    if classification and labels.dim() != 1:
+    if labels.dim() != 1:
         raise DpltmUserError(f"class labels must have shape (N,), got {tuple(labels.shape)}")
-    if classification:
-        if outputs.dim() != 2:
-            raise DpltmUserError(f"class labels need outputs of shape (batch, classes), got {tuple(outputs.shape)}")
-        classes = outputs.shape[1]
-        low, high = int(labels.min()), int(labels.max())
-        if low < 0 or high >= classes:
-            raise DpltmUserError(f"labels must lie in [0, {classes - 1}] (the model has {classes} outputs), found "
-                                 f"labels in [{low}, {high}] in {what}")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= classes:
+        raise DpltmUserError(f"labels must lie in [0, {classes - 1}] (the model has {classes} outputs), found "
+                             f"labels in [{low}, {high}] in {what}")
 
 
 def check_token_ids(model: nn.Module, features: Tensor, what: str) -> None:

@@ -7,7 +7,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -15,10 +15,12 @@ from torch import Tensor, nn
 
 from dpltm.api_checks import (
     check_callable,
+    check_class_labels,
     check_count,
     check_data_fits_model,
     check_finite,
     check_flag,
+    check_token_ids,
     user_path,
 )
 from dpltm.dp.distributed import rank_sampling_seed
@@ -145,6 +147,7 @@ class PrivateTraining(LedgerReadout):
         self.epochs_done = resumed.epochs_done  # the epochs fit() finished and recorded (the length of `history`)
         self.history: list[EpochRecord] = list(resumed.history)
         self._in_step = False
+        self._classes: int | None | Literal[False] = False  # a read batch's label bound (`_check_read_batch`)
         self._tables: dict[str, RecordTable] | None = None  # made at the first step (`_record_tables`)
         self._tables_version = -1
         self._probed_modes = {module_modes(model)}  # make_private probed the model as it is now
@@ -192,9 +195,19 @@ class PrivateTraining(LedgerReadout):
         index = poisson_sample(len(self.records), plan.sample_rate, self._sampling_generator, self.records.device)
         x, y = self.records.batch(index)
         if isinstance(self.records, DatasetRecords) and len(y):  # records in memory were checked whole by make_private
-            check_data_fits_model(self.model, x, y, classification=self.loss is per_sample_cross_entropy,
-                                  what="a batch of the training dataset (the step was not taken)")
+            self._check_read_batch(x, y)
         self._dp.step(x, y, index, terms=self._record_tables())
+
+    def _check_read_batch(self, x: Tensor, y: Tensor) -> None:
+        """A batch read from the dataset: its token ids and class labels fit the model. The model's classes come
+        from one forward pass on the first batch's first record, once; later batches are checked without one."""
+        what = "a batch of the training dataset (the step was not taken)"
+        if self._classes is False:
+            self._classes = check_data_fits_model(self.model, x, y, self.loss is per_sample_cross_entropy, what)
+            return
+        check_token_ids(self.model, x, what)
+        if self._classes is not None:
+            check_class_labels(y, self._classes, what)
 
     def _book_step(self) -> None:
         """The ledger counts the step, and the optimiser's guard lets this one update through."""

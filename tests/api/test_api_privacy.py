@@ -920,3 +920,9 @@ def test_a_lazily_read_label_past_the_classes_is_one_line_and_spends_nothing() -
     with pytest.raises(DpltmUserError, match=r"labels must lie in \[0, 2\].*a batch of the training dataset"):
         run.step()
     assert run.steps_done == 0 and run.epsilon == 0.0
+    y[1:] = 1  # sound again: a step runs (and fixes the model's classes, with one forward pass)
+    run.step()
+    y[:] = 7  # the later batches are checked without a forward pass, as surely
+    with pytest.raises(DpltmUserError, match=r"labels must lie in \[0, 2\].*a batch of the training dataset"):
+        run.step()
+    assert run.steps_done == 1
